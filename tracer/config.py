@@ -1,0 +1,146 @@
+"""Settings from the environment, read at entry points (never at import), and SDK setup.
+
+Standard ``OTEL_*`` variables keep their meaning: ``OTEL_SERVICE_NAME``,
+``OTEL_EXPORTER_OTLP_ENDPOINT`` / ``OTEL_EXPORTER_OTLP_TRACES_ENDPOINT``,
+``OTEL_EXPORTER_OTLP_PROTOCOL`` (``http/protobuf`` or ``grpc``), ``OTEL_TRACES_EXPORTER``
+(``otlp``, ``console``, ``none``), ``OTEL_TRACES_SAMPLER``/``_ARG`` (read by the SDK itself) and
+``OTEL_SDK_DISABLED``. rmqtrace adds a few ``RMQTRACE_*`` ones, listed on :class:`Settings`.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from dataclasses import dataclass
+from typing import Mapping, Sequence
+
+from opentelemetry import trace
+from opentelemetry.sdk.resources import Resource
+from opentelemetry.sdk.trace import ReadableSpan, TracerProvider
+from opentelemetry.sdk.trace.export import BatchSpanProcessor, SpanExporter, SpanExportResult
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class Settings:
+    service_name: str = "rmqtrace"
+    otlp_endpoint: str | None = None  # OTEL_EXPORTER_OTLP[_TRACES]_ENDPOINT
+    otlp_protocol: str = "http/protobuf"  # OTEL_EXPORTER_OTLP[_TRACES]_PROTOCOL
+    traces_exporter: str = "otlp"  # OTEL_TRACES_EXPORTER
+    sdk_disabled: bool = False  # OTEL_SDK_DISABLED
+    spans_file: str | None = None  # RMQTRACE_SPANS_FILE: JSON-lines span file when no OTLP endpoint
+    metrics_port: int | None = None  # RMQTRACE_METRICS_PORT: serve /metrics
+    metrics_addr: str = "127.0.0.1"  # RMQTRACE_METRICS_ADDR: loopback unless told otherwise
+    consumer_group: str = ""  # RMQTRACE_CONSUMER_GROUP: label for wrapped push consumers
+
+    @classmethod
+    def from_env(cls, env: Mapping[str, str] | None = None) -> "Settings":
+        e = os.environ if env is None else env
+        port = e.get("RMQTRACE_METRICS_PORT")
+        return cls(
+            service_name=e.get("OTEL_SERVICE_NAME") or "rmqtrace",
+            otlp_endpoint=e.get("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT") or e.get("OTEL_EXPORTER_OTLP_ENDPOINT") or None,
+            otlp_protocol=(e.get("OTEL_EXPORTER_OTLP_TRACES_PROTOCOL") or e.get("OTEL_EXPORTER_OTLP_PROTOCOL")
+                           or "http/protobuf").strip().lower(),
+            traces_exporter=(e.get("OTEL_TRACES_EXPORTER") or "otlp").split(",")[0].strip().lower(),
+            sdk_disabled=(e.get("OTEL_SDK_DISABLED", "").strip().lower() == "true"),
+            spans_file=e.get("RMQTRACE_SPANS_FILE") or None,
+            metrics_port=int(port) if port else None,
+            metrics_addr=e.get("RMQTRACE_METRICS_ADDR") or "127.0.0.1",
+            consumer_group=e.get("RMQTRACE_CONSUMER_GROUP") or "",
+        )
+
+
+class CountingExporter(SpanExporter):
+    """Counts spans the wrapped exporter failed to deliver, so a dead backend is visible."""
+
+    def __init__(self, inner: SpanExporter, on_dropped: "DropCounter") -> None:
+        self.inner = inner
+        self.on_dropped = on_dropped
+
+    def export(self, spans: Sequence[ReadableSpan]) -> SpanExportResult:
+        try:
+            result = self.inner.export(spans)
+        except Exception:  # noqa: BLE001 - exporters should not raise, some do
+            log.debug("span export raised", exc_info=True)
+            result = SpanExportResult.FAILURE
+        if result is not SpanExportResult.SUCCESS:
+            self.on_dropped(len(spans))
+        return result
+
+    def shutdown(self) -> None:
+        self.inner.shutdown()
+
+    def force_flush(self, timeout_millis: int = 30000) -> bool:
+        return self.inner.force_flush(timeout_millis)
+
+
+class DropCounter:
+    def __init__(self) -> None:
+        self.dropped = 0
+        self._metric: object | None = None
+
+    def bind(self, counter: object) -> None:
+        self._metric = counter
+
+    def __call__(self, n: int) -> None:
+        self.dropped += n
+        if self._metric is not None:
+            self._metric.inc(n)  # type: ignore[attr-defined]
+
+
+def make_exporter(settings: Settings) -> SpanExporter | None:
+    """The exporter ``OTEL_*`` asks for: OTLP when an endpoint is set, else the span file."""
+    if settings.traces_exporter == "none":
+        return None
+    if settings.traces_exporter == "console":
+        from opentelemetry.sdk.trace.export import ConsoleSpanExporter
+        return ConsoleSpanExporter()
+    if settings.otlp_endpoint:
+        if settings.otlp_protocol == "grpc":
+            from opentelemetry.exporter.otlp.proto.grpc.trace_exporter import OTLPSpanExporter as GrpcExporter
+            return GrpcExporter()  # reads the endpoint and headers from OTEL_* itself
+        from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter as HttpExporter
+        return HttpExporter()
+    if settings.spans_file:
+        from .spanfile import JsonLinesSpanExporter
+        return JsonLinesSpanExporter(settings.spans_file)
+    return None
+
+
+def configure_tracing(settings: Settings, *, set_global: bool = True,
+                      drops: DropCounter | None = None) -> TracerProvider | None:
+    """Build an SDK tracer provider for ``settings``, unless one is already installed.
+
+    When the application or ``opentelemetry-instrument`` set up the SDK already, that provider
+    is returned untouched: its exporters and samplers are the user's choice.
+    """
+    if settings.sdk_disabled:
+        return None
+    current = trace.get_tracer_provider()
+    if isinstance(current, TracerProvider):
+        return current
+    provider = TracerProvider(resource=Resource.create({"service.name": settings.service_name}))
+    exporter = make_exporter(settings)
+    if exporter is not None:
+        if drops is not None:
+            exporter = CountingExporter(exporter, drops)
+        provider.add_span_processor(BatchSpanProcessor(exporter))
+    if set_global:
+        trace.set_tracer_provider(provider)
+    return provider
+
+
+def serve_metrics(settings: Settings, registry: object | None = None) -> object | None:
+    """Start the ``/metrics`` HTTP server on ``metrics_addr:metrics_port`` (loopback default)."""
+    if settings.metrics_port is None:
+        return None
+    from prometheus_client import REGISTRY, start_http_server
+    server, _thread = start_http_server(settings.metrics_port, addr=settings.metrics_addr,
+                                        registry=registry or REGISTRY)  # type: ignore[arg-type]
+    return server
+
+
+def env_list(value: str | None) -> list[str]:
+    return [v.strip() for v in (value or "").split(",") if v.strip()]

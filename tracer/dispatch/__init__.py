@@ -1,0 +1,41 @@
+"""The dispatcher: hand received messages to workers under a policy, and measure the wait.
+
+See ``docs/dispatch.md``. Thread engine: :class:`Dispatcher`; asyncio: :class:`AsyncDispatcher`.
+"""
+
+from __future__ import annotations
+
+from .aio import AsyncDispatcher
+from .cost import longest_first
+from .engine import Dispatcher
+from .metrics import DEFAULT_BUCKETS, BoundDispatchMetrics, DispatchMetrics
+from .policy import (
+    POLICY_NAMES,
+    Aggressive,
+    CostAware,
+    Policy,
+    Random,
+    RoundRobin,
+    resolve_policy,
+)
+from .protocol import DispatcherClosed, DispatchStats, HandlerTimeout, MessageTraceLike
+
+__all__ = [
+    "DEFAULT_BUCKETS",
+    "POLICY_NAMES",
+    "Aggressive",
+    "AsyncDispatcher",
+    "BoundDispatchMetrics",
+    "CostAware",
+    "DispatchMetrics",
+    "DispatchStats",
+    "Dispatcher",
+    "DispatcherClosed",
+    "HandlerTimeout",
+    "MessageTraceLike",
+    "Policy",
+    "Random",
+    "RoundRobin",
+    "longest_first",
+    "resolve_policy",
+]

@@ -1,0 +1,80 @@
+"""Small shared types of the dispatcher: the trace protocol, the stats snapshot, the errors.
+
+:class:`MessageTraceLike` is what the dispatcher needs from a message's trace (the tracer's own
+object satisfies it structurally); the dispatcher never imports the telemetry layer.
+"""
+
+from __future__ import annotations
+
+from contextlib import AbstractContextManager
+from dataclasses import dataclass
+from typing import Protocol
+
+from ..stages import Outcome, Stage
+
+
+class MessageTraceLike(Protocol):
+    """The per-message trace the dispatcher stamps. ``None`` instead of one means "no tracing".
+
+    Contract: the dispatcher calls :meth:`mark` with ``Stage.DISPATCH_ENQUEUE`` while it holds its
+    internal lock at the moment ``submit`` accepts the item (so the stamp is never later than the
+    handler start); the method must be cheap and must not call back into the dispatcher.
+    :meth:`handler_scope` is entered right before the handler runs and exited right after it
+    (the handler's exception, if any, is passed to ``__exit__``; returning True does not suppress
+    it for the dispatcher). :meth:`finish` is called exactly once per accepted message, after the
+    handler (or with ``Outcome.SKIPPED`` when ``close(drain=False)`` drops it unrun), before
+    ``on_done``. Exceptions from any of these are logged once per kind and swallowed.
+
+    Optional extra: a method ``exemplar() -> Mapping[str, str] | None``; when present and metrics
+    are enabled, its result is attached as the exemplar of the slot-wait observation (so a slow
+    bucket links to the trace).
+    """
+
+    def mark(self, stage: Stage) -> None: ...
+
+    def handler_scope(self) -> AbstractContextManager[object]: ...
+
+    def finish(self, outcome: Outcome, error: BaseException | None) -> None: ...
+
+
+@dataclass(frozen=True, slots=True)
+class DispatchStats:
+    """A consistent snapshot (taken under the dispatcher's lock).
+
+    ``handled`` counts successes only. At every snapshot::
+
+        submitted == handled + failed + timed_out + skipped + in_flight + queued
+
+    ``in_flight`` counts messages a worker holds (running, or handed over and about to start);
+    ``queued`` counts messages accepted but not yet held by a worker (a policy's buffers or
+    window, or parked behind a busy ordering key).
+    """
+
+    submitted: int
+    handled: int
+    failed: int
+    timed_out: int
+    skipped: int
+    in_flight: int
+    queued: int
+    workers: int
+    policy: str
+
+
+class DispatcherClosed(RuntimeError):
+    """Raised by ``submit`` after ``close`` (also by a ``submit`` blocked when ``close`` began)."""
+
+
+class HandlerTimeout(TimeoutError):
+    """The error reported with ``Outcome.TIMEOUT``: the handler ran longer than ``handler_timeout``.
+
+    ``__cause__`` holds the handler's own exception when it also raised.
+    """
+
+    def __init__(self, elapsed_s: float, timeout_s: float) -> None:
+        super().__init__(f"handler ran {elapsed_s:.3f}s, longer than handler_timeout={timeout_s:g}s")
+        self.elapsed_s = elapsed_s
+        self.timeout_s = timeout_s
+
+
+__all__ = ["DispatchStats", "DispatcherClosed", "HandlerTimeout", "MessageTraceLike"]

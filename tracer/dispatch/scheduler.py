@@ -1,0 +1,271 @@
+"""The policies' state machines: pure bookkeeping of which worker holds what and what waits.
+
+No threads, no clocks, no locks: the thread engine (:mod:`.engine`) and the asyncio engine
+(:mod:`.aio`) call these methods while holding their own lock (or from the event loop), so one
+implementation serves both and is unit-testable step by step.
+
+Protocol, per message:
+
+* :meth:`Scheduler.admit` returns a worker index ``>= 0`` (that worker was idle and now holds the
+  message: hand it over), :data:`QUEUED` (accepted, waiting in the policy's structures), or
+  :data:`FULL` (no room: nothing changed, the submitter waits and tries again).
+* :meth:`Scheduler.done` is called when a worker finished a message; it returns the next entry that
+  worker must run right away, or ``None`` (the worker is idle now).
+
+``busy`` (workers holding a message) and ``queued`` (accepted, not held) are plain attributes so
+gauges and stats read them without a call.
+"""
+
+from __future__ import annotations
+
+import heapq
+import zlib
+from abc import ABC, abstractmethod
+from collections import deque
+from collections.abc import Callable
+from typing import Any, Generic, TypeVar
+
+from .protocol import MessageTraceLike
+
+T = TypeVar("T")
+
+QUEUED = -1
+FULL = -2
+
+
+class Entry(Generic[T]):
+    """One accepted message. Allocated once per ``submit``; slotted and mutable."""
+
+    __slots__ = ("cost", "item", "key", "seq", "t_enq", "trace")
+
+    def __init__(self, item: T, trace: MessageTraceLike | None, key: str | None, cost: float) -> None:
+        self.item = item
+        self.trace = trace
+        self.key = key
+        self.cost = cost
+        self.seq = 0
+        self.t_enq = 0
+
+    def __repr__(self) -> str:
+        return f"Entry(seq={self.seq}, key={self.key!r}, cost={self.cost!r}, item={self.item!r})"
+
+
+class Scheduler(ABC):
+    """State of one dispatcher under one policy. Not thread-safe: callers hold their lock."""
+
+    name: str
+    workers: int
+    busy: int
+    queued: int
+
+    @abstractmethod
+    def admit(self, e: Entry[Any]) -> int:
+        """Accept ``e`` if there is room: a worker index to start it now, QUEUED, or FULL."""
+
+    @abstractmethod
+    def done(self, worker: int, e: Entry[Any]) -> Entry[Any] | None:
+        """``worker`` finished ``e``: the entry it runs next, or None (it is idle now)."""
+
+    @abstractmethod
+    def free_slots(self) -> int:
+        """How many unkeyed messages :meth:`admit` would take now without FULL."""
+
+    @abstractmethod
+    def idle_workers(self) -> list[int]:
+        """Workers holding nothing (only these may be told to stop)."""
+
+    @abstractmethod
+    def take_queued(self) -> list[Entry[Any]]:
+        """Remove and return every waiting (not held) entry, oldest first."""
+
+
+class PoolScheduler(Scheduler):
+    """One slot per worker; whichever worker frees first takes the next message.
+
+    ``window`` > 0 adds a waiting room of that many accepted messages from which a freed worker
+    takes the most expensive (ties: oldest) — the cost-aware policy. ``window == 0`` is the
+    aggressive policy: a message is accepted only when a worker can take it at once.
+
+    Ordering keys: a key is *active* while one of its messages is held by a worker or waits in the
+    window; later messages of an active key are parked (per key, FIFO) and do not use a worker.
+    When the active message finishes, the key's next parked message runs on the same worker
+    (aggressive) or enters the window (cost-aware). So two messages of one key never run at once
+    and start in arrival order, and other keys pass a slow one. Parked messages count against
+    ``park_limit`` (aggressive) or share the window (cost-aware).
+    """
+
+    def __init__(self, workers: int, *, window: int = 0, park_limit: int = 64, name: str = "aggressive") -> None:
+        if workers < 1:
+            raise ValueError("workers must be >= 1")
+        if window < 0 or park_limit < 0:
+            raise ValueError("window and park_limit must be >= 0")
+        self.name = name
+        self.workers = workers
+        self.busy = 0
+        self.queued = 0  # window + parked
+        self.parked = 0
+        # LIFO of idle workers: the most recently freed thread is the warmest to wake.
+        self._idle: list[int] = list(range(workers - 1, -1, -1))
+        self._window = window
+        # Cost-aware parked entries share the window; aggressive ones have their own limit.
+        self._park_limit = window if window > 0 else park_limit
+        self._ready: list[tuple[float, int, Entry[Any]]] = []  # heap of (-cost, seq, entry)
+        self._active: dict[str, deque[Entry[Any]] | None] = {}
+
+    def admit(self, e: Entry[Any]) -> int:
+        key = e.key
+        if key is not None and key in self._active:
+            if self.queued >= self._park_limit:
+                return FULL
+            dq = self._active[key]
+            if dq is None:
+                dq = self._active[key] = deque()
+            dq.append(e)
+            self.parked += 1
+            self.queued += 1
+            return QUEUED
+        idle = self._idle
+        if idle:  # invariant: idle workers exist only while the window is empty
+            if key is not None:
+                self._active[key] = None
+            self.busy += 1
+            return idle.pop()
+        if self.queued < self._window:
+            if key is not None:
+                self._active[key] = None
+            heapq.heappush(self._ready, (-e.cost, e.seq, e))
+            self.queued += 1
+            return QUEUED
+        return FULL
+
+    def done(self, worker: int, e: Entry[Any]) -> Entry[Any] | None:
+        key = e.key
+        if key is not None:
+            dq = self._active[key]
+            if dq:
+                nxt = dq.popleft()
+                self.parked -= 1
+                if self._window == 0:
+                    self.queued -= 1
+                    return nxt
+                heapq.heappush(self._ready, (-nxt.cost, nxt.seq, nxt))  # still queued: parked -> window
+            else:
+                del self._active[key]
+        if self._ready:
+            self.queued -= 1
+            return heapq.heappop(self._ready)[2]
+        self.busy -= 1
+        self._idle.append(worker)
+        return None
+
+    def free_slots(self) -> int:
+        return len(self._idle) + max(0, self._window - self.queued)
+
+    def idle_workers(self) -> list[int]:
+        return list(self._idle)
+
+    def take_queued(self) -> list[Entry[Any]]:
+        out: list[Entry[Any]] = []
+        for k, dq in self._active.items():
+            if dq:
+                out.extend(dq)
+                self._active[k] = None
+        for _, _, e in self._ready:
+            out.append(e)
+            if e.key is not None:
+                del self._active[e.key]  # a ready entry is its key's head: the key is not running
+        self._ready.clear()
+        self.parked = 0
+        self.queued = 0
+        out.sort(key=lambda x: x.seq)
+        return out
+
+
+class BufferedScheduler(Scheduler):
+    """The incident SDK: each message is dealt to one worker's own buffer of ``buffer`` (K).
+
+    A worker holds one running message plus up to K waiting in its buffer, run in order. The
+    target of each unkeyed message comes from ``draw`` (round-robin cursor, or random); when the
+    target's buffer is full the submitter blocks on *that* worker even if others are idle, as a
+    send on a full Go channel does. A keyed message always goes to worker ``crc32(key) % workers``
+    (fixed routing: per-key order and exclusion follow from one worker running its buffer in order).
+    """
+
+    def __init__(self, workers: int, buffer: int, draw: Callable[[], int], *, name: str) -> None:
+        if workers < 1:
+            raise ValueError("workers must be >= 1")
+        if buffer < 0:
+            raise ValueError("buffer must be >= 0")
+        self.name = name
+        self.workers = workers
+        self.busy = 0
+        self.queued = 0
+        self._k = buffer
+        self._draw = draw
+        self._upcoming: deque[int] = deque()  # targets drawn but not used yet (free_slots looks ahead)
+        self._running = [False] * workers
+        self._bufs: list[deque[Entry[Any]]] = [deque() for _ in range(workers)]
+
+    def _route(self, key: str) -> int:
+        return zlib.crc32(key.encode()) % self.workers
+
+    def admit(self, e: Entry[Any]) -> int:
+        key = e.key
+        upcoming = self._upcoming
+        if key is not None:
+            w = self._route(key)
+        else:
+            if not upcoming:
+                upcoming.append(self._draw())
+            w = upcoming[0]
+        if not self._running[w]:
+            self._running[w] = True
+            self.busy += 1
+            if key is None:
+                upcoming.popleft()
+            return w
+        buf = self._bufs[w]
+        if len(buf) < self._k:
+            buf.append(e)
+            self.queued += 1
+            if key is None:
+                upcoming.popleft()
+            return QUEUED
+        return FULL
+
+    def done(self, worker: int, e: Entry[Any]) -> Entry[Any] | None:
+        buf = self._bufs[worker]
+        if buf:
+            self.queued -= 1
+            return buf.popleft()
+        self._running[worker] = False
+        self.busy -= 1
+        return None
+
+    def free_slots(self) -> int:
+        room = [self._k - len(b) + (0 if r else 1) for b, r in zip(self._bufs, self._running)]
+        upcoming = self._upcoming
+        n = 0
+        while True:
+            while len(upcoming) <= n:
+                upcoming.append(self._draw())
+            w = upcoming[n]
+            if room[w] <= 0:
+                return n
+            room[w] -= 1
+            n += 1
+
+    def idle_workers(self) -> list[int]:
+        return [i for i, r in enumerate(self._running) if not r]
+
+    def take_queued(self) -> list[Entry[Any]]:
+        out: list[Entry[Any]] = []
+        for b in self._bufs:
+            out.extend(b)
+            b.clear()
+        self.queued = 0
+        out.sort(key=lambda x: x.seq)
+        return out
+
+
+__all__ = ["FULL", "QUEUED", "BufferedScheduler", "Entry", "PoolScheduler", "Scheduler"]

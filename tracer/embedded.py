@@ -1,0 +1,354 @@
+"""An in-process broker with the surface of ``rocketmq-python-client`` 5.x.
+
+``Producer`` and ``SimpleConsumer`` here take the same calls as ``rocketmq.Producer`` and
+``rocketmq.SimpleConsumer`` (``startup``, ``send``, ``send_async``, ``receive(max_message_num,
+invisible_duration)``, ``ack``, ``change_invisible_duration``, ``shutdown``) and received messages
+carry the same fields (``message_id``, ``delivery_attempt``, ``receipt_handle``, store and decode
+timestamps in ms). It is the demo's broker and the fast tests' broker; the behaviour the tracer
+relies on — redelivery when invisibility expires, stale receipt handles, FIFO groups — is also
+tested against a real RocketMQ.
+
+Semantics kept from RocketMQ 5 (pop consumption): a received message is invisible to the group
+for ``invisible_duration`` seconds; acked it is gone; not acked it comes back with
+``delivery_attempt + 1``. ``change_invisible_duration`` gives the message a new receipt handle
+and the old one stops working. On a FIFO topic a message group's next message is held back
+while an earlier one of the same group is unacknowledged.
+"""
+
+from __future__ import annotations
+
+import heapq
+import itertools
+import threading
+import time
+from collections import deque
+from concurrent.futures import Future
+from dataclasses import dataclass, field
+from typing import Callable, Iterable, Mapping
+
+
+class EmbeddedBrokerError(Exception):
+    """What the real client raises as ``rocketmq.v5.exception`` errors."""
+
+
+class FilterExpression:
+    def __init__(self, expression: str = "*") -> None:
+        self.expression = expression
+
+    def accepts(self, tag: str | None) -> bool:
+        e = self.expression.strip()
+        return e in ("", "*") or (tag is not None and tag in {t.strip() for t in e.split("||")})
+
+
+class Message:
+    """Same attribute names as ``rocketmq.Message``."""
+
+    def __init__(self) -> None:
+        self.topic: str = ""
+        self.body: bytes = b""
+        self.tag: str | None = None
+        self._keys: list[str] = []
+        self.message_group: str | None = None
+        self._properties: dict[str, str] = {}
+        self.message_id: str | None = None
+        self.delivery_attempt: int | None = None
+        self.receipt_handle: str | None = None
+        self.born_timestamp: int | None = None
+        self.store_timestamp: int | None = None  # ms, broker clock
+        self.decode_message_timestamp: int | None = None  # ms, consumer clock
+
+    @property
+    def keys(self) -> list[str]:
+        return self._keys
+
+    @keys.setter
+    def keys(self, *keys: str) -> None:
+        # rocketmq.Message takes `msg.keys = "k"` (the setter has a *keys signature)
+        for k in keys:
+            self._keys.extend(k if isinstance(k, (list, tuple, set)) else [k])
+
+    @property
+    def properties(self) -> dict[str, str]:
+        return self._properties
+
+    def add_property(self, key: str, value: str) -> None:
+        if not isinstance(key, str) or not isinstance(value, str):
+            raise EmbeddedBrokerError("property key and value must be str")
+        self._properties[key] = value
+
+
+@dataclass
+class SendReceipt:
+    message_id: str
+
+
+@dataclass
+class _Stored:
+    offset: int
+    message_id: str
+    topic: str
+    body: bytes
+    tag: str | None
+    keys: tuple[str, ...]
+    group: str | None
+    properties: dict[str, str]
+    born_ms: int
+    store_ms: int
+
+
+@dataclass
+class _InFlight:
+    record: _Stored
+    attempt: int
+    handle: str
+    deadline: float
+
+
+@dataclass
+class _Subscription:
+    offset: int = 0
+    inflight: dict[str, _InFlight] = field(default_factory=dict)  # message id -> lease
+    expiry: list[tuple[float, str, str]] = field(default_factory=list)  # heap (deadline, id, handle)
+    redeliver: deque[tuple[_Stored, int]] = field(default_factory=deque)  # (record, next attempt)
+    held: deque[_Stored] = field(default_factory=deque)  # FIFO: waiting for their group
+    busy_groups: dict[str, int] = field(default_factory=dict)  # group -> unacked count
+
+
+class _Topic:
+    def __init__(self, name: str, fifo: bool) -> None:
+        self.name = name
+        self.fifo = fifo
+        self.log: list[_Stored] = []
+
+
+class EmbeddedBroker:
+    """Topics, consumer-group subscriptions and leases, guarded by one condition variable."""
+
+    def __init__(self, *, auto_create_topics: bool = True, monotonic: Callable[[], float] = time.monotonic,
+                 wall_ms: Callable[[], int] = lambda: time.time_ns() // 1_000_000) -> None:
+        self.auto_create_topics = auto_create_topics
+        self._monotonic = monotonic
+        self._wall_ms = wall_ms
+        self._cond = threading.Condition()
+        self._topics: dict[str, _Topic] = {}
+        self._subs: dict[tuple[str, str], _Subscription] = {}
+        self._ids = itertools.count(1)
+        self._handles = itertools.count(1)
+
+    # -- admin ---------------------------------------------------------------------------
+    def create_topic(self, name: str, fifo: bool = False) -> None:
+        with self._cond:
+            self._topics.setdefault(name, _Topic(name, fifo))
+
+    def _topic(self, name: str) -> _Topic:
+        t = self._topics.get(name)
+        if t is None:
+            if not self.auto_create_topics:
+                raise EmbeddedBrokerError(f"topic {name!r} does not exist")
+            t = self._topics[name] = _Topic(name, False)
+        return t
+
+    def backlog(self, group: str, topic: str) -> int:
+        """Messages not yet acked by ``group`` (stored after its offset, held, or in flight)."""
+        with self._cond:
+            sub = self._subs.get((group, topic))
+            t = self._topics.get(topic)
+            if t is None:
+                return 0
+            if sub is None:
+                return len(t.log)
+            return len(t.log) - sub.offset + len(sub.held) + len(sub.inflight) + len(sub.redeliver)
+
+    # -- producer side -------------------------------------------------------------------
+    def _store(self, msg: Message) -> str:
+        if not msg.topic:
+            raise EmbeddedBrokerError("message has no topic")
+        body = msg.body.encode() if isinstance(msg.body, str) else bytes(msg.body or b"")
+        with self._cond:
+            topic = self._topic(msg.topic)
+            if topic.fifo and not msg.message_group:
+                raise EmbeddedBrokerError(f"FIFO topic {topic.name!r} needs a message_group")
+            mid = f"EMB{next(self._ids):020d}"
+            topic.log.append(_Stored(len(topic.log), mid, topic.name, body, msg.tag, tuple(msg.keys),
+                                     msg.message_group, dict(msg.properties),
+                                     born_ms=self._wall_ms(), store_ms=self._wall_ms()))
+            self._cond.notify_all()
+        return mid
+
+    # -- consumer side -------------------------------------------------------------------
+    def _subscribe(self, group: str, topic: str) -> _Subscription:
+        with self._cond:
+            self._topic(topic)
+            return self._subs.setdefault((group, topic), _Subscription())
+
+    def _receive(self, group: str, filters: Mapping[str, FilterExpression], max_num: int,
+                 invisible: float, await_s: float) -> list[Message]:
+        if max_num <= 0:
+            raise EmbeddedBrokerError("max_message_num must be positive")
+        if invisible <= 0:
+            raise EmbeddedBrokerError("invisible_duration must be positive")
+        deadline = self._monotonic() + await_s
+        with self._cond:
+            while True:
+                now = self._monotonic()
+                out: list[Message] = []
+                for topic, flt in filters.items():
+                    if len(out) >= max_num:
+                        break
+                    out.extend(self._take(group, self._topics[topic], flt, max_num - len(out), invisible, now))
+                if out or now >= deadline:
+                    return out
+                self._cond.wait(timeout=min(deadline - now, self._next_expiry(group, filters, now)))
+
+    def _next_expiry(self, group: str, filters: Iterable[str], now: float) -> float:
+        soonest = 3600.0
+        for topic in filters:
+            sub = self._subs[(group, topic)]
+            if sub.expiry:
+                soonest = min(soonest, max(0.0, sub.expiry[0][0] - now))
+        return soonest
+
+    def _take(self, group: str, topic: _Topic, flt: FilterExpression, n: int, invisible: float,
+              now: float) -> list[Message]:
+        sub = self._subs[(group, topic.name)]
+        # leases that ran out come back first, with their attempt count raised
+        while sub.expiry and sub.expiry[0][0] <= now:
+            _, mid, handle = heapq.heappop(sub.expiry)
+            lease = sub.inflight.get(mid)
+            if lease is not None and lease.handle == handle:
+                del sub.inflight[mid]
+                sub.redeliver.append((lease.record, lease.attempt + 1))
+        out: list[Message] = []
+        while sub.redeliver and len(out) < n:
+            rec, attempt = sub.redeliver.popleft()
+            out.append(self._lease(sub, rec, attempt, invisible, now, new_group_hold=False))
+        if topic.fifo:
+            for _ in range(len(sub.held)):
+                if len(out) >= n:
+                    break
+                rec = sub.held.popleft()
+                if rec.group in sub.busy_groups:
+                    sub.held.append(rec)  # rotate: keep relative order per group
+                else:
+                    out.append(self._lease(sub, rec, 1, invisible, now, new_group_hold=True))
+        while len(out) < n and sub.offset < len(topic.log):
+            rec = topic.log[sub.offset]
+            sub.offset += 1
+            if not flt.accepts(rec.tag):
+                continue  # filtered out for this group: consumed without delivery, as on a broker
+            if topic.fifo and (rec.group in sub.busy_groups or any(h.group == rec.group for h in sub.held)):
+                sub.held.append(rec)
+                continue
+            out.append(self._lease(sub, rec, 1, invisible, now, new_group_hold=topic.fifo))
+        return out
+
+    def _lease(self, sub: _Subscription, rec: _Stored, attempt: int, invisible: float, now: float,
+               new_group_hold: bool) -> Message:
+        handle = f"{rec.message_id}#{next(self._handles)}"
+        lease = _InFlight(rec, attempt, handle, now + invisible)
+        sub.inflight[rec.message_id] = lease
+        heapq.heappush(sub.expiry, (lease.deadline, rec.message_id, handle))
+        if new_group_hold and rec.group is not None:
+            sub.busy_groups[rec.group] = sub.busy_groups.get(rec.group, 0) + 1
+        m = Message()
+        m.topic, m.body, m.tag, m.message_group = rec.topic, rec.body, rec.tag, rec.group
+        m._keys = list(rec.keys)
+        m._properties = dict(rec.properties)
+        m.message_id, m.delivery_attempt, m.receipt_handle = rec.message_id, attempt, handle
+        m.born_timestamp, m.store_timestamp = rec.born_ms, rec.store_ms
+        m.decode_message_timestamp = self._wall_ms()
+        return m
+
+    def _lease_of(self, group: str, msg: Message) -> tuple[_Subscription, _InFlight]:
+        sub = self._subs.get((group, msg.topic))
+        lease = sub.inflight.get(msg.message_id or "") if sub else None
+        if sub is None or lease is None or lease.handle != msg.receipt_handle:
+            raise EmbeddedBrokerError(f"invalid receipt handle for message {msg.message_id}: "
+                                      "its invisible duration ran out or it was acked already")
+        return sub, lease
+
+    def _ack(self, group: str, msg: Message) -> None:
+        with self._cond:
+            sub, lease = self._lease_of(group, msg)
+            del sub.inflight[lease.record.message_id]
+            g = lease.record.group
+            if g is not None and g in sub.busy_groups:
+                sub.busy_groups[g] -= 1
+                if sub.busy_groups[g] <= 0:
+                    del sub.busy_groups[g]
+            self._cond.notify_all()
+
+    def _change_invisible(self, group: str, msg: Message, invisible: float) -> None:
+        if invisible <= 0:
+            raise EmbeddedBrokerError("invisible_duration must be positive")
+        with self._cond:
+            sub, lease = self._lease_of(group, msg)
+            lease.handle = f"{lease.record.message_id}#{next(self._handles)}"
+            lease.deadline = self._monotonic() + invisible
+            heapq.heappush(sub.expiry, (lease.deadline, lease.record.message_id, lease.handle))
+            msg.receipt_handle = lease.handle
+            self._cond.notify_all()
+
+
+class Producer:
+    def __init__(self, broker: EmbeddedBroker, topics: Iterable[str] = ()) -> None:
+        self._broker = broker
+        self._topics = tuple(topics)
+        self._running = False
+
+    def startup(self) -> None:
+        for t in self._topics:
+            self._broker._topic(t)
+        self._running = True
+
+    def shutdown(self) -> None:
+        self._running = False
+
+    def send(self, message: Message) -> SendReceipt:
+        if not self._running:
+            raise EmbeddedBrokerError("producer is not started")
+        return SendReceipt(self._broker._store(message))
+
+    def send_async(self, message: Message) -> "Future[SendReceipt]":
+        fut: Future[SendReceipt] = Future()
+        try:
+            fut.set_result(self.send(message))
+        except Exception as exc:  # noqa: BLE001 - delivered through the future, like the client
+            fut.set_exception(exc)
+        return fut
+
+
+class SimpleConsumer:
+    def __init__(self, broker: EmbeddedBroker, consumer_group: str,
+                 subscription: Mapping[str, FilterExpression | None] | None = None,
+                 await_duration: float = 1.0) -> None:
+        self._broker = broker
+        self.consumer_group = consumer_group
+        self._filters = {t: f or FilterExpression() for t, f in (subscription or {}).items()}
+        self.await_duration = await_duration
+        self._running = False
+
+    def startup(self) -> None:
+        for topic in self._filters:
+            self._broker._subscribe(self.consumer_group, topic)
+        self._running = True
+
+    def shutdown(self) -> None:
+        self._running = False
+
+    def subscribe(self, topic: str, filter_expression: FilterExpression | None = None) -> None:
+        self._filters[topic] = filter_expression or FilterExpression()
+        if self._running:
+            self._broker._subscribe(self.consumer_group, topic)
+
+    def receive(self, max_message_num: int, invisible_duration: float) -> list[Message]:
+        if not self._running:
+            raise EmbeddedBrokerError("consumer is not started")
+        return self._broker._receive(self.consumer_group, self._filters, max_message_num,
+                                     invisible_duration, self.await_duration)
+
+    def ack(self, message: Message) -> None:
+        self._broker._ack(self.consumer_group, message)
+
+    def change_invisible_duration(self, message: Message, invisible_duration: float) -> None:
+        self._broker._change_invisible(self.consumer_group, message, invisible_duration)

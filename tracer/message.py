@@ -1,0 +1,77 @@
+"""A client-neutral view of a received message: what the tracer needs and nothing else.
+
+The official 5.x client, the legacy 2.x client and the embedded broker name things differently;
+:func:`describe` reads any of them by duck typing so the tracer core never imports a client.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Mapping
+
+
+@dataclass(slots=True)
+class MessageInfo:
+    topic: str
+    message_id: str | None = None
+    tag: str | None = None
+    keys: tuple[str, ...] = ()
+    message_group: str | None = None
+    properties: Mapping[str, Any] = field(default_factory=dict)
+    store_ms: int | None = None  # broker clock, milliseconds
+    decode_ms: int | None = None  # consumer clock, when the client decoded it
+    delivery_attempt: int | None = None
+    body_size: int | None = None
+    system_trace_context: str | None = None
+
+
+def _get(obj: Any, *names: str) -> Any:
+    for name in names:
+        try:
+            value = getattr(obj, name)
+        except Exception:  # noqa: BLE001 - a property of a foreign object may raise anything
+            continue
+        if value is not None:
+            return value
+    return None
+
+
+def _int(value: Any) -> int | None:
+    try:
+        v = int(value)
+    except (TypeError, ValueError, OverflowError):
+        return None
+    return v if v > 0 else None
+
+
+def describe(msg: Any) -> MessageInfo:
+    """A :class:`MessageInfo` from a 5.x ``rocketmq.Message``, an embedded message, or anything
+    with the same attribute names. Missing attributes stay ``None``; this never raises."""
+    keys = _get(msg, "keys")
+    try:
+        keys_t = tuple(str(k) for k in keys) if keys and not isinstance(keys, (str, bytes)) else (
+            (str(keys),) if keys else ())
+    except Exception:  # noqa: BLE001
+        keys_t = ()
+    body = _get(msg, "body")
+    props = _get(msg, "properties")
+    return MessageInfo(
+        topic=str(_get(msg, "topic") or ""),
+        message_id=_str(_get(msg, "message_id")),
+        tag=_str(_get(msg, "tag")),
+        keys=keys_t,
+        message_group=_str(_get(msg, "message_group")),
+        properties=props if isinstance(props, Mapping) else {},
+        # the 5.x client parses the store time but keeps it private (name-mangled)
+        store_ms=_int(_get(msg, "store_timestamp", "_Message__store_timestamp")),
+        decode_ms=_int(_get(msg, "decode_message_timestamp")),
+        delivery_attempt=_int(_get(msg, "delivery_attempt")),
+        body_size=len(body) if isinstance(body, (bytes, bytearray, str)) else None,
+        system_trace_context=_str(_get(msg, "trace_context")),
+    )
+
+
+def _str(value: Any) -> str | None:
+    if value is None:
+        return None
+    return value if isinstance(value, str) else str(value)

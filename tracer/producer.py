@@ -1,0 +1,102 @@
+"""Traced sending for any producer with the 5.x surface (``send``, ``send_async``).
+
+``TracedProducer`` wraps one producer object; the instrumentor patches the class instead. Both
+call :func:`traced_send`, so the ``send {topic}`` span and the properties written are the same.
+"""
+
+from __future__ import annotations
+
+from concurrent.futures import Future
+from typing import Any, Callable
+
+from .telemetry import MessageTracer, SendTrace
+
+
+def _setter(message: Any) -> Callable[[str, str], object]:
+    add = getattr(message, "add_property", None)
+    if add is not None:
+        return add  # type: ignore[no-any-return]
+    props = getattr(message, "properties", None)
+    if isinstance(props, dict):
+        return props.__setitem__
+    raise TypeError(f"{type(message).__name__} has no add_property()")
+
+
+def start_send(tracer: MessageTracer, message: Any, job_id: str | None = None,
+               cost: float | None = None) -> SendTrace:
+    keys = getattr(message, "keys", None) or ()
+    body = getattr(message, "body", None)
+    return tracer.start_send(
+        str(getattr(message, "topic", "") or ""), _setter(message),
+        tag=getattr(message, "tag", None),
+        keys=tuple(keys) if not isinstance(keys, str) else (keys,),
+        message_group=getattr(message, "message_group", None),
+        job_id=job_id, cost=cost,
+        body_size=len(body) if isinstance(body, (bytes, bytearray, str)) else None,
+    )
+
+
+def traced_send(tracer: MessageTracer, send: Callable[..., Any], message: Any, *args: Any,
+                job_id: str | None = None, cost: float | None = None, **kwargs: Any) -> Any:
+    """``send(message, ...)`` inside a ``send {topic}`` span; the user's exceptions pass through."""
+    try:
+        st = start_send(tracer, message, job_id, cost)
+    except Exception as exc:  # noqa: BLE001 - our failure must not stop the send
+        tracer.hook_failed("starting the send span", exc)
+        return send(message, *args, **kwargs)
+    try:
+        receipt = send(message, *args, **kwargs)
+    except BaseException as exc:
+        st.end(error=exc)
+        raise
+    st.end(message_id=getattr(receipt, "message_id", None))
+    return receipt
+
+
+def traced_send_async(tracer: MessageTracer, send_async: Callable[..., "Future[Any]"], message: Any,
+                      *args: Any, job_id: str | None = None, cost: float | None = None,
+                      **kwargs: Any) -> "Future[Any]":
+    try:
+        st = start_send(tracer, message, job_id, cost)
+    except Exception as exc:  # noqa: BLE001
+        tracer.hook_failed("starting the send span", exc)
+        return send_async(message, *args, **kwargs)
+    try:
+        fut = send_async(message, *args, **kwargs)
+    except BaseException as exc:
+        st.end(error=exc)
+        raise
+
+    def _done(f: "Future[Any]") -> None:
+        exc = f.exception()
+        st.end(message_id=None if exc else getattr(f.result(), "message_id", None), error=exc)
+
+    fut.add_done_callback(_done)
+    return fut
+
+
+class TracedProducer:
+    """A proxy around one producer: ``send``/``send_async`` are traced, the rest passes through.
+
+    ``job_id`` and ``cost`` keyword arguments are ours and are not passed to the client.
+    """
+
+    def __init__(self, producer: Any, tracer: MessageTracer) -> None:
+        self._producer = producer
+        self._tracer = tracer
+
+    @property
+    def wrapped(self) -> Any:
+        return self._producer
+
+    def send(self, message: Any, *args: Any, job_id: str | None = None, cost: float | None = None,
+             **kwargs: Any) -> Any:
+        return traced_send(self._tracer, self._producer.send, message, *args, job_id=job_id, cost=cost, **kwargs)
+
+    def send_async(self, message: Any, *args: Any, job_id: str | None = None, cost: float | None = None,
+                   **kwargs: Any) -> "Future[Any]":
+        return traced_send_async(self._tracer, self._producer.send_async, message, *args,
+                                 job_id=job_id, cost=cost, **kwargs)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._producer, name)

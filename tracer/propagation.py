@@ -1,0 +1,227 @@
+"""What travels inside a message: W3C trace context and our produce stamp, as user properties.
+
+Producers write ``traceparent``/``tracestate`` (the keys the OpenTelemetry Java agent's RocketMQ
+instrumentation uses as well, so Java producers join the same trace) and ``rmqtrace_produce_ns``.
+Consumers read them back through :func:`extract`. Properties come from other people's programs:
+anything missing, malformed, oversized or not text is ignored and counted by kind — parsing never
+raises into a producer or a handler.
+"""
+
+from __future__ import annotations
+
+import logging
+import re
+import threading
+from dataclasses import dataclass
+from typing import Any, Callable, Mapping, MutableMapping
+
+from opentelemetry import context as otel_context
+from opentelemetry import trace
+from opentelemetry.context import Context
+from opentelemetry.trace import NonRecordingSpan, SpanContext, TraceFlags, TraceState
+
+log = logging.getLogger(__name__)
+
+TRACEPARENT = "traceparent"
+TRACESTATE = "tracestate"
+PRODUCE_NS = "rmqtrace_produce_ns"
+JOB_ID = "rmqtrace_job"
+COST = "rmqtrace_cost"
+
+# Bounds on what we are willing to parse; beyond them the value is hostile or broken.
+MAX_TRACESTATE_LEN = 512
+MAX_JOB_ID_LEN = 128
+_NS_MIN = 946_684_800 * 10**9  # 2000-01-01: earlier is not a real produce time
+_NS_FUTURE_SLACK = 24 * 3600 * 10**9
+
+_TRACEPARENT_RE = re.compile(r"^([0-9a-f]{2})-([0-9a-f]{32})-([0-9a-f]{16})-([0-9a-f]{2})(-.*)?$")
+
+
+class PropagationErrors:
+    """Counts bad properties by kind and logs the first of each kind once.
+
+    ``on_count`` lets the metrics layer mirror the counts into Prometheus without this module
+    knowing about it.
+    """
+
+    KINDS = (
+        "traceparent_malformed",
+        "traceparent_version",
+        "traceparent_invalid_id",
+        "tracestate_invalid",
+        "produce_ns_malformed",
+        "produce_ns_out_of_range",
+        "job_id_invalid",
+        "cost_invalid",
+        "not_text",
+        "inject_failed",
+    )
+
+    def __init__(self, on_count: Callable[[str], None] | None = None) -> None:
+        self._lock = threading.Lock()
+        self.counts: dict[str, int] = {k: 0 for k in self.KINDS}
+        self._on_count = on_count
+
+    def count(self, kind: str, detail: str = "") -> None:
+        with self._lock:
+            first = self.counts.get(kind, 0) == 0
+            self.counts[kind] = self.counts.get(kind, 0) + 1
+        if first:
+            log.warning("rmqtrace: ignoring bad message property (%s)%s; further ones are only counted",
+                        kind, f": {detail[:80]!r}" if detail else "")
+        if self._on_count is not None:
+            try:
+                self._on_count(kind)
+            except Exception:  # noqa: BLE001 - a metrics hook must not break parsing
+                log.debug("propagation error hook failed", exc_info=True)
+
+
+@dataclass(frozen=True, slots=True)
+class Carried:
+    """What :func:`extract` found in a message's properties."""
+
+    parent: Context | None = None  # remote producer span context, or None
+    produce_ns: int = 0
+    job_id: str | None = None
+    cost: float | None = None
+
+
+def _text(value: Any, errors: PropagationErrors) -> str | None:
+    if value is None:
+        return None
+    if isinstance(value, str):
+        return value
+    if isinstance(value, bytes):
+        try:
+            return value.decode("utf-8")
+        except UnicodeDecodeError:
+            errors.count("not_text", repr(value[:40]))
+            return None
+    errors.count("not_text", type(value).__name__)
+    return None
+
+
+def parse_traceparent(value: str, tracestate: str | None, errors: PropagationErrors) -> Context | None:
+    """A W3C traceparent into a remote parent context; None (counted) when not valid."""
+    if len(value) > 256:
+        errors.count("traceparent_malformed", value[:40])
+        return None
+    m = _TRACEPARENT_RE.match(value.strip().lower())
+    if m is None:
+        errors.count("traceparent_malformed", value)
+        return None
+    version, trace_id_hex, span_id_hex, flags_hex, rest = m.groups()
+    # Version ff is forbidden; version 00 has exactly four fields; later versions may add fields.
+    if version == "ff" or (version == "00" and rest):
+        errors.count("traceparent_version", value)
+        return None
+    trace_id, span_id = int(trace_id_hex, 16), int(span_id_hex, 16)
+    if trace_id == 0 or span_id == 0:
+        errors.count("traceparent_invalid_id", value)
+        return None
+    state = TraceState()
+    if tracestate:
+        if len(tracestate) > MAX_TRACESTATE_LEN:
+            errors.count("tracestate_invalid", tracestate[:40])
+        else:
+            try:
+                state = TraceState.from_header([tracestate])
+            except Exception:  # noqa: BLE001 - library raises various errors on junk
+                errors.count("tracestate_invalid", tracestate)
+    span_context = SpanContext(
+        trace_id=trace_id,
+        span_id=span_id,
+        is_remote=True,
+        trace_flags=TraceFlags(int(flags_hex, 16) & 0x01),
+        trace_state=state,
+    )
+    return trace.set_span_in_context(NonRecordingSpan(span_context))
+
+
+def parse_produce_ns(value: str, errors: PropagationErrors, now_ns: int) -> int:
+    if not value.isascii() or not value.isdigit() or len(value) > 20:
+        errors.count("produce_ns_malformed", value)
+        return 0
+    ns = int(value)
+    if ns < _NS_MIN or ns > now_ns + _NS_FUTURE_SLACK:
+        errors.count("produce_ns_out_of_range", value)
+        return 0
+    return ns
+
+
+def extract(properties: Mapping[str, Any] | None, errors: PropagationErrors, now_ns: int,
+            system_trace_context: Any = None) -> Carried:
+    """Read what a producer carried. Never raises.
+
+    ``system_trace_context`` is a traceparent carried outside user properties (the Java gRPC
+    client's ``trace_context`` system property); user properties win when both exist.
+    """
+    try:
+        return _extract(properties or {}, errors, now_ns, system_trace_context)
+    except Exception as exc:  # noqa: BLE001 - e.g. a Mapping whose .get raises
+        errors.count("traceparent_malformed", repr(exc))
+        return Carried()
+
+
+def _extract(props: Mapping[str, Any], errors: PropagationErrors, now_ns: int,
+             system_trace_context: Any) -> Carried:
+    parent = None
+    tp = _text(props.get(TRACEPARENT), errors)
+    if tp is None:
+        tp = _text(system_trace_context, errors)
+    if tp:
+        parent = parse_traceparent(tp, _text(props.get(TRACESTATE), errors), errors)
+
+    produce_ns = 0
+    raw = _text(props.get(PRODUCE_NS), errors)
+    if raw is not None:
+        produce_ns = parse_produce_ns(raw, errors, now_ns)
+
+    job_id = _text(props.get(JOB_ID), errors)
+    if job_id is not None and (not job_id or len(job_id) > MAX_JOB_ID_LEN or not job_id.isprintable()):
+        errors.count("job_id_invalid", job_id[:40])
+        job_id = None
+
+    cost = None
+    raw_cost = _text(props.get(COST), errors)
+    if raw_cost is not None:
+        try:
+            cost = float(raw_cost) if len(raw_cost) <= 32 else None
+        except ValueError:
+            cost = None
+        if cost is None or not (0.0 <= cost < 1e15):
+            errors.count("cost_invalid", raw_cost)
+            cost = None
+    return Carried(parent, produce_ns, job_id, cost)
+
+
+def inject(set_property: Callable[[str, str], object], produce_ns: int, ctx: Context | None = None,
+           job_id: str | None = None, cost: float | None = None) -> None:
+    """Write trace context and stamps through ``set_property(key, value)``.
+
+    The trace context is the span current in ``ctx`` (or the current context): callers make the
+    producer span current first. Written by hand rather than through the global propagator so
+    the property names stay fixed whatever ``OTEL_PROPAGATORS`` says — consumers must find them.
+    """
+    span_context = trace.get_current_span(ctx).get_span_context()
+    if span_context.is_valid:
+        set_property(TRACEPARENT, format_traceparent(span_context))
+        if span_context.trace_state:
+            set_property(TRACESTATE, span_context.trace_state.to_header())
+    set_property(PRODUCE_NS, str(produce_ns))
+    if job_id is not None:
+        set_property(JOB_ID, job_id)
+    if cost is not None:
+        set_property(COST, repr(float(cost)))
+
+
+def format_traceparent(span_context: SpanContext) -> str:
+    return f"00-{span_context.trace_id:032x}-{span_context.span_id:016x}-{int(span_context.trace_flags) & 0x01:02x}"
+
+
+def dict_setter(props: MutableMapping[str, str]) -> Callable[[str, str], None]:
+    return props.__setitem__
+
+
+def current_context() -> Context:
+    return otel_context.get_current()
