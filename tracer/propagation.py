@@ -55,6 +55,7 @@ class PropagationErrors:
         "cost_invalid",
         "not_text",
         "inject_failed",
+        "unreadable",
     )
 
     def __init__(self, on_count: Callable[[str], None] | None = None) -> None:
@@ -159,7 +160,7 @@ def extract(properties: Mapping[str, Any] | None, errors: PropagationErrors, now
     try:
         return _extract(properties or {}, errors, now_ns, system_trace_context)
     except Exception as exc:  # noqa: BLE001 - e.g. a Mapping whose .get raises
-        errors.count("traceparent_malformed", repr(exc))
+        errors.count("unreadable", repr(exc))
         return Carried()
 
 

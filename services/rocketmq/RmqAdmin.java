@@ -3,7 +3,8 @@
 // Compiled by rmq.sh into <cache>/classes against the RocketMQ jars.
 //
 // usage: RmqAdmin NAMESRV CLUSTER OP...
-//   wait:SECONDS        wait until a master broker of CLUSTER is registered in the name server
+//   wait:SECONDS[@ADDR] wait until a master broker of CLUSTER is registered in the name server;
+//                       with @ADDR, nudge the broker at ADDR to register (see waitMaster)
 //   topic:NAME          normal topic (message.type=NORMAL), QUEUES read/write queues
 //   fifo-topic:NAME     FIFO topic (attribute +message.type=FIFO)
 //   group:NAME          consumer group (concurrent)
@@ -21,6 +22,8 @@ import org.apache.rocketmq.remoting.protocol.subscription.SubscriptionGroupConfi
 import org.apache.rocketmq.tools.admin.DefaultMQAdminExt;
 
 public class RmqAdmin {
+    static final String KICK_TOPIC = "rmqtrace-boot";
+
     public static void main(String[] args) {
         int rc = 0;
         try {
@@ -46,8 +49,14 @@ public class RmqAdmin {
         return null;
     }
 
-    static String waitMaster(DefaultMQAdminExt admin, String cluster, double seconds) throws Exception {
-        long deadline = System.nanoTime() + (long) (seconds * 1e9);
+    // kickAddr: broker address to nudge when it does not register by itself. The broker registers
+    // at boot only if its name server availability scan already ran (a race in 5.x); otherwise the
+    // next registration is 10 s later. Creating/updating a topic makes the broker register at once.
+    static String waitMaster(DefaultMQAdminExt admin, String cluster, double seconds, String kickAddr)
+        throws Exception {
+        long start = System.nanoTime();
+        long deadline = start + (long) (seconds * 1e9);
+        long nextKick = start + 1_500_000_000L;
         Exception last = null;
         while (true) {
             try {
@@ -55,6 +64,18 @@ public class RmqAdmin {
                 if (addr != null) return addr;
             } catch (Exception e) {
                 last = e;
+            }
+            if (kickAddr != null && System.nanoTime() > nextKick) {
+                nextKick = System.nanoTime() + 3_000_000_000L;
+                try {
+                    TopicConfig tc = new TopicConfig(KICK_TOPIC, 1, 1, 6);
+                    Map<String, String> attrs = new HashMap<>();
+                    attrs.put("+message.type", "NORMAL");
+                    tc.setAttributes(attrs);
+                    admin.createAndUpdateTopicConfig(kickAddr, tc);
+                } catch (Exception e) {
+                    last = e;
+                }
             }
             if (System.nanoTime() > deadline) {
                 throw new IllegalStateException("no master broker of cluster " + cluster
@@ -97,16 +118,19 @@ public class RmqAdmin {
             String kind = op.substring(0, colon);
             String arg = op.substring(colon + 1);
             switch (kind) {
-                case "wait":
-                    master = waitMaster(admin, cluster, Double.parseDouble(arg));
+                case "wait": { // wait:SECONDS or wait:SECONDS@BROKER_ADDR (nudge that broker)
+                    int at = arg.indexOf('@');
+                    String kick = at < 0 ? null : arg.substring(at + 1);
+                    master = waitMaster(admin, cluster, Double.parseDouble(at < 0 ? arg : arg.substring(0, at)), kick);
                     System.out.println("broker registered: " + master);
                     break;
+                }
                 case "queues":
                     queues = Integer.parseInt(arg);
                     break;
                 case "topic":
                 case "fifo-topic": {
-                    if (master == null) master = waitMaster(admin, cluster, 10);
+                    if (master == null) master = waitMaster(admin, cluster, 10, null);
                     TopicConfig tc = new TopicConfig(arg, queues, queues, 6);
                     Map<String, String> attrs = new HashMap<>();
                     attrs.put("+message.type", kind.equals("fifo-topic") ? "FIFO" : "NORMAL");
@@ -119,7 +143,7 @@ public class RmqAdmin {
                 }
                 case "group":
                 case "fifo-group": {
-                    if (master == null) master = waitMaster(admin, cluster, 10);
+                    if (master == null) master = waitMaster(admin, cluster, 10, null);
                     SubscriptionGroupConfig sg = new SubscriptionGroupConfig();
                     sg.setGroupName(arg);
                     sg.setConsumeMessageOrderly(kind.equals("fifo-group"));

@@ -201,7 +201,7 @@ start_namesrv() {
     if live_pid namesrv >/dev/null; then return 0; fi
     port_open $NAMESRV_PORT && die "port $NAMESRV_PORT is in use by a process not started from $RUN"
     launch namesrv org.apache.rocketmq.namesrv.NamesrvStartup \
-        -Xms64m -Xmx256m -XX:MaxDirectMemorySize=128m -XX:+UseSerialGC \
+        -Xms64m -Xmx256m -XX:MaxDirectMemorySize=128m -XX:+UseSerialGC ${RMQ_NAMESRV_JVM_OPTS:-} \
         -- -c "$RUN/conf/namesrv.conf"
     wait_ports namesrv $deadline $NAMESRV_PORT
 }
@@ -214,12 +214,12 @@ start_proxy() { # [extra admin ops run in the same JVM as the registration wait]
             port_open $p && die "port $p is in use by a process not started from $RUN"
         done
         launch proxy org.apache.rocketmq.proxy.ProxyStartup \
-            -Xms512m -Xmx512m -XX:MaxDirectMemorySize=512m -XX:+UseG1GC \
+            -Xms512m -Xmx512m -XX:MaxDirectMemorySize=512m -XX:+UseG1GC ${RMQ_PROXY_JVM_OPTS:-} \
             -- -pm local -bc "$RUN/conf/broker.conf" -pc "$RUN/conf/rmq-proxy.json" -n $NAMESRV_ADDR
     fi
     wait_ports proxy $deadline $BROKER_PORT $GRPC_PORT $REMOTING_PORT
     # broker registered in the name server (topic routes resolvable), then the extra ops
-    admin "wait:$((deadline - SECONDS > 5 ? deadline - SECONDS : 5))" "$@" >&2 \
+    admin "wait:$((deadline - SECONDS > 5 ? deadline - SECONDS : 5))@127.0.0.1:$BROKER_PORT" "$@" >&2 \
         || fail_start proxy "broker not registered in the name server, or admin operation failed: $*"
 }
 
@@ -265,7 +265,8 @@ admin() { # ops as RmqAdmin tokens: wait:S topic:N fifo-topic:N group:N fifo-gro
         kind="${op%%:*}"; arg="${op#*:}"
         case "$kind" in
             wait)
-                local until=$((SECONDS + ${arg%.*}))
+                local secs="${arg%%@*}" until
+                until=$((SECONDS + ${secs%.*}))
                 until "${mq[@]}" $(jvm_common) -cp "$LIB/*" org.apache.rocketmq.tools.command.MQAdminStartup \
                         clusterList -n $NAMESRV_ADDR 2>/dev/null | grep -q "127.0.0.1:$BROKER_PORT"; do
                     ((SECONDS < until)) || return 1

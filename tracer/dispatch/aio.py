@@ -16,9 +16,10 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import sys
 import time
 from collections.abc import Awaitable, Callable
-from typing import Generic, TypeVar, cast
+from typing import Any, Generic, TypeVar, cast
 
 from ..clock import Clock
 from ..stages import Outcome, Stage
@@ -31,6 +32,46 @@ from .scheduler import FULL, Entry
 T = TypeVar("T")
 
 logger = logging.getLogger("tracer.dispatch")
+
+if sys.version_info >= (3, 11):
+    _timeout = asyncio.timeout
+else:  # pragma: no cover - Python 3.10
+
+    class _timeout:
+        """The part of 3.11's ``asyncio.timeout`` used here: cancel the task at the deadline."""
+
+        def __init__(self, delay: float) -> None:
+            self._delay = delay
+            self._expired = False
+            self._handle: asyncio.TimerHandle | None = None
+
+        def expired(self) -> bool:
+            return self._expired
+
+        async def __aenter__(self) -> _timeout:
+            task = asyncio.current_task()
+            assert task is not None
+
+            def fire() -> None:
+                self._expired = True
+                task.cancel()
+
+            self._handle = asyncio.get_running_loop().call_later(self._delay, fire)
+            return self
+
+        async def __aexit__(self, et: type[BaseException] | None, e: BaseException | None, tb: object) -> None:
+            if self._handle is not None:
+                self._handle.cancel()
+            if self._expired and et is asyncio.CancelledError:
+                raise asyncio.TimeoutError from e
+
+
+def _being_cancelled(task: asyncio.Task[Any] | None) -> bool:
+    """Whether ``task`` itself is being cancelled (3.10 cannot tell: assume it is)."""
+    if task is None:
+        return False
+    cancelling = getattr(task, "cancelling", None)
+    return True if cancelling is None else bool(cancelling())
 
 
 class _AioWorker:
@@ -131,9 +172,8 @@ class AsyncDispatcher(Generic[T]):
                 await fut
             else:
                 try:
-                    async with asyncio.timeout(remaining):
-                        await fut
-                except TimeoutError:
+                    await asyncio.wait_for(fut, remaining)
+                except asyncio.TimeoutError:
                     pass
         finally:
             if not fut.done():
@@ -303,19 +343,18 @@ class AsyncDispatcher(Generic[T]):
             if self._timeout is None:
                 await self._handler(cast(T, e.item))
             else:
-                cm = asyncio.timeout(self._timeout)
+                cm = _timeout(self._timeout)
                 try:
                     async with cm:
                         await self._handler(cast(T, e.item))
-                except TimeoutError as exc:
+                except (TimeoutError, asyncio.TimeoutError) as exc:
                     if not cm.expired():
                         raise
                     error = HandlerTimeout(time.monotonic() - t_start, self._timeout)
                     error.__cause__ = exc
                     outcome = Outcome.TIMEOUT
         except asyncio.CancelledError as exc:
-            task = asyncio.current_task()
-            if task is not None and task.cancelling():
+            if _being_cancelled(asyncio.current_task()):
                 self._close_scope(scope, exc)
                 self._report(e, Outcome.FAILURE, exc)
                 raise

@@ -243,7 +243,7 @@ class BufferedScheduler(Scheduler):
         return None
 
     def free_slots(self) -> int:
-        room = [self._k - len(b) + (0 if r else 1) for b, r in zip(self._bufs, self._running)]
+        room = [self._k - len(b) + (0 if r else 1) for b, r in zip(self._bufs, self._running, strict=True)]
         upcoming = self._upcoming
         n = 0
         while True:

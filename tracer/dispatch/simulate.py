@@ -48,7 +48,7 @@ def simulate_buffered(durations: Sequence[float], workers: int, buffer: int, tar
         raise ValueError("need one target per message")
     finishes: list[list[float]] = [[] for _ in range(workers)]  # per worker, in run order
     t_sub = 0.0
-    for d, w in zip(durations, targets):
+    for d, w in zip(durations, targets, strict=False):
         q = finishes[w]
         j = len(q)
         if j >= buffer + 1:  # message j enters when message j-(K+1) on that worker has finished

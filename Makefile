@@ -1,0 +1,73 @@
+# Two commands for a new user: `make demo` and `make test`. Everything else is a helper.
+SHELL := /bin/bash
+PYTHON ?= python3
+VENV := .venv
+BIN := $(VENV)/bin
+PIP := $(BIN)/python -m pip
+export PIP_DISABLE_PIP_VERSION_CHECK := 1
+
+.PHONY: demo test test-unit bench lint services-up services-down stack stack-down clean help
+
+help:
+	@echo "make demo         the incident and its fix on the embedded broker (no Java, no Go)"
+	@echo "make test         install test deps, start RocketMQ + Jaeger + Prometheus, run every test"
+	@echo "make test-unit    only the tests that need no service"
+	@echo "make bench        the benchmarks behind BENCHMARKS.md"
+	@echo "make stack        RocketMQ + Jaeger + Prometheus on loopback for your own app (stack-down stops it)"
+	@echo "make lint         ruff + mypy --strict"
+
+$(BIN)/python:
+	$(PYTHON) -m venv $(VENV)
+	$(PIP) install -q --upgrade pip
+
+# Stamps keep reinstalls cheap: they are redone only when pyproject.toml changes.
+$(VENV)/.installed: pyproject.toml | $(BIN)/python
+	$(PIP) install -q -e .
+	@touch $@
+
+$(VENV)/.installed-test: pyproject.toml services/rocketmq/install_legacy_client.sh | $(BIN)/python
+	$(PIP) install -q -e '.[test,rocketmq,grpc]'
+	bash services/rocketmq/install_legacy_client.sh $(BIN)/python
+	@touch $@ $(VENV)/.installed
+
+demo: $(VENV)/.installed
+	$(BIN)/rmqtrace demo
+
+test: $(VENV)/.installed-test
+	@set -o pipefail; status=0; \
+	$(MAKE) --no-print-directory services-up || status=$$?; \
+	if [ $$status -eq 0 ]; then \
+	  RMQTRACE_REQUIRE_SERVICES=1 $(BIN)/python -m pytest -ra --durations=15 tests || status=$$?; \
+	fi; \
+	$(MAKE) --no-print-directory services-down; \
+	exit $$status
+
+test-unit: $(VENV)/.installed-test
+	$(BIN)/python -m pytest -ra -m "not integration" tests
+
+services-up:
+	bash services/prometheus/prom.sh install
+	bash services/rocketmq/rmq.sh start
+	bash services/jaeger/jaeger.sh start
+
+services-down:
+	-bash services/jaeger/jaeger.sh stop
+	-bash services/rocketmq/rmq.sh stop
+	-bash services/prometheus/prom.sh stop
+
+bench: $(VENV)/.installed
+	$(BIN)/rmqtrace bench overhead
+	$(BIN)/rmqtrace bench dispatch
+
+stack: $(VENV)/.installed
+	bash services/stack.sh up
+
+stack-down:
+	bash services/stack.sh down
+
+lint: $(VENV)/.installed-test
+	$(BIN)/ruff check tracer tests
+	$(BIN)/mypy
+
+clean:
+	rm -rf $(VENV) rmqtrace-out .pytest_cache .mypy_cache

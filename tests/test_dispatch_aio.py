@@ -1,0 +1,223 @@
+"""The asyncio engine: one message per worker task, back-pressure, keys, timeouts, life cycle."""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+import pytest
+from prometheus_client import CollectorRegistry
+
+from tracer.dispatch import AsyncDispatcher, CostAware, DispatcherClosed, DispatchMetrics, HandlerTimeout
+from tracer.stages import Outcome, Stage
+
+WAIT = 10.0
+
+
+def run(coro_fn: Callable[[], Awaitable[None]]) -> None:
+    asyncio.run(asyncio.wait_for(coro_fn(), WAIT))
+
+
+class Gates:
+    def __init__(self) -> None:
+        self.started: dict[Any, asyncio.Event] = collections.defaultdict(asyncio.Event)
+        self.release: dict[Any, asyncio.Event] = collections.defaultdict(asyncio.Event)
+        self.order: list[Any] = []
+        self.tasks: dict[Any, asyncio.Task[Any] | None] = {}
+
+    async def handler(self, item: Any) -> None:
+        self.order.append(item)
+        self.tasks[item] = asyncio.current_task()
+        self.started[item].set()
+        await self.release[item].wait()
+
+    def open(self, *items: Any) -> None:
+        for i in items:
+            self.release[i].set()
+
+    async def wait_started(self, *items: Any) -> None:
+        for i in items:
+            await self.started[i].wait()
+
+
+async def until(cond: Callable[[], bool]) -> None:
+    while not cond():
+        await asyncio.sleep(0)  # yields to the loop; no wall-clock wait
+
+
+def test_one_message_per_worker_and_back_pressure() -> None:
+    async def main() -> None:
+        g = Gates()
+        d: AsyncDispatcher[str] = AsyncDispatcher(g.handler, workers=2)
+        await d.submit("a")
+        await d.submit("b")
+        await g.wait_started("a", "b")
+        assert d.free_slots() == 0
+        assert await d.submit("x", timeout=0) is False
+        pending = asyncio.ensure_future(d.submit("c"))
+        await until(lambda: len(d._waiters) == 1)
+        assert not pending.done()
+        g.open("a")
+        assert await pending is True
+        await g.wait_started("c")
+        assert g.tasks["c"] is g.tasks["a"]  # the freed worker took it
+        g.open("b", "c")
+        await d.close()
+        s = d.stats
+        assert s.submitted == 3 == s.handled and s.in_flight == 0
+
+    run(main)
+
+
+def test_key_order_exclusion_and_other_keys_pass() -> None:
+    async def main() -> None:
+        g = Gates()
+        d: AsyncDispatcher[str] = AsyncDispatcher(g.handler, workers=2, key=lambda s: s[0])
+        for item in ("A1", "A2", "B1", "B2"):
+            await d.submit(item)
+        await g.wait_started("A1", "B1")
+        g.open("B1", "B2")
+        await g.wait_started("B2")
+        assert "A2" not in g.order
+        g.open("A1", "A2")
+        await d.close()
+        assert [x for x in g.order if x[0] == "A"] == ["A1", "A2"]
+
+    run(main)
+
+
+def test_cost_aware_and_exact_counts() -> None:
+    async def main() -> None:
+        g = Gates()
+        got: list[tuple[Any, Outcome]] = []
+        d: AsyncDispatcher[tuple[str, int]] = AsyncDispatcher(
+            g.handler, workers=1, policy=CostAware(window=8), cost=lambda it: it[1],
+            on_done=lambda i, o, e: got.append((i[0], o)),
+        )  # fmt: skip
+        await d.submit(("first", 0))
+        await g.wait_started(("first", 0))
+        for it in (("a", 1), ("b", 4), ("c", 2)):
+            await d.submit(it)
+        for it in (("first", 0), ("a", 1), ("b", 4), ("c", 2)):
+            g.open(it)
+        await d.close()
+        assert [n for n, _ in g.order] == ["first", "b", "c", "a"]
+        assert d.stats.handled == d.stats.submitted == 4 == len(got)
+
+    run(main)
+
+
+def test_failure_and_timeout_keep_workers_alive() -> None:
+    async def main() -> None:
+        got: list[tuple[int, Outcome, BaseException | None]] = []
+        never = asyncio.Event()
+
+        async def handler(i: int) -> None:
+            if i == 0:
+                raise ValueError("bad")
+            if i == 1:
+                await never.wait()  # cancelled by handler_timeout
+            if i == 2:
+                raise asyncio.CancelledError  # raised by the handler itself: a failure
+
+        d: AsyncDispatcher[int] = AsyncDispatcher(
+            handler, workers=1, handler_timeout=0.05, on_done=lambda i, o, e: got.append((i, o, e))
+        )
+        for i in range(4):
+            await d.submit(i)
+        await d.close()
+        assert [(i, o) for i, o, _ in got] == [
+            (0, Outcome.FAILURE),
+            (1, Outcome.TIMEOUT),
+            (2, Outcome.FAILURE),
+            (3, Outcome.SUCCESS),
+        ]
+        assert isinstance(got[1][2], HandlerTimeout)
+        s = d.stats
+        assert s.submitted == s.handled + s.failed + s.timed_out == 4
+
+    run(main)
+
+
+def test_close_without_drain_skips_queued_and_rejects_submit() -> None:
+    async def main() -> None:
+        g = Gates()
+        got: list[tuple[int, Outcome]] = []
+        d: AsyncDispatcher[int] = AsyncDispatcher(
+            g.handler, workers=1, policy=CostAware(window=4), on_done=lambda i, o, e: got.append((i, o))
+        )
+        for i in range(3):
+            await d.submit(i)
+        await g.wait_started(0)
+        closing = asyncio.ensure_future(d.close(drain=False))
+        await until(lambda: len(got) == 2)
+        with pytest.raises(DispatcherClosed):
+            await d.submit(9)
+        g.open(0)
+        await closing
+        assert got == [(1, Outcome.SKIPPED), (2, Outcome.SKIPPED), (0, Outcome.SUCCESS)]
+        assert all(w.task is not None and w.task.done() for w in d._workers or [])
+
+    run(main)
+
+
+class FakeTrace:
+    def __init__(self, log: list[Any]) -> None:
+        self.log = log
+
+    def mark(self, stage: Stage) -> None:
+        self.log.append(("mark", stage))
+
+    def handler_scope(self) -> Any:
+        log = self.log
+
+        class Scope:
+            def __enter__(self) -> None:
+                log.append("start")
+
+            def __exit__(self, *a: object) -> None:
+                log.append("end")
+
+        return Scope()
+
+    def finish(self, outcome: Outcome, error: BaseException | None) -> None:
+        self.log.append(("finish", outcome))
+
+
+def test_stamps_and_metrics() -> None:
+    async def main() -> None:
+        reg = CollectorRegistry()
+        log: list[Any] = []
+
+        async def handler(i: int) -> None:
+            log.append("handler")
+
+        async with AsyncDispatcher(handler, workers=2, metrics=DispatchMetrics(reg)) as d:
+            await d.submit(1, FakeTrace(log))
+            for i in range(9):
+                await d.submit(i)
+            assert await d.wait_idle(WAIT)
+        assert log[:5] == [("mark", Stage.DISPATCH_ENQUEUE), "start", "handler", "end", ("finish", Outcome.SUCCESS)]
+        n = reg.get_sample_value("rmqtrace_dispatch_slot_wait_seconds_count", {"policy": "aggressive"})
+        assert n == d.stats.handled == 10
+
+    run(main)
+
+
+def test_wait_for_free_slot() -> None:
+    async def main() -> None:
+        g = Gates()
+        d: AsyncDispatcher[int] = AsyncDispatcher(g.handler, workers=1)
+        await d.submit(1)
+        await g.wait_started(1)
+        assert await d.wait_for_free_slot(0.001) is False
+        waiter = asyncio.ensure_future(d.wait_for_free_slot(WAIT))
+        await asyncio.sleep(0)
+        g.open(1)
+        assert await waiter is True
+        await d.close()
+        assert await d.wait_for_free_slot(0) is False
+
+    run(main)

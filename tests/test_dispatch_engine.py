@@ -1,0 +1,549 @@
+"""The thread engine, driven by events: slots, back-pressure, ordering, cost, life cycle, stamps."""
+
+from __future__ import annotations
+
+import collections
+import logging
+import random
+import threading
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from typing import Any
+
+import pytest
+
+from tracer.clock import ManualClock
+from tracer.dispatch import (
+    Aggressive,
+    CostAware,
+    Dispatcher,
+    DispatcherClosed,
+    HandlerTimeout,
+    RoundRobin,
+)
+from tracer.stages import Outcome, Stage
+
+WAIT = 10.0  # generous upper bound for anything that should happen "now"
+
+
+def poll(cond: Callable[[], bool], timeout: float = WAIT) -> None:
+    """Wait until ``cond()`` holds (checked every millisecond), or fail."""
+    pause = threading.Event()
+    for _ in range(int(timeout * 1000)):
+        if cond():
+            return
+        pause.wait(0.001)
+    raise AssertionError("condition not reached in time")
+
+
+def submitter_blocked(d: Dispatcher[Any], n: int = 1) -> bool:
+    return d._n_waiting >= n  # threads waiting inside the dispatcher (white-box, read only)
+
+
+class Gates:
+    """Per-item events: the handler for item x reports `started[x]` and waits for `release[x]`."""
+
+    def __init__(self) -> None:
+        self.started: dict[Any, threading.Event] = collections.defaultdict(threading.Event)
+        self.release: dict[Any, threading.Event] = collections.defaultdict(threading.Event)
+        self.lock = threading.Lock()
+        self.order: list[Any] = []
+        self.threads: dict[Any, int] = {}
+
+    def handler(self, item: Any) -> None:
+        with self.lock:
+            self.order.append(item)
+            self.threads[item] = threading.get_ident()
+            started, release = self.started[item], self.release[item]
+        started.set()
+        assert release.wait(WAIT), f"item {item!r} never released"
+
+    def open(self, *items: Any) -> None:
+        with self.lock:
+            evs = [self.release[i] for i in items]
+        for e in evs:
+            e.set()
+
+    def wait_started(self, *items: Any) -> None:
+        with self.lock:
+            evs = [self.started[i] for i in items]
+        for e in evs:
+            assert e.wait(WAIT), "handler did not start"
+
+    def is_started(self, item: Any) -> bool:
+        with self.lock:
+            return item in self.order
+
+
+class FakeTrace:
+    """Records the dispatcher's calls, in order, into a shared log."""
+
+    def __init__(self, name: str, log: list[tuple[Any, ...]]) -> None:
+        self.name = name
+        self.log = log
+
+    def mark(self, stage: Stage) -> None:
+        self.log.append((self.name, "mark", stage))
+
+    @contextmanager
+    def handler_scope(self) -> Iterator[object]:
+        self.log.append((self.name, "start"))
+        try:
+            yield self
+        except BaseException as exc:
+            self.log.append((self.name, "end", exc))
+            raise
+        self.log.append((self.name, "end", None))
+
+    def finish(self, outcome: Outcome, error: BaseException | None) -> None:
+        self.log.append((self.name, "finish", outcome, error))
+
+
+# --------------------------------------------------------------------------------------- slots
+def test_aggressive_at_most_one_message_per_worker() -> None:
+    lock = threading.Lock()
+    per_thread: collections.Counter[int] = collections.Counter()
+    worst_thread = worst_total = 0
+    total = 0
+
+    def handler(_: int) -> None:
+        nonlocal worst_thread, worst_total, total
+        me = threading.get_ident()
+        with lock:
+            per_thread[me] += 1
+            total += 1
+            worst_thread = max(worst_thread, per_thread[me])
+            worst_total = max(worst_total, total)
+        with lock:
+            per_thread[me] -= 1
+            total -= 1
+
+    with Dispatcher(handler, workers=4) as d:
+        for i in range(500):
+            d.submit(i)
+            assert d.stats.in_flight + d.stats.queued <= 4
+    assert worst_thread == 1
+    assert worst_total <= 4
+    assert d.stats.handled == 500 and d.stats.queued == 0
+
+
+def test_submit_blocks_when_all_slots_full_and_unblocks_when_one_frees() -> None:
+    g = Gates()
+    d = Dispatcher(g.handler, workers=2)
+    d.submit("a")
+    d.submit("b")
+    g.wait_started("a", "b")
+    assert d.free_slots() == 0
+    assert d.wait_for_free_slot(timeout=0) is False
+    assert d.submit("x", timeout=0) is False  # would block: refused at once
+    accepted = threading.Event()
+    t = threading.Thread(target=lambda: (d.submit("c"), accepted.set()))
+    t.start()
+    poll(lambda: submitter_blocked(d))
+    assert not accepted.is_set()
+    assert not g.is_started("c")
+    g.open("b")  # one slot frees
+    assert accepted.wait(WAIT)
+    g.wait_started("c")
+    assert g.threads["c"] == g.threads["b"]  # the freed worker took it
+    assert not g.is_started("x")
+    g.open("a", "c")
+    d.close()
+    assert d.stats.submitted == 3 and d.stats.handled == 3
+    t.join()
+
+
+def test_next_message_goes_to_whichever_worker_frees_first() -> None:
+    g = Gates()
+    d = Dispatcher(g.handler, workers=2)
+    d.submit("slow")
+    d.submit("m1")
+    g.wait_started("slow", "m1")
+    g.open("m1")
+    for i in range(2, 6):  # each waits only for the fast worker, never behind "slow"
+        d.submit(f"m{i}")
+        g.wait_started(f"m{i}")
+        g.open(f"m{i}")
+    assert not g.release["slow"].is_set()
+    assert {g.threads[f"m{i}"] for i in range(1, 6)} == {g.threads["m1"]}
+    g.open("slow")
+    d.close()
+
+
+def test_wait_for_free_slot_returns_when_a_worker_frees() -> None:
+    g = Gates()
+    d = Dispatcher(g.handler, workers=1)
+    d.submit(1)
+    g.wait_started(1)
+    got: list[bool] = []
+    t = threading.Thread(target=lambda: got.append(d.wait_for_free_slot(WAIT)))
+    t.start()
+    poll(lambda: submitter_blocked(d))
+    g.open(1)
+    t.join()
+    assert got == [True] and d.free_slots() == 1
+    d.close()
+    assert d.wait_for_free_slot(0) is False and d.free_slots() == 0
+
+
+# ------------------------------------------------------------------------------------ ordering
+def test_same_key_never_concurrent_and_in_order_while_other_keys_pass() -> None:
+    g = Gates()
+    d = Dispatcher(g.handler, workers=3, key=lambda s: s.split("-")[0])
+    for item in ("A-1", "A-2", "A-3", "B-1", "B-2"):
+        assert d.submit(item, timeout=WAIT)
+    g.wait_started("A-1", "B-1")
+    assert d.stats.queued == 3  # A-2, A-3 behind A-1; B-2 behind B-1; none holds a worker
+    assert d.free_slots() == 1
+    g.open("B-1", "B-2")  # key B flows past the slow key A
+    g.wait_started("B-2")
+    assert not g.is_started("A-2")
+    d.submit("C-1")  # a new key still gets the free worker
+    g.wait_started("C-1")
+    g.open("C-1")
+    g.open("A-1")
+    g.wait_started("A-2")
+    assert not g.is_started("A-3")
+    g.open("A-2", "A-3")
+    d.close()
+    a_order = [x for x in g.order if x.startswith("A")]
+    assert a_order == ["A-1", "A-2", "A-3"]
+    assert d.stats.handled == 6
+
+
+@pytest.mark.parametrize("policy", [Aggressive(), CostAware(window=8), RoundRobin(buffer=3)])
+def test_key_exclusion_and_order_under_load(policy: Any) -> None:
+    rng = random.Random(1)
+    items = [(f"k{rng.randrange(6)}", i) for i in range(400)]
+    lock = threading.Lock()
+    running: set[str] = set()
+    clashes = 0
+    started: dict[str, list[int]] = collections.defaultdict(list)
+
+    def handler(item: tuple[str, int]) -> None:
+        nonlocal clashes
+        k, i = item
+        with lock:
+            clashes += k in running
+            running.add(k)
+            started[k].append(i)
+        with lock:
+            running.discard(k)
+
+    with Dispatcher(handler, workers=4, policy=policy, key=lambda it: it[0], cost=lambda it: it[1] % 7) as d:
+        for it in items:
+            d.submit(it)
+    assert clashes == 0
+    for k, seq in started.items():
+        assert seq == sorted(seq), f"key {k} out of order"
+    assert d.stats.handled == 400
+
+
+def test_none_key_means_unordered() -> None:
+    g = Gates()
+    d = Dispatcher(g.handler, workers=2, key=lambda s: None)
+    d.submit("a")
+    d.submit("b")
+    g.wait_started("a", "b")  # both run at once: no key, no exclusion
+    g.open("a", "b")
+    d.close()
+
+
+# --------------------------------------------------------------------------------- cost-aware
+def test_cost_aware_starts_most_expensive_waiting_first() -> None:
+    g = Gates()
+    d = Dispatcher(g.handler, workers=1, policy=CostAware(window=10), cost=lambda it: it[1])
+    d.submit(("first", 1))
+    g.wait_started(("first", 1))
+    waiting = [("a", 1), ("b", 5), ("c", 3), ("d", 9), ("e", 2), ("f", 5)]
+    for it in waiting:
+        assert d.submit(it, timeout=0)
+    assert d.stats.queued == 6 and d.free_slots() == 4
+    for it in waiting:
+        g.open(it)
+    g.open(("first", 1))
+    d.close()
+    assert [name for name, _ in g.order] == ["first", "d", "b", "f", "c", "e", "a"]
+
+
+def test_cost_aware_window_full_blocks() -> None:
+    g = Gates()
+    d = Dispatcher(g.handler, workers=1, policy=CostAware(window=2), cost=float)
+    d.submit(0)
+    g.wait_started(0)
+    assert d.submit(1, timeout=0) and d.submit(2, timeout=0)
+    assert d.submit(3, timeout=0) is False
+    g.open(0, 1, 2)
+    assert d.submit(3, timeout=WAIT)
+    g.open(3)
+    d.close()
+    assert g.order == [0, 2, 1, 3]
+
+
+def test_round_robin_keeps_the_incident_behaviour() -> None:
+    g = Gates()
+    d = Dispatcher(g.handler, workers=2, policy=RoundRobin(buffer=2))
+    for i in range(6):  # 0,2,4 -> worker 0; 1,3,5 -> worker 1
+        assert d.submit(i, timeout=0)
+    assert d.submit(6, timeout=0) is False  # worker 0's buffer is full
+    g.wait_started(0, 1)
+    g.open(1, 3, 5)
+    d.wait_for_free_slot(0)
+    poll(lambda: d.stats.in_flight == 1)  # worker 1 went idle...
+    assert not g.is_started(2)  # ...while 2 and 4 still wait behind 0 on worker 0
+    assert d.submit(6, timeout=0) is False  # and the next target is worker 0 again
+    g.open(0, 2, 4, 6)
+    assert d.submit(6, timeout=WAIT)
+    d.close()
+    assert d.stats.handled == 7
+
+
+# ---------------------------------------------------------------------------------- life cycle
+def test_exact_counts_with_failures_and_timeouts() -> None:
+    clock = ManualClock()
+    outcomes: dict[int, Outcome] = {}
+    lock = threading.Lock()
+
+    def handler(i: int) -> None:
+        if i % 5 == 0:
+            raise ValueError(i)
+        if i % 7 == 0:
+            clock.advance_s(2.0)  # "runs" 2 s against a 1 s timeout
+
+    def on_done(i: int, outcome: Outcome, error: BaseException | None) -> None:
+        with lock:
+            assert i not in outcomes, "reported twice"
+            outcomes[i] = outcome
+
+    with Dispatcher(handler, workers=3, on_done=on_done, handler_timeout=1.0, clock=clock) as d:
+        for i in range(1, 141):
+            d.submit(i)
+    s = d.stats
+    failed = sum(1 for i in range(1, 141) if i % 5 == 0)
+    assert s.submitted == 140 == s.handled + s.failed + s.timed_out
+    assert s.failed == failed and s.timed_out > 0
+    assert len(outcomes) == 140
+    assert sum(o is Outcome.SUCCESS for o in outcomes.values()) == s.handled
+    assert s.in_flight == s.queued == 0
+
+
+def test_failing_handler_leaves_the_worker_alive() -> None:
+    seen: list[tuple[int, Outcome, type[BaseException] | None, int]] = []
+    threads: dict[int, int] = {}
+
+    def handler(i: int) -> None:
+        threads[i] = threading.get_ident()
+        if i == 0:
+            raise RuntimeError("boom")
+        if i == 1:
+            raise SystemExit(3)  # would end a bare thread
+
+    def on_done(i: int, o: Outcome, e: BaseException | None) -> None:
+        seen.append((i, o, type(e) if e else None, threading.get_ident()))
+
+    with Dispatcher(handler, workers=1, on_done=on_done) as d:
+        for i in range(3):
+            d.submit(i)
+    assert [(i, o, e) for i, o, e, _ in seen] == [
+        (0, Outcome.FAILURE, RuntimeError),
+        (1, Outcome.FAILURE, SystemExit),
+        (2, Outcome.SUCCESS, None),
+    ]
+    assert len(set(threads.values())) == 1
+    assert d.stats.failed == 2 and d.stats.handled == 1
+
+
+def test_handler_timeout_marks_timeout_once_and_never_reruns() -> None:
+    clock = ManualClock()
+    calls: list[int] = []
+    got: list[tuple[Outcome, BaseException | None]] = []
+
+    def handler(i: int) -> str:
+        calls.append(i)
+        clock.advance_s(5.0)
+        if i == 2:
+            raise KeyError(i)
+        return "late result"
+
+    d = Dispatcher(handler, workers=1, handler_timeout=1.5, clock=clock, on_done=lambda i, o, e: got.append((o, e)))
+    d.submit(1)
+    d.submit(2)
+    d.close()
+    assert calls == [1, 2]
+    assert [o for o, _ in got] == [Outcome.TIMEOUT, Outcome.TIMEOUT]
+    err1, err2 = got[0][1], got[1][1]
+    assert isinstance(err1, HandlerTimeout) and err1.elapsed_s == pytest.approx(5.0) and err1.timeout_s == 1.5
+    assert isinstance(err2, HandlerTimeout) and isinstance(err2.__cause__, KeyError)
+    assert d.stats.timed_out == 2 and d.stats.failed == 0
+
+
+def test_close_drains_queued_and_in_flight() -> None:
+    g = Gates()
+    done: list[int] = []
+    d = Dispatcher(g.handler, workers=1, policy=CostAware(window=10), on_done=lambda i, o, e: done.append(i))
+    for i in range(6):
+        d.submit(i)
+    g.wait_started(0)
+    closer = threading.Thread(target=d.close)
+    closer.start()
+    poll(lambda: d.closed)
+    with pytest.raises(DispatcherClosed):
+        d.submit(99)
+    g.open(*range(6))
+    closer.join(WAIT)
+    assert not closer.is_alive()
+    assert sorted(done) == list(range(6))
+    s = d.stats
+    assert s.handled == 6 and s.skipped == 0 and s.in_flight == s.queued == 0
+    d.close()  # idempotent
+
+
+def test_close_without_drain_skips_queued_and_finishes_in_flight() -> None:
+    g = Gates()
+    log: list[tuple[Any, ...]] = []
+    got: list[tuple[int, Outcome]] = []
+    d = Dispatcher(g.handler, workers=1, policy=RoundRobin(buffer=5), on_done=lambda i, o, e: got.append((i, o)))
+    for i in range(4):
+        d.submit(i, FakeTrace(str(i), log))
+    g.wait_started(0)
+    closer = threading.Thread(target=lambda: d.close(drain=False))
+    closer.start()
+    poll(lambda: len(got) == 3)  # 1, 2, 3 reported SKIPPED before the in-flight one finishes
+    assert got == [(1, Outcome.SKIPPED), (2, Outcome.SKIPPED), (3, Outcome.SKIPPED)]
+    g.open(0)
+    closer.join(WAIT)
+    assert got[-1] == (0, Outcome.SUCCESS)
+    assert g.order == [0]
+    assert ("1", "finish", Outcome.SKIPPED, None) in log
+    assert not any(e[0] == "1" and e[1] == "start" for e in log)
+    s = d.stats
+    assert s.submitted == 4 and s.handled == 1 and s.skipped == 3
+
+
+def test_close_wakes_a_blocked_submitter_with_dispatcher_closed() -> None:
+    g = Gates()
+    d = Dispatcher(g.handler, workers=1)
+    d.submit(0)
+    g.wait_started(0)
+    errors: list[BaseException] = []
+
+    def blocked() -> None:
+        try:
+            d.submit(1)
+        except DispatcherClosed as exc:
+            errors.append(exc)
+
+    t = threading.Thread(target=blocked)
+    t.start()
+    poll(lambda: submitter_blocked(d))
+    closer = threading.Thread(target=d.close)
+    closer.start()
+    t.join(WAIT)
+    assert len(errors) == 1
+    g.open(0)
+    closer.join(WAIT)
+    assert d.stats.submitted == 1 and d.stats.handled == 1
+
+
+def test_close_timeout_returns_and_work_still_finishes() -> None:
+    g = Gates()
+    got: list[Outcome] = []
+    d = Dispatcher(g.handler, workers=1, on_done=lambda i, o, e: got.append(o))
+    d.submit(0)
+    g.wait_started(0)
+    d.close(timeout=0.01)  # returns although the handler is still running
+    assert d.stats.in_flight == 1
+    g.open(0)
+    assert d.wait_idle(WAIT)
+    assert got == [Outcome.SUCCESS]
+
+
+def test_close_from_a_handler_is_refused() -> None:
+    errors: list[BaseException | None] = []
+    holder: list[Dispatcher[int]] = []
+    d: Dispatcher[int] = Dispatcher(lambda i: holder[0].close(), workers=1, on_done=lambda i, o, e: errors.append(e))
+    holder.append(d)
+    d.submit(1)
+    d.close()
+    assert isinstance(errors[0], RuntimeError)
+
+
+def test_running_lists_in_flight_items_with_their_age() -> None:
+    g = Gates()
+    clock = ManualClock()
+    d = Dispatcher(g.handler, workers=2, clock=clock)
+    d.submit("a")
+    g.wait_started("a")
+    clock.advance_s(3.0)
+    assert d.running() == [("a", pytest.approx(3.0))]
+    g.open("a")
+    d.close()
+    assert d.running() == []
+
+
+# ------------------------------------------------------------------------------------- tracing
+def test_trace_stamp_order_success_and_failure() -> None:
+    log: list[tuple[Any, ...]] = []
+
+    def handler(i: int) -> None:
+        log.append((str(i), "handler"))
+        if i == 2:
+            raise ValueError("bad")
+
+    def on_done(i: int, o: Outcome, e: BaseException | None) -> None:
+        log.append((str(i), "on_done", o))
+
+    with Dispatcher(handler, workers=1, on_done=on_done) as d:
+        d.submit(1, FakeTrace("1", log))
+        d.submit(2, FakeTrace("2", log))
+        d.submit(3)  # no trace: no stamps
+    one = [e for e in log if e[0] == "1"]
+    assert one == [
+        ("1", "mark", Stage.DISPATCH_ENQUEUE),
+        ("1", "start"),
+        ("1", "handler"),
+        ("1", "end", None),
+        ("1", "finish", Outcome.SUCCESS, None),
+        ("1", "on_done", Outcome.SUCCESS),
+    ]
+    two = [e for e in log if e[0] == "2"]
+    assert [e[1] for e in two] == ["mark", "start", "handler", "end", "finish", "on_done"]
+    assert isinstance(two[3][2], ValueError) and two[4][2] is Outcome.FAILURE and two[4][3] is two[3][2]
+    assert [e for e in log if e[0] == "3"] == [("3", "handler"), ("3", "on_done", Outcome.SUCCESS)]
+
+
+class BrokenTrace:
+    def mark(self, stage: Stage) -> None:
+        raise RuntimeError("mark")
+
+    def handler_scope(self) -> Any:
+        raise RuntimeError("scope")
+
+    def finish(self, outcome: Outcome, error: BaseException | None) -> None:
+        raise RuntimeError("finish")
+
+
+def test_trace_and_on_done_errors_are_logged_once_and_swallowed(caplog: pytest.LogCaptureFixture) -> None:
+    ran: list[int] = []
+
+    def on_done(i: int, o: Outcome, e: BaseException | None) -> None:
+        raise RuntimeError("on_done")
+
+    with caplog.at_level(logging.ERROR, logger="tracer.dispatch"):
+        with Dispatcher(ran.append, workers=2, on_done=on_done) as d:
+            for i in range(10):
+                d.submit(i, BrokenTrace())
+    assert sorted(ran) == list(range(10))
+    assert d.stats.handled == 10
+    kinds = [r.getMessage() for r in caplog.records if r.levelno >= logging.ERROR]
+    assert len(kinds) == 4  # mark, handler_scope enter, finish, on_done: once each
+    assert all("failed" in k for k in kinds)
+
+
+def test_validation() -> None:
+    with pytest.raises(ValueError):
+        Dispatcher(print, workers=0)
+    with pytest.raises(ValueError):
+        Dispatcher(print, handler_timeout=0)
+    with pytest.raises(ValueError):
+        Dispatcher(print, policy="nope")

@@ -1,0 +1,110 @@
+import pytest
+
+from tracer.embedded import EmbeddedBroker, EmbeddedBrokerError, FilterExpression, Message, Producer, SimpleConsumer
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.t = 100.0
+
+    def __call__(self) -> float:
+        return self.t
+
+
+def setup(fifo: bool = False, clock: Clock | None = None):
+    broker = EmbeddedBroker(monotonic=clock or Clock())
+    broker.create_topic("T", fifo=fifo)
+    p = Producer(broker, ["T"])
+    p.startup()
+    c = SimpleConsumer(broker, "G", {"T": None}, await_duration=0)
+    c.startup()
+    return broker, p, c
+
+
+def msg(body: str, group: str | None = None, tag: str | None = None) -> Message:
+    m = Message()
+    m.topic, m.body, m.message_group, m.tag = "T", body.encode(), group, tag
+    m.add_property("k", "v")
+    return m
+
+
+def test_send_receive_ack_round_trip():
+    broker, p, c = setup()
+    ids = [p.send(msg(f"m{i}")).message_id for i in range(5)]
+    got = c.receive(10, 30)
+    assert [m.message_id for m in got] == ids
+    assert all(m.delivery_attempt == 1 and m.properties == {"k": "v"} and m.store_timestamp for m in got)
+    for m in got:
+        c.ack(m)
+    assert broker.backlog("G", "T") == 0
+    assert c.receive(10, 30) == []
+
+
+def test_unacked_message_comes_back_with_next_attempt_after_invisibility():
+    clock = Clock()
+    broker, p, c = setup(clock=clock)
+    p.send(msg("a"))
+    first = c.receive(1, 5)[0]
+    clock.t += 4.9
+    assert c.receive(1, 5) == []
+    clock.t += 0.2
+    again = c.receive(1, 5)[0]
+    assert again.message_id == first.message_id and again.delivery_attempt == 2
+    with pytest.raises(EmbeddedBrokerError):
+        c.ack(first)  # its receipt handle is stale
+    c.ack(again)
+
+
+def test_change_invisible_duration_renews_the_lease_and_the_handle():
+    clock = Clock()
+    broker, p, c = setup(clock=clock)
+    p.send(msg("a"))
+    m = c.receive(1, 5)[0]
+    old = m.receipt_handle
+    clock.t += 4
+    c.change_invisible_duration(m, 10)
+    assert m.receipt_handle != old
+    clock.t += 6  # past the first lease, inside the renewed one
+    assert c.receive(1, 5) == []
+    c.ack(m)
+
+
+def test_fifo_group_is_held_while_an_earlier_message_is_unacked():
+    broker, p, c = setup(fifo=True)
+    for body, g in [("a1", "A"), ("a2", "A"), ("b1", "B"), ("a3", "A")]:
+        p.send(msg(body, group=g))
+    first = c.receive(10, 30)
+    assert [m.body for m in first] == [b"a1", b"b1"]
+    c.ack(first[0])
+    assert [m.body for m in c.receive(10, 30)] == [b"a2"]
+    with pytest.raises(EmbeddedBrokerError):
+        p.send(msg("no-group"))
+
+
+def test_tag_filter():
+    broker = EmbeddedBroker()
+    p = Producer(broker, ["T"])
+    p.startup()
+    c = SimpleConsumer(broker, "G", {"T": FilterExpression("x || y")}, await_duration=0)
+    c.startup()
+    for tag in ("x", "z", "y"):
+        p.send(msg(tag, tag=tag))
+    assert [m.tag for m in c.receive(10, 30)] == ["x", "y"]
+
+
+def test_bad_calls_raise_clear_errors():
+    broker, p, c = setup()
+    with pytest.raises(EmbeddedBrokerError):
+        c.receive(0, 30)
+    with pytest.raises(EmbeddedBrokerError):
+        c.receive(1, 0)
+    m = Message()
+    with pytest.raises(EmbeddedBrokerError):
+        p.send(m)  # no topic
+    with pytest.raises(EmbeddedBrokerError):
+        m.add_property("k", 1)  # type: ignore[arg-type]
+
+
+def test_send_async_returns_a_future():
+    broker, p, c = setup()
+    assert p.send_async(msg("a")).result().message_id

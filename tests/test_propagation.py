@@ -1,0 +1,106 @@
+import time
+
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from opentelemetry import trace
+
+from tracer.propagation import (
+    COST, JOB_ID, PRODUCE_NS, TRACEPARENT, TRACESTATE, PropagationErrors, extract, inject, parse_traceparent,
+)
+
+NOW = time.time_ns()
+TP = "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01"
+
+
+def sc(carried):
+    return trace.get_current_span(carried.parent).get_span_context()
+
+
+def test_round_trip_through_properties(spans):
+    provider, _ = spans
+    tracer = provider.get_tracer("t")
+    props: dict[str, str] = {}
+    with tracer.start_as_current_span("send") as span:
+        inject(props.__setitem__, NOW - 1000, job_id="job-7", cost=42)
+        expected = span.get_span_context()
+    errors = PropagationErrors()
+    carried = extract(props, errors, NOW)
+    got = sc(carried)
+    assert (got.trace_id, got.span_id, got.is_remote) == (expected.trace_id, expected.span_id, True)
+    assert carried.produce_ns == NOW - 1000 and carried.job_id == "job-7" and carried.cost == 42.0
+    assert sum(errors.counts.values()) == 0
+
+
+def test_reads_what_the_java_agent_writes():
+    # the OpenTelemetry Java agent writes plain W3C keys into user properties
+    carried = extract({TRACEPARENT: TP, TRACESTATE: "vendor=abc"}, PropagationErrors(), NOW)
+    got = sc(carried)
+    assert got.trace_id == 0x0AF7651916CD43DD8448EB211C80319C and got.trace_flags.sampled
+    assert got.trace_state.get("vendor") == "abc"
+    assert carried.produce_ns == 0  # a Java producer has no rmqtrace stamp: gaps from it are skipped
+
+
+def test_system_trace_context_used_when_no_user_property():
+    carried = extract({}, PropagationErrors(), NOW, system_trace_context=TP)
+    assert sc(carried).span_id == 0xB7AD6B7169203331
+
+
+def test_bad_values_are_counted_by_kind_never_raised():
+    cases = {
+        "traceparent_malformed": {TRACEPARENT: "garbage"},
+        "traceparent_version": {TRACEPARENT: "ff" + TP[2:]},
+        "traceparent_invalid_id": {TRACEPARENT: "00-" + "0" * 32 + "-b7ad6b7169203331-01"},
+        "produce_ns_malformed": {PRODUCE_NS: "12abc"},
+        "produce_ns_out_of_range": {PRODUCE_NS: str(NOW + 10**18)},
+        "not_text": {TRACEPARENT: b"\xff\xfe"},
+        "job_id_invalid": {JOB_ID: "x" * 1000},
+        "cost_invalid": {COST: "nan-ish"},
+        "tracestate_invalid": {TRACEPARENT: TP, TRACESTATE: "k=" + "v" * 600},
+    }
+    for kind, props in cases.items():
+        errors = PropagationErrors()
+        extract(props, errors, NOW)
+        assert errors.counts[kind] == 1, kind
+
+
+def test_version_00_with_extra_fields_is_rejected_but_future_versions_accepted():
+    errors = PropagationErrors()
+    assert parse_traceparent(TP + "-extra", None, errors) is None
+    assert parse_traceparent("01" + TP[2:] + "-future", None, errors) is not None
+
+
+def test_zero_and_future_timestamps_are_ignored():
+    for raw in ("0", "1", str(NOW + 2 * 24 * 3600 * 10**9)):
+        assert extract({PRODUCE_NS: raw}, PropagationErrors(), NOW).produce_ns == 0
+
+
+def test_a_mapping_that_raises_is_survived():
+    class Hostile(dict):
+        def get(self, *a, **k):
+            raise RuntimeError("boom")
+
+    errors = PropagationErrors()
+    assert extract(Hostile({"a": "b"}), errors, NOW).parent is None
+    assert errors.counts["unreadable"] == 1
+
+
+def test_error_hook_mirrors_counts():
+    seen = []
+    errors = PropagationErrors(on_count=seen.append)
+    extract({TRACEPARENT: "nope"}, errors, NOW)
+    assert seen == ["traceparent_malformed"]
+
+
+values = st.one_of(st.text(max_size=300), st.binary(max_size=80), st.integers(), st.none(), st.floats(),
+                   st.just(TP), st.from_regex(r"[0-9a-f]{2}-[0-9a-f]{32}-[0-9a-f]{16}-[0-9a-f]{2}", fullmatch=True))
+keys = st.sampled_from([TRACEPARENT, TRACESTATE, PRODUCE_NS, JOB_ID, COST, "other"])
+
+
+@settings(max_examples=3000, deadline=None)
+@given(st.dictionaries(keys, values, max_size=6), st.one_of(st.none(), values))
+def test_fuzz_extract_never_raises(props, system_ctx):
+    errors = PropagationErrors()
+    carried = extract(props, errors, NOW, system_trace_context=system_ctx)
+    assert carried.produce_ns == 0 or 946_684_800 * 10**9 <= carried.produce_ns <= NOW + 24 * 3600 * 10**9
+    if carried.parent is not None:
+        assert sc(carried).is_valid

@@ -1,0 +1,75 @@
+from tracer.clock import ManualClock, MonotonicWallClock
+from tracer.stages import GAP_BY_NAME, GAPS, Stage
+from tracer.stamps import SkewTracker, Stamps, compute_gaps, timeline
+
+MS = 1_000_000
+
+
+def stamped(**ms: float) -> Stamps:
+    s = Stamps()
+    base = 1_700_000_000_000 * MS
+    for name, v in ms.items():
+        s.set(Stage[name.upper()], base + int(v * MS))
+    return s
+
+
+def test_gaps_from_a_fake_clock():
+    clock = ManualClock()
+    s = Stamps()
+    for stage, step_ms in [(Stage.PRODUCE, 0), (Stage.BROKER_STORE, 3), (Stage.CLIENT_PULL, 40),
+                           (Stage.DISPATCH_ENQUEUE, 1), (Stage.HANDLER_START, 250), (Stage.HANDLER_END, 90)]:
+        clock.advance(step_ms * MS)
+        s.set(stage, clock.now_ns())
+    got = {g.gap.name: g.seconds for g in compute_gaps(s)}
+    assert got == {"send": 0.003, "broker_wait": 0.040, "client_buffer": 0.001, "dispatch_wait": 0.250,
+                   "handler": 0.090, "end_to_end": 0.384}
+    path = sum(got[g.name] for g in GAPS if g.name != "end_to_end")
+    assert abs(path - got["end_to_end"]) < 1e-9
+
+
+def test_missing_stamps_give_no_gap():
+    s = stamped(client_pull=0, handler_start=5, handler_end=9)
+    names = {g.gap.name for g in compute_gaps(s)}
+    assert names == {"handler"}
+
+
+def test_negative_cross_clock_gap_is_clamped_and_flagged_as_skew():
+    # broker clock 7 ms behind the producer's: send comes out as -4 ms
+    s = stamped(produce=10, broker_store=6, client_pull=20)
+    send = next(g for g in compute_gaps(s) if g.gap.name == "send")
+    assert send.seconds == 0.0 and send.clamped and send.skewed and send.raw_ns == -4 * MS
+
+
+def test_negative_gap_within_broker_resolution_is_rounding_not_skew():
+    s = stamped(produce=10.7, broker_store=10.0)  # the broker stores whole milliseconds
+    send = next(g for g in compute_gaps(s) if g.gap.name == "send")
+    assert send.clamped and not send.skewed
+
+
+def test_same_clock_gaps_never_cross_clocks():
+    assert not GAP_BY_NAME["dispatch_wait"].crosses_clocks
+    assert GAP_BY_NAME["send"].peer == "producer->broker"
+    assert GAP_BY_NAME["broker_wait"].peer == "broker->consumer"
+
+
+def test_timeline_is_monotonic_even_under_skew():
+    s = stamped(produce=10, broker_store=6, client_pull=20, dispatch_enqueue=21, handler_start=22, handler_end=30)
+    line = timeline(s)
+    times = [t for _, t in line]
+    assert times == sorted(times)
+    assert dict(line)[Stage.BROKER_STORE] == dict(line)[Stage.PRODUCE]  # moved up, not down
+
+
+def test_skew_tracker_keeps_smallest_gap_per_peer():
+    sk = SkewTracker()
+    assert sk.observe("producer->broker", 5 * MS)
+    assert not sk.observe("producer->broker", 9 * MS)
+    assert sk.observe("producer->broker", -2 * MS)
+    assert sk.bound_ns("producer->broker") == -2 * MS
+    assert sk.bound_ns("broker->consumer") is None
+
+
+def test_monotonic_wall_clock_never_goes_back():
+    c = MonotonicWallClock()
+    values = [c.now_ns() for _ in range(1000)]
+    assert values == sorted(values)

@@ -1,0 +1,180 @@
+from opentelemetry import trace
+from opentelemetry.sdk.trace import TracerProvider
+from opentelemetry.sdk.trace.export import SimpleSpanProcessor
+from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+from opentelemetry.sdk.trace.sampling import ALWAYS_OFF, ParentBased
+from opentelemetry.trace import SpanKind, StatusCode
+
+from tracer.clock import ManualClock
+from tracer.message import MessageInfo
+from tracer.metrics import TracerMetrics
+from tracer.stages import GAPS, Outcome, Stage
+from tracer.telemetry import MessageTracer
+
+MS = 1_000_000
+
+
+def run_one(mt: MessageTracer, clock: ManualClock, props: dict[str, str], fail: bool = False,
+            inside=None) -> None:
+    info = MessageInfo(topic="T", message_id="M1", tag="tg", keys=("k1",), properties=props,
+                       store_ms=clock.now_ns() // MS - 1, delivery_attempt=1, body_size=5)
+    t = mt.start_message(info)
+    clock.advance(2 * MS)
+    t.mark(Stage.DISPATCH_ENQUEUE)
+    clock.advance(30 * MS)
+    err = None
+    with t.handler_scope():
+        if inside:
+            inside()
+        clock.advance(10 * MS)
+        if fail:
+            err = ValueError("bad")
+    t.finish(Outcome.FAILURE if fail else Outcome.SUCCESS, err)
+
+
+def produce(mt: MessageTracer, clock: ManualClock) -> dict[str, str]:
+    props: dict[str, str] = {}
+    st = mt.start_send("T", props.__setitem__, tag="tg", keys=("k1",))
+    clock.advance(1 * MS)
+    st.end(message_id="M1")
+    clock.advance(5 * MS)
+    return props
+
+
+def test_one_trace_from_producer_to_handler_with_gap_children(spans, registry):
+    provider, exporter = spans
+    clock = ManualClock()
+    prod = MessageTracer(tracer_provider=provider, clock=clock)
+    cons = MessageTracer(consumer_group="G", tracer_provider=provider, metrics=TracerMetrics(registry), clock=clock)
+    user_tracer = provider.get_tracer("user")
+    run_one(cons, clock, produce(prod, clock), inside=lambda: user_tracer.start_span("user-work").end())
+
+    by_name = {s.name: s for s in exporter.get_finished_spans()}
+    assert set(by_name) == {"send T", "process T", "broker_wait", "client_buffer", "dispatch_wait", "handler",
+                            "user-work"}
+    send, process = by_name["send T"], by_name["process T"]
+    assert send.kind is SpanKind.PRODUCER and process.kind is SpanKind.CONSUMER
+    assert len({s.context.trace_id for s in by_name.values()}) == 1
+    assert process.parent.span_id == send.context.span_id
+    for name in ("broker_wait", "client_buffer", "dispatch_wait", "handler"):
+        child = by_name[name]
+        assert child.parent.span_id == process.context.span_id
+        assert process.start_time <= child.start_time <= child.end_time <= process.end_time
+    assert by_name["user-work"].parent.span_id == by_name["handler"].context.span_id
+    # children tile the consumer side in stage order
+    order = [by_name[n] for n in ("broker_wait", "client_buffer", "dispatch_wait", "handler")]
+    assert all(a.end_time == b.start_time for a, b in zip(order, order[1:]))
+    assert by_name["dispatch_wait"].end_time - by_name["dispatch_wait"].start_time == 30 * MS
+    attrs = process.attributes
+    assert attrs["messaging.system"] == "rocketmq"
+    assert attrs["messaging.destination.name"] == "T"
+    assert attrs["messaging.consumer.group.name"] == "G"
+    assert attrs["messaging.message.id"] == "M1"
+    assert attrs["messaging.rocketmq.message.tag"] == "tg"
+    assert list(attrs["messaging.rocketmq.message.keys"]) == ["k1"]
+    assert send.attributes["messaging.operation.type"] == "send"
+
+
+def test_histograms_count_every_message_and_carry_exemplars(spans, registry):
+    provider, _ = spans
+    clock = ManualClock()
+    prod = MessageTracer(tracer_provider=provider, clock=clock)
+    cons = MessageTracer(consumer_group="G", tracer_provider=provider, metrics=TracerMetrics(registry), clock=clock)
+    n = 25
+    for i in range(n):
+        run_one(cons, clock, produce(prod, clock), fail=(i % 5 == 0))
+    for g in GAPS:
+        count = registry.get_sample_value("rmqtrace_stage_duration_seconds_count",
+                                          {"stage": g.name, "topic": "T", "consumer_group": "G"})
+        assert count == n, g.name
+    assert registry.get_sample_value("rmqtrace_stage_duration_seconds_bucket",
+                                     {"stage": "dispatch_wait", "topic": "T", "consumer_group": "G", "le": "0.025"}) == 0
+    assert registry.get_sample_value("rmqtrace_stage_duration_seconds_bucket",
+                                     {"stage": "dispatch_wait", "topic": "T", "consumer_group": "G", "le": "0.05"}) == n
+    assert registry.get_sample_value("rmqtrace_messages_total",
+                                     {"topic": "T", "consumer_group": "G", "outcome": "failure"}) == 5
+    assert registry.get_sample_value("rmqtrace_messages_total",
+                                     {"topic": "T", "consumer_group": "G", "outcome": "success"}) == 20
+    from prometheus_client.openmetrics.exposition import generate_latest
+    text = generate_latest(registry).decode()
+    assert '# {trace_id="' in text  # exemplars link buckets to traces
+
+
+def test_failure_marks_spans_and_records_the_exception(spans, registry):
+    provider, exporter = spans
+    clock = ManualClock()
+    cons = MessageTracer(consumer_group="G", tracer_provider=provider, metrics=TracerMetrics(registry), clock=clock)
+    run_one(cons, clock, {}, fail=True)
+    by_name = {s.name: s for s in exporter.get_finished_spans()}
+    assert by_name["process T"].status.status_code is StatusCode.ERROR
+    assert by_name["handler"].status.status_code is StatusCode.ERROR
+    assert by_name["handler"].events[0].name == "exception"
+    assert by_name["process T"].parent is None  # no producer context: a new trace
+
+
+def test_unsampled_messages_cost_no_spans_but_still_count(registry):
+    exporter = InMemorySpanExporter()
+    provider = TracerProvider(sampler=ParentBased(ALWAYS_OFF))
+    provider.add_span_processor(SimpleSpanProcessor(exporter))
+    clock = ManualClock()
+    cons = MessageTracer(consumer_group="G", tracer_provider=provider, metrics=TracerMetrics(registry), clock=clock)
+    run_one(cons, clock, {})
+    assert exporter.get_finished_spans() == ()
+    assert registry.get_sample_value("rmqtrace_stage_duration_seconds_count",
+                                     {"stage": "handler", "topic": "T", "consumer_group": "G"}) == 1
+
+
+def test_remote_unsampled_parent_is_respected(spans, registry):
+    provider, exporter = spans  # default sampler is ParentBased(ALWAYS_ON)
+    clock = ManualClock()
+    cons = MessageTracer(consumer_group="G", tracer_provider=provider, metrics=TracerMetrics(registry), clock=clock)
+    run_one(cons, clock, {"traceparent": "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-00"})
+    assert exporter.get_finished_spans() == ()
+
+
+def test_skew_is_clamped_counted_and_bounded(spans, registry):
+    provider, _ = spans
+    clock = ManualClock()
+    metrics = TracerMetrics(registry)
+    cons = MessageTracer(consumer_group="G", tracer_provider=provider, metrics=metrics, clock=clock)
+    # producer clock 50 ms ahead of the broker's
+    props = {"rmqtrace_produce_ns": str(clock.now_ns() + 50 * MS)}
+    run_one(cons, clock, props)
+    assert registry.get_sample_value("rmqtrace_clock_skew_clamped_total", {"stage": "send"}) == 1
+    bound = registry.get_sample_value("rmqtrace_clock_skew_bound_seconds", {"peer": "producer->broker"})
+    assert -0.052 < bound < -0.049
+    assert registry.get_sample_value("rmqtrace_stage_duration_seconds_sum",
+                                     {"stage": "send", "topic": "T", "consumer_group": "G"}) == 0.0
+
+
+def test_no_sdk_provider_means_no_spans_and_no_errors(registry):
+    clock = ManualClock()
+    cons = MessageTracer(consumer_group="G", tracer_provider=trace.NoOpTracerProvider(),
+                         metrics=TracerMetrics(registry), clock=clock)
+    run_one(cons, clock, {})
+    assert registry.get_sample_value("rmqtrace_messages_total",
+                                     {"topic": "T", "consumer_group": "G", "outcome": "success"}) == 1
+
+
+def test_finish_is_idempotent_and_listeners_see_each_message_once(spans):
+    provider, _ = spans
+    seen = []
+    cons = MessageTracer(tracer_provider=provider, listeners=[lambda t, o: seen.append(o)])
+    t = cons.start_message(MessageInfo(topic="T"))
+    with t.handler_scope():
+        pass
+    t.finish(Outcome.SUCCESS)
+    t.finish(Outcome.FAILURE)
+    assert seen == [Outcome.SUCCESS]
+
+
+def test_topic_labels_are_bounded(registry):
+    metrics = TracerMetrics(registry, label_limit=3)
+    cons = MessageTracer(metrics=metrics)
+    for i in range(10):
+        t = cons.start_message(MessageInfo(topic=f"topic-{i}"))
+        with t.handler_scope():
+            pass
+        t.finish(Outcome.SUCCESS)
+    topics = {s.labels["topic"] for m in registry.collect() if m.name == "rmqtrace_messages" for s in m.samples}
+    assert topics == {"topic-0", "topic-1", "topic-2", "other"}
