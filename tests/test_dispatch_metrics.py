@@ -40,7 +40,8 @@ def test_slot_wait_count_equals_messages_handled_and_outcomes_counted() -> None:
     assert value(reg, "rmqtrace_dispatch_messages_total", policy="aggressive", outcome="success") == s.handled == 75
     assert value(reg, "rmqtrace_dispatch_messages_total", policy="aggressive", outcome="failure") == s.failed == 25
     for o in Outcome:  # every outcome child exists from the start (pre-bound)
-        assert reg.get_sample_value("rmqtrace_dispatch_messages_total", {"policy": "aggressive", "outcome": o.value}) is not None
+        labels = {"policy": "aggressive", "outcome": o.value}
+        assert reg.get_sample_value("rmqtrace_dispatch_messages_total", labels) is not None
 
 
 def test_slot_wait_measured_on_the_injected_clock() -> None:

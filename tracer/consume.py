@@ -22,6 +22,8 @@ from collections import deque
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
+from opentelemetry.instrumentation.utils import suppress_instrumentation
+
 from .dispatch import Dispatcher, DispatchMetrics
 from .message import describe
 from .stages import Outcome
@@ -121,7 +123,9 @@ class ConsumeLoop:
                     self._wait_for_room()
                     continue
                 try:
-                    messages = self.consumer.receive(min(free, self.max_batch), self.invisible_duration)
+                    # the loop traces its messages itself: an instrumented client must not too
+                    with suppress_instrumentation():
+                        messages = self.consumer.receive(min(free, self.max_batch), self.invisible_duration)
                 except Exception as exc:  # noqa: BLE001 - broker down: keep trying, don't die
                     self._count("receive_errors", exc)
                     self._stop.wait(0.5)
@@ -229,7 +233,7 @@ class ConsumeLoop:
             self._settle(held, outcome)
 
     def _settle(self, held: _Held, outcome: Outcome) -> None:
-        with held.lock:
+        with held.lock, suppress_instrumentation():
             held.done = True
             msg = held.message
             try:

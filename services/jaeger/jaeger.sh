@@ -49,8 +49,13 @@ cmd_build() {
     fi
     log "building $PKG -> $BIN (cold build takes minutes; GOCACHE/GOMODCACHE make rebuilds cheap)"
     local t0=$SECONDS tmp="$BIN.tmp.$$"
+    # Module version pinned in go.mod, stamped into `jaeger version` / the startup log.
+    local ver
+    ver="$(cd "$HERE" && go list -m -f '{{.Version}}' github.com/jaegertracing/jaeger)"
     # -buildvcs=false: the module dir is inside the project's git work tree
-    if ! (cd "$HERE" && go build -buildvcs=false -o "$tmp" "$PKG") >"$STATE/build.log" 2>&1; then
+    if ! (cd "$HERE" && go build -buildvcs=false \
+        -ldflags "-X github.com/jaegertracing/jaeger/internal/version.latestVersion=$ver" \
+        -o "$tmp" "$PKG") >"$STATE/build.log" 2>&1; then
         rm -f "$tmp"
         tail -n 40 "$STATE/build.log" >&2
         die "go build failed (full log: $STATE/build.log)"

@@ -3,7 +3,8 @@
 # (broker inside the proxy JVM). No Docker, no distribution tarball: jars come from Maven Central.
 #
 #   rmq.sh start                 start name server + proxy/broker (idempotent), create default topics
-#   rmq.sh stop                  stop everything started from this run dir (TERM, then KILL)
+#   rmq.sh stop [kill]           stop everything started from this run dir (TERM, KILL after
+#                                RMQ_STOP_TIMEOUT; ~13 s); `kill`: SIGKILL at once
 #   rmq.sh status                show pids/ports; exit 0 if all up, 3 if all down, 1 if partly up
 #   rmq.sh topic NAME... [fifo]  create/update topics (several per call: one JVM, ~2.5 s + ~30 ms each);
 #                                `fifo` makes every named topic FIFO; NAME:fifo marks a single one
@@ -145,7 +146,7 @@ launch() { # name main-class jvm-opts... -- args...
     [[ $# -gt 0 ]] && shift
     args=("$@")
     mkdir -p "$RUN/logs"
-    echo "===== $(date '+%F %T') starting $name" >>"$RUN/logs/$name.log"
+    echo "===== $(date '+%F %T.%3N') starting $name" >>"$RUN/logs/$name.log"
     # setsid: own session/process group, detached from the caller's terminal and job control.
     # The inner shell records its own pid and then execs java, so the pid file is the JVM's pid.
     # shellcheck disable=SC2046
@@ -333,11 +334,21 @@ cmd_start() {
         "name server 127.0.0.1:$NAMESRV_PORT, broker 127.0.0.1:$BROKER_PORT (run dir $RUN)"
 }
 
-cmd_stop() {
+cmd_stop() { # [kill]
     with_lock
-    # proxy/broker first (it unregisters from the name server within ~50 ms of SIGTERM, then
-    # spends ~8 s flushing and stopping services); the name server is stopped meanwhile.
+    # Graceful: the proxy/broker unregisters from the name server within ~50 ms of SIGTERM, then
+    # needs ~12 s (grpc shutdown, a fixed 3 s sleep in DefaultMessageStore.shutdown, service
+    # thread joins); the name server is stopped meanwhile. `stop kill`: SIGKILL both at once
+    # (the store survives: mmapped writes are in the page cache; consumer offsets committed in
+    # the last ~5 s may be lost, i.e. redelivered after the next start).
     local ppid npid
+    if [[ "${1:-}" == kill ]]; then
+        ppid="$(signal_one proxy KILL)"
+        npid="$(signal_one namesrv KILL)"
+        wait_gone proxy "$ppid"
+        wait_gone namesrv "$npid"
+        return 0
+    fi
     ppid="$(signal_one proxy TERM)"
     [[ -n "$ppid" ]] && sleep 1
     npid="$(signal_one namesrv TERM)"
@@ -407,7 +418,7 @@ main() {
     [[ $# -gt 0 ]] && shift
     case "$cmd" in
         start) cmd_start ;;
-        stop) cmd_stop ;;
+        stop) cmd_stop "$@" ;;
         status) cmd_status ;;
         topic) cmd_admin_kind topic "$@" ;;
         group) cmd_admin_kind group "$@" ;;

@@ -1,0 +1,133 @@
+"""Wrappers against the embedded broker (same surface as the 5.x client) and the instrumentor's
+patch/unpatch on the real client classes (no broker needed to patch)."""
+
+import time
+
+import pytest
+
+from tracer.clients.official import TracedListener, TracedSimpleConsumer
+from tracer.embedded import EmbeddedBroker, Message, Producer, SimpleConsumer
+from tracer.metrics import TracerMetrics
+from tracer.producer import TracedProducer
+from tracer.stages import Stage
+from tracer.telemetry import MessageTracer
+
+
+def make(provider, registry):
+    broker = EmbeddedBroker()
+    producer = TracedProducer(Producer(broker, ["T"]), MessageTracer(tracer_provider=provider))
+    producer.startup()
+    consumer = SimpleConsumer(broker, "G", {"T": None}, await_duration=0)
+    consumer.startup()
+    tracer = MessageTracer(consumer_group="G", tracer_provider=provider, metrics=TracerMetrics(registry))
+    return producer, TracedSimpleConsumer(consumer, tracer)
+
+
+def send(producer, body="x"):
+    m = Message()
+    m.topic, m.body = "T", body.encode()
+    return producer.send(m, job_id="J", cost=3)
+
+
+def test_simple_consumer_processing_scope_gives_handler_span(spans, registry):
+    provider, exporter = spans
+    producer, consumer = make(provider, registry)
+    send(producer)
+    (msg,) = consumer.receive(1, 30)
+    with consumer.processing(msg):
+        pass
+    consumer.ack(msg)
+    names = sorted(s.name for s in exporter.get_finished_spans())
+    assert names == ["broker_wait", "client_buffer", "dispatch_wait", "handler", "process T", "send T"]
+    process = next(s for s in exporter.get_finished_spans() if s.name == "process T")
+    assert process.attributes["rmqtrace.job.id"] == "J" and process.attributes["rmqtrace.cost"] == 3.0
+
+
+def test_simple_consumer_ack_without_scope_takes_receive_to_ack_as_handler(spans, registry):
+    provider, exporter = spans
+    producer, consumer = make(provider, registry)
+    send(producer)
+    (msg,) = consumer.receive(1, 30)
+    consumer.ack(msg)
+    assert registry.get_sample_value("rmqtrace_stage_duration_seconds_count",
+                                     {"stage": "handler", "topic": "T", "consumer_group": "G"}) == 1
+
+
+def test_processing_failure_finishes_as_failure_and_reraises(spans, registry):
+    provider, exporter = spans
+    producer, consumer = make(provider, registry)
+    send(producer)
+    (msg,) = consumer.receive(1, 30)
+    with pytest.raises(KeyError):
+        with consumer.processing(msg):
+            raise KeyError("x")
+    assert registry.get_sample_value("rmqtrace_messages_total",
+                                     {"topic": "T", "consumer_group": "G", "outcome": "failure"}) == 1
+
+
+class FakeResult:
+    def __init__(self, name):
+        self.name = name
+
+
+class FakeMessage:
+    topic = "T"
+    message_id = "M"
+    properties: dict = {}
+    body = b"abc"
+
+    def __init__(self):
+        self.decode_message_timestamp = time.time_ns() // 1_000_000
+
+
+def test_traced_listener_measures_the_pool_queue_as_dispatch_wait(spans, registry):
+    provider, exporter = spans
+    tracer = MessageTracer(consumer_group="G", tracer_provider=provider, metrics=TracerMetrics(registry))
+    stamps = []
+    tracer.listeners.append(lambda t, o: stamps.append(t.stamps))
+
+    class Listener:
+        def consume(self, message):
+            return FakeResult("SUCCESS")
+
+    result = TracedListener(Listener(), tracer).consume(FakeMessage())
+    assert result.name == "SUCCESS"
+    s = stamps[0]
+    assert s.get(Stage.CLIENT_PULL) == s.get(Stage.DISPATCH_ENQUEUE) <= s.get(Stage.HANDLER_START)
+    assert registry.get_sample_value("rmqtrace_messages_total",
+                                     {"topic": "T", "consumer_group": "G", "outcome": "success"}) == 1
+
+
+def test_traced_listener_lets_user_exceptions_through(spans, registry):
+    provider, _ = spans
+    tracer = MessageTracer(consumer_group="G", tracer_provider=provider, metrics=TracerMetrics(registry))
+
+    class Listener:
+        def consume(self, message):
+            raise ValueError("user bug")
+
+    with pytest.raises(ValueError):
+        TracedListener(Listener(), tracer).consume(FakeMessage())
+    assert registry.get_sample_value("rmqtrace_messages_total",
+                                     {"topic": "T", "consumer_group": "G", "outcome": "failure"}) == 1
+
+
+def test_instrumentor_patch_and_unpatch_leave_the_client_as_it_was(registry):
+    rocketmq = pytest.importorskip("rocketmq")
+    from rocketmq import Producer as RProducer
+    from rocketmq import PushConsumer, SimpleConsumer as RSimple
+
+    from tracer.instrumentor import RocketMQInstrumentor
+
+    names = [(RProducer, "send"), (RProducer, "send_async"), (RSimple, "receive"), (RSimple, "ack"),
+             (PushConsumer, "__init__")]
+    before = [cls.__dict__[n] for cls, n in names]
+    inst = RocketMQInstrumentor()
+    inst.instrument(registry=registry)
+    try:
+        assert all(cls.__dict__[n] is not b for (cls, n), b in zip(names, before))
+        assert all(hasattr(cls.__dict__[n], "__wrapped__") for cls, n in names)
+    finally:
+        inst.uninstrument()
+    assert [cls.__dict__[n] for cls, n in names] == before
+    assert rocketmq is not None

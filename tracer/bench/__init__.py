@@ -1,0 +1,1 @@
+"""Benchmarks behind BENCHMARKS.md (``rmqtrace bench ...``)."""

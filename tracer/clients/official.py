@@ -1,0 +1,163 @@
+"""Wrappers for the official ``rocketmq-python-client`` 5.x (and anything with its surface,
+such as :mod:`tracer.embedded`).
+
+- Producers: :class:`tracer.producer.TracedProducer` (``send``/``send_async``).
+- Simple consumers: :class:`TracedSimpleConsumer` stamps ``client_pull`` when ``receive`` returns;
+  run the handler inside ``with consumer.processing(msg):`` to stamp the handler, or just ``ack``
+  (then the time from receive to ack is taken as the handler). :class:`tracer.consume.ConsumeLoop`
+  is the full consume loop with our dispatcher.
+- Push consumers: :class:`TracedListener` wraps the user's ``MessageListener``. The client decodes
+  a batch and submits every message to its ``ThreadPoolExecutor`` at once, so the decode time is
+  both ``client_pull`` and ``dispatch_enqueue``, and the wait in that pool's queue — which the
+  client never measures — becomes ``dispatch_wait``.
+"""
+
+from __future__ import annotations
+
+import threading
+import weakref
+from typing import Any
+
+from ..message import describe
+from ..stages import Outcome, Stage
+from ..telemetry import MessageTrace, MessageTracer
+
+try:  # the listener must be a real MessageListener subclass for the client's type checks
+    from rocketmq import ConsumeResult, MessageListener
+except ImportError:  # pragma: no cover - the client is an optional dependency
+    MessageListener = object  # type: ignore[assignment,misc]
+    ConsumeResult = None  # type: ignore[assignment,misc]
+
+
+def _is_success(result: Any) -> bool:
+    if ConsumeResult is not None and result is ConsumeResult.SUCCESS:
+        return True
+    return getattr(result, "name", None) == "SUCCESS"
+
+
+class TracedListener(MessageListener):  # type: ignore[misc,valid-type]
+    """A ``MessageListener`` that traces the wrapped one; exceptions and results pass through."""
+
+    def __init__(self, listener: Any, tracer: MessageTracer) -> None:
+        self.listener = listener
+        self.tracer = tracer
+
+    def consume(self, message: Any) -> Any:
+        tracer = self.tracer
+        try:
+            info = describe(message)
+            pulled = info.decode_ms * 1_000_000 if info.decode_ms else None
+            trace: MessageTrace | None = tracer.start_message(info, pulled)
+            trace.mark(Stage.DISPATCH_ENQUEUE, trace.stamps.get(Stage.CLIENT_PULL))
+        except Exception as exc:  # noqa: BLE001 - never let tracing stop consumption
+            tracer.hook_failed("starting a push-consumer trace", exc)
+            trace = None
+        if trace is None:
+            return self.listener.consume(message)
+        try:
+            with trace.handler_scope():
+                result = self.listener.consume(message)
+        except BaseException as exc:
+            trace.finish(Outcome.FAILURE, exc)
+            raise
+        trace.finish(Outcome.SUCCESS if _is_success(result) else Outcome.FAILURE)
+        return result
+
+
+class ReceivedTraces:
+    """Traces of received, not yet acked messages of one consumer group.
+
+    Weakly keyed by the message object, so a message the user drops without acking leaks
+    nothing. Shared by :class:`TracedSimpleConsumer` and the instrumentor's patched methods.
+    """
+
+    def __init__(self, tracer: MessageTracer) -> None:
+        self.tracer = tracer
+        self._traces: weakref.WeakKeyDictionary[Any, MessageTrace] = weakref.WeakKeyDictionary()
+        self._lock = threading.Lock()
+
+    def received(self, messages: Any) -> None:
+        try:
+            pulled = self.tracer.clock.now_ns()
+            started = [(m, self.tracer.start_message(describe(m), pulled)) for m in messages or ()]
+            with self._lock:
+                for m, t in started:
+                    self._traces[m] = t
+        except Exception as exc:  # noqa: BLE001
+            self.tracer.hook_failed("stamping received messages", exc)
+
+    def get(self, message: Any) -> MessageTrace | None:
+        with self._lock:
+            return self._traces.get(message)
+
+    def pop(self, message: Any) -> MessageTrace | None:
+        with self._lock:
+            return self._traces.pop(message, None)
+
+    def acked(self, message: Any) -> None:
+        trace = self.pop(message)
+        if trace is None:
+            return
+        if not trace.stamps.has(Stage.HANDLER_START):
+            # no processing() scope: the time between receive and ack was the handler's
+            pulled = trace.stamps.get(Stage.CLIENT_PULL)
+            trace.mark(Stage.DISPATCH_ENQUEUE, pulled)
+            trace.mark(Stage.HANDLER_START, pulled)
+            trace.mark(Stage.HANDLER_END)
+        trace.finish(Outcome.SUCCESS)
+
+
+class TracedSimpleConsumer:
+    """A proxy around one simple consumer; unknown attributes pass through to it."""
+
+    def __init__(self, consumer: Any, tracer: MessageTracer) -> None:
+        self._consumer = consumer
+        self.traces = ReceivedTraces(tracer)
+
+    @property
+    def wrapped(self) -> Any:
+        return self._consumer
+
+    def receive(self, max_message_num: int, invisible_duration: Any) -> Any:
+        messages = self._consumer.receive(max_message_num, invisible_duration)
+        self.traces.received(messages)
+        return messages
+
+    def processing(self, message: Any) -> "Processing":
+        """``with consumer.processing(msg): handle(msg)`` — stamps and spans around the handler.
+        An exception ends the trace as a failure and passes through."""
+        return Processing(self.traces, message)
+
+    def ack(self, message: Any) -> Any:
+        result = self._consumer.ack(message)
+        self.traces.acked(message)
+        return result
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._consumer, name)
+
+
+class Processing:
+    __slots__ = ("_traces", "_message", "_trace")
+
+    def __init__(self, traces: ReceivedTraces, message: Any) -> None:
+        self._traces = traces
+        self._message = message
+        self._trace = traces.get(message)
+
+    def __enter__(self) -> Any:
+        t = self._trace
+        if t is not None:
+            if not t.stamps.has(Stage.DISPATCH_ENQUEUE):
+                t.mark(Stage.DISPATCH_ENQUEUE)
+            t.__enter__()
+        return self._message
+
+    def __exit__(self, exc_type: Any, exc: BaseException | None, tb: Any) -> None:
+        t = self._trace
+        if t is None:
+            return
+        t.__exit__(exc_type, exc, tb)
+        if exc is not None:
+            self._traces.pop(self._message)
+            t.finish(Outcome.FAILURE, exc)

@@ -1,0 +1,616 @@
+"""Spans in, numbers out: per-message records, per-group stage statistics and the job view.
+
+Pure functions over :class:`~tracer.spanfile.SpanRecord`; no I/O, no clock. The gap arithmetic
+is :func:`tracer.stamps.compute_gaps`'s, so every number here matches the spans and histograms.
+
+Definitions (also in ``docs/report.md``):
+
+* **message**: one ``process {topic}`` span (kind CONSUMER) — one delivery. Its stamps come
+  from the ``rmqtrace.stamp.<stage>_ns`` attributes; when those are missing or not exact
+  integers (a trace store that turned them into floats) they are rebuilt from the span's own
+  times and its child gap spans (``broker_wait``, ``client_buffer``, ``dispatch_wait``,
+  ``handler``) and the producer's ``send`` span, at the store's resolution (µs for Jaeger).
+* **group**: ``messaging.consumer.group.name`` — in the demo one group per dispatch policy.
+* **job**: ``rmqtrace.job.id``; messages without one form the job ``(no job id)``.
+* **completion**: last handler end − first produce of the job's messages.
+* **lower bound** (LB): ``max(total handler time / workers, longest handler time)`` — no
+  schedule on that many workers can finish the job sooner.
+* **critical path**: the message that finished last, and how the job's completion splits
+  across its stages: produced late, send, broker wait, client buffer, dispatch wait, handler.
+* **workers**: distinct ``rmqtrace.worker`` values; when a group's spans do not carry that
+  attribute, workers are inferred by greedy interval packing of the handler intervals (sorted by
+  start, each into the lowest-numbered lane free at that moment). That yields the fewest lanes
+  that fit — the peak number of concurrent handlers, a lower bound on the real pool size.
+* **percentiles**: nearest rank — ``pq`` is the smallest value with at least ``q·n`` values at
+  or below it.
+"""
+
+from __future__ import annotations
+
+import heapq
+import math
+from dataclasses import dataclass, field
+from typing import Any, Iterable, Sequence
+
+from ..spanfile import SpanRecord
+from ..stages import GAP_BY_NAME, GAPS, PATH_GAPS, Stage
+from ..stamps import MISSING, GapValue, Stamps, compute_gaps, timeline
+
+NO_JOB = "(no job id)"
+NO_GROUP = "(no group)"
+GROUP_ATTR = "messaging.consumer.group.name"
+JOB_ATTR = "rmqtrace.job.id"
+WORKER_ATTR = "rmqtrace.worker"
+STAMP_ATTRS: dict[Stage, str] = {s: f"rmqtrace.stamp.{s.name.lower()}_ns" for s in Stage}
+# Child spans written by tracer.telemetry: name -> the stages bounding it.
+GAP_SPANS: dict[str, tuple[Stage, Stage]] = {
+    "broker_wait": (Stage.BROKER_STORE, Stage.CLIENT_PULL),
+    "client_buffer": (Stage.CLIENT_PULL, Stage.DISPATCH_ENQUEUE),
+    "dispatch_wait": (Stage.DISPATCH_ENQUEUE, Stage.HANDLER_START),
+    "handler": (Stage.HANDLER_START, Stage.HANDLER_END),
+}
+# Stamps must agree with the process span's end this closely; beyond it they are not trusted.
+# Jaeger keeps µs: start and duration are each truncated, so 2 µs is the honest slack.
+STAMP_TOLERANCE_NS = 5_000
+PERCENTILES: tuple[tuple[str, float], ...] = (("p50", 0.50), ("p95", 0.95), ("p99", 0.99), ("max", 1.0))
+# The critical path split: what happened before the message existed, then the path gaps.
+PRODUCED_LATE = "produced_late"
+SPLIT_PARTS: tuple[str, ...] = (PRODUCED_LATE,) + tuple(g.name for g in PATH_GAPS)
+WAITING_PARTS: tuple[str, ...] = ("client_buffer", "dispatch_wait")  # waiting for a worker, inside the consumer
+
+
+# -- per message -----------------------------------------------------------------------------
+@dataclass(slots=True)
+class MessageRecord:
+    """One delivery of one message, with its stamps and gaps."""
+
+    trace_id: str
+    span_id: str
+    group: str
+    topic: str
+    message_id: str
+    job_id: str
+    stamps: Stamps
+    timing: str = "stamps"  # "stamps": exact attribute stamps; "spans": rebuilt from span times
+    worker: int | None = None
+    worker_inferred: bool = False
+    cost: float | None = None
+    outcome: str = ""
+    attempt: int = 1
+    keys: str = ""
+    gaps: dict[str, GapValue] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        if not self.gaps:
+            self.gaps = {g.gap.name: g for g in compute_gaps(self.stamps)}
+
+    def t(self, stage: Stage) -> int:
+        return self.stamps.times[stage]
+
+    def gap_s(self, name: str) -> float:
+        g = self.gaps.get(name)
+        return g.seconds if g is not None else 0.0
+
+    @property
+    def start_ns(self) -> int:
+        """The first stamp (produce when present)."""
+        return next((ns for ns in self.stamps.times if ns != MISSING), MISSING)
+
+    @property
+    def end_ns(self) -> int:
+        """Handler end, or the last stamp when the handler never ended."""
+        return next((ns for ns in reversed(self.stamps.times) if ns != MISSING), MISSING)
+
+    @property
+    def handled(self) -> bool:
+        return self.t(Stage.HANDLER_START) != MISSING and self.t(Stage.HANDLER_END) != MISSING
+
+    @property
+    def handler_s(self) -> float:
+        return self.gap_s("handler")
+
+    @property
+    def total_s(self) -> float:
+        """End to end when produce was stamped, else first stamp to last."""
+        if "end_to_end" in self.gaps:
+            return self.gaps["end_to_end"].seconds
+        return max(0, self.end_ns - self.start_ns) / 1e9
+
+    @property
+    def critical_stage(self) -> str:
+        """The largest of the path gaps (send … handler)."""
+        present = [g for g in PATH_GAPS if g.name in self.gaps]
+        if not present:
+            return ""
+        return max(present, key=lambda g: self.gaps[g.name].seconds).name
+
+    def as_dict(self) -> dict[str, Any]:
+        return {
+            "trace_id": self.trace_id, "message_id": self.message_id, "group": self.group, "job": self.job_id,
+            "topic": self.topic, "keys": self.keys, "worker": self.worker, "worker_inferred": self.worker_inferred,
+            "attempt": self.attempt, "outcome": self.outcome, "cost": self.cost, "timing": self.timing,
+            "stamps_ns": self.stamps.as_dict(), "gaps_s": {k: v.seconds for k, v in self.gaps.items()},
+            "total_s": self.total_s, "critical_stage": self.critical_stage,
+        }
+
+
+def is_process_span(span: SpanRecord) -> bool:
+    if span.attributes.get("messaging.operation.type") == "process":
+        return True
+    return span.name.startswith("process ") and span.kind.upper() == "CONSUMER"
+
+
+def _exact_int(value: Any) -> int | None:
+    """An int that is exactly what was written: ints and digit strings; floats are not exact."""
+    if isinstance(value, bool):
+        return None
+    if isinstance(value, int):
+        return value
+    if isinstance(value, str) and value.strip().lstrip("-").isdigit():
+        return int(value.strip())
+    return None
+
+
+def _stamps_from_attributes(attrs: dict[str, Any]) -> Stamps | None:
+    """The exact stamps, or None when any stamp attribute is present but not an exact int."""
+    st = Stamps()
+    for stage, key in STAMP_ATTRS.items():
+        if key not in attrs:
+            continue
+        ns = _exact_int(attrs[key])
+        if ns is None:
+            return None
+        st.times[stage] = ns
+    return st
+
+
+def _stamps_from_spans(process: SpanRecord, children: Sequence[SpanRecord], parent: SpanRecord | None) -> Stamps:
+    """Stamps rebuilt from span times (the gap spans are drawn from the clamped timeline)."""
+    st = Stamps()
+    t = st.times
+    for child in children:
+        bounds = GAP_SPANS.get(child.name)
+        if bounds is None:
+            continue
+        a, b = bounds
+        t[a] = t[a] or child.start_ns
+        t[b] = t[b] or child.end_ns
+    if parent is not None and parent.kind.upper() == "PRODUCER":
+        t[Stage.PRODUCE] = parent.start_ns  # taken just before the produce stamp
+    if t[Stage.HANDLER_END] == MISSING:
+        t[Stage.HANDLER_END] = process.end_ns
+    if not any(t[s] for s in (Stage.BROKER_STORE, Stage.CLIENT_PULL, Stage.DISPATCH_ENQUEUE, Stage.HANDLER_START)):
+        t[Stage.CLIENT_PULL] = process.start_ns
+    return st
+
+
+def _consistent(stamps: Stamps, process: SpanRecord) -> bool:
+    """The stamps' clamped timeline ends where the process span ends (when handler end is stamped)."""
+    if not stamps.has(Stage.HANDLER_END):
+        return True
+    fixed = dict(timeline(stamps))
+    return abs(fixed[Stage.HANDLER_END] - process.end_ns) <= STAMP_TOLERANCE_NS
+
+
+def _num(value: Any, kind: type, default: Any) -> Any:
+    try:
+        return kind(value) if value is not None and value != "" else default
+    except (TypeError, ValueError):
+        return default
+
+
+def _keys(value: Any) -> str:
+    if isinstance(value, (list, tuple)):
+        return ",".join(str(v) for v in value)
+    return str(value) if value is not None else ""
+
+
+def messages_from_spans(spans: Iterable[SpanRecord]) -> list[MessageRecord]:
+    """One record per ``process`` span (duplicates by trace and span id are dropped), by start."""
+    by_id: dict[tuple[str, str], SpanRecord] = {}
+    for s in spans:
+        by_id.setdefault((s.trace_id, s.span_id), s)
+    children: dict[tuple[str, str], list[SpanRecord]] = {}
+    for s in by_id.values():
+        if s.parent_span_id:
+            children.setdefault((s.trace_id, s.parent_span_id), []).append(s)
+    out: list[MessageRecord] = []
+    for key, span in by_id.items():
+        if not is_process_span(span):
+            continue
+        a = span.attributes
+        stamps = _stamps_from_attributes(a)
+        timing = "stamps"
+        if stamps is None or not any(stamps.times) or not _consistent(stamps, span):
+            parent = by_id.get((span.trace_id, span.parent_span_id)) if span.parent_span_id else None
+            stamps = _stamps_from_spans(span, children.get(key, []), parent)
+            timing = "spans"
+        worker = _exact_int(a.get(WORKER_ATTR))
+        out.append(MessageRecord(
+            trace_id=span.trace_id, span_id=span.span_id,
+            group=str(a.get(GROUP_ATTR) or NO_GROUP),
+            topic=str(a.get("messaging.destination.name") or span.name.removeprefix("process ")),
+            message_id=str(a.get("messaging.message.id") or span.span_id),
+            job_id=str(a.get(JOB_ATTR) or NO_JOB), stamps=stamps, timing=timing, worker=worker,
+            cost=_num(a.get("rmqtrace.cost"), float, None), outcome=str(a.get("rmqtrace.outcome") or ""),
+            attempt=_num(a.get("messaging.rocketmq.message.delivery_attempt"), int, 1),
+            keys=_keys(a.get("messaging.rocketmq.message.keys")),
+        ))
+    out.sort(key=lambda r: (r.start_ns, r.message_id))
+    return out
+
+
+def infer_workers(records: Sequence[MessageRecord]) -> int:
+    """Assign worker lanes by greedy interval packing of the handler intervals; returns the lane count.
+
+    Records are taken by handler start; each goes to the lowest-numbered lane whose previous
+    handler ended at or before this one starts. For intervals this first-fit order is optimal:
+    the lane count equals the peak number of overlapping handlers.
+    """
+    busy: list[tuple[int, int]] = []  # (end_ns, lane)
+    free: list[int] = []
+    lanes = 0
+    for r in sorted((r for r in records if r.handled), key=lambda r: (r.t(Stage.HANDLER_START), r.t(Stage.HANDLER_END))):
+        start = r.t(Stage.HANDLER_START)
+        while busy and busy[0][0] <= start:
+            heapq.heappush(free, heapq.heappop(busy)[1])
+        if free:
+            lane = heapq.heappop(free)
+        else:
+            lane = lanes
+            lanes += 1
+        r.worker = lane
+        r.worker_inferred = True
+        heapq.heappush(busy, (max(start, r.t(Stage.HANDLER_END)), lane))
+    return lanes
+
+
+# -- statistics ------------------------------------------------------------------------------
+def percentile(values: Sequence[float], q: float) -> float:
+    """Nearest rank: the smallest value with at least ``q·n`` of the values at or below it."""
+    if not values:
+        return 0.0
+    ordered = sorted(values)
+    rank = max(1, math.ceil(q * len(ordered) - 1e-9))
+    return ordered[min(len(ordered), rank) - 1]
+
+
+@dataclass
+class StageStats:
+    gap: str
+    count: int
+    p50: float
+    p95: float
+    p99: float
+    max: float
+    mean: float
+    total: float
+    share: float  # of all path time (send … handler) in the group
+    clamped: int  # gaps that came out negative (clock skew) and were reported as 0
+
+    def as_dict(self) -> dict[str, Any]:
+        return dict(self.__dict__)
+
+
+def stage_stats(records: Sequence[MessageRecord]) -> dict[str, StageStats]:
+    path_total = sum(r.gap_s(g.name) for r in records for g in PATH_GAPS)
+    out: dict[str, StageStats] = {}
+    for g in GAPS:
+        vals = [r.gaps[g.name].seconds for r in records if g.name in r.gaps]
+        total = sum(vals)
+        out[g.name] = StageStats(
+            g.name, len(vals), *(percentile(vals, q) for _, q in PERCENTILES),
+            mean=total / len(vals) if vals else 0.0, total=total,
+            share=total / path_total if path_total and g in PATH_GAPS else 0.0,
+            clamped=sum(1 for r in records if g.name in r.gaps and r.gaps[g.name].clamped))
+    return out
+
+
+def busy_intervals(records: Iterable[MessageRecord]) -> list[tuple[int, int]]:
+    return [(r.t(Stage.HANDLER_START), r.t(Stage.HANDLER_END)) for r in records if r.handled]
+
+
+def mean_busy(intervals: Sequence[tuple[int, int]], a_ns: int, b_ns: int) -> float | None:
+    """Average number of handlers running over ``[a, b)``; None for an empty window."""
+    if b_ns <= a_ns:
+        return None
+    covered = sum(max(0, min(e, b_ns) - max(s, a_ns)) for s, e in intervals)
+    return covered / (b_ns - a_ns)
+
+
+@dataclass
+class Occupancy:
+    """Busy workers over time, relative to the group's start (seconds)."""
+
+    workers: int
+    steps: list[tuple[float, int]]  # (t_s, busy from t on), starting at (0, 0)
+    bucket_s: float
+    mean_busy: list[float]  # per bucket of ``bucket_s``
+
+    def as_dict(self) -> dict[str, Any]:
+        return {"workers": self.workers, "bucket_s": self.bucket_s, "mean_busy": self.mean_busy}
+
+
+def occupancy(records: Sequence[MessageRecord], t0_ns: int, axis_s: float, buckets: int, workers: int) -> Occupancy:
+    intervals = busy_intervals(records)
+    events: list[tuple[int, int]] = []
+    for s, e in intervals:
+        events.append((s, 1))
+        events.append((e, -1))
+    events.sort(key=lambda ev: (ev[0], ev[1]))  # ends before starts at the same instant
+    steps: list[tuple[float, int]] = [(0.0, 0)]
+    busy = 0
+    for ns, d in events:
+        busy += d
+        t = (ns - t0_ns) / 1e9
+        if steps[-1][0] == t:
+            steps[-1] = (t, busy)
+        else:
+            steps.append((t, busy))
+    width = axis_s / buckets if buckets and axis_s > 0 else 0.0
+    means: list[float] = []
+    if width > 0:
+        w_ns = width * 1e9
+        for i in range(buckets):
+            a = t0_ns + round(i * w_ns)
+            b = t0_ns + round((i + 1) * w_ns)
+            means.append(mean_busy(intervals, a, b) or 0.0)
+    return Occupancy(workers, steps, width, means)
+
+
+def wait_edges(max_s: float, floor_s: float = 1e-4) -> list[float]:
+    """Log-scale wait bucket edges: 0, then 0.1 ms and 1-2-5 steps from 1 ms up past ``max_s``."""
+    edges = [0.0, floor_s]
+    decade = 1e-3
+    while edges[-1] <= max_s:
+        for m in (1, 2, 5):
+            edges.append(round(m * decade, 9))
+            if edges[-1] > max_s:
+                break
+        decade *= 10
+    return edges
+
+
+def bucket_index(edges: Sequence[float], value: float) -> int:
+    """Index i with ``edges[i] <= value < edges[i+1]`` (the last bucket is open-ended)."""
+    i = 0
+    while i + 1 < len(edges) and value >= edges[i + 1]:
+        i += 1
+    return i
+
+
+@dataclass
+class Heatmap:
+    """Counts of messages by when their wait began (x) and how long it lasted (y, log buckets)."""
+
+    gap: str
+    bucket_s: float  # time bucket width; bucket i covers [i·w, (i+1)·w) after the group start
+    wait_edges_s: list[float]  # wait bucket j covers [edges[j], edges[j+1]); the last is open
+    counts: list[list[int]]  # counts[j][i]
+
+    @property
+    def total(self) -> int:
+        return sum(map(sum, self.counts))
+
+    def as_dict(self) -> dict[str, Any]:
+        return {"gap": self.gap, "bucket_s": self.bucket_s, "wait_edges_s": self.wait_edges_s, "counts": self.counts}
+
+
+def heatmap(records: Sequence[MessageRecord], gap: str, t0_ns: int, axis_s: float, buckets: int,
+            edges: Sequence[float]) -> Heatmap:
+    start_stage = GAP_BY_NAME[gap].start
+    counts = [[0] * buckets for _ in edges]
+    width = axis_s / buckets if buckets and axis_s > 0 else 1.0
+    for r in records:
+        g = r.gaps.get(gap)
+        if g is None:
+            continue
+        t = (r.t(start_stage) - t0_ns) / 1e9
+        i = min(buckets - 1, max(0, int(t / width)))
+        counts[bucket_index(edges, g.seconds)][i] += 1
+    return Heatmap(gap, width, list(edges), counts)
+
+
+# -- jobs ------------------------------------------------------------------------------------
+@dataclass
+class CriticalPath:
+    """The message that finished last and where the job's completion went on its way."""
+
+    message: MessageRecord
+    split_s: dict[str, float]  # SPLIT_PARTS -> seconds; they add up to the job's completion
+    waiting_s: float  # client_buffer + dispatch_wait: queued inside the consumer for a worker
+    working_s: float  # its handler
+    broker_s: float  # send + broker_wait
+    idle_workers: float | None  # workers idle on average while it waited inside the consumer
+    idle_in_broker: float | None  # workers idle on average while it waited in the broker
+    verdict: str
+
+    def as_dict(self) -> dict[str, Any]:
+        return {"message": self.message.as_dict(), "split_s": self.split_s, "waiting_s": self.waiting_s,
+                "working_s": self.working_s, "broker_s": self.broker_s, "idle_workers": self.idle_workers,
+                "idle_in_broker": self.idle_in_broker, "verdict": self.verdict}
+
+
+@dataclass
+class JobStats:
+    group: str
+    job_id: str
+    messages: int
+    workers: int
+    start_ns: int
+    end_ns: int
+    completion_s: float
+    total_handler_s: float
+    longest_handler_s: float
+    longest_message_id: str
+    lower_bound_s: float
+    occupancy: float  # total handler / (workers × completion)
+    critical: CriticalPath
+
+    @property
+    def over_lb(self) -> float | None:
+        return self.completion_s / self.lower_bound_s if self.lower_bound_s else None
+
+    def as_dict(self) -> dict[str, Any]:
+        d = {k: v for k, v in self.__dict__.items() if k != "critical"}
+        d["over_lb"] = self.over_lb
+        d["critical"] = self.critical.as_dict()
+        return d
+
+
+def _idle(intervals: Sequence[tuple[int, int]], workers: int, a_ns: int, b_ns: int) -> float | None:
+    if not a_ns or not b_ns:
+        return None
+    busy = mean_busy(intervals, a_ns, b_ns)
+    return None if busy is None else max(0.0, workers - busy)
+
+
+def _verdict(split: dict[str, float], idle: float | None, idle_broker: float | None, workers: int) -> str:
+    parts = {"waiting for a worker inside the consumer": sum(split[p] for p in WAITING_PARTS),
+             "working (its own handler)": split["handler"],
+             "waiting in the broker": split["send"] + split["broker_wait"],
+             "not yet produced": split[PRODUCED_LATE]}
+    what, secs = max(parts.items(), key=lambda kv: kv[1])
+    line = f"mostly {what}: {secs:.3f} s of {sum(split.values()):.3f} s"
+    window_idle = idle if what.startswith("waiting for") else idle_broker if what.endswith("broker") else None
+    if window_idle is not None:
+        line += f", while on average {window_idle:.1f} of {workers} workers were idle"
+    return line
+
+
+def job_stats(group: str, job_id: str, records: Sequence[MessageRecord], workers: int,
+              group_intervals: Sequence[tuple[int, int]]) -> JobStats:
+    """The job view of one job's records; ``group_intervals`` are every handler run of the group."""
+    handled = [r for r in records if r.handled]
+    start = min(r.start_ns for r in records)
+    end = max(r.end_ns for r in records)
+    completion = (end - start) / 1e9
+    total_h = sum(r.handler_s for r in handled)
+    longest = max(handled, key=lambda r: r.handler_s, default=None)
+    longest_s = longest.handler_s if longest else 0.0
+    lb = max(total_h / workers if workers else 0.0, longest_s)
+    last = max(records, key=lambda r: (r.end_ns, r.start_ns))
+    split = {PRODUCED_LATE: max(0, last.start_ns - start) / 1e9}
+    split.update({g.name: last.gap_s(g.name) for g in PATH_GAPS})
+    idle = idle_broker = None
+    if last.handled:
+        pulled = last.t(Stage.CLIENT_PULL) or last.t(Stage.DISPATCH_ENQUEUE)
+        idle = _idle(group_intervals, workers, pulled, last.t(Stage.HANDLER_START))
+        idle_broker = _idle(group_intervals, workers, last.t(Stage.BROKER_STORE) or last.t(Stage.PRODUCE), pulled)
+    critical = CriticalPath(
+        last, split, waiting_s=sum(split[p] for p in WAITING_PARTS), working_s=split["handler"],
+        broker_s=split["send"] + split["broker_wait"], idle_workers=idle, idle_in_broker=idle_broker,
+        verdict=_verdict(split, idle, idle_broker, workers))
+    return JobStats(group, job_id, len(records), workers, start, end, completion, total_h, longest_s,
+                    longest.message_id if longest else "", lb,
+                    total_h / (workers * completion) if workers and completion else 0.0, critical)
+
+
+# -- groups and the whole report -------------------------------------------------------------
+@dataclass
+class GroupStats:
+    group: str
+    records: list[MessageRecord]
+    workers: int
+    workers_source: str  # "attribute", "inferred" or "given"
+    start_ns: int
+    end_ns: int
+    stages: dict[str, StageStats]
+    jobs: list[JobStats]
+    slowest: list[MessageRecord]
+    occupancy: Occupancy | None = None
+    heatmaps: dict[str, Heatmap] = field(default_factory=dict)
+
+    @property
+    def duration_s(self) -> float:
+        return (self.end_ns - self.start_ns) / 1e9
+
+    @property
+    def from_spans(self) -> int:
+        return sum(1 for r in self.records if r.timing == "spans")
+
+    def as_dict(self) -> dict[str, Any]:
+        return {
+            "group": self.group, "messages": len(self.records), "workers": self.workers,
+            "workers_source": self.workers_source, "duration_s": self.duration_s,
+            "timing_from_spans": self.from_spans,
+            "stages": {k: v.as_dict() for k, v in self.stages.items()},
+            "jobs": [j.as_dict() for j in self.jobs],
+            "slowest": [r.as_dict() for r in self.slowest],
+            "occupancy": self.occupancy.as_dict() if self.occupancy else None,
+            "heatmaps": {k: v.as_dict() for k, v in self.heatmaps.items()},
+        }
+
+
+@dataclass
+class Report:
+    groups: list[GroupStats]
+    axis_s: float  # the shared time axis of every group's charts: the longest group's duration
+    source: str = ""
+    spans: int = 0
+
+    @property
+    def messages(self) -> int:
+        return sum(len(g.records) for g in self.groups)
+
+    def group(self, name: str) -> GroupStats:
+        return next(g for g in self.groups if g.group == name)
+
+    def as_dict(self) -> dict[str, Any]:
+        return {"source": self.source, "spans": self.spans, "messages": self.messages, "axis_s": self.axis_s,
+                "groups": [g.as_dict() for g in self.groups]}
+
+
+def build_group(group: str, records: list[MessageRecord], *, top: int = 10, workers: int | None = None) -> GroupStats:
+    if workers:
+        source = "given"
+    elif all(r.worker is not None and not r.worker_inferred for r in records if r.handled):
+        source = "attribute"
+        workers = len({r.worker for r in records if r.handled})
+    else:
+        source = "inferred"
+        workers = infer_workers(records)
+    intervals = busy_intervals(records)
+    jobs: dict[str, list[MessageRecord]] = {}
+    for r in records:
+        jobs.setdefault(r.job_id, []).append(r)
+    job_list = [job_stats(group, j, rs, workers, intervals) for j, rs in jobs.items()]
+    job_list.sort(key=lambda j: j.start_ns)
+    slowest = sorted(records, key=lambda r: (-r.total_s, r.start_ns))[:max(0, top)]
+    return GroupStats(group, records, workers, source, min(r.start_ns for r in records),
+                      max(r.end_ns for r in records), stage_stats(records), job_list, slowest)
+
+
+HEATMAP_GAPS: tuple[str, ...] = ("dispatch_wait", "client_buffer")
+
+
+def build_report(spans: Iterable[SpanRecord], *, group: str | None = None, job: str | None = None, top: int = 10,
+                 workers: int | None = None, time_buckets: int = 40, source: str = "") -> Report:
+    """Everything the terminal, HTML and JSON views show, from a collection of spans."""
+    span_list = list(spans)
+    records = messages_from_spans(span_list)
+    if group is not None:
+        records = [r for r in records if r.group == group]
+    if job is not None:
+        records = [r for r in records if r.job_id == job]
+    by_group: dict[str, list[MessageRecord]] = {}
+    for r in records:
+        by_group.setdefault(r.group, []).append(r)
+    groups = [build_group(g, rs, top=top, workers=workers) for g, rs in by_group.items()]
+    groups.sort(key=lambda g: (g.start_ns, g.group))
+    axis_s = max((g.duration_s for g in groups), default=0.0)
+    for name in HEATMAP_GAPS:
+        longest = max((r.gap_s(name) for g in groups for r in g.records), default=0.0)
+        edges = wait_edges(longest)
+        for g in groups:
+            g.heatmaps[name] = heatmap(g.records, name, g.start_ns, axis_s, time_buckets, edges)
+    for g in groups:
+        g.occupancy = occupancy(g.records, g.start_ns, axis_s, time_buckets, g.workers)
+    return Report(groups, axis_s, source, len(span_list))
+
+
+__all__ = [
+    "CriticalPath", "GroupStats", "Heatmap", "JobStats", "MessageRecord", "Occupancy", "Report", "StageStats",
+    "build_group", "build_report", "heatmap", "infer_workers", "mean_busy", "messages_from_spans", "occupancy",
+    "percentile", "stage_stats", "wait_edges",
+]

@@ -1,0 +1,188 @@
+"""Where spans come from: the embedded mode's JSON-lines file, or a Jaeger query service.
+
+Both yield :class:`~tracer.spanfile.SpanRecord`. The Jaeger reader speaks the HTTP JSON API the
+Jaeger UI uses (``/api/traces``), with the standard library only.
+
+Precision: stamps are ns since the epoch (~1.8e18), beyond the 2^53 a double holds exactly.
+Jaeger stores ``int64`` tags as integers and its JSON writes them as plain integer literals,
+which Python's ``json`` parses exactly, so the stamps survive the trip. A tag that arrives as a
+float (a proxy or store that went through doubles) is kept as a float, and the model then
+rebuilds that message's timing from span times instead (µs resolution); the report counts such
+messages.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import time
+import urllib.error
+import urllib.parse
+import urllib.request
+from pathlib import Path
+from typing import Any, Iterable, Iterator
+
+from ..spanfile import SpanRecord, read_spans
+
+DEFAULT_JAEGER = "http://127.0.0.1:16686"
+DEFAULT_SERVICE = "rmqtrace"
+
+
+class SourceError(Exception):
+    """The spans could not be read; the message says why and what to try."""
+
+
+# -- JSON lines ------------------------------------------------------------------------------
+def read_jsonl(path: str | Path) -> list[SpanRecord]:
+    p = Path(path)
+    if not p.exists():
+        raise SourceError(f"no spans file at {p} (run `rmqtrace demo` or point RMQTRACE_SPANS_FILE at one)")
+    if p.is_dir():
+        raise SourceError(f"{p} is a directory; give the spans.jsonl file inside it")
+    try:
+        return list(read_spans(p))
+    except OSError as exc:
+        raise SourceError(f"cannot read {p}: {exc}") from exc
+
+
+# -- Jaeger ----------------------------------------------------------------------------------
+_DURATION = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*(ms|s|m|h|d)?\s*$")
+_UNIT_S = {"ms": 0.001, "s": 1.0, "m": 60.0, "h": 3600.0, "d": 86400.0, None: 1.0}
+
+
+def parse_duration(text: str) -> float:
+    """``90s``, ``15m``, ``1h``, ``2d``, ``500ms`` or plain seconds → seconds."""
+    m = _DURATION.match(text or "")
+    if not m:
+        raise ValueError(f"not a duration: {text!r} (use e.g. 30m, 1h, 2d)")
+    return float(m.group(1)) * _UNIT_S[m.group(2)]
+
+
+def _tag_value(tag: dict[str, Any]) -> Any:
+    """A Jaeger tag's value as the attribute the SDK wrote. int64 stays an exact int."""
+    kind = str(tag.get("type", "string")).lower()
+    v = tag.get("value")
+    if kind == "int64":
+        if isinstance(v, bool):
+            return int(v)
+        if isinstance(v, int):
+            return v
+        if isinstance(v, str):
+            try:
+                return int(v)
+            except ValueError:
+                return v
+        return v  # a float: precision may be gone; the model will not trust it as a stamp
+    if kind == "float64":
+        try:
+            return float(v)  # type: ignore[arg-type]
+        except (TypeError, ValueError):
+            return v
+    if kind == "bool":
+        return v if isinstance(v, bool) else str(v).lower() == "true"
+    if kind == "string" and isinstance(v, str) and v[:1] == "[" and v[-1:] == "]":
+        try:  # OTLP array attributes arrive as their JSON text
+            parsed = json.loads(v)
+            if isinstance(parsed, list):
+                return parsed
+        except ValueError:
+            pass
+    return v
+
+
+_SKIP_TAGS = {"span.kind", "otel.status_code", "otel.status_description", "otel.scope.name",
+              "otel.scope.version", "otel.library.name", "otel.library.version", "internal.span.format", "error"}
+
+
+def _hex(value: Any, width: int) -> str:
+    return str(value or "").lower().rjust(width, "0")
+
+
+def jaeger_span(span: dict[str, Any], processes: dict[str, Any]) -> SpanRecord:
+    """One span of Jaeger's JSON (``/api/traces``) as a :class:`SpanRecord` (µs → ns)."""
+    tags = {str(t.get("key")): t for t in span.get("tags") or ()}
+    parent = None
+    for ref in span.get("references") or ():
+        if ref.get("refType", "CHILD_OF") == "CHILD_OF" and ref.get("spanID"):
+            parent = _hex(ref["spanID"], 16)
+            break
+    if parent is None and span.get("parentSpanID"):
+        parent = _hex(span["parentSpanID"], 16)
+    kind = str(tags["span.kind"].get("value")).upper() if "span.kind" in tags else "INTERNAL"
+    status = "UNSET"
+    if "otel.status_code" in tags:
+        status = str(tags["otel.status_code"].get("value")).upper()
+    elif tags.get("error", {}).get("value") in (True, "true"):
+        status = "ERROR"
+    start_us = int(span.get("startTime") or 0)
+    duration_us = int(span.get("duration") or 0)
+    proc = processes.get(str(span.get("processID")), {}) if processes else {}
+    return SpanRecord(
+        trace_id=_hex(span.get("traceID"), 32), span_id=_hex(span.get("spanID"), 16), parent_span_id=parent,
+        name=str(span.get("operationName", "")), kind=kind, start_ns=start_us * 1000,
+        end_ns=(start_us + duration_us) * 1000, status=status, service=proc.get("serviceName"),
+        attributes={k: _tag_value(t) for k, t in tags.items() if k not in _SKIP_TAGS},
+    )
+
+
+def spans_from_jaeger_json(payload: dict[str, Any]) -> Iterator[SpanRecord]:
+    """Spans of every trace in a ``/api/traces`` (or ``/api/traces/{id}``) response."""
+    errors = payload.get("errors")
+    if errors and not payload.get("data"):
+        raise SourceError(f"Jaeger answered with errors: {errors}")
+    for trace in payload.get("data") or ():
+        processes = trace.get("processes") or {}
+        for span in trace.get("spans") or ():
+            yield jaeger_span(span, processes)
+
+
+def _get_json(url: str, timeout: float) -> dict[str, Any]:
+    req = urllib.request.Request(url, headers={"Accept": "application/json"})
+    try:
+        with urllib.request.urlopen(req, timeout=timeout) as resp:  # noqa: S310 - the user's own Jaeger
+            body = resp.read()
+    except urllib.error.HTTPError as exc:
+        detail = exc.read()[:300].decode("utf-8", "replace")
+        raise SourceError(f"Jaeger at {url} answered HTTP {exc.code}: {detail}") from exc
+    except (urllib.error.URLError, TimeoutError, OSError) as exc:
+        reason = getattr(exc, "reason", exc)
+        raise SourceError(f"cannot reach Jaeger at {url}: {reason} (is it running? "
+                          "`services/jaeger/jaeger.sh start` starts a local one)") from exc
+    try:
+        data = json.loads(body)
+    except ValueError as exc:
+        raise SourceError(f"Jaeger at {url} did not answer JSON: {body[:200]!r}") from exc
+    if not isinstance(data, dict):
+        raise SourceError(f"unexpected answer from {url}: {str(data)[:200]}")
+    return data
+
+
+def read_jaeger(base_url: str = DEFAULT_JAEGER, service: str = DEFAULT_SERVICE, *, limit: int = 2000,
+                lookback_s: float = 3600.0, timeout: float = 30.0, now_s: float | None = None) -> list[SpanRecord]:
+    """Traces of ``service`` from the last ``lookback_s`` seconds, at most ``limit`` of them."""
+    base = base_url.rstrip("/")
+    if not base.startswith(("http://", "https://")):
+        raise SourceError(f"--jaeger wants an http(s) URL like {DEFAULT_JAEGER}, got {base_url!r}")
+    end_us = int((time.time() if now_s is None else now_s) * 1e6)
+    query = urllib.parse.urlencode({"service": service, "limit": limit,
+                                    "start": end_us - int(lookback_s * 1e6), "end": end_us})
+    payload = _get_json(f"{base}/api/traces?{query}", timeout)
+    spans = list(spans_from_jaeger_json(payload))
+    if not spans:
+        services = _get_json(f"{base}/api/services", timeout).get("data") or []
+        hint = f"services known: {', '.join(sorted(services))}" if services else "Jaeger knows no services yet"
+        raise SourceError(f"no traces for service {service!r} in the last {lookback_s:g} s at {base} ({hint})")
+    return spans
+
+
+def read_jaeger_trace(base_url: str, trace_id: str, *, timeout: float = 30.0) -> list[SpanRecord]:
+    return list(spans_from_jaeger_json(_get_json(f"{base_url.rstrip('/')}/api/traces/{trace_id}", timeout)))
+
+
+def count_processes(spans: Iterable[SpanRecord]) -> int:
+    from .model import is_process_span
+    return sum(1 for s in spans if is_process_span(s))
+
+
+__all__ = ["DEFAULT_JAEGER", "DEFAULT_SERVICE", "SourceError", "count_processes", "jaeger_span", "parse_duration",
+           "read_jaeger", "read_jaeger_trace", "read_jsonl", "spans_from_jaeger_json"]
