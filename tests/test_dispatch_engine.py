@@ -6,11 +6,12 @@ import collections
 import logging
 import random
 import threading
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Any
 
 import pytest
+from waiting import wait_until
 
 from tracer.clock import ManualClock
 from tracer.dispatch import (
@@ -26,18 +27,9 @@ from tracer.stages import Outcome, Stage
 WAIT = 10.0  # generous upper bound for anything that should happen "now"
 
 
-def poll(cond: Callable[[], bool], timeout: float = WAIT) -> None:
-    """Wait until ``cond()`` holds (checked every millisecond), or fail."""
-    pause = threading.Event()
-    for _ in range(int(timeout * 1000)):
-        if cond():
-            return
-        pause.wait(0.001)
-    raise AssertionError("condition not reached in time")
-
-
-def submitter_blocked(d: Dispatcher[Any], n: int = 1) -> bool:
-    return d._n_waiting >= n  # threads waiting inside the dispatcher (white-box, read only)
+def submitter_blocked(d: Dispatcher[Any]) -> bool:
+    """Someone waits inside the dispatcher: a submitter's pending entry, or a condition waiter."""
+    return d._pending is not None or d._n_waiting > 0  # white-box, read only
 
 
 class Gates:
@@ -139,7 +131,7 @@ def test_submit_blocks_when_all_slots_full_and_unblocks_when_one_frees() -> None
     accepted = threading.Event()
     t = threading.Thread(target=lambda: (d.submit("c"), accepted.set()))
     t.start()
-    poll(lambda: submitter_blocked(d))
+    wait_until(lambda: submitter_blocked(d))
     assert not accepted.is_set()
     assert not g.is_started("c")
     g.open("b")  # one slot frees
@@ -170,6 +162,65 @@ def test_next_message_goes_to_whichever_worker_frees_first() -> None:
     d.close()
 
 
+def test_blocked_submit_times_out_and_its_item_never_runs() -> None:
+    g = Gates()
+    d = Dispatcher(g.handler, workers=1)
+    d.submit(0)
+    g.wait_started(0)
+    assert d.submit(1, timeout=0.02) is False  # real 20 ms: a bounded wait that must expire
+    g.open(0, 1)
+    assert d.wait_idle(WAIT)
+    d.submit(2)
+    g.open(2)
+    d.close()
+    assert g.order == [0, 2]
+    assert d.stats.submitted == 2 == d.stats.handled
+
+
+def test_several_blocked_submitters_each_get_in_exactly_once() -> None:
+    g = Gates()
+    d = Dispatcher(g.handler, workers=1)
+    d.submit("first")
+    g.wait_started("first")
+    accepted: list[str] = []
+    threads = [threading.Thread(target=lambda n=n: (d.submit(n), accepted.append(n))) for n in ("a", "b", "c")]
+    for t in threads:
+        t.start()
+    wait_until(lambda: d._pending is not None and d._n_waiting == 2)
+    g.open("first", "a", "b", "c")
+    for t in threads:
+        t.join(WAIT)
+    d.close()
+    assert sorted(accepted) == ["a", "b", "c"]
+    assert sorted(g.order) == ["a", "b", "c", "first"]
+    assert d.stats.submitted == 4 == d.stats.handled
+
+
+@pytest.mark.parametrize("policy", [Aggressive(max_parked=2), CostAware(window=3), RoundRobin(buffer=1)])
+def test_concurrent_submitters_nothing_lost_or_run_twice(policy: Any) -> None:
+    lock = threading.Lock()
+    ran: collections.Counter[tuple[int, int]] = collections.Counter()
+
+    def handler(it: tuple[int, int]) -> None:
+        with lock:
+            ran[it] += 1
+
+    d = Dispatcher(handler, workers=3, policy=policy, key=lambda it: f"k{it[1] % 5}", cost=lambda it: it[1] % 4)
+
+    def feed(t: int) -> None:
+        for i in range(300):
+            d.submit((t, i))
+
+    threads = [threading.Thread(target=feed, args=(t,)) for t in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(WAIT)
+    d.close()
+    assert len(ran) == 1200 and set(ran.values()) == {1}
+    assert d.stats.submitted == 1200 == d.stats.handled
+
+
 def test_wait_for_free_slot_returns_when_a_worker_frees() -> None:
     g = Gates()
     d = Dispatcher(g.handler, workers=1)
@@ -178,7 +229,7 @@ def test_wait_for_free_slot_returns_when_a_worker_frees() -> None:
     got: list[bool] = []
     t = threading.Thread(target=lambda: got.append(d.wait_for_free_slot(WAIT)))
     t.start()
-    poll(lambda: submitter_blocked(d))
+    wait_until(lambda: submitter_blocked(d))
     g.open(1)
     t.join()
     assert got == [True] and d.free_slots() == 1
@@ -273,11 +324,14 @@ def test_cost_aware_window_full_blocks() -> None:
     g.wait_started(0)
     assert d.submit(1, timeout=0) and d.submit(2, timeout=0)
     assert d.submit(3, timeout=0) is False
-    g.open(0, 1, 2)
-    assert d.submit(3, timeout=WAIT)
-    g.open(3)
+    t = threading.Thread(target=d.submit, args=(3,))
+    t.start()
+    wait_until(lambda: submitter_blocked(d))
+    g.open(0, 1, 2, 3)
+    t.join(WAIT)
     d.close()
-    assert g.order == [0, 2, 1, 3]
+    # When 0 ends, 2 (the costliest waiting) starts and 3 enters the window at once; 3 then beats 1.
+    assert g.order == [0, 2, 3, 1]
 
 
 def test_round_robin_keeps_the_incident_behaviour() -> None:
@@ -289,7 +343,7 @@ def test_round_robin_keeps_the_incident_behaviour() -> None:
     g.wait_started(0, 1)
     g.open(1, 3, 5)
     d.wait_for_free_slot(0)
-    poll(lambda: d.stats.in_flight == 1)  # worker 1 went idle...
+    wait_until(lambda: d.stats.in_flight == 1)  # worker 1 went idle...
     assert not g.is_started(2)  # ...while 2 and 4 still wait behind 0 on worker 0
     assert d.submit(6, timeout=0) is False  # and the next target is worker 0 again
     g.open(0, 2, 4, 6)
@@ -386,7 +440,7 @@ def test_close_drains_queued_and_in_flight() -> None:
     g.wait_started(0)
     closer = threading.Thread(target=d.close)
     closer.start()
-    poll(lambda: d.closed)
+    wait_until(lambda: d.closed)
     with pytest.raises(DispatcherClosed):
         d.submit(99)
     g.open(*range(6))
@@ -408,7 +462,7 @@ def test_close_without_drain_skips_queued_and_finishes_in_flight() -> None:
     g.wait_started(0)
     closer = threading.Thread(target=lambda: d.close(drain=False))
     closer.start()
-    poll(lambda: len(got) == 3)  # 1, 2, 3 reported SKIPPED before the in-flight one finishes
+    wait_until(lambda: len(got) == 3)  # 1, 2, 3 reported SKIPPED before the in-flight one finishes
     assert got == [(1, Outcome.SKIPPED), (2, Outcome.SKIPPED), (3, Outcome.SKIPPED)]
     g.open(0)
     closer.join(WAIT)
@@ -435,7 +489,7 @@ def test_close_wakes_a_blocked_submitter_with_dispatcher_closed() -> None:
 
     t = threading.Thread(target=blocked)
     t.start()
-    poll(lambda: submitter_blocked(d))
+    wait_until(lambda: submitter_blocked(d))
     closer = threading.Thread(target=d.close)
     closer.start()
     t.join(WAIT)

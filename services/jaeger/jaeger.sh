@@ -19,7 +19,7 @@ BIN="${JAEGER_BIN:-$REPO/.cache/bin/jaeger}"
 CONFIG="${JAEGER_CONFIG:-$HERE/jaeger-config.yaml}"
 LOG="$STATE/jaeger.log"
 PIDFILE="$STATE/jaeger.pid"
-STAMP="$STATE/build.stamp"
+STAMP="$BIN.stamp"   # next to the binary: shared by all state dirs
 PKG="github.com/jaegertracing/jaeger/cmd/jaeger"
 
 export JAEGER_OTLP_GRPC_PORT="${JAEGER_OTLP_GRPC_PORT:-4317}"
@@ -98,6 +98,7 @@ cmd_start() {
         port_open "$p" && die "127.0.0.1:$p is already in use by another process"
     done
     : >"$LOG"
+    echo "$JAEGER_QUERY_PORT" >"$STATE/query_port"
     nohup setsid sh -c 'echo $$ >"$0"; exec "$@"' "$PIDFILE" \
         "$BIN" --config="$CONFIG" >>"$LOG" 2>&1 </dev/null &
     local deadline=$((SECONDS + ${JAEGER_START_TIMEOUT:-60}))
@@ -141,6 +142,7 @@ cmd_stop() {
 
 cmd_status() {
     if pid_alive; then
+        QUERY_URL="http://127.0.0.1:$(cat "$STATE/query_port" 2>/dev/null || echo "$JAEGER_QUERY_PORT")"
         if is_ready; then
             echo "running pid=$(cat "$PIDFILE") query=$QUERY_URL ready"
         else

@@ -79,6 +79,22 @@ class _Worker:
         self.thread: threading.Thread | None = None
 
 
+_WAITING, _TAKEN, _CLOSED = 0, 1, 2
+_ACCEPTED_BY_WORKER = -3  # _wait_admit: a worker accepted and handed over the pending entry
+
+
+class _Pending:
+    """The one entry a blocked submitter holds out: the first worker to free takes it directly."""
+
+    __slots__ = ("entry", "sig", "state")
+
+    def __init__(self, entry: Entry[object]) -> None:
+        self.entry = entry
+        self.sig = threading.Lock()
+        self.sig.acquire()  # released by whoever decides: a worker (taken) or close (closed)
+        self.state = _WAITING
+
+
 def exemplar_of(trace: MessageTraceLike) -> Mapping[str, str] | None:
     """The optional ``trace.exemplar()`` labels, if the trace offers them."""
     fn = getattr(trace, "exemplar", None)
@@ -129,6 +145,7 @@ class Dispatcher(Generic[T]):
         self._lock = threading.Lock()
         self._cond = threading.Condition(self._lock)
         self._n_waiting = 0  # threads waiting on _cond; workers notify only when > 0
+        self._pending: _Pending | None = None  # a blocked submitter's entry, taken by the next free worker
         self._closed = False
         self._stopping = False
         self._seq = 0
@@ -184,14 +201,8 @@ class Dispatcher(Generic[T]):
                 blocked = time.monotonic() - t0
                 if r == FULL:
                     return False
-            self._submitted += 1
-            if m is not None:
-                e.t_enq = self._now()
-            if trace is not None:
-                try:
-                    trace.mark(_ENQUEUE)
-                except Exception as exc:  # noqa: BLE001 - a tracing bug must not lose the message
-                    self._log("trace.mark", exc)
+            if r != _ACCEPTED_BY_WORKER:
+                self._accept_locked(e)
         if r >= 0:
             w = self._workers[r]
             w.entry = e
@@ -200,12 +211,34 @@ class Dispatcher(Generic[T]):
             m.submit_blocked.observe(blocked)
         return True
 
+    def _accept_locked(self, e: Entry[object]) -> None:
+        """Count ``e`` as submitted and stamp its enqueue (lock held, before any worker can see it)."""
+        self._submitted += 1
+        if self._m is not None:
+            e.t_enq = self._now()
+        trace = e.trace
+        if trace is not None:
+            try:
+                trace.mark(_ENQUEUE)
+            except Exception as exc:  # noqa: BLE001 - a tracing bug must not lose the message
+                self._log("trace.mark", exc)
+
     def _wait_admit(self, e: Entry[object], timeout: float | None) -> int:
-        """Called with the lock held after FULL: wait for room, closing, or the timeout."""
+        """Called with the lock held after FULL: wait for room, closing, or the timeout.
+
+        The first blocked submitter leaves its entry in the pending box and sleeps on its own
+        lock; the next worker to free admits it under the engine lock (runs it itself when the
+        policy picks it, without going idle) and wakes the submitter — one wake per message
+        instead of two. Further blocked submitters wait on the condition for the box.
+        Returns a worker index / QUEUED (the caller hands over), ``_ACCEPTED_BY_WORKER``
+        (all done), or FULL (timed out).
+        """
         deadline = None if timeout is None else time.monotonic() + timeout
-        self._n_waiting += 1
-        try:
-            while True:
+        while True:
+            if self._pending is None:
+                return self._wait_pending(e, deadline)
+            self._n_waiting += 1
+            try:
                 if deadline is None:
                     self._cond.wait()
                 else:
@@ -213,15 +246,61 @@ class Dispatcher(Generic[T]):
                     if remaining <= 0:
                         return FULL
                     self._cond.wait(remaining)
-                if self._closed:
-                    raise DispatcherClosed(f"dispatcher {self._name!r} closed while submit was blocked")
-                e.seq = self._seq
-                self._seq += 1
-                r = self._sched.admit(e)
-                if r != FULL:
-                    return r
+            finally:
+                self._n_waiting -= 1
+            if self._closed:
+                raise DispatcherClosed(f"dispatcher {self._name!r} closed while submit was blocked")
+            e.seq = self._seq
+            self._seq += 1
+            r = self._sched.admit(e)
+            if r != FULL:
+                return r
+
+    def _wait_pending(self, e: Entry[object], deadline: float | None) -> int:
+        p = _Pending(e)
+        self._pending = p
+        lock = self._lock
+        lock.release()
+        try:
+            if deadline is None:
+                p.sig.acquire()
+            else:
+                p.sig.acquire(True, max(0.0, deadline - time.monotonic()))
         finally:
-            self._n_waiting -= 1
+            lock.acquire()
+        if p.state == _TAKEN:
+            return _ACCEPTED_BY_WORKER
+        if p.state == _CLOSED:
+            raise DispatcherClosed(f"dispatcher {self._name!r} closed while submit was blocked")
+        self._pending = None  # timed out: withdraw it, and let another blocked submitter use the box
+        if self._n_waiting:
+            self._cond.notify_all()
+        return FULL
+
+    def _take_pending_locked(self, index: int) -> Entry[object] | None:
+        """A worker changed the policy's state: admit the pending entry if there is room now.
+
+        Returns the entry when the policy gave it to worker ``index`` itself (it runs it next).
+        """
+        p = self._pending
+        assert p is not None
+        pe = p.entry
+        pe.seq = self._seq
+        self._seq += 1
+        r = self._sched.admit(pe)
+        if r == FULL:
+            return None
+        self._pending = None
+        self._accept_locked(pe)
+        p.state = _TAKEN
+        p.sig.release()
+        if r == index:
+            return pe
+        if r >= 0:
+            w = self._workers[r]
+            w.entry = pe
+            w.wake.release()
+        return None
 
     def free_slots(self) -> int:
         """How many (unkeyed) messages ``submit`` would take now without blocking; 0 once closed.
@@ -317,6 +396,10 @@ class Dispatcher(Generic[T]):
                         self._timed_out += 1
                     w.current = None
                     e = sched.done(index, e)
+                    if self._pending is not None:
+                        mine = self._take_pending_locked(index)
+                        if mine is not None:
+                            e = mine
                     if self._n_waiting:
                         self._cond.notify_all()
                     if e is None and self._stopping:
@@ -410,6 +493,11 @@ class Dispatcher(Generic[T]):
         deadline = None if timeout is None else time.monotonic() + timeout
         with self._lock:
             self._closed = True
+            p = self._pending
+            if p is not None:
+                self._pending = None
+                p.state = _CLOSED
+                p.sig.release()
             if self._n_waiting:
                 self._cond.notify_all()
             skipped = [] if drain else self._sched.take_queued()

@@ -2,9 +2,10 @@
 
 from __future__ import annotations
 
+import os
 from typing import Any
 
-from ..stages import GAP_BY_NAME, GAPS
+from ..stages import GAPS
 from .model import PRODUCED_LATE, SPLIT_PARTS, GroupStats, Report
 
 STAGE_STYLE = {PRODUCED_LATE: "grey50", "send": "grey62", "broker_wait": "sky_blue2", "client_buffer": "orange1",
@@ -37,21 +38,37 @@ def _split_bar(split: dict[str, float], width: int = 40) -> Any:
     return bar
 
 
-def job_table(report: Report) -> Any:
+def _table(title: str) -> Any:
+    from rich import box
     from rich.table import Table
-    t = Table(title="Job view: completion against the lower bound, and the message that finished last",
-              title_justify="left", expand=False)
-    for col, just in (("group", "left"), ("job", "left"), ("msgs", "right"), ("workers", "right"),
-                      ("completion", "right"), ("lower bound", "right"), ("× LB", "right"), ("busy", "right"),
-                      ("last message", "left"), ("waited for worker", "right"), ("worked", "right")):
-        t.add_column(col, justify=just)  # type: ignore[arg-type]
-    for g in report.groups:
-        for j in g.jobs:
-            c = j.critical
-            t.add_row(g.group, j.job_id, str(j.messages), f"{j.workers}{'*' if g.workers_source == 'inferred' else ''}",
-                      seconds(j.completion_s), seconds(j.lower_bound_s),
-                      f"{j.over_lb:.2f}" if j.over_lb else "—", f"{j.occupancy:.0%}",
-                      c.message.message_id, seconds(c.waiting_s), seconds(c.working_s))
+    return Table(title=title, title_justify="left", title_style="bold", box=box.SIMPLE_HEAD, pad_edge=False)
+
+
+def job_table(report: Report) -> Any:
+    """One column per group and job, side by side."""
+    jobs = [(g, j) for g in report.groups for j in g.jobs]
+    t = _table("Job view: completion against the lower bound, and the message that finished last")
+    t.add_column("", style="dim")
+    for g, j in jobs:
+        t.add_column(g.group if len(g.jobs) == 1 else f"{g.group} / {j.job_id}", justify="right")
+    inferred = {g.group for g in report.groups if g.workers_source == "inferred"}
+    rows: list[tuple[str, list[str]]] = [
+        ("job", [j.job_id for _, j in jobs]),
+        ("messages", [str(j.messages) for _, j in jobs]),
+        ("workers", [f"{j.workers}{'*' if g.group in inferred else ''}" for g, j in jobs]),
+        ("completion", [f"[bold]{seconds(j.completion_s)}[/]" for _, j in jobs]),
+        ("lower bound", [seconds(j.lower_bound_s) for _, j in jobs]),
+        ("× lower bound", [(f"[{'red' if (j.over_lb or 0) > 1.25 else 'green'}]{j.over_lb:.2f}[/]"
+                            if j.over_lb else "—") for _, j in jobs]),
+        ("workers busy", [f"{j.occupancy:.0%}" for _, j in jobs]),
+        ("finished last", [j.critical.message.keys or j.critical.message.message_id[-12:] for _, j in jobs]),
+        ("  not yet produced", [seconds(j.critical.split_s[PRODUCED_LATE]) for _, j in jobs]),
+        ("  in the broker", [seconds(j.critical.broker_s) for _, j in jobs]),
+        ("  waiting for worker", [seconds(j.critical.waiting_s) for _, j in jobs]),
+        ("  working", [seconds(j.critical.working_s) for _, j in jobs]),
+    ]
+    for label, cells in rows:
+        t.add_row(label, *cells)
     return t
 
 
@@ -61,47 +78,61 @@ def critical_lines(report: Report) -> list[Any]:
     for g in report.groups:
         for j in g.jobs:
             c = j.critical
-            head = Text(f"{g.group} / {j.job_id}: ", style="bold")
-            head.append(f"{c.message.message_id} ({c.message.keys or 'no keys'}) — {c.verdict}")
+            m = c.message
+            head = Text(f"{g.group}" + (f" / {j.job_id}" if len(g.jobs) > 1 else "") + ": ", style="bold")
+            head.append(f"{m.message_id}{f' ({m.keys})' if m.keys else ''} finished last, {c.verdict}")
             lines.append(head)
             row = Text("  ")
-            row.append_text(_split_bar(c.split_s))
+            row.append_text(_split_bar(c.split_s, 30))
             row.append("  " + " · ".join(f"{p} {seconds(c.split_s[p])}" for p in SPLIT_PARTS if c.split_s[p] > 0))
             lines.append(row)
     return lines
 
 
+def short_names(names: list[str]) -> list[str]:
+    """Group names without the prefix they all share up to a ``-``, ``.`` or ``_`` (``demo-``)."""
+    if len(names) < 2:
+        return names
+    prefix = os.path.commonprefix(names)
+    cut = max(prefix.rfind(c) for c in "-._") + 1
+    short = [n[cut:] for n in names]
+    return short if all(short) else names
+
+
 def stage_table(report: Report) -> Any:
-    from rich.table import Table
-    t = Table(title="Stage gaps: p50 / p95 / p99 / max (share of path time)", title_justify="left")
+    t = _table("Stage gaps: percentiles (nearest rank) and share of path time")
     t.add_column("gap")
-    t.add_column("meaning", style="dim")
-    for g in report.groups:
-        t.add_column(g.group, justify="right")
+    if len(report.groups) > 1:
+        t.add_column("group")
+    for col in ("p50", "p95", "p99", "max", "share"):
+        t.add_column(col, justify="right")
+    names = short_names([g.group for g in report.groups])
     for gap in GAPS:
-        cells = []
-        for g in report.groups:
+        for i, g in enumerate(report.groups):
             s = g.stages[gap.name]
-            if not s.count:
-                cells.append("—")
-                continue
-            share = f" ({s.share:.0%})" if gap.name != "end_to_end" else ""
-            cells.append(" / ".join(seconds(v) for v in (s.p50, s.p95, s.p99, s.max)) + share)
-        t.add_row(gap.name, gap.meaning, *cells)
+            label = f"[{STAGE_STYLE.get(gap.name, 'bold')}]{gap.name}[/]" if i == 0 else ""
+            share = f"{s.share:.0%}" if gap.name != "end_to_end" else ""
+            vals = [seconds(v) for v in (s.p50, s.p95, s.p99, s.max)] if s.count else ["—"] * 4
+            t.add_row(label, *([names[i]] if len(report.groups) > 1 else []), *vals, share,
+                      end_section=i == len(report.groups) - 1)
     return t
 
 
-def slowest_table(g: GroupStats) -> Any:
-    from rich.table import Table
-    t = Table(title=f"Slowest messages of {g.group} (end to end) and their largest stage", title_justify="left")
-    for col, just in (("#", "right"), ("message", "left"), ("keys", "left"), ("job", "left"),
-                      ("worker", "right"), ("end to end", "right"), ("largest stage", "left"), ("", "right")):
-        t.add_column(col, justify=just)  # type: ignore[arg-type]
+def slowest_table(g: GroupStats, width: int = 120) -> Any:
+    """Keys and job columns only when they say something and the terminal has room."""
+    t = _table(f"Slowest messages of {g.group} (end to end) and their largest stage")
+    show_keys = width >= 96 and any(r.keys for r in g.slowest)
+    show_job = len(g.jobs) > 1
+    cols = ["#", "message"] + (["keys"] if show_keys else []) + (["job"] if show_job else []) + \
+        ["worker", "end to end", "largest stage"]
+    for col in cols:
+        t.add_column(col, justify="left" if col in ("message", "keys", "job", "largest stage") else "right",
+                     no_wrap=col in ("message", "largest stage"))
     for i, r in enumerate(g.slowest, 1):
         crit = r.critical_stage
-        t.add_row(str(i), r.message_id, r.keys, r.job_id, "—" if r.worker is None else str(r.worker),
-                  seconds(r.total_s), f"[{STAGE_STYLE.get(crit, '')}]{crit}[/]" if crit else "—",
-                  seconds(r.gap_s(crit)) if crit else "")
+        t.add_row(str(i), r.message_id, *([r.keys or "—"] if show_keys else []), *([r.job_id] if show_job else []),
+                  "—" if r.worker is None else str(r.worker), seconds(r.total_s),
+                  f"[{STAGE_STYLE.get(crit, '')}]{crit}[/] {seconds(r.gap_s(crit))}" if crit else "—")
     return t
 
 
@@ -118,7 +149,7 @@ def notes(report: Report) -> list[str]:
 
 def render(report: Report, console: Any, *, top: int = 10) -> None:
     console.print(f"[bold]rmqtrace report[/] — {report.source}: {report.messages} messages in "
-                  f"{len(report.groups)} group(s), {report.spans} spans")
+                  f"{len(report.groups)} group(s), {report.spans} spans", soft_wrap=True)
     console.print(job_table(report))
     for line in critical_lines(report):
         console.print(line)
@@ -126,13 +157,11 @@ def render(report: Report, console: Any, *, top: int = 10) -> None:
     console.print(stage_table(report))
     if top > 0:
         for g in report.groups:
-            console.print(slowest_table(g))
+            console.print(slowest_table(g, console.width))
     for n in notes(report):
         console.print(f"[dim]{n}[/]")
     legend = " ".join(f"[{STAGE_STYLE[p]}]█[/] {p}" for p in SPLIT_PARTS)
     console.print(f"[dim]stages:[/] {legend}")
-    console.print(f"[dim]{GAP_BY_NAME['dispatch_wait'].name}: {GAP_BY_NAME['dispatch_wait'].meaning}; "
-                  f"{GAP_BY_NAME['client_buffer'].name}: {GAP_BY_NAME['client_buffer'].meaning}[/]")
 
 
 __all__ = ["job_table", "render", "seconds", "slowest_table", "stage_table"]

@@ -1,0 +1,139 @@
+"""``rmqtrace report``: the terminal summary, ``--html``, ``--png`` and ``--json`` over recorded spans."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import tempfile
+from pathlib import Path
+from typing import Any
+
+DEFAULT_SPANS = Path("rmqtrace-out") / "spans.jsonl"
+
+DESCRIPTION = """\
+Where did the time go, per message and per job?
+
+Reads the consumer spans rmqtrace wrote — a JSON-lines file (the demo's and the embedded mode's
+OUT/spans.jsonl) or a Jaeger query service — and shows, per consumer group (the demo runs one
+group per dispatch policy, shown side by side):
+
+  job view     completion time against the lower bound max(total handler time / workers,
+               longest message), and the message that finished last with its time split
+               across stages: was it waiting for a worker, or working?
+  stage gaps   p50 / p95 / p99 / max of send, broker_wait, client_buffer, dispatch_wait,
+               handler and end_to_end
+  slowest      the N slowest messages and their largest stage
+
+--html writes one self-contained page (opens offline) with a per-message waterfall, a
+dispatch-wait heatmap and worker occupancy over time; --png a screenshot of it (needs Chromium).
+"""
+
+EPILOG = """\
+examples:
+  rmqtrace report                                  # rmqtrace-out/spans.jsonl (or $RMQTRACE_SPANS_FILE)
+  rmqtrace report spans.jsonl --html report.html --png report.png
+  rmqtrace report --jaeger http://127.0.0.1:16686 --service rmqtrace --lookback 2h
+  rmqtrace report spans.jsonl --group demo-round_robin --job job-1 --top 20
+  rmqtrace report spans.jsonl --json | jq '.groups[].jobs[].over_lb'
+
+exit status: 0 report written; 1 no spans or the source failed; 2 bad arguments.
+"""
+
+
+def add_cli(subparsers: Any) -> argparse.ArgumentParser:
+    """Register ``report`` on the ``rmqtrace`` parser's subparsers."""
+    from .sources import DEFAULT_JAEGER, DEFAULT_SERVICE
+
+    p: argparse.ArgumentParser = subparsers.add_parser(
+        "report", help="where the time went, per message and per job: terminal, HTML, PNG or JSON",
+        description=DESCRIPTION, epilog=EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("spans", nargs="?", metavar="SPANS.jsonl",
+                   help=f"JSON-lines span file (default: $RMQTRACE_SPANS_FILE or {DEFAULT_SPANS})")
+    src = p.add_argument_group("reading from Jaeger instead of a file")
+    src.add_argument("--jaeger", metavar="URL", nargs="?", const=DEFAULT_JAEGER,
+                     help=f"Jaeger query service (HTTP API), e.g. {DEFAULT_JAEGER}")
+    src.add_argument("--service", default=os.environ.get("OTEL_SERVICE_NAME") or DEFAULT_SERVICE,
+                     help=f"service whose traces to read (default $OTEL_SERVICE_NAME or {DEFAULT_SERVICE})")
+    src.add_argument("--limit", type=int, default=2000, help="at most this many traces (default 2000; one per message)")
+    src.add_argument("--lookback", default="1h", help="how far back to search: 30m, 1h, 2d … (default 1h)")
+    src.add_argument("--timeout", type=float, default=30.0, help="HTTP timeout in seconds (default 30)")
+    sel = p.add_argument_group("what to show")
+    sel.add_argument("--group", metavar="G", help="only this consumer group (the demo's are demo-<policy>)")
+    sel.add_argument("--job", metavar="J", help="only messages with this rmqtrace.job.id")
+    sel.add_argument("--top", type=int, default=10, metavar="N", help="slowest messages to list per group (default 10)")
+    sel.add_argument("--workers", type=int, default=None, metavar="N",
+                     help="workers per group for the lower bound (default: distinct rmqtrace.worker values, else "
+                          "the peak number of concurrent handlers)")
+    out = p.add_argument_group("output")
+    out.add_argument("--html", metavar="FILE", help="write the self-contained HTML report here")
+    out.add_argument("--png", metavar="FILE", help="write a screenshot of the HTML report (headless Chromium)")
+    out.add_argument("--json", action="store_true", help="print the report as one JSON object instead of tables")
+    p.set_defaults(func=cmd_report)
+    return p
+
+
+def _fail(msg: str, code: int = 1) -> int:
+    print(f"rmqtrace report: {msg}", file=sys.stderr)
+    return code
+
+
+def cmd_report(args: argparse.Namespace) -> int:
+    from .model import build_report
+    from .sources import SourceError, parse_duration, read_jaeger, read_jsonl
+
+    if args.spans and args.jaeger:
+        return _fail("give either a spans file or --jaeger, not both", 2)
+    if args.top < 0 or args.limit < 1 or (args.workers is not None and args.workers < 1):
+        return _fail("--top must be >= 0, --limit and --workers >= 1", 2)
+    try:
+        if args.jaeger:
+            try:
+                lookback = parse_duration(args.lookback)
+            except ValueError as exc:
+                return _fail(str(exc), 2)
+            spans = read_jaeger(args.jaeger, args.service, limit=args.limit, lookback_s=lookback,
+                                timeout=args.timeout)
+            source = f"Jaeger {args.jaeger} service {args.service}"
+        else:
+            path = Path(args.spans or os.environ.get("RMQTRACE_SPANS_FILE") or DEFAULT_SPANS)
+            spans = read_jsonl(path)
+            source = f"spans file {path}"
+    except SourceError as exc:
+        return _fail(str(exc))
+    report = build_report(spans, group=args.group, job=args.job, top=args.top, workers=args.workers, source=source)
+    if not report.groups:
+        what = " and ".join(f"{k} {v!r}" for k, v in (("group", args.group), ("job", args.job)) if v)
+        return _fail(f"no consumer spans (`process …`) among {len(spans)} spans from {source}"
+                     + (f" for {what}" if what else ""))
+
+    html_path: Path | None = Path(args.html) if args.html else None
+    if args.png and html_path is None:
+        html_path = Path(tempfile.mkdtemp(prefix="rmqtrace-report-")) / "report.html"
+    if html_path is not None:
+        from .html import write_html
+        write_html(report, html_path)
+    if args.json:
+        print(json.dumps(report.as_dict(), default=str))
+    else:
+        from rich.console import Console
+
+        from .terminal import render
+        render(report, Console(highlight=False), top=args.top)
+    info = sys.stderr if args.json else sys.stdout
+    if args.html:
+        print(f"html: open {Path(args.html).resolve().as_uri()}", file=info)
+    if args.png:
+        from .html import estimate_height
+        from .png import PngError, screenshot
+        assert html_path is not None
+        try:
+            png = screenshot(html_path, args.png, height=estimate_height(report))
+        except PngError as exc:
+            return _fail(str(exc))
+        print(f"png: {png}", file=info)
+    return 0
+
+
+__all__ = ["add_cli", "cmd_report"]

@@ -1,0 +1,585 @@
+"""The report as one self-contained HTML page: inline CSS and SVG drawn here, no script, no network.
+
+Sections (stable ids, one column per consumer group side by side, every chart on the same time
+axis so policies compare at a glance):
+
+* ``#job-view`` — completion against the lower bound, and the message that finished last with
+  its stage split;
+* ``#stages`` — p50/p95/p99/max of every gap;
+* ``#waterfall`` — one row per message (sorted by start) with a coloured segment per stage;
+* ``#heatmap`` — messages by when their dispatch wait began (x) and how long it was (y, log);
+* ``#occupancy`` — handlers running over time;
+* ``#slowest`` — the slowest messages and their largest stage.
+
+Hovering any row or cell shows its numbers (SVG ``<title>``).
+"""
+
+from __future__ import annotations
+
+import datetime as _dt
+import math
+from html import escape
+from pathlib import Path
+from typing import Sequence
+
+from ..stages import GAP_BY_NAME, GAPS, PATH_GAPS
+from ..stamps import timeline
+from .model import PRODUCED_LATE, SPLIT_PARTS, GroupStats, Heatmap, MessageRecord, Report, build_report
+
+MAX_ROWS = 300
+STAGE_COLOR = {PRODUCED_LATE: "#d9d9d9", "send": "#9e9e9e", "broker_wait": "#56b4e9", "client_buffer": "#e69f00",
+               "dispatch_wait": "#d55e00", "handler": "#009e73"}
+STAGE_LABEL = {PRODUCED_LATE: "not yet produced", "send": "send", "broker_wait": "broker wait",
+               "client_buffer": "client buffer", "dispatch_wait": "dispatch wait", "handler": "handler"}
+HEAT = ("#f7fcfd", "#bfd3e6", "#8c96c6", "#8c6bb1", "#88419d", "#4d004b")  # light → dark, for counts
+EMPTY_CELL = "#f1f1f1"
+CHART_W = 640  # SVG user units; every chart scales to its column's width
+
+CSS = """
+:root { --fg:#1d1d1f; --muted:#5f6368; --line:#d0d4da; --bg:#ffffff; --card:#f7f8fa; }
+* { box-sizing: border-box; }
+body { margin: 0; padding: 20px 28px 40px; font: 14px/1.45 system-ui, -apple-system, "Segoe UI", Roboto,
+       "DejaVu Sans", sans-serif; color: var(--fg); background: var(--bg); }
+h1 { font-size: 22px; margin: 0 0 4px; } h2 { font-size: 18px; margin: 28px 0 6px; border-bottom: 1px solid var(--line);
+padding-bottom: 4px; } h3 { font-size: 15px; margin: 0 0 8px; }
+.meta, .help, .note { color: var(--muted); } .help { margin: 0 0 10px; max-width: 1100px; }
+.note { font-size: 12.5px; margin: 6px 0 0; }
+nav a { margin-right: 14px; color: #1a5fb4; text-decoration: none; } nav a:hover { text-decoration: underline; }
+.legend { margin: 10px 0 0; display: flex; flex-wrap: wrap; gap: 6px 16px; font-size: 13px; }
+.sw { display: inline-block; width: 12px; height: 12px; border-radius: 2px; vertical-align: -1px; margin-right: 5px; }
+.cols { display: grid; grid-template-columns: repeat(auto-fit, minmax(360px, 1fr)); gap: 16px; align-items: start; }
+.card { background: var(--card); border: 1px solid var(--line); border-radius: 8px; padding: 12px 14px; min-width: 0; }
+.card svg { display: block; width: 100%; height: auto; }
+.big { font-size: 26px; font-weight: 650; } .big small { font-size: 14px; font-weight: 400; color: var(--muted); }
+.bad { color: #b3261e; } .ok { color: #1e7a34; }
+.verdict { margin: 8px 0; padding: 6px 10px; border-left: 4px solid #d55e00; background: #fff; }
+table { border-collapse: collapse; font-size: 13px; font-variant-numeric: tabular-nums; }
+th, td { padding: 3px 8px; border-bottom: 1px solid var(--line); text-align: right; white-space: nowrap; }
+th { background: #eef0f3; font-weight: 600; } td.l, th.l { text-align: left; }
+table.kv td:first-child { text-align: left; color: var(--muted); }
+table.wide { width: 100%; }
+.mono { font-family: ui-monospace, "DejaVu Sans Mono", monospace; font-size: 12px; }
+svg text { font: 11px system-ui, "DejaVu Sans", sans-serif; fill: #3c4043; }
+svg .axis line, svg .grid { stroke: #c4c7cc; stroke-width: 0.6; }
+svg .mark { stroke-width: 1.2; }
+footer { margin-top: 30px; color: var(--muted); font-size: 12.5px; max-width: 1100px; }
+"""
+
+
+# -- small helpers ---------------------------------------------------------------------------
+def fmt_s(v: float | None) -> str:
+    if v is None:
+        return "—"
+    if v == 0:
+        return "0"
+    if v < 0.001:
+        return f"{v * 1e6:.0f} µs"
+    if v < 1:
+        return f"{v * 1e3:.1f} ms"
+    return f"{v:.2f} s"
+
+
+def _n(v: float) -> str:
+    """A compact SVG coordinate."""
+    return f"{v:.2f}".rstrip("0").rstrip(".") if v != int(v) else str(int(v))
+
+
+def nice_ticks(limit: float, target: int = 6) -> list[float]:
+    """Round tick values from 0 to ``limit``."""
+    if limit <= 0:
+        return [0.0]
+    raw = limit / target
+    mag = 10 ** math.floor(math.log10(raw))
+    step = next(m * mag for m in (1, 2, 2.5, 5, 10) if m * mag >= raw)
+    n = int(limit / step + 1e-9)
+    return [round(i * step, 10) for i in range(n + 1)]
+
+
+def _tick_label(v: float) -> str:
+    return f"{v:g} s"
+
+
+def _heat_color(count: int, top: int) -> str:
+    if count <= 0:
+        return EMPTY_CELL
+    if top <= 1:
+        return HEAT[-1]
+    x = math.log(count) / math.log(top)  # 1 → lightest non-empty, top → darkest
+    pos = 1 + x * (len(HEAT) - 2)
+    i = min(len(HEAT) - 2, int(pos))
+    return _mix(HEAT[i], HEAT[i + 1], pos - i)
+
+
+def _mix(a: str, b: str, t: float) -> str:
+    ca = [int(a[i:i + 2], 16) for i in (1, 3, 5)]
+    cb = [int(b[i:i + 2], 16) for i in (1, 3, 5)]
+    return "#" + "".join(f"{round(x + (y - x) * t):02x}" for x, y in zip(ca, cb))
+
+
+def _wait_label(v: float) -> str:
+    if v == 0:
+        return "0"
+    if v < 1e-3:
+        return f"{v * 1e6:g} µs"
+    if v < 1:
+        return f"{v * 1e3:g} ms"
+    return f"{v:g} s"
+
+
+def _legend() -> str:
+    return '<div class="legend">' + "".join(
+        f'<span><span class="sw" style="background:{STAGE_COLOR[p]}"></span>{STAGE_LABEL[p]}'
+        f'{" — " + escape(GAP_BY_NAME[p].meaning) if p in GAP_BY_NAME else " — produced after the job began"}</span>'
+        for p in SPLIT_PARTS) + "</div>"
+
+
+class _X:
+    """Seconds since the group's start → SVG x."""
+
+    def __init__(self, axis_s: float, left: float, width: float) -> None:
+        self.axis_s = axis_s or 1.0
+        self.left = left
+        self.width = width
+
+    def __call__(self, t_s: float) -> float:
+        return self.left + max(0.0, min(1.0, t_s / self.axis_s)) * self.width
+
+
+def _axis(x: _X, y: float, height_above: float) -> list[str]:
+    out = ['<g class="axis">', f'<line x1="{_n(x.left)}" y1="{_n(y)}" x2="{_n(x.left + x.width)}" y2="{_n(y)}"/>']
+    for t in nice_ticks(x.axis_s):
+        px = x(t)
+        out.append(f'<line class="grid" x1="{_n(px)}" y1="{_n(y - height_above)}" x2="{_n(px)}" y2="{_n(y + 4)}"/>')
+        out.append(f'<text x="{_n(px)}" y="{_n(y + 15)}" text-anchor="middle">{_tick_label(t)}</text>')
+    out.append("</g>")
+    return out
+
+
+# -- job view --------------------------------------------------------------------------------
+def _split_svg(split: dict[str, float], total: float) -> str:
+    w, h = CHART_W, 26
+    x = 0.0
+    parts = []
+    scale = w / total if total else 0.0
+    for p in SPLIT_PARTS:
+        seg = split.get(p, 0.0) * scale
+        if seg <= 0:
+            continue
+        parts.append(f'<rect x="{_n(x)}" y="0" width="{_n(max(seg, 0.8))}" height="{h}" fill="{STAGE_COLOR[p]}">'
+                     f'<title>{STAGE_LABEL[p]}: {fmt_s(split[p])}</title></rect>')
+        if seg > 70:
+            parts.append(f'<text x="{_n(x + 4)}" y="17" style="fill:#fff;font-weight:600">{fmt_s(split[p])}</text>')
+        x += seg
+    return (f'<svg class="split" viewBox="0 0 {w} {h}" role="img" aria-label="critical path split">'
+            + "".join(parts) + "</svg>")
+
+
+def _compare_svg(report: Report) -> str:
+    """Completion (bar) against the lower bound (tick) for every job, on one scale."""
+    jobs = [(g, j) for g in report.groups for j in g.jobs]
+    top = max([j.completion_s for _, j in jobs] + [j.lower_bound_s for _, j in jobs] + [1e-9])
+    label_w, row_h = 190, 26
+    x = _X(top * 1.05, label_w, CHART_W + 200 - label_w - 70)
+    h = len(jobs) * row_h + 30
+    out = [f'<svg id="compare" viewBox="0 0 {CHART_W + 200} {h}" role="img" aria-label="completion vs lower bound">']
+    for i, (g, j) in enumerate(jobs):
+        y = i * row_h + 4
+        ratio = f"{j.over_lb:.2f}× LB" if j.over_lb else ""
+        out.append(f'<text x="0" y="{y + 15}">{escape(g.group)}{" / " + escape(j.job_id) if len(g.jobs) > 1 else ""}'
+                   "</text>")
+        out.append(f'<rect class="completion" x="{label_w}" y="{y + 3}" width="{_n(x(j.completion_s) - label_w)}" '
+                   f'height="{row_h - 10}" fill="#5b6b82"><title>completion {fmt_s(j.completion_s)}</title></rect>')
+        lb = x(j.lower_bound_s)
+        out.append(f'<line class="mark" x1="{_n(lb)}" y1="{y}" x2="{_n(lb)}" y2="{y + row_h - 4}" stroke="#d55e00" '
+                   f'stroke-width="3"><title>lower bound {fmt_s(j.lower_bound_s)}</title></line>')
+        out.append(f'<text x="{_n(x(j.completion_s) + 6)}" y="{y + 15}">{fmt_s(j.completion_s)} · {ratio}</text>')
+    out += _axis(x, len(jobs) * row_h + 8, len(jobs) * row_h + 4)
+    out.append("</svg>")
+    return "".join(out)
+
+
+def _job_card(g: GroupStats) -> str:
+    out = [f'<div class="card" data-group="{escape(g.group)}"><h3>{escape(g.group)}</h3>']
+    wsrc = {"attribute": "from rmqtrace.worker", "inferred": "inferred: peak concurrent handlers",
+            "given": "given with --workers"}[g.workers_source]
+    for j in g.jobs:
+        c = j.critical
+        m = c.message
+        ratio = j.over_lb or 0.0
+        cls = "bad" if ratio > 1.25 else "ok"
+        out.append(f'<div class="job" data-job="{escape(j.job_id)}">')
+        out.append(f'<div class="big">{fmt_s(j.completion_s)} <small>to finish job {escape(j.job_id)} · lower bound '
+                   f'{fmt_s(j.lower_bound_s)} · </small><span class="{cls}">{ratio:.2f}× LB</span></div>')
+        out.append('<table class="kv">')
+        rows = [
+            ("messages", f"{j.messages}"),
+            ("workers", f"{j.workers} ({wsrc})"),
+            ("workers busy", f"{j.occupancy:.0%} of workers × completion"),
+            ("total handler time", f"{fmt_s(j.total_handler_s)} → / {j.workers} workers = "
+                                   f"{fmt_s(j.total_handler_s / j.workers if j.workers else 0)}"),
+            ("longest message", f"{fmt_s(j.longest_handler_s)} ({escape(j.longest_message_id)})"),
+            ("finished last", f'<span class="mono">{escape(m.message_id)}</span> {escape(m.keys)}'
+                              f'{"" if m.worker is None else f" · worker {m.worker}"}'),
+        ]
+        out += [f"<tr><td>{k}</td><td class='l'>{v}</td></tr>" for k, v in rows]
+        out.append("</table>")
+        out.append('<p class="note">Where the job\'s time went on the path of the message that finished last:</p>')
+        out.append(_split_svg(c.split_s, j.completion_s))
+        out.append('<div class="note">' + " · ".join(
+            f'<span class="sw" style="background:{STAGE_COLOR[p]}"></span>{STAGE_LABEL[p]} {fmt_s(c.split_s[p])}'
+            for p in SPLIT_PARTS if c.split_s[p] > 0) + "</div>")
+        out.append(f'<div class="verdict">{escape(c.verdict)}</div></div>')
+    out.append("</div>")
+    return "".join(out)
+
+
+def _job_view(report: Report) -> str:
+    return ('<section id="job-view"><h2>Job view</h2><p class="help">Completion = first produce → last handler end. '
+            "Lower bound (LB) = max(total handler time ÷ workers, longest message): no schedule on these workers "
+            "finishes sooner. The split shows the message that finished last: was it waiting for a worker, "
+            "or working?</p>" + _compare_svg(report)
+            + '<div class="cols">' + "".join(_job_card(g) for g in report.groups) + "</div></section>")
+
+
+# -- stage table -----------------------------------------------------------------------------
+def _stages(report: Report) -> str:
+    head = "".join(f'<th colspan="5">{escape(g.group)}</th>' for g in report.groups)
+    sub = "".join("<th>p50</th><th>p95</th><th>p99</th><th>max</th><th>share</th>" for _ in report.groups)
+    rows = []
+    for gap in GAPS:
+        cells = []
+        for g in report.groups:
+            s = g.stages[gap.name]
+            cells += [fmt_s(s.p50), fmt_s(s.p95), fmt_s(s.p99), fmt_s(s.max),
+                      f"{s.share:.0%}" if gap in PATH_GAPS else ""]
+        sw = f'<span class="sw" style="background:{STAGE_COLOR.get(gap.name, "#444")}"></span>'
+        rows.append(f'<tr><td class="l">{sw}{gap.name}</td><td class="l note">{escape(gap.meaning)}</td>'
+                    + "".join(f"<td>{c}</td>" for c in cells) + "</tr>")
+    return ('<section id="stages"><h2>Stage gaps</h2><p class="help">Per gap between stamps: percentiles (nearest '
+            "rank) and the share of all path time (send … handler) it took.</p>"
+            f'<div style="overflow-x:auto"><table class="wide"><tr><th class="l" rowspan="2">gap</th>'
+            f'<th class="l" rowspan="2">meaning</th>{head}</tr><tr>{sub}</tr>{"".join(rows)}</table></div></section>')
+
+
+# -- waterfall -------------------------------------------------------------------------------
+def sample_rows(g: GroupStats, max_rows: int) -> list[MessageRecord]:
+    """All messages when they fit; else the last finisher of each job, the slowest, and an even
+    sample of the rest, sorted by start."""
+    recs = g.records
+    if len(recs) <= max_rows:
+        return list(recs)
+    keep = {id(j.critical.message): j.critical.message for j in g.jobs}
+    for r in g.slowest:
+        if len(keep) < max_rows:
+            keep.setdefault(id(r), r)
+    rest = [r for r in recs if id(r) not in keep]
+    room = max_rows - len(keep)
+    for i in range(room):
+        r = rest[i * len(rest) // room]
+        keep[id(r)] = r
+    return sorted(keep.values(), key=lambda r: (r.start_ns, r.message_id))
+
+
+def _row_title(r: MessageRecord, t0: int) -> str:
+    parts = [f"{r.message_id} {r.keys} job={r.job_id} worker={'—' if r.worker is None else r.worker}",
+             f"start +{(r.start_ns - t0) / 1e9:.3f} s, end to end {fmt_s(r.total_s)}"]
+    parts += [f"{g.name} {fmt_s(r.gaps[g.name].seconds)}" for g in PATH_GAPS if g.name in r.gaps]
+    return escape(" · ".join(parts))
+
+
+def waterfall_svg(g: GroupStats, axis_s: float, max_rows: int = MAX_ROWS) -> tuple[str, int]:
+    rows = sample_rows(g, max_rows)
+    rh = max(2.0, min(12.0, 600 / max(1, len(rows))))
+    top, left, right = 22, 4, 10
+    x = _X(axis_s, left, CHART_W - left - right)
+    plot_h = len(rows) * rh
+    h = top + plot_h + 24
+    last = {id(j.critical.message) for j in g.jobs}
+    out = [f'<svg class="waterfall" viewBox="0 0 {CHART_W} {_n(h)}" role="img" '
+           f'aria-label="waterfall of {escape(g.group)}">']
+    out += _axis(x, top + plot_h + 2, plot_h + 2)
+    for i, r in enumerate(rows):
+        y = top + i * rh
+        fixed = dict(timeline(r.stamps))
+        segs = []
+        for gap in PATH_GAPS:
+            if gap.start not in fixed or gap.end not in fixed:
+                continue
+            a, b = x((fixed[gap.start] - g.start_ns) / 1e9), x((fixed[gap.end] - g.start_ns) / 1e9)
+            wd = b - a
+            if gap.name == "handler":
+                wd = max(wd, 0.8)
+            elif wd < 0.25:
+                continue
+            segs.append(f'<rect x="{_n(a)}" y="{_n(y)}" width="{_n(wd)}" height="{_n(max(1.0, rh - 0.4))}" '
+                        f'fill="{STAGE_COLOR[gap.name]}"/>')
+        crit = id(r) in last
+        cls = ' class="crit"' if crit else ""
+        out.append(f"<g{cls}><title>{_row_title(r, g.start_ns)}</title>{''.join(segs)}</g>")
+        if crit:
+            a = x((r.start_ns - g.start_ns) / 1e9)
+            b = x((r.end_ns - g.start_ns) / 1e9)
+            out.append(f'<rect x="{_n(a - 1)}" y="{_n(y - 1.5)}" width="{_n(b - a + 2)}" height="{_n(rh + 3)}" '
+                       'fill="none" stroke="#111" stroke-width="1.2"/>')
+            out.append(f'<text x="{_n(min(b + 3, CHART_W - 70))}" y="{_n(max(y + rh, 12))}" '
+                       'style="font-weight:600">◀ last</text>')
+    for j in g.jobs:
+        done = x((j.end_ns - g.start_ns) / 1e9)
+        lb = x((j.start_ns - g.start_ns) / 1e9 + j.lower_bound_s)
+        out.append(f'<line class="mark" x1="{_n(lb)}" y1="12" x2="{_n(lb)}" y2="{_n(top + plot_h)}" stroke="#d55e00" '
+                   f'stroke-dasharray="4 3"><title>job {escape(j.job_id)}: lower bound {fmt_s(j.lower_bound_s)}'
+                   "</title></line>")
+        out.append(f'<text x="{_n(lb)}" y="10" text-anchor="middle" style="fill:#d55e00">LB</text>')
+        out.append(f'<line class="mark" x1="{_n(done)}" y1="12" x2="{_n(done)}" y2="{_n(top + plot_h)}" '
+                   f'stroke="#111"><title>job {escape(j.job_id)} done after {fmt_s(j.completion_s)}</title></line>')
+        out.append(f'<text x="{_n(min(done, CHART_W - 20))}" y="10" text-anchor="middle">done</text>')
+    out.append("</svg>")
+    return "".join(out), len(rows)
+
+
+def _waterfall(report: Report, max_rows: int) -> str:
+    cards = []
+    for g in report.groups:
+        svg, shown = waterfall_svg(g, report.axis_s, max_rows)
+        note = (f"all {shown} messages" if shown == len(g.records) else
+                f"{shown} of {len(g.records)} messages: the last to finish, the slowest and an even sample of the "
+                "rest")
+        cards.append(f'<div class="card" data-group="{escape(g.group)}"><h3>{escape(g.group)}</h3>{svg}'
+                     f'<p class="note">{note}, sorted by start; hover a row for its numbers.</p></div>')
+    return ('<section id="waterfall"><h2>Waterfall</h2><p class="help">One row per message, sorted by when it was '
+            "produced; each coloured segment is a stage. The framed row finished last; the dashed line is where the "
+            "job could have finished (lower bound), the solid one where it did.</p>"
+            + _legend() + '<div class="cols">' + "".join(cards) + "</div></section>")
+
+
+# -- heatmap ---------------------------------------------------------------------------------
+def _visible_rows(maps: Sequence[Heatmap]) -> int:
+    """Wait buckets up to the highest non-empty one in any group (at least two rows)."""
+    top = 0
+    for hm in maps:
+        for j, row in enumerate(hm.counts):
+            if any(row):
+                top = max(top, j)
+    return max(2, top + 1)
+
+
+def heatmap_svg(hm: Heatmap, rows: int, top_count: int, axis_s: float, group: str) -> str:
+    left, cell_h, top = 56, 15, 6
+    buckets = len(hm.counts[0]) if hm.counts else 0
+    plot_w = CHART_W - left - 10
+    cw = plot_w / max(1, buckets)
+    x = _X(axis_s, left, plot_w)
+    h = top + rows * cell_h + 24
+    out = [f'<svg class="heat" viewBox="0 0 {CHART_W} {h}" role="img" aria-label="{escape(hm.gap)} heatmap of '
+           f'{escape(group)}">']
+    edges = hm.wait_edges_s
+    for j in range(rows):
+        y = top + (rows - 1 - j) * cell_h  # longest waits on top
+        lo = edges[j]
+        label = f"≥ {_wait_label(lo)}" if j + 1 >= len(edges) else (
+            f"< {_wait_label(edges[1])}" if j == 0 else _wait_label(lo))
+        out.append(f'<text x="{left - 4}" y="{_n(y + cell_h - 4)}" text-anchor="end">{label}</text>')
+        for i in range(buckets):
+            c = hm.counts[j][i]
+            hi = _wait_label(edges[j + 1]) if j + 1 < len(edges) else "∞"
+            title = (f"<title>{c} message(s) began waiting {i * hm.bucket_s:.2f}–{(i + 1) * hm.bucket_s:.2f} s "
+                     f"after the start and waited {_wait_label(lo)}–{hi}</title>") if c else ""
+            out.append(f'<rect x="{_n(left + i * cw)}" y="{_n(y)}" width="{_n(cw - 0.6)}" height="{cell_h - 0.6}" '
+                       f'fill="{_heat_color(c, top_count)}"{" data-count=" + chr(34) + str(c) + chr(34) if c else ""}>'
+                       f"{title}</rect>")
+    out += _axis(x, top + rows * cell_h + 1, 0)
+    out.append("</svg>")
+    return "".join(out)
+
+
+def _heat_legend(top_count: int) -> str:
+    steps = [1] + sorted({max(1, round(top_count ** f)) for f in (0.25, 0.5, 0.75)} - {1}) + [top_count]
+    steps = sorted(set(steps))
+    return ('<div class="legend">messages per cell: ' + "".join(
+        f'<span><span class="sw" style="background:{_heat_color(s, top_count)};border:1px solid #ccc"></span>{s}'
+        "</span>" for s in steps) + "</div>")
+
+
+def _heatmap_block(report: Report, gap: str) -> str:
+    maps = [g.heatmaps[gap] for g in report.groups if gap in g.heatmaps]
+    if not maps:
+        return ""
+    rows = _visible_rows(maps)
+    top_count = max((c for hm in maps for row in hm.counts for c in row), default=0)
+    cards = "".join(
+        f'<div class="card" data-group="{escape(g.group)}"><h3>{escape(g.group)}</h3>'
+        f"{heatmap_svg(g.heatmaps[gap], rows, top_count, report.axis_s, g.group)}"
+        f'<p class="note">{g.heatmaps[gap].total} messages · p99 {fmt_s(g.stages[gap].p99)} · '
+        f"max {fmt_s(g.stages[gap].max)}</p></div>" for g in report.groups)
+    return _heat_legend(top_count) + '<div class="cols">' + cards + "</div>"
+
+
+def _heatmap(report: Report) -> str:
+    out = ['<section id="heatmap"><h2>Dispatch-wait heatmap</h2><p class="help">Messages counted by when they were '
+           "handed to the dispatcher (x, seconds after the group's first produce) and how long they then waited for "
+           "a free worker (y, log scale). A dark band high up means messages queued behind busy workers; compare it "
+           "with the occupancy below to see whether other workers sat idle meanwhile.</p>",
+           _heatmap_block(report, "dispatch_wait")]
+    cb_share = max((g.stages["client_buffer"].share for g in report.groups), default=0.0)
+    if cb_share >= 0.05:
+        out.append('<h3 id="heatmap-client-buffer" style="margin-top:18px">Client-buffer wait</h3>'
+                   f'<p class="help">Up to {cb_share:.0%} of the path time was spent in the client\'s local cache '
+                   "before dispatch (a push consumer's prefetch): the same wait for a worker, one step earlier.</p>")
+        out.append(_heatmap_block(report, "client_buffer"))
+    out.append("</section>")
+    return "".join(out)
+
+
+# -- occupancy -------------------------------------------------------------------------------
+def occupancy_svg(g: GroupStats, axis_s: float, y_max: int) -> str:
+    occ = g.occupancy
+    assert occ is not None
+    left, top, ph = 30, 8, 140
+    x = _X(axis_s, left, CHART_W - left - 10)
+    ymax = max(1, y_max)
+
+    def y(v: float) -> float:
+        return top + ph - v / ymax * ph
+
+    out = [f'<svg class="occupancy" viewBox="0 0 {CHART_W} {top + ph + 24}" role="img" '
+           f'aria-label="busy workers of {escape(g.group)}">']
+    for v in sorted({0, ymax // 2, ymax}):
+        out.append(f'<line class="grid" x1="{left}" y1="{_n(y(v))}" x2="{CHART_W - 10}" y2="{_n(y(v))}"/>'
+                   f'<text x="{left - 4}" y="{_n(y(v) + 4)}" text-anchor="end">{v}</text>')
+    d = [f"M{_n(x(0))},{_n(y(0))}"]
+    prev = 0
+    for t, busy in occ.steps:
+        px = x(t)
+        d.append(f"L{_n(px)},{_n(y(prev))}L{_n(px)},{_n(y(busy))}")
+        prev = busy
+    d.append(f"L{_n(x(axis_s))},{_n(y(prev))}L{_n(x(axis_s))},{_n(y(0))}Z")
+    mean = sum(r.handler_s for r in g.records) / (g.workers * g.duration_s) if g.workers and g.duration_s else 0.0
+    out.append(f'<path d="{"".join(d)}" fill="#009e73" fill-opacity="0.55" stroke="#00704f" stroke-width="0.8">'
+               f"<title>handlers running; {mean:.0%} of {g.workers} workers × {fmt_s(g.duration_s)}</title></path>")
+    out.append(f'<line class="mark" x1="{left}" y1="{_n(y(g.workers))}" x2="{CHART_W - 10}" y2="{_n(y(g.workers))}" '
+               f'stroke="#111" stroke-dasharray="5 3"/><text x="{CHART_W - 12}" y="{_n(y(g.workers) - 3)}" '
+               f'text-anchor="end">{g.workers} workers</text>')
+    for j in g.jobs:
+        done = x((j.end_ns - g.start_ns) / 1e9)
+        out.append(f'<line class="mark" x1="{_n(done)}" y1="{top}" x2="{_n(done)}" y2="{top + ph}" stroke="#111"/>')
+    out += _axis(x, top + ph, 0)
+    out.append("</svg>")
+    return "".join(out)
+
+
+def _occupancy(report: Report) -> str:
+    y_max = max((max((b for _, b in g.occupancy.steps), default=0) if g.occupancy else 0 for g in report.groups),
+                default=1)
+    y_max = max([y_max] + [g.workers for g in report.groups])
+    cards = []
+    for g in report.groups:
+        mean = sum(r.handler_s for r in g.records) / (g.workers * g.duration_s) if g.workers and g.duration_s else 0
+        cards.append(f'<div class="card" data-group="{escape(g.group)}"><h3>{escape(g.group)}</h3>'
+                     f'{occupancy_svg(g, report.axis_s, y_max)}<p class="note">workers busy {mean:.0%} of the '
+                     f"time until the last message finished ({fmt_s(g.duration_s)}).</p></div>")
+    return ('<section id="occupancy"><h2>Worker occupancy</h2><p class="help">Handlers running at each moment. '
+            "A gap under the dashed line while the heatmap or waterfall shows messages waiting is time a worker "
+            "sat idle next to queued work.</p><div class=\"cols\">" + "".join(cards) + "</div></section>")
+
+
+# -- slowest ---------------------------------------------------------------------------------
+def _slowest(report: Report) -> str:
+    cards = []
+    for g in report.groups:
+        rows = []
+        for i, r in enumerate(g.slowest, 1):
+            crit = r.critical_stage
+            sw = f'<span class="sw" style="background:{STAGE_COLOR.get(crit, "#444")}"></span>' if crit else ""
+            rows.append(f"<tr><td>{i}</td><td class='l mono'>{escape(r.message_id)}</td><td class='l'>"
+                        f"{escape(r.keys)}</td><td>{'—' if r.worker is None else r.worker}</td>"
+                        f"<td>{fmt_s(r.total_s)}</td><td class='l'>{sw}{crit} {fmt_s(r.gap_s(crit))}</td></tr>")
+        cards.append(f'<div class="card" data-group="{escape(g.group)}"><h3>{escape(g.group)}</h3>'
+                     '<table class="wide"><tr><th>#</th><th class="l">message</th><th class="l">keys</th>'
+                     f'<th>worker</th><th>end to end</th><th class="l">largest stage</th></tr>{"".join(rows)}'
+                     "</table></div>")
+    return ('<section id="slowest"><h2>Slowest messages</h2><p class="help">By end-to-end time, with the stage that '
+            'took longest.</p><div class="cols">' + "".join(cards) + "</div></section>")
+
+
+# -- page ------------------------------------------------------------------------------------
+def _notes(report: Report) -> list[str]:
+    out = []
+    inferred = [g.group for g in report.groups if g.workers_source == "inferred"]
+    if inferred:
+        out.append("Workers of " + ", ".join(escape(x) for x in inferred) + " were inferred: the spans carry no "
+                   "<code>rmqtrace.worker</code>, so handler intervals were packed greedily into lanes (by start, each "
+                   "into the lowest free lane). That count is the peak number of concurrent handlers — a lower bound "
+                   "on the pool size, so the LB shown may be a little high.")
+    rebuilt = sum(g.from_spans for g in report.groups)
+    if rebuilt:
+        out.append(f"{rebuilt} message(s) carried no exact stamps; their timing was rebuilt from span start/end times "
+                   "(the trace store's resolution).")
+    return out
+
+
+def render_html(report: Report, *, title: str = "rmqtrace report", max_rows: int = MAX_ROWS,
+                generated: _dt.datetime | None = None) -> str:
+    when = (generated or _dt.datetime.now(_dt.timezone.utc)).strftime("%Y-%m-%d %H:%M:%S UTC")
+    groups = ", ".join(escape(g.group) for g in report.groups)
+    body = [
+        f"<header><h1>{escape(title)}</h1><p class='meta'>{escape(report.source)} · {report.messages} messages in "
+        f"{len(report.groups)} group(s): {groups} · generated {when}</p>",
+        '<nav><a href="#job-view">Job view</a><a href="#stages">Stage gaps</a><a href="#waterfall">Waterfall</a>'
+        '<a href="#heatmap">Heatmap</a><a href="#occupancy">Occupancy</a><a href="#slowest">Slowest</a></nav>'
+        + _legend() + "</header>",
+    ]
+    if not report.groups:
+        body.append('<section id="job-view"><h2>Job view</h2><p>No consumer spans (<code>process …</code>) found.'
+                    "</p></section>")
+    else:
+        body += [_job_view(report), _stages(report), _waterfall(report, max_rows), _heatmap(report),
+                 _occupancy(report), _slowest(report)]
+    notes = "".join(f"<p>{n}</p>" for n in _notes(report))
+    body.append(f"<footer>{notes}<p>All charts of a section share one time axis: seconds after each group's first "
+                "produce. Gaps crossing clocks (producer → broker → consumer) are clamped at zero when the clocks "
+                "disagree. Made by rmqtrace; this page loads nothing from the network.</p></footer>")
+    return (f'<!doctype html>\n<html lang="en"><head><meta charset="utf-8"><meta name="viewport" '
+            f'content="width=device-width, initial-scale=1"><title>{escape(title)}</title><style>{CSS}</style>'
+            f"</head><body>{''.join(body)}</body></html>\n")
+
+
+def estimate_height(report: Report, width: int = 1600, max_rows: int = MAX_ROWS) -> int:
+    """A page height (CSS px) for a screenshot ``width`` wide: enough to show every section."""
+    cols = max(1, min(len(report.groups), (width - 56 + 16) // (360 + 16)))
+    per_row = math.ceil(len(report.groups) / cols) if report.groups else 1
+    col_w = (width - 56 - 16 * (cols - 1)) / cols - 28
+    scale = col_w / CHART_W
+    jobs = max((len(g.jobs) for g in report.groups), default=1)
+    wf_rows = max((min(len(g.records), max_rows) for g in report.groups), default=0)
+    rh = max(2.0, min(12.0, 600 / max(1, wf_rows)))
+    heat_rows = max((_visible_rows([hm]) for g in report.groups for hm in g.heatmaps.values()), default=2)
+    n_heat = 2 if any(g.stages["client_buffer"].share >= 0.05 for g in report.groups) else 1
+    top = max((len(g.slowest) for g in report.groups), default=0)
+    h = 150  # header
+    h += 130 + (len([j for g in report.groups for j in g.jobs]) * 26 + 30) * (width - 56) / (CHART_W + 200)
+    h += per_row * (jobs * (330 + 40 * scale) + 40)
+    h += 120 + 24 * 8
+    h += 140 + per_row * ((22 + wf_rows * rh + 24) * scale + 80)
+    h += n_heat * (130 + per_row * ((heat_rows * 15 + 30) * scale + 70))
+    h += 110 + per_row * ((172 * scale) + 80)
+    h += 110 + per_row * (top * 24 + 60)
+    h += 140
+    return int(h)
+
+
+def write_html(report: Report, path: str | Path, **kwargs: object) -> Path:
+    p = Path(path)
+    p.parent.mkdir(parents=True, exist_ok=True)
+    p.write_text(render_html(report, **kwargs), encoding="utf-8")  # type: ignore[arg-type]
+    return p
+
+
+def write_demo_report(spans_file: Path, out_dir: Path) -> Path:
+    """The demo's report: every policy's group side by side in ``out_dir/report.html``."""
+    from .sources import read_jsonl
+    report = build_report(read_jsonl(spans_file), source=f"spans file {spans_file}")
+    return write_html(report, Path(out_dir) / "report.html", title="rmqtrace demo: dispatch policies side by side")
+
+
+__all__ = ["MAX_ROWS", "estimate_height", "heatmap_svg", "nice_ticks", "occupancy_svg", "render_html",
+           "sample_rows", "waterfall_svg", "write_demo_report", "write_html"]

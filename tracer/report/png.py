@@ -1,0 +1,71 @@
+"""``--png``: a static picture of the HTML report, taken by headless Chromium.
+
+Why Chromium and not Pillow: the PNG is then exactly the page a person opens — same SVG, same
+fonts, same layout — with no second drawing code to keep in step, and no image library added to
+rmqtrace's dependencies. Chromium comes from the OS (Debian: ``apt-get install chromium``);
+when none is found the error says so and the HTML report is still written.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import tempfile
+from pathlib import Path
+
+CANDIDATES = ("chromium", "chromium-browser", "google-chrome", "google-chrome-stable", "chrome")
+HEADLESS_FLAGS = ("--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
+                  "--disable-background-networking", "--disable-component-update", "--disable-sync",
+                  "--disable-dev-shm-usage", "--hide-scrollbars", "--force-device-scale-factor=1",
+                  "--mute-audio", "--no-default-browser-check")
+
+
+class PngError(Exception):
+    """No browser to draw with, or it failed; the message says what to do."""
+
+
+def find_chromium() -> str | None:
+    """``$RMQTRACE_CHROMIUM``, else the first Chromium or Chrome on PATH, else /usr/bin/chromium."""
+    env = os.environ.get("RMQTRACE_CHROMIUM")
+    if env:
+        return env if Path(env).exists() or shutil.which(env) else None
+    for name in CANDIDATES:
+        found = shutil.which(name)
+        if found:
+            return found
+    return "/usr/bin/chromium" if Path("/usr/bin/chromium").exists() else None
+
+
+def chromium_command(browser: str, user_data_dir: str | Path, *extra: str) -> list[str]:
+    return [browser, *HEADLESS_FLAGS, f"--user-data-dir={user_data_dir}", *extra]
+
+
+def screenshot(html_path: str | Path, png_path: str | Path, *, width: int = 1600, height: int = 3000,
+               browser: str | None = None, timeout: float = 120.0) -> Path:
+    """Open ``html_path`` in headless Chromium and save a ``width`` × ``height`` screenshot."""
+    browser = browser or find_chromium()
+    if not browser:
+        raise PngError("--png needs Chromium or Chrome, and none was found (Debian/Ubuntu: "
+                       "`apt-get install chromium`; or set RMQTRACE_CHROMIUM to the browser's path). "
+                       "The HTML report does not need it.")
+    src = Path(html_path).resolve()
+    out = Path(png_path).resolve()
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.unlink(missing_ok=True)
+    with tempfile.TemporaryDirectory(prefix="rmqtrace-chromium-") as profile:
+        cmd = chromium_command(browser, profile, f"--window-size={width},{height}", f"--screenshot={out}",
+                               src.as_uri())
+        try:
+            proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, check=False)
+        except subprocess.TimeoutExpired as exc:
+            raise PngError(f"{browser} took longer than {timeout:g} s to draw {src}") from exc
+        except OSError as exc:
+            raise PngError(f"cannot run {browser}: {exc}") from exc
+    if proc.returncode != 0 or not out.exists() or out.stat().st_size == 0:
+        tail = "\n".join((proc.stderr or "").strip().splitlines()[-8:])
+        raise PngError(f"{browser} exited {proc.returncode} without a screenshot of {src}:\n{tail}")
+    return out
+
+
+__all__ = ["PngError", "chromium_command", "find_chromium", "screenshot"]
