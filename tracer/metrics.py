@@ -21,7 +21,6 @@ from prometheus_client.samples import Exemplar
 from prometheus_client.utils import floatToGoString
 
 from .stages import GAPS, Outcome
-from .stamps import GapValue
 
 # 1 ms … 10 min: a handler of a huge test-case group runs for minutes, a send takes milliseconds.
 DEFAULT_BUCKETS: tuple[float, ...] = (
@@ -29,6 +28,7 @@ DEFAULT_BUCKETS: tuple[float, ...] = (
     1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0, 300.0, 600.0,
 )
 OTHER = "other"
+_GAP_INDEX: tuple[tuple[int, int, int], ...] = tuple((g.index, int(g.start), int(g.end)) for g in GAPS)
 
 
 class BoundedLabel:
@@ -162,20 +162,25 @@ class TracerMetrics:
                 found = series[key] = _Series(len(self._stages.bounds))
         return found
 
-    def observe(self, topic: str, group: str, gaps: Sequence[GapValue], outcome: Outcome,
+    def observe(self, topic: str, group: str, times: Sequence[int], outcome: Outcome,
                 exemplar: dict[str, str] | None = None) -> None:
-        """One message: every gap into its histogram, the outcome into its counter."""
+        """One message: every gap between present stamps into its histogram (negative gaps as
+        0, see :mod:`tracer.stamps`), the outcome into its counter."""
         series = self._series(topic, group)
         bounds = self._stages.bounds
         ex_ts = time.time() if exemplar is not None else 0.0
+        counts, sums = series.counts, series.sums
         with series.lock:
-            for g in gaps:
-                gi = g.gap.index
-                b = bisect_left(bounds, g.seconds)
-                series.counts[gi][b] += 1
-                series.sums[gi] += g.seconds
+            for gi, start, end in _GAP_INDEX:
+                a, b = times[start], times[end]
+                if not a or not b:
+                    continue
+                v = (b - a) / 1e9 if b > a else 0.0
+                bucket = bisect_left(bounds, v)
+                counts[gi][bucket] += 1
+                sums[gi] += v
                 if exemplar is not None:
-                    series.exemplars[gi][b] = (exemplar, g.seconds, ex_ts)
+                    series.exemplars[gi][bucket] = (exemplar, v, ex_ts)
             series.outcomes[outcome] += 1
 
     def count_propagation_error(self, kind: str) -> None:

@@ -18,7 +18,7 @@ from typing import Any, Callable, Mapping, MutableMapping
 from opentelemetry import context as otel_context
 from opentelemetry import trace
 from opentelemetry.context import Context
-from opentelemetry.trace import NonRecordingSpan, SpanContext, TraceFlags, TraceState
+from opentelemetry.trace import SpanContext, TraceFlags, TraceState
 
 log = logging.getLogger(__name__)
 
@@ -34,6 +34,8 @@ MAX_JOB_ID_LEN = 128
 _NS_MIN = 946_684_800 * 10**9  # 2000-01-01: earlier is not a real produce time
 _NS_FUTURE_SLACK = 24 * 3600 * 10**9
 
+_EMPTY_STATE = TraceState()
+_FLAGS = (TraceFlags(0), TraceFlags(1))
 _TRACEPARENT_RE = re.compile(r"^([0-9a-f]{2})-([0-9a-f]{32})-([0-9a-f]{16})-([0-9a-f]{2})(-.*)?$")
 
 
@@ -81,7 +83,7 @@ class PropagationErrors:
 class Carried:
     """What :func:`extract` found in a message's properties."""
 
-    parent: Context | None = None  # remote producer span context, or None
+    parent: SpanContext | None = None  # the producer's span context (remote), or None
     produce_ns: int = 0
     job_id: str | None = None
     cost: float | None = None
@@ -102,8 +104,8 @@ def _text(value: Any, errors: PropagationErrors) -> str | None:
     return None
 
 
-def parse_traceparent(value: str, tracestate: str | None, errors: PropagationErrors) -> Context | None:
-    """A W3C traceparent into a remote parent context; None (counted) when not valid."""
+def parse_traceparent(value: str, tracestate: str | None, errors: PropagationErrors) -> SpanContext | None:
+    """A W3C traceparent into a remote span context; None (counted) when not valid."""
     if len(value) > 256:
         errors.count("traceparent_malformed", value[:40])
         return None
@@ -120,7 +122,7 @@ def parse_traceparent(value: str, tracestate: str | None, errors: PropagationErr
     if trace_id == 0 or span_id == 0:
         errors.count("traceparent_invalid_id", value)
         return None
-    state = TraceState()
+    state = _EMPTY_STATE
     if tracestate:
         if len(tracestate) > MAX_TRACESTATE_LEN:
             errors.count("tracestate_invalid", tracestate[:40])
@@ -129,14 +131,8 @@ def parse_traceparent(value: str, tracestate: str | None, errors: PropagationErr
                 state = TraceState.from_header([tracestate])
             except Exception:  # noqa: BLE001 - library raises various errors on junk
                 errors.count("tracestate_invalid", tracestate)
-    span_context = SpanContext(
-        trace_id=trace_id,
-        span_id=span_id,
-        is_remote=True,
-        trace_flags=TraceFlags(int(flags_hex, 16) & 0x01),
-        trace_state=state,
-    )
-    return trace.set_span_in_context(NonRecordingSpan(span_context))
+    return SpanContext(trace_id, span_id, is_remote=True, trace_flags=_FLAGS[int(flags_hex, 16) & 0x01],
+                       trace_state=state)
 
 
 def parse_produce_ns(value: str, errors: PropagationErrors, now_ns: int) -> int:

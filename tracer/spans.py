@@ -22,7 +22,7 @@ from opentelemetry.context import Context
 from opentelemetry.sdk.trace import Event, ReadableSpan
 from opentelemetry.sdk.trace import Tracer as SdkTracer
 from opentelemetry.sdk.util.instrumentation import InstrumentationScope
-from opentelemetry.trace import Span, SpanContext, SpanKind, Status, StatusCode, TraceFlags
+from opentelemetry.trace import NonRecordingSpan, Span, SpanContext, SpanKind, Status, StatusCode, TraceFlags
 from opentelemetry.util.types import Attributes, AttributeValue
 
 from .version import __version__
@@ -42,14 +42,15 @@ class SpanWriter:
         self._processor = tracer.span_processor
         self._resource = tracer.resource
 
-    def root_context(self, parent: Context | None, name: str, kind: SpanKind) -> SpanContext | None:
-        """The context of a new span under ``parent``; None when the sampler drops it."""
-        parent_sc = trace.get_current_span(parent).get_span_context() if parent is not None else None
-        if parent_sc is not None and parent_sc.is_valid:
-            trace_id = parent_sc.trace_id
+    def root_context(self, parent: SpanContext | None, name: str, kind: SpanKind) -> SpanContext | None:
+        """The context of a new span under the (remote) ``parent``; None when the sampler drops it."""
+        parent_ctx: Context | None = None
+        if parent is not None and parent.is_valid:
+            trace_id = parent.trace_id
+            parent_ctx = trace.set_span_in_context(NonRecordingSpan(parent))
         else:
-            parent, trace_id = None, self._ids.generate_trace_id()
-        result = self._sampler.should_sample(parent, trace_id, name, kind)
+            trace_id = self._ids.generate_trace_id()
+        result = self._sampler.should_sample(parent_ctx, trace_id, name, kind)
         if not result.decision.is_recording():
             return None
         return SpanContext(trace_id, self._ids.generate_span_id(), is_remote=False,

@@ -66,6 +66,7 @@ GAPS: tuple[Gap, ...] = (
     _gap(4, "handler", Stage.HANDLER_START, Stage.HANDLER_END, "the handler's own work"),
     _gap(5, "end_to_end", Stage.PRODUCE, Stage.HANDLER_END, "what the user feels"),
 )
+CROSS_CLOCK_GAPS: tuple[Gap, ...] = tuple(g for g in GAPS if g.crosses_clocks)
 GAP_BY_NAME: dict[str, Gap] = {g.name: g for g in GAPS}
 # The gaps that tile the path from produce to handler end, in order (end_to_end is their sum).
 PATH_GAPS: tuple[Gap, ...] = GAPS[:5]

@@ -26,8 +26,8 @@ from .message import MessageInfo
 from .metrics import TracerMetrics
 from .propagation import Carried, PropagationErrors, extract, inject
 from .spans import DeferredSpan, SpanWriter, span_writer
-from .stages import Outcome, Stage
-from .stamps import MISSING, SkewTracker, Stamps, compute_gaps, timeline
+from .stages import CROSS_CLOCK_GAPS, Outcome, Stage
+from .stamps import MISSING, SkewTracker, Stamps, timeline
 from .version import __version__
 
 log = logging.getLogger(__name__)
@@ -227,18 +227,21 @@ class MessageTrace:
 
     def _finish(self, outcome: Outcome, error: BaseException | None) -> None:
         mt = self._tracer
-        gaps = compute_gaps(self.stamps)
+        times = self.stamps.times
         metrics = mt.metrics
         ctx = self._ctx
         if metrics is not None:
             exemplar = {"trace_id": f"{ctx.trace_id:032x}"} if ctx is not None and ctx.trace_flags.sampled else None
-            metrics.observe(self.info.topic, mt.consumer_group, gaps, outcome, exemplar)
-        for g in gaps:
-            if g.gap.crosses_clocks:
-                if mt.skew.observe(g.gap.peer, g.raw_ns) and metrics is not None:
-                    metrics.skew_bound.labels(g.gap.peer).set(g.raw_ns / 1e9)
-                if g.skewed and metrics is not None:
-                    metrics.clamped(g.gap.name)
+            metrics.observe(self.info.topic, mt.consumer_group, times, outcome, exemplar)
+        for gap in CROSS_CLOCK_GAPS:
+            a, b = times[gap.start], times[gap.end]
+            if a == MISSING or b == MISSING:
+                continue
+            raw = b - a
+            if mt.skew.observe(gap.peer, raw) and metrics is not None:
+                metrics.skew_bound.labels(gap.peer).set(raw / 1e9)
+            if -raw > gap.tolerance_ns and metrics is not None:
+                metrics.clamped(gap.name)
         if ctx is not None:
             self._write_spans(ctx, outcome, error)
         for listener in mt.listeners:
@@ -267,8 +270,7 @@ class MessageTrace:
             status = Status(StatusCode.ERROR, outcome.value)
             if error is not None:
                 attrs["error.type"] = type(error).__qualname__
-        parent = self.carried.parent
-        parent_sc = trace.get_current_span(parent).get_span_context() if parent is not None else None
+        parent_sc = self.carried.parent
         start_ns = next((ns for st, ns in fixed.items() if st >= Stage.BROKER_STORE), end_ns)
         writer.emit(f"process {self.info.topic}", ctx, parent_sc if parent_sc and parent_sc.is_valid else None,
                     start_ns, end_ns, kind=SpanKind.CONSUMER, attributes=attrs, status=status)

@@ -316,6 +316,22 @@ def check_fifo():
     p.shutdown()
 
 
+def patch_push_consumer_metrics_bug():
+    """rocketmq-clients #1191 workaround: with the proxy's metricCollectorMode=off the Settings carry
+    metric.on=false, ClientMetrics keeps no meter provider, and PushConsumer.reset_metric() then calls
+    create_push_consumer_process_queue_observable_gauge() -> AttributeError 'NoneType' object has no
+    attribute 'get_meter'. That exception ends the telemetry read loop (logged as ERROR "read stream
+    from endpoints ... exception"); consumption itself goes on. Register the gauges only when on."""
+    from rocketmq.v5.consumer.consumer import Consumer
+
+    def reset_metric(self, metric):
+        Consumer.reset_metric(self, metric)  # -> Client.reset_metric -> ClientMetrics.reset_metrics
+        if metric.on:
+            self._PushConsumer__register_process_queues_gauges()
+
+    PushConsumer.reset_metric = reset_metric
+
+
 class Listener(MessageListener):
     def __init__(self):
         self.got = []
@@ -323,10 +339,11 @@ class Listener(MessageListener):
         self.lock = threading.Lock()
         self.done = threading.Event()
         self.want = 0
+        self.tag = "push"
 
     def consume(self, message):
         with self.lock:
-            if message.properties.get("run") == RUN and message.tag == "push":
+            if message.properties.get("run") == RUN and message.tag == self.tag:
                 self.got.append((now_ms(), message))
                 self.threads.add(threading.current_thread().name)
                 if len(self.got) >= self.want:
@@ -334,11 +351,14 @@ class Listener(MessageListener):
         return ConsumeResult.SUCCESS
 
 
-def check_push():
-    print("== PushConsumer with a MessageListener (proxy metricCollectorMode=off)")
+def check_push(patched=False):
+    print(f"== PushConsumer with a MessageListener (proxy metricCollectorMode=off, #1191 patch={patched})")
+    if patched:
+        patch_push_consumer_metrics_bug()
     mark = len(CAPTURE.records)
-    group = f"smoke-push-{RUN}"
+    group = f"smoke-push-{'p' if patched else 'u'}-{RUN}"
     lst = Listener()
+    lst.tag = "pushp" if patched else "push"
     lst.want = 20
     rmq_admin.create_group(group)
     pc = PushConsumer(cfg(), group, lst, {TOPIC: FilterExpression()}, consumption_thread_count=4)
@@ -350,7 +370,7 @@ def check_push():
     p = start_producer([TOPIC])
     sent = {}
     for i in range(lst.want):
-        m = make_msg(TOPIC, 300 + i, tag="push")
+        m = make_msg(TOPIC, 300 + i, tag=lst.tag)
         sent[str(300 + i)] = now_ms()
         p.send(m)
     ok = lst.done.wait(30)
@@ -358,13 +378,45 @@ def check_push():
     lat = sorted(t - sent[m.properties["seq"]] for t, m in lst.got)
     if lat:
         print(f"  send->listener latency ms: min={lat[0]} median={lat[len(lat) // 2]} max={lat[-1]}")
-    names = sorted({t.name.split("_")[-1] if "_" in t.name else t.name for t in threading.enumerate()})
-    print(f"  python threads now: {len(threading.enumerate())} ({names[:12]}...)")
+    wait = sorted(t - m.decode_message_timestamp for t, m in lst.got)
+    if wait:
+        print(f"  decode->listener (executor queue wait) ms: min={wait[0]} max={wait[-1]}; "
+              f"attempts={sorted({m.delivery_attempt for _, m in lst.got})}")
+    cid = pc.client_id
+    names = sorted(t.name.replace(cid, "<client_id>") for t in threading.enumerate())
+    print(f"  python threads now: {len(names)}: {names}")
     errs = client_errors(mark)
     print(f"  client log warnings/errors since start: {errs[:5]}")
     pc.shutdown()
     p.shutdown()
     assert ok, "push consumer did not receive every message"
+    if patched:
+        assert not [e for e in errs if "get_meter" in e], errs
+
+
+def check_push_fifo():
+    print("== PushConsumer on the FIFO topic with a FIFO group")
+    group = f"smoke-pushfifo-{RUN}"
+    rmq_admin.create_group(group, fifo=True)
+    lst = Listener()
+    lst.tag = "pushfifo"
+    lst.want = 10
+    pc = PushConsumer(cfg(), group, lst, {FIFO_TOPIC: FilterExpression()}, consumption_thread_count=4)
+    pc.startup()
+    print(f"  push consumer fifo={pc.fifo}")
+    time.sleep(2)
+    p = start_producer([FIFO_TOPIC])
+    for i in range(5):
+        for g in ("pa", "pb"):
+            p.send(make_msg(FIFO_TOPIC, i, tag="pushfifo", group=g))
+    ok = lst.done.wait(30)
+    order = {}
+    for _, m in lst.got:
+        order.setdefault(m.message_group, []).append(int(m.properties["seq"]))
+    print(f"  got {len(lst.got)} ok={ok} order={order} threads={len(lst.threads)}")
+    pc.shutdown()
+    p.shutdown()
+    assert ok and pc.fifo and all(v == list(range(5)) for v in order.values()), order
 
 
 CHECKS = {
@@ -373,6 +425,8 @@ CHECKS = {
     "chinv": check_change_invisible,
     "fifo": check_fifo,
     "push": check_push,
+    "push-patched": lambda: check_push(patched=True),
+    "push-fifo": check_push_fifo,
 }
 
 

@@ -18,7 +18,8 @@ Part 2 — engine overhead against ``concurrent.futures.ThreadPoolExecutor`` (sa
 handler, 8 threads each, both warmed up):
 
 * throughput: N no-op messages submitted in a tight loop, until all ran and the pool is shut
-  down (our ``submit`` blocks for back-pressure; the executor's queue is unbounded);
+  down (our ``submit`` blocks for back-pressure; the executor's queue is unbounded, so it is also
+  run with a semaphore of N slots — the same back-pressure — for reference);
 * hand-off latency: one message at a time to an idle pool (a short pause between messages lets
   every worker block), ``submit`` call → first line of the handler, p50/p99; interleaved blocks.
 """
@@ -192,6 +193,25 @@ def _throughput_executor(messages: int) -> float:
     return messages / (time.perf_counter() - t0)
 
 
+def _throughput_executor_bounded(messages: int) -> float:
+    """The executor with the aggressive policy's back-pressure bolted on: a semaphore of N slots."""
+    ex = ThreadPoolExecutor(WORKERS)
+    _warm_executor(ex, WORKERS)
+    slots = threading.BoundedSemaphore(WORKERS)
+    acquire = slots.acquire
+
+    def release(_: object) -> None:
+        slots.release()
+
+    submit = ex.submit
+    t0 = time.perf_counter()
+    for _ in range(messages):
+        acquire()
+        submit(_noop, None).add_done_callback(release)
+    ex.shutdown(wait=True)
+    return messages / (time.perf_counter() - t0)
+
+
 def _handoff(submit: Callable[[Callable[[object], None]], object], samples: int, pause: float) -> list[int]:
     """Latency (ns) from ``submit`` to the handler's first line, one message at a time."""
     box = [0]
@@ -217,9 +237,11 @@ def _handoff(submit: Callable[[Callable[[object], None]], object], samples: int,
 def run_executor_bench(messages: int, samples: int, rounds: int) -> dict[str, Any]:
     tp_ours: list[float] = []
     tp_ex: list[float] = []
-    for _ in range(rounds):  # interleaved so drift hits both alike
+    tp_bounded: list[float] = []
+    for _ in range(rounds):  # interleaved so drift hits all alike
         tp_ours.append(_throughput_ours(messages))
         tp_ex.append(_throughput_executor(messages))
+        tp_bounded.append(_throughput_executor_bounded(messages))
 
     d: Dispatcher[Callable[[object], None]] = Dispatcher(lambda h: h(None), workers=WORKERS, name="bench-handoff")
     ex = ThreadPoolExecutor(WORKERS)
@@ -243,7 +265,10 @@ def run_executor_bench(messages: int, samples: int, rounds: int) -> dict[str, An
     tpo, tpx = statistics.median(tp_ours), statistics.median(tp_ex)
     ours: dict[str, Any] = {"throughput_per_s": tpo, "throughput_runs": tp_ours, **lo}
     pool: dict[str, Any] = {"throughput_per_s": tpx, "throughput_runs": tp_ex, **lx}
+    tpb = statistics.median(tp_bounded)
     return {
+        "threadpool_bounded": {"throughput_per_s": tpb, "throughput_runs": tp_bounded},
+        "throughput_ratio_bounded": tpo / tpb,
         "throughput_ratio": tpo / tpx,
         "handoff_p50_ratio": lo["p50_us"] / lx["p50_us"],
         "handoff_p99_ratio": lo["p99_us"] / lx["p99_us"],
@@ -275,7 +300,7 @@ def run_dispatch_bench(
             if progress is not None:
                 progress(done, total)
     executor = run_executor_bench(
-        messages=20_000 if quick else 50_000, samples=1_000 if quick else 3_000, rounds=2 if quick else 3
+        messages=20_000 if quick else 40_000, samples=1_000 if quick else 3_000, rounds=2 if quick else 5
     )
     done += 1
     if progress is not None:
@@ -383,6 +408,8 @@ def format_dispatch_bench(result: dict[str, Any]) -> str:
         f"{pool['p90_us']:.1f} µs | {pool['p99_us']:.1f} µs |",
         f"| ratio (ours / executor) | {e['throughput_ratio']:.2f}× | {e['handoff_p50_ratio']:.2f}× | | "
         f"{e['handoff_p99_ratio']:.2f}× |",
+        f"| ThreadPoolExecutor + semaphore of {e['workers']} (same back-pressure) | "
+        f"{e['threadpool_bounded']['throughput_per_s']:,.0f}/s (ours {e['throughput_ratio_bounded']:.2f}×) | | | |",
         "",
         f"Targets: throughput ≥ 1.0×: {mark('executor_throughput_ratio')}; hand-off p50 ≤ 1.0×: "
         f"{mark('executor_handoff_p50_ratio')}. Bench time {result['elapsed_s']:.0f} s.",

@@ -3,8 +3,12 @@
 Hand-off is direct: each worker blocks on its own ``_thread`` lock; ``submit`` asks the policy's
 scheduler (under one engine lock) which worker takes the message, stores the entry on that worker
 and releases its lock — one lock release per message, no queue of queues, no future, no
-allocation besides the slotted entry. A submitter with no room waits on a condition of the
-engine lock that workers notify only when someone waits.
+allocation besides the slotted entry. When the policy has no room, the first blocked submitter
+leaves its entry in a one-entry *pending box* and sleeps on a lock of its own; the next worker to
+free admits it in the same critical section and, when the policy gives it to that worker, runs it
+at once instead of going idle (a full pool then costs one thread wake per message, not two).
+Other waiters (more submitters, ``wait_for_free_slot``, ``wait_idle``, ``close``) wait on a
+condition of the engine lock that workers notify only when someone waits.
 
 Life cycle and failure rules:
 

@@ -125,11 +125,10 @@ def cmd_report(args: argparse.Namespace) -> int:
     if args.html:
         print(f"html: open {Path(args.html).resolve().as_uri()}", file=info)
     if args.png:
-        from .html import estimate_height
         from .png import PngError, screenshot
         assert html_path is not None
         try:
-            png = screenshot(html_path, args.png, height=estimate_height(report))
+            png = screenshot(html_path, args.png)
         except PngError as exc:
             return _fail(str(exc))
         print(f"png: {png}", file=info)

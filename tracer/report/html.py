@@ -33,7 +33,8 @@ STAGE_LABEL = {PRODUCED_LATE: "not yet produced", "send": "send", "broker_wait":
                "client_buffer": "client buffer", "dispatch_wait": "dispatch wait", "handler": "handler"}
 HEAT = ("#f7fcfd", "#bfd3e6", "#8c96c6", "#8c6bb1", "#88419d", "#4d004b")  # light → dark, for counts
 EMPTY_CELL = "#f1f1f1"
-CHART_W = 640  # SVG user units; every chart scales to its column's width
+CHART_W = 640  # default chart width (px); render_html fits it to the number of side-by-side columns
+PAGE_W = 1600  # the viewport the layout is sized for (and the PNG's width)
 
 CSS = """
 :root { --fg:#1d1d1f; --muted:#5f6368; --line:#d0d4da; --bg:#ffffff; --card:#f7f8fa; }
@@ -49,17 +50,17 @@ nav a { margin-right: 14px; color: #1a5fb4; text-decoration: none; } nav a:hover
 .sw { display: inline-block; width: 12px; height: 12px; border-radius: 2px; vertical-align: -1px; margin-right: 5px; }
 .cols { display: grid; grid-template-columns: repeat(auto-fit, minmax(360px, 1fr)); gap: 16px; align-items: start; }
 .card { background: var(--card); border: 1px solid var(--line); border-radius: 8px; padding: 12px 14px; min-width: 0; }
-.card svg { display: block; width: 100%; height: auto; }
+.card svg, svg#compare { display: block; max-width: 100%; height: auto; }
 .big { font-size: 26px; font-weight: 650; } .big small { font-size: 14px; font-weight: 400; color: var(--muted); }
 .bad { color: #b3261e; } .ok { color: #1e7a34; }
 .verdict { margin: 8px 0; padding: 6px 10px; border-left: 4px solid #d55e00; background: #fff; }
 table { border-collapse: collapse; font-size: 13px; font-variant-numeric: tabular-nums; }
 th, td { padding: 3px 8px; border-bottom: 1px solid var(--line); text-align: right; white-space: nowrap; }
-th { background: #eef0f3; font-weight: 600; } td.l, th.l { text-align: left; }
+th { background: #eef0f3; font-weight: 600; } .gs { border-left: 2px solid #c4c7cc; } td.l, th.l { text-align: left; }
 table.kv td:first-child { text-align: left; color: var(--muted); }
 table.wide { width: 100%; }
 .mono { font-family: ui-monospace, "DejaVu Sans Mono", monospace; font-size: 12px; }
-svg text { font: 11px system-ui, "DejaVu Sans", sans-serif; fill: #3c4043; }
+svg text { font: 12px system-ui, "DejaVu Sans", sans-serif; fill: #3c4043; }
 svg .axis line, svg .grid { stroke: #c4c7cc; stroke-width: 0.6; }
 svg .mark { stroke-width: 1.2; }
 footer { margin-top: 30px; color: var(--muted); font-size: 12.5px; max-width: 1100px; }
@@ -156,8 +157,8 @@ def _axis(x: _X, y: float, height_above: float) -> list[str]:
 
 
 # -- job view --------------------------------------------------------------------------------
-def _split_svg(split: dict[str, float], total: float) -> str:
-    w, h = CHART_W, 26
+def _split_svg(split: dict[str, float], total: float, w: int = CHART_W) -> str:
+    h = 26
     x = 0.0
     parts = []
     scale = w / total if total else 0.0
@@ -170,7 +171,7 @@ def _split_svg(split: dict[str, float], total: float) -> str:
         if seg > 70:
             parts.append(f'<text x="{_n(x + 4)}" y="17" style="fill:#fff;font-weight:600">{fmt_s(split[p])}</text>')
         x += seg
-    return (f'<svg class="split" viewBox="0 0 {w} {h}" role="img" aria-label="critical path split">'
+    return (f'<svg class="split" width="{w}" viewBox="0 0 {w} {h}" role="img" aria-label="critical path split">'
             + "".join(parts) + "</svg>")
 
 
@@ -178,12 +179,16 @@ def _compare_svg(report: Report) -> str:
     """Completion (bar) against the lower bound (tick) for every job, on one scale."""
     jobs = [(g, j) for g in report.groups for j in g.jobs]
     top = max([j.completion_s for _, j in jobs] + [j.lower_bound_s for _, j in jobs] + [1e-9])
-    label_w, row_h = 190, 26
-    x = _X(top * 1.05, label_w, CHART_W + 200 - label_w - 70)
-    h = len(jobs) * row_h + 30
-    out = [f'<svg id="compare" viewBox="0 0 {CHART_W + 200} {h}" role="img" aria-label="completion vs lower bound">']
+    label_w, row_h, w, head = 200, 26, 1100, 22
+    x = _X(top * 1.05, label_w, w - label_w - 130)
+    h = head + len(jobs) * row_h + 30
+    out = [f'<svg id="compare" width="{w}" viewBox="0 0 {w} {h}" role="img" aria-label="completion vs lower bound">',
+           f'<rect x="{label_w}" y="4" width="14" height="10" fill="#5b6b82"/><text x="{label_w + 20}" y="13">'
+           f'completion</text><line x1="{label_w + 112}" y1="2" x2="{label_w + 112}" y2="16" stroke="#d55e00" '
+           f'stroke-width="3"/><text x="{label_w + 120}" y="13">lower bound: no schedule on these workers finishes '
+           "sooner</text>"]
     for i, (g, j) in enumerate(jobs):
-        y = i * row_h + 4
+        y = head + i * row_h + 4
         ratio = f"{j.over_lb:.2f}× LB" if j.over_lb else ""
         out.append(f'<text x="0" y="{y + 15}">{escape(g.group)}{" / " + escape(j.job_id) if len(g.jobs) > 1 else ""}'
                    "</text>")
@@ -193,12 +198,12 @@ def _compare_svg(report: Report) -> str:
         out.append(f'<line class="mark" x1="{_n(lb)}" y1="{y}" x2="{_n(lb)}" y2="{y + row_h - 4}" stroke="#d55e00" '
                    f'stroke-width="3"><title>lower bound {fmt_s(j.lower_bound_s)}</title></line>')
         out.append(f'<text x="{_n(x(j.completion_s) + 6)}" y="{y + 15}">{fmt_s(j.completion_s)} · {ratio}</text>')
-    out += _axis(x, len(jobs) * row_h + 8, len(jobs) * row_h + 4)
+    out += _axis(x, head + len(jobs) * row_h + 8, len(jobs) * row_h + 4)
     out.append("</svg>")
     return "".join(out)
 
 
-def _job_card(g: GroupStats) -> str:
+def _job_card(g: GroupStats, width: int) -> str:
     out = [f'<div class="card" data-group="{escape(g.group)}"><h3>{escape(g.group)}</h3>']
     wsrc = {"attribute": "from rmqtrace.worker", "inferred": "inferred: peak concurrent handlers",
             "given": "given with --workers"}[g.workers_source]
@@ -208,8 +213,9 @@ def _job_card(g: GroupStats) -> str:
         ratio = j.over_lb or 0.0
         cls = "bad" if ratio > 1.25 else "ok"
         out.append(f'<div class="job" data-job="{escape(j.job_id)}">')
-        out.append(f'<div class="big">{fmt_s(j.completion_s)} <small>to finish job {escape(j.job_id)} · lower bound '
-                   f'{fmt_s(j.lower_bound_s)} · </small><span class="{cls}">{ratio:.2f}× LB</span></div>')
+        out.append(f'<div class="big">{fmt_s(j.completion_s)} <span class="{cls}">{ratio:.2f}× LB</span></div>'
+                   f'<p class="note" style="margin:0 0 6px">to finish job {escape(j.job_id)}; lower bound '
+                   f'{fmt_s(j.lower_bound_s)}</p>')
         out.append('<table class="kv">')
         rows = [
             ("messages", f"{j.messages}"),
@@ -224,7 +230,7 @@ def _job_card(g: GroupStats) -> str:
         out += [f"<tr><td>{k}</td><td class='l'>{v}</td></tr>" for k, v in rows]
         out.append("</table>")
         out.append('<p class="note">Where the job\'s time went on the path of the message that finished last:</p>')
-        out.append(_split_svg(c.split_s, j.completion_s))
+        out.append(_split_svg(c.split_s, j.completion_s, width))
         out.append('<div class="note">' + " · ".join(
             f'<span class="sw" style="background:{STAGE_COLOR[p]}"></span>{STAGE_LABEL[p]} {fmt_s(c.split_s[p])}'
             for p in SPLIT_PARTS if c.split_s[p] > 0) + "</div>")
@@ -233,18 +239,19 @@ def _job_card(g: GroupStats) -> str:
     return "".join(out)
 
 
-def _job_view(report: Report) -> str:
+def _job_view(report: Report, width: int) -> str:
     return ('<section id="job-view"><h2>Job view</h2><p class="help">Completion = first produce → last handler end. '
             "Lower bound (LB) = max(total handler time ÷ workers, longest message): no schedule on these workers "
             "finishes sooner. The split shows the message that finished last: was it waiting for a worker, "
             "or working?</p>" + _compare_svg(report)
-            + '<div class="cols">' + "".join(_job_card(g) for g in report.groups) + "</div></section>")
+            + '<div class="cols">' + "".join(_job_card(g, width) for g in report.groups) + "</div></section>")
 
 
 # -- stage table -----------------------------------------------------------------------------
 def _stages(report: Report) -> str:
-    head = "".join(f'<th colspan="5">{escape(g.group)}</th>' for g in report.groups)
-    sub = "".join("<th>p50</th><th>p95</th><th>p99</th><th>max</th><th>share</th>" for _ in report.groups)
+    head = "".join(f'<th colspan="5" class="gs" style="text-align:center">{escape(g.group)}</th>'
+                   for g in report.groups)
+    sub = "".join('<th class="gs">p50</th><th>p95</th><th>p99</th><th>max</th><th>share</th>' for _ in report.groups)
     rows = []
     for gap in GAPS:
         cells = []
@@ -254,7 +261,8 @@ def _stages(report: Report) -> str:
                       f"{s.share:.0%}" if gap in PATH_GAPS else ""]
         sw = f'<span class="sw" style="background:{STAGE_COLOR.get(gap.name, "#444")}"></span>'
         rows.append(f'<tr><td class="l">{sw}{gap.name}</td><td class="l note">{escape(gap.meaning)}</td>'
-                    + "".join(f"<td>{c}</td>" for c in cells) + "</tr>")
+                    + "".join(f"<td{' class=gs' if k % 5 == 0 else ''}>{c}</td>" for k, c in enumerate(cells))
+                    + "</tr>")
     return ('<section id="stages"><h2>Stage gaps</h2><p class="help">Per gap between stamps: percentiles (nearest '
             "rank) and the share of all path time (send … handler) it took.</p>"
             f'<div style="overflow-x:auto"><table class="wide"><tr><th class="l" rowspan="2">gap</th>'
@@ -287,15 +295,15 @@ def _row_title(r: MessageRecord, t0: int) -> str:
     return escape(" · ".join(parts))
 
 
-def waterfall_svg(g: GroupStats, axis_s: float, max_rows: int = MAX_ROWS) -> tuple[str, int]:
+def waterfall_svg(g: GroupStats, axis_s: float, max_rows: int = MAX_ROWS, width: int = CHART_W) -> tuple[str, int]:
     rows = sample_rows(g, max_rows)
     rh = max(2.0, min(12.0, 600 / max(1, len(rows))))
     top, left, right = 22, 4, 10
-    x = _X(axis_s, left, CHART_W - left - right)
+    x = _X(axis_s, left, width - left - right)
     plot_h = len(rows) * rh
     h = top + plot_h + 24
     last = {id(j.critical.message) for j in g.jobs}
-    out = [f'<svg class="waterfall" viewBox="0 0 {CHART_W} {_n(h)}" role="img" '
+    out = [f'<svg class="waterfall" width="{width}" viewBox="0 0 {width} {_n(h)}" role="img" '
            f'aria-label="waterfall of {escape(g.group)}">']
     out += _axis(x, top + plot_h + 2, plot_h + 2)
     for i, r in enumerate(rows):
@@ -321,8 +329,11 @@ def waterfall_svg(g: GroupStats, axis_s: float, max_rows: int = MAX_ROWS) -> tup
             b = x((r.end_ns - g.start_ns) / 1e9)
             out.append(f'<rect x="{_n(a - 1)}" y="{_n(y - 1.5)}" width="{_n(b - a + 2)}" height="{_n(rh + 3)}" '
                        'fill="none" stroke="#111" stroke-width="1.2"/>')
-            out.append(f'<text x="{_n(min(b + 3, CHART_W - 70))}" y="{_n(max(y + rh, 12))}" '
-                       'style="font-weight:600">◀ last</text>')
+            if b + 48 < width:
+                out.append(f'<text x="{_n(b + 4)}" y="{_n(y + rh / 2 + 4)}" style="font-weight:600">◀ last</text>')
+            else:  # the row reaches the right edge: label it from above, ending where it ends
+                out.append(f'<text x="{_n(b)}" y="{_n(y - 3)}" text-anchor="end" style="font-weight:600">'
+                           "last ▼</text>")
     for j in g.jobs:
         done = x((j.end_ns - g.start_ns) / 1e9)
         lb = x((j.start_ns - g.start_ns) / 1e9 + j.lower_bound_s)
@@ -332,15 +343,15 @@ def waterfall_svg(g: GroupStats, axis_s: float, max_rows: int = MAX_ROWS) -> tup
         out.append(f'<text x="{_n(lb)}" y="10" text-anchor="middle" style="fill:#d55e00">LB</text>')
         out.append(f'<line class="mark" x1="{_n(done)}" y1="12" x2="{_n(done)}" y2="{_n(top + plot_h)}" '
                    f'stroke="#111"><title>job {escape(j.job_id)} done after {fmt_s(j.completion_s)}</title></line>')
-        out.append(f'<text x="{_n(min(done, CHART_W - 20))}" y="10" text-anchor="middle">done</text>')
+        out.append(f'<text x="{_n(min(done, width - 20))}" y="10" text-anchor="middle">done</text>')
     out.append("</svg>")
     return "".join(out), len(rows)
 
 
-def _waterfall(report: Report, max_rows: int) -> str:
+def _waterfall(report: Report, max_rows: int, width: int) -> str:
     cards = []
     for g in report.groups:
-        svg, shown = waterfall_svg(g, report.axis_s, max_rows)
+        svg, shown = waterfall_svg(g, report.axis_s, max_rows, width)
         note = (f"all {shown} messages" if shown == len(g.records) else
                 f"{shown} of {len(g.records)} messages: the last to finish, the slowest and an even sample of the "
                 "rest")
@@ -363,21 +374,21 @@ def _visible_rows(maps: Sequence[Heatmap]) -> int:
     return max(2, top + 1)
 
 
-def heatmap_svg(hm: Heatmap, rows: int, top_count: int, axis_s: float, group: str) -> str:
-    left, cell_h, top = 56, 15, 6
+def heatmap_svg(hm: Heatmap, rows: int, top_count: int, axis_s: float, group: str, width: int = CHART_W) -> str:
+    left, cell_h, top = 92, 16, 6
     buckets = len(hm.counts[0]) if hm.counts else 0
-    plot_w = CHART_W - left - 10
+    plot_w = width - left - 10
     cw = plot_w / max(1, buckets)
     x = _X(axis_s, left, plot_w)
     h = top + rows * cell_h + 24
-    out = [f'<svg class="heat" viewBox="0 0 {CHART_W} {h}" role="img" aria-label="{escape(hm.gap)} heatmap of '
+    out = [f'<svg class="heat" width="{width}" viewBox="0 0 {width} {h}" role="img" aria-label="{escape(hm.gap)} heatmap of '
            f'{escape(group)}">']
     edges = hm.wait_edges_s
     for j in range(rows):
         y = top + (rows - 1 - j) * cell_h  # longest waits on top
         lo = edges[j]
         label = f"≥ {_wait_label(lo)}" if j + 1 >= len(edges) else (
-            f"< {_wait_label(edges[1])}" if j == 0 else _wait_label(lo))
+            f"< {_wait_label(edges[1])}" if j == 0 else f"{_wait_label(lo)} – {_wait_label(edges[j + 1])}")
         out.append(f'<text x="{left - 4}" y="{_n(y + cell_h - 4)}" text-anchor="end">{label}</text>')
         for i in range(buckets):
             c = hm.counts[j][i]
@@ -400,7 +411,7 @@ def _heat_legend(top_count: int) -> str:
         "</span>" for s in steps) + "</div>")
 
 
-def _heatmap_block(report: Report, gap: str) -> str:
+def _heatmap_block(report: Report, gap: str, width: int) -> str:
     maps = [g.heatmaps[gap] for g in report.groups if gap in g.heatmaps]
     if not maps:
         return ""
@@ -408,43 +419,43 @@ def _heatmap_block(report: Report, gap: str) -> str:
     top_count = max((c for hm in maps for row in hm.counts for c in row), default=0)
     cards = "".join(
         f'<div class="card" data-group="{escape(g.group)}"><h3>{escape(g.group)}</h3>'
-        f"{heatmap_svg(g.heatmaps[gap], rows, top_count, report.axis_s, g.group)}"
+        f"{heatmap_svg(g.heatmaps[gap], rows, top_count, report.axis_s, g.group, width)}"
         f'<p class="note">{g.heatmaps[gap].total} messages · p99 {fmt_s(g.stages[gap].p99)} · '
         f"max {fmt_s(g.stages[gap].max)}</p></div>" for g in report.groups)
     return _heat_legend(top_count) + '<div class="cols">' + cards + "</div>"
 
 
-def _heatmap(report: Report) -> str:
+def _heatmap(report: Report, width: int) -> str:
     out = ['<section id="heatmap"><h2>Dispatch-wait heatmap</h2><p class="help">Messages counted by when they were '
            "handed to the dispatcher (x, seconds after the group's first produce) and how long they then waited for "
            "a free worker (y, log scale). A dark band high up means messages queued behind busy workers; compare it "
            "with the occupancy below to see whether other workers sat idle meanwhile.</p>",
-           _heatmap_block(report, "dispatch_wait")]
+           _heatmap_block(report, "dispatch_wait", width)]
     cb_share = max((g.stages["client_buffer"].share for g in report.groups), default=0.0)
     if cb_share >= 0.05:
         out.append('<h3 id="heatmap-client-buffer" style="margin-top:18px">Client-buffer wait</h3>'
                    f'<p class="help">Up to {cb_share:.0%} of the path time was spent in the client\'s local cache '
                    "before dispatch (a push consumer's prefetch): the same wait for a worker, one step earlier.</p>")
-        out.append(_heatmap_block(report, "client_buffer"))
+        out.append(_heatmap_block(report, "client_buffer", width))
     out.append("</section>")
     return "".join(out)
 
 
 # -- occupancy -------------------------------------------------------------------------------
-def occupancy_svg(g: GroupStats, axis_s: float, y_max: int) -> str:
+def occupancy_svg(g: GroupStats, axis_s: float, y_max: int, width: int = CHART_W) -> str:
     occ = g.occupancy
     assert occ is not None
-    left, top, ph = 30, 8, 140
-    x = _X(axis_s, left, CHART_W - left - 10)
+    left, top, ph = 30, 16, 140
+    x = _X(axis_s, left, width - left - 10)
     ymax = max(1, y_max)
 
     def y(v: float) -> float:
         return top + ph - v / ymax * ph
 
-    out = [f'<svg class="occupancy" viewBox="0 0 {CHART_W} {top + ph + 24}" role="img" '
+    out = [f'<svg class="occupancy" width="{width}" viewBox="0 0 {width} {top + ph + 24}" role="img" '
            f'aria-label="busy workers of {escape(g.group)}">']
     for v in sorted({0, ymax // 2, ymax}):
-        out.append(f'<line class="grid" x1="{left}" y1="{_n(y(v))}" x2="{CHART_W - 10}" y2="{_n(y(v))}"/>'
+        out.append(f'<line class="grid" x1="{left}" y1="{_n(y(v))}" x2="{width - 10}" y2="{_n(y(v))}"/>'
                    f'<text x="{left - 4}" y="{_n(y(v) + 4)}" text-anchor="end">{v}</text>')
     d = [f"M{_n(x(0))},{_n(y(0))}"]
     prev = 0
@@ -456,8 +467,8 @@ def occupancy_svg(g: GroupStats, axis_s: float, y_max: int) -> str:
     mean = sum(r.handler_s for r in g.records) / (g.workers * g.duration_s) if g.workers and g.duration_s else 0.0
     out.append(f'<path d="{"".join(d)}" fill="#009e73" fill-opacity="0.55" stroke="#00704f" stroke-width="0.8">'
                f"<title>handlers running; {mean:.0%} of {g.workers} workers × {fmt_s(g.duration_s)}</title></path>")
-    out.append(f'<line class="mark" x1="{left}" y1="{_n(y(g.workers))}" x2="{CHART_W - 10}" y2="{_n(y(g.workers))}" '
-               f'stroke="#111" stroke-dasharray="5 3"/><text x="{CHART_W - 12}" y="{_n(y(g.workers) - 3)}" '
+    out.append(f'<line class="mark" x1="{left}" y1="{_n(y(g.workers))}" x2="{width - 10}" y2="{_n(y(g.workers))}" '
+               f'stroke="#111" stroke-dasharray="5 3"/><text x="{width - 12}" y="{_n(y(g.workers) - 3)}" '
                f'text-anchor="end">{g.workers} workers</text>')
     for j in g.jobs:
         done = x((j.end_ns - g.start_ns) / 1e9)
@@ -467,7 +478,7 @@ def occupancy_svg(g: GroupStats, axis_s: float, y_max: int) -> str:
     return "".join(out)
 
 
-def _occupancy(report: Report) -> str:
+def _occupancy(report: Report, width: int) -> str:
     y_max = max((max((b for _, b in g.occupancy.steps), default=0) if g.occupancy else 0 for g in report.groups),
                 default=1)
     y_max = max([y_max] + [g.workers for g in report.groups])
@@ -475,7 +486,7 @@ def _occupancy(report: Report) -> str:
     for g in report.groups:
         mean = sum(r.handler_s for r in g.records) / (g.workers * g.duration_s) if g.workers and g.duration_s else 0
         cards.append(f'<div class="card" data-group="{escape(g.group)}"><h3>{escape(g.group)}</h3>'
-                     f'{occupancy_svg(g, report.axis_s, y_max)}<p class="note">workers busy {mean:.0%} of the '
+                     f'{occupancy_svg(g, report.axis_s, y_max, width)}<p class="note">workers busy {mean:.0%} of the '
                      f"time until the last message finished ({fmt_s(g.duration_s)}).</p></div>")
     return ('<section id="occupancy"><h2>Worker occupancy</h2><p class="help">Handlers running at each moment. '
             "A gap under the dashed line while the heatmap or waterfall shows messages waiting is time a worker "
@@ -490,11 +501,13 @@ def _slowest(report: Report) -> str:
         for i, r in enumerate(g.slowest, 1):
             crit = r.critical_stage
             sw = f'<span class="sw" style="background:{STAGE_COLOR.get(crit, "#444")}"></span>' if crit else ""
-            rows.append(f"<tr><td>{i}</td><td class='l mono'>{escape(r.message_id)}</td><td class='l'>"
-                        f"{escape(r.keys)}</td><td>{'—' if r.worker is None else r.worker}</td>"
-                        f"<td>{fmt_s(r.total_s)}</td><td class='l'>{sw}{crit} {fmt_s(r.gap_s(crit))}</td></tr>")
+            keys = f"<br><span class='note'>{escape(r.keys)}</span>" if r.keys else ""
+            job = f"<br><span class='note'>job {escape(r.job_id)}</span>" if len(g.jobs) > 1 else ""
+            rows.append(f"<tr><td>{i}</td><td class='l'><span class='mono'>{escape(r.message_id)}</span>{keys}{job}"
+                        f"</td><td>{'—' if r.worker is None else r.worker}</td><td>{fmt_s(r.total_s)}</td>"
+                        f"<td class='l'>{sw}{crit}<br><span class='note'>{fmt_s(r.gap_s(crit))}</span></td></tr>")
         cards.append(f'<div class="card" data-group="{escape(g.group)}"><h3>{escape(g.group)}</h3>'
-                     '<table class="wide"><tr><th>#</th><th class="l">message</th><th class="l">keys</th>'
+                     '<table class="wide"><tr><th>#</th><th class="l">message · keys</th>'
                      f'<th>worker</th><th>end to end</th><th class="l">largest stage</th></tr>{"".join(rows)}'
                      "</table></div>")
     return ('<section id="slowest"><h2>Slowest messages</h2><p class="help">By end-to-end time, with the stage that '
@@ -502,6 +515,17 @@ def _slowest(report: Report) -> str:
 
 
 # -- page ------------------------------------------------------------------------------------
+def chart_width(groups: int, page_w: int = PAGE_W) -> int:
+    """Chart width (px) so that ``groups`` columns side by side fit a ``page_w`` viewport at 1:1.
+
+    Narrower windows scale the charts down (``max-width: 100%``); they are never blown up.
+    """
+    cols = max(1, min(groups, 4))
+    content = page_w - 2 * 28  # body padding
+    col = (content - 16 * (cols - 1)) / cols - 30  # grid gap, card padding and border
+    return int(max(330, min(1100, col)))
+
+
 def _notes(report: Report) -> list[str]:
     out = []
     inferred = [g.group for g in report.groups if g.workers_source == "inferred"]
@@ -532,8 +556,9 @@ def render_html(report: Report, *, title: str = "rmqtrace report", max_rows: int
         body.append('<section id="job-view"><h2>Job view</h2><p>No consumer spans (<code>process …</code>) found.'
                     "</p></section>")
     else:
-        body += [_job_view(report), _stages(report), _waterfall(report, max_rows), _heatmap(report),
-                 _occupancy(report), _slowest(report)]
+        w = chart_width(len(report.groups))
+        body += [_job_view(report, w), _stages(report), _waterfall(report, max_rows, w), _heatmap(report, w),
+                 _occupancy(report, w), _slowest(report)]
     notes = "".join(f"<p>{n}</p>" for n in _notes(report))
     body.append(f"<footer>{notes}<p>All charts of a section share one time axis: seconds after each group's first "
                 "produce. Gaps crossing clocks (producer → broker → consumer) are clamped at zero when the clocks "
@@ -541,30 +566,6 @@ def render_html(report: Report, *, title: str = "rmqtrace report", max_rows: int
     return (f'<!doctype html>\n<html lang="en"><head><meta charset="utf-8"><meta name="viewport" '
             f'content="width=device-width, initial-scale=1"><title>{escape(title)}</title><style>{CSS}</style>'
             f"</head><body>{''.join(body)}</body></html>\n")
-
-
-def estimate_height(report: Report, width: int = 1600, max_rows: int = MAX_ROWS) -> int:
-    """A page height (CSS px) for a screenshot ``width`` wide: enough to show every section."""
-    cols = max(1, min(len(report.groups), (width - 56 + 16) // (360 + 16)))
-    per_row = math.ceil(len(report.groups) / cols) if report.groups else 1
-    col_w = (width - 56 - 16 * (cols - 1)) / cols - 28
-    scale = col_w / CHART_W
-    jobs = max((len(g.jobs) for g in report.groups), default=1)
-    wf_rows = max((min(len(g.records), max_rows) for g in report.groups), default=0)
-    rh = max(2.0, min(12.0, 600 / max(1, wf_rows)))
-    heat_rows = max((_visible_rows([hm]) for g in report.groups for hm in g.heatmaps.values()), default=2)
-    n_heat = 2 if any(g.stages["client_buffer"].share >= 0.05 for g in report.groups) else 1
-    top = max((len(g.slowest) for g in report.groups), default=0)
-    h = 150  # header
-    h += 130 + (len([j for g in report.groups for j in g.jobs]) * 26 + 30) * (width - 56) / (CHART_W + 200)
-    h += per_row * (jobs * (330 + 40 * scale) + 40)
-    h += 120 + 24 * 8
-    h += 140 + per_row * ((22 + wf_rows * rh + 24) * scale + 80)
-    h += n_heat * (130 + per_row * ((heat_rows * 15 + 30) * scale + 70))
-    h += 110 + per_row * ((172 * scale) + 80)
-    h += 110 + per_row * (top * 24 + 60)
-    h += 140
-    return int(h)
 
 
 def write_html(report: Report, path: str | Path, **kwargs: object) -> Path:
@@ -581,5 +582,5 @@ def write_demo_report(spans_file: Path, out_dir: Path) -> Path:
     return write_html(report, Path(out_dir) / "report.html", title="rmqtrace demo: dispatch policies side by side")
 
 
-__all__ = ["MAX_ROWS", "estimate_height", "heatmap_svg", "nice_ticks", "occupancy_svg", "render_html",
+__all__ = ["MAX_ROWS", "chart_width", "heatmap_svg", "nice_ticks", "occupancy_svg", "render_html",
            "sample_rows", "waterfall_svg", "write_demo_report", "write_html"]
