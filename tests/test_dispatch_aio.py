@@ -44,7 +44,7 @@ class Gates:
 
 async def until(cond: Callable[[], bool]) -> None:
     while not cond():
-        await asyncio.sleep(0)  # yields to the loop; no wall-clock wait
+        await asyncio.sleep(0)  # real-time: zero-length, only yields to the event loop
 
 
 def test_one_message_per_worker_and_back_pressure() -> None:
@@ -214,10 +214,24 @@ def test_wait_for_free_slot() -> None:
         await g.wait_started(1)
         assert await d.wait_for_free_slot(0.001) is False
         waiter = asyncio.ensure_future(d.wait_for_free_slot(WAIT))
-        await asyncio.sleep(0)
+        await asyncio.sleep(0)  # real-time: zero-length, lets the waiter register
         g.open(1)
         assert await waiter is True
         await d.close()
         assert await d.wait_for_free_slot(0) is False
+
+    run(main)
+
+
+def test_submit_after_close_starts_nothing() -> None:
+    async def main() -> None:
+        async def handler(i: int) -> None:
+            pass
+
+        d: AsyncDispatcher[int] = AsyncDispatcher(handler, workers=2)
+        await d.close()
+        with pytest.raises(DispatcherClosed):
+            await d.submit(1)
+        assert d._workers is None
 
     run(main)

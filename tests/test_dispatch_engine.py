@@ -601,3 +601,20 @@ def test_validation() -> None:
         Dispatcher(print, handler_timeout=0)
     with pytest.raises(ValueError):
         Dispatcher(print, policy="nope")
+
+
+def test_a_blocked_submit_is_stamped_when_a_worker_accepts_it() -> None:
+    g = Gates()
+    log: list[tuple[Any, ...]] = []
+    d = Dispatcher(g.handler, workers=1)
+    d.submit("first")
+    g.wait_started("first")
+    t = threading.Thread(target=d.submit, args=("second", FakeTrace("second", log)))
+    t.start()
+    wait_until(lambda: submitter_blocked(d))
+    assert log == []  # not accepted yet: no enqueue stamp while the submitter is blocked
+    g.open("first", "second")
+    t.join(WAIT)
+    d.close()
+    assert [e[1] for e in log] == ["mark", "start", "end", "finish"]
+    assert g.order == ["first", "second"]

@@ -195,6 +195,8 @@ class AsyncDispatcher(Generic[T]):
     # ------------------------------------------------------------------------------------ submit
     async def submit(self, item: T, trace: MessageTraceLike | None = None, *, timeout: float | None = None) -> bool:
         """As :meth:`.engine.Dispatcher.submit`, awaiting instead of blocking."""
+        if self._closed:
+            raise DispatcherClosed(f"async dispatcher {self._name!r} is closed")
         ws = self._started()
         e: Entry[object] = Entry(
             item,
@@ -202,8 +204,6 @@ class AsyncDispatcher(Generic[T]):
             None if self._key is None else self._key(item),
             0.0 if self._cost is None else float(self._cost(item)),
         )
-        if self._closed:
-            raise DispatcherClosed(f"async dispatcher {self._name!r} is closed")
         sched = self._sched
         e.seq = self._seq
         self._seq += 1

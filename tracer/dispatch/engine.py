@@ -272,13 +272,14 @@ class Dispatcher(Generic[T]):
                 p.sig.acquire(True, max(0.0, deadline - time.monotonic()))
         finally:
             lock.acquire()
+            if p.state == _WAITING:  # timed out (or interrupted): withdraw it, free the box for others
+                self._pending = None
+                if self._n_waiting:
+                    self._cond.notify_all()
         if p.state == _TAKEN:
             return _ACCEPTED_BY_WORKER
         if p.state == _CLOSED:
             raise DispatcherClosed(f"dispatcher {self._name!r} closed while submit was blocked")
-        self._pending = None  # timed out: withdraw it, and let another blocked submitter use the box
-        if self._n_waiting:
-            self._cond.notify_all()
         return FULL
 
     def _take_pending_locked(self, index: int) -> Entry[object] | None:

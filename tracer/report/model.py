@@ -597,7 +597,7 @@ def build_report(spans: Iterable[SpanRecord], *, group: str | None = None, job: 
     for r in records:
         by_group.setdefault(r.group, []).append(r)
     groups = [build_group(g, rs, top=top, workers=workers) for g, rs in by_group.items()]
-    groups.sort(key=lambda g: (g.start_ns, g.group))
+    groups.sort(key=lambda g: g.start_ns)  # stable: a tie keeps the order the spans came in
     axis_s = max((g.duration_s for g in groups), default=0.0)
     for name in HEATMAP_GAPS:
         longest = max((r.gap_s(name) for g in groups for r in g.records), default=0.0)

@@ -1,0 +1,130 @@
+"""The HTML report in a real headless Chromium (Debian's package): the sections are there, they are
+laid out with real size, and a screenshot shows them.
+
+The screenshot is kept in the test's tmp dir and copied to ``.cache/report-screenshot.png`` for a
+human to look at.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import shutil
+from pathlib import Path
+
+import pytest
+from browser import dump_dom, ensure_chromium, png_size, png_stats
+from conftest import REPO, unavailable
+
+from tracer.cli import main
+from tracer.report.html import STAGE_COLOR
+from tracer.report.png import screenshot
+
+pytestmark = pytest.mark.integration
+
+SECTIONS = ("job-view", "stages", "waterfall", "heatmap", "occupancy", "slowest")
+GROUPS = ("demo-round_robin", "demo-aggressive")
+
+# Appended to a scratch copy only: the report itself has no script. It measures what the browser
+# laid out and writes it where --dump-dom can read it.
+PROBE = """<pre id="probe"></pre><script>
+const out = {};
+for (const id of %s) {
+  const el = document.getElementById(id);
+  if (!el) { out[id] = null; continue; }
+  const box = el.getBoundingClientRect();
+  const shown = (sel) => [...el.querySelectorAll(sel)].filter(e => {
+    const b = e.getBoundingClientRect(); return b.width > 0 && b.height > 0; }).length;
+  out[id] = {width: box.width, height: box.height, svgs: shown("svg"), rects: shown("svg rect"),
+             paths: shown("svg path"), cards: el.querySelectorAll(".card").length,
+             groups: [...el.querySelectorAll(".card h3")].map(h => h.textContent)};
+}
+document.getElementById("probe").textContent = JSON.stringify(out);
+</script>"""
+
+
+@pytest.fixture(scope="module")
+def browser() -> str:
+    path, why = ensure_chromium()
+    if path is None:
+        unavailable(f"headless Chromium not available: {why}")
+    assert path is not None
+    return path
+
+
+@pytest.fixture(scope="module")
+def demo_report(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A real (small) demo run, two policies side by side, as `rmqtrace demo` writes it."""
+    out = tmp_path_factory.mktemp("demo")
+    code = main(["demo", "--groups", "80", "--workers", "4", "--case-ms", "2", "--policies", ",".join(
+        g.removeprefix("demo-") for g in GROUPS), "--out", str(out)])
+    assert code == 0
+    return out / "report.html"
+
+
+def test_sections_are_present_in_the_browsers_dom(browser: str, demo_report: Path, tmp_path: Path) -> None:
+    dom = dump_dom(browser, demo_report.as_uri(), tmp_path / "profile")
+    for section in SECTIONS:
+        assert f'id="{section}"' in dom, section
+
+    def part(section: str) -> str:
+        return dom.split(f'id="{section}"')[1].split("</section>")[0]
+
+    assert part("waterfall").count("<rect") > 80 * 2  # a segment or more per message and group
+    assert part("heatmap").count("<rect") >= 2 * 2 * 40  # ≥ two wait rows × 40 time buckets × 2 groups
+    assert part("occupancy").count("<path") == 2
+    assert 'class="crit"' in part("waterfall")
+    for g in GROUPS:
+        assert f'data-group="{g}"' in part("job-view")
+        assert "lower bound" in part("job-view")
+
+
+def test_sections_are_laid_out_with_real_size(browser: str, demo_report: Path, tmp_path: Path) -> None:
+    page = demo_report.read_text()
+    probe = tmp_path / "probe.html"
+    cut = page.rfind("</body>")
+    probe.write_text(page[:cut] + PROBE % json.dumps(list(SECTIONS)) + page[cut:])
+    dom = dump_dom(browser, probe.as_uri(), tmp_path / "profile")
+    m = re.search(r'<pre id="probe">(.*?)</pre>', dom, re.S)
+    assert m, dom[-1000:]
+    layout = json.loads(m.group(1))
+    for section in SECTIONS:
+        box = layout[section]
+        assert box is not None and box["width"] > 800 and box["height"] > 100, (section, box)
+    for section in ("waterfall", "heatmap", "occupancy"):
+        assert layout[section]["groups"][:2] == list(GROUPS), section  # side by side, in run order
+        assert layout[section]["svgs"] >= 2
+    assert layout["waterfall"]["rects"] > 160
+    assert layout["heatmap"]["rects"] >= 160
+    assert layout["occupancy"]["paths"] == 2
+    assert layout["job-view"]["svgs"] >= 3  # the comparison and one split bar per group
+    # side by side: the first two cards of a section share a row
+    assert layout["waterfall"]["width"] > 1000
+
+
+def test_screenshot(browser: str, demo_report: Path, tmp_path: Path) -> None:
+    png = screenshot(demo_report, tmp_path / "report.png", browser=browser)
+    width, height = png_size(png)
+    assert width == 1600 and height > 2000  # the whole page, measured first
+    stats = png_stats(browser, png, {k: STAGE_COLOR[k] for k in ("broker_wait", "client_buffer", "handler")},
+                      tmp_path)
+    assert stats["width"] == width and stats["height"] == height
+    assert int(stats["nonWhite"]) > 0.15 * int(stats["pixels"])  # type: ignore[call-overload]
+    counts = stats["counts"]
+    assert isinstance(counts, dict)
+    for stage, n in counts.items():  # the waterfall's colours are on the picture
+        assert n > 500, (stage, counts)
+    keep = REPO / ".cache" / "report-screenshot.png"
+    keep.parent.mkdir(parents=True, exist_ok=True)
+    shutil.copyfile(png, keep)
+
+
+def test_cli_png(browser: str, demo_report: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str],
+                 monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("RMQTRACE_CHROMIUM", browser)
+    spans = demo_report.parent / "spans.jsonl"
+    code = main(["report", str(spans), "--group", GROUPS[0], "--png", str(tmp_path / "one.png")])
+    out = capsys.readouterr().out
+    assert code == 0 and f"png: {tmp_path / 'one.png'}" in " ".join(out.split())
+    width, height = png_size(tmp_path / "one.png")
+    assert width == 1600 and height > 1500

@@ -1,0 +1,148 @@
+"""`rmqtrace report` on a small spans file written by the real tracer, and the demo's report."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import re
+from pathlib import Path
+
+import pytest
+from report_helpers import KNOWN, write_scenario_with_tracer
+
+from tracer.cli import _maybe_report, main
+from tracer.report import write_demo_report
+
+# The same job under a second group that used worker 1 for m3: done at 303 ms instead of 1103.
+BETTER = tuple(dataclasses.replace(r, group="g-ok", worker=1, start=203, end=303) if r.key == "m3" else
+               dataclasses.replace(r, group="g-ok") for r in KNOWN)
+
+
+@pytest.fixture(scope="module")
+def spans_file(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return write_scenario_with_tracer(tmp_path_factory.mktemp("spans") / "spans.jsonl", KNOWN + BETTER)
+
+
+def run(capsys: pytest.CaptureFixture[str], *argv: str) -> tuple[int, str, str]:
+    code = main(["report", *argv])
+    out, err = capsys.readouterr()
+    return code, out, err
+
+
+def test_terminal_summary(spans_file: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    code, out, _ = run(capsys, str(spans_file), "--top", "2")
+    assert code == 0
+    assert "6 messages in 2 group(s)" in out
+    for text in ("Job view", "g-rr", "g-ok", "1.10 s", "1.00 s", "1.10", "Stage gaps", "dispatch_wait",
+                 "Slowest messages of g-rr", "ID-m3 (m3) finished last, mostly waiting for a worker inside the consumer"):
+        assert text in out, text
+
+
+def test_json_numbers(spans_file: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    code, out, _ = run(capsys, str(spans_file), "--json", "--top", "1")
+    assert code == 0
+    report = json.loads(out)
+    assert report["messages"] == 6 and [g["group"] for g in report["groups"]] == ["g-rr", "g-ok"]
+    rr, ok = report["groups"]
+    [job] = rr["jobs"]
+    assert job["completion_s"] == pytest.approx(1.103) and job["lower_bound_s"] == pytest.approx(1.0)
+    assert job["over_lb"] == pytest.approx(1.103) and job["workers"] == 2
+    assert job["critical"]["message"]["message_id"] == "ID-m3"
+    assert job["critical"]["split_s"]["dispatch_wait"] == pytest.approx(0.991)
+    # g-ok ran m3 on the idle worker: m1 (the longest message) is last, the job is as short as it can be
+    assert ok["jobs"][0]["completion_s"] == pytest.approx(1.003) and ok["jobs"][0]["lower_bound_s"] == pytest.approx(1)
+    assert ok["jobs"][0]["critical"]["message"]["message_id"] == "ID-m1"
+    assert ok["jobs"][0]["critical"]["verdict"].startswith("mostly working (its own handler): 1.000 s of 1.003 s")
+    assert rr["stages"]["handler"]["p50"] == pytest.approx(0.2) and rr["stages"]["handler"]["max"] == pytest.approx(1)
+    assert [m["message_id"] for m in rr["slowest"]] == ["ID-m3"]
+    assert rr["slowest"][0]["critical_stage"] == "dispatch_wait"
+    assert rr["workers_source"] == "attribute" and rr["timing_from_spans"] == 0
+
+
+def test_group_and_job_filters(spans_file: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    code, out, _ = run(capsys, str(spans_file), "--json", "--group", "g-ok", "--job", "J")
+    assert code == 0 and [g["group"] for g in json.loads(out)["groups"]] == ["g-ok"]
+    code, _, err = run(capsys, str(spans_file), "--job", "nope")
+    assert code == 1 and "no consumer spans" in err and "job 'nope'" in err
+
+
+def test_workers_override(spans_file: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    code, out, _ = run(capsys, str(spans_file), "--json", "--workers", "1", "--group", "g-rr")
+    job = json.loads(out)["groups"][0]["jobs"][0]
+    assert code == 0 and job["lower_bound_s"] == pytest.approx(1.3)  # max(1.3 / 1, 1.0)
+
+
+def test_html_is_self_contained_with_every_section(spans_file: Path, tmp_path: Path,
+                                                   capsys: pytest.CaptureFixture[str]) -> None:
+    html_path = tmp_path / "r.html"
+    code, out, _ = run(capsys, str(spans_file), "--html", str(html_path))
+    assert code == 0 and f"html: open {html_path.resolve().as_uri()}" in out
+    page = html_path.read_text()
+    for section in ("job-view", "stages", "waterfall", "heatmap", "occupancy", "slowest"):
+        assert f'id="{section}"' in page
+    for external in ("<script", "<link", " src=", "url(", "@import", "http://", "https://"):
+        assert external not in page, external
+    # side by side: every chart section has one card per group
+    for section in ("waterfall", "heatmap", "occupancy"):
+        body = page.split(f'id="{section}"')[1].split("</section>")[0]
+        assert body.count('data-group="g-rr"') == body.count('data-group="g-ok"') >= 1
+    assert page.count('class="waterfall"') == 2 and page.count('class="occupancy"') == 2
+    assert page.count("<g class=\"crit\">") == 2  # the last message of each group is framed
+    assert "all 3 messages" in page
+    # the heatmap cells carry their counts: 3 messages per group
+    heat = page.split('id="heatmap"')[1].split("</section>")[0]
+    assert sum(int(c) for c in re.findall(r'data-count="(\d+)"', heat)) == 6
+
+
+def test_errors_are_clear(tmp_path: Path, capsys: pytest.CaptureFixture[str], spans_file: Path,
+                          monkeypatch: pytest.MonkeyPatch) -> None:
+    code, _, err = run(capsys, str(tmp_path / "missing.jsonl"))
+    assert code == 1 and "no spans file at" in err
+    code, _, err = run(capsys, str(spans_file), "--jaeger", "http://127.0.0.1:1")
+    assert code == 2 and "not both" in err
+    code, _, err = run(capsys, "--jaeger", "http://127.0.0.1:1", "--lookback", "soon")
+    assert code == 2 and "not a duration" in err
+    empty = tmp_path / "empty.jsonl"
+    empty.write_text("")
+    code, _, err = run(capsys, str(empty))
+    assert code == 1 and "no consumer spans" in err
+    monkeypatch.setenv("RMQTRACE_CHROMIUM", str(tmp_path / "no-such-browser"))
+    code, _, err = run(capsys, str(spans_file), "--png", str(tmp_path / "r.png"), "--html", str(tmp_path / "r.html"))
+    assert code == 1 and "needs Chromium" in err and (tmp_path / "r.html").exists()
+
+
+def test_default_spans_file_from_env(spans_file: Path, capsys: pytest.CaptureFixture[str],
+                                     monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("RMQTRACE_SPANS_FILE", str(spans_file))
+    code, out, _ = run(capsys, "--json")
+    assert code == 0 and json.loads(out)["messages"] == 6
+
+
+def test_help(capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit) as exc:
+        main(["report", "--help"])
+    assert exc.value.code == 0
+    out = capsys.readouterr().out
+    for text in ("SPANS.jsonl", "--jaeger", "--service", "--limit", "--lookback", "--group", "--job", "--top",
+                 "--html", "--png", "--json", "lower bound", "waterfall"):
+        assert text in out, text
+
+
+def test_demo_report_side_by_side(spans_file: Path, tmp_path: Path) -> None:
+    path = write_demo_report(spans_file, tmp_path / "out")
+    assert path == tmp_path / "out" / "report.html"
+    page = path.read_text()
+    assert "g-rr" in page and "g-ok" in page and 'id="job-view"' in page
+    assert _maybe_report(tmp_path / "again", str(spans_file)) == str(tmp_path / "again" / "report.html")
+    assert _maybe_report(tmp_path, None) is None
+
+
+def test_demo_ends_with_the_report(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    code = main(["demo", "--groups", "24", "--workers", "3", "--case-ms", "0.5", "--policies", "round_robin,aggressive",
+                 "--out", str(tmp_path)])
+    out = " ".join(capsys.readouterr().out.split())  # rich wraps long lines
+    assert code == 0
+    report = tmp_path / "report.html"
+    assert f"report: open {report}" in out
+    page = report.read_text()
+    assert 'data-group="demo-round_robin"' in page and 'data-group="demo-aggressive"' in page

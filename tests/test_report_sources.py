@@ -1,0 +1,240 @@
+"""Reading spans: the JSON-lines file the tracer writes, and Jaeger's HTTP JSON (crafted by its documented shape)."""
+
+from __future__ import annotations
+
+import json
+import threading
+import urllib.parse
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+from typing import Any, Iterator
+
+import pytest
+from report_helpers import KNOWN, MS, T0, scenario_spans, write_scenario_with_tracer
+
+from tracer.report.model import build_report, messages_from_spans
+from tracer.report.sources import (
+    SourceError,
+    jaeger_span,
+    parse_duration,
+    read_jaeger,
+    read_jsonl,
+    spans_from_jaeger_json,
+)
+from tracer.spanfile import SpanRecord
+from tracer.stages import Stage
+
+
+# -- JSON lines --------------------------------------------------------------------------------
+def test_jsonl_written_by_the_real_tracer_maps_to_the_known_numbers(tmp_path: Path) -> None:
+    path = write_scenario_with_tracer(tmp_path / "spans.jsonl", KNOWN)
+    spans = read_jsonl(path)
+    assert len(spans) == 3 * 6  # send, process, broker_wait, client_buffer, dispatch_wait, handler
+    records = {r.message_id: r for r in messages_from_spans(spans)}
+    m3 = records["ID-m3"]
+    assert m3.timing == "stamps" and m3.group == "g-rr" and m3.job_id == "J" and m3.keys == "m3"
+    assert m3.worker == 0 and m3.attempt == 1 and m3.outcome == "success" and m3.topic == "t"
+    assert m3.stamps.times == [T0 + ms * MS for ms in (10, 11, 12, 12, 1003, 1103)]
+    job = build_report(spans).groups[0].jobs[0]
+    assert job.completion_s == pytest.approx(1.103) and job.lower_bound_s == pytest.approx(1.0)
+    assert job.critical.message.message_id == "ID-m3"
+
+
+def test_jsonl_without_worker_attribute(tmp_path: Path) -> None:
+    path = write_scenario_with_tracer(tmp_path / "spans.jsonl", KNOWN, worker_attr=False)
+    g = build_report(read_jsonl(path)).groups[0]
+    assert g.workers_source == "inferred" and g.workers == 2
+
+
+def test_jsonl_errors_are_clear(tmp_path: Path) -> None:
+    with pytest.raises(SourceError, match="no spans file"):
+        read_jsonl(tmp_path / "nope.jsonl")
+    with pytest.raises(SourceError, match="directory"):
+        read_jsonl(tmp_path)
+    junk = tmp_path / "junk.jsonl"
+    junk.write_text("not json\n{\"half\": 1}\n")
+    assert read_jsonl(junk) == []
+
+
+# -- Jaeger JSON -------------------------------------------------------------------------------
+def _tag(key: str, value: Any) -> dict[str, Any]:
+    if isinstance(value, bool):
+        kind = "bool"
+    elif isinstance(value, int):
+        kind = "int64"
+    elif isinstance(value, float):
+        kind = "float64"
+    elif isinstance(value, list):
+        kind, value = "string", json.dumps(value)
+    else:
+        kind = "string"
+    return {"key": key, "type": kind, "value": value}
+
+
+def jaeger_payload(spans: list[SpanRecord], *, stamps: str = "int") -> dict[str, Any]:
+    """Spans as Jaeger's /api/traces answers: µs times, tags, CHILD_OF references, processes.
+
+    ``stamps``: how int64 stamp tags come back — ``int`` (a JSON integer), ``str`` (a string) or
+    ``float`` (a double that lost the low digits, as a JavaScript client would see it).
+    """
+    traces: dict[str, list[dict[str, Any]]] = {}
+    for s in spans:
+        tags = [_tag("span.kind", s.kind.lower()), _tag("otel.scope.name", "rmqtrace")]
+        for k, v in s.attributes.items():
+            t = _tag(k, v)
+            if k.startswith("rmqtrace.stamp.") and stamps != "int":
+                t["value"] = str(v) if stamps == "str" else float(v)
+            tags.append(t)
+        if s.status == "ERROR":
+            tags.append(_tag("otel.status_code", "ERROR"))
+        refs = [{"refType": "CHILD_OF", "traceID": s.trace_id, "spanID": s.parent_span_id}] if s.parent_span_id else []
+        traces.setdefault(s.trace_id, []).append({
+            "traceID": s.trace_id.lstrip("0") or "0", "spanID": s.span_id, "operationName": s.name,
+            "references": refs, "startTime": s.start_ns // 1000, "duration": (s.end_ns - s.start_ns) // 1000,
+            "tags": tags, "logs": [], "processID": "p1", "warnings": None, "flags": 1})
+    data = [{"traceID": tid, "spans": sp, "processes": {"p1": {"serviceName": "rmqtrace", "tags": []}},
+             "warnings": None} for tid, sp in traces.items()]
+    return {"data": data, "total": 0, "limit": 0, "offset": 0, "errors": None}
+
+
+def test_jaeger_span_mapping() -> None:
+    span = {
+        "traceID": "4bf92f3577b34da6a3ce929d0e0e4736", "spanID": "00f067aa0ba902b7", "operationName": "process t",
+        "references": [{"refType": "FOLLOWS_FROM", "traceID": "x", "spanID": "aaaa"},
+                       {"refType": "CHILD_OF", "traceID": "4bf92f3577b34da6a3ce929d0e0e4736", "spanID": "1234"}],
+        "startTime": 1_795_978_749_984_734, "duration": 86_307, "processID": "p1",
+        "tags": [{"key": "span.kind", "type": "string", "value": "consumer"},
+                 {"key": "otel.status_code", "type": "string", "value": "ERROR"},
+                 {"key": "rmqtrace.stamp.handler_end_ns", "type": "int64", "value": 1795978750071042343},
+                 {"key": "rmqtrace.stamp.produce_ns", "type": "int64", "value": "1795978749984734709"},
+                 {"key": "rmqtrace.cost", "type": "float64", "value": 2},
+                 {"key": "rmqtrace.worker", "type": "int64", "value": 3},
+                 {"key": "flag", "type": "bool", "value": "true"},
+                 {"key": "messaging.rocketmq.message.keys", "type": "string", "value": "[\"tg-1\", \"tg-2\"]"}],
+    }
+    rec = jaeger_span(span, {"p1": {"serviceName": "svc"}})
+    assert (rec.trace_id, rec.span_id, rec.parent_span_id) == ("4bf92f3577b34da6a3ce929d0e0e4736",
+                                                               "00f067aa0ba902b7", "0000000000001234")
+    assert (rec.name, rec.kind, rec.status, rec.service) == ("process t", "CONSUMER", "ERROR", "svc")
+    assert rec.start_ns == 1_795_978_749_984_734_000 and rec.end_ns == 1_795_978_750_071_041_000
+    a = rec.attributes
+    assert a["rmqtrace.stamp.handler_end_ns"] == 1795978750071042343  # exact: Python's json keeps big ints
+    assert a["rmqtrace.stamp.produce_ns"] == 1795978749984734709
+    assert a["rmqtrace.cost"] == 2.0 and a["rmqtrace.worker"] == 3 and a["flag"] is True
+    assert a["messaging.rocketmq.message.keys"] == ["tg-1", "tg-2"]
+    assert "span.kind" not in a and "otel.status_code" not in a
+
+
+def test_big_int_tags_survive_json_text_exactly() -> None:
+    stamp = 1795978750071042343  # > 2**53: a double would make it …2304 or …2560
+    assert stamp > 2 ** 53 and float(stamp) != stamp
+    text = json.dumps({"data": [{"traceID": "1", "processes": {}, "spans": [{
+        "traceID": "1", "spanID": "2", "operationName": "process t", "startTime": 1, "duration": 1,
+        "tags": [{"key": "rmqtrace.stamp.handler_end_ns", "type": "int64", "value": stamp}]}]}]})
+    [rec] = spans_from_jaeger_json(json.loads(text))
+    assert rec.attributes["rmqtrace.stamp.handler_end_ns"] == stamp
+
+
+@pytest.mark.parametrize("mode, timing", [("int", "stamps"), ("str", "stamps"), ("float", "spans")])
+def test_jaeger_payload_gives_the_known_numbers(mode: str, timing: str) -> None:
+    spans = list(spans_from_jaeger_json(jaeger_payload(scenario_spans(KNOWN), stamps=mode)))
+    assert len(spans) == 18
+    records = messages_from_spans(spans)
+    assert {r.timing for r in records} == {timing}
+    report = build_report(spans)
+    [job] = report.groups[0].jobs
+    assert job.completion_s == pytest.approx(1.103, abs=2e-6)  # µs span times in the fallback
+    assert job.lower_bound_s == pytest.approx(1.0, abs=2e-6)
+    assert job.critical.message.message_id == "ID-m3"
+    assert job.critical.split_s["dispatch_wait"] == pytest.approx(0.991, abs=2e-6)
+    if timing == "stamps":
+        assert records[-1].t(Stage.HANDLER_END) == T0 + 1103 * MS  # ns exact
+        assert job.completion_s == pytest.approx(1.103, abs=1e-12)
+
+
+def test_jaeger_errors_payload() -> None:
+    with pytest.raises(SourceError, match="errors"):
+        list(spans_from_jaeger_json({"data": None, "errors": [{"code": 400, "msg": "bad service"}]}))
+
+
+def test_parse_duration() -> None:
+    assert [parse_duration(x) for x in ("90s", "15m", "1h", "2d", "500ms", "30", "1.5h")] == \
+        [90, 900, 3600, 172800, 0.5, 30, 5400]
+    with pytest.raises(ValueError, match="not a duration"):
+        parse_duration("soon")
+
+
+# -- the HTTP reader against a loopback stub ---------------------------------------------------
+class _Stub:
+    def __init__(self, payload: dict[str, Any], status: int = 200, services: list[str] | None = None) -> None:
+        self.payload = payload
+        self.status = status
+        self.services = services or []
+        self.queries: list[tuple[str, dict[str, list[str]]]] = []
+
+
+@pytest.fixture
+def jaeger_stub() -> Iterator[tuple[str, _Stub]]:
+    stub = _Stub({"data": []})
+
+    class Handler(BaseHTTPRequestHandler):
+        def do_GET(self) -> None:  # noqa: N802 - http.server's name
+            url = urllib.parse.urlsplit(self.path)
+            stub.queries.append((url.path, urllib.parse.parse_qs(url.query)))
+            body: Any = {"data": stub.services} if url.path == "/api/services" else stub.payload
+            raw = json.dumps(body).encode() if stub.status == 200 else b"boom"
+            self.send_response(stub.status)
+            self.send_header("Content-Type", "application/json")
+            self.send_header("Content-Length", str(len(raw)))
+            self.end_headers()
+            self.wfile.write(raw)
+
+        def log_message(self, *args: object) -> None:
+            pass
+
+    server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    try:
+        yield f"http://127.0.0.1:{server.server_address[1]}", stub
+    finally:
+        server.shutdown()
+        server.server_close()
+        thread.join()
+
+
+def test_read_jaeger_queries_the_service_window_and_maps(jaeger_stub: tuple[str, _Stub]) -> None:
+    url, stub = jaeger_stub
+    stub.payload = jaeger_payload(scenario_spans(KNOWN))
+    spans = read_jaeger(url + "/", "rmqtrace", limit=50, lookback_s=600, timeout=5, now_s=1_700_000_000)
+    assert len(spans) == 18
+    path, q = stub.queries[0]
+    assert path == "/api/traces"
+    assert q == {"service": ["rmqtrace"], "limit": ["50"], "start": [str(1_700_000_000_000_000 - 600_000_000)],
+                 "end": ["1700000000000000"]}
+    assert build_report(spans).groups[0].jobs[0].lower_bound_s == pytest.approx(1.0)
+
+
+def test_read_jaeger_no_traces_names_the_known_services(jaeger_stub: tuple[str, _Stub]) -> None:
+    url, stub = jaeger_stub
+    stub.services = ["other", "jaeger"]
+    with pytest.raises(SourceError, match=r"no traces for service 'rmqtrace'.*services known: jaeger, other"):
+        read_jaeger(url, "rmqtrace", timeout=5)
+
+
+def test_read_jaeger_http_error(jaeger_stub: tuple[str, _Stub]) -> None:
+    url, stub = jaeger_stub
+    stub.status = 500
+    with pytest.raises(SourceError, match="HTTP 500"):
+        read_jaeger(url, "rmqtrace", timeout=5)
+
+
+def test_read_jaeger_unreachable_and_bad_url() -> None:
+    import socket
+    with socket.socket() as s:  # a port nobody listens on
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    with pytest.raises(SourceError, match="cannot reach Jaeger"):
+        read_jaeger(f"http://127.0.0.1:{port}", "rmqtrace", timeout=2)
+    with pytest.raises(SourceError, match="http"):
+        read_jaeger("127.0.0.1:16686", "rmqtrace")
