@@ -330,6 +330,8 @@ class AsyncDispatcher(Generic[T]):
                 self._log("slot-wait metric", exc)
         scope = None
         if trace is not None:
+            if hasattr(trace, "worker"):
+                trace.worker = w.index  # the report draws one lane per worker
             try:
                 scope = trace.handler_scope()
                 scope.__enter__()

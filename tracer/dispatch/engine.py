@@ -436,6 +436,8 @@ class Dispatcher(Generic[T]):
                 error = exc
         else:
             scope = None
+            if hasattr(trace, "worker"):
+                trace.worker = w.index  # the report draws one lane per worker
             try:
                 scope = trace.handler_scope()
                 scope.__enter__()
