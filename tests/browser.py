@@ -37,7 +37,8 @@ def ensure_chromium() -> tuple[str | None, str]:
     if found:
         return found, ""
     if shutil.which("apt-get") is None:
-        return None, "no Chromium on this machine and no apt-get to install it (install chromium, or set RMQTRACE_CHROMIUM)"
+        return None, ("no Chromium on this machine and no apt-get to install it "
+                      "(install chromium, or set RMQTRACE_CHROMIUM)")
     if os.geteuid() != 0:
         return None, "no Chromium on this machine, and installing it with apt-get needs root"
     with _LOCK.open("w") as lock:  # one installer at a time across test processes

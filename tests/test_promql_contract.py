@@ -132,7 +132,7 @@ def test_metric_and_label_names_exist_in_what_the_code_exports(e: Expr) -> None:
             if label == "stage" and "$" not in value:
                 values = value.split("|") if op in ("=~", "!~") else [value]
                 assert set(values) <= STAGES, f"unknown stage in {label}{op}{value!r}"
-    for metric in recorded:  # labels a recording rule keeps are the ones it aggregates by
+    if recorded:  # labels a recording rule keeps are the ones it aggregates by
         labels_in_play |= {"stage", "topic", "consumer_group", "policy"}
     for group in _GROUPING.findall(e.expr):
         for label in filter(None, (x.strip() for x in group.split(","))):

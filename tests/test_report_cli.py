@@ -34,7 +34,8 @@ def test_terminal_summary(spans_file: Path, capsys: pytest.CaptureFixture[str]) 
     assert code == 0
     assert "6 messages in 2 group(s)" in out
     for text in ("Job view", "g-rr", "g-ok", "1.10 s", "1.00 s", "1.10", "Stage gaps", "dispatch_wait",
-                 "Slowest messages of g-rr", "ID-m3 (m3) finished last, mostly waiting for a worker inside the consumer"):
+                 "Slowest messages of g-rr",
+                 "ID-m3 (m3) finished last, mostly waiting for a worker inside the consumer"):
         assert text in out, text
 
 

@@ -74,8 +74,8 @@ def _tag(key: str, value: Any) -> dict[str, Any]:
 def jaeger_payload(spans: list[SpanRecord], *, stamps: str = "int") -> dict[str, Any]:
     """Spans as Jaeger's /api/traces answers: µs times, tags, CHILD_OF references, processes.
 
-    ``stamps``: how int64 stamp tags come back — ``int`` (a JSON integer), ``str`` (a string) or
-    ``float`` (a double that lost the low digits, as a JavaScript client would see it).
+    ``stamps``: how int64 stamp tags come back — ``str`` (what Jaeger v1.76 does for values past
+    2^53), ``int`` (a JSON integer) or ``float`` (a double that lost the low digits).
     """
     traces: dict[str, list[dict[str, Any]]] = {}
     for s in spans:
@@ -193,7 +193,7 @@ def jaeger_stub() -> Iterator[tuple[str, _Stub]]:
             pass
 
     server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread = threading.Thread(target=server.serve_forever, kwargs={"poll_interval": 0.02}, daemon=True)
     thread.start()
     try:
         yield f"http://127.0.0.1:{server.server_address[1]}", stub
@@ -238,3 +238,15 @@ def test_read_jaeger_unreachable_and_bad_url() -> None:
         read_jaeger(f"http://127.0.0.1:{port}", "rmqtrace", timeout=2)
     with pytest.raises(SourceError, match="http"):
         read_jaeger("127.0.0.1:16686", "rmqtrace")
+
+
+def test_cli_warns_when_jaeger_hits_the_limit(jaeger_stub: tuple[str, _Stub],
+                                              capsys: pytest.CaptureFixture[str]) -> None:
+    from tracer.cli import main
+    url, stub = jaeger_stub
+    stub.payload = jaeger_payload(scenario_spans(KNOWN), stamps="str")
+    assert main(["report", "--jaeger", url, "--limit", "3", "--json"]) == 0
+    out, err = capsys.readouterr()
+    assert json.loads(out)["groups"][0]["jobs"][0]["lower_bound_s"] == pytest.approx(1.0)
+    assert "returned --limit 3 traces" in err
+    assert stub.queries[0][1]["limit"] == ["3"] and stub.queries[0][1]["service"] == ["rmqtrace"]

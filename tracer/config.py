@@ -11,12 +11,14 @@ from __future__ import annotations
 
 import logging
 import os
+import threading
 from dataclasses import dataclass
-from typing import Mapping, Sequence
+from typing import Callable, Mapping, Sequence
 
 from opentelemetry import trace
 from opentelemetry.sdk.resources import Resource
-from opentelemetry.sdk.trace import ReadableSpan, TracerProvider
+from opentelemetry.context import Context
+from opentelemetry.sdk.trace import ReadableSpan, Span, SpanProcessor, TracerProvider
 from opentelemetry.sdk.trace.export import BatchSpanProcessor, SpanExporter, SpanExportResult
 
 log = logging.getLogger(__name__)
@@ -53,13 +55,20 @@ class Settings:
 
 
 class CountingExporter(SpanExporter):
-    """Counts spans the wrapped exporter failed to deliver, so a dead backend is visible."""
+    """Counts spans the wrapped exporter failed to deliver, so a dead backend is visible.
 
-    def __init__(self, inner: SpanExporter, on_dropped: "DropCounter") -> None:
+    ``on_taken(n)`` is told, before each export, how many spans left the processor's queue.
+    """
+
+    def __init__(self, inner: SpanExporter, on_dropped: "DropCounter",
+                 on_taken: Callable[[int], None] | None = None) -> None:
         self.inner = inner
         self.on_dropped = on_dropped
+        self.on_taken = on_taken
 
     def export(self, spans: Sequence[ReadableSpan]) -> SpanExportResult:
+        if self.on_taken is not None:
+            self.on_taken(len(spans))
         try:
             result = self.inner.export(spans)
         except Exception:  # noqa: BLE001 - exporters should not raise, some do
@@ -77,17 +86,81 @@ class CountingExporter(SpanExporter):
 
 
 class DropCounter:
+    """Spans lost on the way to the backend; ``bind`` mirrors them into ``rmqtrace_spans_dropped``."""
+
     def __init__(self) -> None:
         self.dropped = 0
         self._metric: object | None = None
+        self._lock = threading.Lock()
 
     def bind(self, counter: object) -> None:
-        self._metric = counter
+        with self._lock:
+            self._metric = counter
+            if self.dropped:
+                counter.inc(self.dropped)  # type: ignore[attr-defined]
 
     def __call__(self, n: int) -> None:
-        self.dropped += n
-        if self._metric is not None:
-            self._metric.inc(n)  # type: ignore[attr-defined]
+        with self._lock:
+            self.dropped += n
+            if self._metric is not None:
+                self._metric.inc(n)  # type: ignore[attr-defined]
+
+
+class CountingSpanProcessor(SpanProcessor):
+    """A :class:`BatchSpanProcessor` that counts every span it loses.
+
+    The SDK's batch processor drops spans when its queue is full (backend down or slow) and
+    counts them only in its opt-in internal metrics. This one keeps the number of spans handed
+    over and not yet taken by the exporter; at the queue's capacity it drops the span itself and
+    counts it, so the inner queue never overflows. Failed exports are counted by
+    :class:`CountingExporter`, spans still queued when shutdown gives up at shutdown. Nothing
+    here waits: a dead backend never slows the threads that end spans.
+    """
+
+    def __init__(self, exporter: SpanExporter, drops: DropCounter, max_queue_size: int | None = None) -> None:
+        if max_queue_size is None:
+            try:
+                max_queue_size = int(os.environ.get("OTEL_BSP_MAX_QUEUE_SIZE") or 2048)
+            except ValueError:
+                max_queue_size = 2048
+        self.max_queue_size = max(1, max_queue_size)
+        self.drops = drops
+        self._lock = threading.Lock()
+        self._pending = 0  # handed to the batch processor, not yet taken by the exporter
+        self._closed = False
+        self._inner = BatchSpanProcessor(CountingExporter(exporter, drops, self._taken),
+                                         max_queue_size=self.max_queue_size)
+
+    def _taken(self, n: int) -> None:
+        with self._lock:
+            self._pending = max(0, self._pending - n)
+
+    def on_start(self, span: Span, parent_context: Context | None = None) -> None:
+        pass
+
+    def on_end(self, span: ReadableSpan) -> None:
+        if span.context is None or not span.context.trace_flags.sampled:
+            return  # the batch processor exports sampled spans only
+        with self._lock:
+            room = not self._closed and self._pending < self.max_queue_size
+            if room:
+                self._pending += 1
+        if room:
+            self._inner.on_end(span)
+        else:
+            self.drops(1)
+
+    def shutdown(self) -> None:
+        with self._lock:
+            self._closed = True
+        self._inner.shutdown()
+        with self._lock:
+            left, self._pending = self._pending, 0
+        if left:
+            self.drops(left)  # never reached the exporter: shutdown ran out of time
+
+    def force_flush(self, timeout_millis: int = 30000) -> bool:
+        return self._inner.force_flush(timeout_millis)
 
 
 def make_exporter(settings: Settings) -> SpanExporter | None:
@@ -114,7 +187,8 @@ def configure_tracing(settings: Settings, *, set_global: bool = True,
     """Build an SDK tracer provider for ``settings``, unless one is already installed.
 
     When the application or ``opentelemetry-instrument`` set up the SDK already, that provider
-    is returned untouched: its exporters and samplers are the user's choice.
+    is returned untouched: its exporters and samplers are the user's choice. With ``drops``,
+    every span lost (queue full, export failed) is counted there.
     """
     if settings.sdk_disabled:
         return None
@@ -125,8 +199,9 @@ def configure_tracing(settings: Settings, *, set_global: bool = True,
     exporter = make_exporter(settings)
     if exporter is not None:
         if drops is not None:
-            exporter = CountingExporter(exporter, drops)
-        provider.add_span_processor(BatchSpanProcessor(exporter))
+            provider.add_span_processor(CountingSpanProcessor(exporter, drops))
+        else:
+            provider.add_span_processor(BatchSpanProcessor(exporter))
     if set_global:
         trace.set_tracer_provider(provider)
     return provider

@@ -10,11 +10,16 @@ Delivery is at-least-once: a message is acked only after its handler returned, s
 between the handler's end and the ack, an ack lost on the wire, or a lease that could not be
 renewed (broker unreachable for longer than the lease) delivers it again. Handlers must be
 idempotent for those cases; the loop itself never runs one delivery twice.
+
+When receiving keeps failing, the loop re-announces the client's settings to the broker: the 5.x
+client sends them only at start-up and every five minutes, and a proxy that restarted meanwhile
+refuses every receive ("settings is null") until it has them again.
 """
 
 from __future__ import annotations
 
 import logging
+import math
 import signal
 import threading
 import time
@@ -30,6 +35,12 @@ from .stages import Outcome
 from .telemetry import MessageTrace, MessageTracer
 
 log = logging.getLogger(__name__)
+
+
+def whole_seconds(seconds: float) -> int:
+    """What the broker is told: RocketMQ counts invisibility in whole seconds, and the 5.x client
+    rejects anything but an ``int`` (a float fails every receive and every lease renewal)."""
+    return max(1, math.ceil(seconds))
 
 
 def exponential_backoff(attempt: int, base: float = 1.0, cap: float = 60.0) -> float:
@@ -49,6 +60,8 @@ class ConsumeStats:
     lease_errors: int = 0
     redelivered: int = 0  # received with delivery_attempt > 1
     receive_errors: int = 0
+    resyncs: int = 0  # settings re-announced after failed receives
+    resync_errors: int = 0
     errors_by_kind: dict[str, int] = field(default_factory=dict)
 
 
@@ -61,7 +74,12 @@ class _Held:
 
 
 class ConsumeLoop:
-    """Receive → dispatch → ack, with lease renewal and retry backoff. Stops on :meth:`stop`."""
+    """Receive → dispatch → ack, with lease renewal and retry backoff. Stops on :meth:`stop`.
+
+    A handler that raises, or runs past ``handler_timeout`` seconds, is not acked: the message
+    comes back after ``retry_backoff(delivery_attempt)`` seconds. ``resync_after``: failed
+    receives in a row before the client's settings are re-announced (0: never).
+    """
 
     def __init__(
         self,
@@ -80,11 +98,14 @@ class ConsumeLoop:
         prefetch: int = 0,
         renew_margin: float | None = None,
         retry_backoff: Callable[[int], float] = exponential_backoff,
+        handler_timeout: float | None = None,
+        resync_after: int = 3,
         monotonic: Callable[[], float] = time.monotonic,
     ) -> None:
         self.consumer = consumer
         self.tracer = tracer
         self.invisible_duration = invisible_duration
+        self._invisible_s = whole_seconds(invisible_duration)
         self.max_batch = max_batch
         # prefetch > 0 imitates a push consumer's local cache (the 5.x client keeps up to 1024
         # messages per queue): messages are received ahead and wait here, unseen by the broker
@@ -95,12 +116,13 @@ class ConsumeLoop:
         self._cache_cond = threading.Condition()
         self.renew_margin = renew_margin if renew_margin is not None else invisible_duration / 3
         self.retry_backoff = retry_backoff
+        self.resync_after = resync_after
         self.stats = ConsumeStats()
         self._monotonic = monotonic
         self._user_handler = handler
         self.dispatcher: Dispatcher[Any] = dispatcher or Dispatcher(
             self._handle, policy=policy, workers=workers, key=key, cost=cost,
-            on_done=self._on_done, metrics=dispatch_metrics, name="consume")
+            on_done=self._on_done, metrics=dispatch_metrics, handler_timeout=handler_timeout, name="consume")
         self._held: dict[int, _Held] = {}
         self._held_lock = threading.Lock()
         self._stop = threading.Event()
@@ -114,6 +136,7 @@ class ConsumeLoop:
     def run(self, until: Callable[[ConsumeStats], bool] | None = None) -> ConsumeStats:
         """Consume until :meth:`stop` (or ``until(stats)`` is true), then drain and ack."""
         self._start_helpers()
+        failures = 0  # receives failed in a row
         try:
             while not self._stop.is_set():
                 if until is not None and until(self.stats):
@@ -125,11 +148,15 @@ class ConsumeLoop:
                 try:
                     # the loop traces its messages itself: an instrumented client must not too
                     with suppress_instrumentation():
-                        messages = self.consumer.receive(min(free, self.max_batch), self.invisible_duration)
+                        messages = self.consumer.receive(min(free, self.max_batch), self._invisible_s)
                 except Exception as exc:  # noqa: BLE001 - broker down: keep trying, don't die
                     self._count("receive_errors", exc)
+                    failures += 1
+                    if self.resync_after and failures % self.resync_after == 0:
+                        self._resync()
                     self._stop.wait(0.5)
                     continue
+                failures = 0
                 pulled_ns = self.tracer.clock.now_ns() if self.tracer else 0
                 for msg in messages or ():
                     self._accept(msg, pulled_ns)
@@ -145,6 +172,21 @@ class ConsumeLoop:
         """SIGTERM and SIGINT stop the loop gracefully (call from the main thread)."""
         for sig in (signal.SIGTERM, signal.SIGINT):
             signal.signal(sig, lambda *_: self.stop())
+
+    def _resync(self) -> None:
+        """Send the client's settings to every endpoint again (5.x client; others: nothing)."""
+        routes = getattr(self.consumer, "route_manager", None)
+        announce = getattr(self.consumer, "on_new_endpoints", None)
+        if routes is None or announce is None:
+            return
+        try:
+            for endpoints in list(routes.get_all_endpoints().values()):
+                announce(endpoints)
+        except Exception as exc:  # noqa: BLE001
+            self._count("resync_errors", exc)
+            return
+        with self._stats_lock:
+            self.stats.resyncs += 1
 
     def _room(self) -> int:
         if self.prefetch > 0:
@@ -183,7 +225,8 @@ class ConsumeLoop:
         trace: MessageTrace | None = None
         if self.tracer is not None:
             try:
-                trace = self.tracer.start_message(describe(msg), pulled_ns)
+                body = getattr(msg, "body", None) if self.tracer.capture_body else None
+                trace = self.tracer.start_message(describe(msg), pulled_ns, body)
             except Exception as exc:  # noqa: BLE001
                 self.tracer.hook_failed("starting a message trace", exc)
         if self.prefetch > 0:
@@ -243,7 +286,7 @@ class ConsumeLoop:
                         self.stats.acked += 1
                 else:
                     attempt = getattr(msg, "delivery_attempt", 1) or 1
-                    self.consumer.change_invisible_duration(msg, self.retry_backoff(attempt))
+                    self.consumer.change_invisible_duration(msg, whole_seconds(self.retry_backoff(attempt)))
                     with self._stats_lock:
                         self.stats.retry_scheduled += 1
             except Exception as exc:  # noqa: BLE001 - the broker redelivers after the lease
@@ -260,7 +303,7 @@ class ConsumeLoop:
                     if held.done:
                         continue
                     try:
-                        self.consumer.change_invisible_duration(held.message, self.invisible_duration)
+                        self.consumer.change_invisible_duration(held.message, self._invisible_s)
                         held.deadline = self._monotonic() + self.invisible_duration
                         with self._stats_lock:
                             self.stats.leases_extended += 1

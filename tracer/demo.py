@@ -10,7 +10,6 @@ one line where the time went.
 from __future__ import annotations
 
 import json
-import statistics
 import threading
 import time
 from dataclasses import dataclass, field
@@ -25,6 +24,7 @@ from .dispatch import DispatchMetrics
 from .embedded import EmbeddedBroker, Message, Producer, SimpleConsumer
 from .metrics import TracerMetrics
 from .producer import TracedProducer
+from .report.model import percentile
 from .stages import GAPS, PATH_GAPS, Outcome, Stage
 from .stamps import compute_gaps
 from .telemetry import MessageTrace, MessageTracer
@@ -57,8 +57,7 @@ class PolicyRun:
     handler_s: list[float] = field(default_factory=list)
 
     def percentile(self, gap: str, q: float) -> float:
-        values = sorted(self.gaps.get(gap) or [0.0])
-        return values[min(len(values) - 1, int(q * len(values)))]
+        return percentile(self.gaps.get(gap) or [0.0], q)  # nearest rank, as the report
 
     def share(self, gap: str) -> float:
         total = sum(sum(self.gaps.get(g.name, [])) for g in PATH_GAPS)
@@ -184,6 +183,3 @@ def summary_json(runs: Sequence[PolicyRun], path: Path) -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(json.dumps([r.as_dict() for r in runs], indent=2))
 
-
-def median(values: Sequence[float]) -> float:
-    return statistics.median(values) if values else 0.0

@@ -58,6 +58,7 @@ class PropagationErrors:
         "not_text",
         "inject_failed",
         "unreadable",
+        "timestamp_out_of_range",  # a broker or client timestamp before 2000 or over a day ahead
     )
 
     def __init__(self, on_count: Callable[[str], None] | None = None) -> None:
@@ -135,12 +136,21 @@ def parse_traceparent(value: str, tracestate: str | None, errors: PropagationErr
                        trace_state=state)
 
 
+def plausible_ns(ns: int, now_ns: int) -> bool:
+    """A wall-clock time that can be a real stamp: after 2000 and at most a day ahead of ``now_ns``.
+
+    Anything else would poison the skew bounds and make spans the OTLP encoder rejects (its
+    times are unsigned 64-bit), losing the whole export batch they travel in.
+    """
+    return _NS_MIN <= ns <= now_ns + _NS_FUTURE_SLACK
+
+
 def parse_produce_ns(value: str, errors: PropagationErrors, now_ns: int) -> int:
     if not value.isascii() or not value.isdigit() or len(value) > 20:
         errors.count("produce_ns_malformed", value)
         return 0
     ns = int(value)
-    if ns < _NS_MIN or ns > now_ns + _NS_FUTURE_SLACK:
+    if not plausible_ns(ns, now_ns):
         errors.count("produce_ns_out_of_range", value)
         return 0
     return ns

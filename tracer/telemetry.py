@@ -24,7 +24,7 @@ from opentelemetry.trace import Span, SpanContext, SpanKind, Status, StatusCode,
 from .clock import Clock, default_clock
 from .message import MessageInfo
 from .metrics import TracerMetrics
-from .propagation import Carried, PropagationErrors, extract, inject
+from .propagation import Carried, PropagationErrors, extract, inject, plausible_ns
 from .spans import DeferredSpan, SpanWriter, span_writer
 from .stages import CROSS_CLOCK_GAPS, Outcome, Stage
 from .stamps import MISSING, SkewTracker, Stamps, timeline
@@ -40,6 +40,7 @@ _GAP_SPANS: tuple[tuple[str, Stage, Stage], ...] = (
     ("dispatch_wait", Stage.DISPATCH_ENQUEUE, Stage.HANDLER_START),
 )
 _STAMP_ATTRS: tuple[tuple[int, str], ...] = tuple((int(s), f"rmqtrace.stamp.{s.name.lower()}_ns") for s in Stage)
+BODY_ATTR = "rmqtrace.message.body"
 
 
 class MessageTracer:
@@ -47,6 +48,10 @@ class MessageTracer:
 
     ``tracer_provider=None`` uses the global provider (so ``opentelemetry-instrument`` and any
     SDK setup the application did apply); ``metrics=None`` records no histograms.
+
+    Message bodies are never recorded unless ``capture_body`` > 0: then the first ``capture_body``
+    bytes of a body passed to :meth:`start_message` go on the ``process`` span as
+    ``rmqtrace.message.body`` (UTF-8, undecodable bytes replaced).
     """
 
     def __init__(
@@ -58,8 +63,10 @@ class MessageTracer:
         clock: Clock | None = None,
         worker_attr: bool = True,
         listeners: Sequence[Callable[["MessageTrace", Outcome], None]] = (),
+        capture_body: int = 0,
     ) -> None:
         self.consumer_group = consumer_group
+        self.capture_body = max(0, int(capture_body))
         self.clock: Clock = clock or default_clock()
         self.metrics = metrics
         self._provider = tracer_provider
@@ -100,16 +107,30 @@ class MessageTracer:
         return SendTrace(span, produce_ns)
 
     # -- consumer side -------------------------------------------------------------------
-    def start_message(self, info: MessageInfo, pulled_ns: int | None = None) -> "MessageTrace":
-        """A trace for one received message, stamped with produce, broker store and client pull."""
+    def start_message(self, info: MessageInfo, pulled_ns: int | None = None,
+                      body: bytes | bytearray | str | None = None) -> "MessageTrace":
+        """A trace for one received message, stamped with produce, broker store and client pull.
+
+        ``body`` is read only when ``capture_body`` is on. Timestamps that cannot be real (before
+        2000, over a day ahead) are ignored and counted as ``timestamp_out_of_range``.
+        """
         now = self.clock.now_ns()
         carried = extract(info.properties, self.errors, now, info.system_trace_context)
         t = MessageTrace(self, info, carried)
         times = t.stamps.times
         times[Stage.PRODUCE] = carried.produce_ns
         if info.store_ms:
-            times[Stage.BROKER_STORE] = info.store_ms * 1_000_000
+            store_ns = info.store_ms * 1_000_000
+            if plausible_ns(store_ns, now):
+                times[Stage.BROKER_STORE] = store_ns
+            else:
+                self.errors.count("timestamp_out_of_range", f"store_ms={info.store_ms}")
+        if pulled_ns and not plausible_ns(pulled_ns, now):
+            self.errors.count("timestamp_out_of_range", f"pulled_ns={pulled_ns}")
+            pulled_ns = None
         times[Stage.CLIENT_PULL] = pulled_ns if pulled_ns else now
+        if self.capture_body and body is not None:
+            t.body = body
         return t
 
     def writer(self) -> SpanWriter | None:
@@ -155,7 +176,7 @@ class SendTrace:
 class MessageTrace:
     """Stamps of one received message and, while its handler runs, its live handler span."""
 
-    __slots__ = ("_tracer", "info", "carried", "stamps", "worker", "_ctx", "_handler", "_token", "_done")
+    __slots__ = ("_tracer", "info", "carried", "stamps", "worker", "body", "_ctx", "_handler", "_token", "_done")
 
     def __init__(self, tracer: MessageTracer, info: MessageInfo, carried: Carried) -> None:
         self._tracer = tracer
@@ -163,6 +184,7 @@ class MessageTrace:
         self.carried = carried
         self.stamps = Stamps()
         self.worker: int | None = None
+        self.body: bytes | bytearray | str | None = None  # set only when body capture is on
         self._ctx: SpanContext | None = None  # the process span's, once sampled
         self._handler: Span | None = None
         self._token: object | None = None
@@ -301,7 +323,15 @@ class MessageTrace:
         for i, name in _STAMP_ATTRS:
             if times[i] != MISSING:
                 attrs[name] = times[i]
+        if self.body is not None:
+            attrs[BODY_ATTR] = body_preview(self.body, self._tracer.capture_body)
         return attrs
+
+
+def body_preview(body: bytes | bytearray | str, limit: int) -> str:
+    """The first ``limit`` bytes of a body as text: valid UTF-8 whatever the bytes were."""
+    raw = body[:limit].encode("utf-8", "replace") if isinstance(body, str) else bytes(body[:limit])
+    return raw[:limit].decode("utf-8", "replace")
 
 
 def _message_attrs(attrs: dict[str, Any], tag: str | None, keys: Sequence[str],

@@ -22,7 +22,10 @@
 #
 # Environment: RMQ_RUN_DIR (default <repo>/.cache/rocketmq/run), RMQ_LIB_DIR (default
 # <repo>/.cache/rocketmq/lib), RMQ_JAVA (java binary, default: a JDK 17), RMQ_VERSION (force a
-# RocketMQ version), RMQ_START_TIMEOUT (seconds, default 180), RMQ_STOP_TIMEOUT (default 30).
+# RocketMQ version), RMQ_START_TIMEOUT (seconds, default 180), RMQ_STOP_TIMEOUT (default 30),
+# RMQ_PROXY_JVM_OPTS / RMQ_NAMESRV_JVM_OPTS (extra JVM flags), RMQ_ADMIN=java (see topic/group).
+# Ports (fixed, see conf/): name server 9876, broker 10911 (+10909 vip, 10912 HA), proxy gRPC 8081,
+# proxy remoting 8080. One instance per machine; the pid files decide what `stop` may kill.
 set -euo pipefail
 
 HERE="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
@@ -67,7 +70,8 @@ find_java() {
     die "no JDK 11..21 found (install openjdk-17-jdk-headless or set RMQ_JAVA)"
 }
 
-pom_sum() { sha256sum "$HERE/pom.xml" | cut -c1-16; }
+# hash of the pom without its comments (editing a comment must not trigger a re-download)
+pom_sum() { sed '/<!--/,/-->/d' "$HERE/pom.xml" | sha256sum | cut -c1-16; }
 
 lib_ok() {
     [[ -f "$LIB/.complete" ]] || return 1
@@ -78,6 +82,10 @@ lib_ok() {
 
 ensure_lib() {
     lib_ok && return 0
+    if compgen -G "$LIB/rocketmq-proxy-*.jar" >/dev/null && { live_pid proxy >/dev/null || live_pid namesrv >/dev/null; }; then
+        log "WARNING: $LIB is stale (pom.xml changed) but in use by running JVMs; keeping it until 'rmq.sh stop'"
+        return 0
+    fi
     command -v mvn >/dev/null || die "maven (mvn) not found: apt-get install -y maven"
     local v tmp="$LIB.tmp.$$" t0=$SECONDS
     mkdir -p "$(dirname "$LIB")"

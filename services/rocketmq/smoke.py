@@ -27,8 +27,8 @@ sys.path.insert(0, HERE)
 import rmq_admin  # noqa: E402  (stdlib-only topic/group creation, a few ms)
 RMQ_SH = os.path.join(HERE, "rmq.sh")
 ENDPOINT = os.environ.get("RMQ_GRPC_ENDPOINT", "127.0.0.1:8081")
-TOPIC = os.environ.get("RMQ_TOPIC", "rmqtrace-test")
-FIFO_TOPIC = os.environ.get("RMQ_FIFO_TOPIC", "rmqtrace-fifo")
+# Every check uses its own new topic (rmq_admin: a few ms): a NEW consumer group starts at the
+# beginning of the queues (messages still in the store), so shared topics hand old messages to it.
 
 # --- import side effects of the client ------------------------------------------------------
 # rocketmq/v5/log/log_config.py runs at import time: os.makedirs(expanduser("~/logs/rocketmq_python/"))
@@ -72,6 +72,14 @@ def client_errors(since=0):
 
 
 RUN = uuid.uuid4().hex[:8]
+
+
+def fresh_topic(name, fifo=False):
+    t = f"smoke-{name}-{RUN}"
+    t0 = time.monotonic()
+    rmq_admin.create_topic(t, fifo=fifo)
+    print(f"  topic {t} ({'FIFO' if fifo else 'NORMAL'}) created in {1000 * (time.monotonic() - t0):.0f} ms")
+    return t
 
 
 def now_ms():
@@ -173,6 +181,7 @@ def receive_mine(consumer, want, invisible=10, deadline_s=30, ack=True, max_num=
 def check_normal():
     print("== normal topic: send with tag/keys/properties, SimpleConsumer receive + ack")
     group = f"smoke-normal-{RUN}"
+    TOPIC = fresh_topic("normal")
     c = start_simple(group, TOPIC, await_duration=2)
     # a first (empty) receive: shows the long-polling block time and initialises the group's offset
     t0 = time.monotonic()
@@ -213,6 +222,7 @@ def check_normal():
 def check_redelivery():
     print("== redelivery: receive, do not ack, wait for invisible_duration")
     group = f"smoke-redeliver-{RUN}"
+    TOPIC = fresh_topic("redeliver")
     c = start_simple(group, TOPIC, await_duration=1)
     for m in c.receive(16, 10):
         c.ack(m)
@@ -245,6 +255,7 @@ def check_redelivery():
 def check_change_invisible():
     print("== change_invisible_duration")
     group = f"smoke-chinv-{RUN}"
+    TOPIC = fresh_topic("chinv")
     c = start_simple(group, TOPIC, await_duration=1)
     for m in c.receive(16, 10):
         c.ack(m)
@@ -287,6 +298,7 @@ def check_change_invisible():
 def check_fifo():
     print("== FIFO topic + FIFO consumer group")
     group = f"smoke-fifo-{RUN}"
+    FIFO_TOPIC = fresh_topic("fifo", fifo=True)
     took = rmq("group", group, "fifo")
     print(f"  rmq.sh group {group} fifo: {took:.2f}s")
     c = start_simple(group, FIFO_TOPIC, await_duration=1, fifo_group=True)
@@ -357,6 +369,7 @@ def check_push(patched=False):
         patch_push_consumer_metrics_bug()
     mark = len(CAPTURE.records)
     group = f"smoke-push-{'p' if patched else 'u'}-{RUN}"
+    TOPIC = fresh_topic("push-p" if patched else "push")
     lst = Listener()
     lst.tag = "pushp" if patched else "push"
     lst.want = 20
@@ -397,6 +410,7 @@ def check_push(patched=False):
 def check_push_fifo():
     print("== PushConsumer on the FIFO topic with a FIFO group")
     group = f"smoke-pushfifo-{RUN}"
+    FIFO_TOPIC = fresh_topic("pushfifo", fifo=True)
     rmq_admin.create_group(group, fifo=True)
     lst = Listener()
     lst.tag = "pushfifo"

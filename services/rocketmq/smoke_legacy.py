@@ -56,7 +56,8 @@ ATTRS = ["id", "topic", "tags", "keys", "body", "queue_id", "queue_offset", "rec
          "store_size", "born_timestamp", "store_timestamp", "commit_log_offset",
          "prepared_transaction_offset", "delay_time_level"]
 PROPS = ["run", "seq", "sent_ms", "UNIQ_KEY", "KEYS", "TAGS", "CONSUME_START_TIME", "RECONSUME_TIME",
-         "MAX_RECONSUME_TIMES", "WAIT", "POP_CK", "MSG_REGION", "TRACE_ON"]
+         "MAX_RECONSUME_TIMES", "RETRY_TOPIC", "ORIGIN_MESSAGE_ID", "REAL_TOPIC", "WAIT", "MSG_REGION",
+         "TRACE_ON"]
 
 
 def main(argv):

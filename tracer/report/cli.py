@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import shutil
 import sys
 import tempfile
 from pathlib import Path
@@ -96,6 +97,10 @@ def cmd_report(args: argparse.Namespace) -> int:
             spans = read_jaeger(args.jaeger, args.service, limit=args.limit, lookback_s=lookback,
                                 timeout=args.timeout)
             source = f"Jaeger {args.jaeger} service {args.service}"
+            traces = len({s.trace_id for s in spans})
+            if traces >= args.limit:
+                print(f"rmqtrace report: warning: Jaeger returned --limit {args.limit} traces; there may be more "
+                      "(raise --limit or narrow --lookback)", file=sys.stderr)
         else:
             path = Path(args.spans or os.environ.get("RMQTRACE_SPANS_FILE") or DEFAULT_SPANS)
             spans = read_jsonl(path)
@@ -131,6 +136,9 @@ def cmd_report(args: argparse.Namespace) -> int:
             png = screenshot(html_path, args.png)
         except PngError as exc:
             return _fail(str(exc))
+        finally:
+            if not args.html:  # the page was only drawn for the picture
+                shutil.rmtree(html_path.parent, ignore_errors=True)
         print(f"png: {png}", file=info)
     return 0
 

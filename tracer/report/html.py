@@ -24,9 +24,19 @@ from typing import Sequence
 
 from ..stages import GAP_BY_NAME, GAPS, PATH_GAPS
 from ..stamps import timeline
-from .model import PRODUCED_LATE, SPLIT_PARTS, GroupStats, Heatmap, MessageRecord, Report, build_report
+from .model import (
+    PRODUCED_LATE,
+    SPLIT_PARTS,
+    GroupStats,
+    Heatmap,
+    MessageRecord,
+    Report,
+    build_report,
+    step_means,
+)
 
 MAX_ROWS = 300
+MAX_STEPS = 4000  # occupancy steps drawn exactly up to this many, else averaged per pixel column
 STAGE_COLOR = {PRODUCED_LATE: "#d9d9d9", "send": "#9e9e9e", "broker_wait": "#56b4e9", "client_buffer": "#e69f00",
                "dispatch_wait": "#d55e00", "handler": "#009e73"}
 STAGE_LABEL = {PRODUCED_LATE: "not yet produced", "send": "send", "broker_wait": "broker wait",
@@ -50,6 +60,7 @@ nav a { margin-right: 14px; color: #1a5fb4; text-decoration: none; } nav a:hover
 .sw { display: inline-block; width: 12px; height: 12px; border-radius: 2px; vertical-align: -1px; margin-right: 5px; }
 .cols { display: grid; grid-template-columns: repeat(auto-fit, minmax(360px, 1fr)); gap: 16px; align-items: start; }
 .card { background: var(--card); border: 1px solid var(--line); border-radius: 8px; padding: 12px 14px; min-width: 0; }
+.jobs { display: grid; grid-template-columns: repeat(auto-fit, minmax(360px, 1fr)); gap: 10px 24px; }
 .card svg, svg#compare { display: block; max-width: 100%; height: auto; }
 .big { font-size: 26px; font-weight: 650; } .big small { font-size: 14px; font-weight: 400; color: var(--muted); }
 .bad { color: #b3261e; } .ok { color: #1e7a34; }
@@ -114,7 +125,13 @@ def _heat_color(count: int, top: int) -> str:
 def _mix(a: str, b: str, t: float) -> str:
     ca = [int(a[i:i + 2], 16) for i in (1, 3, 5)]
     cb = [int(b[i:i + 2], 16) for i in (1, 3, 5)]
-    return "#" + "".join(f"{round(x + (y - x) * t):02x}" for x, y in zip(ca, cb))
+    return "#" + "".join(f"{round(x + (y - x) * t):02x}" for x, y in zip(ca, cb, strict=True))
+
+
+def _ink(background: str) -> str:
+    """Text colour readable on ``background`` (#rrggbb)."""
+    r, g, b = (int(background[i:i + 2], 16) for i in (1, 3, 5))
+    return "#1d1d1f" if 0.299 * r + 0.587 * g + 0.114 * b > 150 else "#ffffff"
 
 
 def _wait_label(v: float) -> str:
@@ -125,6 +142,13 @@ def _wait_label(v: float) -> str:
     if v < 1:
         return f"{v * 1e3:g} ms"
     return f"{v:g} s"
+
+
+def _wait_range(lo: float, hi: float) -> str:
+    """``50–100 ms``, ``500 ms–1 s``: the unit once when both ends share it."""
+    a, b = _wait_label(lo), _wait_label(hi)
+    ua, ub = a.rsplit(" ", 1)[-1], b.rsplit(" ", 1)[-1]
+    return f"{a.rsplit(' ', 1)[0]}–{b}" if ua == ub else f"{a}–{b}"
 
 
 def _legend() -> str:
@@ -169,7 +193,8 @@ def _split_svg(split: dict[str, float], total: float, w: int = CHART_W) -> str:
         parts.append(f'<rect x="{_n(x)}" y="0" width="{_n(max(seg, 0.8))}" height="{h}" fill="{STAGE_COLOR[p]}">'
                      f'<title>{STAGE_LABEL[p]}: {fmt_s(split[p])}</title></rect>')
         if seg > 70:
-            parts.append(f'<text x="{_n(x + 4)}" y="17" style="fill:#fff;font-weight:600">{fmt_s(split[p])}</text>')
+            parts.append(f'<text x="{_n(x + 4)}" y="17" style="fill:{_ink(STAGE_COLOR[p])};font-weight:600">'
+                         f"{fmt_s(split[p])}</text>")
         x += seg
     return (f'<svg class="split" width="{w}" viewBox="0 0 {w} {h}" role="img" aria-label="critical path split">'
             + "".join(parts) + "</svg>")
@@ -207,6 +232,7 @@ def _job_card(g: GroupStats, width: int) -> str:
     out = [f'<div class="card" data-group="{escape(g.group)}"><h3>{escape(g.group)}</h3>']
     wsrc = {"attribute": "from rmqtrace.worker", "inferred": "inferred: peak concurrent handlers",
             "given": "given with --workers"}[g.workers_source]
+    out.append('<div class="jobs">')
     for j in g.jobs:
         c = j.critical
         m = c.message
@@ -221,7 +247,7 @@ def _job_card(g: GroupStats, width: int) -> str:
             ("messages", f"{j.messages}"),
             ("workers", f"{j.workers} ({wsrc})"),
             ("workers busy", f"{j.occupancy:.0%} of workers × completion"),
-            ("total handler time", f"{fmt_s(j.total_handler_s)} → / {j.workers} workers = "
+            ("total handler time", f"{fmt_s(j.total_handler_s)} ÷ {j.workers} workers = "
                                    f"{fmt_s(j.total_handler_s / j.workers if j.workers else 0)}"),
             ("longest message", f"{fmt_s(j.longest_handler_s)} ({escape(j.longest_message_id)})"),
             ("finished last", f'<span class="mono">{escape(m.message_id)}</span> {escape(m.keys)}'
@@ -230,12 +256,12 @@ def _job_card(g: GroupStats, width: int) -> str:
         out += [f"<tr><td>{k}</td><td class='l'>{v}</td></tr>" for k, v in rows]
         out.append("</table>")
         out.append('<p class="note">Where the job\'s time went on the path of the message that finished last:</p>')
-        out.append(_split_svg(c.split_s, j.completion_s, width))
+        out.append(_split_svg(c.split_s, j.completion_s, width if len(g.jobs) == 1 else min(width, 380)))
         out.append('<div class="note">' + " · ".join(
             f'<span class="sw" style="background:{STAGE_COLOR[p]}"></span>{STAGE_LABEL[p]} {fmt_s(c.split_s[p])}'
             for p in SPLIT_PARTS if c.split_s[p] > 0) + "</div>")
         out.append(f'<div class="verdict">{escape(c.verdict)}</div></div>')
-    out.append("</div>")
+    out.append("</div></div>")
     return "".join(out)
 
 
@@ -298,7 +324,7 @@ def _row_title(r: MessageRecord, t0: int) -> str:
 def waterfall_svg(g: GroupStats, axis_s: float, max_rows: int = MAX_ROWS, width: int = CHART_W) -> tuple[str, int]:
     rows = sample_rows(g, max_rows)
     rh = max(2.0, min(12.0, 600 / max(1, len(rows))))
-    top, left, right = 22, 4, 10
+    top, left, right = 22, 12, 10
     x = _X(axis_s, left, width - left - right)
     plot_h = len(rows) * rh
     h = top + plot_h + 24
@@ -381,14 +407,14 @@ def heatmap_svg(hm: Heatmap, rows: int, top_count: int, axis_s: float, group: st
     cw = plot_w / max(1, buckets)
     x = _X(axis_s, left, plot_w)
     h = top + rows * cell_h + 24
-    out = [f'<svg class="heat" width="{width}" viewBox="0 0 {width} {h}" role="img" aria-label="{escape(hm.gap)} heatmap of '
-           f'{escape(group)}">']
+    out = [f'<svg class="heat" width="{width}" viewBox="0 0 {width} {h}" role="img" '
+           f'aria-label="{escape(hm.gap)} heatmap of {escape(group)}">']
     edges = hm.wait_edges_s
     for j in range(rows):
         y = top + (rows - 1 - j) * cell_h  # longest waits on top
         lo = edges[j]
         label = f"≥ {_wait_label(lo)}" if j + 1 >= len(edges) else (
-            f"< {_wait_label(edges[1])}" if j == 0 else f"{_wait_label(lo)} – {_wait_label(edges[j + 1])}")
+            f"< {_wait_label(edges[1])}" if j == 0 else _wait_range(lo, edges[j + 1]))
         out.append(f'<text x="{left - 4}" y="{_n(y + cell_h - 4)}" text-anchor="end">{label}</text>')
         for i in range(buckets):
             c = hm.counts[j][i]
@@ -457,9 +483,13 @@ def occupancy_svg(g: GroupStats, axis_s: float, y_max: int, width: int = CHART_W
     for v in sorted({0, ymax // 2, ymax}):
         out.append(f'<line class="grid" x1="{left}" y1="{_n(y(v))}" x2="{width - 10}" y2="{_n(y(v))}"/>'
                    f'<text x="{left - 4}" y="{_n(y(v) + 4)}" text-anchor="end">{v}</text>')
+    steps: Sequence[tuple[float, float]] = occ.steps
+    if len(steps) > MAX_STEPS:  # one point per pixel column is all a screen can show
+        cols = int(x.width)
+        steps = [(i * axis_s / cols, m) for i, m in enumerate(step_means(occ.steps, axis_s, cols))]
     d = [f"M{_n(x(0))},{_n(y(0))}"]
-    prev = 0
-    for t, busy in occ.steps:
+    prev: float = 0
+    for t, busy in steps:
         px = x(t)
         d.append(f"L{_n(px)},{_n(y(prev))}L{_n(px)},{_n(y(busy))}")
         prev = busy
@@ -546,8 +576,9 @@ def render_html(report: Report, *, title: str = "rmqtrace report", max_rows: int
     when = (generated or _dt.datetime.now(_dt.timezone.utc)).strftime("%Y-%m-%d %H:%M:%S UTC")
     groups = ", ".join(escape(g.group) for g in report.groups)
     body = [
-        f"<header><h1>{escape(title)}</h1><p class='meta'>{escape(report.source)} · {report.messages} messages in "
-        f"{len(report.groups)} group(s): {groups} · generated {when}</p>",
+        f"<header><h1>{escape(title)}</h1><p class='meta'>"
+        + " · ".join(x for x in (escape(report.source), f"{report.messages} messages in {len(report.groups)} "
+                                 f"group(s): {groups}", f"generated {when}") if x) + "</p>",
         '<nav><a href="#job-view">Job view</a><a href="#stages">Stage gaps</a><a href="#waterfall">Waterfall</a>'
         '<a href="#heatmap">Heatmap</a><a href="#occupancy">Occupancy</a><a href="#slowest">Slowest</a></nav>'
         + _legend() + "</header>",

@@ -250,7 +250,9 @@ def infer_workers(records: Sequence[MessageRecord]) -> int:
     busy: list[tuple[int, int]] = []  # (end_ns, lane)
     free: list[int] = []
     lanes = 0
-    for r in sorted((r for r in records if r.handled), key=lambda r: (r.t(Stage.HANDLER_START), r.t(Stage.HANDLER_END))):
+    handled = sorted((r for r in records if r.handled),
+                     key=lambda r: (r.t(Stage.HANDLER_START), r.t(Stage.HANDLER_END)))
+    for r in handled:
         start = r.t(Stage.HANDLER_START)
         while busy and busy[0][0] <= start:
             heapq.heappush(free, heapq.heappop(busy)[1])
@@ -298,9 +300,9 @@ def stage_stats(records: Sequence[MessageRecord]) -> dict[str, StageStats]:
     for g in GAPS:
         vals = [r.gaps[g.name].seconds for r in records if g.name in r.gaps]
         total = sum(vals)
+        p50, p95, p99, top = (percentile(vals, q) for _, q in PERCENTILES)
         out[g.name] = StageStats(
-            g.name, len(vals), *(percentile(vals, q) for _, q in PERCENTILES),
-            mean=total / len(vals) if vals else 0.0, total=total,
+            g.name, len(vals), p50, p95, p99, top, mean=total / len(vals) if vals else 0.0, total=total,
             share=total / path_total if path_total and g in PATH_GAPS else 0.0,
             clamped=sum(1 for r in records if g.name in r.gaps and r.gaps[g.name].clamped))
     return out
@@ -348,14 +350,30 @@ def occupancy(records: Sequence[MessageRecord], t0_ns: int, axis_s: float, bucke
         else:
             steps.append((t, busy))
     width = axis_s / buckets if buckets and axis_s > 0 else 0.0
+    return Occupancy(workers, steps, width, step_means(steps, axis_s, buckets) if width > 0 else [])
+
+
+def step_means(steps: Sequence[tuple[float, int]], axis_s: float, buckets: int) -> list[float]:
+    """The mean of a step function (``(t, level from t on)``, sorted) over ``buckets`` equal
+    slices of ``[0, axis_s)``; one sweep, so it stays cheap for any number of steps."""
+    width = axis_s / buckets
     means: list[float] = []
-    if width > 0:
-        w_ns = width * 1e9
-        for i in range(buckets):
-            a = t0_ns + round(i * w_ns)
-            b = t0_ns + round((i + 1) * w_ns)
-            means.append(mean_busy(intervals, a, b) or 0.0)
-    return Occupancy(workers, steps, width, means)
+    k, n = 0, len(steps)
+    for i in range(buckets):
+        a, b = i * width, (i + 1) * width
+        while k + 1 < n and steps[k + 1][0] <= a:
+            k += 1
+        area, cur, j = 0.0, a, k
+        while True:
+            level = steps[j][1] if steps[j][0] <= cur else 0
+            nxt = steps[j + 1][0] if j + 1 < n else math.inf
+            end = min(b, nxt)
+            area += level * (end - cur)
+            if nxt >= b:
+                break
+            cur, j = nxt, j + 1
+        means.append(area / width)
+    return means
 
 
 def wait_edges(max_s: float, floor_s: float = 1e-4) -> list[float]:
@@ -612,5 +630,5 @@ def build_report(spans: Iterable[SpanRecord], *, group: str | None = None, job: 
 __all__ = [
     "CriticalPath", "GroupStats", "Heatmap", "JobStats", "MessageRecord", "Occupancy", "Report", "StageStats",
     "build_group", "build_report", "heatmap", "infer_workers", "mean_busy", "messages_from_spans", "occupancy",
-    "percentile", "stage_stats", "wait_edges",
+    "percentile", "stage_stats", "step_means", "wait_edges",
 ]

@@ -4,11 +4,12 @@ Both yield :class:`~tracer.spanfile.SpanRecord`. The Jaeger reader speaks the HT
 Jaeger UI uses (``/api/traces``), with the standard library only.
 
 Precision: stamps are ns since the epoch (~1.8e18), beyond the 2^53 a double holds exactly.
-Jaeger stores ``int64`` tags as integers and its JSON writes them as plain integer literals,
-which Python's ``json`` parses exactly, so the stamps survive the trip. A tag that arrives as a
-float (a proxy or store that went through doubles) is kept as a float, and the model then
-rebuilds that message's timing from span times instead (µs resolution); the report counts such
-messages.
+Jaeger (v1.76, ``/api/traces``) keeps ``int64`` tags as integers and writes those beyond 2^53 as
+JSON *strings* (``"value": "1795979586780817535"``) and small ones as numbers; both are read back
+as exact ints, so the stamps survive the trip (checked against a real Jaeger in
+``tests/test_report_jaeger.py``). A tag that arrives as a float (a proxy or store that went
+through doubles) is kept as a float; the model then rebuilds that message's timing from span
+times instead (µs resolution) and the report counts such messages.
 """
 
 from __future__ import annotations

@@ -1,0 +1,79 @@
+"""promtool on the shipped rules: `check rules`, the unit tests in dashboards/prometheus/tests, and
+that every alert has a firing, a pending and a not-firing case there.
+
+promtool comes with the Debian ``prometheus`` package; when it is missing, services/prometheus/prom.sh
+install is tried (skip if that fails, fail under RMQTRACE_REQUIRE_SERVICES=1).
+"""
+
+from __future__ import annotations
+
+import re
+import subprocess
+from pathlib import Path
+
+import yaml
+
+from services import (
+    RULE_TESTS,
+    RULES,
+    VARIANT_FOR,
+    VARIANT_THRESHOLDS,
+    ensure_promtool,
+    load_rules,
+    render_rule_variant,
+)
+
+
+def promtool(*args: str, cwd: Path | None = None) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([ensure_promtool(), *args], capture_output=True, text=True, cwd=cwd, timeout=120)
+
+
+def test_promtool_check_rules() -> None:
+    proc = promtool("check", "rules", str(RULES))
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert f"SUCCESS: {len(load_rules())} rules found" in proc.stdout
+
+
+def test_promtool_unit_tests_pass() -> None:
+    files = sorted(p.name for p in RULE_TESTS.glob("*.yml"))
+    assert files
+    proc = promtool("test", "rules", *files, cwd=RULE_TESTS)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert proc.stdout.count("SUCCESS") == len(files), proc.stdout
+
+
+def test_every_alert_has_firing_pending_and_quiet_cases() -> None:
+    firing: set[str] = set()
+    quiet: set[str] = set()
+    pending: set[str] = set()
+    for path in RULE_TESTS.glob("*.yml"):
+        doc = yaml.safe_load(path.read_text())
+        assert doc["rule_files"] == ["../rmqtrace-alerts.yml"], path
+        for case in doc["tests"]:
+            for t in case.get("alert_rule_test", []):
+                (firing if t["exp_alerts"] else quiet).add(t["alertname"])
+            for t in case.get("promql_expr_test", []):
+                for sample in t.get("exp_samples") or []:
+                    m = re.search(r'alertname="(\w+)",alertstate="pending"', sample["labels"])
+                    if m:
+                        pending.add(m[1])
+    alerts = {r["alert"] for r in load_rules() if "alert" in r}
+    assert alerts - firing == set(), "no firing case"
+    assert alerts - quiet == set(), "no not-firing case"
+    assert alerts - pending == set(), "no pending case"
+
+
+def test_the_end_to_end_variant_is_valid_and_differs_only_where_documented(tmp_path: Path) -> None:
+    variant = render_rule_variant(tmp_path / "variant.yml", for_=VARIANT_FOR, thresholds=VARIANT_THRESHOLDS)
+    proc = promtool("check", "rules", str(variant))
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    shipped, test_copy = load_rules(), load_rules(variant)
+    assert len(shipped) == len(test_copy)
+    for a, b in zip(shipped, test_copy, strict=True):
+        changed = {k for k in a.keys() | b.keys() if a.get(k) != b.get(k)}
+        if "alert" not in a:
+            assert not changed
+        elif a["alert"] in VARIANT_THRESHOLDS:
+            assert changed == {"for", "expr"} and b["for"] == VARIANT_FOR
+        else:
+            assert changed <= {"for"} and b["for"] == VARIANT_FOR
