@@ -115,7 +115,8 @@ def test_traced_listener_lets_user_exceptions_through(spans, registry):
 def test_instrumentor_patch_and_unpatch_leave_the_client_as_it_was(registry):
     rocketmq = pytest.importorskip("rocketmq")
     from rocketmq import Producer as RProducer
-    from rocketmq import PushConsumer, SimpleConsumer as RSimple
+    from rocketmq import PushConsumer
+    from rocketmq import SimpleConsumer as RSimple
 
     from tracer.instrumentor import RocketMQInstrumentor
 

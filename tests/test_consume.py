@@ -1,13 +1,13 @@
 import threading
 
+from waiting import wait_until
+
 from tracer.consume import ConsumeLoop
 from tracer.embedded import EmbeddedBroker, Message, Producer, SimpleConsumer
 from tracer.metrics import TracerMetrics
 from tracer.producer import TracedProducer
 from tracer.stages import Stage
 from tracer.telemetry import MessageTracer
-
-from waiting import wait_until
 
 
 def pipeline(n: int, handler, *, invisible: float = 30.0, tracer=None, producer_tracer=None, **kw):

@@ -2,10 +2,17 @@ import time
 
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from opentelemetry import trace
 
 from tracer.propagation import (
-    COST, JOB_ID, PRODUCE_NS, TRACEPARENT, TRACESTATE, PropagationErrors, extract, inject, parse_traceparent,
+    COST,
+    JOB_ID,
+    PRODUCE_NS,
+    TRACEPARENT,
+    TRACESTATE,
+    PropagationErrors,
+    extract,
+    inject,
+    parse_traceparent,
 )
 
 NOW = time.time_ns()

@@ -19,10 +19,18 @@ import time
 from pathlib import Path
 
 import pytest
-
 from fault_programs.harness import (
-    RMQ_SH, Accounting, Consumers, create, ensure_broker, poll, read_log, record_figures, send_numbered,
-    start_producer, unique,
+    RMQ_SH,
+    Accounting,
+    Consumers,
+    create,
+    ensure_broker,
+    poll,
+    read_log,
+    record_figures,
+    send_numbered,
+    start_producer,
+    unique,
 )
 
 pytestmark = pytest.mark.integration

@@ -16,8 +16,8 @@ from dataclasses import dataclass
 from typing import Callable, Mapping, Sequence
 
 from opentelemetry import trace
-from opentelemetry.sdk.resources import Resource
 from opentelemetry.context import Context
+from opentelemetry.sdk.resources import Resource
 from opentelemetry.sdk.trace import ReadableSpan, Span, SpanProcessor, TracerProvider
 from opentelemetry.sdk.trace.export import BatchSpanProcessor, SpanExporter, SpanExportResult
 
@@ -37,7 +37,7 @@ class Settings:
     consumer_group: str = ""  # RMQTRACE_CONSUMER_GROUP: label for wrapped push consumers
 
     @classmethod
-    def from_env(cls, env: Mapping[str, str] | None = None) -> "Settings":
+    def from_env(cls, env: Mapping[str, str] | None = None) -> Settings:
         e = os.environ if env is None else env
         port = e.get("RMQTRACE_METRICS_PORT")
         return cls(
@@ -60,7 +60,7 @@ class CountingExporter(SpanExporter):
     ``on_taken(n)`` is told, before each export, how many spans left the processor's queue.
     """
 
-    def __init__(self, inner: SpanExporter, on_dropped: "DropCounter",
+    def __init__(self, inner: SpanExporter, on_dropped: DropCounter,
                  on_taken: Callable[[int], None] | None = None) -> None:
         self.inner = inner
         self.on_dropped = on_dropped
@@ -79,7 +79,7 @@ class CountingExporter(SpanExporter):
         return result
 
     def shutdown(self) -> None:
-        self.inner.shutdown()
+        self.inner.shutdown()  # type: ignore[no-untyped-call]
 
     def force_flush(self, timeout_millis: int = 30000) -> bool:
         return self.inner.force_flush(timeout_millis)

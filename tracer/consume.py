@@ -45,7 +45,7 @@ def whole_seconds(seconds: float) -> int:
 
 def exponential_backoff(attempt: int, base: float = 1.0, cap: float = 60.0) -> float:
     """Seconds until a failed delivery comes back: 1, 2, 4 … capped."""
-    return min(cap, base * (2 ** max(0, attempt - 1)))
+    return float(min(cap, base * (2.0 ** max(0, attempt - 1))))
 
 
 @dataclass

@@ -9,6 +9,7 @@ one line where the time went.
 
 from __future__ import annotations
 
+import functools
 import json
 import threading
 import time
@@ -172,11 +173,16 @@ def run_demo(opts: DemoOptions, *, tracer_provider: TracerProvider | None,
     dispatch_metrics = DispatchMetrics(registry)
     runs = []
     for policy in opts.policies:
-        task = progress.add_task(f"{policy:<12}", total=len(job)) if progress is not None else None
-        advance: Callable[[], None] = (lambda t=task: progress.advance(t)) if progress is not None else (lambda: None)
+        advance: Callable[[], None] = _no_progress
+        if progress is not None:
+            advance = functools.partial(progress.advance, progress.add_task(f"{policy:<12}", total=len(job)))
         runs.append(run_policy(policy, job, opts, tracer_provider=tracer_provider, registry=registry,
                                metrics=metrics, dispatch_metrics=dispatch_metrics, on_message=advance))
     return runs
+
+
+def _no_progress() -> None:
+    pass
 
 
 def summary_json(runs: Sequence[PolicyRun], path: Path) -> None:

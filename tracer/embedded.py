@@ -309,7 +309,7 @@ class Producer:
             raise EmbeddedBrokerError("producer is not started")
         return SendReceipt(self._broker._store(message))
 
-    def send_async(self, message: Message) -> "Future[SendReceipt]":
+    def send_async(self, message: Message) -> Future[SendReceipt]:
         fut: Future[SendReceipt] = Future()
         try:
             fut.set_result(self.send(message))

@@ -28,7 +28,7 @@ DEFAULT_BUCKETS: tuple[float, ...] = (
     1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0, 300.0, 600.0,
 )
 OTHER = "other"
-_GAP_INDEX: tuple[tuple[int, int, int], ...] = tuple((g.index, int(g.start), int(g.end)) for g in GAPS)
+_GAP_INDEX: tuple[tuple[int, int, int], ...] = tuple((g.position, int(g.start), int(g.end)) for g in GAPS)
 
 
 class BoundedLabel:
@@ -95,7 +95,7 @@ class _StageCollector:
             "handler, end_to_end).", labels=["stage", "topic", "consumer_group"])
         msgs = CounterMetricFamily("rmqtrace_messages", "Messages whose handling ended, by outcome.",
                                    labels=["topic", "consumer_group", "outcome"])
-        les = [floatToGoString(b) for b in self.bounds] + ["+Inf"]
+        les = [floatToGoString(b) for b in self.bounds] + ["+Inf"]  # type: ignore[no-untyped-call]
         for (topic, group), series in list(self.series.items()):
             with series.lock:
                 counts = [list(c) for c in series.counts]

@@ -53,9 +53,9 @@ def traced_send(tracer: MessageTracer, send: Callable[..., Any], message: Any, *
     return receipt
 
 
-def traced_send_async(tracer: MessageTracer, send_async: Callable[..., "Future[Any]"], message: Any,
+def traced_send_async(tracer: MessageTracer, send_async: Callable[..., Future[Any]], message: Any,
                       *args: Any, job_id: str | None = None, cost: float | None = None,
-                      **kwargs: Any) -> "Future[Any]":
+                      **kwargs: Any) -> Future[Any]:
     try:
         st = start_send(tracer, message, job_id, cost)
     except Exception as exc:  # noqa: BLE001
@@ -67,7 +67,7 @@ def traced_send_async(tracer: MessageTracer, send_async: Callable[..., "Future[A
         st.end(error=exc)
         raise
 
-    def _done(f: "Future[Any]") -> None:
+    def _done(f: Future[Any]) -> None:
         exc = f.exception()
         st.end(message_id=None if exc else getattr(f.result(), "message_id", None), error=exc)
 
@@ -94,7 +94,7 @@ class TracedProducer:
         return traced_send(self._tracer, self._producer.send, message, *args, job_id=job_id, cost=cost, **kwargs)
 
     def send_async(self, message: Any, *args: Any, job_id: str | None = None, cost: float | None = None,
-                   **kwargs: Any) -> "Future[Any]":
+                   **kwargs: Any) -> Future[Any]:
         return traced_send_async(self._tracer, self._producer.send_async, message, *args,
                                  job_id=job_id, cost=cost, **kwargs)
 

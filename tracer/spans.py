@@ -51,10 +51,10 @@ class SpanWriter:
         else:
             trace_id = self._ids.generate_trace_id()
         result = self._sampler.should_sample(parent_ctx, trace_id, name, kind)
-        if not result.decision.is_recording():
+        if not result.decision.is_recording():  # type: ignore[no-untyped-call]
             return None
         return SpanContext(trace_id, self._ids.generate_span_id(), is_remote=False,
-                           trace_flags=_SAMPLED if result.decision.is_sampled() else _UNSAMPLED,
+                           trace_flags=_SAMPLED if result.decision.is_sampled() else _UNSAMPLED,  # type: ignore[no-untyped-call]
                            trace_state=result.trace_state)
 
     def child_context(self, parent: SpanContext) -> SpanContext:

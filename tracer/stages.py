@@ -44,7 +44,7 @@ class Gap(NamedTuple):
     crosses_clocks: bool
     peer: str  # the clock pair, e.g. ``producer->broker``: the key of the skew estimate
     tolerance_ns: int  # a negative gap this small is rounding, not skew
-    index: int
+    position: int  # in GAPS
 
 
 def _gap(index: int, name: str, start: Stage, end: Stage, meaning: str) -> Gap:

@@ -62,7 +62,7 @@ class MessageTracer:
         metrics: TracerMetrics | None = None,
         clock: Clock | None = None,
         worker_attr: bool = True,
-        listeners: Sequence[Callable[["MessageTrace", Outcome], None]] = (),
+        listeners: Sequence[Callable[[MessageTrace, Outcome], None]] = (),
         capture_body: int = 0,
     ) -> None:
         self.consumer_group = consumer_group
@@ -85,7 +85,7 @@ class MessageTracer:
     def start_send(self, topic: str, set_property: Callable[[str, str], object], *,
                    tag: str | None = None, keys: Sequence[str] = (), message_group: str | None = None,
                    job_id: str | None = None, cost: float | None = None,
-                   body_size: int | None = None) -> "SendTrace":
+                   body_size: int | None = None) -> SendTrace:
         """Open the ``send {topic}`` span and write trace context + produce stamp into the message."""
         span = self.tracer.start_span(f"send {topic}", kind=SpanKind.PRODUCER)
         if span.is_recording():
@@ -108,7 +108,7 @@ class MessageTracer:
 
     # -- consumer side -------------------------------------------------------------------
     def start_message(self, info: MessageInfo, pulled_ns: int | None = None,
-                      body: bytes | bytearray | str | None = None) -> "MessageTrace":
+                      body: bytes | bytearray | str | None = None) -> MessageTrace:
         """A trace for one received message, stamped with produce, broker store and client pull.
 
         ``body`` is read only when ``capture_body`` is on. Timestamps that cannot be real (before
@@ -197,7 +197,7 @@ class MessageTrace:
     def trace_id(self) -> int:
         return self._ctx.trace_id if self._ctx is not None else 0
 
-    def handler_scope(self) -> "MessageTrace":
+    def handler_scope(self) -> MessageTrace:
         """``with trace.handler_scope():`` stamps handler start/end; the handler span is current inside."""
         return self
 

@@ -299,17 +299,23 @@ admin() { # ops as RmqAdmin tokens: wait:S topic:N fifo-topic:N group:N fifo-gro
 
 names_to_ops() { # kind names... ; `fifo` anywhere -> all fifo ; NAME:fifo -> that one fifo
     local kind="$1"; shift
-    local all_fifo=0 n ops=() queues=""
-    for n in "$@"; do [[ "$n" == fifo || "$n" == --fifo ]] && all_fifo=1; done
+    local all_fifo=0 n ops=() prev=""
+    for n in "$@"; do
+        [[ "$n" == fifo || "$n" == --fifo ]] && all_fifo=1
+        [[ "$prev" == --queues ]] && ops+=("queues:$n")
+        prev="$n"
+    done
     while [[ $# -gt 0 ]]; do
         n="$1"; shift
         case "$n" in
             fifo | --fifo) continue ;;
-            --queues) queues="$1"; shift; ops+=("queues:$queues"); continue ;;
+            --queues) shift; continue ;;
         esac
         if [[ "$n" == *:fifo || $all_fifo == 1 ]]; then ops+=("fifo-$kind:${n%:fifo}"); else ops+=("$kind:$n"); fi
     done
-    [[ ${#ops[@]} -gt 0 ]] || die "usage: rmq.sh $kind NAME... [fifo]"
+    local named=0
+    for n in "${ops[@]}"; do [[ "$n" == queues:* ]] || named=1; done
+    ((named)) || die "usage: rmq.sh $kind NAME... [fifo] [--queues N]"
     printf '%s\n' "${ops[@]}"
 }
 
@@ -444,7 +450,8 @@ main() {
         logs) tail -n "${1:-40}" "$RUN"/logs/*.log ;;
         clean) cmd_stop; rm -rf "$RUN"; log "removed $RUN" ;;
         lib) ensure_lib; JAVA="$(find_java)"; ensure_admin; log "lib: $LIB" ;;
-        *) sed -n '2,24p' "${BASH_SOURCE[0]}" | sed 's/^# \{0,1\}//'; [[ -z "$cmd" || "$cmd" == -h || "$cmd" == help ]] ;;
+        *) sed -n '2,/^set -euo/p' "${BASH_SOURCE[0]}" | sed -e '$d' -e 's/^# \{0,1\}//'
+           [[ -z "$cmd" || "$cmd" == -h || "$cmd" == help ]] ;;
     esac
 }
 

@@ -131,7 +131,11 @@ def main(argv):
         if a in ("fifo", "--fifo"):
             continue
         if a == "--queues":
-            queues = int(next(it))
+            v = next(it, None)
+            if v is None or not v.isdigit():
+                print("rmq_admin: --queues needs a number", file=sys.stderr)
+                return 2
+            queues = int(v)
             continue
         names.append(a)
     for n in names:

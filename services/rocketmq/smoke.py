@@ -25,6 +25,7 @@ import uuid
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
 import rmq_admin  # noqa: E402  (stdlib-only topic/group creation, a few ms)
+
 RMQ_SH = os.path.join(HERE, "rmq.sh")
 ENDPOINT = os.environ.get("RMQ_GRPC_ENDPOINT", "127.0.0.1:8081")
 # Every check uses its own new topic (rmq_admin: a few ms): a NEW consumer group starts at the
@@ -39,9 +40,17 @@ _log_home = tempfile.mkdtemp(prefix="rmq-pylog-")
 _old_home = os.environ.get("HOME")
 os.environ["HOME"] = _log_home
 try:
-    from rocketmq import (ClientConfiguration, ConsumeResult, Credentials,  # noqa: E402
-                          FilterExpression, Message, MessageListener, Producer,
-                          PushConsumer, SimpleConsumer)
+    from rocketmq import (  # noqa: E402
+        ClientConfiguration,
+        ConsumeResult,
+        Credentials,
+        FilterExpression,
+        Message,
+        MessageListener,
+        Producer,
+        PushConsumer,
+        SimpleConsumer,
+    )
 finally:
     if _old_home is None:
         del os.environ["HOME"]

@@ -133,7 +133,8 @@ def main(argv):
     ok = ok and len({r["props"]["seq"] for r in firsts}) == N
     if retry:
         again = [r for r in got if r["reconsume_times"] >= 1]
-        print(f"redelivered after RECONSUME_LATER: {[(r['props']['seq'], r['reconsume_times'], r['id'], r['topic']) for r in again]}")
+        summary = [(r["props"]["seq"], r["reconsume_times"], r["id"], r["topic"]) for r in again]
+        print(f"redelivered after RECONSUME_LATER: {summary}")
         ok = ok and len(again) == 1
     print(f"{1 if ok else 0} passed, {0 if ok else 1} failed")
     return 0 if ok else 1

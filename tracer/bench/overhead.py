@@ -86,7 +86,7 @@ def run_overhead_bench(messages: int = 20_000, rounds: int = 7,
     loops = _loops(provider)
     per_msg: dict[str, list[float]] = {k: [] for k in loops}
     batch = max(100, messages // rounds)
-    for name, fn in loops.items():
+    for fn in loops.values():
         fn(min(batch, 500))  # warm caches and label children
     for r in range(rounds):
         for name, fn in loops.items():

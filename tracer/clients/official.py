@@ -47,8 +47,9 @@ class TracedListener(MessageListener):  # type: ignore[misc,valid-type]
         try:
             info = describe(message)
             pulled = info.decode_ms * 1_000_000 if info.decode_ms else None
-            trace: MessageTrace | None = tracer.start_message(info, pulled)
-            trace.mark(Stage.DISPATCH_ENQUEUE, trace.stamps.get(Stage.CLIENT_PULL))
+            started = tracer.start_message(info, pulled)
+            started.mark(Stage.DISPATCH_ENQUEUE, started.stamps.get(Stage.CLIENT_PULL))
+            trace: MessageTrace | None = started
         except Exception as exc:  # noqa: BLE001 - never let tracing stop consumption
             tracer.hook_failed("starting a push-consumer trace", exc)
             trace = None
@@ -123,7 +124,7 @@ class TracedSimpleConsumer:
         self.traces.received(messages)
         return messages
 
-    def processing(self, message: Any) -> "Processing":
+    def processing(self, message: Any) -> Processing:
         """``with consumer.processing(msg): handle(msg)`` — stamps and spans around the handler.
         An exception ends the trace as a failure and passes through."""
         return Processing(self.traces, message)
