@@ -29,7 +29,16 @@ from typing import Any, Callable
 
 import pytest
 import yaml
+from opentelemetry.sdk.trace import TracerProvider
+from prometheus_client import CollectorRegistry, start_http_server
 from waiting import wait_until
+
+from tracer.demo import TOPIC, DemoOptions, run_policy
+from tracer.dispatch import DispatchMetrics
+from tracer.message import MessageInfo
+from tracer.metrics import TracerMetrics
+from tracer.telemetry import MessageTracer
+from tracer.workload import make_job
 
 REPO = Path(__file__).resolve().parent.parent
 PROM_SH = REPO / "services" / "prometheus" / "prom.sh"
@@ -207,7 +216,6 @@ class Scenario:
     prom: Prometheus
     rules_variant: Path
     phases: dict[str, PolicyPhase]
-    servers: list[Any]
 
 
 _scenario: Scenario | BaseException | None = None
@@ -219,12 +227,8 @@ def _belongs(alert: dict[str, Any], phase: PolicyPhase) -> bool:
     return labels.get("consumer_group") == phase.consumer_group or labels.get("policy") == phase.policy
 
 
-def _run_phase(prom: Prometheus, phase: PolicyPhase, registry: Any, opts: Any, job: Any,
-               provider: Any, until: Callable[[PolicyPhase], bool], linger: float) -> None:
-    from tracer.demo import run_policy
-    from tracer.dispatch import DispatchMetrics
-    from tracer.metrics import TracerMetrics
-
+def _run_phase(prom: Prometheus, phase: PolicyPhase, registry: CollectorRegistry, opts: DemoOptions, job: Any,
+               provider: TracerProvider, until: Callable[[PolicyPhase], bool], linger: float) -> None:
     metrics, dispatch_metrics = TracerMetrics(registry), DispatchMetrics(registry)
     done = [0]
 
@@ -268,11 +272,7 @@ def _run_phase(prom: Prometheus, phase: PolicyPhase, registry: Any, opts: Any, j
     phase.handled = result[0].handled
 
 
-def _read_bad_message(metrics: Any, group: str) -> None:
-    from tracer.demo import TOPIC
-    from tracer.message import MessageInfo
-    from tracer.telemetry import MessageTracer
-
+def _read_bad_message(metrics: TracerMetrics, group: str) -> None:
     MessageTracer(consumer_group=group, metrics=metrics).start_message(
         MessageInfo(topic=TOPIC, properties={"traceparent": "not-a-traceparent"}))
 
@@ -293,12 +293,6 @@ def long_tail_scenario(config: pytest.Config) -> Scenario:
 
 
 def _build_scenario(config: pytest.Config) -> Scenario:
-    from opentelemetry.sdk.trace import TracerProvider
-    from prometheus_client import CollectorRegistry, start_http_server
-
-    from tracer.demo import DemoOptions
-    from tracer.workload import make_job
-
     tmp = Path(tempfile.mkdtemp(prefix="rmqtrace-prom-"))
     variant = render_rule_variant(tmp / "rmqtrace-alerts.test.yml", for_=VARIANT_FOR, thresholds=VARIANT_THRESHOLDS)
     registries, servers, phases = {}, [], {}
@@ -332,4 +326,4 @@ def _build_scenario(config: pytest.Config) -> Scenario:
     # aggressive: watch a few evaluations past the end; nothing must show up
     _run_phase(prom, phases["aggressive"], registries["aggressive"], opts, job, provider,
                lambda p: False, linger=3)
-    return Scenario(prom, variant, phases, servers)
+    return Scenario(prom, variant, phases)

@@ -100,6 +100,7 @@ class ConsumeLoop:
         retry_backoff: Callable[[int], float] = exponential_backoff,
         handler_timeout: float | None = None,
         resync_after: int = 3,
+        ack_threads: int = 4,
         monotonic: Callable[[], float] = time.monotonic,
     ) -> None:
         self.consumer = consumer
@@ -117,6 +118,7 @@ class ConsumeLoop:
         self.renew_margin = renew_margin if renew_margin is not None else invisible_duration / 3
         self.retry_backoff = retry_backoff
         self.resync_after = resync_after
+        self.ack_threads = max(1, ack_threads)
         self.stats = ConsumeStats()
         self._monotonic = monotonic
         self._user_handler = handler
@@ -128,7 +130,9 @@ class ConsumeLoop:
         self._stop = threading.Event()
         self._drained = threading.Event()  # set once the dispatcher has finished every message
         self._acks: deque[tuple[_Held, Outcome]] = deque()
-        self._acks_ready = threading.Condition()
+        acks_lock = threading.Lock()
+        self._acks_ready = threading.Condition(acks_lock)  # an outcome to settle: for the ack workers
+        self._acks_taken = threading.Condition(acks_lock)  # one was taken: for the receive loop
         self._stats_lock = threading.Lock()
         self._threads: list[threading.Thread] = []
 
@@ -189,12 +193,21 @@ class ConsumeLoop:
             self.stats.resyncs += 1
 
     def _room(self) -> int:
+        # Handled messages waiting for their ack count against the room: were acks slower than
+        # handlers, the unacked pile (all redelivered if this process dies, or once their lease
+        # runs out) would otherwise grow without bound.
+        with self._acks_ready:
+            unacked = len(self._acks)
         if self.prefetch > 0:
             with self._cache_cond:
-                return self.prefetch - len(self._cache)
-        return self.dispatcher.free_slots()
+                return self.prefetch - len(self._cache) - unacked
+        return self.dispatcher.free_slots() - unacked
 
     def _wait_for_room(self) -> None:
+        with self._acks_taken:
+            if self._acks and not self._stop.is_set():
+                self._acks_taken.wait(0.2)  # ack workers notify as they take acks
+                return
         if self.prefetch > 0:
             with self._cache_cond:
                 if len(self._cache) >= self.prefetch and not self._stop.is_set():
@@ -257,7 +270,8 @@ class ConsumeLoop:
 
     # -- acks and leases, off the workers' threads ---------------------------------------------
     def _start_helpers(self) -> None:
-        helpers = [(self._ack_worker, "rmqtrace-ack"), (self._lease_keeper, "rmqtrace-lease")]
+        helpers = [(self._ack_worker, f"rmqtrace-ack-{i}") for i in range(self.ack_threads)]
+        helpers.append((self._lease_keeper, "rmqtrace-lease"))
         if self.prefetch > 0:
             helpers.append((self._feeder, "rmqtrace-feeder"))
         for target, name in helpers:
@@ -273,6 +287,7 @@ class ConsumeLoop:
                 if not self._acks:
                     return
                 held, outcome = self._acks.popleft()
+                self._acks_taken.notify()  # the receive loop may wait for the pile to shrink
             self._settle(held, outcome)
 
     def _settle(self, held: _Held, outcome: Outcome) -> None:
