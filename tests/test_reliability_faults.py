@@ -11,9 +11,11 @@ once (the proxy only) by the restart test.
 
 from __future__ import annotations
 
+import shutil
 import signal
 import socket
 import subprocess
+import tempfile
 import threading
 import time
 from pathlib import Path
@@ -45,10 +47,15 @@ def broker() -> None:
 
 
 @pytest.fixture
-def consumers(tmp_path: Path):
-    c = Consumers(tmp_path)
+def consumers(request: pytest.FixtureRequest):
+    # not pytest's tmp_path: pytest sessions running beside this one rotate those directories away
+    tmp = Path(tempfile.mkdtemp(prefix="rmqtrace-faults-"))
+    failed = request.session.testsfailed
+    c = Consumers(tmp)
     yield c
     c.cleanup()
+    if request.session.testsfailed == failed:
+        shutil.rmtree(tmp, ignore_errors=True)  # kept when the test failed: the logs explain it
 
 
 def produce(topic: str, n: int, tracer=None) -> None:
@@ -165,9 +172,11 @@ def test_proxy_restart_mid_job_the_pipeline_resumes_and_loses_nothing(broker, co
     consumer.wait_ready()
     producer = start_producer(topic)
     sent: dict[str, int] = {}
+    stop_sending = threading.Event()
 
     def send() -> None:  # ~15 s of traffic: it spans the restart; failed sends are retried
-        sent.update(send_numbered(producer, topic, range(n), threads=2, retry_for=240, pace=0.1))
+        sent.update(send_numbered(producer, topic, range(n), threads=2, retry_for=240, pace=0.1,
+                                  stop=stop_sending))
 
     sender = threading.Thread(target=send, daemon=True)
     sender.start()
@@ -183,6 +192,8 @@ def test_proxy_restart_mid_job_the_pipeline_resumes_and_loses_nothing(broker, co
         resumed_s = time.monotonic() - t0 - restart_s
         sender.join(60)
     finally:
+        stop_sending.set()
+        sender.join(30)
         producer.shutdown()
     quiet_period()
     consumer.signal(signal.SIGTERM)

@@ -9,6 +9,12 @@ public methods only, each wrap with its unwrap:
   finished on ack (the time between is taken as the handler);
 - ``PushConsumer.__init__``: the user's listener is wrapped in :class:`~tracer.clients.official.TracedListener`.
 
+With the legacy ``rocketmq-client-python`` 2.x installed instead (same import name ``rocketmq``; the two
+never share an environment) it patches ``rocketmq.client``: ``Producer.send_sync`` /
+``send_orderly_with_sharding_key`` / ``send_oneway`` and ``PushConsumer.subscribe`` (the callback is
+wrapped with :func:`~tracer.clients.legacy.traced_callback`; ``PushConsumer.__init__`` only records
+the group for the ``consumer_group`` label).
+
 Code that runs its own traced loop (:class:`tracer.consume.ConsumeLoop`) suppresses these patches
 around its client calls, so a message is never traced twice.
 """
@@ -17,6 +23,7 @@ from __future__ import annotations
 
 import logging
 import threading
+from importlib.metadata import PackageNotFoundError, version
 from typing import Any, Collection
 
 from opentelemetry.instrumentation.instrumentor import BaseInstrumentor  # type: ignore[attr-defined]
@@ -24,10 +31,11 @@ from opentelemetry.instrumentation.utils import is_instrumentation_enabled, unwr
 from prometheus_client import CollectorRegistry
 from wrapt import wrap_function_wrapper
 
+from .clients.legacy import traced_callback, traced_legacy_send
 from .clients.official import ReceivedTraces, TracedListener
 from .config import Settings, serve_metrics
 from .metrics import TracerMetrics
-from .package import _instruments
+from .package import _instruments, _instruments_legacy
 from .producer import traced_send, traced_send_async
 from .telemetry import MessageTracer
 
@@ -36,6 +44,22 @@ log = logging.getLogger(__name__)
 _PRODUCER = "rocketmq.v5.producer.producer"
 _SIMPLE = "rocketmq.v5.consumer.simple.simple_consumer"
 _PUSH = "rocketmq.v5.consumer.push.push_consumer"
+_LEGACY = "rocketmq.client"
+_LEGACY_SENDS = ("send_sync", "send_orderly_with_sharding_key", "send_oneway")
+_LEGACY_GROUP_ATTR = "_rmqtrace_group"
+
+
+def _installed(dist: str) -> bool:
+    try:
+        version(dist)
+    except PackageNotFoundError:
+        return False
+    return True
+
+
+def _legacy_only() -> bool:
+    """The legacy 2.x client is installed and the 5.x one is not (they cannot coexist)."""
+    return _installed("rocketmq-client-python") and not _installed("rocketmq-python-client")
 
 
 class RocketMQInstrumentor(BaseInstrumentor):  # type: ignore[misc]
@@ -45,8 +69,10 @@ class RocketMQInstrumentor(BaseInstrumentor):  # type: ignore[misc]
 
     _metrics: TracerMetrics | None = None
 
+    _legacy = False
+
     def instrumentation_dependencies(self) -> Collection[str]:
-        return _instruments
+        return _instruments_legacy if _legacy_only() else _instruments
 
     def _instrument(self, **kwargs: Any) -> None:
         settings = Settings.from_env()
@@ -66,6 +92,13 @@ class RocketMQInstrumentor(BaseInstrumentor):  # type: ignore[misc]
         self._metrics_in_use = metrics
         self._default_group = settings.consumer_group
 
+        self._legacy = _legacy_only()
+        if self._legacy:
+            for name in _LEGACY_SENDS:
+                wrap_function_wrapper(_LEGACY, f"Producer.{name}", self._legacy_send)
+            wrap_function_wrapper(_LEGACY, "PushConsumer.__init__", self._legacy_push_init)
+            wrap_function_wrapper(_LEGACY, "PushConsumer.subscribe", self._legacy_subscribe)
+            return
         wrap_function_wrapper(_PRODUCER, "Producer.send", self._send)
         wrap_function_wrapper(_PRODUCER, "Producer.send_async", self._send_async)
         wrap_function_wrapper(_SIMPLE, "SimpleConsumer.receive", self._receive)
@@ -73,6 +106,14 @@ class RocketMQInstrumentor(BaseInstrumentor):  # type: ignore[misc]
         wrap_function_wrapper(_PUSH, "PushConsumer.__init__", self._push_init)
 
     def _uninstrument(self, **kwargs: Any) -> None:
+        if self._legacy:
+            import rocketmq.client as legacy
+
+            for name in _LEGACY_SENDS:
+                unwrap(legacy.Producer, name)
+            unwrap(legacy.PushConsumer, "__init__")
+            unwrap(legacy.PushConsumer, "subscribe")
+            return
         import rocketmq.v5.consumer.push.push_consumer as push
         import rocketmq.v5.consumer.simple.simple_consumer as simple
         import rocketmq.v5.producer.producer as producer
@@ -128,6 +169,36 @@ class RocketMQInstrumentor(BaseInstrumentor):  # type: ignore[misc]
                 args[2] = _wrap_listener(args[2], tracer)
         except Exception as exc:  # noqa: BLE001 - construct the consumer untraced rather than fail
             log.error("rmqtrace: could not wrap the PushConsumer listener", exc_info=exc)
+        return wrapped(*args, **kwargs)
+
+
+    # -- legacy 2.x client ----------------------------------------------------------------------
+    def _legacy_send(self, wrapped: Any, instance: Any, args: Any, kwargs: Any) -> Any:
+        if not is_instrumentation_enabled() or not args:
+            return wrapped(*args, **kwargs)
+        return traced_legacy_send(self._producer_tracer, wrapped, *args, **kwargs)
+
+    def _legacy_push_init(self, wrapped: Any, instance: Any, args: Any, kwargs: Any) -> Any:
+        # PushConsumer(group_id, orderly=False, message_model=...): the group lives only in C++
+        result = wrapped(*args, **kwargs)
+        try:
+            group = kwargs.get("group_id", args[0] if args else None)
+            setattr(instance, _LEGACY_GROUP_ATTR, None if group is None else str(group))
+        except Exception as exc:  # noqa: BLE001
+            log.debug("rmqtrace: could not record the legacy consumer group", exc_info=exc)
+        return result
+
+    def _legacy_subscribe(self, wrapped: Any, instance: Any, args: Any, kwargs: Any) -> Any:
+        # subscribe(topic, callback, expression='*')
+        try:
+            args = list(args)
+            tracer = self._traces_for(getattr(instance, _LEGACY_GROUP_ATTR, None)).tracer
+            if "callback" in kwargs:
+                kwargs["callback"] = traced_callback(kwargs["callback"], tracer)
+            elif len(args) > 1:
+                args[1] = traced_callback(args[1], tracer)
+        except Exception as exc:  # noqa: BLE001 - subscribe untraced rather than fail
+            log.error("rmqtrace: could not wrap the legacy PushConsumer callback", exc_info=exc)
         return wrapped(*args, **kwargs)
 
 

@@ -1,2 +1,6 @@
-# What `RocketMQInstrumentor` can patch; read by opentelemetry-instrument's dependency check.
-_instruments = ("rocketmq-python-client >= 5.0.5, < 6",)
+# What `RocketMQInstrumentor` can patch; read by the instrumentor's dependency check. Tested against
+# rocketmq-python-client 5.1.2 (the store time is read from a private field of its Message) and
+# rocketmq-client-python 2.0.0 with librocketmq.so from rocketmq-client-cpp 2.1.0.
+_instruments = ("rocketmq-python-client >= 5.1.2, < 5.2",)
+# The legacy client, when it is installed instead (both use the import name `rocketmq`).
+_instruments_legacy = ("rocketmq-client-python >= 2.0.0, < 2.1",)

@@ -98,16 +98,17 @@ def message(topic: str, seq: int) -> Any:
 
 
 def send_numbered(producer: Any, topic: str, seqs: Iterable[int], threads: int = 4,
-                  retry_for: float = 0.0, pace: float = 0.0) -> dict[str, int]:
+                  retry_for: float = 0.0, pace: float = 0.0, stop: threading.Event | None = None) -> dict[str, int]:
     """Send one message per seq (body = seq). A failed send is retried for ``retry_for`` seconds
-    (a broker restarting); ``pace`` seconds between sends per thread. Returns counts."""
+    (a broker restarting); ``pace`` seconds between sends per thread; ``stop`` ends it early.
+    Returns counts."""
     counts: Counter[str] = Counter()
     lock = threading.Lock()
-    stop = threading.Event()
+    stop = stop or threading.Event()
 
     def one(seq: int) -> None:
         deadline = time.monotonic() + retry_for
-        while True:
+        while not stop.is_set():
             try:
                 producer.send(message(topic, seq))
                 with lock:

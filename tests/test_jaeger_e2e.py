@@ -1,0 +1,170 @@
+"""End to end: a pipeline on the real RocketMQ broker exporting OTLP/HTTP to the real Jaeger, read
+back through Jaeger's HTTP query API (``/api/traces``; times in µs, parents as ``CHILD_OF``).
+
+One trace per message: the producer's ``send {topic}`` (service ``…-producer``) and the consumer's
+``process {topic}`` (service ``…-consumer``, CHILD_OF send) with ``broker_wait``, ``client_buffer``,
+``dispatch_wait`` and ``handler`` (each CHILD_OF process), nested in time inside ``process`` and
+tiling it in stage order.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import threading
+import time
+import urllib.parse
+import urllib.request
+
+import pytest
+from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter
+from opentelemetry.sdk.resources import Resource
+from opentelemetry.sdk.trace import TracerProvider
+from opentelemetry.sdk.trace.export import BatchSpanProcessor, SimpleSpanProcessor
+from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+from rmq_real import REPO, ensure_broker, fresh_group, fresh_topic, message, quietly, start_producer, start_simple, unique
+from waiting import wait_until
+
+from conftest import unavailable
+from tracer.consume import ConsumeLoop
+from tracer.producer import TracedProducer
+from tracer.telemetry import MessageTracer
+
+pytestmark = pytest.mark.integration
+
+QUERY = f"http://127.0.0.1:{os.environ.get('JAEGER_QUERY_PORT', '16686')}"
+OTLP = f"http://127.0.0.1:{os.environ.get('JAEGER_OTLP_HTTP_PORT', '4318')}/v1/traces"
+N = 20
+CONSUMER_CHILDREN = ("broker_wait", "client_buffer", "dispatch_wait", "handler")  # in stage order
+ROUNDING_US = 1  # Jaeger truncates start and duration to µs: a derived end may be 1 µs off
+
+
+def _jaeger_up() -> bool:
+    try:
+        with urllib.request.urlopen(f"{QUERY}/api/services", timeout=3) as resp:
+            json.load(resp)
+        return True
+    except (OSError, ValueError):
+        return False
+
+
+@pytest.fixture(scope="module")
+def jaeger() -> str:
+    if not _jaeger_up():
+        proc = subprocess.run(["bash", str(REPO / "services" / "jaeger" / "jaeger.sh"), "start"],
+                              capture_output=True, text=True, timeout=900)
+        if proc.returncode != 0 or not _jaeger_up():
+            unavailable(f"Jaeger not reachable at {QUERY} and `jaeger.sh start` failed: {proc.stderr.strip()[-600:]}")
+    return QUERY
+
+
+def _provider(service: str, memory: InMemorySpanExporter) -> TracerProvider:
+    provider = TracerProvider(resource=Resource.create({"service.name": service}))
+    provider.add_span_processor(BatchSpanProcessor(OTLPSpanExporter(endpoint=OTLP), schedule_delay_millis=200))
+    provider.add_span_processor(SimpleSpanProcessor(memory))  # the ids we expect to read back
+    return provider
+
+
+def _traces(service: str) -> list[dict]:
+    params = urllib.parse.urlencode({"service": service, "limit": 10 * N})
+    with urllib.request.urlopen(f"{QUERY}/api/traces?{params}", timeout=10) as resp:
+        return list(json.load(resp)["data"] or [])
+
+
+def _parent(span: dict) -> str | None:
+    refs = [r["spanID"] for r in span["references"] if r["refType"] == "CHILD_OF"]
+    assert len(refs) <= 1, span["references"]
+    return refs[0] if refs else None
+
+
+def _tag(span: dict, key: str):
+    return next((t["value"] for t in span["tags"] if t["key"] == key), None)
+
+
+@pytest.fixture(scope="module")
+def pipeline(jaeger: str) -> tuple[str, str, str, list[dict], set[str]]:
+    """N messages through the real broker; returns (topic, producer svc, consumer svc, traces, trace ids)."""
+    ensure_broker()
+    topic, group = fresh_topic("e2e"), fresh_group("e2e")
+    base = unique("rmqtrace-e2e")
+    svc_p, svc_c = f"{base}-producer", f"{base}-consumer"
+    memory = InMemorySpanExporter()
+    prov_p, prov_c = _provider(svc_p, memory), _provider(svc_c, memory)
+    consumer = start_simple(group, topic)
+    producer = TracedProducer(start_producer(topic), MessageTracer(tracer_provider=prov_p))
+    loop = ConsumeLoop(consumer, lambda m: time.sleep(0.005),  # real-time: a 5 ms handler
+                       tracer=MessageTracer(consumer_group=group, tracer_provider=prov_c),
+                       workers=4, invisible_duration=10)
+    t = threading.Thread(target=loop.run, daemon=True)
+    t.start()
+    try:
+        for i in range(N):
+            producer.send(message(topic, f"e2e-{i}", tag="e2e"))
+        wait_until(lambda: loop.stats.acked >= N, timeout=60, what=f"{N} acks")
+    finally:
+        loop.stop()
+        t.join(30)
+        quietly(consumer.shutdown)
+        quietly(producer.shutdown)
+    assert prov_p.force_flush(10_000) and prov_c.force_flush(10_000)
+    expected = {f"{s.context.trace_id:032x}" for s in memory.get_finished_spans()}
+    assert len(expected) == N
+
+    found: list[dict] = []
+
+    def arrived() -> bool:
+        found[:] = [tr for tr in _traces(svc_c) if tr["traceID"] in expected]
+        return len(found) == N and all(len(tr["spans"]) == 2 + len(CONSUMER_CHILDREN) for tr in found)
+
+    wait_until(arrived, timeout=30, interval=0.25, what=f"{N} complete traces in Jaeger")
+    prov_p.shutdown()
+    prov_c.shutdown()
+    return topic, svc_p, svc_c, found, expected
+
+
+def test_one_trace_per_message_with_send_process_and_every_gap(pipeline):
+    topic, svc_p, svc_c, traces, expected = pipeline
+    assert {tr["traceID"] for tr in traces} == expected
+    message_ids = set()
+    for tr in traces:
+        by_name: dict[str, list[dict]] = {}
+        for s in tr["spans"]:
+            by_name.setdefault(s["operationName"], []).append(s)
+        assert sorted(by_name) == sorted([f"send {topic}", f"process {topic}", *CONSUMER_CHILDREN])
+        assert all(len(v) == 1 for v in by_name.values()), {k: len(v) for k, v in by_name.items()}
+        (send,), (process,) = by_name[f"send {topic}"], by_name[f"process {topic}"]
+        services = {pid: p["serviceName"] for pid, p in tr["processes"].items()}
+        assert services[send["processID"]] == svc_p and services[process["processID"]] == svc_c
+        assert _tag(send, "span.kind") == "producer" and _tag(process, "span.kind") == "consumer"
+        assert _parent(send) is None
+        assert _parent(process) == send["spanID"]
+        for name in CONSUMER_CHILDREN:
+            assert _parent(by_name[name][0]) == process["spanID"], name
+        mid = _tag(process, "messaging.message.id")
+        assert mid and _tag(send, "messaging.message.id") == mid
+        message_ids.add(mid)
+    assert len(message_ids) == N
+
+
+def test_consumer_spans_nest_inside_process_and_tile_it_in_stage_order(pipeline):
+    topic, _, _, traces, _ = pipeline
+    for tr in traces:
+        spans = {s["operationName"]: s for s in tr["spans"]}
+        send, process = spans[f"send {topic}"], spans[f"process {topic}"]
+        p_start, p_end = process["startTime"], process["startTime"] + process["duration"]
+        prev_end = None
+        for name in CONSUMER_CHILDREN:
+            c = spans[name]
+            c_start, c_end = c["startTime"], c["startTime"] + c["duration"]
+            assert p_start <= c_start and c_end <= p_end + ROUNDING_US, (name, process, c)
+            assert c["duration"] >= 0
+            if prev_end is not None:  # each gap starts where the one before ended
+                assert abs(c_start - prev_end) <= ROUNDING_US, (name, c_start, prev_end)
+            prev_end = c_end
+        assert spans["broker_wait"]["startTime"] == p_start  # process starts at the broker's store
+        assert abs(prev_end - p_end) <= ROUNDING_US  # and ends with the handler
+        # the consumer's part starts no earlier than the send began: the store time is clamped to
+        # the produce stamp, taken inside the send span (by rmqtrace's monotonic wall clock, which
+        # may drift from the SDK's wall clock by NTP slew: 1 ms of slack)
+        assert p_start >= send["startTime"] - 1000

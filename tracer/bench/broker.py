@@ -1,0 +1,292 @@
+"""Throughput on the real broker, traced against untraced, in the same run.
+
+Needs the local RocketMQ 5 (``services/rocketmq/rmq.sh start``, proxy gRPC ``127.0.0.1:8081``)
+and ``rocketmq-python-client``. One topic and one consumer group are created for the run; rounds
+alternate untraced/traced (ABBA order, so a drift of the machine hits both alike). A round:
+
+1. *produce*: ``messages`` messages sent with ``send_async`` (at most ``window`` in flight) by a
+   plain ``Producer`` (untraced) or a :class:`~tracer.producer.TracedProducer` (traced);
+2. *consume*: a :class:`~tracer.consume.ConsumeLoop` (aggressive policy, ``workers`` workers,
+   a ``handler_ms`` sleep as the handler) receives, runs and acks all of them; the clock runs from
+   the loop's start to the last ack. Untraced: ``tracer=None``; traced: a :class:`MessageTracer`
+   with histograms and every span sampled, spans batched and encoded to OTLP protobuf (then
+   dropped: the CPU cost of an exporter without the network).
+
+``traced_over_untraced`` is the median over rounds of the traced consume throughput divided by the
+untraced one of the same round pair; the produce ratio is reported beside it.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib.util
+import json
+import logging
+import os
+import platform
+import statistics
+import sys
+import tempfile
+import threading
+import time
+import uuid
+from concurrent.futures import Future
+from pathlib import Path
+from typing import Any, Callable, Sequence
+
+from opentelemetry.sdk.trace import ReadableSpan, TracerProvider
+from opentelemetry.sdk.trace.export import BatchSpanProcessor, SpanExporter, SpanExportResult
+from prometheus_client import CollectorRegistry
+
+from ..consume import ConsumeLoop
+from ..metrics import TracerMetrics
+from ..producer import TracedProducer
+from ..telemetry import MessageTracer
+
+ENDPOINT = "127.0.0.1:8081"
+DEFAULT_MESSAGES = 2000
+DEFAULT_ROUNDS = 3
+TARGET = 0.95
+
+
+class _EncodeOnlyExporter(SpanExporter):
+    """Encodes every batch to OTLP protobuf bytes, as the OTLP exporter does, and drops them."""
+
+    def __init__(self) -> None:
+        from opentelemetry.exporter.otlp.proto.common.trace_encoder import encode_spans
+
+        self._encode = encode_spans
+        self.spans = 0
+        self.bytes = 0
+
+    def export(self, spans: Sequence[ReadableSpan]) -> SpanExportResult:
+        self.bytes += len(self._encode(spans).SerializeToString())
+        self.spans += len(spans)
+        return SpanExportResult.SUCCESS
+
+    def shutdown(self) -> None:
+        pass
+
+
+def _admin() -> Any:
+    """``services/rocketmq/rmq_admin.py`` of this checkout (topics and groups over the remoting port)."""
+    path = Path(__file__).resolve().parents[2] / "services" / "rocketmq" / "rmq_admin.py"
+    if not path.exists():
+        raise RuntimeError(f"{path} not found: run the broker bench from an rmqtrace checkout")
+    spec = importlib.util.spec_from_file_location("rmq_admin", path)
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def _client() -> Any:
+    """``import rocketmq`` (5.x) keeping its import-time log directory out of ``$HOME``."""
+    if "rocketmq" not in sys.modules:
+        home = os.environ.get("HOME")
+        os.environ["HOME"] = tempfile.mkdtemp(prefix="rmqtrace-bench-")
+        try:
+            import rocketmq  # noqa: F401
+        finally:
+            if home is None:
+                del os.environ["HOME"]
+            else:
+                os.environ["HOME"] = home
+        lg = logging.getLogger("rocketmq-python-client")
+        for h in list(lg.handlers):
+            lg.removeHandler(h)
+            h.close()
+        lg.addHandler(logging.NullHandler())
+    import rocketmq
+
+    return rocketmq
+
+
+def _produce(producer: Any, rmq: Any, topic: str, n: int, run: str, window: int) -> float:
+    """Send ``n`` messages with at most ``window`` in flight; seconds taken."""
+    sem = threading.Semaphore(window)
+    errors: list[BaseException] = []
+    futures: list[Future[Any]] = []
+
+    def release(f: Future[Any]) -> None:
+        sem.release()
+        if f.exception() is not None:
+            errors.append(f.exception())  # type: ignore[arg-type]
+
+    t0 = time.perf_counter()
+    for i in range(n):
+        m = rmq.Message()
+        m.topic = topic
+        m.body = f"{run}-{i:06d}".encode() + b"x" * 100
+        m.tag = "bench"
+        sem.acquire()
+        f = producer.send_async(m)
+        f.add_done_callback(release)
+        futures.append(f)
+    for f in futures:
+        f.exception(timeout=60)
+    took = time.perf_counter() - t0
+    if errors:
+        raise RuntimeError(f"{len(errors)} sends failed, first: {errors[0]!r}")
+    return took
+
+
+def _consume(consumer: Any, n: int, handler_ms: float, workers: int, tracer: MessageTracer | None) -> float:
+    """Receive, handle and ack ``n`` messages; seconds from the loop's start to the n-th ack."""
+    pause = handler_ms / 1000.0
+
+    def handler(_msg: Any) -> None:
+        time.sleep(pause)
+
+    loop = ConsumeLoop(consumer, handler, tracer=tracer, policy="aggressive", workers=workers,
+                       invisible_duration=60)
+    done = threading.Event()
+    t0 = time.perf_counter()
+    end = [0.0]
+
+    def until(stats: Any) -> bool:
+        if stats.acked >= n and not done.is_set():
+            end[0] = time.perf_counter()
+            done.set()
+        return done.is_set()
+
+    runner = threading.Thread(target=loop.run, kwargs={"until": until}, daemon=True)
+    runner.start()
+    # `until` is checked between receives; watch the acks too so a long poll does not count
+    while not done.wait(0.005):
+        if loop.stats.acked >= n:
+            end[0] = time.perf_counter()
+            done.set()
+    loop.stop()
+    runner.join(60)
+    if loop.stats.acked < n or loop.stats.redelivered or loop.stats.ack_errors:
+        raise RuntimeError(f"consume round incomplete: {loop.stats}")
+    return end[0] - t0
+
+
+def run_broker_bench(messages: int = DEFAULT_MESSAGES, handler_ms: float = 1.0, *, rounds: int = DEFAULT_ROUNDS,
+                     workers: int = 8, window: int = 64, endpoint: str = ENDPOINT,
+                     progress: Callable[[int, int], None] | None = None) -> dict[str, Any]:
+    """Traced vs untraced produce and consume throughput on the real broker (see the module doc)."""
+    rmq = _client()
+    admin = _admin()
+    run = uuid.uuid4().hex[:8]
+    topic, group = f"rmqtrace-bench-{run}", f"rmqtrace-bench-{run}"
+    admin.create_topic(topic, queues=4)
+    admin.create_group(group)
+    config = rmq.ClientConfiguration(endpoint, rmq.Credentials())
+    plain = rmq.Producer(config, (topic,))
+    plain.startup()
+    consumer = rmq.SimpleConsumer(config, group, {topic: rmq.FilterExpression()}, await_duration=1)
+    consumer.startup()
+    settled = getattr(consumer, "_init_settings_event", None)  # 5.1.2: startup() does not wait for it
+    if settled is not None:
+        settled.wait(15)
+
+    registry = CollectorRegistry()
+    exporter = _EncodeOnlyExporter()
+    provider = TracerProvider()
+    provider.add_span_processor(BatchSpanProcessor(exporter, max_queue_size=1 << 16))
+    traced_producer = TracedProducer(plain, MessageTracer(tracer_provider=provider))
+    consumer_tracer = MessageTracer(consumer_group=group, tracer_provider=provider, metrics=TracerMetrics(registry))
+
+    modes = {"untraced": (plain, None), "traced": (traced_producer, consumer_tracer)}
+    results: dict[str, dict[str, list[float]]] = {m: {"produce": [], "consume": []} for m in modes}
+    try:
+        # warm-up: routes, channels, thread pools, the tracer's first spans
+        for mode in ("untraced", "traced"):
+            producer, tracer = modes[mode]
+            _produce(producer, rmq, topic, 200, f"{run}w", window)
+            _consume(consumer, 200, handler_ms, workers, tracer)
+        order = [("untraced", "traced") if r % 2 == 0 else ("traced", "untraced") for r in range(rounds)]
+        for r, pair in enumerate(order):
+            for mode in pair:
+                producer, tracer = modes[mode]
+                results[mode]["produce"].append(messages / _produce(producer, rmq, topic, messages, f"{run}{r}", window))
+                results[mode]["consume"].append(messages / _consume(consumer, messages, handler_ms, workers, tracer))
+            provider.force_flush()
+            if progress is not None:
+                progress(r + 1, rounds)
+    finally:
+        consumer.shutdown()
+        plain.shutdown()
+        provider.shutdown()
+
+    def ratios(kind: str) -> list[float]:
+        return [t / u for t, u in zip(results["traced"][kind], results["untraced"][kind])]
+
+    consume_ratios, produce_ratios = ratios("consume"), ratios("produce")
+    return {
+        "traced_over_untraced": statistics.median(consume_ratios),
+        "consume_ratios": consume_ratios,
+        "produce_traced_over_untraced": statistics.median(produce_ratios),
+        "produce_ratios": produce_ratios,
+        "msgs_per_s": {m: {k: statistics.median(v) for k, v in d.items()} for m, d in results.items()},
+        "per_round": results,
+        "messages_per_round": messages,
+        "rounds": rounds,
+        "handler_ms": handler_ms,
+        "workers": workers,
+        "send_window": window,
+        "spans_encoded": exporter.spans,
+        "target": TARGET,
+        "client": _client_version(),
+        "python": platform.python_version(),
+        "machine": f"{platform.machine()}, {os.cpu_count()} CPUs",
+    }
+
+
+def _client_version() -> str:
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        return f"rocketmq-python-client {version('rocketmq-python-client')}"
+    except PackageNotFoundError:
+        return "rocketmq-python-client ?"
+
+
+def format_broker_bench(result: dict[str, Any]) -> str:
+    m = result["msgs_per_s"]
+    met = "met" if result["traced_over_untraced"] >= result["target"] else "NOT met"
+    return "\n".join([
+        f"real broker, {result['messages_per_round']} messages x {result['rounds']} round pairs, "
+        f"{result['workers']} workers, {result['handler_ms']:g} ms handler ({result['client']})",
+        f"consume (receive+handle+ack): untraced {m['untraced']['consume']:8.0f} msg/s   "
+        f"traced {m['traced']['consume']:8.0f} msg/s   traced/untraced = {result['traced_over_untraced']:.3f} "
+        f"(target >= {result['target']}: {met})",
+        f"produce (send_async, {result['send_window']} in flight): untraced {m['untraced']['produce']:8.0f} msg/s   "
+        f"traced {m['traced']['produce']:8.0f} msg/s   traced/untraced = {result['produce_traced_over_untraced']:.3f}",
+        "per round pair, consume ratio: " + ", ".join(f"{r:.3f}" for r in result["consume_ratios"]),
+        "per round pair, produce ratio: " + ", ".join(f"{r:.3f}" for r in result["produce_ratios"]),
+    ])
+
+
+def run_cli(args: argparse.Namespace, console: Any = None) -> int:
+    """``rmqtrace bench broker``: reuses the bench parser's ``--messages``, ``--rounds``, ``--json``
+    (their defaults there are the overhead bench's, so those defaults mean this bench's own)."""
+    messages = getattr(args, "messages", None)
+    rounds = getattr(args, "rounds", None)
+    result = run_broker_bench(messages=DEFAULT_MESSAGES if messages in (None, 30_000) else messages,
+                              rounds=DEFAULT_ROUNDS if rounds in (None, 7) else rounds)
+    if getattr(args, "json", False):
+        print(json.dumps(result))
+    else:
+        print(format_broker_bench(result))
+    return 0
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog="python -m tracer.bench.broker", description=__doc__.split("\n\n")[0])
+    p.add_argument("--messages", type=int, default=DEFAULT_MESSAGES, help="messages per round and mode")
+    p.add_argument("--rounds", type=int, default=DEFAULT_ROUNDS, help="untraced/traced round pairs")
+    p.add_argument("--handler-ms", type=float, default=1.0)
+    p.add_argument("--workers", type=int, default=8)
+    p.add_argument("--json", action="store_true")
+    a = p.parse_args(argv)
+    result = run_broker_bench(messages=a.messages, handler_ms=a.handler_ms, rounds=a.rounds, workers=a.workers)
+    print(json.dumps(result) if a.json else format_broker_bench(result))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,259 @@
+"""Wrappers for the legacy ``rocketmq-client-python`` 2.x (ctypes over rocketmq-client-cpp's
+``librocketmq.so``; remoting protocol: name server + broker, no proxy).
+
+- Producers: :class:`TracedLegacyProducer` traces ``send_sync``, ``send_orderly_with_sharding_key``
+  and ``send_oneway`` — the ``send {topic}`` span, trace context and produce stamp go into the
+  message through ``Message.set_property``.
+- Push consumers: ``consumer.subscribe(topic, traced_callback(callback, tracer))``: the callback runs
+  inside the ``process``/``handler`` spans. Its ``ConsumeStatus`` and exceptions pass through.
+
+What the 2.x client lets us see: the broker's store time (``ReceivedMessage.store_timestamp``, ms)
+and our own properties, read with ``get_property`` for our keys only (a 2.x message cannot list its
+properties). The C++ client's pull time and the wait in its consume thread pool are not exposed, so
+``client_pull`` and ``dispatch_enqueue`` are both the moment the callback is entered: for this
+client ``broker_wait`` also holds the time in the C++ client's local cache and pool queue, and
+``client_buffer``/``dispatch_wait`` are zero.
+
+The 2.x ``Message`` has setters only. Its topic, tag and keys (for the span name and attributes)
+are read back from the native message with ``GetOriginMessageTopic``/``Tags``/``Keys``, which
+``librocketmq.so`` (rocketmq-client-cpp 2.1.0) exports but the Python binding does not wrap;
+objects that carry ``topic``/``tags``/``keys`` attributes themselves are read directly.
+
+The 2.x package installs a top-level ``rocketmq`` package, as does the official 5.x client: the two
+cannot be installed in one environment. This module never imports either.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import sys
+import threading
+from typing import Any, Callable, NamedTuple
+
+from opentelemetry.instrumentation.utils import suppress_instrumentation
+
+from ..message import MessageInfo
+from ..propagation import COST, JOB_ID, PRODUCE_NS, TRACEPARENT, TRACESTATE
+from ..stages import Outcome, Stage
+from ..telemetry import MessageTrace, MessageTracer
+
+# Our properties, the only ones read from a received 2.x message.
+KNOWN_PROPERTIES: tuple[str, ...] = (TRACEPARENT, TRACESTATE, PRODUCE_NS, JOB_ID, COST)
+
+
+class Produced(NamedTuple):
+    topic: str
+    tag: str | None
+    keys: tuple[str, ...]
+
+
+def _text(value: Any) -> str | None:
+    if value is None:
+        return None
+    if isinstance(value, bytes):
+        value = value.decode("utf-8", "replace")
+    value = str(value)
+    return value or None
+
+
+def _split_keys(value: Any) -> tuple[str, ...]:
+    """RocketMQ keeps several keys in one ``KEYS`` property, separated by spaces."""
+    text = _text(value)
+    return tuple(k for k in text.split(" ") if k) if text else ()
+
+
+# -- reading a 2.x Message back ---------------------------------------------------------------
+class _NativeReader:
+    """``GetOriginMessageTopic/Tags/Keys`` of the loaded ``librocketmq.so``, bound once."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._funcs: dict[str, Any] | None = None
+        self._tried = False
+
+    def _bind(self) -> dict[str, Any] | None:
+        with self._lock:
+            if not self._tried:
+                self._tried = True
+                ffi = sys.modules.get("rocketmq.ffi")  # loaded with the client; never import it here
+                dll = getattr(ffi, "dll", None)
+                if dll is not None:
+                    try:
+                        funcs = {}
+                        for name in ("GetOriginMessageTopic", "GetOriginMessageTags", "GetOriginMessageKeys"):
+                            f = dll[name]  # a new function object: the binding's own ones stay untouched
+                            f.argtypes = [ctypes.c_void_p]
+                            f.restype = ctypes.c_char_p
+                            funcs[name] = f
+                        self._funcs = funcs
+                    except (AttributeError, OSError):
+                        self._funcs = None
+            return self._funcs
+
+    def read(self, message: Any) -> Produced | None:
+        handle = getattr(message, "_handle", None)
+        if not handle:
+            return None
+        funcs = self._funcs if self._tried else self._bind()
+        if funcs is None:
+            return None
+        return Produced(
+            _text(funcs["GetOriginMessageTopic"](handle)) or "",
+            _text(funcs["GetOriginMessageTags"](handle)),
+            _split_keys(funcs["GetOriginMessageKeys"](handle)),
+        )
+
+
+_native = _NativeReader()
+
+
+def produced_fields(message: Any) -> Produced:
+    """Topic, tag and keys of a 2.x ``Message`` about to be sent. Never raises."""
+    try:
+        topic = getattr(message, "topic", None)
+        if topic is not None:
+            tags = getattr(message, "tags", None)
+            return Produced(_text(topic) or "", _text(tags), _split_keys(getattr(message, "keys", None)))
+        found = _native.read(message)
+        if found is not None:
+            return found
+    except Exception:  # noqa: BLE001 - a foreign object; the send goes on with less detail
+        pass
+    return Produced("", None, ())
+
+
+# -- producer -------------------------------------------------------------------------------------
+def traced_legacy_send(tracer: MessageTracer, send: Callable[..., Any], message: Any, *args: Any,
+                       job_id: str | None = None, cost: float | None = None, **kwargs: Any) -> Any:
+    """``send(message, ...)`` of a 2.x producer inside a ``send {topic}`` span. The receipt's
+    ``msg_id`` becomes ``messaging.message.id``; the user's exceptions pass through."""
+    try:
+        fields = produced_fields(message)
+        st = tracer.start_send(fields.topic, message.set_property, tag=fields.tag, keys=fields.keys,
+                               job_id=job_id, cost=cost)
+    except Exception as exc:  # noqa: BLE001 - our failure must not stop the send
+        tracer.hook_failed("starting a legacy send span", exc)
+        return send(message, *args, **kwargs)
+    try:
+        with suppress_instrumentation():  # an instrumented class must not trace this send again
+            receipt = send(message, *args, **kwargs)
+    except BaseException as exc:
+        st.end(error=exc)
+        raise
+    st.end(message_id=getattr(receipt, "msg_id", None))
+    return receipt
+
+
+class TracedLegacyProducer:
+    """A proxy around one 2.x ``Producer``; the send methods are traced, the rest passes through.
+
+    ``job_id`` and ``cost`` keyword arguments are ours and are not passed to the client.
+    """
+
+    def __init__(self, producer: Any, tracer: MessageTracer) -> None:
+        self._producer = producer
+        self._tracer = tracer
+
+    @property
+    def wrapped(self) -> Any:
+        return self._producer
+
+    def send_sync(self, msg: Any, *, job_id: str | None = None, cost: float | None = None) -> Any:
+        return traced_legacy_send(self._tracer, self._producer.send_sync, msg, job_id=job_id, cost=cost)
+
+    def send_orderly_with_sharding_key(self, msg: Any, sharding_key: str, *, job_id: str | None = None,
+                                       cost: float | None = None) -> Any:
+        return traced_legacy_send(self._tracer, self._producer.send_orderly_with_sharding_key, msg, sharding_key,
+                                  job_id=job_id, cost=cost)
+
+    def send_oneway(self, msg: Any, *, job_id: str | None = None, cost: float | None = None) -> Any:
+        return traced_legacy_send(self._tracer, self._producer.send_oneway, msg, job_id=job_id, cost=cost)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._producer, name)
+
+
+# -- consumer -------------------------------------------------------------------------------------
+def describe_legacy(msg: Any) -> MessageInfo:
+    """A :class:`MessageInfo` from a 2.x ``ReceivedMessage``. Never raises: what cannot be read
+    stays empty. ``body`` is the client's NUL-terminated copy, so its size may be short."""
+    props: dict[str, Any] = {}
+    get = getattr(msg, "get_property", None)
+    if get is not None:
+        for key in KNOWN_PROPERTIES:
+            try:
+                value = get(key)
+            except Exception:  # noqa: BLE001
+                continue
+            if value:  # b'' when absent
+                props[key] = value
+    reconsume = _attr(msg, "reconsume_times")
+    body = _attr(msg, "body")
+    store = _attr(msg, "store_timestamp")
+    return MessageInfo(
+        topic=_text(_attr(msg, "topic")) or "",
+        message_id=_text(_attr(msg, "id")),
+        tag=_text(_attr(msg, "tags")),
+        keys=_split_keys(_attr(msg, "keys")),
+        properties=props,
+        store_ms=int(store) if isinstance(store, int) and store > 0 else None,
+        delivery_attempt=(reconsume + 1) if isinstance(reconsume, int) and reconsume >= 0 else None,
+        body_size=len(body) if isinstance(body, (bytes, bytearray, str)) else None,
+    )
+
+
+def _attr(obj: Any, name: str) -> Any:
+    try:
+        return getattr(obj, name)
+    except Exception:  # noqa: BLE001 - a property of a foreign object may raise anything
+        return None
+
+
+def _is_success(status: Any) -> bool:
+    # ConsumeStatus.CONSUME_SUCCESS == 0 (an IntEnum); anything else is a retry
+    try:
+        return int(status) == 0
+    except (TypeError, ValueError):
+        return False
+
+
+def traced_callback(callback: Callable[[Any], Any], tracer: MessageTracer) -> Callable[[Any], Any]:
+    """Wrap a 2.x ``PushConsumer.subscribe`` callback: stamps, ``process``/``handler`` spans and
+    histograms per message. ``RECONSUME_LATER`` and exceptions count as failures and pass through."""
+    if getattr(callback, "__rmqtrace_wrapped__", None) is not None:
+        return callback
+
+    def traced(msg: Any) -> Any:
+        trace: MessageTrace | None
+        try:
+            trace = tracer.start_message(describe_legacy(msg))
+            trace.mark(Stage.DISPATCH_ENQUEUE, trace.stamps.get(Stage.CLIENT_PULL))
+        except Exception as exc:  # noqa: BLE001 - never let tracing stop consumption
+            tracer.hook_failed("starting a legacy consumer trace", exc)
+            trace = None
+        if trace is None:
+            return callback(msg)
+        try:
+            with trace.handler_scope():
+                status = callback(msg)
+        except BaseException as exc:
+            trace.finish(Outcome.FAILURE, exc)
+            raise
+        trace.finish(Outcome.SUCCESS if _is_success(status) else Outcome.FAILURE)
+        return status
+
+    traced.__rmqtrace_wrapped__ = callback  # type: ignore[attr-defined]
+    traced.__wrapped__ = callback  # type: ignore[attr-defined]
+    traced.__name__ = getattr(callback, "__name__", "traced_callback")
+    return traced
+
+
+__all__ = [
+    "KNOWN_PROPERTIES",
+    "Produced",
+    "TracedLegacyProducer",
+    "describe_legacy",
+    "produced_fields",
+    "traced_callback",
+    "traced_legacy_send",
+]
