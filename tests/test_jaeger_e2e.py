@@ -18,6 +18,7 @@ import urllib.parse
 import urllib.request
 
 import pytest
+from conftest import unavailable
 from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter
 from opentelemetry.sdk.resources import Resource
 from opentelemetry.sdk.trace import TracerProvider
@@ -26,7 +27,6 @@ from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanE
 from rmq_real import REPO, ensure_broker, fresh_group, fresh_topic, message, quietly, start_producer, start_simple, unique
 from waiting import wait_until
 
-from conftest import unavailable
 from tracer.consume import ConsumeLoop
 from tracer.producer import TracedProducer
 from tracer.telemetry import MessageTracer

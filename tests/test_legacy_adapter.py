@@ -285,6 +285,10 @@ def test_instrumentor_patches_and_unpatches_the_legacy_client(monkeypatch, spans
 
     fake = types.ModuleType("rocketmq.client")
     fake.Producer, fake.PushConsumer = Producer, PushConsumer
+    try:
+        import rocketmq  # noqa: F401 - the 5.x package, when installed, stays the parent
+    except ImportError:
+        monkeypatch.setitem(sys.modules, "rocketmq", types.ModuleType("rocketmq"))
     monkeypatch.setitem(sys.modules, "rocketmq.client", fake)
     monkeypatch.setattr(inst_mod, "_legacy_only", lambda: True)
     names = [(Producer, "send_sync"), (Producer, "send_orderly_with_sharding_key"), (Producer, "send_oneway"),

@@ -16,9 +16,8 @@ from collections import defaultdict
 from pathlib import Path
 
 import pytest
-from rmq_real import REPO, ensure_broker, fresh_topic, unique
-
 from conftest import unavailable
+from rmq_real import REPO, ensure_broker, fresh_topic, unique
 
 pytestmark = pytest.mark.integration
 

@@ -11,6 +11,7 @@ once (the proxy only) by the restart test.
 
 from __future__ import annotations
 
+import http.server
 import shutil
 import signal
 import socket
@@ -248,6 +249,33 @@ class BlackHole:
             c.close()
 
 
+class OtlpSink:
+    """A healthy OTLP/HTTP backend: answers every export with 200 and counts the bytes."""
+
+    def __init__(self) -> None:
+        sink = self
+
+        class Handler(http.server.BaseHTTPRequestHandler):
+            def do_POST(self) -> None:  # noqa: N802 - the stdlib's name
+                sink.bytes += len(self.rfile.read(int(self.headers.get("Content-Length") or 0)))
+                self.send_response(200)
+                self.send_header("Content-Type", "application/x-protobuf")
+                self.send_header("Content-Length", "0")
+                self.end_headers()
+
+            def log_message(self, *args: object) -> None:
+                pass
+
+        self.bytes = 0
+        self.server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.port = self.server.server_address[1]
+        threading.Thread(target=self.server.serve_forever, daemon=True).start()
+
+    def close(self) -> None:
+        self.server.shutdown()
+        self.server.server_close()
+
+
 def closed_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
@@ -261,11 +289,12 @@ def test_trace_backend_down_or_black_holed_handling_keeps_full_speed_and_drops_a
 
     n = 800
     topic = unique("rel-otlp")
-    groups = {c: unique(f"rel-otlp-{c}") for c in ("off", "closed", "blackhole")}
+    groups = {c: unique(f"rel-otlp-{c}") for c in ("off", "healthy", "closed", "blackhole")}
     create(topic, groups.values())
     produce(topic, n, tracer=MessageTracer(tracer_provider=TracerProvider()))  # carries traceparent
-    hole = BlackHole()
-    endpoints = {"closed": f"http://127.0.0.1:{closed_port()}", "blackhole": f"http://127.0.0.1:{hole.port}"}
+    hole, sink = BlackHole(), OtlpSink()
+    endpoints = {"healthy": f"http://127.0.0.1:{sink.port}", "closed": f"http://127.0.0.1:{closed_port()}",
+                 "blackhole": f"http://127.0.0.1:{hole.port}"}
     results = {}
     try:
         for cond, group in groups.items():
@@ -284,20 +313,26 @@ def test_trace_backend_down_or_black_holed_handling_keeps_full_speed_and_drops_a
             results[cond] = c.stats()
     finally:
         hole.close()
+        sink.close()
     rate = {cond: n / r["handling_s"] for cond, r in results.items()}
     figures = {"messages_per_run": n, "handler_work_ms": 20, "workers": WORKERS,
                "rate_msgs_per_s": {k: round(v, 1) for k, v in rate.items()}}
-    for cond in ("closed", "blackhole"):
+    for cond in ("healthy", "closed", "blackhole"):
         r = results[cond]
-        figures[cond] = {"speed_vs_tracing_off": round(rate[cond] / rate["off"], 3), "spans_ended": r["spans_ended"],
+        figures[cond] = {"speed_vs_tracing_off": round(rate[cond] / rate["off"], 3),
+                         "speed_vs_healthy_backend": round(rate[cond] / rate["healthy"], 3),
+                         "spans_ended": r["spans_ended"],
                          "spans_dropped": r["spans_dropped"], "spans_dropped_metric": r["spans_dropped_metric"],
                          "dropped_before_shutdown": r["spans_dropped_before_shutdown"],
                          "tracing_shutdown_s": round(r["tracing_shutdown_s"], 2), "acked": r["acked"]}
+    figures["healthy"]["otlp_bytes_received"] = sink.bytes
     record_figures("trace_backend_down", figures)
+    assert results["healthy"]["spans_dropped"] == 0 and sink.bytes > 0
     for cond in ("closed", "blackhole"):
         r = results[cond]
         assert r["acked"] == n and r["failed"] == 0
-        assert rate[cond] >= 0.7 * rate["off"], (cond, rate)
+        # a dead backend costs no more than a healthy one (tracing's own cost is BENCHMARKS.md's)
+        assert rate[cond] >= 0.8 * rate["healthy"] and rate[cond] >= 0.6 * rate["off"], (cond, rate)
         # five spans per message (process, handler, three gaps); none reached a backend: all counted
         assert r["spans_ended"] == 5 * n
         assert r["spans_dropped"] == r["spans_ended"] == r["spans_dropped_metric"]

@@ -19,6 +19,7 @@ from collections import defaultdict
 from importlib.metadata import entry_points
 
 import pytest
+from conftest import unavailable
 from rmq_real import (
     REPO,
     client,
@@ -34,7 +35,6 @@ from rmq_real import (
 )
 from waiting import wait_until
 
-from conftest import unavailable
 from tracer.consume import ConsumeLoop
 from tracer.metrics import TracerMetrics
 from tracer.producer import TracedProducer
@@ -448,3 +448,16 @@ def test_opentelemetry_instrument_runs_the_push_consumer_example_unchanged(rmq, 
         assert children == GAP_CHILDREN
         assert p["attributes"]["messaging.consumer.group.name"] == group
         assert all(p["attributes"].get(f"rmqtrace.stamp.{st.name.lower()}_ns") for st in Stage)
+
+
+# -- the broker bench (rmqtrace bench broker), smoke-sized ---------------------------------------------------
+def test_broker_bench_runs_all_three_modes_and_reports_ratios(rmq):
+    from tracer.bench.broker import format_broker_bench, run_broker_bench
+
+    result = run_broker_bench(messages=60, rounds=1, handler_ms=1.0)
+    for mode in ("untraced", "traced", "traced_otlp"):
+        assert all(v > 0 for v in result["msgs_per_s"][mode].values()), result["msgs_per_s"]
+    assert result["traced_over_untraced"] > 0 and len(result["consume_ratios"]) == 1
+    assert result["spans_encoded"] >= 60 * 6  # warm-up included: every message's send + 5 consumer spans
+    text = format_broker_bench(result)
+    assert "traced/untraced" in text and "OTLP" in text

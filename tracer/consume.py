@@ -43,6 +43,16 @@ def whole_seconds(seconds: float) -> int:
     return max(1, math.ceil(seconds))
 
 
+def _attempt(msg: Any) -> int:
+    """The message's delivery attempt, 1 when it has none that makes sense; never raises (the
+    loop must not die on one odd message)."""
+    try:
+        attempt = int(getattr(msg, "delivery_attempt", 1) or 1)
+    except Exception:  # noqa: BLE001
+        return 1
+    return attempt if attempt >= 1 else 1
+
+
 def exponential_backoff(attempt: int, base: float = 1.0, cap: float = 60.0) -> float:
     """Seconds until a failed delivery comes back: 1, 2, 4 … capped."""
     return float(min(cap, base * (2.0 ** max(0, attempt - 1))))
@@ -230,7 +240,7 @@ class ConsumeLoop:
     def _accept(self, msg: Any, pulled_ns: int) -> None:
         with self._stats_lock:
             self.stats.received += 1
-            if (getattr(msg, "delivery_attempt", 1) or 1) > 1:
+            if _attempt(msg) > 1:
                 self.stats.redelivered += 1
         held = _Held(msg, self._monotonic() + self.invisible_duration)
         with self._held_lock:
@@ -300,7 +310,7 @@ class ConsumeLoop:
                     with self._stats_lock:
                         self.stats.acked += 1
                 else:
-                    attempt = getattr(msg, "delivery_attempt", 1) or 1
+                    attempt = _attempt(msg)
                     self.consumer.change_invisible_duration(msg, whole_seconds(self.retry_backoff(attempt)))
                     with self._stats_lock:
                         self.stats.retry_scheduled += 1

@@ -119,14 +119,25 @@ class _Topic:
         self.name = name
         self.fifo = fifo
         self.log: list[_Stored] = []
+        self.base = 0  # offset of log[0]: records below it were dropped (keep_consumed=False)
+
+    def end(self) -> int:
+        return self.base + len(self.log)
 
 
 class EmbeddedBroker:
-    """Topics, consumer-group subscriptions and leases, guarded by one condition variable."""
+    """Topics, consumer-group subscriptions and leases, guarded by one condition variable.
+
+    ``keep_consumed=False`` drops stored records once every subscribed group has read past them
+    (in-flight ones stay with their leases), so a long run's memory is what is in flight, as on
+    a real broker whose retention has passed; a group subscribing later starts after them.
+    """
 
     def __init__(self, *, auto_create_topics: bool = True, monotonic: Callable[[], float] = time.monotonic,
-                 wall_ms: Callable[[], int] = lambda: time.time_ns() // 1_000_000) -> None:
+                 wall_ms: Callable[[], int] = lambda: time.time_ns() // 1_000_000,
+                 keep_consumed: bool = True) -> None:
         self.auto_create_topics = auto_create_topics
+        self.keep_consumed = keep_consumed
         self._monotonic = monotonic
         self._wall_ms = wall_ms
         self._cond = threading.Condition()
@@ -157,7 +168,7 @@ class EmbeddedBroker:
                 return 0
             if sub is None:
                 return len(t.log)
-            return len(t.log) - sub.offset + len(sub.held) + len(sub.inflight) + len(sub.redeliver)
+            return t.end() - sub.offset + len(sub.held) + len(sub.inflight) + len(sub.redeliver)
 
     # -- producer side -------------------------------------------------------------------
     def _store(self, msg: Message) -> str:
@@ -169,7 +180,7 @@ class EmbeddedBroker:
             if topic.fifo and not msg.message_group:
                 raise EmbeddedBrokerError(f"FIFO topic {topic.name!r} needs a message_group")
             mid = f"EMB{next(self._ids):020d}"
-            topic.log.append(_Stored(len(topic.log), mid, topic.name, body, msg.tag, tuple(msg.keys),
+            topic.log.append(_Stored(topic.end(), mid, topic.name, body, msg.tag, tuple(msg.keys),
                                      msg.message_group, dict(msg.properties),
                                      born_ms=self._wall_ms(), store_ms=self._wall_ms()))
             self._cond.notify_all()
@@ -231,8 +242,8 @@ class EmbeddedBroker:
                     sub.held.append(rec)  # rotate: keep relative order per group
                 else:
                     out.append(self._lease(sub, rec, 1, invisible, now, new_group_hold=True))
-        while len(out) < n and sub.offset < len(topic.log):
-            rec = topic.log[sub.offset]
+        while len(out) < n and sub.offset < topic.end():
+            rec = topic.log[sub.offset - topic.base]
             sub.offset += 1
             if not flt.accepts(rec.tag):
                 continue  # filtered out for this group: consumed without delivery, as on a broker
@@ -240,7 +251,15 @@ class EmbeddedBroker:
                 sub.held.append(rec)
                 continue
             out.append(self._lease(sub, rec, 1, invisible, now, new_group_hold=topic.fifo))
+        if not self.keep_consumed:
+            self._drop_consumed(topic)
         return out
+
+    def _drop_consumed(self, topic: _Topic) -> None:
+        low = min(s.offset for (_, t), s in self._subs.items() if t == topic.name)
+        if low - topic.base >= 1024:  # in chunks: deleting a list's head is O(len)
+            del topic.log[:low - topic.base]
+            topic.base = low
 
     def _lease(self, sub: _Subscription, rec: _Stored, attempt: int, invisible: float, now: float,
                new_group_hold: bool) -> Message:

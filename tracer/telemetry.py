@@ -41,6 +41,10 @@ _GAP_SPANS: tuple[tuple[str, Stage, Stage], ...] = (
 )
 _STAMP_ATTRS: tuple[tuple[int, str], ...] = tuple((int(s), f"rmqtrace.stamp.{s.name.lower()}_ns") for s in Stage)
 BODY_ATTR = "rmqtrace.message.body"
+# Message fields become span attributes and names: a hostile message must not make a span huge
+# (queued spans would hold it, and an export batch could outgrow what a backend takes).
+MAX_ATTR_CHARS = 256
+MAX_KEYS = 32
 
 
 class MessageTracer:
@@ -87,6 +91,7 @@ class MessageTracer:
                    job_id: str | None = None, cost: float | None = None,
                    body_size: int | None = None) -> SendTrace:
         """Open the ``send {topic}`` span and write trace context + produce stamp into the message."""
+        topic = _cap(topic)
         span = self.tracer.start_span(f"send {topic}", kind=SpanKind.PRODUCER)
         if span.is_recording():
             attrs: dict[str, Any] = {
@@ -129,7 +134,7 @@ class MessageTracer:
             self.errors.count("timestamp_out_of_range", f"pulled_ns={pulled_ns}")
             pulled_ns = None
         times[Stage.CLIENT_PULL] = pulled_ns if pulled_ns else now
-        if self.capture_body and body is not None:
+        if self.capture_body and isinstance(body, (bytes, bytearray, str)):
             t.body = body
         return t
 
@@ -218,7 +223,7 @@ class MessageTrace:
         if writer is None:
             return
         try:
-            ctx = writer.root_context(self.carried.parent, f"process {self.info.topic}", SpanKind.CONSUMER)
+            ctx = writer.root_context(self.carried.parent, f"process {_cap(self.info.topic)}", SpanKind.CONSUMER)
             if ctx is None:
                 return
             self._ctx = ctx
@@ -294,7 +299,7 @@ class MessageTrace:
                 attrs["error.type"] = type(error).__qualname__
         parent_sc = self.carried.parent
         start_ns = next((ns for st, ns in fixed.items() if st >= Stage.BROKER_STORE), end_ns)
-        writer.emit(f"process {self.info.topic}", ctx, parent_sc if parent_sc and parent_sc.is_valid else None,
+        writer.emit(f"process {_cap(self.info.topic)}", ctx, parent_sc if parent_sc and parent_sc.is_valid else None,
                     start_ns, end_ns, kind=SpanKind.CONSUMER, attributes=attrs, status=status)
 
     def _process_attributes(self, outcome: Outcome) -> dict[str, Any]:
@@ -304,14 +309,14 @@ class MessageTrace:
             "messaging.system": SYSTEM,
             "messaging.operation.name": "process",
             "messaging.operation.type": "process",
-            "messaging.destination.name": info.topic,
+            "messaging.destination.name": _cap(info.topic),
             "rmqtrace.outcome": outcome.value,
         }
         if self._tracer.consumer_group:
             attrs["messaging.consumer.group.name"] = self._tracer.consumer_group
         if info.message_id:
-            attrs["messaging.message.id"] = info.message_id
-        if info.delivery_attempt:
+            attrs["messaging.message.id"] = _cap(info.message_id)
+        if info.delivery_attempt and info.delivery_attempt < 2**31:  # the broker's is an int32
             attrs["messaging.rocketmq.message.delivery_attempt"] = info.delivery_attempt
         _message_attrs(attrs, info.tag, info.keys, info.message_group, info.body_size)
         if self.carried.job_id:
@@ -328,6 +333,10 @@ class MessageTrace:
         return attrs
 
 
+def _cap(value: str) -> str:
+    return value if len(value) <= MAX_ATTR_CHARS else value[:MAX_ATTR_CHARS]
+
+
 def body_preview(body: bytes | bytearray | str, limit: int) -> str:
     """The first ``limit`` bytes of a body as text: valid UTF-8 whatever the bytes were."""
     raw = body[:limit].encode("utf-8", "replace") if isinstance(body, str) else bytes(body[:limit])
@@ -337,11 +346,11 @@ def body_preview(body: bytes | bytearray | str, limit: int) -> str:
 def _message_attrs(attrs: dict[str, Any], tag: str | None, keys: Sequence[str],
                    group: str | None, body_size: int | None) -> None:
     if tag:
-        attrs["messaging.rocketmq.message.tag"] = tag
+        attrs["messaging.rocketmq.message.tag"] = _cap(tag)
     if keys:
-        attrs["messaging.rocketmq.message.keys"] = list(keys)
+        attrs["messaging.rocketmq.message.keys"] = [_cap(k) for k in keys[:MAX_KEYS]]
     if group:
-        attrs["messaging.rocketmq.message.group"] = group
+        attrs["messaging.rocketmq.message.group"] = _cap(group)
         attrs["messaging.rocketmq.message.type"] = "fifo"
     if body_size is not None:
         attrs["messaging.message.body.size"] = body_size

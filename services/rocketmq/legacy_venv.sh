@@ -26,8 +26,11 @@ STAMP="$VENV/.rmqtrace-legacy-stamp"
 log() { echo "legacy_venv: $*" >&2; }
 
 want="$(cat "$REPO/pyproject.toml" "$HERE/install_legacy_client.sh" | sha256sum | cut -d' ' -f1)"
-if [[ -x "$PY" && -f "$STAMP" && "$(cat "$STAMP")" == "$want" ]] \
-   && "$PY" -c 'import rocketmq.client, tracer' >/dev/null 2>&1; then
+ready() {
+    [[ -x "$PY" && -f "$STAMP" && "$(cat "$STAMP")" == "$want" ]] \
+        && "$PY" -c 'import rocketmq.client, tracer' >/dev/null 2>&1
+}
+if ready; then
     echo "$PY"
     exit 0
 fi
@@ -35,6 +38,10 @@ fi
 mkdir -p "$(dirname "$VENV")"
 exec 9>"$VENV.lock"
 flock 9  # concurrent callers (parallel test sessions) build it once
+if ready; then
+    echo "$PY"
+    exit 0
+fi
 if [[ ! -x "$PY" ]]; then
     log "creating $VENV"
     "$PYTHON" -m venv "$VENV"

@@ -1,19 +1,21 @@
 """Throughput on the real broker, traced against untraced, in the same run.
 
 Needs the local RocketMQ 5 (``services/rocketmq/rmq.sh start``, proxy gRPC ``127.0.0.1:8081``)
-and ``rocketmq-python-client``. One topic and one consumer group are created for the run; rounds
-alternate untraced/traced (ABBA order, so a drift of the machine hits both alike). A round:
+and ``rocketmq-python-client``. One topic and one consumer group are created for the run. Three
+modes run in every round, in a rotating order (so a drift of the shared machine hits all alike):
 
-1. *produce*: ``messages`` messages sent with ``send_async`` (at most ``window`` in flight) by a
-   plain ``Producer`` (untraced) or a :class:`~tracer.producer.TracedProducer` (traced);
-2. *consume*: a :class:`~tracer.consume.ConsumeLoop` (aggressive policy, ``workers`` workers,
-   a ``handler_ms`` sleep as the handler) receives, runs and acks all of them; the clock runs from
-   the loop's start to the last ack. Untraced: ``tracer=None``; traced: a :class:`MessageTracer`
-   with histograms and every span sampled, spans batched and encoded to OTLP protobuf (then
-   dropped: the CPU cost of an exporter without the network).
+- ``untraced``: a plain ``Producer`` and ``ConsumeLoop(tracer=None)``;
+- ``traced``: :class:`~tracer.producer.TracedProducer` and a :class:`MessageTracer` with histograms
+  and every span sampled, handed to a ``BatchSpanProcessor`` whose exporter drops them — rmqtrace's
+  own cost, measured like ``rmqtrace bench overhead``;
+- ``traced_otlp``: the same, with the exporter encoding every batch to OTLP protobuf bytes (then
+  dropped): what an OTLP exporter adds in the process, without the network.
 
-``traced_over_untraced`` is the median over rounds of the traced consume throughput divided by the
-untraced one of the same round pair; the produce ratio is reported beside it.
+A round of one mode: *produce* ``messages`` messages with ``send_async`` (at most ``window`` in
+flight), then *consume* them with a :class:`~tracer.consume.ConsumeLoop` (aggressive policy,
+``workers`` workers, a ``handler_ms`` sleep as the handler), timed from the loop's start to the
+last ack. ``traced_over_untraced`` is the median over rounds of traced ÷ untraced consume
+throughput of the same round; the other ratios are reported beside it.
 """
 
 from __future__ import annotations
@@ -44,9 +46,17 @@ from ..producer import TracedProducer
 from ..telemetry import MessageTracer
 
 ENDPOINT = "127.0.0.1:8081"
-DEFAULT_MESSAGES = 2000
-DEFAULT_ROUNDS = 3
+DEFAULT_MESSAGES = 500
+DEFAULT_ROUNDS = 15
 TARGET = 0.95
+
+
+class _DropExporter(SpanExporter):
+    def export(self, spans: Sequence[ReadableSpan]) -> SpanExportResult:
+        return SpanExportResult.SUCCESS
+
+    def shutdown(self) -> None:
+        pass
 
 
 class _EncodeOnlyExporter(SpanExporter):
@@ -131,8 +141,10 @@ def _produce(producer: Any, rmq: Any, topic: str, n: int, run: str, window: int)
     return took
 
 
-def _consume(consumer: Any, n: int, handler_ms: float, workers: int, tracer: MessageTracer | None) -> float:
-    """Receive, handle and ack ``n`` messages; seconds from the loop's start to the n-th ack."""
+def _consume(consumer: Any, n: int, handler_ms: float, workers: int,
+             tracer: MessageTracer | None) -> tuple[float, float]:
+    """Receive, handle and ack ``n`` messages: (seconds from the loop's start to the n-th ack,
+    CPU seconds of this process meanwhile — every thread: the client's, the loop's, the exporter's)."""
     pause = handler_ms / 1000.0
 
     def handler(_msg: Any) -> None:
@@ -141,6 +153,7 @@ def _consume(consumer: Any, n: int, handler_ms: float, workers: int, tracer: Mes
     loop = ConsumeLoop(consumer, handler, tracer=tracer, policy="aggressive", workers=workers,
                        invisible_duration=60)
     done = threading.Event()
+    cpu0 = time.process_time()
     t0 = time.perf_counter()
     end = [0.0]
 
@@ -157,11 +170,12 @@ def _consume(consumer: Any, n: int, handler_ms: float, workers: int, tracer: Mes
         if loop.stats.acked >= n:
             end[0] = time.perf_counter()
             done.set()
+    cpu = time.process_time() - cpu0
     loop.stop()
     runner.join(60)
     if loop.stats.acked < n or loop.stats.redelivered or loop.stats.ack_errors:
         raise RuntimeError(f"consume round incomplete: {loop.stats}")
-    return end[0] - t0
+    return end[0] - t0, cpu
 
 
 def run_broker_bench(messages: int = DEFAULT_MESSAGES, handler_ms: float = 1.0, *, rounds: int = DEFAULT_ROUNDS,
@@ -183,44 +197,56 @@ def run_broker_bench(messages: int = DEFAULT_MESSAGES, handler_ms: float = 1.0, 
     if settled is not None:
         settled.wait(15)
 
-    registry = CollectorRegistry()
-    exporter = _EncodeOnlyExporter()
-    provider = TracerProvider()
-    provider.add_span_processor(BatchSpanProcessor(exporter, max_queue_size=1 << 16))
-    traced_producer = TracedProducer(plain, MessageTracer(tracer_provider=provider))
-    consumer_tracer = MessageTracer(consumer_group=group, tracer_provider=provider, metrics=TracerMetrics(registry))
+    def tracers(exporter: SpanExporter) -> tuple[TracerProvider, Any, MessageTracer]:
+        provider = TracerProvider()
+        provider.add_span_processor(BatchSpanProcessor(exporter, max_queue_size=1 << 16))
+        return (provider, TracedProducer(plain, MessageTracer(tracer_provider=provider)),
+                MessageTracer(consumer_group=group, tracer_provider=provider,
+                              metrics=TracerMetrics(CollectorRegistry())))
 
-    modes = {"untraced": (plain, None), "traced": (traced_producer, consumer_tracer)}
-    results: dict[str, dict[str, list[float]]] = {m: {"produce": [], "consume": []} for m in modes}
+    encoder = _EncodeOnlyExporter()
+    drop_provider, drop_producer, drop_tracer = tracers(_DropExporter())
+    otlp_provider, otlp_producer, otlp_tracer = tracers(encoder)
+    modes: dict[str, tuple[Any, MessageTracer | None]] = {
+        "untraced": (plain, None), "traced": (drop_producer, drop_tracer), "traced_otlp": (otlp_producer, otlp_tracer)}
+    names = list(modes)
+    results: dict[str, dict[str, list[float]]] = {m: {"produce": [], "consume": [], "cpu_us": []} for m in modes}
     try:
-        # warm-up: routes, channels, thread pools, the tracer's first spans
-        for mode in ("untraced", "traced"):
+        # warm-up: routes, channels, thread pools, the tracers' first spans
+        for mode in names:
             producer, tracer = modes[mode]
             _produce(producer, rmq, topic, 200, f"{run}w", window)
             _consume(consumer, 200, handler_ms, workers, tracer)
-        order = [("untraced", "traced") if r % 2 == 0 else ("traced", "untraced") for r in range(rounds)]
-        for r, pair in enumerate(order):
-            for mode in pair:
+        for r in range(rounds):
+            for mode in names[r % len(names):] + names[:r % len(names)]:
                 producer, tracer = modes[mode]
                 results[mode]["produce"].append(messages / _produce(producer, rmq, topic, messages, f"{run}{r}", window))
-                results[mode]["consume"].append(messages / _consume(consumer, messages, handler_ms, workers, tracer))
-            provider.force_flush()
+                took, cpu = _consume(consumer, messages, handler_ms, workers, tracer)
+                results[mode]["consume"].append(messages / took)
+                results[mode]["cpu_us"].append(cpu / messages * 1e6)
+                drop_provider.force_flush()
+                otlp_provider.force_flush()
             if progress is not None:
                 progress(r + 1, rounds)
     finally:
         consumer.shutdown()
         plain.shutdown()
-        provider.shutdown()
+        drop_provider.shutdown()
+        otlp_provider.shutdown()
 
-    def ratios(kind: str) -> list[float]:
-        return [t / u for t, u in zip(results["traced"][kind], results["untraced"][kind])]
+    def ratios(mode: str, kind: str) -> list[float]:
+        return [t / u for t, u in zip(results[mode][kind], results["untraced"][kind])]
 
-    consume_ratios, produce_ratios = ratios("consume"), ratios("produce")
     return {
-        "traced_over_untraced": statistics.median(consume_ratios),
-        "consume_ratios": consume_ratios,
-        "produce_traced_over_untraced": statistics.median(produce_ratios),
-        "produce_ratios": produce_ratios,
+        "traced_over_untraced": statistics.median(ratios("traced", "consume")),
+        "consume_ratios": ratios("traced", "consume"),
+        "otlp_over_untraced": statistics.median(ratios("traced_otlp", "consume")),
+        "otlp_consume_ratios": ratios("traced_otlp", "consume"),
+        "produce_traced_over_untraced": statistics.median(ratios("traced", "produce")),
+        "produce_ratios": ratios("traced", "produce"),
+        "produce_otlp_over_untraced": statistics.median(ratios("traced_otlp", "produce")),
+        "cpu_traced_over_untraced": statistics.median(ratios("traced", "cpu_us")),
+        "cpu_otlp_over_untraced": statistics.median(ratios("traced_otlp", "cpu_us")),
         "msgs_per_s": {m: {k: statistics.median(v) for k, v in d.items()} for m, d in results.items()},
         "per_round": results,
         "messages_per_round": messages,
@@ -228,7 +254,8 @@ def run_broker_bench(messages: int = DEFAULT_MESSAGES, handler_ms: float = 1.0, 
         "handler_ms": handler_ms,
         "workers": workers,
         "send_window": window,
-        "spans_encoded": exporter.spans,
+        "spans_encoded": encoder.spans,
+        "otlp_bytes_per_span": encoder.bytes / encoder.spans if encoder.spans else 0.0,
         "target": TARGET,
         "client": _client_version(),
         "python": platform.python_version(),
@@ -249,15 +276,24 @@ def format_broker_bench(result: dict[str, Any]) -> str:
     m = result["msgs_per_s"]
     met = "met" if result["traced_over_untraced"] >= result["target"] else "NOT met"
     return "\n".join([
-        f"real broker, {result['messages_per_round']} messages x {result['rounds']} round pairs, "
+        f"real broker, {result['messages_per_round']} messages per mode x {result['rounds']} rounds, "
         f"{result['workers']} workers, {result['handler_ms']:g} ms handler ({result['client']})",
-        f"consume (receive+handle+ack): untraced {m['untraced']['consume']:8.0f} msg/s   "
-        f"traced {m['traced']['consume']:8.0f} msg/s   traced/untraced = {result['traced_over_untraced']:.3f} "
-        f"(target >= {result['target']}: {met})",
-        f"produce (send_async, {result['send_window']} in flight): untraced {m['untraced']['produce']:8.0f} msg/s   "
-        f"traced {m['traced']['produce']:8.0f} msg/s   traced/untraced = {result['produce_traced_over_untraced']:.3f}",
-        "per round pair, consume ratio: " + ", ".join(f"{r:.3f}" for r in result["consume_ratios"]),
-        "per round pair, produce ratio: " + ", ".join(f"{r:.3f}" for r in result["produce_ratios"]),
+        "consume = receive + handle + ack, msg/s:",
+        f"  untraced {m['untraced']['consume']:7.0f}   traced {m['traced']['consume']:7.0f}   "
+        f"traced + OTLP encoding {m['traced_otlp']['consume']:7.0f}",
+        f"  traced/untraced = {result['traced_over_untraced']:.3f} (target >= {result['target']}: {met});  "
+        f"traced + OTLP encoding/untraced = {result['otlp_over_untraced']:.3f}",
+        f"produce = send_async, {result['send_window']} in flight, msg/s:",
+        f"  untraced {m['untraced']['produce']:7.0f}   traced {m['traced']['produce']:7.0f}   "
+        f"traced + OTLP encoding {m['traced_otlp']['produce']:7.0f}",
+        f"  traced/untraced = {result['produce_traced_over_untraced']:.3f};  "
+        f"traced + OTLP encoding/untraced = {result['produce_otlp_over_untraced']:.3f}",
+        "consumer CPU per message (all threads of the process), µs:",
+        f"  untraced {m['untraced']['cpu_us']:7.0f}   traced {m['traced']['cpu_us']:7.0f}   "
+        f"traced + OTLP encoding {m['traced_otlp']['cpu_us']:7.0f}   (traced/untraced = "
+        f"{result['cpu_traced_over_untraced']:.3f}; + OTLP = {result['cpu_otlp_over_untraced']:.3f})",
+        "per round, consume traced/untraced: " + ", ".join(f"{r:.3f}" for r in result["consume_ratios"])
+        + ";  + OTLP: " + ", ".join(f"{r:.3f}" for r in result["otlp_consume_ratios"]),
     ])
 
 
