@@ -29,6 +29,7 @@ from typing import Any, Callable
 
 import pytest
 import yaml
+from conftest import REPO, require_services, unavailable  # noqa: F401 - re-exported for the service tests
 from opentelemetry.sdk.trace import TracerProvider
 from prometheus_client import CollectorRegistry, start_http_server
 from waiting import wait_until
@@ -40,21 +41,9 @@ from tracer.metrics import TracerMetrics
 from tracer.telemetry import MessageTracer
 from tracer.workload import make_job
 
-REPO = Path(__file__).resolve().parent.parent
 PROM_SH = REPO / "services" / "prometheus" / "prom.sh"
 RULES = REPO / "dashboards" / "prometheus" / "rmqtrace-alerts.yml"
 RULE_TESTS = REPO / "dashboards" / "prometheus" / "tests"
-
-
-def require_services() -> bool:
-    return os.environ.get("RMQTRACE_REQUIRE_SERVICES") == "1"
-
-
-def unavailable(reason: str) -> None:
-    """Skip, or fail when services are required (``make test`` sets RMQTRACE_REQUIRE_SERVICES=1)."""
-    if require_services():
-        pytest.fail(f"required service unavailable: {reason}")
-    pytest.skip(reason)
 
 
 def free_port() -> int:

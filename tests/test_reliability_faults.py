@@ -1,4 +1,5 @@
-"""Faults against the real broker: the tracer and its consume loop never lose a message.
+"""Faults: the tracer and its consume loop never lose a message (real broker, plus fast checks of
+the loop's fault handling against stand-in clients).
 
 Each test sends numbered messages to its own topic and runs ``fault_programs/consumer.py`` (the
 consume loop over the official 5.x ``SimpleConsumer``) as a separate process, which logs every
@@ -20,8 +21,11 @@ import tempfile
 import threading
 import time
 from pathlib import Path
+from typing import Any, Callable
 
 import pytest
+
+from tracer.consume import ConsumeLoop
 from fault_programs.harness import (
     RMQ_SH,
     Accounting,
@@ -35,8 +39,6 @@ from fault_programs.harness import (
     start_producer,
     unique,
 )
-
-pytestmark = pytest.mark.integration
 
 WORKERS = 8
 INVISIBLE = 5.0  # seconds: the lease; a message whose consumer died comes back after it
@@ -77,6 +79,7 @@ def unexplained(acc: Accounting, suspects: set[int]) -> dict[int, int]:
     return {s: n for s, n in acc.duplicates().items() if s not in suspects}
 
 
+@pytest.mark.integration
 def test_sigkill_mid_job_every_message_handled_at_least_once(broker, consumers):
     n = 600
     topic, group = unique("rel-kill"), unique("rel-kill-g")
@@ -127,6 +130,7 @@ def test_sigkill_mid_job_every_message_handled_at_least_once(broker, consumers):
     assert len(in_flight) <= 4 * WORKERS  # demand-driven receive: no more than the workers hold
 
 
+@pytest.mark.integration
 def test_sigterm_drains_in_flight_work_acks_it_and_loses_nothing(broker, consumers):
     n = 600
     topic, group = unique("rel-term"), unique("rel-term-g")
@@ -164,6 +168,7 @@ def test_sigterm_drains_in_flight_work_acks_it_and_loses_nothing(broker, consume
     assert not [ln for ln in acc.by_kind["S"] if ln.attempt > 1], "nothing may be redelivered"
 
 
+@pytest.mark.integration
 def test_proxy_restart_mid_job_the_pipeline_resumes_and_loses_nothing(broker, consumers):
     n = 300
     topic, group = unique("rel-restart"), unique("rel-restart-g")
@@ -282,6 +287,7 @@ def closed_port() -> int:
         return int(s.getsockname()[1])  # nothing listens there once this socket closes
 
 
+@pytest.mark.integration
 def test_trace_backend_down_or_black_holed_handling_keeps_full_speed_and_drops_are_counted(broker, consumers):
     from opentelemetry.sdk.trace import TracerProvider
 
@@ -339,6 +345,7 @@ def test_trace_backend_down_or_black_holed_handling_keeps_full_speed_and_drops_a
         assert r["spans_dropped_before_shutdown"] > 0  # counted while running, not only at exit
 
 
+@pytest.mark.integration
 def test_handler_exceptions_and_timeouts_are_retried_and_workers_survive(broker, consumers):
     n, workers = 70, 4
     topic, group = unique("rel-fail"), unique("rel-fail-g")
@@ -367,3 +374,130 @@ def test_handler_exceptions_and_timeouts_are_retried_and_workers_survive(broker,
     assert st["failed"] == st["retry_scheduled"] == st["redelivered"] == retried
     assert st["succeeded"] == st["acked"] == n
     assert st["workers_alive_min"] == workers
+
+
+# -- the same fault handling, fast, against stand-ins for the 5.x client ------------------------
+class StrictSeconds:
+    """The embedded consumer, refusing durations that are not ``int`` as the 5.x client does
+    (``Duration.seconds = 1.5`` raises TypeError inside it)."""
+
+    def __init__(self, consumer: Any) -> None:
+        self.consumer = consumer
+        self.durations: list[Any] = []
+
+    def _check(self, seconds: Any) -> None:
+        self.durations.append(seconds)
+        if type(seconds) is not int:
+            raise TypeError(f"'float' object cannot be interpreted as an integer: {seconds!r}")
+
+    def receive(self, n: int, invisible: Any) -> Any:
+        self._check(invisible)
+        return self.consumer.receive(n, invisible)
+
+    def change_invisible_duration(self, msg: Any, seconds: Any) -> None:
+        self._check(seconds)
+        self.consumer.change_invisible_duration(msg, seconds)
+
+    def ack(self, msg: Any) -> None:
+        self.consumer.ack(msg)
+
+
+def embedded(n: int) -> tuple[Any, Any]:
+    from tracer.embedded import EmbeddedBroker, Message, Producer, SimpleConsumer
+
+    broker = EmbeddedBroker()
+    producer = Producer(broker, ["T"])
+    producer.startup()
+    for i in range(n):
+        m = Message()
+        m.topic, m.body = "T", str(i).encode()
+        producer.send(m)
+    consumer = SimpleConsumer(broker, "G", {"T": None}, await_duration=0.05)
+    consumer.startup()
+    return broker, consumer
+
+
+def run_loop(loop: ConsumeLoop, until: Callable[[], bool], what: str) -> None:
+    t = threading.Thread(target=loop.run, daemon=True)
+    t.start()
+    try:
+        poll(until, 30, what, interval=0.01)
+    finally:
+        loop.stop()
+        t.join(30)
+    assert not t.is_alive()
+
+
+def test_loop_gives_the_client_whole_seconds_for_leases_and_backoff():
+    broker, raw = embedded(2)
+    strict = StrictSeconds(raw)
+    release = threading.Event()
+
+    def handler(msg: Any) -> None:
+        if msg.body == b"0" and msg.delivery_attempt == 1:
+            raise RuntimeError("first attempt fails")  # backoff: change_invisible_duration
+        if msg.body == b"1":
+            release.wait(5)  # held past the renewal margin: the lease is renewed
+
+    loop = ConsumeLoop(strict, handler, invisible_duration=1.5, renew_margin=1.2,
+                       retry_backoff=lambda attempt: 0.25, workers=2)
+    run_loop(loop, lambda: loop.stats.leases_extended >= 1 and loop.stats.acked >= 1, "a renewal and a retry")
+    release.set()
+    assert all(type(d) is int and d >= 1 for d in strict.durations), strict.durations
+    assert loop.stats.receive_errors == 0 and loop.stats.lease_errors == 0 and loop.stats.ack_errors == 0
+    assert loop.stats.retry_scheduled == 1
+
+
+class Unreachable:
+    """A 5.x-like client whose receives fail until its settings are sent again."""
+
+    def __init__(self, consumer: Any) -> None:
+        self.consumer = consumer
+        self.announced: list[Any] = []
+        self.route_manager = self
+
+    def get_all_endpoints(self) -> dict[str, str]:
+        return {"127.0.0.1:8081": "endpoints"}
+
+    def on_new_endpoints(self, endpoints: Any) -> None:
+        self.announced.append(endpoints)
+
+    def receive(self, n: int, invisible: Any) -> Any:
+        if not self.announced:
+            raise RuntimeError("50001, settings is null")  # what the restarted proxy answers
+        return self.consumer.receive(n, invisible)
+
+    def ack(self, msg: Any) -> None:
+        self.consumer.ack(msg)
+
+    def change_invisible_duration(self, msg: Any, seconds: Any) -> None:
+        self.consumer.change_invisible_duration(msg, seconds)
+
+
+def test_failing_receives_re_announce_the_client_settings():
+    broker, raw = embedded(10)
+    client = Unreachable(raw)
+    loop = ConsumeLoop(client, lambda m: None, workers=2)
+    run_loop(loop, lambda: loop.stats.acked == 10, "the loop recovered")
+    assert loop.stats.receive_errors == 3 and loop.stats.resyncs == 1 and client.announced == ["endpoints"]
+
+
+def test_slow_acks_bound_what_is_handled_but_not_acked():
+    broker, raw = embedded(300)
+    workers, ack_threads = 8, 2
+    pile: list[int] = []
+
+    class SlowAcks(StrictSeconds):
+        def ack(self, msg: Any) -> None:
+            threading.Event().wait(0.005)  # a broker slower to ack than handlers are to finish
+            self.consumer.ack(msg)
+
+    loop = ConsumeLoop(SlowAcks(raw), lambda m: None, workers=workers, ack_threads=ack_threads)
+
+    def sample() -> bool:
+        pile.append(loop.stats.received - loop.stats.acked)
+        return loop.stats.acked == 300
+
+    run_loop(loop, sample, "every message acked")
+    # without the bound the pile grew to hundreds: every one a duplicate if the consumer died
+    assert max(pile) <= workers + ack_threads + 1, max(pile)

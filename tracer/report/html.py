@@ -32,6 +32,7 @@ from .model import (
     MessageRecord,
     Report,
     build_report,
+    format_seconds,
     step_means,
 )
 
@@ -79,16 +80,7 @@ footer { margin-top: 30px; color: var(--muted); font-size: 12.5px; max-width: 11
 
 
 # -- small helpers ---------------------------------------------------------------------------
-def fmt_s(v: float | None) -> str:
-    if v is None:
-        return "—"
-    if v == 0:
-        return "0"
-    if v < 0.001:
-        return f"{v * 1e6:.0f} µs"
-    if v < 1:
-        return f"{v * 1e3:.1f} ms"
-    return f"{v:.2f} s"
+fmt_s = format_seconds
 
 
 def _n(v: float) -> str:

@@ -268,6 +268,19 @@ def infer_workers(records: Sequence[MessageRecord]) -> int:
 
 
 # -- statistics ------------------------------------------------------------------------------
+def format_seconds(v: float | None) -> str:
+    """A duration for people: µs, ms or s with sensible precision; ``—`` when unknown."""
+    if v is None:
+        return "—"
+    if v == 0:
+        return "0"
+    if v < 0.001:
+        return f"{v * 1e6:.0f} µs"
+    if v < 1:
+        return f"{v * 1e3:.1f} ms"
+    return f"{v:.2f} s"
+
+
 def percentile(values: Sequence[float], q: float) -> float:
     """Nearest rank: the smallest value with at least ``q·n`` of the values at or below it."""
     if not values:

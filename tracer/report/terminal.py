@@ -6,22 +6,13 @@ import os
 from typing import Any
 
 from ..stages import GAPS
-from .model import PRODUCED_LATE, SPLIT_PARTS, GroupStats, Report
+from .model import PRODUCED_LATE, SPLIT_PARTS, GroupStats, Report, format_seconds
 
 STAGE_STYLE = {PRODUCED_LATE: "grey50", "send": "grey62", "broker_wait": "sky_blue2", "client_buffer": "orange1",
                "dispatch_wait": "red3", "handler": "green3"}
 
 
-def seconds(v: float | None) -> str:
-    if v is None:
-        return "—"
-    if v == 0:
-        return "0"
-    if v < 0.001:
-        return f"{v * 1e6:.0f} µs"
-    if v < 1:
-        return f"{v * 1e3:.1f} ms"
-    return f"{v:.2f} s"
+seconds = format_seconds
 
 
 def _split_bar(split: dict[str, float], width: int = 40) -> Any:
