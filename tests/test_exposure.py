@@ -21,6 +21,7 @@ from opentelemetry.sdk.trace import TracerProvider
 from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 from prometheus_client import CollectorRegistry, generate_latest
+from waiting import wait_until
 
 from tracer.config import Settings, serve_metrics
 from tracer.consume import ConsumeLoop
@@ -28,7 +29,6 @@ from tracer.embedded import EmbeddedBroker, Message, Producer, SimpleConsumer
 from tracer.metrics import TracerMetrics
 from tracer.producer import TracedProducer
 from tracer.telemetry import BODY_ATTR, MessageTracer
-from waiting import wait_until
 
 
 def free_port() -> int:

@@ -18,25 +18,35 @@ from types import SimpleNamespace
 from typing import Any
 
 import pytest
+from fault_programs.harness import record_figures
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from opentelemetry.exporter.otlp.proto.common.trace_encoder import encode_spans
 from opentelemetry.sdk.trace import SpanProcessor, TracerProvider
 from opentelemetry.trace import TraceState
 from prometheus_client import CollectorRegistry
+from waiting import wait_until
 
-from fault_programs.harness import record_figures
 from tracer.consume import ConsumeLoop
 from tracer.embedded import EmbeddedBroker, Message, Producer, SimpleConsumer
 from tracer.message import describe
 from tracer.metrics import TracerMetrics
 from tracer.propagation import (
-    COST, JOB_ID, PRODUCE_NS, TRACEPARENT, TRACESTATE, PropagationErrors, extract, format_traceparent,
-    parse_produce_ns, parse_traceparent, parse_tracestate, plausible_ns,
+    COST,
+    JOB_ID,
+    PRODUCE_NS,
+    TRACEPARENT,
+    TRACESTATE,
+    PropagationErrors,
+    extract,
+    format_traceparent,
+    parse_produce_ns,
+    parse_traceparent,
+    parse_tracestate,
+    plausible_ns,
 )
 from tracer.stages import Outcome, Stage
 from tracer.telemetry import MessageTracer, body_preview
-from waiting import wait_until
 
 NOW = time.time_ns()
 TP = "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01"

@@ -20,11 +20,12 @@ import time
 from typing import Any, Sequence
 
 import pytest
+from fault_programs.harness import record_figures
 from opentelemetry.sdk.trace import ReadableSpan, TracerProvider
 from opentelemetry.sdk.trace.export import SpanExporter, SpanExportResult
 from prometheus_client import CollectorRegistry, generate_latest
+from waiting import wait_until
 
-from fault_programs.harness import record_figures
 from tracer.clients.official import TracedSimpleConsumer
 from tracer.config import CountingSpanProcessor, DropCounter
 from tracer.consume import ConsumeLoop
@@ -35,7 +36,6 @@ from tracer.metrics import TracerMetrics
 from tracer.producer import TracedProducer
 from tracer.stages import Outcome
 from tracer.telemetry import MessageTracer
-from waiting import wait_until
 
 LONG = os.environ.get("RMQTRACE_LONG") == "1"
 
@@ -232,3 +232,41 @@ def test_a_topic_that_is_not_valid_utf8_does_not_break_the_scrape():
         pass
     trace.finish(Outcome.SUCCESS)
     generate_latest(registry)
+
+
+class Stuck(SpanExporter):
+    """An exporter whose backend hangs until released, then fails: a black hole that closes."""
+
+    def __init__(self) -> None:
+        self.release = threading.Event()
+        self.taken = 0
+
+    def export(self, spans: Sequence[ReadableSpan]) -> SpanExportResult:
+        self.taken += len(spans)
+        self.release.wait(30)
+        return SpanExportResult.FAILURE
+
+    def shutdown(self) -> None:
+        self.release.set()
+
+
+def test_span_queue_is_bounded_and_every_lost_span_is_counted_without_waiting():
+    drops, stuck = DropCounter(), Stuck()
+    processor = CountingSpanProcessor(stuck, drops, max_queue_size=100)
+    provider = TracerProvider()
+    provider.add_span_processor(processor)
+    registry = CollectorRegistry()
+    metrics = TracerMetrics(registry)
+    drops.bind(metrics.spans_dropped)
+    tracer = provider.get_tracer("t")
+    t0 = time.monotonic()
+    for _ in range(5_000):
+        tracer.start_span("s").end()
+    took = time.monotonic() - t0
+    assert took < 5  # ending a span never waits for the backend
+    assert processor._pending <= 100  # the queue never holds more than its size
+    assert drops.dropped >= 5_000 - 100 - stuck.taken
+    stuck.release.set()
+    provider.shutdown()
+    assert drops.dropped == 5_000  # queued, taken or refused: every span is counted once
+    assert registry.get_sample_value("rmqtrace_spans_dropped_total") == 5_000

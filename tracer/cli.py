@@ -104,6 +104,9 @@ def _maybe_report(out: Path, spans_file: str | None) -> str | None:
 
 # -- bench -----------------------------------------------------------------------------------
 def cmd_bench(args: argparse.Namespace) -> int:
+    if args.which == "broker":
+        from .bench.broker import run_cli
+        return run_cli(args)
     console = _console()
     if args.which == "overhead":
         from .bench.overhead import format_overhead_bench, run_overhead_bench
@@ -156,9 +159,10 @@ def build_parser() -> argparse.ArgumentParser:
     d.set_defaults(func=cmd_demo)
 
     b = sub.add_parser("bench", help="benchmarks behind BENCHMARKS.md (ratios against a baseline in the same run)")
-    b.add_argument("which", choices=["overhead", "dispatch"],
+    b.add_argument("which", choices=["overhead", "dispatch", "broker"],
                    help="overhead: tracing cost per message vs one SDK span; dispatch: policies vs lower bound and "
-                        "the dispatcher vs ThreadPoolExecutor")
+                        "the dispatcher vs ThreadPoolExecutor; broker: traced vs untraced throughput on the local "
+                        "RocketMQ (services/rocketmq/rmq.sh start)")
     b.add_argument("--json", action="store_true", help="print one JSON object instead of a table")
     b.add_argument("--messages", type=int, default=30_000, help="overhead: messages per loop in all (default 30000)")
     b.add_argument("--rounds", type=int, default=7, help="overhead: interleaved rounds (default 7)")

@@ -106,6 +106,13 @@ class DropCounter:
                 self._metric.inc(n)  # type: ignore[attr-defined]
 
 
+def _env_int(name: str, default: int) -> int:
+    try:
+        return int(os.environ.get(name) or default)
+    except ValueError:
+        return default
+
+
 class CountingSpanProcessor(SpanProcessor):
     """A :class:`BatchSpanProcessor` that counts every span it loses.
 
@@ -119,17 +126,15 @@ class CountingSpanProcessor(SpanProcessor):
 
     def __init__(self, exporter: SpanExporter, drops: DropCounter, max_queue_size: int | None = None) -> None:
         if max_queue_size is None:
-            try:
-                max_queue_size = int(os.environ.get("OTEL_BSP_MAX_QUEUE_SIZE") or 2048)
-            except ValueError:
-                max_queue_size = 2048
+            max_queue_size = _env_int("OTEL_BSP_MAX_QUEUE_SIZE", 2048)
         self.max_queue_size = max(1, max_queue_size)
+        batch = min(self.max_queue_size, max(1, _env_int("OTEL_BSP_MAX_EXPORT_BATCH_SIZE", 512)))
         self.drops = drops
         self._lock = threading.Lock()
         self._pending = 0  # handed to the batch processor, not yet taken by the exporter
         self._closed = False
         self._inner = BatchSpanProcessor(CountingExporter(exporter, drops, self._taken),
-                                         max_queue_size=self.max_queue_size)
+                                         max_queue_size=self.max_queue_size, max_export_batch_size=batch)
 
     def _taken(self, n: int) -> None:
         with self._lock:
@@ -153,7 +158,7 @@ class CountingSpanProcessor(SpanProcessor):
     def shutdown(self) -> None:
         with self._lock:
             self._closed = True
-        self._inner.shutdown()
+        self._inner.shutdown()  # type: ignore[no-untyped-call]
         with self._lock:
             left, self._pending = self._pending, 0
         if left:

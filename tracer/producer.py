@@ -9,6 +9,8 @@ from __future__ import annotations
 from concurrent.futures import Future
 from typing import Any, Callable
 
+from opentelemetry.instrumentation.utils import suppress_instrumentation
+
 from .telemetry import MessageTracer, SendTrace
 
 
@@ -45,7 +47,8 @@ def traced_send(tracer: MessageTracer, send: Callable[..., Any], message: Any, *
         tracer.hook_failed("starting the send span", exc)
         return send(message, *args, **kwargs)
     try:
-        receipt = send(message, *args, **kwargs)
+        with suppress_instrumentation():  # an instrumented client must not trace this send again
+            receipt = send(message, *args, **kwargs)
     except BaseException as exc:
         st.end(error=exc)
         raise
@@ -62,7 +65,8 @@ def traced_send_async(tracer: MessageTracer, send_async: Callable[..., Future[An
         tracer.hook_failed("starting the send span", exc)
         return send_async(message, *args, **kwargs)
     try:
-        fut = send_async(message, *args, **kwargs)
+        with suppress_instrumentation():
+            fut = send_async(message, *args, **kwargs)
     except BaseException as exc:
         st.end(error=exc)
         raise

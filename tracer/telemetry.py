@@ -181,7 +181,8 @@ class SendTrace:
 class MessageTrace:
     """Stamps of one received message and, while its handler runs, its live handler span."""
 
-    __slots__ = ("_tracer", "info", "carried", "stamps", "worker", "body", "_ctx", "_handler", "_token", "_done")
+    __slots__ = ("_tracer", "info", "carried", "stamps", "worker", "body", "_ctx", "_handler", "_token", "_done",
+                 "_scope_start")
 
     def __init__(self, tracer: MessageTracer, info: MessageInfo, carried: Carried) -> None:
         self._tracer = tracer
@@ -194,6 +195,7 @@ class MessageTrace:
         self._handler: Span | None = None
         self._token: object | None = None
         self._done = False
+        self._scope_start: int | None = None
 
     def mark(self, stage: Stage, ns: int | None = None) -> None:
         self.stamps.times[stage] = ns if ns else self._tracer.clock.now_ns()
@@ -202,8 +204,12 @@ class MessageTrace:
     def trace_id(self) -> int:
         return self._ctx.trace_id if self._ctx is not None else 0
 
-    def handler_scope(self) -> MessageTrace:
-        """``with trace.handler_scope():`` stamps handler start/end; the handler span is current inside."""
+    def handler_scope(self, start_ns: int | None = None) -> MessageTrace:
+        """``with trace.handler_scope():`` stamps handler start/end; the handler span is current inside.
+
+        ``start_ns`` dates the handler start back, for seams that learn of the handler only at
+        its end (an ack with no scope around the handler)."""
+        self._scope_start = start_ns
         return self
 
     def __enter__(self) -> Span | None:
@@ -215,7 +221,7 @@ class MessageTrace:
 
     def _begin_handler(self) -> None:
         times = self.stamps.times
-        times[Stage.HANDLER_START] = self._tracer.clock.now_ns()
+        times[Stage.HANDLER_START] = self._scope_start or self._tracer.clock.now_ns()
         if times[Stage.DISPATCH_ENQUEUE] == MISSING:
             # No dispatcher stamped it: the client's own pool dispatched from its cache.
             times[Stage.DISPATCH_ENQUEUE] = times[Stage.CLIENT_PULL]

@@ -112,6 +112,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--slow-ms", type=float, default=1500.0)
     ap.add_argument("--handler-timeout", type=float, default=None)
     ap.add_argument("--trace", action="store_true", help="tracing and metrics on, set up from OTEL_* variables")
+    ap.add_argument("--start-file", help="once ready, wait for this file before consuming (a start barrier)")
     args = ap.parse_args(argv)
 
     from rocketmq import ClientConfiguration, Credentials, FilterExpression, SimpleConsumer
@@ -164,6 +165,10 @@ def main(argv: list[str] | None = None) -> int:
 
     threading.Thread(target=sample, daemon=True).start()
     log.write("READY")
+    if args.start_file:
+        deadline = time.monotonic() + args.max_seconds
+        while not os.path.exists(args.start_file) and time.monotonic() < deadline:
+            time.sleep(0.01)  # real-time: polling the start barrier
     t0 = time.monotonic()
     stats = loop.run()
     ran = time.monotonic() - t0

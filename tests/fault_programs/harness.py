@@ -168,7 +168,7 @@ class ConsumerProcess:
         except subprocess.TimeoutExpired:
             self.proc.kill()
             self.proc.wait(10)
-            raise AssertionError(f"consumer pid {self.proc.pid} did not exit within {timeout}s:\n{self.stderr()}")
+            raise AssertionError(f"consumer pid {self.proc.pid} did not exit within {timeout}s:\n{self.stderr()}") from None
 
     def stats(self) -> dict[str, Any]:
         return json.loads(self.stats_path.read_text())

@@ -19,7 +19,6 @@ import weakref
 from typing import Any
 
 from ..message import describe
-from ..spans import DeferredSpan
 from ..stages import Outcome, Stage
 from ..telemetry import MessageTrace, MessageTracer
 
@@ -101,16 +100,11 @@ class ReceivedTraces:
         if trace is None:
             return
         if not trace.stamps.has(Stage.HANDLER_START):
-            # no processing() scope: the time between receive and ack was the handler's. The
-            # scope is opened and closed here so the process span exists (its context is made
-            # when a handler starts); then the handler is moved back to the receive.
+            # no processing() scope: the time between receive and ack was the handler's
             pulled = trace.stamps.get(Stage.CLIENT_PULL)
             trace.mark(Stage.DISPATCH_ENQUEUE, pulled)
-            with trace.handler_scope() as handler_span:
+            with trace.handler_scope(start_ns=pulled):
                 pass
-            trace.mark(Stage.HANDLER_START, pulled)
-            if isinstance(handler_span, DeferredSpan):
-                handler_span._start = pulled  # not yet written: it is written by finish()
         trace.finish(Outcome.SUCCESS)
 
 
