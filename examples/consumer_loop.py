@@ -26,8 +26,8 @@ def handle(message) -> None:  # type: ignore[no-untyped-def]
 
 def main() -> None:
     settings = Settings.from_env()
-    configure_tracing(settings)
     metrics = TracerMetrics()
+    configure_tracing(settings, metrics=metrics)  # spans lost on the way count in rmqtrace_spans_dropped_total
     serve_metrics(settings)
     consumer = SimpleConsumer(client_configuration(), GROUP, {TOPIC: FilterExpression()}, await_duration=5,
                               tls_enable=False)

@@ -35,6 +35,7 @@ def cmd_demo(args: argparse.Namespace) -> int:
 
     from .config import DropCounter, Settings, configure_tracing, serve_metrics
     from .demo import DemoOptions, run_demo, summary_json, where_time_went
+    from .metrics import TracerMetrics
     from .stages import GAPS
 
     console = _console()
@@ -49,7 +50,8 @@ def cmd_demo(args: argparse.Namespace) -> int:
         settings = Settings(**{**settings.__dict__, "metrics_port": args.metrics_port})
     registry = CollectorRegistry()
     drops = DropCounter()
-    provider = configure_tracing(settings, set_global=False, drops=drops)
+    metrics = TracerMetrics(registry)
+    provider = configure_tracing(settings, set_global=False, drops=drops, metrics=metrics)
     server = serve_metrics(settings, registry)
     if server is not None:
         console.print(f"serving /metrics on http://{settings.metrics_addr}:{settings.metrics_port}/metrics")
@@ -58,7 +60,7 @@ def cmd_demo(args: argparse.Namespace) -> int:
     console.print(f"[bold]rmqtrace demo[/]: {opts.groups} test-case groups, {opts.workers} workers, "
                   f"1 case = {opts.case_ms:g} ms, embedded broker")
     with _progress(console) as progress:
-        runs = run_demo(opts, tracer_provider=provider, registry=registry, progress=progress)
+        runs = run_demo(opts, tracer_provider=provider, registry=registry, progress=progress, metrics=metrics)
     if provider is not None:
         provider.force_flush()
     summary_json(runs, out / "summary.json")

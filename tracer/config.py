@@ -21,6 +21,8 @@ from opentelemetry.sdk.resources import Resource
 from opentelemetry.sdk.trace import ReadableSpan, Span, SpanProcessor, TracerProvider
 from opentelemetry.sdk.trace.export import BatchSpanProcessor, SpanExporter, SpanExportResult
 
+from .metrics import TracerMetrics
+
 log = logging.getLogger(__name__)
 
 
@@ -188,13 +190,17 @@ def make_exporter(settings: Settings) -> SpanExporter | None:
 
 
 def configure_tracing(settings: Settings, *, set_global: bool = True,
-                      drops: DropCounter | None = None) -> TracerProvider | None:
+                      drops: DropCounter | None = None, metrics: TracerMetrics | None = None) -> TracerProvider | None:
     """Build an SDK tracer provider for ``settings``, unless one is already installed.
 
     When the application or ``opentelemetry-instrument`` set up the SDK already, that provider
     is returned untouched: its exporters and samplers are the user's choice. With ``drops``,
-    every span lost (queue full, export failed) is counted there.
+    every span lost (queue full, export failed) is counted there; with ``metrics``, also in
+    ``rmqtrace_spans_dropped_total``.
     """
+    if metrics is not None:
+        drops = drops or DropCounter()
+        drops.bind(metrics.spans_dropped)
     if settings.sdk_disabled:
         return None
     current = trace.get_tracer_provider()

@@ -30,7 +30,7 @@ from typing import Any, Callable
 from opentelemetry.instrumentation.utils import suppress_instrumentation
 
 from .dispatch import Dispatcher, DispatchMetrics
-from .message import describe
+from .message import body_of, describe
 from .stages import Outcome
 from .telemetry import MessageTrace, MessageTracer
 
@@ -248,7 +248,7 @@ class ConsumeLoop:
         trace: MessageTrace | None = None
         if self.tracer is not None:
             try:
-                body = getattr(msg, "body", None) if self.tracer.capture_body else None
+                body = body_of(self.tracer, msg)
                 trace = self.tracer.start_message(describe(msg), pulled_ns, body)
             except Exception as exc:  # noqa: BLE001
                 self.tracer.hook_failed("starting a message trace", exc)

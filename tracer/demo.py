@@ -167,9 +167,10 @@ def where_time_went(run: PolicyRun) -> str:
 
 
 def run_demo(opts: DemoOptions, *, tracer_provider: TracerProvider | None,
-             registry: CollectorRegistry, progress: Any = None) -> list[PolicyRun]:
+             registry: CollectorRegistry, progress: Any = None,
+             metrics: TracerMetrics | None = None) -> list[PolicyRun]:
     job = make_job(opts.groups, seed=opts.seed)
-    metrics = TracerMetrics(registry)
+    metrics = metrics or TracerMetrics(registry)
     dispatch_metrics = DispatchMetrics(registry)
     runs = []
     for policy in opts.policies:

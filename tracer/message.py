@@ -71,7 +71,22 @@ def describe(msg: Any) -> MessageInfo:
     )
 
 
+def body_of(tracer: Any, msg: Any) -> Any:
+    """The message body when the tracer captures bodies (an opt-in), else None — never read otherwise."""
+    if not getattr(tracer, "capture_body", 0):
+        return None
+    try:
+        return getattr(msg, "body", None)
+    except Exception:  # noqa: BLE001
+        return None
+
+
 def _str(value: Any) -> str | None:
     if value is None:
         return None
-    return value if isinstance(value, str) else str(value)
+    if isinstance(value, str):
+        return value
+    try:
+        return str(value)
+    except Exception:  # noqa: BLE001 - a foreign object's __str__ may raise anything
+        return None

@@ -46,10 +46,19 @@ class BoundedLabel:
         with self._lock:
             if v in self._seen:
                 return v
-            if len(self._seen) >= self.limit or len(v) > 200:
+            if len(self._seen) >= self.limit or len(v) > 200 or not _encodable(v):
                 return OTHER
             self._seen.add(v)
             return v
+
+
+def _encodable(v: str) -> bool:
+    """A label value the exposition can write: a lone surrogate would break every scrape."""
+    try:
+        v.encode("utf-8")
+    except UnicodeEncodeError:
+        return False
+    return True
 
 
 class _Series:

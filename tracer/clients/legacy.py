@@ -32,7 +32,7 @@ from typing import Any, Callable, NamedTuple
 
 from opentelemetry.instrumentation.utils import suppress_instrumentation
 
-from ..message import MessageInfo
+from ..message import MessageInfo, body_of
 from ..propagation import COST, JOB_ID, PRODUCE_NS, TRACEPARENT, TRACESTATE
 from ..stages import Outcome, Stage
 from ..telemetry import MessageTrace, MessageTracer
@@ -226,7 +226,7 @@ def traced_callback(callback: Callable[[Any], Any], tracer: MessageTracer) -> Ca
     def traced(msg: Any) -> Any:
         trace: MessageTrace | None
         try:
-            trace = tracer.start_message(describe_legacy(msg))
+            trace = tracer.start_message(describe_legacy(msg), body=body_of(tracer, msg))
             trace.mark(Stage.DISPATCH_ENQUEUE, trace.stamps.get(Stage.CLIENT_PULL))
         except Exception as exc:  # noqa: BLE001 - never let tracing stop consumption
             tracer.hook_failed("starting a legacy consumer trace", exc)

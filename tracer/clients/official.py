@@ -18,7 +18,7 @@ import threading
 import weakref
 from typing import Any
 
-from ..message import describe
+from ..message import body_of, describe
 from ..stages import Outcome, Stage
 from ..telemetry import MessageTrace, MessageTracer
 
@@ -47,7 +47,7 @@ class TracedListener(MessageListener):  # type: ignore[misc,valid-type]
         try:
             info = describe(message)
             pulled = info.decode_ms * 1_000_000 if info.decode_ms else None
-            started = tracer.start_message(info, pulled)
+            started = tracer.start_message(info, pulled, body_of(tracer, message))
             started.mark(Stage.DISPATCH_ENQUEUE, started.stamps.get(Stage.CLIENT_PULL))
             trace: MessageTrace | None = started
         except Exception as exc:  # noqa: BLE001 - never let tracing stop consumption
@@ -80,7 +80,8 @@ class ReceivedTraces:
     def received(self, messages: Any) -> None:
         try:
             pulled = self.tracer.clock.now_ns()
-            started = [(m, self.tracer.start_message(describe(m), pulled)) for m in messages or ()]
+            started = [(m, self.tracer.start_message(describe(m), pulled, body_of(self.tracer, m)))
+                       for m in messages or ()]
             with self._lock:
                 for m, t in started:
                     self._traces[m] = t
