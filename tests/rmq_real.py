@@ -17,7 +17,6 @@ import os
 import socket
 import subprocess
 import sys
-import tempfile
 import threading
 import uuid
 from pathlib import Path
@@ -87,24 +86,9 @@ def client() -> ModuleType:
 
 
 def _import_client() -> ModuleType:
-    if "rocketmq" not in sys.modules:
-        home = os.environ.get("HOME")
-        os.environ["HOME"] = tempfile.mkdtemp(prefix="rmq-pylog-")
-        try:
-            import rocketmq
-        finally:
-            if home is None:
-                del os.environ["HOME"]
-            else:
-                os.environ["HOME"] = home
-    import rocketmq
+    from tracer.clients.quiet import import_quietly
 
-    lg = logging.getLogger("rocketmq-python-client")
-    for h in list(lg.handlers):
-        lg.removeHandler(h)
-        h.close()
-    lg.addHandler(logging.NullHandler())
-    lg.setLevel(logging.WARNING)
+    rocketmq = import_quietly()
     _patch_push_consumer_metrics()
     return rocketmq
 

@@ -38,11 +38,18 @@ def start_send(tracer: MessageTracer, message: Any, job_id: str | None = None,
     )
 
 
+SendOpener = Callable[[MessageTracer, Any, "str | None", "float | None"], SendTrace]
+
+
 def traced_send(tracer: MessageTracer, send: Callable[..., Any], message: Any, *args: Any,
-                job_id: str | None = None, cost: float | None = None, **kwargs: Any) -> Any:
-    """``send(message, ...)`` inside a ``send {topic}`` span; the user's exceptions pass through."""
+                job_id: str | None = None, cost: float | None = None, opener: SendOpener = start_send,
+                id_attr: str = "message_id", **kwargs: Any) -> Any:
+    """``send(message, ...)`` inside a ``send {topic}`` span; the user's exceptions pass through.
+
+    ``opener`` reads the message (the 2.x client's differs) and ``id_attr`` names the receipt's
+    message id."""
     try:
-        st = start_send(tracer, message, job_id, cost)
+        st = opener(tracer, message, job_id, cost)
     except Exception as exc:  # noqa: BLE001 - our failure must not stop the send
         tracer.hook_failed("starting the send span", exc)
         return send(message, *args, **kwargs)
@@ -52,7 +59,7 @@ def traced_send(tracer: MessageTracer, send: Callable[..., Any], message: Any, *
     except BaseException as exc:
         st.end(error=exc)
         raise
-    st.end(message_id=getattr(receipt, "message_id", None))
+    st.end(message_id=getattr(receipt, id_attr, None))
     return receipt
 
 

@@ -23,12 +23,10 @@ from __future__ import annotations
 import argparse
 import importlib.util
 import json
-import logging
 import os
 import platform
 import statistics
 import sys
-import tempfile
 import threading
 import time
 import uuid
@@ -91,25 +89,9 @@ def _admin() -> Any:
 
 
 def _client() -> Any:
-    """``import rocketmq`` (5.x) keeping its import-time log directory out of ``$HOME``."""
-    if "rocketmq" not in sys.modules:
-        home = os.environ.get("HOME")
-        os.environ["HOME"] = tempfile.mkdtemp(prefix="rmqtrace-bench-")
-        try:
-            import rocketmq  # noqa: F401
-        finally:
-            if home is None:
-                del os.environ["HOME"]
-            else:
-                os.environ["HOME"] = home
-        lg = logging.getLogger("rocketmq-python-client")
-        for h in list(lg.handlers):
-            lg.removeHandler(h)
-            h.close()
-        lg.addHandler(logging.NullHandler())
-    import rocketmq
+    from ..clients.quiet import import_quietly
 
-    return rocketmq
+    return import_quietly()
 
 
 def _produce(producer: Any, rmq: Any, topic: str, n: int, run: str, window: int) -> float:

@@ -30,12 +30,11 @@ import sys
 import threading
 from typing import Any, Callable, NamedTuple
 
-from opentelemetry.instrumentation.utils import suppress_instrumentation
-
 from ..message import MessageInfo, body_of
+from ..producer import traced_send
 from ..propagation import COST, JOB_ID, PRODUCE_NS, TRACEPARENT, TRACESTATE
 from ..stages import Outcome, Stage
-from ..telemetry import MessageTrace, MessageTracer
+from ..telemetry import MessageTrace, MessageTracer, SendTrace
 
 # Our properties, the only ones read from a received 2.x message.
 KNOWN_PROPERTIES: tuple[str, ...] = (TRACEPARENT, TRACESTATE, PRODUCE_NS, JOB_ID, COST)
@@ -123,25 +122,18 @@ def produced_fields(message: Any) -> Produced:
 
 
 # -- producer -------------------------------------------------------------------------------------
+def start_legacy_send(tracer: MessageTracer, message: Any, job_id: str | None, cost: float | None) -> SendTrace:
+    fields = produced_fields(message)
+    return tracer.start_send(fields.topic, message.set_property, tag=fields.tag, keys=fields.keys,
+                             job_id=job_id, cost=cost)
+
+
 def traced_legacy_send(tracer: MessageTracer, send: Callable[..., Any], message: Any, *args: Any,
                        job_id: str | None = None, cost: float | None = None, **kwargs: Any) -> Any:
     """``send(message, ...)`` of a 2.x producer inside a ``send {topic}`` span. The receipt's
     ``msg_id`` becomes ``messaging.message.id``; the user's exceptions pass through."""
-    try:
-        fields = produced_fields(message)
-        st = tracer.start_send(fields.topic, message.set_property, tag=fields.tag, keys=fields.keys,
-                               job_id=job_id, cost=cost)
-    except Exception as exc:  # noqa: BLE001 - our failure must not stop the send
-        tracer.hook_failed("starting a legacy send span", exc)
-        return send(message, *args, **kwargs)
-    try:
-        with suppress_instrumentation():  # an instrumented class must not trace this send again
-            receipt = send(message, *args, **kwargs)
-    except BaseException as exc:
-        st.end(error=exc)
-        raise
-    st.end(message_id=getattr(receipt, "msg_id", None))
-    return receipt
+    return traced_send(tracer, send, message, *args, job_id=job_id, cost=cost, opener=start_legacy_send,
+                       id_attr="msg_id", **kwargs)
 
 
 class TracedLegacyProducer:
