@@ -72,13 +72,15 @@ def cmd_demo(args: argparse.Namespace) -> int:
         table.add_row(r.policy, f"{r.makespan_s:.2f} s", f"{r.lower_bound_s:.2f} s",
                       f"{r.makespan_s / r.lower_bound_s:.2f}", f"{r.occupancy():.0%}", str(r.failed))
     console.print(table)
-    gaps = Table(title="Stage gaps (seconds): p50 / p95 / p99 / max")
-    gaps.add_column("gap")
-    for r in runs:
-        gaps.add_column(r.policy, justify="right")
+    gaps = Table(title="Stage gaps in seconds (share = of all end-to-end time)")
+    for col in ("gap", "policy", "p50", "p95", "p99", "max", "share"):
+        gaps.add_column(col, justify="left" if col in ("gap", "policy") else "right")
     for g in GAPS:
-        gaps.add_row(g.name, *[" / ".join(f"{r.percentile(g.name, q):.3f}" for q in (.5, .95, .99, 1.0))
-                               for r in runs])
+        for i, r in enumerate(runs):
+            share = f"{r.share(g.name):.0%}" if g.name != "end_to_end" else ""
+            gaps.add_row(g.name if i == 0 else "", r.policy,
+                         *[f"{r.percentile(g.name, q):.3f}" for q in (.5, .95, .99, 1.0)], share,
+                         end_section=i == len(runs) - 1)
     console.print(gaps)
     console.print("[bold]Where the time went[/]")
     for r in runs:
