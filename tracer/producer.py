@@ -86,11 +86,9 @@ def traced_send_async(tracer: MessageTracer, send_async: Callable[..., Future[An
     return fut
 
 
-class TracedProducer:
-    """A proxy around one producer: ``send``/``send_async`` are traced, the rest passes through.
-
-    ``job_id`` and ``cost`` keyword arguments are ours and are not passed to the client.
-    """
+class ProducerProxy:
+    """A proxy around one producer object: subclasses trace the send methods, everything else
+    passes through to the wrapped producer."""
 
     def __init__(self, producer: Any, tracer: MessageTracer) -> None:
         self._producer = producer
@@ -100,6 +98,16 @@ class TracedProducer:
     def wrapped(self) -> Any:
         return self._producer
 
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._producer, name)
+
+
+class TracedProducer(ProducerProxy):
+    """``send``/``send_async`` of a 5.x-surface producer, traced.
+
+    ``job_id`` and ``cost`` keyword arguments are ours and are not passed to the client.
+    """
+
     def send(self, message: Any, *args: Any, job_id: str | None = None, cost: float | None = None,
              **kwargs: Any) -> Any:
         return traced_send(self._tracer, self._producer.send, message, *args, job_id=job_id, cost=cost, **kwargs)
@@ -108,6 +116,3 @@ class TracedProducer:
                    **kwargs: Any) -> Future[Any]:
         return traced_send_async(self._tracer, self._producer.send_async, message, *args,
                                  job_id=job_id, cost=cost, **kwargs)
-
-    def __getattr__(self, name: str) -> Any:
-        return getattr(self._producer, name)

@@ -31,7 +31,7 @@ import threading
 from typing import Any, Callable, NamedTuple
 
 from ..message import MessageInfo, body_of
-from ..producer import traced_send
+from ..producer import ProducerProxy, traced_send
 from ..propagation import COST, JOB_ID, PRODUCE_NS, TRACEPARENT, TRACESTATE
 from ..stages import Outcome, Stage
 from ..telemetry import MessageTrace, MessageTracer, SendTrace
@@ -136,19 +136,11 @@ def traced_legacy_send(tracer: MessageTracer, send: Callable[..., Any], message:
                        id_attr="msg_id", **kwargs)
 
 
-class TracedLegacyProducer:
-    """A proxy around one 2.x ``Producer``; the send methods are traced, the rest passes through.
+class TracedLegacyProducer(ProducerProxy):
+    """The send methods of one 2.x ``Producer``, traced.
 
     ``job_id`` and ``cost`` keyword arguments are ours and are not passed to the client.
     """
-
-    def __init__(self, producer: Any, tracer: MessageTracer) -> None:
-        self._producer = producer
-        self._tracer = tracer
-
-    @property
-    def wrapped(self) -> Any:
-        return self._producer
 
     def send_sync(self, msg: Any, *, job_id: str | None = None, cost: float | None = None) -> Any:
         return traced_legacy_send(self._tracer, self._producer.send_sync, msg, job_id=job_id, cost=cost)
@@ -160,9 +152,6 @@ class TracedLegacyProducer:
 
     def send_oneway(self, msg: Any, *, job_id: str | None = None, cost: float | None = None) -> Any:
         return traced_legacy_send(self._tracer, self._producer.send_oneway, msg, job_id=job_id, cost=cost)
-
-    def __getattr__(self, name: str) -> Any:
-        return getattr(self._producer, name)
 
 
 # -- consumer -------------------------------------------------------------------------------------
