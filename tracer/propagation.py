@@ -12,8 +12,7 @@ from __future__ import annotations
 import logging
 import re
 import threading
-from dataclasses import dataclass
-from typing import Any, Callable, Mapping, MutableMapping
+from typing import Any, Callable, Mapping, MutableMapping, NamedTuple
 
 from opentelemetry import context as otel_context
 from opentelemetry import trace
@@ -85,9 +84,8 @@ class PropagationErrors:
                 log.debug("propagation error hook failed", exc_info=True)
 
 
-@dataclass(frozen=True, slots=True)
-class Carried:
-    """What :func:`extract` found in a message's properties."""
+class Carried(NamedTuple):
+    """What :func:`extract` found in a message's properties (a NamedTuple: one per message)."""
 
     parent: SpanContext | None = None  # the producer's span context (remote), or None
     produce_ns: int = 0
