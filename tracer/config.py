@@ -226,7 +226,3 @@ def serve_metrics(settings: Settings, registry: object | None = None) -> object 
     server, _thread = start_http_server(settings.metrics_port, addr=settings.metrics_addr,
                                         registry=registry or REGISTRY)  # type: ignore[arg-type]
     return server
-
-
-def env_list(value: str | None) -> list[str]:
-    return [v.strip() for v in (value or "").split(",") if v.strip()]

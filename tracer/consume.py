@@ -131,9 +131,8 @@ class ConsumeLoop:
         self.ack_threads = max(1, ack_threads)
         self.stats = ConsumeStats()
         self._monotonic = monotonic
-        self._user_handler = handler
         self.dispatcher: Dispatcher[Any] = dispatcher or Dispatcher(
-            self._handle, policy=policy, workers=workers, key=key, cost=cost,
+            handler, policy=policy, workers=workers, key=key, cost=cost,
             on_done=self._on_done, metrics=dispatch_metrics, handler_timeout=handler_timeout, name="consume")
         self._held: dict[int, _Held] = {}
         self._held_lock = threading.Lock()
@@ -260,9 +259,6 @@ class ConsumeLoop:
         # We asked for no more than the free slots, so this returns at once; a policy that
         # still blocks (ordering keys) only delays the next receive.
         self.dispatcher.submit(msg, trace)
-
-    def _handle(self, msg: Any) -> object:
-        return self._user_handler(msg)
 
     def _on_done(self, msg: Any, outcome: Outcome, error: BaseException | None) -> None:
         with self._held_lock:

@@ -12,9 +12,8 @@ from __future__ import annotations
 import logging
 import re
 import threading
-from typing import Any, Callable, Mapping, MutableMapping, NamedTuple
+from typing import Any, Callable, Mapping, NamedTuple
 
-from opentelemetry import context as otel_context
 from opentelemetry import trace
 from opentelemetry.context import Context
 from opentelemetry.trace import SpanContext, TraceFlags, TraceState
@@ -241,11 +240,3 @@ def inject(set_property: Callable[[str, str], object], produce_ns: int, ctx: Con
 
 def format_traceparent(span_context: SpanContext) -> str:
     return f"00-{span_context.trace_id:032x}-{span_context.span_id:016x}-{int(span_context.trace_flags) & 0x01:02x}"
-
-
-def dict_setter(props: MutableMapping[str, str]) -> Callable[[str, str], None]:
-    return props.__setitem__
-
-
-def current_context() -> Context:
-    return otel_context.get_current()
