@@ -13,7 +13,7 @@ from rocketmq import Message, Producer
 from tracer import MessageTracer, TracedProducer, configure_tracing
 from tracer.config import Settings
 from tracer.dispatch import longest_first
-from tracer.workload import make_job
+from tracer.tools.workload import make_job
 
 
 def main() -> None:

@@ -11,7 +11,7 @@ import sys
 from opentelemetry.sdk.trace import TracerProvider
 from prometheus_client import CollectorRegistry
 
-from tracer.demo import DemoOptions, run_demo, where_time_went
+from tracer.tools.demo import DemoOptions, run_demo, where_time_went
 
 
 def main() -> None:

@@ -10,8 +10,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Iterable, Sequence
 
-from tracer.spanfile import SpanRecord
-from tracer.stages import Stage
+from tracer.telemetry.spanfile import SpanRecord
+from tracer.path.stages import Stage
 
 T0 = 1_795_978_749_000_000_000  # ns since the epoch
 MS = 1_000_000
@@ -52,7 +52,7 @@ def _hex(n: int, width: int) -> str:
 
 def scenario_spans(rows: Iterable[Row], *, worker_attr: bool = True, stamps: bool = True,
                    topic: str = "t") -> list[SpanRecord]:
-    """The spans tracer.telemetry writes for ``rows``: send, process and its four children."""
+    """The spans tracer.telemetry.tracer writes for ``rows``: send, process and its four children."""
     out: list[SpanRecord] = []
     for i, r in enumerate(rows, 1):
         trace_id, send_id, proc_id = _hex(i, 32), _hex(i * 16 + 1, 16), _hex(i * 16 + 2, 16)
@@ -102,10 +102,10 @@ def write_scenario_with_tracer(path: Path, rows: Sequence[Row], *, worker_attr: 
     from opentelemetry.sdk.trace import TracerProvider
     from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 
-    from tracer.message import MessageInfo
-    from tracer.spanfile import JsonLinesSpanExporter
-    from tracer.stages import Outcome
-    from tracer.telemetry import MessageTracer
+    from tracer.path.message import MessageInfo
+    from tracer.telemetry.spanfile import JsonLinesSpanExporter
+    from tracer.path.stages import Outcome
+    from tracer.telemetry.tracer import MessageTracer
 
     exporter = JsonLinesSpanExporter(path)
     provider = TracerProvider(resource=Resource.create({"service.name": "rmqtrace-test"}))

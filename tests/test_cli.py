@@ -2,7 +2,7 @@ import json
 import subprocess
 import sys
 
-from tracer.cli import build_parser, main
+from tracer.tools.cli import build_parser, main
 
 
 def test_help_reads_well(capsys):

@@ -7,10 +7,10 @@ import pytest
 
 from tracer.clients.official import TracedListener, TracedSimpleConsumer
 from tracer.embedded import EmbeddedBroker, Message, Producer, SimpleConsumer
-from tracer.metrics import TracerMetrics
-from tracer.producer import TracedProducer
-from tracer.stages import Stage
-from tracer.telemetry import MessageTracer
+from tracer.telemetry.metrics import TracerMetrics
+from tracer.clients.producer import TracedProducer
+from tracer.path.stages import Stage
+from tracer.telemetry.tracer import MessageTracer
 
 
 def make(provider, registry):
@@ -118,7 +118,7 @@ def test_instrumentor_patch_and_unpatch_leave_the_client_as_it_was(registry):
     from rocketmq import PushConsumer
     from rocketmq import SimpleConsumer as RSimple
 
-    from tracer.instrumentor import RocketMQInstrumentor
+    from tracer.clients.instrumentor import RocketMQInstrumentor
 
     names = [(RProducer, "send"), (RProducer, "send_async"), (RSimple, "receive"), (RSimple, "ack"),
              (PushConsumer, "__init__")]

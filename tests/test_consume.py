@@ -2,12 +2,12 @@ import threading
 
 from waiting import wait_until
 
-from tracer.consume import ConsumeLoop
+from tracer.clients.consume import ConsumeLoop
 from tracer.embedded import EmbeddedBroker, Message, Producer, SimpleConsumer
-from tracer.metrics import TracerMetrics
-from tracer.producer import TracedProducer
-from tracer.stages import Stage
-from tracer.telemetry import MessageTracer
+from tracer.telemetry.metrics import TracerMetrics
+from tracer.clients.producer import TracedProducer
+from tracer.path.stages import Stage
+from tracer.telemetry.tracer import MessageTracer
 
 
 def pipeline(n: int, handler, *, invisible: float = 30.0, tracer=None, producer_tracer=None, **kw):

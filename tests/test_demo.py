@@ -1,6 +1,6 @@
 from prometheus_client import CollectorRegistry
 
-from tracer.demo import DemoOptions, run_demo, where_time_went
+from tracer.tools.demo import DemoOptions, run_demo, where_time_went
 
 
 def test_demo_reproduces_the_incident_and_the_fix(spans):

@@ -11,7 +11,7 @@ import pytest
 from prometheus_client import CollectorRegistry
 
 from tracer.dispatch import AsyncDispatcher, CostAware, DispatcherClosed, DispatchMetrics, HandlerTimeout
-from tracer.stages import Outcome, Stage
+from tracer.path.stages import Outcome, Stage
 
 WAIT = 10.0
 

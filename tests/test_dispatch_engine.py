@@ -13,7 +13,7 @@ from typing import Any
 import pytest
 from waiting import wait_until
 
-from tracer.clock import ManualClock
+from tracer.path.clock import ManualClock
 from tracer.dispatch import (
     Aggressive,
     CostAware,
@@ -22,7 +22,7 @@ from tracer.dispatch import (
     HandlerTimeout,
     RoundRobin,
 )
-from tracer.stages import Outcome, Stage
+from tracer.path.stages import Outcome, Stage
 
 WAIT = 10.0  # generous upper bound for anything that should happen "now"
 

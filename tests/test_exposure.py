@@ -24,11 +24,11 @@ from prometheus_client import CollectorRegistry, generate_latest
 from waiting import wait_until
 
 from tracer.config import Settings, serve_metrics
-from tracer.consume import ConsumeLoop
+from tracer.clients.consume import ConsumeLoop
 from tracer.embedded import EmbeddedBroker, Message, Producer, SimpleConsumer
-from tracer.metrics import TracerMetrics
-from tracer.producer import TracedProducer
-from tracer.telemetry import BODY_ATTR, MessageTracer
+from tracer.telemetry.metrics import TracerMetrics
+from tracer.clients.producer import TracedProducer
+from tracer.telemetry.tracer import BODY_ATTR, MessageTracer
 
 
 def free_port() -> int:

@@ -27,9 +27,9 @@ from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanE
 from rmq_real import REPO, ensure_broker, fresh_group, fresh_topic, message, quietly, start_producer, start_simple, unique
 from waiting import wait_until
 
-from tracer.consume import ConsumeLoop
-from tracer.producer import TracedProducer
-from tracer.telemetry import MessageTracer
+from tracer.clients.consume import ConsumeLoop
+from tracer.clients.producer import TracedProducer
+from tracer.telemetry.tracer import MessageTracer
 
 pytestmark = pytest.mark.integration
 

@@ -18,10 +18,10 @@ from tracer.clients.legacy import (
     produced_fields,
     traced_callback,
 )
-from tracer.metrics import TracerMetrics
-from tracer.propagation import PRODUCE_NS, TRACEPARENT
-from tracer.stages import Stage
-from tracer.telemetry import MessageTracer
+from tracer.telemetry.metrics import TracerMetrics
+from tracer.path.propagation import PRODUCE_NS, TRACEPARENT
+from tracer.path.stages import Stage
+from tracer.telemetry.tracer import MessageTracer
 
 SendResult = namedtuple("SendResult", ["status", "msg_id", "offset"])
 
@@ -269,7 +269,7 @@ def test_fields_of_a_plain_2x_message_are_read_back_from_the_native_library(monk
 def test_instrumentor_patches_and_unpatches_the_legacy_client(monkeypatch, spans, registry):
     """RocketMQInstrumentor on a fake ``rocketmq.client`` module with the 2.x API (the real one
     runs in the legacy venv: tests/test_legacy_real.py)."""
-    import tracer.instrumentor as inst_mod
+    import tracer.clients.instrumentor as inst_mod
 
     # the 2.x classes define these methods themselves (no base class)
     body = {k: v for k, v in FakeProducer.__dict__.items() if k.startswith(("send", "start"))}

@@ -3,7 +3,7 @@ import time
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from tracer.propagation import (
+from tracer.path.propagation import (
     COST,
     JOB_ID,
     PRODUCE_NS,

@@ -38,7 +38,7 @@ from fault_programs.harness import (
     unique,
 )
 
-from tracer.consume import ConsumeLoop
+from tracer.clients.consume import ConsumeLoop
 
 WORKERS = 8
 INVISIBLE = 5.0  # seconds: the lease; a message whose consumer died comes back after it
@@ -291,7 +291,7 @@ def closed_port() -> int:
 def test_trace_backend_down_or_black_holed_handling_keeps_full_speed_and_drops_are_counted(broker, consumers):
     from opentelemetry.sdk.trace import TracerProvider
 
-    from tracer.telemetry import MessageTracer
+    from tracer.telemetry.tracer import MessageTracer
 
     n = 800
     topic = unique("rel-otlp")

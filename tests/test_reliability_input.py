@@ -27,11 +27,11 @@ from opentelemetry.trace import TraceState
 from prometheus_client import CollectorRegistry
 from waiting import wait_until
 
-from tracer.consume import ConsumeLoop
+from tracer.clients.consume import ConsumeLoop
 from tracer.embedded import EmbeddedBroker, Message, Producer, SimpleConsumer
-from tracer.message import describe
-from tracer.metrics import TracerMetrics
-from tracer.propagation import (
+from tracer.path.message import describe
+from tracer.telemetry.metrics import TracerMetrics
+from tracer.path.propagation import (
     COST,
     JOB_ID,
     PRODUCE_NS,
@@ -45,8 +45,8 @@ from tracer.propagation import (
     parse_tracestate,
     plausible_ns,
 )
-from tracer.stages import Outcome, Stage
-from tracer.telemetry import MessageTracer, body_preview
+from tracer.path.stages import Outcome, Stage
+from tracer.telemetry.tracer import MessageTracer, body_preview
 
 NOW = time.time_ns()
 TP = "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01"
@@ -253,9 +253,9 @@ def test_every_bad_input_is_counted_by_kind_each_time(cases_run):
 
 def test_each_kind_is_logged_once_and_nothing_logs_per_message(cases_run):
     warnings = [r for r in cases_run["records"] if r.levelno >= logging.WARNING]
-    by_kind = Counter(r.args[0] for r in warnings if r.name == "tracer.propagation")
+    by_kind = Counter(r.args[0] for r in warnings if r.name == "tracer.path.propagation")
     assert by_kind == Counter({k: 1 for k in cases_run["tracer"].errors.counts if cases_run["tracer"].errors.counts[k]})
-    others = [r for r in warnings if r.name != "tracer.propagation"]
+    others = [r for r in warnings if r.name != "tracer.path.propagation"]
     assert not others, [f"{r.name}: {r.getMessage()[:200]}" for r in others]
     # a logged hostile value is cut short
     assert all(len(r.getMessage()) < 300 for r in warnings)

@@ -28,14 +28,14 @@ from waiting import wait_until
 
 from tracer.clients.official import TracedSimpleConsumer
 from tracer.config import CountingSpanProcessor, DropCounter
-from tracer.consume import ConsumeLoop
+from tracer.clients.consume import ConsumeLoop
 from tracer.dispatch import DispatchMetrics
 from tracer.embedded import EmbeddedBroker, Message, Producer, SimpleConsumer
-from tracer.message import MessageInfo
-from tracer.metrics import TracerMetrics
-from tracer.producer import TracedProducer
-from tracer.stages import Outcome
-from tracer.telemetry import MessageTracer
+from tracer.path.message import MessageInfo
+from tracer.telemetry.metrics import TracerMetrics
+from tracer.clients.producer import TracedProducer
+from tracer.path.stages import Outcome
+from tracer.telemetry.tracer import MessageTracer
 
 LONG = os.environ.get("RMQTRACE_LONG") == "1"
 

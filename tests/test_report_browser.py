@@ -16,7 +16,7 @@ import pytest
 from browser import dump_dom, ensure_chromium, png_size, png_stats
 from conftest import REPO, unavailable
 
-from tracer.cli import main
+from tracer.tools.cli import main
 from tracer.report.html import STAGE_COLOR
 from tracer.report.png import screenshot
 

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 from report_helpers import KNOWN, write_scenario_with_tracer
 
-from tracer.cli import _maybe_report, main
+from tracer.tools.cli import _maybe_report, main
 from tracer.report import write_demo_report
 
 # The same job under a second group that used worker 1 for m3: done at 303 ms instead of 1103.

@@ -48,11 +48,11 @@ def run(jaeger: str, tmp_path_factory: pytest.TempPathFactory) -> tuple[str, Pat
     from opentelemetry.sdk.trace.export import BatchSpanProcessor, SimpleSpanProcessor
     from prometheus_client import CollectorRegistry
 
-    from tracer.demo import DemoOptions, run_policy
+    from tracer.tools.demo import DemoOptions, run_policy
     from tracer.dispatch import DispatchMetrics
-    from tracer.metrics import TracerMetrics
-    from tracer.spanfile import JsonLinesSpanExporter
-    from tracer.workload import make_job
+    from tracer.telemetry.metrics import TracerMetrics
+    from tracer.telemetry.spanfile import JsonLinesSpanExporter
+    from tracer.tools.workload import make_job
 
     service = f"rmqtrace-report-it-{uuid.uuid4().hex[:8]}"  # this run's traces only
     spans_file = tmp_path_factory.mktemp("jaeger") / "spans.jsonl"
@@ -119,7 +119,7 @@ def test_report_from_jaeger_equals_report_from_file(jaeger: str, run: tuple[str,
 
 def test_cli_reads_jaeger(jaeger: str, run: tuple[str, Path], capsys: pytest.CaptureFixture[str],
                           tmp_path: Path) -> None:
-    from tracer.cli import main
+    from tracer.tools.cli import main
     service, spans_file = run
     html = tmp_path / "jaeger.html"
     code = main(["report", "--jaeger", jaeger, "--service", service, "--lookback", "1h", "--json", "--html", str(html)])

@@ -19,7 +19,7 @@ from tracer.report.model import (
     percentile,
     wait_edges,
 )
-from tracer.stages import Stage
+from tracer.path.stages import Stage
 
 
 def approx(x: float) -> object:

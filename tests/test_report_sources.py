@@ -21,8 +21,8 @@ from tracer.report.sources import (
     read_jsonl,
     spans_from_jaeger_json,
 )
-from tracer.spanfile import SpanRecord
-from tracer.stages import Stage
+from tracer.telemetry.spanfile import SpanRecord
+from tracer.path.stages import Stage
 
 
 # -- JSON lines --------------------------------------------------------------------------------
@@ -242,7 +242,7 @@ def test_read_jaeger_unreachable_and_bad_url() -> None:
 
 def test_cli_warns_when_jaeger_hits_the_limit(jaeger_stub: tuple[str, _Stub],
                                               capsys: pytest.CaptureFixture[str]) -> None:
-    from tracer.cli import main
+    from tracer.tools.cli import main
     url, stub = jaeger_stub
     stub.payload = jaeger_payload(scenario_spans(KNOWN), stamps="str")
     assert main(["report", "--jaeger", url, "--limit", "3", "--json"]) == 0

@@ -35,11 +35,11 @@ from rmq_real import (
 )
 from waiting import wait_until
 
-from tracer.consume import ConsumeLoop
-from tracer.metrics import TracerMetrics
-from tracer.producer import TracedProducer
-from tracer.stages import Stage
-from tracer.telemetry import MessageTracer
+from tracer.clients.consume import ConsumeLoop
+from tracer.telemetry.metrics import TracerMetrics
+from tracer.clients.producer import TracedProducer
+from tracer.path.stages import Stage
+from tracer.telemetry.tracer import MessageTracer
 
 pytestmark = pytest.mark.integration
 
@@ -343,7 +343,7 @@ def test_handler_longer_than_its_invisible_duration_is_not_delivered_twice(rmq):
 def test_instrumentor_is_registered_and_passes_the_dependency_check():
     from opentelemetry.instrumentation.dependencies import get_dist_dependency_conflicts
 
-    from tracer.instrumentor import RocketMQInstrumentor
+    from tracer.clients.instrumentor import RocketMQInstrumentor
 
     (ep,) = [e for e in entry_points(group="opentelemetry_instrumentor") if e.name == "rocketmq"]
     assert ep.load() is RocketMQInstrumentor
@@ -352,8 +352,8 @@ def test_instrumentor_is_registered_and_passes_the_dependency_check():
 
 
 def test_instrumentor_on_the_real_client_traces_then_leaves_it_as_it_was(rmq, spans, registry):
-    from tracer.instrumentor import RocketMQInstrumentor
-    from tracer.propagation import PRODUCE_NS, TRACEPARENT
+    from tracer.clients.instrumentor import RocketMQInstrumentor
+    from tracer.path.propagation import PRODUCE_NS, TRACEPARENT
 
     provider, exporter = spans
     patched = [(rmq.Producer, "send"), (rmq.Producer, "send_async"), (rmq.SimpleConsumer, "receive"),
@@ -452,7 +452,7 @@ def test_opentelemetry_instrument_runs_the_push_consumer_example_unchanged(rmq, 
 
 # -- the broker bench (rmqtrace bench broker), smoke-sized ---------------------------------------------------
 def test_broker_bench_runs_all_three_modes_and_reports_ratios(rmq):
-    from tracer.bench.broker import format_broker_bench, run_broker_bench
+    from tracer.tools.bench.broker import format_broker_bench, run_broker_bench
 
     result = run_broker_bench(messages=60, rounds=1, handler_ms=1.0)
     for mode in ("untraced", "traced", "traced_otlp"):

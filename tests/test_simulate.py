@@ -12,7 +12,7 @@ from tracer.dispatch.simulate import (
     simulate_random,
     simulate_round_robin,
 )
-from tracer.workload import make_job
+from tracer.tools.workload import make_job
 
 
 def test_lower_bound() -> None:

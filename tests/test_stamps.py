@@ -1,6 +1,6 @@
-from tracer.clock import ManualClock, MonotonicWallClock
-from tracer.stages import GAP_BY_NAME, GAPS, Stage
-from tracer.stamps import SkewTracker, Stamps, compute_gaps, timeline
+from tracer.path.clock import ManualClock, MonotonicWallClock
+from tracer.path.stages import GAP_BY_NAME, GAPS, Stage
+from tracer.path.stamps import SkewTracker, Stamps, compute_gaps, timeline
 
 MS = 1_000_000
 

@@ -5,11 +5,11 @@ from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanE
 from opentelemetry.sdk.trace.sampling import ALWAYS_OFF, ParentBased
 from opentelemetry.trace import SpanKind, StatusCode
 
-from tracer.clock import ManualClock
-from tracer.message import MessageInfo
-from tracer.metrics import TracerMetrics
-from tracer.stages import GAPS, Outcome, Stage
-from tracer.telemetry import MessageTracer
+from tracer.path.clock import ManualClock
+from tracer.path.message import MessageInfo
+from tracer.telemetry.metrics import TracerMetrics
+from tracer.path.stages import GAPS, Outcome, Stage
+from tracer.telemetry.tracer import MessageTracer
 
 MS = 1_000_000
 

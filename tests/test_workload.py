@@ -7,7 +7,7 @@ import statistics
 import pytest
 
 from tracer.dispatch import longest_first
-from tracer.workload import JobItem, job_cases, make_job
+from tracer.tools.workload import JobItem, job_cases, make_job
 
 
 def test_deterministic_per_seed() -> None:

@@ -6,15 +6,15 @@ The data path, top to bottom: :mod:`tracer.stages` (what is stamped) → :mod:`t
 (the seams) → :mod:`tracer.dispatch` (who runs the message, and how long it waited).
 """
 
-from .clock import ManualClock, MonotonicWallClock
+from .path.clock import ManualClock, MonotonicWallClock
 from .config import Settings, configure_tracing
-from .consume import ConsumeLoop, ConsumeStats
+from .clients.consume import ConsumeLoop, ConsumeStats
 from .dispatch import AsyncDispatcher, Dispatcher, DispatchMetrics
-from .message import MessageInfo, describe
-from .metrics import TracerMetrics
-from .producer import TracedProducer
-from .stages import GAPS, Gap, Outcome, Stage
-from .telemetry import MessageTrace, MessageTracer
+from .path.message import MessageInfo, describe
+from .telemetry.metrics import TracerMetrics
+from .clients.producer import TracedProducer
+from .path.stages import GAPS, Gap, Outcome, Stage
+from .telemetry.tracer import MessageTrace, MessageTracer
 from .version import __version__
 
 __all__ = [

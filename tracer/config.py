@@ -21,7 +21,7 @@ from opentelemetry.sdk.resources import Resource
 from opentelemetry.sdk.trace import ReadableSpan, Span, SpanProcessor, TracerProvider
 from opentelemetry.sdk.trace.export import BatchSpanProcessor, SpanExporter, SpanExportResult
 
-from .metrics import TracerMetrics
+from .telemetry.metrics import TracerMetrics
 
 log = logging.getLogger(__name__)
 
@@ -184,7 +184,7 @@ def make_exporter(settings: Settings) -> SpanExporter | None:
         from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter as HttpExporter
         return HttpExporter()
     if settings.spans_file:
-        from .spanfile import JsonLinesSpanExporter
+        from .telemetry.spanfile import JsonLinesSpanExporter
         return JsonLinesSpanExporter(settings.spans_file)
     return None
 

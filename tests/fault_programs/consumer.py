@@ -1,4 +1,4 @@
-"""A consumer process for the fault tests: ``tracer.consume.ConsumeLoop`` over the real 5.x
+"""A consumer process for the fault tests: ``tracer.clients.consume.ConsumeLoop`` over the real 5.x
 ``SimpleConsumer``, writing what happens to every message to a log the test reads afterwards.
 
     python consumer.py --topic T --group G --log LOG --stats STATS [options]
@@ -33,9 +33,9 @@ from opentelemetry.sdk.trace import SpanProcessor
 from prometheus_client import CollectorRegistry
 
 from tracer.config import DropCounter, Settings, configure_tracing
-from tracer.consume import ConsumeLoop
-from tracer.metrics import TracerMetrics
-from tracer.telemetry import MessageTracer
+from tracer.clients.consume import ConsumeLoop
+from tracer.telemetry.metrics import TracerMetrics
+from tracer.telemetry.tracer import MessageTracer
 
 
 class Log:

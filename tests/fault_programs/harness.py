@@ -82,7 +82,7 @@ def start_producer(topic: str, tracer: Any = None, config: Any = None) -> Any:
     """A started producer; traced (``TracedProducer``) when a tracer is given."""
     from rocketmq import Producer
 
-    from tracer.producer import TracedProducer
+    from tracer.clients.producer import TracedProducer
 
     p = Producer(config or client_config(), (topic,), tls_enable=False)
     p.startup()

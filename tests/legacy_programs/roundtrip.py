@@ -32,8 +32,8 @@ from rocketmq.client import ConsumeStatus, Message, Producer, PushConsumer  # no
 from rocketmq.ffi import dll  # noqa: E402
 
 from tracer.clients.legacy import TracedLegacyProducer, traced_callback  # noqa: E402
-from tracer.metrics import TracerMetrics  # noqa: E402
-from tracer.telemetry import MessageTracer  # noqa: E402
+from tracer.telemetry.metrics import TracerMetrics  # noqa: E402
+from tracer.telemetry.tracer import MessageTracer  # noqa: E402
 
 NAMESRV = os.environ.get("RMQ_NAMESRV", "127.0.0.1:9876")
 TOPIC = os.environ["RMQ_TOPIC"]
@@ -77,7 +77,7 @@ def main(mode: str) -> int:
     instrumentor = None
     originals = {}
     if mode == "instrumentor":
-        from tracer.instrumentor import RocketMQInstrumentor
+        from tracer.clients.instrumentor import RocketMQInstrumentor
 
         names = [(Producer, "send_sync"), (Producer, "send_orderly_with_sharding_key"), (Producer, "send_oneway"),
                  (PushConsumer, "__init__"), (PushConsumer, "subscribe")]

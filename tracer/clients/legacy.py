@@ -30,11 +30,11 @@ import sys
 import threading
 from typing import Any, Callable, NamedTuple
 
-from ..message import MessageInfo, body_of
-from ..producer import ProducerProxy, traced_send
-from ..propagation import COST, JOB_ID, PRODUCE_NS, TRACEPARENT, TRACESTATE
-from ..stages import Outcome, Stage
-from ..telemetry import MessageTrace, MessageTracer, SendTrace
+from ..path.message import MessageInfo, body_of
+from .producer import ProducerProxy, traced_send
+from ..path.propagation import COST, JOB_ID, PRODUCE_NS, TRACEPARENT, TRACESTATE
+from ..path.stages import Outcome, Stage
+from ..telemetry.tracer import MessageTrace, MessageTracer, SendTrace
 
 # Our properties, the only ones read from a received 2.x message.
 KNOWN_PROPERTIES: tuple[str, ...] = (TRACEPARENT, TRACESTATE, PRODUCE_NS, JOB_ID, COST)

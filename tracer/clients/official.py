@@ -18,9 +18,9 @@ import threading
 import weakref
 from typing import Any
 
-from ..message import body_of, describe
-from ..stages import Outcome, Stage
-from ..telemetry import MessageTrace, MessageTracer
+from ..path.message import body_of, describe
+from ..path.stages import Outcome, Stage
+from ..telemetry.tracer import MessageTrace, MessageTracer
 
 try:  # the listener must be a real MessageListener subclass for the client's type checks
     from rocketmq import ConsumeResult, MessageListener

@@ -21,8 +21,8 @@ import time
 from collections.abc import Awaitable, Callable
 from typing import Any, Generic, TypeVar, cast
 
-from ..clock import Clock
-from ..stages import Outcome, Stage
+from ..path.clock import Clock
+from ..path.stages import Outcome, Stage
 from .engine import _OnceLogger, exemplar_of
 from .metrics import BoundDispatchMetrics, DispatchMetrics
 from .policy import Policy, resolve_policy

@@ -35,8 +35,8 @@ import time
 from collections.abc import Callable, Mapping
 from typing import Generic, TypeVar, cast
 
-from ..clock import Clock
-from ..stages import Outcome, Stage
+from ..path.clock import Clock
+from ..path.stages import Outcome, Stage
 from .metrics import BoundDispatchMetrics, DispatchMetrics
 from .policy import Policy, resolve_policy
 from .protocol import DispatcherClosed, DispatchStats, HandlerTimeout, MessageTraceLike

@@ -10,7 +10,7 @@ from contextlib import AbstractContextManager
 from dataclasses import dataclass
 from typing import Protocol
 
-from ..stages import Outcome, Stage
+from ..path.stages import Outcome, Stage
 
 
 class MessageTraceLike(Protocol):

@@ -22,8 +22,8 @@ from html import escape
 from pathlib import Path
 from typing import Sequence
 
-from ..stages import GAP_BY_NAME, GAPS, PATH_GAPS
-from ..stamps import timeline
+from ..path.stages import GAP_BY_NAME, GAPS, PATH_GAPS
+from ..path.stamps import timeline
 from .model import (
     PRODUCED_LATE,
     SPLIT_PARTS,

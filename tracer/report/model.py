@@ -32,9 +32,9 @@ import math
 from dataclasses import dataclass, field
 from typing import Any, Iterable, Sequence
 
-from ..spanfile import SpanRecord
-from ..stages import GAP_BY_NAME, GAPS, PATH_GAPS, Stage
-from ..stamps import MISSING, GapValue, Stamps, compute_gaps, timeline
+from ..telemetry.spanfile import SpanRecord
+from ..path.stages import GAP_BY_NAME, GAPS, PATH_GAPS, Stage
+from ..path.stamps import MISSING, GapValue, Stamps, compute_gaps, timeline
 
 NO_JOB = "(no job id)"
 NO_GROUP = "(no group)"

@@ -23,7 +23,7 @@ import urllib.request
 from pathlib import Path
 from typing import Any, Iterable, Iterator
 
-from ..spanfile import SpanRecord, read_spans
+from ..telemetry.spanfile import SpanRecord, read_spans
 
 DEFAULT_JAEGER = "http://127.0.0.1:16686"
 DEFAULT_SERVICE = "rmqtrace"

@@ -5,7 +5,7 @@ from __future__ import annotations
 import os
 from typing import Any
 
-from ..stages import GAPS
+from ..path.stages import GAPS
 from .model import PRODUCED_LATE, SPLIT_PARTS, GroupStats, Report, format_seconds
 
 STAGE_STYLE = {PRODUCED_LATE: "grey50", "send": "grey62", "broker_wait": "sky_blue2", "client_buffer": "orange1",

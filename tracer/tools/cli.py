@@ -1,4 +1,4 @@
-"""``rmqtrace``: the demo, the benchmarks, and (where built) reports and the local stack."""
+"""``rmqtrace``: the demo, the benchmarks and reports."""
 
 from __future__ import annotations
 
@@ -33,10 +33,10 @@ def cmd_demo(args: argparse.Namespace) -> int:
     from prometheus_client import CollectorRegistry
     from rich.table import Table
 
-    from .config import DropCounter, Settings, configure_tracing, serve_metrics
+    from ..config import DropCounter, Settings, configure_tracing, serve_metrics
     from .demo import DemoOptions, run_demo, summary_json, where_time_went
-    from .metrics import TracerMetrics
-    from .stages import GAPS
+    from ..telemetry.metrics import TracerMetrics
+    from ..path.stages import GAPS
 
     console = _console()
     out = Path(args.out)
@@ -100,7 +100,7 @@ def _maybe_report(out: Path, spans_file: str | None) -> str | None:
     if not spans_file:
         return None
     try:
-        from .report import write_demo_report
+        from ..report import write_demo_report
     except ImportError:
         return None
     return str(write_demo_report(Path(spans_file), out))
@@ -138,7 +138,7 @@ def cmd_bench(args: argparse.Namespace) -> int:
 
 # -- parser ----------------------------------------------------------------------------------
 def build_parser() -> argparse.ArgumentParser:
-    from .version import __version__
+    from ..version import __version__
 
     p = argparse.ArgumentParser(prog="rmqtrace", description=DESCRIPTION,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -174,20 +174,10 @@ def build_parser() -> argparse.ArgumentParser:
     b.add_argument("--quick", action="store_true", help="dispatch: smaller runs for CI")
     b.set_defaults(func=cmd_bench)
 
-    _add_optional_commands(sub)
+    from ..report import add_cli as add_report_cli
+
+    add_report_cli(sub)
     return p
-
-
-def _add_optional_commands(sub: Any) -> None:
-    """Commands whose modules live beside this one; each registers its own arguments."""
-    for module in ("report", "stack"):
-        try:
-            mod = __import__(f"tracer.{module}", fromlist=["add_cli"])
-        except ImportError:
-            continue
-        add = getattr(mod, "add_cli", None)
-        if add is not None:
-            add(sub)
 
 
 def main(argv: Sequence[str] | None = None) -> int:

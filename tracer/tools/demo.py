@@ -20,15 +20,15 @@ from typing import Any, Callable, Sequence
 from opentelemetry.sdk.trace import TracerProvider
 from prometheus_client import CollectorRegistry
 
-from .consume import ConsumeLoop
-from .dispatch import DispatchMetrics
-from .embedded import EmbeddedBroker, Message, Producer, SimpleConsumer
-from .metrics import TracerMetrics
-from .producer import TracedProducer
-from .report.model import percentile
-from .stages import GAPS, PATH_GAPS, Outcome, Stage
-from .stamps import compute_gaps
-from .telemetry import MessageTrace, MessageTracer
+from ..clients.consume import ConsumeLoop
+from ..dispatch import DispatchMetrics
+from ..embedded import EmbeddedBroker, Message, Producer, SimpleConsumer
+from ..telemetry.metrics import TracerMetrics
+from ..clients.producer import TracedProducer
+from ..report.model import percentile
+from ..path.stages import GAPS, PATH_GAPS, Outcome, Stage
+from ..path.stamps import compute_gaps
+from ..telemetry.tracer import MessageTrace, MessageTracer
 from .workload import JobItem, make_job
 
 TOPIC = "testcase-groups"
@@ -109,7 +109,7 @@ def run_policy(policy: str, job: Sequence[JobItem], opts: DemoOptions, *,
     policy_arg: Any = policy
     baseline = policy in ("round_robin", "random")
     if baseline:
-        from .dispatch import Random, RoundRobin
+        from ..dispatch import Random, RoundRobin
         policy_arg = RoundRobin(buffer=opts.buffer) if policy == "round_robin" else Random(buffer=opts.buffer, seed=opts.seed)
     loop = ConsumeLoop(consumer, handler, tracer=tracer, policy=policy_arg, workers=opts.workers,
                        cost=lambda m: float(m.properties.get("rmqtrace_cost", 0) or 0),
@@ -136,7 +136,7 @@ def run_policy(policy: str, job: Sequence[JobItem], opts: DemoOptions, *,
 
 def _summarise(policy: str, opts: DemoOptions, finished: list[tuple[list[int], float | None]],
                failed: int) -> PolicyRun:
-    from .stamps import Stamps
+    from ..path.stamps import Stamps
 
     gaps: dict[str, list[float]] = {g.name: [] for g in GAPS}
     handler_s: list[float] = []

@@ -25,7 +25,7 @@ from opentelemetry.sdk.util.instrumentation import InstrumentationScope
 from opentelemetry.trace import NonRecordingSpan, Span, SpanContext, SpanKind, Status, StatusCode, TraceFlags
 from opentelemetry.util.types import Attributes, AttributeValue
 
-from .version import __version__
+from ..version import __version__
 
 SCOPE = InstrumentationScope("rmqtrace", __version__)
 _SAMPLED = TraceFlags(TraceFlags.SAMPLED)

@@ -38,10 +38,10 @@ from opentelemetry.sdk.trace import ReadableSpan, TracerProvider
 from opentelemetry.sdk.trace.export import BatchSpanProcessor, SpanExporter, SpanExportResult
 from prometheus_client import CollectorRegistry
 
-from ..consume import ConsumeLoop
-from ..metrics import TracerMetrics
-from ..producer import TracedProducer
-from ..telemetry import MessageTracer
+from ...clients.consume import ConsumeLoop
+from ...telemetry.metrics import TracerMetrics
+from ...clients.producer import TracedProducer
+from ...telemetry.tracer import MessageTracer
 
 ENDPOINT = "127.0.0.1:8081"
 DEFAULT_MESSAGES = 500
@@ -89,7 +89,7 @@ def _admin() -> Any:
 
 
 def _client() -> Any:
-    from ..clients.quiet import import_quietly
+    from ...clients.quiet import import_quietly
 
     return import_quietly()
 

@@ -11,7 +11,7 @@ from typing import Any, Callable
 
 from opentelemetry.instrumentation.utils import suppress_instrumentation
 
-from .telemetry import MessageTracer, SendTrace
+from ..telemetry.tracer import MessageTracer, SendTrace
 
 
 def _setter(message: Any) -> Callable[[str, str], object]:

@@ -37,8 +37,8 @@ from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
-from ..dispatch import Aggressive, CostAware, Dispatcher, Policy, Random, RoundRobin
-from ..dispatch.simulate import (
+from ...dispatch import Aggressive, CostAware, Dispatcher, Policy, Random, RoundRobin
+from ...dispatch.simulate import (
     lower_bound,
     simulate_cost_aware,
     simulate_greedy,

@@ -21,14 +21,14 @@ from opentelemetry import context as otel_context
 from opentelemetry import trace
 from opentelemetry.trace import Span, SpanContext, SpanKind, Status, StatusCode, TracerProvider
 
-from .clock import Clock, default_clock
-from .message import MessageInfo
+from ..path.clock import Clock, default_clock
+from ..path.message import MessageInfo
 from .metrics import TracerMetrics
-from .propagation import Carried, PropagationErrors, extract, inject, plausible_ns
+from ..path.propagation import Carried, PropagationErrors, extract, inject, plausible_ns
 from .spans import DeferredSpan, SpanWriter, span_writer
-from .stages import CROSS_CLOCK_GAPS, Outcome, Stage
-from .stamps import MISSING, SkewTracker, Stamps, timeline
-from .version import __version__
+from ..path.stages import CROSS_CLOCK_GAPS, Outcome, Stage
+from ..path.stamps import MISSING, SkewTracker, Stamps, timeline
+from ..version import __version__
 
 log = logging.getLogger(__name__)
 

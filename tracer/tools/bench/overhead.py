@@ -23,11 +23,11 @@ from opentelemetry.sdk.trace import ReadableSpan, TracerProvider
 from opentelemetry.sdk.trace.export import BatchSpanProcessor, SpanExporter, SpanExportResult
 from prometheus_client import CollectorRegistry
 
-from ..message import MessageInfo
-from ..metrics import TracerMetrics
-from ..propagation import PRODUCE_NS, TRACEPARENT
-from ..stages import Outcome, Stage
-from ..telemetry import MessageTracer
+from ...path.message import MessageInfo
+from ...telemetry.metrics import TracerMetrics
+from ...path.propagation import PRODUCE_NS, TRACEPARENT
+from ...path.stages import Outcome, Stage
+from ...telemetry.tracer import MessageTracer
 
 
 class _DropExporter(SpanExporter):

@@ -29,10 +29,10 @@ from typing import Any, Callable
 
 from opentelemetry.instrumentation.utils import suppress_instrumentation
 
-from .dispatch import Dispatcher, DispatchMetrics
-from .message import body_of, describe
-from .stages import Outcome
-from .telemetry import MessageTrace, MessageTracer
+from ..dispatch import Dispatcher, DispatchMetrics
+from ..path.message import body_of, describe
+from ..path.stages import Outcome
+from ..telemetry.tracer import MessageTrace, MessageTracer
 
 log = logging.getLogger(__name__)
 

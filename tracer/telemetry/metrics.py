@@ -20,7 +20,7 @@ from prometheus_client.core import CounterMetricFamily, HistogramMetricFamily, M
 from prometheus_client.samples import Exemplar
 from prometheus_client.utils import floatToGoString
 
-from .stages import GAPS, Outcome
+from ..path.stages import GAPS, Outcome
 
 # 1 ms … 10 min: a handler of a huge test-case group runs for minutes, a send takes milliseconds.
 DEFAULT_BUCKETS: tuple[float, ...] = (

@@ -1,0 +1,215 @@
+"""``RocketMQInstrumentor``: no-code-change tracing of ``rocketmq-python-client`` 5.x.
+
+Registered under the ``opentelemetry_instrumentor`` entry point, so
+``opentelemetry-instrument python app.py`` patches the client before the app runs. It patches
+public methods only, each wrap with its unwrap:
+
+- ``Producer.send`` / ``Producer.send_async``: ``send {topic}`` span, trace context and produce stamp;
+- ``SimpleConsumer.receive`` / ``SimpleConsumer.ack``: ``client_pull`` stamp on receive, trace
+  finished on ack (the time between is taken as the handler);
+- ``PushConsumer.__init__``: the user's listener is wrapped in :class:`~tracer.clients.official.TracedListener`.
+
+With the legacy ``rocketmq-client-python`` 2.x installed instead (same import name ``rocketmq``; the two
+never share an environment) it patches ``rocketmq.client``: ``Producer.send_sync`` /
+``send_orderly_with_sharding_key`` / ``send_oneway`` and ``PushConsumer.subscribe`` (the callback is
+wrapped with :func:`~tracer.clients.legacy.traced_callback`; ``PushConsumer.__init__`` only records
+the group for the ``consumer_group`` label).
+
+Code that runs its own traced loop (:class:`tracer.consume.ConsumeLoop`) suppresses these patches
+around its client calls, so a message is never traced twice.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from importlib.metadata import PackageNotFoundError, version
+from typing import Any, Collection
+
+from opentelemetry.instrumentation.instrumentor import BaseInstrumentor  # type: ignore[attr-defined]
+from opentelemetry.instrumentation.utils import is_instrumentation_enabled, unwrap
+from prometheus_client import CollectorRegistry
+from wrapt import wrap_function_wrapper
+
+from .legacy import traced_callback, traced_legacy_send
+from .official import ReceivedTraces, TracedListener
+from ..config import Settings, serve_metrics
+from ..telemetry.metrics import TracerMetrics
+from .package import _instruments, _instruments_legacy
+from .producer import traced_send, traced_send_async
+from ..telemetry.tracer import MessageTracer
+
+log = logging.getLogger(__name__)
+
+_PRODUCER = "rocketmq.v5.producer.producer"
+_SIMPLE = "rocketmq.v5.consumer.simple.simple_consumer"
+_PUSH = "rocketmq.v5.consumer.push.push_consumer"
+_LEGACY = "rocketmq.client"
+_LEGACY_SENDS = ("send_sync", "send_orderly_with_sharding_key", "send_oneway")
+_LEGACY_GROUP_ATTR = "_rmqtrace_group"
+
+
+def _installed(dist: str) -> bool:
+    try:
+        version(dist)
+    except PackageNotFoundError:
+        return False
+    return True
+
+
+def _legacy_only() -> bool:
+    """The legacy 2.x client is installed and the 5.x one is not (they cannot coexist)."""
+    return _installed("rocketmq-client-python") and not _installed("rocketmq-python-client")
+
+
+class RocketMQInstrumentor(BaseInstrumentor):  # type: ignore[misc]
+    """Keyword arguments to ``instrument()``: ``tracer_provider``, ``registry`` (a Prometheus
+    ``CollectorRegistry``; default the global one) or ready-made ``metrics``
+    (:class:`~tracer.metrics.TracerMetrics`). ``RMQTRACE_METRICS_PORT`` serves ``/metrics``."""
+
+    _metrics: TracerMetrics | None = None
+
+    _legacy = False
+
+    def instrumentation_dependencies(self) -> Collection[str]:
+        return _instruments_legacy if _legacy_only() else _instruments
+
+    def _instrument(self, **kwargs: Any) -> None:
+        settings = Settings.from_env()
+        provider = kwargs.get("tracer_provider")
+        metrics = kwargs.get("metrics")
+        if metrics is None:
+            registry: CollectorRegistry | None = kwargs.get("registry")
+            if self._metrics is None or (registry is not None and self._metrics.registry is not registry):
+                self._metrics = TracerMetrics(registry)
+                if settings.metrics_port is not None:
+                    serve_metrics(settings, self._metrics.registry)
+            metrics = self._metrics
+        self._producer_tracer = MessageTracer(tracer_provider=provider)
+        self._group_traces: dict[str, ReceivedTraces] = {}
+        self._lock = threading.Lock()
+        self._provider = provider
+        self._metrics_in_use = metrics
+        self._default_group = settings.consumer_group
+
+        self._legacy = _legacy_only()
+        if self._legacy:
+            for name in _LEGACY_SENDS:
+                wrap_function_wrapper(_LEGACY, f"Producer.{name}", self._legacy_send)
+            wrap_function_wrapper(_LEGACY, "PushConsumer.__init__", self._legacy_push_init)
+            wrap_function_wrapper(_LEGACY, "PushConsumer.subscribe", self._legacy_subscribe)
+            return
+        wrap_function_wrapper(_PRODUCER, "Producer.send", self._send)
+        wrap_function_wrapper(_PRODUCER, "Producer.send_async", self._send_async)
+        wrap_function_wrapper(_SIMPLE, "SimpleConsumer.receive", self._receive)
+        wrap_function_wrapper(_SIMPLE, "SimpleConsumer.ack", self._ack)
+        wrap_function_wrapper(_PUSH, "PushConsumer.__init__", self._push_init)
+
+    def _uninstrument(self, **kwargs: Any) -> None:
+        if self._legacy:
+            import rocketmq.client as legacy
+
+            for name in _LEGACY_SENDS:
+                unwrap(legacy.Producer, name)
+            unwrap(legacy.PushConsumer, "__init__")
+            unwrap(legacy.PushConsumer, "subscribe")
+            return
+        import rocketmq.v5.consumer.push.push_consumer as push
+        import rocketmq.v5.consumer.simple.simple_consumer as simple
+        import rocketmq.v5.producer.producer as producer
+
+        unwrap(producer.Producer, "send")
+        unwrap(producer.Producer, "send_async")
+        unwrap(simple.SimpleConsumer, "receive")
+        unwrap(simple.SimpleConsumer, "ack")
+        unwrap(push.PushConsumer, "__init__")
+
+    # -- per consumer group ------------------------------------------------------------
+    def _traces_for(self, group: str | None) -> ReceivedTraces:
+        g = group or self._default_group
+        with self._lock:
+            found = self._group_traces.get(g)
+            if found is None:
+                found = self._group_traces[g] = ReceivedTraces(
+                    MessageTracer(consumer_group=g, tracer_provider=self._provider, metrics=self._metrics_in_use))
+            return found
+
+    # -- wrappers (wrapt signature: wrapped, instance, args, kwargs) ------------------------
+    def _send(self, wrapped: Any, instance: Any, args: Any, kwargs: Any) -> Any:
+        if not is_instrumentation_enabled() or not args:
+            return wrapped(*args, **kwargs)
+        return traced_send(self._producer_tracer, wrapped, *args, **kwargs)
+
+    def _send_async(self, wrapped: Any, instance: Any, args: Any, kwargs: Any) -> Any:
+        if not is_instrumentation_enabled() or not args:
+            return wrapped(*args, **kwargs)
+        return traced_send_async(self._producer_tracer, wrapped, *args, **kwargs)
+
+    def _receive(self, wrapped: Any, instance: Any, args: Any, kwargs: Any) -> Any:
+        messages = wrapped(*args, **kwargs)
+        if is_instrumentation_enabled():
+            self._traces_for(_group_of(instance)).received(messages)
+        return messages
+
+    def _ack(self, wrapped: Any, instance: Any, args: Any, kwargs: Any) -> Any:
+        result = wrapped(*args, **kwargs)
+        if is_instrumentation_enabled() and args:
+            self._traces_for(_group_of(instance)).acked(args[0])
+        return result
+
+    def _push_init(self, wrapped: Any, instance: Any, args: Any, kwargs: Any) -> Any:
+        # PushConsumer(client_configuration, consumer_group, message_listener, subscription, ...)
+        try:
+            args = list(args)
+            group = kwargs.get("consumer_group", args[1] if len(args) > 1 else None)
+            tracer = self._traces_for(group).tracer
+            if "message_listener" in kwargs:
+                kwargs["message_listener"] = _wrap_listener(kwargs["message_listener"], tracer)
+            elif len(args) > 2:
+                args[2] = _wrap_listener(args[2], tracer)
+        except Exception as exc:  # noqa: BLE001 - construct the consumer untraced rather than fail
+            log.error("rmqtrace: could not wrap the PushConsumer listener", exc_info=exc)
+        return wrapped(*args, **kwargs)
+
+
+    # -- legacy 2.x client ----------------------------------------------------------------------
+    def _legacy_send(self, wrapped: Any, instance: Any, args: Any, kwargs: Any) -> Any:
+        if not is_instrumentation_enabled() or not args:
+            return wrapped(*args, **kwargs)
+        return traced_legacy_send(self._producer_tracer, wrapped, *args, **kwargs)
+
+    def _legacy_push_init(self, wrapped: Any, instance: Any, args: Any, kwargs: Any) -> Any:
+        # PushConsumer(group_id, orderly=False, message_model=...): the group lives only in C++
+        result = wrapped(*args, **kwargs)
+        try:
+            group = kwargs.get("group_id", args[0] if args else None)
+            setattr(instance, _LEGACY_GROUP_ATTR, None if group is None else str(group))
+        except Exception as exc:  # noqa: BLE001
+            log.debug("rmqtrace: could not record the legacy consumer group", exc_info=exc)
+        return result
+
+    def _legacy_subscribe(self, wrapped: Any, instance: Any, args: Any, kwargs: Any) -> Any:
+        # subscribe(topic, callback, expression='*')
+        try:
+            args = list(args)
+            tracer = self._traces_for(getattr(instance, _LEGACY_GROUP_ATTR, None)).tracer
+            if "callback" in kwargs:
+                kwargs["callback"] = traced_callback(kwargs["callback"], tracer)
+            elif len(args) > 1:
+                args[1] = traced_callback(args[1], tracer)
+        except Exception as exc:  # noqa: BLE001 - subscribe untraced rather than fail
+            log.error("rmqtrace: could not wrap the legacy PushConsumer callback", exc_info=exc)
+        return wrapped(*args, **kwargs)
+
+
+def _wrap_listener(listener: Any, tracer: MessageTracer) -> Any:
+    if listener is None or isinstance(listener, TracedListener):
+        return listener
+    return TracedListener(listener, tracer)
+
+
+def _group_of(consumer: Any) -> str | None:
+    try:
+        return str(consumer.consumer_group)
+    except Exception:  # noqa: BLE001
+        return None
