@@ -1,5 +1,5 @@
 from tracer.path.clock import ManualClock, MonotonicWallClock
-from tracer.path.stages import GAP_BY_NAME, GAPS, Stage
+from tracer.path.stages import GAP_BY_NAME, PATH_GAPS, Stage
 from tracer.path.stamps import SkewTracker, Stamps, compute_gaps, timeline
 
 MS = 1_000_000
@@ -22,15 +22,15 @@ def test_gaps_from_a_fake_clock():
         s.set(stage, clock.now_ns())
     got = {g.gap.name: g.seconds for g in compute_gaps(s)}
     assert got == {"send": 0.003, "broker_wait": 0.040, "client_buffer": 0.001, "dispatch_wait": 0.250,
-                   "handler": 0.090, "end_to_end": 0.384}
-    path = sum(got[g.name] for g in GAPS if g.name != "end_to_end")
+                   "handler": 0.090, "end_to_end": 0.384, "consumer_wait": 0.251}
+    path = sum(got[g.name] for g in PATH_GAPS)
     assert abs(path - got["end_to_end"]) < 1e-9
 
 
 def test_missing_stamps_give_no_gap():
     s = stamped(client_pull=0, handler_start=5, handler_end=9)
     names = {g.gap.name for g in compute_gaps(s)}
-    assert names == {"handler"}
+    assert names == {"handler", "consumer_wait"}
 
 
 def test_negative_cross_clock_gap_is_clamped_and_flagged_as_skew():
