@@ -8,6 +8,8 @@ import sys
 import tempfile
 from typing import Any
 
+__all__ = ["import_quietly"]
+
 
 def import_quietly() -> Any:
     """``import rocketmq`` (5.x) without its import-time side effects on the user's home: the

@@ -11,6 +11,8 @@ import threading
 import time
 from typing import Protocol
 
+__all__ = ["Clock", "ManualClock", "MonotonicWallClock", "default_clock"]
+
 
 class Clock(Protocol):
     def now_ns(self) -> int:

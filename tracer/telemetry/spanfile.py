@@ -15,6 +15,8 @@ from typing import Any, Iterator, Sequence
 from opentelemetry.sdk.trace import ReadableSpan
 from opentelemetry.sdk.trace.export import SpanExporter, SpanExportResult
 
+__all__ = ["JsonLinesSpanExporter", "SpanRecord", "read_spans", "span_to_dict"]
+
 
 def span_to_dict(span: ReadableSpan) -> dict[str, Any]:
     ctx = span.get_span_context()
