@@ -1,9 +1,18 @@
 """rmqtrace: stamps on every RocketMQ message, turned into spans and histograms per stage gap.
 
-The data path, top to bottom: :mod:`tracer.stages` (what is stamped) → :mod:`tracer.stamps`
-(gap arithmetic) → :mod:`tracer.propagation` (what travels in message properties) →
-:mod:`tracer.telemetry` (spans and histograms) → :mod:`tracer.producer` / :mod:`tracer.consume`
-(the seams) → :mod:`tracer.dispatch` (who runs the message, and how long it waited).
+The folders follow the data path, top to bottom:
+
+* :mod:`tracer.path` — what is stamped and what travels: stages and gaps, stamps, clocks,
+  message properties, attribute names;
+* :mod:`tracer.telemetry` — stamps become spans and histograms; the span file;
+* :mod:`tracer.clients` — the seams: traced producer, consume loop, the 5.x and 2.x clients,
+  the ``opentelemetry-instrument`` instrumentor;
+* :mod:`tracer.dispatch` — who runs the message, and how long it waited for a worker;
+* :mod:`tracer.report` — reading spans back: terminal, HTML, PNG;
+* :mod:`tracer.tools` — the ``rmqtrace`` command, demo and benchmarks (the library never imports it).
+
+Beside them: :mod:`tracer.config` (one-call SDK setup), :mod:`tracer.embedded` (an in-process
+broker, a test double of the proxy) and :mod:`tracer.instrumentor` (the documented import path).
 """
 
 from .path.clock import ManualClock, MonotonicWallClock
