@@ -1,0 +1,232 @@
+"""Occupancy: exact worker-second integrals under a manual clock, the collector's series, and a
+model test (hypothesis) of the integrals against a brute-force replay of the same events."""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+from hypothesis import settings
+from hypothesis import strategies as st
+from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
+from prometheus_client import CollectorRegistry
+
+from tracer.path.clock import ManualClock
+from tracer.telemetry.occupancy import Occupancy, OccupancyMetrics
+
+S = 1_000_000_000
+
+
+def test_integrals_are_exact_over_a_scripted_run() -> None:
+    clock = ManualClock()
+    occ = Occupancy(2, clock=clock)
+    t0 = occ.received()
+    t1 = occ.received()
+    clock.advance_s(1)  # 2 idle, 2 waiting: 2 HOL worker-seconds
+    occ.started(t0)
+    clock.advance_s(2)  # 1 busy, 1 idle, 1 waiting: 2 HOL
+    occ.started(t1)
+    clock.advance_s(3)  # 2 busy, nothing waits
+    occ.ended()
+    clock.advance_s(4)  # 1 busy, 1 idle, nothing waits: idle but not blocked
+    s = occ.snapshot()
+    assert (s.busy, s.unstarted, s.workers, s.idle) == (1, 0, 2, 1)
+    assert s.busy_s == pytest.approx(0 + 2 + 6 + 4)
+    assert s.idle_s == pytest.approx(2 + 2 + 0 + 4)
+    assert s.hol_s == pytest.approx(2 + 2)
+    assert s.holding_s == pytest.approx(3)
+    assert s.oldest_unstarted_ns is None and s.oldest_unstarted_age_s == 0.0
+
+
+def test_hol_counts_only_the_idle_workers_waiting_messages_could_use() -> None:
+    clock = ManualClock()
+    occ = Occupancy(8, clock=clock)
+    occ.received()
+    clock.advance_s(5)  # 8 idle but one message waits: 1 worker is blocked, 7 just idle
+    s = occ.snapshot()
+    assert s.hol_s == pytest.approx(5) and s.idle_s == pytest.approx(40)
+
+
+def test_oldest_age_follows_the_message_that_started() -> None:
+    clock = ManualClock()
+    occ = Occupancy(1, clock=clock)
+    first = occ.received()
+    clock.advance_s(1)
+    second = occ.received()
+    clock.advance_s(1)
+    assert occ.snapshot().oldest_unstarted_age_s == pytest.approx(2)
+    occ.started(first)
+    assert occ.snapshot().oldest_unstarted_ns == second
+    assert occ.snapshot().oldest_unstarted_age_s == pytest.approx(1)
+    occ.discarded(second)
+    assert occ.snapshot().unstarted == 0
+
+
+def test_unknown_receive_time_takes_the_oldest() -> None:
+    clock = ManualClock()
+    occ = Occupancy(1, clock=clock)
+    first = occ.received()
+    clock.advance_s(1)
+    occ.received()
+    occ.started()  # a FIFO pool: the oldest
+    assert occ.snapshot().oldest_unstarted_ns == first + S
+
+
+def test_announced_receipts_are_not_counted_twice() -> None:
+    clock = ManualClock()
+    occ = Occupancy(1, clock=clock)
+    occ.announce(3)
+    clock.advance_s(1)
+    occ.received()  # the listener traces the first of them at its start
+    occ.started()
+    s = occ.snapshot()
+    assert s.unstarted == 2 and s.busy == 1
+    assert s.hol_s == pytest.approx(1)  # 1 idle worker, 3 waiting, for 1 s
+
+
+def test_a_past_receive_time_dates_the_age() -> None:
+    clock = ManualClock()
+    occ = Occupancy(1, clock=clock)
+    occ.received(at_ns=clock.now_ns() - 2 * S)
+    assert occ.snapshot().oldest_unstarted_age_s == pytest.approx(2)
+
+
+def test_a_start_nobody_announced_leaves_the_counts_sane() -> None:
+    occ = Occupancy(1, clock=ManualClock())
+    occ.started()
+    occ.ended()
+    occ.ended()
+    s = occ.snapshot()
+    assert (s.busy, s.unstarted) == (0, 0)
+
+
+def test_clock_stepping_back_adds_nothing() -> None:
+    clock = ManualClock()
+    occ = Occupancy(1, clock=clock)
+    clock.advance_s(1)
+    before = occ.snapshot().idle_s
+    clock.advance_s(-5)
+    assert occ.snapshot().idle_s == before
+    clock.advance_s(6)  # back past the last reading by 1 s
+    assert occ.snapshot().idle_s == pytest.approx(before + 1)
+
+
+def test_close_stops_accrual_and_keeps_totals() -> None:
+    clock = ManualClock()
+    occ = Occupancy(2, clock=clock)
+    clock.advance_s(1)
+    occ.close()
+    clock.advance_s(10)
+    s = occ.snapshot()
+    assert s.idle_s == pytest.approx(2) and s.workers == 0
+
+
+def test_set_workers_changes_the_rate() -> None:
+    clock = ManualClock()
+    occ = Occupancy(1, clock=clock)
+    clock.advance_s(1)
+    occ.set_workers(3)
+    clock.advance_s(1)
+    assert occ.snapshot().idle_s == pytest.approx(4)
+
+
+@pytest.mark.parametrize("bad", [-1, 1.5, "4", True, None])
+def test_bad_worker_counts_fail_loudly(bad: object) -> None:
+    with pytest.raises(ValueError, match="workers"):
+        Occupancy(bad)  # type: ignore[arg-type]
+    occ = Occupancy(1)
+    with pytest.raises(ValueError, match="workers"):
+        occ.set_workers(bad)  # type: ignore[arg-type]
+
+
+def test_collector_exports_every_series_per_group() -> None:
+    reg = CollectorRegistry()
+    m = OccupancyMetrics(registry=reg)
+    clock = ManualClock()
+    a = m.track("g", 2, clock=clock)
+    b = m.track("g", 3, clock=clock)
+    m.track("other", 1, clock=clock)
+    a.received()
+    b.received()
+    b.started()
+    clock.advance_s(2)
+
+    def value(name: str, group: str = "g") -> float | None:
+        return reg.get_sample_value(name, {"consumer_group": group})
+
+    assert value("rmqtrace_consumer_workers") == 5
+    assert value("rmqtrace_consumer_busy_workers") == 1
+    assert value("rmqtrace_consumer_unstarted_messages") == 1
+    assert value("rmqtrace_consumer_oldest_unstarted_age_seconds") == pytest.approx(2)
+    assert value("rmqtrace_consumer_busy_worker_seconds_total") == pytest.approx(2)
+    assert value("rmqtrace_consumer_idle_worker_seconds_total") == pytest.approx(8)
+    assert value("rmqtrace_consumer_hol_idle_worker_seconds_total") == pytest.approx(2)  # a's, not b's
+    assert value("rmqtrace_consumer_holding_seconds_total") == pytest.approx(2)
+    assert value("rmqtrace_consumer_workers", "other") == 1
+
+
+def test_collector_bounds_the_group_label() -> None:
+    reg = CollectorRegistry()
+    m = OccupancyMetrics(registry=reg, label_limit=1)
+    m.track("a", 1, clock=ManualClock())
+    m.track("b", 1, clock=ManualClock())
+    assert reg.get_sample_value("rmqtrace_consumer_workers", {"consumer_group": "other"}) == 1
+
+
+class OccupancyModel(RuleBasedStateMachine):
+    """Random events and clock steps; the integrals must equal a replay of the piecewise counts."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.clock = ManualClock()
+        self.workers = 3
+        self.occ = Occupancy(self.workers, clock=self.clock)
+        self.busy = 0
+        self.waiting: list[int] = []
+        self.expect = {"busy_s": 0.0, "idle_s": 0.0, "hol_s": 0.0, "holding_s": 0.0}
+
+    @rule(ms=st.integers(0, 5000))
+    def advance(self, ms: int) -> None:
+        dt = ms / 1000
+        idle = max(0, self.workers - self.busy)
+        self.expect["busy_s"] += self.busy * dt
+        self.expect["idle_s"] += idle * dt
+        if self.waiting:
+            self.expect["hol_s"] += min(idle, len(self.waiting)) * dt
+            self.expect["holding_s"] += dt
+        self.clock.advance(ms * 1_000_000)
+
+    @rule()
+    def receive(self) -> None:
+        self.waiting.append(self.occ.received())
+
+    @precondition(lambda self: self.waiting and self.busy < self.workers)
+    @rule(data=st.data())
+    def start(self, data: st.DataObject) -> None:
+        t = self.waiting.pop(data.draw(st.integers(0, len(self.waiting) - 1)))
+        self.occ.started(t)
+        self.busy += 1
+
+    @precondition(lambda self: self.busy > 0)
+    @rule()
+    def end(self) -> None:
+        self.occ.ended()
+        self.busy -= 1
+
+    @precondition(lambda self: self.waiting)
+    @rule()
+    def discard(self) -> None:
+        self.occ.discarded(self.waiting.pop())
+
+    @invariant()
+    def integrals_match(self) -> None:
+        s = self.occ.snapshot()
+        assert (s.busy, s.unstarted) == (self.busy, len(self.waiting))
+        assert s.oldest_unstarted_ns == (min(self.waiting) if self.waiting else None)
+        for key, want in self.expect.items():
+            assert getattr(s, key) == pytest.approx(want, abs=1e-6), key
+
+
+OccupancyModel.TestCase.settings = settings(
+    max_examples=400 if os.environ.get("RMQTRACE_LONG") == "1" else 40, stateful_step_count=30, deadline=None)
+TestOccupancyModel = OccupancyModel.TestCase

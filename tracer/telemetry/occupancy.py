@@ -1,0 +1,287 @@
+"""Worker occupancy of one consumer, integrated exactly over time: head-of-line blocking as a number.
+
+A consumer holds messages it has received but not started (a prefetch buffer, a push consumer's
+cache, a dispatcher's queue) and runs them on a fixed number of workers. Head-of-line blocking is
+a worker idling while such a message waits inside the same consumer. :class:`Occupancy` keeps the
+piecewise-constant counts (busy workers, unstarted messages) and, at every change and every read,
+adds the elapsed time times the counts to running integrals, so the totals are exact for the
+events it was told about, whatever the scrape interval:
+
+* ``busy_s``  = ∫ busy dt, ``idle_s`` = ∫ (workers − busy) dt, in worker-seconds;
+* ``hol_s``   = ∫ min(workers − busy, unstarted) dt: idle worker-seconds that messages waiting in
+  this consumer could have used (a worker idle while nothing waits is not blocked);
+* ``holding_s`` = ∫ [unstarted > 0] dt.
+
+Feeding: a seam calls :meth:`Occupancy.received` when a message enters the consumer,
+:meth:`~Occupancy.started` / :meth:`~Occupancy.ended` around its handler and
+:meth:`~Occupancy.discarded` when it leaves unstarted. A seam that learns of a receipt before the
+message is traced (the push consumer's receive, seen by ``announce``) announces it once; the
+next ``received`` calls consume the announcement instead of counting the message twice.
+
+:class:`OccupancyMetrics` is the Prometheus collector (``registry=`` as in prometheus-client);
+values are read at scrape time, so the hot path never touches a metric object:
+
+====================================================== ======= ==========================================
+series                                                 type    meaning
+====================================================== ======= ==========================================
+``rmqtrace_consumer_workers``                          gauge   declared workers
+``rmqtrace_consumer_busy_workers``                     gauge   workers running a handler
+``rmqtrace_consumer_unstarted_messages``               gauge   received, handler not started
+``rmqtrace_consumer_oldest_unstarted_age_seconds``     gauge   age of the oldest of those (0 if none)
+``rmqtrace_consumer_busy_worker_seconds_total``        counter ∫ busy dt
+``rmqtrace_consumer_idle_worker_seconds_total``        counter ∫ idle dt
+``rmqtrace_consumer_hol_idle_worker_seconds_total``    counter ∫ min(idle, unstarted) dt
+``rmqtrace_consumer_holding_seconds_total``            counter time with at least one unstarted message
+====================================================== ======= ==========================================
+
+Every series has one label, ``consumer_group``; trackers of the same group in one process are
+summed (the oldest age is their maximum). The instance is the scrape's ``instance`` label.
+"""
+
+from __future__ import annotations
+
+import heapq
+import threading
+from collections import Counter
+from dataclasses import dataclass
+from typing import Iterator
+
+from prometheus_client import REGISTRY as DEFAULT_REGISTRY
+from prometheus_client import CollectorRegistry
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
+
+from ..path.clock import Clock, default_clock
+from .metrics import BoundedLabel
+
+__all__ = ["Occupancy", "OccupancyMetrics", "OccupancySnapshot"]
+
+
+@dataclass(frozen=True)
+class OccupancySnapshot:
+    """The state of one tracker at ``now_ns``, with its integrals brought up to that instant."""
+
+    now_ns: int
+    workers: int
+    busy: int
+    unstarted: int
+    oldest_unstarted_ns: int | None  # receive time of the oldest unstarted message
+    busy_s: float
+    idle_s: float
+    hol_s: float
+    holding_s: float
+
+    @property
+    def idle(self) -> int:
+        return max(0, self.workers - self.busy)
+
+    @property
+    def oldest_unstarted_age_s(self) -> float:
+        if self.oldest_unstarted_ns is None:
+            return 0.0
+        return max(0, self.now_ns - self.oldest_unstarted_ns) / 1e9
+
+
+class Occupancy:
+    """Busy workers and unstarted messages of one consumer, and their exact time integrals.
+
+    Thread-safe; every method is O(log n) in the number of unstarted messages. Times come from
+    ``clock`` (a :class:`~tracer.path.clock.ManualClock` in tests); a clock that steps back adds
+    nothing rather than a negative amount.
+
+    Raises:
+        ValueError: ``workers`` is negative.
+    """
+
+    def __init__(self, workers: int, *, clock: Clock | None = None) -> None:
+        _check_workers(workers)
+        self.clock: Clock = clock or default_clock()
+        self._lock = threading.Lock()
+        self._workers = workers
+        self._busy = 0
+        self._unstarted = 0
+        self._announced = 0
+        # Receive times of unstarted messages: a heap for the oldest, a multiset for removals
+        # (invariant: sum(_times.values()) == _unstarted; heap entries not in _times are stale).
+        self._heap: list[int] = []
+        self._times: Counter[int] = Counter()
+        self._last = self.clock.now_ns()
+        self._busy_s = self._idle_s = self._hol_s = self._holding_s = 0.0
+        self._closed = False
+
+    # -- events ---------------------------------------------------------------------------------
+    def announce(self, n: int = 1, at_ns: int | None = None) -> None:
+        """``n`` messages entered the consumer; the seam that traces them will call
+        :meth:`received` for each later, which then counts nothing new."""
+        if n <= 0:
+            return
+        with self._lock:
+            now = self._accrue()
+            self._add(n, at_ns or now)
+            self._announced += n
+
+    def received(self, at_ns: int | None = None) -> int:
+        """One message entered the consumer at ``at_ns`` (default now); returns the receive
+        time to pass to :meth:`started` or :meth:`discarded`."""
+        with self._lock:
+            now = self._accrue()
+            if self._announced:
+                self._announced -= 1
+                return at_ns or now
+            t = min(at_ns, now) if at_ns else now
+            self._add(1, t)
+            return t
+
+    def started(self, received_ns: int | None = None) -> None:
+        """A worker took an unstarted message (the one received at ``received_ns``; if that time
+        is unknown here, the oldest — a FIFO pool, like the push consumer's, takes that one)."""
+        with self._lock:
+            self._accrue()
+            self._remove(received_ns)
+            self._busy += 1
+
+    def ended(self) -> None:
+        """A worker finished its handler and is free again."""
+        with self._lock:
+            self._accrue()
+            self._busy = max(0, self._busy - 1)
+
+    def discarded(self, received_ns: int | None = None) -> None:
+        """An unstarted message left the consumer without a handler (nacked, expired, shut down)."""
+        with self._lock:
+            self._accrue()
+            self._remove(received_ns)
+
+    def set_workers(self, workers: int) -> None:
+        """The consumer resized its pool."""
+        _check_workers(workers)
+        with self._lock:
+            self._accrue()
+            self._workers = workers
+
+    def close(self) -> None:
+        """The consumer stopped: nothing accrues from now on; the totals stay readable."""
+        with self._lock:
+            self._accrue()
+            self._closed = True
+
+    # -- reading --------------------------------------------------------------------------------
+    def snapshot(self) -> OccupancySnapshot:
+        with self._lock:
+            now = self._accrue()
+            return OccupancySnapshot(
+                now_ns=now, workers=0 if self._closed else self._workers, busy=self._busy,
+                unstarted=self._unstarted, oldest_unstarted_ns=self._oldest(),
+                busy_s=self._busy_s, idle_s=self._idle_s, hol_s=self._hol_s, holding_s=self._holding_s)
+
+    # -- internals (caller holds the lock) ------------------------------------------------------
+    def _accrue(self) -> int:
+        now = self.clock.now_ns()
+        dt_ns = now - self._last
+        if dt_ns > 0 and not self._closed:
+            dt = dt_ns / 1e9
+            idle = max(0, self._workers - self._busy)
+            self._busy_s += self._busy * dt
+            self._idle_s += idle * dt
+            if self._unstarted:
+                self._hol_s += min(idle, self._unstarted) * dt
+                self._holding_s += dt
+        if dt_ns > 0:
+            self._last = now
+        return max(now, self._last)
+
+    def _add(self, n: int, t: int) -> None:
+        self._unstarted += n
+        self._times[t] += n
+        heapq.heappush(self._heap, t)
+
+    def _remove(self, t: int | None) -> None:
+        if not self._unstarted:
+            return  # a start nobody announced (e.g. a seam that traces only at handler start)
+        if t is None or not self._times.get(t):
+            t = self._oldest()
+            assert t is not None
+        self._unstarted -= 1
+        self._times[t] -= 1
+        if not self._times[t]:
+            del self._times[t]
+
+    def _oldest(self) -> int | None:
+        heap = self._heap
+        while heap and not self._times.get(heap[0]):
+            heapq.heappop(heap)
+        return heap[0] if heap else None
+
+
+def _check_workers(workers: int) -> None:
+    if isinstance(workers, bool) or not isinstance(workers, int) or workers < 0:
+        raise ValueError(f"workers must be a non-negative int, got {workers!r}")
+
+
+class OccupancyMetrics:
+    """The ``rmqtrace_consumer_*`` series of every tracker made by :meth:`track`, read at scrape.
+
+    ``registry=None`` registers on the global registry, like prometheus-client's metrics; one
+    ``OccupancyMetrics`` per registry (the series names are fixed).
+    """
+
+    def __init__(self, registry: CollectorRegistry | None = None, label_limit: int = 64) -> None:
+        self._label = BoundedLabel(label_limit)
+        self._lock = threading.Lock()
+        self._trackers: list[tuple[str, Occupancy]] = []
+        reg = DEFAULT_REGISTRY if registry is None else registry
+        self.registry = reg
+        reg.register(self)  # type: ignore[arg-type]
+
+    def track(self, consumer_group: str, workers: int, *, clock: Clock | None = None) -> Occupancy:
+        """A new tracker whose values this collector exports under ``consumer_group``."""
+        occ = Occupancy(workers, clock=clock)
+        with self._lock:
+            self._trackers.append((self._label(consumer_group), occ))
+        return occ
+
+    def describe(self) -> list[Metric]:
+        return []
+
+    def collect(self) -> Iterator[Metric]:
+        labels = ["consumer_group"]
+        fams: dict[str, GaugeMetricFamily | CounterMetricFamily] = {
+            "workers": GaugeMetricFamily("rmqtrace_consumer_workers", "Workers the consumer runs handlers on.",
+                                         labels=labels),
+            "busy": GaugeMetricFamily("rmqtrace_consumer_busy_workers", "Workers running a handler.", labels=labels),
+            "unstarted": GaugeMetricFamily(
+                "rmqtrace_consumer_unstarted_messages",
+                "Messages received by the consumer whose handler has not started.", labels=labels),
+            "age": GaugeMetricFamily(
+                "rmqtrace_consumer_oldest_unstarted_age_seconds",
+                "Age of the oldest received, not started message (0 when there is none).", labels=labels),
+            "busy_s": CounterMetricFamily("rmqtrace_consumer_busy_worker_seconds",
+                                          "Worker-seconds spent running handlers.", labels=labels),
+            "idle_s": CounterMetricFamily("rmqtrace_consumer_idle_worker_seconds",
+                                          "Worker-seconds spent idle.", labels=labels),
+            "hol_s": CounterMetricFamily(
+                "rmqtrace_consumer_hol_idle_worker_seconds",
+                "Idle worker-seconds while received messages waited in the same consumer "
+                "(min(idle workers, unstarted messages) integrated over time): head-of-line blocking.",
+                labels=labels),
+            "holding_s": CounterMetricFamily(
+                "rmqtrace_consumer_holding_seconds",
+                "Seconds during which the consumer held at least one unstarted message.", labels=labels),
+        }
+        with self._lock:
+            trackers = list(self._trackers)
+        sums: dict[str, dict[str, float]] = {}
+        for group, occ in trackers:
+            s = occ.snapshot()
+            acc = sums.setdefault(group, dict.fromkeys(fams, 0.0))
+            acc["workers"] += s.workers
+            acc["busy"] += s.busy
+            acc["unstarted"] += s.unstarted
+            acc["age"] = max(acc["age"], s.oldest_unstarted_age_s)
+            acc["busy_s"] += s.busy_s
+            acc["idle_s"] += s.idle_s
+            acc["hol_s"] += s.hol_s
+            acc["holding_s"] += s.holding_s
+        for group, acc in sums.items():
+            for key, fam in fams.items():
+                fam.add_metric([group], acc[key])
+        yield from fams.values()
