@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import logging
 import os
+import socket
 import threading
 from dataclasses import dataclass
 from typing import Callable, Mapping, Sequence
@@ -37,6 +38,8 @@ class Settings:
     metrics_port: int | None = None  # RMQTRACE_METRICS_PORT: serve /metrics
     metrics_addr: str = "127.0.0.1"  # RMQTRACE_METRICS_ADDR: loopback unless told otherwise
     consumer_group: str = ""  # RMQTRACE_CONSUMER_GROUP: label for wrapped push consumers
+    # RMQTRACE_INSTANCE_ID, else service.instance.id from OTEL_RESOURCE_ATTRIBUTES; empty = host:pid
+    instance_id: str = ""
 
     @classmethod
     def from_env(cls, env: Mapping[str, str] | None = None) -> Settings:
@@ -53,7 +56,21 @@ class Settings:
             metrics_port=int(port) if port else None,
             metrics_addr=e.get("RMQTRACE_METRICS_ADDR") or "127.0.0.1",
             consumer_group=e.get("RMQTRACE_CONSUMER_GROUP") or "",
+            instance_id=e.get("RMQTRACE_INSTANCE_ID") or _resource_attribute(e, "service.instance.id") or "",
         )
+
+
+def default_instance_id() -> str:
+    """``host:pid``: one value per consumer process, so a fleet's spans can be told apart."""
+    return f"{socket.gethostname()}:{os.getpid()}"
+
+
+def _resource_attribute(env: Mapping[str, str], key: str) -> str | None:
+    for item in (env.get("OTEL_RESOURCE_ATTRIBUTES") or "").split(","):
+        k, sep, v = item.partition("=")
+        if sep and k.strip() == key and v.strip():
+            return v.strip()
+    return None
 
 
 class CountingExporter(SpanExporter):
@@ -206,7 +223,10 @@ def configure_tracing(settings: Settings, *, set_global: bool = True,
     current = trace.get_tracer_provider()
     if isinstance(current, TracerProvider):
         return current
-    provider = TracerProvider(resource=Resource.create({"service.name": settings.service_name}))
+    provider = TracerProvider(resource=Resource.create({
+        "service.name": settings.service_name,
+        "service.instance.id": settings.instance_id or default_instance_id(),
+    }))
     exporter = make_exporter(settings)
     if exporter is not None:
         if drops is not None:
