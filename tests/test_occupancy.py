@@ -230,3 +230,24 @@ class OccupancyModel(RuleBasedStateMachine):
 OccupancyModel.TestCase.settings = settings(
     max_examples=400 if os.environ.get("RMQTRACE_LONG") == "1" else 40, stateful_step_count=30, deadline=None)
 TestOccupancyModel = OccupancyModel.TestCase
+
+
+def test_the_message_tracer_feeds_it_from_its_stamps() -> None:
+    from tracer.path.message import MessageInfo
+    from tracer.path.stages import Outcome
+    from tracer.telemetry.tracer import MessageTracer
+
+    clock = ManualClock()
+    occ = Occupancy(2, clock=clock)
+    mt = MessageTracer(consumer_group="g", clock=clock, occupancy=occ)
+    run, drop = (mt.start_message(MessageInfo(topic="T")) for _ in range(2))
+    assert occ.snapshot().unstarted == 2
+    clock.advance_s(1)
+    with run.handler_scope():
+        assert (occ.snapshot().busy, occ.snapshot().unstarted) == (1, 1)
+        clock.advance_s(2)
+    run.finish(Outcome.SUCCESS)
+    drop.finish(Outcome.FAILURE)  # never started: it leaves the consumer unstarted
+    s = occ.snapshot()
+    assert (s.busy, s.unstarted) == (0, 0)
+    assert s.busy_s == pytest.approx(2) and s.hol_s == pytest.approx(2 + 1)

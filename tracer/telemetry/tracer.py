@@ -24,6 +24,7 @@ from opentelemetry.trace import Span, SpanContext, SpanKind, Status, StatusCode,
 from ..path.clock import Clock, default_clock
 from ..path.message import MessageInfo
 from .metrics import TracerMetrics
+from .occupancy import Occupancy
 from ..path.propagation import Carried, PropagationErrors, extract, inject, plausible_ns
 from .spans import DeferredSpan, SpanWriter, span_writer
 from ..path.stages import CROSS_CLOCK_GAPS, Outcome, Stage
@@ -68,8 +69,11 @@ class MessageTracer:
         worker_attr: bool = True,
         listeners: Sequence[Callable[[MessageTrace, Outcome], None]] = (),
         capture_body: int = 0,
+        occupancy: Occupancy | None = None,
     ) -> None:
         self.consumer_group = consumer_group
+        # Fed from the stamps: client_pull = received, handler start/end = a worker busy.
+        self.occupancy = occupancy
         self.capture_body = max(0, int(capture_body))
         self.clock: Clock = clock or default_clock()
         self.metrics = metrics
@@ -134,6 +138,8 @@ class MessageTracer:
             self.errors.count("timestamp_out_of_range", f"pulled_ns={pulled_ns}")
             pulled_ns = None
         times[Stage.CLIENT_PULL] = pulled_ns if pulled_ns else now
+        if self.occupancy is not None:
+            self.occupancy.received(times[Stage.CLIENT_PULL])
         if self.capture_body and isinstance(body, (bytes, bytearray, str)):
             t.body = body
         return t
@@ -225,6 +231,8 @@ class MessageTrace:
         if times[Stage.DISPATCH_ENQUEUE] == MISSING:
             # No dispatcher stamped it: the client's own pool dispatched from its cache.
             times[Stage.DISPATCH_ENQUEUE] = times[Stage.CLIENT_PULL]
+        if self._tracer.occupancy is not None:
+            self._tracer.occupancy.started(times[Stage.CLIENT_PULL])
         writer = self._tracer.writer()
         if writer is None:
             return
@@ -241,6 +249,8 @@ class MessageTrace:
 
     def _end_handler(self) -> None:
         self.stamps.times[Stage.HANDLER_END] = self._tracer.clock.now_ns()
+        if self._tracer.occupancy is not None:
+            self._tracer.occupancy.ended()
         if self._token is not None:
             try:
                 otel_context.detach(self._token)  # type: ignore[arg-type]
@@ -253,6 +263,9 @@ class MessageTrace:
         if self._done:
             return
         self._done = True
+        occupancy = self._tracer.occupancy
+        if occupancy is not None and self.stamps.times[Stage.HANDLER_START] == MISSING:
+            occupancy.discarded(self.stamps.times[Stage.CLIENT_PULL])
         try:
             self._finish(outcome, error)
         except Exception as exc:  # noqa: BLE001
