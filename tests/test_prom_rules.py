@@ -1,5 +1,6 @@
-"""promtool on the shipped rules: `check rules`, the unit tests in dashboards/prometheus/tests, and
-that every alert has a firing, a pending and a not-firing case there.
+"""promtool on the shipped rules (rmqtrace-alerts.yml and the fleet's rmqtrace-fleet.yml): `check
+rules`, the unit tests in dashboards/prometheus/tests, and that every alert has a firing, a pending
+and a not-firing case there.
 
 promtool comes with the Debian ``prometheus`` package; when it is missing, services/prometheus/prom.sh
 install is tried (skip if that fails, fail under RMQTRACE_REQUIRE_SERVICES=1).
@@ -12,6 +13,7 @@ import subprocess
 import tempfile
 from pathlib import Path
 
+import pytest
 import yaml
 
 from services import (
@@ -25,15 +27,23 @@ from services import (
     split_alert_expr,
 )
 
+FLEET_RULES = RULES.parent / "rmqtrace-fleet.yml"
+RULE_FILES = (RULES, FLEET_RULES)
+
+
+def all_rules() -> list[dict[str, object]]:
+    return [r for path in RULE_FILES for r in load_rules(path)]
+
 
 def promtool(*args: str, cwd: Path | None = None) -> subprocess.CompletedProcess[str]:
     return subprocess.run([ensure_promtool(), *args], capture_output=True, text=True, cwd=cwd, timeout=120)
 
 
-def test_promtool_check_rules() -> None:
-    proc = promtool("check", "rules", str(RULES))
+@pytest.mark.parametrize("path", RULE_FILES, ids=lambda p: p.name)
+def test_promtool_check_rules(path: Path) -> None:
+    proc = promtool("check", "rules", str(path))
     assert proc.returncode == 0, proc.stdout + proc.stderr
-    assert f"SUCCESS: {len(load_rules())} rules found" in proc.stdout
+    assert f"SUCCESS: {len(load_rules(path))} rules found" in proc.stdout
 
 
 def test_promtool_unit_tests_pass() -> None:
@@ -50,7 +60,7 @@ def test_every_alert_has_firing_pending_and_quiet_cases() -> None:
     pending: set[str] = set()
     for path in RULE_TESTS.glob("*.yml"):
         doc = yaml.safe_load(path.read_text())
-        assert doc["rule_files"] == ["../rmqtrace-alerts.yml"], path
+        assert doc["rule_files"] in (["../rmqtrace-alerts.yml"], ["../rmqtrace-fleet.yml"]), path
         for case in doc["tests"]:
             for t in case.get("alert_rule_test", []):
                 (firing if t["exp_alerts"] else quiet).add(t["alertname"])
@@ -59,7 +69,7 @@ def test_every_alert_has_firing_pending_and_quiet_cases() -> None:
                     m = re.search(r'alertname="(\w+)",alertstate="pending"', sample["labels"])
                     if m:
                         pending.add(m[1])
-    alerts = {r["alert"] for r in load_rules() if "alert" in r}
+    alerts = {r["alert"] for r in all_rules() if "alert" in r}
     assert alerts - firing == set(), "no firing case"
     assert alerts - quiet == set(), "no not-firing case"
     assert alerts - pending == set(), "no pending case"
@@ -73,12 +83,24 @@ def test_a_variant_can_change_one_threshold() -> None:
     _check_variant({"RmqtraceDispatchWaitHigh": 0.5})
 
 
-def _check_variant(thresholds: dict[str, float]) -> None:
+def test_the_fleet_rules_have_a_variant_too() -> None:
+    _check_variant({"RmqtraceFleetHeadOfLineBlocking": 0.05}, FLEET_RULES)
+
+
+def test_fleet_alerts_name_the_instance_and_the_group() -> None:
+    """What Alertmanager routes on and the webhook receiver sees: both alerts keep both labels."""
+    for rule in load_rules(FLEET_RULES):
+        if "alert" in rule:
+            text = str(rule["annotations"]["summary"])
+            assert "$labels.instance" in text and "$labels.consumer_group" in text, rule["alert"]
+
+
+def _check_variant(thresholds: dict[str, float], src: Path = RULES) -> None:
     with tempfile.TemporaryDirectory() as tmp:
-        variant = render_rule_variant(Path(tmp) / "variant.yml", for_=VARIANT_FOR, thresholds=thresholds)
+        variant = render_rule_variant(Path(tmp) / "variant.yml", for_=VARIANT_FOR, thresholds=thresholds, src=src)
         proc = promtool("check", "rules", str(variant))
         assert proc.returncode == 0, proc.stdout + proc.stderr
-        shipped, test_copy = load_rules(), load_rules(variant)
+        shipped, test_copy = load_rules(src), load_rules(variant)
     assert len(shipped) == len(test_copy)
     for a, b in zip(shipped, test_copy, strict=True):
         changed = {k for k in a.keys() | b.keys() if a.get(k) != b.get(k)}
