@@ -32,16 +32,18 @@ import time
 import uuid
 from concurrent.futures import Future
 from pathlib import Path
-from typing import Any, Callable, Sequence
+from typing import Any, Callable, NamedTuple, Sequence
 
 from opentelemetry.sdk.trace import ReadableSpan, TracerProvider
 from opentelemetry.sdk.trace.export import BatchSpanProcessor, SpanExporter, SpanExportResult
 from prometheus_client import CollectorRegistry
 
 from ...clients.consume import ConsumeLoop
-from ...telemetry.metrics import TracerMetrics
 from ...clients.producer import TracedProducer
+from ...telemetry.metrics import TracerMetrics
 from ...telemetry.tracer import MessageTracer
+
+__all__ = ["format_broker_bench", "main", "run_broker_bench", "run_cli"]
 
 ENDPOINT = "127.0.0.1:8081"
 DEFAULT_MESSAGES = 500
@@ -78,7 +80,7 @@ class _EncodeOnlyExporter(SpanExporter):
 
 def _admin() -> Any:
     """``services/rocketmq/rmq_admin.py`` of this checkout (topics and groups over the remoting port)."""
-    path = Path(__file__).resolve().parents[2] / "services" / "rocketmq" / "rmq_admin.py"
+    path = Path(__file__).resolve().parents[3] / "services" / "rocketmq" / "rmq_admin.py"
     if not path.exists():
         raise RuntimeError(f"{path} not found: run the broker bench from an rmqtrace checkout")
     spec = importlib.util.spec_from_file_location("rmq_admin", path)
@@ -160,61 +162,79 @@ def _consume(consumer: Any, n: int, handler_ms: float, workers: int,
     return end[0] - t0, cpu
 
 
-def run_broker_bench(messages: int = DEFAULT_MESSAGES, handler_ms: float = 1.0, *, rounds: int = DEFAULT_ROUNDS,
-                     workers: int = 8, window: int = 64, endpoint: str = ENDPOINT,
-                     progress: Callable[[int, int], None] | None = None) -> dict[str, Any]:
-    """Traced vs untraced produce and consume throughput on the real broker (see the module doc)."""
-    rmq = _client()
+class _Clients(NamedTuple):
+    """One run's topic and group, a started plain producer and simple consumer."""
+
+    rmq: Any
+    topic: str
+    group: str
+    producer: Any
+    consumer: Any
+
+
+class _Mode(NamedTuple):
+    producer: Any
+    tracer: MessageTracer | None
+    provider: TracerProvider | None
+
+
+def _open_clients(rmq: Any, endpoint: str) -> _Clients:
+    """Create a fresh topic (4 queues) and group, start a producer and a consumer on them."""
     admin = _admin()
     run = uuid.uuid4().hex[:8]
-    topic, group = f"rmqtrace-bench-{run}", f"rmqtrace-bench-{run}"
+    topic = group = f"rmqtrace-bench-{run}"
     admin.create_topic(topic, queues=4)
     admin.create_group(group)
     config = rmq.ClientConfiguration(endpoint, rmq.Credentials())
-    plain = rmq.Producer(config, (topic,))
-    plain.startup()
+    producer = rmq.Producer(config, (topic,))
+    producer.startup()
     consumer = rmq.SimpleConsumer(config, group, {topic: rmq.FilterExpression()}, await_duration=1)
     consumer.startup()
     settled = getattr(consumer, "_init_settings_event", None)  # 5.1.2: startup() does not wait for it
     if settled is not None:
         settled.wait(15)
+    return _Clients(rmq, topic, group, producer, consumer)
 
-    def tracers(exporter: SpanExporter) -> tuple[TracerProvider, Any, MessageTracer]:
-        provider = TracerProvider()
-        provider.add_span_processor(BatchSpanProcessor(exporter, max_queue_size=1 << 16))
-        return (provider, TracedProducer(plain, MessageTracer(tracer_provider=provider)),
-                MessageTracer(consumer_group=group, tracer_provider=provider,
-                              metrics=TracerMetrics(CollectorRegistry())))
 
-    encoder = _EncodeOnlyExporter()
-    drop_provider, drop_producer, drop_tracer = tracers(_DropExporter())
-    otlp_provider, otlp_producer, otlp_tracer = tracers(encoder)
-    modes: dict[str, tuple[Any, MessageTracer | None]] = {
-        "untraced": (plain, None), "traced": (drop_producer, drop_tracer), "traced_otlp": (otlp_producer, otlp_tracer)}
+def _traced_mode(clients: _Clients, exporter: SpanExporter) -> _Mode:
+    """A traced producer and consumer tracer (histograms on, every span sampled) on their own
+    provider, whose batch processor hands spans to ``exporter``."""
+    provider = TracerProvider()
+    provider.add_span_processor(BatchSpanProcessor(exporter, max_queue_size=1 << 16))
+    return _Mode(TracedProducer(clients.producer, MessageTracer(tracer_provider=provider)),
+                 MessageTracer(consumer_group=clients.group, tracer_provider=provider,
+                               metrics=TracerMetrics(CollectorRegistry())),
+                 provider)
+
+
+def _run_rounds(clients: _Clients, modes: dict[str, _Mode], *, messages: int, rounds: int, handler_ms: float,
+                workers: int, window: int, progress: Callable[[int, int], None] | None) -> dict[str, dict[str, list[float]]]:
+    """A warm-up per mode, then ``rounds`` rounds of every mode in rotating order: produce and
+    consume throughput (msg/s) and consumer CPU per message (µs) per round and mode."""
     names = list(modes)
     results: dict[str, dict[str, list[float]]] = {m: {"produce": [], "consume": [], "cpu_us": []} for m in modes}
-    try:
-        # warm-up: routes, channels, thread pools, the tracers' first spans
-        for mode in names:
-            producer, tracer = modes[mode]
-            _produce(producer, rmq, topic, 200, f"{run}w", window)
-            _consume(consumer, 200, handler_ms, workers, tracer)
-        for r in range(rounds):
-            for mode in names[r % len(names):] + names[:r % len(names)]:
-                producer, tracer = modes[mode]
-                results[mode]["produce"].append(messages / _produce(producer, rmq, topic, messages, f"{run}{r}", window))
-                took, cpu = _consume(consumer, messages, handler_ms, workers, tracer)
-                results[mode]["consume"].append(messages / took)
-                results[mode]["cpu_us"].append(cpu / messages * 1e6)
-                drop_provider.force_flush()
-                otlp_provider.force_flush()
-            if progress is not None:
-                progress(r + 1, rounds)
-    finally:
-        consumer.shutdown()
-        plain.shutdown()
-        drop_provider.shutdown()
-        otlp_provider.shutdown()
+    # warm-up: routes, channels, thread pools, the tracers' first spans
+    for mode in modes.values():
+        _produce(mode.producer, clients.rmq, clients.topic, 200, "warm", window)
+        _consume(clients.consumer, 200, handler_ms, workers, mode.tracer)
+    for r in range(rounds):
+        for name in names[r % len(names):] + names[:r % len(names)]:
+            mode = modes[name]
+            took = _produce(mode.producer, clients.rmq, clients.topic, messages, f"r{r}", window)
+            results[name]["produce"].append(messages / took)
+            took, cpu = _consume(clients.consumer, messages, handler_ms, workers, mode.tracer)
+            results[name]["consume"].append(messages / took)
+            results[name]["cpu_us"].append(cpu / messages * 1e6)
+            for m in modes.values():
+                if m.provider is not None:
+                    m.provider.force_flush()
+        if progress is not None:
+            progress(r + 1, rounds)
+    return results
+
+
+def _summarize(results: dict[str, dict[str, list[float]]]) -> dict[str, Any]:
+    """Per-round ratios of each traced mode to the same round's untraced run, and their medians."""
 
     def ratios(mode: str, kind: str) -> list[float]:
         return [t / u for t, u in zip(results[mode][kind], results["untraced"][kind])]
@@ -231,6 +251,30 @@ def run_broker_bench(messages: int = DEFAULT_MESSAGES, handler_ms: float = 1.0, 
         "cpu_otlp_over_untraced": statistics.median(ratios("traced_otlp", "cpu_us")),
         "msgs_per_s": {m: {k: statistics.median(v) for k, v in d.items()} for m, d in results.items()},
         "per_round": results,
+    }
+
+
+def run_broker_bench(messages: int = DEFAULT_MESSAGES, handler_ms: float = 1.0, *, rounds: int = DEFAULT_ROUNDS,
+                     workers: int = 8, window: int = 64, endpoint: str = ENDPOINT,
+                     progress: Callable[[int, int], None] | None = None) -> dict[str, Any]:
+    """Traced vs untraced produce and consume throughput on the real broker (see the module doc)."""
+    clients = _open_clients(_client(), endpoint)
+    encoder = _EncodeOnlyExporter()
+    modes = {"untraced": _Mode(clients.producer, None, None),
+             "traced": _traced_mode(clients, _DropExporter()),
+             "traced_otlp": _traced_mode(clients, encoder)}
+    load_before = _loadavg()
+    try:
+        results = _run_rounds(clients, modes, messages=messages, rounds=rounds, handler_ms=handler_ms,
+                              workers=workers, window=window, progress=progress)
+    finally:
+        clients.consumer.shutdown()
+        clients.producer.shutdown()
+        for mode in modes.values():
+            if mode.provider is not None:
+                mode.provider.shutdown()
+    return {
+        **_summarize(results),
         "messages_per_round": messages,
         "rounds": rounds,
         "handler_ms": handler_ms,
@@ -239,10 +283,19 @@ def run_broker_bench(messages: int = DEFAULT_MESSAGES, handler_ms: float = 1.0, 
         "spans_encoded": encoder.spans,
         "otlp_bytes_per_span": encoder.bytes / encoder.spans if encoder.spans else 0.0,
         "target": TARGET,
+        "loadavg": {"before": load_before, "after": _loadavg()},
         "client": _client_version(),
         "python": platform.python_version(),
         "machine": f"{platform.machine()}, {os.cpu_count()} CPUs",
     }
+
+
+def _loadavg() -> list[float]:
+    """1, 5 and 15 minute load averages (empty where the OS has none)."""
+    try:
+        return [round(x, 2) for x in os.getloadavg()]
+    except OSError:
+        return []
 
 
 def _client_version() -> str:
@@ -274,6 +327,7 @@ def format_broker_bench(result: dict[str, Any]) -> str:
         f"  untraced {m['untraced']['cpu_us']:7.0f}   traced {m['traced']['cpu_us']:7.0f}   "
         f"traced + OTLP encoding {m['traced_otlp']['cpu_us']:7.0f}   (traced/untraced = "
         f"{result['cpu_traced_over_untraced']:.3f}; + OTLP = {result['cpu_otlp_over_untraced']:.3f})",
+        f"load average before/after: {result.get('loadavg', {}).get('before')} / {result.get('loadavg', {}).get('after')}",
         "per round, consume traced/untraced: " + ", ".join(f"{r:.3f}" for r in result["consume_ratios"])
         + ";  + OTLP: " + ", ".join(f"{r:.3f}" for r in result["otlp_consume_ratios"]),
     ])

@@ -24,9 +24,9 @@ from opentelemetry.sdk.trace.export import BatchSpanProcessor, SpanExporter, Spa
 from prometheus_client import CollectorRegistry
 
 from ...path.message import MessageInfo
-from ...telemetry.metrics import TracerMetrics
 from ...path.propagation import PRODUCE_NS, TRACEPARENT
 from ...path.stages import Outcome, Stage
+from ...telemetry.metrics import TracerMetrics
 from ...telemetry.tracer import MessageTracer
 
 
