@@ -1,6 +1,15 @@
 import pytest
 
-from tracer.embedded import EmbeddedBroker, EmbeddedBrokerError, FilterExpression, Message, Producer, SimpleConsumer
+from tracer.embedded import (
+    ILLEGAL_INVISIBLE_TIME,
+    INVALID_RECEIPT_HANDLE,
+    EmbeddedBroker,
+    EmbeddedBrokerError,
+    FilterExpression,
+    Message,
+    Producer,
+    SimpleConsumer,
+)
 
 
 class Clock:
@@ -12,7 +21,7 @@ class Clock:
 
 
 def setup(fifo: bool = False, clock: Clock | None = None):
-    broker = EmbeddedBroker(monotonic=clock or Clock())
+    broker = EmbeddedBroker(monotonic=clock or Clock(), min_receive_invisible=1)
     broker.create_topic("T", fifo=fifo)
     p = Producer(broker, ["T"])
     p.startup()
@@ -108,3 +117,62 @@ def test_bad_calls_raise_clear_errors():
 def test_send_async_returns_a_future():
     broker, p, c = setup()
     assert p.send_async(msg("a")).result().message_id
+
+
+def test_ack_and_renewal_after_the_lease_ran_out_are_refused_like_the_proxy():
+    # before: accepted until somebody received the message again
+    clock = Clock()
+    broker, p, c = setup(clock=clock)
+    p.send(msg("a"))
+    m = c.receive(1, 5)[0]
+    clock.t += 5
+    for call in (lambda: c.ack(m), lambda: c.change_invisible_duration(m, 10)):
+        with pytest.raises(EmbeddedBrokerError, match="receipt handle is expired") as err:
+            call()
+        assert err.value.code == INVALID_RECEIPT_HANDLE
+    assert c.receive(1, 5)[0].delivery_attempt == 2
+
+
+def test_invisible_time_limits_are_the_proxys():
+    broker = EmbeddedBroker()
+    assert (broker.min_receive_invisible, broker.max_invisible) == (10.0, 43200.0)
+    p = Producer(broker, ["T"])
+    p.startup()
+    c = SimpleConsumer(broker, "G", {"T": None}, await_duration=0)
+    c.startup()
+    with pytest.raises(EmbeddedBrokerError, match="the invisibleTime is too small. min is 10000") as err:
+        c.receive(1, 9)
+    assert err.value.code == ILLEGAL_INVISIBLE_TIME
+    with pytest.raises(EmbeddedBrokerError, match="the invisibleTime is too large. max is 43200000"):
+        c.receive(1, 43201)
+    with pytest.raises(TypeError):
+        c.receive(1, 10.0)  # type: ignore[arg-type]
+    p.send(msg("a"))
+    m = c.receive(1, 10)[0]
+    with pytest.raises(EmbeddedBrokerError, match="too large"):
+        c.change_invisible_duration(m, 43201)
+    c.change_invisible_duration(m, 0)  # allowed: visible again at once
+    assert c.receive(1, 10)[0].delivery_attempt == 2
+
+
+def test_a_renewal_after_the_ack_brings_the_message_back_as_on_the_proxy():
+    clock = Clock()
+    broker, p, c = setup(clock=clock)
+    p.send(msg("a"))
+    m = c.receive(1, 10)[0]
+    c.ack(m)
+    c.ack(m)  # a second ack is accepted
+    c.change_invisible_duration(m, 1)
+    clock.t += 1
+    assert c.receive(1, 10)[0].delivery_attempt == 2
+
+
+def test_the_broker_public_surface_is_what_the_clients_call():
+    clock = Clock()
+    broker = EmbeddedBroker(monotonic=clock, min_receive_invisible=1)
+    broker.subscribe("G", "T")
+    mid = broker.store(msg("a"))
+    (m,) = broker.receive("G", {"T": FilterExpression()}, 1, 5, 0)
+    handle = broker.change_invisible("G", "T", mid, m.receipt_handle, 5)
+    broker.ack("G", "T", mid, handle)
+    assert broker.backlog("G", "T") == 0 and broker.stored("T") == 1

@@ -1,18 +1,33 @@
-"""An in-process broker with the surface of ``rocketmq-python-client`` 5.x.
+"""An in-process broker with the surface of ``rocketmq-python-client`` 5.x, as strict as the proxy.
 
 ``Producer`` and ``SimpleConsumer`` here take the same calls as ``rocketmq.Producer`` and
 ``rocketmq.SimpleConsumer`` (``startup``, ``send``, ``send_async``, ``receive(max_message_num,
 invisible_duration)``, ``ack``, ``change_invisible_duration``, ``shutdown``) and received messages
 carry the same fields (``message_id``, ``delivery_attempt``, ``receipt_handle``, store and decode
-timestamps in ms). It is the demo's broker and the fast tests' broker; the behaviour the tracer
-relies on — redelivery when invisibility expires, stale receipt handles, FIFO groups — is also
-tested against a real RocketMQ.
+timestamps in ms). It is the demo's broker and the fast tests' broker. Users may use it in their
+own tests: :class:`EmbeddedBroker`'s public methods (``store``, ``subscribe``, ``receive``,
+``ack``, ``change_invisible``) are what the two clients call.
 
 Semantics kept from RocketMQ 5 (pop consumption): a received message is invisible to the group
 for ``invisible_duration`` seconds; acked it is gone; not acked it comes back with
 ``delivery_attempt + 1``. ``change_invisible_duration`` gives the message a new receipt handle
 and the old one stops working. On a FIFO topic a message group's next message is held back
 while an earlier one of the same group is unacknowledged.
+
+The rules the tracer relies on are the proxy's (``tests/test_broker_rules_real.py`` runs each
+against the real 5.5 proxy and this broker and expects the same answer):
+
+* durations are whole seconds (``int``; the 5.x client raises ``TypeError`` on a float);
+* ``receive``'s invisible time must lie in [``min_receive_invisible``, ``max_invisible``]
+  (the proxy's ``minInvisibleTimeMillsForRecv``, default 10 s, and ``maxInvisibleTimeMills``,
+  default 12 h), ``change_invisible_duration``'s in [0, ``max_invisible``]; otherwise
+  code 40011 ``"the invisibleTime is too small. min is <ms>"`` / ``"... too large. max is <ms>"``;
+* a receipt handle whose own invisible time has passed is refused for ``ack`` and
+  ``change_invisible_duration`` with code 40013 ``"receipt handle is expired"`` (the proxy
+  decides from the handle alone, even if nobody received the message again yet);
+* nothing else: a handle replaced by ``change_invisible_duration`` keeps working until its own
+  time ends, a second ack is accepted, and so is a renewal after the ack — which brings the
+  acked message back (``delivery_attempt + 1``), as on the proxy (5.5, local mode).
 """
 
 from __future__ import annotations
@@ -26,9 +41,33 @@ from concurrent.futures import Future
 from dataclasses import dataclass, field
 from typing import Callable, Iterable, Mapping
 
+__all__ = [
+    "ILLEGAL_INVISIBLE_TIME",
+    "INVALID_RECEIPT_HANDLE",
+    "PROXY_MAX_INVISIBLE_S",
+    "PROXY_MIN_RECEIVE_INVISIBLE_S",
+    "EmbeddedBroker",
+    "EmbeddedBrokerError",
+    "FilterExpression",
+    "Message",
+    "Producer",
+    "SendReceipt",
+    "SimpleConsumer",
+]
+
+ILLEGAL_INVISIBLE_TIME = 40011  # apache.rocketmq.v2.Code, as the proxy answers
+INVALID_RECEIPT_HANDLE = 40013
+PROXY_MIN_RECEIVE_INVISIBLE_S = 10.0  # ProxyConfig.minInvisibleTimeMillsForRecv default
+PROXY_MAX_INVISIBLE_S = 12 * 3600.0  # ProxyConfig.maxInvisibleTimeMills default
+
 
 class EmbeddedBrokerError(Exception):
-    """What the real client raises as ``rocketmq.v5.exception`` errors."""
+    """What the real client raises as ``rocketmq.v5.exception`` errors; ``code`` is the proxy's
+    status code when the proxy would answer with one (0 for client-side checks)."""
+
+    def __init__(self, message: str, code: int = 0) -> None:
+        super().__init__(f"{code}, {message}" if code else message)  # the 5.x client's format
+        self.code = code
 
 
 class FilterExpression:
@@ -102,6 +141,7 @@ class _InFlight:
     attempt: int
     handle: str
     deadline: float
+    delivery: int  # one number per receive of the message: its handles name it
 
 
 @dataclass
@@ -112,6 +152,9 @@ class _Subscription:
     redeliver: deque[tuple[_Stored, int]] = field(default_factory=deque)  # (record, next attempt)
     held: deque[_Stored] = field(default_factory=deque)  # FIFO: waiting for their group
     busy_groups: dict[str, int] = field(default_factory=dict)  # group -> unacked count
+    # acked leases whose last handle has not expired yet: a renewal with it revives the message
+    acked: dict[str, _InFlight] = field(default_factory=dict)
+    acked_expiry: list[tuple[float, str, int]] = field(default_factory=list)  # heap (deadline, id, delivery)
 
 
 class _Topic:
@@ -125,19 +168,45 @@ class _Topic:
         return self.base + len(self.log)
 
 
+def _whole_seconds(value: object, what: str) -> int:
+    # the 5.x client puts durations into a protobuf Duration's int ``seconds``: a float raises
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise TypeError(f"{what} must be an int number of seconds, got {type(value).__name__}")
+    return value
+
+
+def _decode_handle(handle: str | None) -> tuple[str, int, float] | None:
+    """(message id, delivery, deadline): a handle carries its own invisible-time end, as the
+    proxy's does (pop time + invisible time)."""
+    try:
+        head, deadline = str(handle).rsplit("@", 1)
+        mid, delivery, _ = head.split("#")
+        return mid, int(delivery), float(deadline)
+    except ValueError:
+        return None
+
+
 class EmbeddedBroker:
     """Topics, consumer-group subscriptions and leases, guarded by one condition variable.
 
     ``keep_consumed=False`` drops stored records once every subscribed group has read past them
     (in-flight ones stay with their leases), so a long run's memory is what is in flight, as on
     a real broker whose retention has passed; a group subscribing later starts after them.
+    ``min_receive_invisible`` / ``max_invisible`` (seconds) are the proxy's limits; lower the
+    minimum like ``minInvisibleTimeMillsForRecv`` in ``rmq-proxy.json`` for short-lease tests.
     """
 
     def __init__(self, *, auto_create_topics: bool = True, monotonic: Callable[[], float] = time.monotonic,
                  wall_ms: Callable[[], int] = lambda: time.time_ns() // 1_000_000,
-                 keep_consumed: bool = True) -> None:
+                 keep_consumed: bool = True,
+                 min_receive_invisible: float = PROXY_MIN_RECEIVE_INVISIBLE_S,
+                 max_invisible: float = PROXY_MAX_INVISIBLE_S) -> None:
+        if not 0 <= min_receive_invisible <= max_invisible:
+            raise ValueError("need 0 <= min_receive_invisible <= max_invisible")
         self.auto_create_topics = auto_create_topics
         self.keep_consumed = keep_consumed
+        self.min_receive_invisible = min_receive_invisible
+        self.max_invisible = max_invisible
         self._monotonic = monotonic
         self._wall_ms = wall_ms
         self._cond = threading.Condition()
@@ -145,11 +214,17 @@ class EmbeddedBroker:
         self._subs: dict[tuple[str, str], _Subscription] = {}
         self._ids = itertools.count(1)
         self._handles = itertools.count(1)
+        self._deliveries = itertools.count(1)
 
     # -- admin ---------------------------------------------------------------------------
     def create_topic(self, name: str, fifo: bool = False) -> None:
         with self._cond:
             self._topics.setdefault(name, _Topic(name, fifo))
+
+    def ensure_topic(self, name: str) -> None:
+        """The topic exists afterwards (created as a normal topic when ``auto_create_topics``)."""
+        with self._cond:
+            self._topic(name)
 
     def _topic(self, name: str) -> _Topic:
         t = self._topics.get(name)
@@ -170,8 +245,15 @@ class EmbeddedBroker:
                 return len(t.log)
             return t.end() - sub.offset + len(sub.held) + len(sub.inflight) + len(sub.redeliver)
 
+    def stored(self, topic: str) -> int:
+        """Records the broker still keeps for ``topic`` (what ``keep_consumed=False`` bounds)."""
+        with self._cond:
+            t = self._topics.get(topic)
+            return 0 if t is None else len(t.log)
+
     # -- producer side -------------------------------------------------------------------
-    def _store(self, msg: Message) -> str:
+    def store(self, msg: Message) -> str:
+        """Append ``msg`` to its topic; returns the new message id."""
         if not msg.topic:
             raise EmbeddedBrokerError("message has no topic")
         body = msg.body.encode() if isinstance(msg.body, str) else bytes(msg.body or b"")
@@ -187,19 +269,32 @@ class EmbeddedBroker:
         return mid
 
     # -- consumer side -------------------------------------------------------------------
-    def _subscribe(self, group: str, topic: str) -> _Subscription:
+    def subscribe(self, group: str, topic: str) -> None:
         with self._cond:
             self._topic(topic)
-            return self._subs.setdefault((group, topic), _Subscription())
+            self._subs.setdefault((group, topic), _Subscription())
 
-    def _receive(self, group: str, filters: Mapping[str, FilterExpression], max_num: int,
-                 invisible: float, await_s: float) -> list[Message]:
+    def _check_invisible(self, seconds: int, minimum: float) -> None:
+        if seconds < minimum:
+            raise EmbeddedBrokerError(f"the invisibleTime is too small. min is {int(minimum * 1000)}",
+                                      ILLEGAL_INVISIBLE_TIME)
+        if seconds > self.max_invisible:
+            raise EmbeddedBrokerError(f"the invisibleTime is too large. max is {int(self.max_invisible * 1000)}",
+                                      ILLEGAL_INVISIBLE_TIME)
+
+    def receive(self, group: str, filters: Mapping[str, FilterExpression], max_num: int,
+                invisible_duration: int, await_s: float) -> list[Message]:
+        """Up to ``max_num`` messages for ``group``, each invisible to the group for
+        ``invisible_duration`` whole seconds; waits up to ``await_s`` when there are none."""
         if max_num <= 0:
             raise EmbeddedBrokerError("max_message_num must be positive")
-        if invisible <= 0:
-            raise EmbeddedBrokerError("invisible_duration must be positive")
+        invisible = _whole_seconds(invisible_duration, "invisible_duration")
+        self._check_invisible(invisible, max(self.min_receive_invisible, 1e-9))
         deadline = self._monotonic() + await_s
         with self._cond:
+            for topic in filters:
+                self._topic(topic)
+                self._subs.setdefault((group, topic), _Subscription())
             while True:
                 now = self._monotonic()
                 out: list[Message] = []
@@ -222,6 +317,11 @@ class EmbeddedBroker:
     def _take(self, group: str, topic: _Topic, flt: FilterExpression, n: int, invisible: float,
               now: float) -> list[Message]:
         sub = self._subs[(group, topic.name)]
+        while sub.acked_expiry and sub.acked_expiry[0][0] <= now:
+            _, mid, delivery = heapq.heappop(sub.acked_expiry)
+            gone = sub.acked.get(mid)
+            if gone is not None and gone.delivery == delivery:
+                del sub.acked[mid]
         # leases that ran out come back first, with their attempt count raised
         while sub.expiry and sub.expiry[0][0] <= now:
             _, mid, handle = heapq.heappop(sub.expiry)
@@ -261,12 +361,16 @@ class EmbeddedBroker:
             del topic.log[:low - topic.base]
             topic.base = low
 
+    def _new_handle(self, message_id: str, delivery: int, deadline: float) -> str:
+        return f"{message_id}#{delivery}#{next(self._handles)}@{deadline!r}"
+
     def _lease(self, sub: _Subscription, rec: _Stored, attempt: int, invisible: float, now: float,
                new_group_hold: bool) -> Message:
-        handle = f"{rec.message_id}#{next(self._handles)}"
-        lease = _InFlight(rec, attempt, handle, now + invisible)
-        sub.inflight[rec.message_id] = lease
-        heapq.heappush(sub.expiry, (lease.deadline, rec.message_id, handle))
+        deadline = now + invisible
+        delivery = next(self._deliveries)
+        handle = self._new_handle(rec.message_id, delivery, deadline)
+        sub.inflight[rec.message_id] = _InFlight(rec, attempt, handle, deadline, delivery)
+        heapq.heappush(sub.expiry, (deadline, rec.message_id, handle))
         if new_group_hold and rec.group is not None:
             sub.busy_groups[rec.group] = sub.busy_groups.get(rec.group, 0) + 1
         m = Message()
@@ -278,18 +382,38 @@ class EmbeddedBroker:
         m.decode_message_timestamp = self._wall_ms()
         return m
 
-    def _lease_of(self, group: str, msg: Message) -> tuple[_Subscription, _InFlight]:
-        sub = self._subs.get((group, msg.topic))
-        lease = sub.inflight.get(msg.message_id or "") if sub else None
-        if sub is None or lease is None or lease.handle != msg.receipt_handle:
-            raise EmbeddedBrokerError(f"invalid receipt handle for message {msg.message_id}: "
-                                      "its invisible duration ran out or it was acked already")
+    def _lease_of(self, group: str, topic: str, message_id: str | None,
+                  receipt_handle: str | None) -> tuple[_Subscription, _InFlight | None]:
+        """The lease ``receipt_handle`` belongs to, None when its delivery is no longer in flight.
+
+        Like the proxy, only the handle's own expiry makes it invalid: a handle replaced by
+        ``change_invisible_duration`` but not yet expired still works, and acking twice is
+        accepted (both checked against the real proxy).
+        """
+        decoded = _decode_handle(receipt_handle)
+        if decoded is None or decoded[0] != message_id:
+            raise EmbeddedBrokerError("receipt handle cannot be decoded", INVALID_RECEIPT_HANDLE)
+        _, delivery, handle_deadline = decoded
+        if handle_deadline <= self._monotonic():
+            raise EmbeddedBrokerError("receipt handle is expired", INVALID_RECEIPT_HANDLE)
+        sub = self._subs.get((group, topic))
+        if sub is None:
+            raise EmbeddedBrokerError(f"group {group!r} does not subscribe to {topic!r}")
+        lease = sub.inflight.get(message_id or "")
+        if lease is None or lease.delivery != delivery:
+            gone = sub.acked.get(message_id or "")
+            return sub, gone if gone is not None and gone.delivery == delivery else None
         return sub, lease
 
-    def _ack(self, group: str, msg: Message) -> None:
+    def ack(self, group: str, topic: str, message_id: str | None, receipt_handle: str | None) -> None:
+        """The message is consumed by ``group``; refused for an expired handle."""
         with self._cond:
-            sub, lease = self._lease_of(group, msg)
+            sub, lease = self._lease_of(group, topic, message_id, receipt_handle)
+            if lease is None or sub.inflight.get(lease.record.message_id) is not lease:
+                return  # acked already: the proxy answers OK
             del sub.inflight[lease.record.message_id]
+            sub.acked[lease.record.message_id] = lease
+            heapq.heappush(sub.acked_expiry, (lease.deadline, lease.record.message_id, lease.delivery))
             g = lease.record.group
             if g is not None and g in sub.busy_groups:
                 sub.busy_groups[g] -= 1
@@ -297,16 +421,28 @@ class EmbeddedBroker:
                     del sub.busy_groups[g]
             self._cond.notify_all()
 
-    def _change_invisible(self, group: str, msg: Message, invisible: float) -> None:
-        if invisible <= 0:
-            raise EmbeddedBrokerError("invisible_duration must be positive")
+    def change_invisible(self, group: str, topic: str, message_id: str | None, receipt_handle: str | None,
+                         invisible_duration: int) -> str:
+        """Make the message invisible for ``invisible_duration`` s from now; returns the new
+        receipt handle. Refused for an expired handle."""
+        invisible = _whole_seconds(invisible_duration, "invisible_duration")
+        self._check_invisible(invisible, 0)
         with self._cond:
-            sub, lease = self._lease_of(group, msg)
-            lease.handle = f"{lease.record.message_id}#{next(self._handles)}"
+            sub, lease = self._lease_of(group, topic, message_id, receipt_handle)
+            if lease is None:
+                raise EmbeddedBrokerError(f"message {message_id} is not in flight", INVALID_RECEIPT_HANDLE)
+            if sub.inflight.get(lease.record.message_id) is not lease:
+                # renewing an acked message puts it back in flight, as on the proxy
+                del sub.acked[lease.record.message_id]
+                sub.inflight[lease.record.message_id] = lease
+                g = lease.record.group
+                if g is not None and self._topics[topic].fifo:
+                    sub.busy_groups[g] = sub.busy_groups.get(g, 0) + 1
             lease.deadline = self._monotonic() + invisible
+            lease.handle = self._new_handle(lease.record.message_id, lease.delivery, lease.deadline)
             heapq.heappush(sub.expiry, (lease.deadline, lease.record.message_id, lease.handle))
-            msg.receipt_handle = lease.handle
             self._cond.notify_all()
+            return lease.handle
 
 
 class Producer:
@@ -317,7 +453,7 @@ class Producer:
 
     def startup(self) -> None:
         for t in self._topics:
-            self._broker._topic(t)
+            self._broker.ensure_topic(t)
         self._running = True
 
     def shutdown(self) -> None:
@@ -326,7 +462,7 @@ class Producer:
     def send(self, message: Message) -> SendReceipt:
         if not self._running:
             raise EmbeddedBrokerError("producer is not started")
-        return SendReceipt(self._broker._store(message))
+        return SendReceipt(self._broker.store(message))
 
     def send_async(self, message: Message) -> Future[SendReceipt]:
         fut: Future[SendReceipt] = Future()
@@ -347,9 +483,14 @@ class SimpleConsumer:
         self.await_duration = await_duration
         self._running = False
 
+    @property
+    def min_receive_invisible(self) -> float:
+        """The broker's minimum for ``receive``'s invisible time (the consume loop checks it)."""
+        return self._broker.min_receive_invisible
+
     def startup(self) -> None:
         for topic in self._filters:
-            self._broker._subscribe(self.consumer_group, topic)
+            self._broker.subscribe(self.consumer_group, topic)
         self._running = True
 
     def shutdown(self) -> None:
@@ -358,16 +499,19 @@ class SimpleConsumer:
     def subscribe(self, topic: str, filter_expression: FilterExpression | None = None) -> None:
         self._filters[topic] = filter_expression or FilterExpression()
         if self._running:
-            self._broker._subscribe(self.consumer_group, topic)
+            self._broker.subscribe(self.consumer_group, topic)
 
-    def receive(self, max_message_num: int, invisible_duration: float) -> list[Message]:
+    def receive(self, max_message_num: int, invisible_duration: int) -> list[Message]:
         if not self._running:
             raise EmbeddedBrokerError("consumer is not started")
-        return self._broker._receive(self.consumer_group, self._filters, max_message_num,
-                                     invisible_duration, self.await_duration)
+        return self._broker.receive(self.consumer_group, self._filters, max_message_num,
+                                    invisible_duration, self.await_duration)
 
     def ack(self, message: Message) -> None:
-        self._broker._ack(self.consumer_group, message)
+        self._broker.ack(self.consumer_group, message.topic, message.message_id, message.receipt_handle)
 
-    def change_invisible_duration(self, message: Message, invisible_duration: float) -> None:
-        self._broker._change_invisible(self.consumer_group, message, invisible_duration)
+    def change_invisible_duration(self, message: Message, invisible_duration: int) -> None:
+        # the handle changes only once the broker said yes (unlike the 5.1.2 client, which
+        # overwrites it with the empty handle of a failed answer)
+        message.receipt_handle = self._broker.change_invisible(
+            self.consumer_group, message.topic, message.message_id, message.receipt_handle, invisible_duration)

@@ -1,0 +1,229 @@
+"""Each rule the tracer relies on, asked of the real RocketMQ 5.5 proxy and of the embedded broker.
+
+The same test body runs over both (``side`` is parametrized); the real side is
+``@pytest.mark.integration`` and runs against ``services/rocketmq`` (``minInvisibleTimeMillsForRecv``
+is 1000 ms there, so the embedded side is built with ``min_receive_invisible=1`` to match).
+Time on the embedded side is a manual clock; on the real side it is the proxy's, so the few waits
+past a lease are real-time sleeps (marked).
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+import pytest
+
+from tracer.embedded import (
+    ILLEGAL_INVISIBLE_TIME,
+    INVALID_RECEIPT_HANDLE,
+    EmbeddedBroker,
+    Message,
+    Producer,
+    SimpleConsumer,
+)
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.t = 1000.0
+
+    def __call__(self) -> float:
+        return self.t
+
+
+class Side:
+    """One broker behind the 5.x client's surface, and a way to let its time pass."""
+
+    consumer: Any
+    producer: Any
+    topic: str
+
+    def send(self, body: str) -> str:
+        raise NotImplementedError
+
+    def pass_time(self, seconds: float) -> None:
+        raise NotImplementedError
+
+    def close(self) -> None:
+        pass
+
+    def receive_one(self, invisible: int, deadline_s: float = 30.0) -> Any:
+        end = time.monotonic() + deadline_s
+        while True:
+            got = self.consumer.receive(1, invisible)
+            if got:
+                return got[0]
+            if time.monotonic() > end:
+                raise AssertionError("no message within the deadline")
+
+
+class EmbeddedSide(Side):
+    def __init__(self) -> None:
+        self.clock = Clock()
+        self.broker = EmbeddedBroker(monotonic=self.clock, min_receive_invisible=1)
+        self.topic = "T"
+        self.producer = Producer(self.broker, [self.topic])
+        self.producer.startup()
+        self.consumer = SimpleConsumer(self.broker, "G", {self.topic: None}, await_duration=0)
+        self.consumer.startup()
+
+    def send(self, body: str) -> str:
+        m = Message()
+        m.topic, m.body = self.topic, body.encode()
+        return str(self.producer.send(m).message_id)
+
+    def pass_time(self, seconds: float) -> None:
+        self.clock.t += seconds
+
+
+class RealSide(Side):
+    def __init__(self) -> None:
+        import rmq_real
+
+        rmq_real.ensure_broker()
+        self.rmq = rmq_real
+        self.topic = rmq_real.fresh_topic("rules")
+        group = rmq_real.fresh_group("rules")
+        self.producer = rmq_real.start_producer(self.topic)
+        self.consumer = rmq_real.start_simple(group, self.topic, await_duration=1)
+
+    def send(self, body: str) -> str:
+        return str(self.producer.send(self.rmq.message(self.topic, body)).message_id)
+
+    def pass_time(self, seconds: float) -> None:
+        time.sleep(seconds)  # real-time: the proxy decides expiry on its own clock
+
+    def close(self) -> None:
+        self.rmq.quietly(self.consumer.shutdown)
+        self.rmq.quietly(self.producer.shutdown)
+
+
+@pytest.fixture(params=["embedded", pytest.param("real", marks=pytest.mark.integration)])
+def side(request: pytest.FixtureRequest) -> Any:
+    s: Side = EmbeddedSide() if request.param == "embedded" else RealSide()
+    yield s
+    s.close()
+
+
+def answer(fn: Any, *args: Any) -> tuple[Any, str]:
+    """(code, message) of the broker's refusal; (None, "") when it said yes."""
+    try:
+        fn(*args)
+    except TypeError as exc:
+        return "TypeError", str(exc)
+    except Exception as exc:  # noqa: BLE001 - whatever the client raises, compare its answer
+        return getattr(exc, "code", None), str(exc)
+    return None, ""
+
+
+def test_durations_must_be_whole_seconds(side: Side) -> None:
+    assert answer(side.consumer.receive, 1, 2.5)[0] == "TypeError"
+
+
+def test_receive_invisible_time_below_the_proxy_minimum_is_refused(side: Side) -> None:
+    code, text = answer(side.consumer.receive, 1, 0)
+    assert code == ILLEGAL_INVISIBLE_TIME and "the invisibleTime is too small. min is 1000" in text
+
+
+def test_receive_invisible_time_above_the_proxy_maximum_is_refused(side: Side) -> None:
+    code, text = answer(side.consumer.receive, 1, 12 * 3600 + 1)
+    assert code == ILLEGAL_INVISIBLE_TIME and "the invisibleTime is too large. max is 43200000" in text
+
+
+def test_change_invisible_duration_above_the_maximum_is_refused(side: Side) -> None:
+    side.send("a")
+    m = side.receive_one(10)
+    handle = m.receipt_handle
+    code, text = answer(side.consumer.change_invisible_duration, m, 12 * 3600 + 1)
+    assert code == ILLEGAL_INVISIBLE_TIME and "the invisibleTime is too large. max is 43200000" in text
+    m.receipt_handle = handle  # see the next test
+    side.consumer.ack(m)
+
+
+@pytest.mark.integration
+def test_the_5x_client_blanks_the_receipt_handle_when_a_renewal_is_refused() -> None:
+    """rocketmq-python-client 5.1.2 stores the answer's handle before it checks the status, so a
+    refused renewal leaves ``receipt_handle == ""`` and every later ack fails (50001): the consume
+    loop keeps its own copy of each handle for this reason."""
+    side = RealSide()
+    try:
+        side.send("a")
+        m = side.receive_one(10)
+        handle = m.receipt_handle
+        assert answer(side.consumer.change_invisible_duration, m, 12 * 3600 + 1)[0] == ILLEGAL_INVISIBLE_TIME
+        assert m.receipt_handle == ""
+        assert answer(side.consumer.ack, m)[0] is not None
+        m.receipt_handle = handle
+        assert answer(side.consumer.ack, m) == (None, "")
+    finally:
+        side.close()
+
+
+def test_ack_with_an_expired_receipt_handle_is_refused(side: Side) -> None:
+    side.send("a")
+    m = side.receive_one(1)
+    side.pass_time(1.5)
+    code, _ = answer(side.consumer.ack, m)  # the ack answer's text is the code's name on the proxy
+    assert code == INVALID_RECEIPT_HANDLE
+
+
+def test_renewal_with_an_expired_receipt_handle_is_refused(side: Side) -> None:
+    side.send("a")
+    m = side.receive_one(1)
+    side.pass_time(1.5)
+    code, text = answer(side.consumer.change_invisible_duration, m, 10)
+    assert code == INVALID_RECEIPT_HANDLE and "receipt handle is expired" in text
+
+
+def test_only_expiry_invalidates_a_handle_a_replaced_one_and_a_second_ack_are_accepted(side: Side) -> None:
+    side.send("a")
+    m = side.receive_one(10)
+    old = m.receipt_handle
+    side.consumer.change_invisible_duration(m, 10)
+    assert m.receipt_handle != old
+    new = m.receipt_handle
+    m.receipt_handle = old
+    assert answer(side.consumer.ack, m) == (None, "")
+    m.receipt_handle = new
+    assert answer(side.consumer.ack, m) == (None, "")  # a second ack: accepted too
+    side.pass_time(1.5)
+    assert side.consumer.receive(1, 10) == []  # acked: it does not come back
+
+
+def test_a_renewal_after_the_ack_is_accepted_and_brings_the_message_back(side: Side) -> None:
+    """Why the loop never renews a message once its ack has begun (one lock per message)."""
+    mid = side.send("a")
+    m = side.receive_one(10)
+    side.consumer.ack(m)
+    assert answer(side.consumer.change_invisible_duration, m, 1) == (None, "")
+    side.pass_time(1.5)
+    again = side.receive_one(10)
+    assert (again.message_id, again.delivery_attempt) == (mid, 2)
+    side.consumer.ack(again)
+
+
+def test_change_invisible_duration_to_zero_is_accepted(side: Side) -> None:
+    side.send("a")
+    m = side.receive_one(10)
+    assert answer(side.consumer.change_invisible_duration, m, 0) == (None, "")
+
+
+def test_an_unacked_message_comes_back_with_the_next_delivery_attempt(side: Side) -> None:
+    mid = side.send("a")
+    first = side.receive_one(1)
+    assert (first.message_id, first.delivery_attempt) == (mid, 1)
+    side.pass_time(1.5)
+    again = side.receive_one(10)
+    assert (again.message_id, again.delivery_attempt) == (mid, 2)
+    side.consumer.ack(again)
+
+
+def test_a_message_given_back_by_change_invisible_duration_comes_back_with_the_next_attempt(side: Side) -> None:
+    mid = side.send("a")
+    first = side.receive_one(10)
+    side.consumer.change_invisible_duration(first, 1)  # what the loop does after a failure
+    side.pass_time(1.5)
+    again = side.receive_one(10)
+    assert (again.message_id, again.delivery_attempt) == (mid, 2)
+    side.consumer.ack(again)
