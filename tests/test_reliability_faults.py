@@ -411,7 +411,7 @@ class StrictSeconds:
 def embedded(n: int) -> tuple[Any, Any]:
     from tracer.embedded import EmbeddedBroker, Message, Producer, SimpleConsumer
 
-    broker = EmbeddedBroker()
+    broker = EmbeddedBroker(min_receive_invisible=1)  # the tests below use 1-2 s leases
     producer = Producer(broker, ["T"])
     producer.startup()
     for i in range(n):

@@ -66,7 +66,7 @@ class Discard(SpanExporter):
 
 
 def soak(n: int, warmup: int) -> dict[str, Any]:
-    broker = EmbeddedBroker(keep_consumed=False)
+    broker = EmbeddedBroker(keep_consumed=False, min_receive_invisible=1)  # 2 s leases, as the local proxy allows
     broker.create_topic("soak")
     provider, sink, drops = TracerProvider(), Discard(), DropCounter()
     provider.add_span_processor(CountingSpanProcessor(sink, drops))
