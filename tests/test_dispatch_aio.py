@@ -57,7 +57,7 @@ def test_one_message_per_worker_and_back_pressure() -> None:
         assert d.free_slots() == 0
         assert await d.submit("x", timeout=0) is False
         pending = asyncio.ensure_future(d.submit("c"))
-        await until(lambda: len(d._waiters) == 1)
+        await until(lambda: d.stats.waiters == 1)
         assert not pending.done()
         g.open("a")
         assert await pending is True
@@ -158,7 +158,7 @@ def test_close_without_drain_skips_queued_and_rejects_submit() -> None:
         g.open(0)
         await closing
         assert got == [(1, Outcome.SKIPPED), (2, Outcome.SKIPPED), (0, Outcome.SUCCESS)]
-        assert all(w.task is not None and w.task.done() for w in d._workers or [])
+        assert d.stats.live_workers == 0
 
     run(main)
 
@@ -232,6 +232,6 @@ def test_submit_after_close_starts_nothing() -> None:
         await d.close()
         with pytest.raises(DispatcherClosed):
             await d.submit(1)
-        assert d._workers is None
+        assert d.stats.live_workers == 0
 
     run(main)

@@ -13,7 +13,6 @@ from typing import Any
 import pytest
 from waiting import wait_until
 
-from tracer.path.clock import ManualClock
 from tracer.dispatch import (
     Aggressive,
     CostAware,
@@ -22,14 +21,16 @@ from tracer.dispatch import (
     HandlerTimeout,
     RoundRobin,
 )
+from tracer.path.clock import ManualClock
 from tracer.path.stages import Outcome, Stage
 
 WAIT = 10.0  # generous upper bound for anything that should happen "now"
 
 
 def submitter_blocked(d: Dispatcher[Any]) -> bool:
-    """Someone waits inside the dispatcher: a submitter's pending entry, or a condition waiter."""
-    return d._pending is not None or d._n_waiting > 0  # white-box, read only
+    """Someone waits inside the dispatcher: a blocked submitter, or a caller of wait_*/close."""
+    s = d.stats
+    return s.waiters > 0 or s.watchers > 0
 
 
 class Gates:
@@ -186,7 +187,7 @@ def test_several_blocked_submitters_each_get_in_exactly_once() -> None:
     threads = [threading.Thread(target=lambda n=n: (d.submit(n), accepted.append(n))) for n in ("a", "b", "c")]
     for t in threads:
         t.start()
-    wait_until(lambda: d._pending is not None and d._n_waiting == 2)
+    wait_until(lambda: d.stats.waiters == 3)
     g.open("first", "a", "b", "c")
     for t in threads:
         t.join(WAIT)

@@ -11,8 +11,8 @@ import pytest
 from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.openmetrics.exposition import generate_latest as generate_openmetrics
 
-from tracer.path.clock import ManualClock
 from tracer.dispatch import DEFAULT_BUCKETS, CostAware, Dispatcher, DispatchMetrics
+from tracer.path.clock import ManualClock
 from tracer.path.stages import Outcome, Stage
 
 WAIT = 10.0

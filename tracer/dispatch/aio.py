@@ -1,14 +1,24 @@
-"""The asyncio engine: the same policies, stamps, metrics and life cycle for ``async`` handlers.
+"""The asyncio engine: the same policies, stamps, metrics and rules for ``async`` handlers.
 
+Only the concurrent half lives here; validation, counters, admission and its fairness, the
+exception and timeout rules and reporting are :mod:`.core`'s, shared with the thread engine.
 Workers are tasks of the running loop (created on first use); hand-off sets the worker's
-``asyncio.Event``. Everything runs on the loop, so the scheduler needs no lock.
+``asyncio.Event``. Everything runs on the loop, so nothing needs a lock. A submitter that finds
+no room waits on a future as a :class:`.core.Waiter`; whoever frees room admits waiters
+(:meth:`.core.Core.admit_waiters_locked`: oldest first, each one that fits) and resolves them.
 
 Differences from the thread engine (:class:`.engine.Dispatcher`):
 
-* ``handler_timeout`` *cancels* the handler (``asyncio.timeout``) when it expires, measured on the
-  event loop's clock; the message's outcome is ``Outcome.TIMEOUT`` with a :class:`HandlerTimeout`.
-* A handler raising ``CancelledError`` on its own is a failure; if the worker task itself is being
-  cancelled (loop shutdown), the message is reported ``FAILURE`` and the cancellation propagates.
+* ``handler_timeout`` *cancels* the handler (``asyncio.timeout``) at its deadline on the event
+  loop's clock; the message's outcome is ``Outcome.TIMEOUT`` with a :class:`.HandlerTimeout`,
+  also when the handler swallows the cancellation and returns later (it keeps its worker until
+  then), and when the injected clock says it overran.
+* Worker tasks and cancellation: a worker task cancelled while it runs a handler reports that
+  message ``FAILURE`` (the ``CancelledError`` is the error) and ends; the entry the policy gives
+  it next, if any, runs on a fresh task for that worker. A worker task cancelled while idle
+  ends; the next message handed to that worker starts a fresh task. So a cancelled worker never
+  strands a message. Close the dispatcher before its loop ends: a loop that shuts down cancels
+  the workers and the messages still queued then get no outcome.
 * ``on_done`` and the trace methods are plain (synchronous) callables, as in the thread engine.
 """
 
@@ -17,21 +27,24 @@ from __future__ import annotations
 import asyncio
 import logging
 import sys
-import time
 from collections.abc import Awaitable, Callable
 from typing import Any, Generic, TypeVar, cast
 
 from ..path.clock import Clock
-from ..path.stages import Outcome, Stage
-from .engine import _OnceLogger, exemplar_of
-from .metrics import BoundDispatchMetrics, DispatchMetrics
-from .policy import Policy, resolve_policy
-from .protocol import DispatcherClosed, DispatchStats, HandlerTimeout, MessageTraceLike
-from .scheduler import FULL, Entry
+from ..path.stages import Outcome
+from .core import Core, Waiter, WaitState, WouldBlock
+from .metrics import DispatchMetrics
+from .policy import Policy
+from .protocol import DispatchStats, MessageTraceLike
+from .scheduler import Entry
+
+__all__ = ["AsyncDispatcher"]
 
 T = TypeVar("T")
 
 logger = logging.getLogger("tracer.dispatch")
+
+_FAILURE = Outcome.FAILURE
 
 if sys.version_info >= (3, 11):
     _timeout = asyncio.timeout
@@ -75,22 +88,40 @@ def _being_cancelled(task: asyncio.Task[Any] | None) -> bool:
 
 
 class _AioWorker:
-    __slots__ = ("current", "entry", "event", "index", "started", "task")
+    __slots__ = ("entry", "event", "index", "running", "task")
 
     def __init__(self, index: int) -> None:
         self.index = index
         self.event = asyncio.Event()
-        self.entry: Entry[object] | None = None
-        self.current: Entry[object] | None = None
-        self.started = 0
+        self.entry: Entry[Any] | None = None  # the hand-off box
+        self.running: tuple[Entry[Any], int] | None = None  # (entry, start ns)
         self.task: asyncio.Task[None] | None = None
+
+
+class _AioWaiter(Waiter):
+    __slots__ = ("fut",)
+
+    def __init__(self, entry: Entry[Any], t0: int, fut: asyncio.Future[None]) -> None:
+        super().__init__(entry, t0)
+        self.fut = fut
+
+    def alive(self) -> bool:
+        return not self.fut.done()  # a cancelled submit is no longer waiting
+
+    def wake(self) -> None:
+        if not self.fut.done():
+            self.fut.set_result(None)
 
 
 class AsyncDispatcher(Generic[T]):
     """Run ``async handler(item)`` on ``workers`` tasks under a dispatch ``policy``.
 
-    Same parameters and meaning as :class:`.engine.Dispatcher`; create it anywhere, use it from one
-    event loop.
+    Same parameters, meaning and rules as :class:`.engine.Dispatcher`; create it anywhere, use it
+    from one event loop.
+
+    Raises:
+        ValueError: ``workers`` < 1, ``handler_timeout`` not a finite number > 0, unknown policy.
+        TypeError: ``handler``, ``key``, ``cost`` or ``on_done`` is not callable.
     """
 
     def __init__(
@@ -107,45 +138,22 @@ class AsyncDispatcher(Generic[T]):
         clock: Clock | None = None,
         name: str = "rmqtrace",
     ) -> None:
-        if workers < 1:
-            raise ValueError("workers must be >= 1")
-        if handler_timeout is not None and handler_timeout <= 0:
-            raise ValueError("handler_timeout must be > 0")
-        self._policy = resolve_policy(policy)
-        self._sched = self._policy.scheduler(workers)
+        if not callable(handler):
+            raise TypeError(f"handler must be callable, got {type(handler).__name__}")
+        self._core: Core[T] = Core(
+            policy=policy, workers=workers, key=key, cost=cost, on_done=on_done, metrics=metrics,
+            handler_timeout=handler_timeout, clock=clock, name=name, kind="async dispatcher",
+        )  # fmt: skip
+        self._sched = self._core.sched
         self._handler = handler
-        self._key = key
-        self._cost = cost
-        self._on_done = on_done
-        self._timeout = handler_timeout
-        self._now: Callable[[], int] = time.monotonic_ns if clock is None else clock.now_ns
         self._name = name
-        self._log = _OnceLogger(f"async dispatcher {name!r}")
-        self._m: BoundDispatchMetrics | None = None if metrics is None else metrics.bind(self._policy.name, self._sched)
-        self._workers: list[_AioWorker] | None = None
         self._n_workers = workers
-        self._waiters: list[asyncio.Future[None]] = []
-        self._closed = False
-        self._stopping = False
-        self._seq = 0
-        self._submitted = 0
-        self._handled = 0
-        self._failed = 0
-        self._timed_out = 0
-        self._skipped = 0
-
-    def _started(self) -> list[_AioWorker]:
-        ws = self._workers
-        if ws is None:
-            ws = [_AioWorker(i) for i in range(self._n_workers)]
-            for w in ws:
-                w.task = asyncio.get_running_loop().create_task(self._loop(w), name=f"{self._name}-dispatch-{w.index}")
-            self._workers = ws
-        return ws
+        self._workers: list[_AioWorker] | None = None
+        self._watch_futs: list[asyncio.Future[None]] = []  # watchers (wait_until)
 
     @property
     def policy(self) -> Policy:
-        return self._policy
+        return self._core.policy
 
     @property
     def workers(self) -> int:
@@ -153,278 +161,270 @@ class AsyncDispatcher(Generic[T]):
 
     @property
     def closed(self) -> bool:
-        return self._closed
+        return self._core.closed
+
+    def _started(self) -> list[_AioWorker]:
+        ws = self._workers
+        if ws is None:
+            ws = self._workers = [_AioWorker(i) for i in range(self._n_workers)]
+            for w in ws:
+                self._spawn(w)
+        return ws
+
+    def _spawn(self, w: _AioWorker) -> None:
+        w.task = asyncio.get_running_loop().create_task(self._loop(w), name=f"{self._name}-dispatch-{w.index}")
+        if w.entry is not None:
+            w.event.set()
+
+    def _hand(self, r: int, e: Entry[Any]) -> None:
+        w = self._started()[r]
+        w.entry = e
+        if w.task is None or w.task.done():
+            self._spawn(w)  # its task was cancelled while idle: a fresh one takes the message
+        else:
+            w.event.set()
 
     # ----------------------------------------------------------------------------------- waiting
     def _notify(self) -> None:
-        waiters = self._waiters
-        if waiters:
-            self._waiters = []
-            for f in waiters:
+        futs = self._watch_futs
+        if futs:
+            self._watch_futs = []
+            for f in futs:
                 if not f.done():
                     f.set_result(None)
 
-    async def _wait_change(self, remaining: float | None) -> None:
-        fut: asyncio.Future[None] = asyncio.get_running_loop().create_future()
-        self._waiters.append(fut)
-        try:
-            if remaining is None:
-                await fut
-            else:
-                try:
-                    await asyncio.wait_for(fut, remaining)
-                except asyncio.TimeoutError:
-                    pass
-        finally:
-            if not fut.done():
-                fut.cancel()
-            try:
-                self._waiters.remove(fut)
-            except ValueError:
-                pass
-
     async def _wait_until(self, ready: Callable[[], bool], timeout: float | None) -> bool:
-        deadline = None if timeout is None else time.monotonic() + timeout
-        while not ready():
-            remaining = None if deadline is None else deadline - time.monotonic()
-            if remaining is not None and remaining <= 0:
-                return False
-            await self._wait_change(remaining)
-        return True
+        core = self._core
+        deadline = core.deadline(timeout)
+        core.watchers += 1
+        try:
+            while not ready():
+                left = core.remaining(deadline)
+                if left is not None and left <= 0:
+                    return False
+                fut: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+                self._watch_futs.append(fut)
+                try:
+                    done, _ = await asyncio.wait({fut}, timeout=left)
+                finally:
+                    if not fut.done():
+                        fut.cancel()
+                if not done:
+                    return ready()
+            return True
+        finally:
+            core.watchers -= 1
 
     # ------------------------------------------------------------------------------------ submit
     async def submit(self, item: T, trace: MessageTraceLike | None = None, *, timeout: float | None = None) -> bool:
-        """As :meth:`.engine.Dispatcher.submit`, awaiting instead of blocking."""
-        if self._closed:
-            raise DispatcherClosed(f"async dispatcher {self._name!r} is closed")
-        ws = self._started()
-        e: Entry[object] = Entry(
-            item,
-            trace,
-            None if self._key is None else self._key(item),
-            0.0 if self._cost is None else float(self._cost(item)),
-        )
-        sched = self._sched
-        e.seq = self._seq
-        self._seq += 1
-        r = sched.admit(e)
-        blocked = 0.0
-        if r == FULL:
+        """As :meth:`.engine.Dispatcher.submit`, awaiting instead of blocking.
+
+        Cancelling a waiting ``submit`` withdraws its message (unless it was accepted in the same
+        loop step, in which case it runs and ``on_done`` reports it).
+
+        Raises:
+            DispatcherClosed: after :meth:`close` began, also in a ``submit`` waiting then.
+        """
+        core = self._core
+        if core.closed:
+            raise core.closed_error()
+        b = core.build(item, trace)
+        e = b.entry
+        self._started()
+        core.number_locked(b)
+        if b.key_error is not None:
+            core.reject_locked(e)
+            core.report(e, _FAILURE, b.key_error, on_worker=False)
+            core.observe_blocked(0)
+            return True
+        try:
+            r = core.try_admit_locked(e)
+        except WouldBlock:
             if timeout is not None and timeout <= 0:
                 return False
-            t0 = time.monotonic()
-            deadline = None if timeout is None else t0 + timeout
-            while r == FULL:
-                remaining = None if deadline is None else deadline - time.monotonic()
-                if remaining is not None and remaining <= 0:
-                    return False
-                await self._wait_change(remaining)
-                if self._closed:
-                    raise DispatcherClosed(f"async dispatcher {self._name!r} closed while submit was blocked")
-                e.seq = self._seq
-                self._seq += 1
-                r = sched.admit(e)
-            blocked = time.monotonic() - t0
-        self._submitted += 1
-        m = self._m
-        if m is not None:
-            e.t_enq = self._now()
-        if trace is not None:
-            try:
-                trace.mark(Stage.DISPATCH_ENQUEUE)
-            except Exception as exc:  # noqa: BLE001
-                self._log("trace.mark", exc)
-        if r >= 0:
-            w = ws[r]
-            w.entry = e
-            w.event.set()
-        if m is not None:
-            m.submit_blocked.observe(blocked)
+            return await self._submit_blocked(e, timeout)
+        if r is not None:
+            self._hand(r, e)
+        core.observe_blocked(0)
         return True
+
+    async def _submit_blocked(self, e: Entry[Any], timeout: float | None) -> bool:
+        core = self._core
+        t0 = core.now()
+        w = _AioWaiter(e, t0, asyncio.get_running_loop().create_future())
+        core.waiters.append(w)
+        try:
+            left = core.remaining(core.deadline(timeout))
+            if left is None:
+                await asyncio.wait({w.fut})
+            elif left > 0:
+                await asyncio.wait({w.fut}, timeout=left)
+        finally:
+            if w.state is WaitState.WAITING:
+                core.withdraw_locked(w)
+                if not w.fut.done():
+                    w.fut.cancel()
+        if w.state is WaitState.CLOSED:
+            raise core.closed_error(blocked=True)
+        if w.state is WaitState.WAITING:
+            return False
+        core.observe_blocked(core.now() - t0)
+        return True
+
+    def _admit_waiters(self, index: int, nxt: Entry[Any] | None) -> Entry[Any] | None:
+        for wt in self._core.admit_waiters_locked():
+            r = wt.worker
+            if r is not None:
+                if r == index and nxt is None:
+                    nxt = wt.entry
+                else:
+                    self._hand(r, wt.entry)
+            assert isinstance(wt, _AioWaiter)
+            wt.wake()
+        return nxt
 
     def free_slots(self) -> int:
         """How many (unkeyed) messages ``submit`` would take now without waiting; 0 once closed."""
-        return 0 if self._closed else self._sched.free_slots()
+        return self._core.free_slots_locked()
 
     async def wait_for_free_slot(self, timeout: float | None = None) -> bool:
         """Wait until :meth:`free_slots` > 0 (True), or ``timeout`` passes / the dispatcher closes (False)."""
-        sched = self._sched
-        ok = await self._wait_until(lambda: self._closed or sched.free_slots() > 0, timeout)
-        return ok and not self._closed
+        core = self._core
+        ok = await self._wait_until(lambda: core.closed or core.sched.free_slots() > 0, timeout)
+        return ok and not core.closed
 
     async def wait_idle(self, timeout: float | None = None) -> bool:
         """Wait until nothing is queued or in flight (True), or ``timeout`` passes (False)."""
-        sched = self._sched
-        return await self._wait_until(lambda: sched.busy == 0 and sched.queued == 0, timeout)
+        return await self._wait_until(self._core.settled_locked, timeout)
 
     @property
     def stats(self) -> DispatchStats:
-        s = self._sched
-        return DispatchStats(
-            submitted=self._submitted,
-            handled=self._handled,
-            failed=self._failed,
-            timed_out=self._timed_out,
-            skipped=self._skipped,
-            in_flight=s.busy,
-            queued=s.queued,
-            workers=s.workers,
-            policy=self._policy.name,
-        )
+        live = sum(1 for w in self._workers or () if w.task is not None and not w.task.done())
+        return self._core.stats_locked(live)
 
     def running(self) -> list[tuple[T, float]]:
         """Items whose handler is running now, with seconds since it started (on ``clock``)."""
-        now = self._now()
+        now = self._core.now()
         return [
-            (cast(T, w.current.item), max(0, now - w.started) / 1e9)
+            (cast(T, r[0].item), max(0, now - r[1]) / 1e9)
             for w in (self._workers or ())
-            if w.current is not None
+            if (r := w.running) is not None
         ]
 
     # ----------------------------------------------------------------------------------- workers
     async def _loop(self, w: _AioWorker) -> None:
         while True:
-            await w.event.wait()
+            try:
+                await w.event.wait()
+            except asyncio.CancelledError:
+                if w.entry is not None:  # handed a message it had not started: a fresh task runs it
+                    self._spawn(w)
+                raise  # idle: the task ends; the next hand-off to this worker starts a fresh one
             w.event.clear()
             e = w.entry
             if e is None:
                 return
             w.entry = None
             while e is not None:
+                cancelled: BaseException | None = None
                 try:
-                    outcome = await self._execute(w, e)
-                except asyncio.CancelledError:
-                    self._finish_count(w, e, Outcome.FAILURE)
-                    raise
+                    outcome, error = await self._run(w, e)
+                except asyncio.CancelledError as exc:  # the worker task itself is being cancelled
+                    outcome, error = _FAILURE, exc
+                    cancelled = exc
                 except BaseException as exc:  # noqa: BLE001 - only our own bug can get here
-                    self._log("dispatcher internals", exc)
-                    outcome = Outcome.FAILURE
-                e = self._finish_count(w, e, outcome)
-                if e is None and self._stopping:
+                    self._core.log("dispatcher internals", exc)
+                    outcome, error = _FAILURE, exc
+                e = self._finish(w, e, outcome, error)
+                if cancelled is not None:
+                    if e is not None:
+                        w.entry = e
+                        self._spawn(w)  # the next entry must not go down with this task
+                    raise cancelled
+                if e is None and self._core.stopping:
                     return
 
-    def _finish_count(self, w: _AioWorker, e: Entry[object], outcome: Outcome) -> Entry[object] | None:
-        if outcome is Outcome.SUCCESS:
-            self._handled += 1
-        elif outcome is Outcome.FAILURE:
-            self._failed += 1
-        else:
-            self._timed_out += 1
-        w.current = None
-        nxt = self._sched.done(w.index, e)
-        self._notify()
-        return nxt
+    async def _run(self, w: _AioWorker, e: Entry[Any]) -> tuple[Outcome, BaseException | None]:
+        """Run the handler of ``e`` inside its trace scope; its outcome by the rules of :mod:`.core`.
 
-    async def _execute(self, w: _AioWorker, e: Entry[object]) -> Outcome:
-        t0 = self._now()
-        w.started = t0
-        w.current = e
-        m = self._m
-        trace = e.trace
-        if m is not None:
-            wait = max(0.0, (t0 - e.t_enq) / 1e9)
-            try:
-                ex = None if trace is None else exemplar_of(trace)
-                m.slot_wait.observe(wait, dict(ex) if ex else None)
-            except Exception as exc:  # noqa: BLE001
-                self._log("slot-wait metric", exc)
-        scope = None
-        if trace is not None:
-            if hasattr(trace, "worker"):
-                trace.worker = w.index  # the report draws one lane per worker
-            try:
-                scope = trace.handler_scope()
-                scope.__enter__()
-            except Exception as exc:  # noqa: BLE001
-                scope = None
-                self._log("trace.handler_scope enter", exc)
+        Raises:
+            asyncio.CancelledError: the worker task itself is being cancelled (scope exited first).
+        """
+        core = self._core
+        t0 = core.begin(e, w.index)
+        w.running = (e, t0)
+        scope = core.enter_scope(e.trace)
         error: BaseException | None = None
-        outcome = Outcome.SUCCESS
-        t_start = time.monotonic()
+        expired = False
         try:
-            if self._timeout is None:
+            if core.timeout_s is None:
                 await self._handler(cast(T, e.item))
             else:
-                cm = _timeout(self._timeout)
+                cm = _timeout(core.timeout_s)
                 try:
                     async with cm:
                         await self._handler(cast(T, e.item))
                 except (TimeoutError, asyncio.TimeoutError) as exc:
                     if not cm.expired():
                         raise
-                    error = HandlerTimeout(time.monotonic() - t_start, self._timeout)
-                    error.__cause__ = exc
-                    outcome = Outcome.TIMEOUT
+                    error = exc
+                expired = cm.expired()  # also when the handler swallowed the cancellation
         except asyncio.CancelledError as exc:
             if _being_cancelled(asyncio.current_task()):
-                self._close_scope(scope, exc)
-                self._report(e, Outcome.FAILURE, exc)
+                w.running = None
+                core.exit_scope(scope, exc)
                 raise
-            error, outcome = exc, Outcome.FAILURE
-        except Exception as exc:  # noqa: BLE001 - the handler's failure is the message's outcome
-            error, outcome = exc, Outcome.FAILURE
-        self._close_scope(scope, error)
-        self._report(e, outcome, error)
-        return outcome
+            error = exc
+        except BaseException as exc:  # noqa: BLE001 - the handler's failure is the message's outcome
+            error = exc
+        core.exit_scope(scope, error)
+        return core.settle(error, t0, expired)
 
-    def _close_scope(self, scope: object, error: BaseException | None) -> None:
-        if scope is None:
-            return
-        try:
-            exit_ = scope.__exit__  # type: ignore[attr-defined]
-            if error is None:
-                exit_(None, None, None)
-            else:
-                exit_(type(error), error, error.__traceback__)
-        except Exception as exc:  # noqa: BLE001
-            self._log("trace.handler_scope exit", exc)
-
-    def _report(self, e: Entry[object], outcome: Outcome, error: BaseException | None) -> None:
-        trace = e.trace
-        if trace is not None:
-            try:
-                trace.finish(outcome, error)
-            except Exception as exc:  # noqa: BLE001
-                self._log("trace.finish", exc)
-        if self._on_done is not None:
-            try:
-                self._on_done(cast(T, e.item), outcome, error)
-            except Exception as exc:  # noqa: BLE001
-                self._log("on_done", exc)
-        elif error is not None and trace is None:
-            self._log(f"handler ({type(error).__name__}, no on_done to report it)", error)
-        if self._m is not None:
-            self._m.outcomes[outcome].inc()
+    def _finish(self, w: _AioWorker, e: Entry[Any], outcome: Outcome, error: BaseException | None) -> Entry[Any] | None:
+        """Report ``e``, free the worker; the entry it runs next, or None."""
+        core = self._core
+        w.running = None
+        core.report(e, outcome, error)
+        core.count_locked(outcome)
+        nxt = self._sched.done(w.index, e)
+        if core.waiters:
+            nxt = self._admit_waiters(w.index, nxt)
+        self._notify()
+        return nxt
 
     # ---------------------------------------------------------------------------------- shutdown
     async def close(self, drain: bool = True, timeout: float | None = None) -> None:
         """As :meth:`.engine.Dispatcher.close`. Idempotent; must not be awaited from a handler."""
-        deadline = None if timeout is None else time.monotonic() + timeout
-        self._closed = True
+        core = self._core
+        deadline = core.deadline(timeout)
+        core.closed = True
+        for wt in core.close_waiters_locked():
+            assert isinstance(wt, _AioWaiter)
+            wt.wake()
         self._notify()
-        skipped = [] if drain else self._sched.take_queued()
-        self._skipped += len(skipped)
+        skipped = [] if drain else core.take_skipped_locked()
         for e in skipped:
-            self._report(e, Outcome.SKIPPED, None)
-        sched = self._sched
-        left = None if deadline is None else max(0.0, deadline - time.monotonic())
-        drained = await self._wait_until(lambda: sched.busy == 0 and sched.queued == 0, left)
+            core.report(e, Outcome.SKIPPED, None, on_worker=False)
+        left = core.remaining(deadline)
+        settled = await self._wait_until(core.settled_locked, None if left is None else max(0.0, left))
         ws = self._workers or []
-        if not self._stopping:
-            self._stopping = True
-            for i in sched.idle_workers():
-                if ws:
-                    ws[i].entry = None
-                    ws[i].event.set()
+        if not core.stopping:
+            core.stopping = True
+            for i in self._sched.idle_workers():
+                w = ws[i] if ws else None
+                if w is not None and w.task is not None and not w.task.done():
+                    w.entry = None
+                    w.event.set()
         tasks = [w.task for w in ws if w.task is not None and not w.task.done()]
         if tasks:
-            left = None if deadline is None else max(0.0, deadline - time.monotonic())
-            await asyncio.wait(tasks, timeout=left)
-        if self._m is not None and drained:
-            self._m.unbind()
-        if not drained:
+            left = core.remaining(deadline)
+            await asyncio.wait(tasks, timeout=None if left is None else max(0.0, left))
+        if core.m is not None and settled:
+            core.m.unbind()
+        if not settled:
+            s = self.stats
             logger.warning("async dispatcher %r: close timed out with %d in flight, %d queued", self._name,
-                           sched.busy, sched.queued)  # fmt: skip
+                           s.in_flight, s.queued)  # fmt: skip
 
     async def __aenter__(self) -> AsyncDispatcher[T]:
         return self
@@ -432,5 +432,3 @@ class AsyncDispatcher(Generic[T]):
     async def __aexit__(self, *exc_info: object) -> None:
         await self.close(drain=True)
 
-
-__all__ = ["AsyncDispatcher"]

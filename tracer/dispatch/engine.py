@@ -1,110 +1,89 @@
 """The thread engine: N worker threads, one policy, stamps and metrics around every handler.
 
-Hand-off is direct: each worker blocks on its own ``_thread`` lock; ``submit`` asks the policy's
+Only the concurrent half lives here; validation, counters, admission and its fairness, the
+exception and timeout rules and reporting are :mod:`.core`'s, shared with the asyncio engine.
+
+Hand-off is direct: each worker blocks on its own ``wake`` lock; ``submit`` asks the policy's
 scheduler (under one engine lock) which worker takes the message, stores the entry on that worker
-and releases its lock — one lock release per message, no queue of queues, no future, no
-allocation besides the slotted entry. When the policy has no room, the first blocked submitter
-leaves its entry in a one-entry *pending box* and sleeps on a lock of its own; the next worker to
-free admits it in the same critical section and, when the policy gives it to that worker, runs it
-at once instead of going idle (a full pool then costs one thread wake per message, not two).
-Other waiters (more submitters, ``wait_for_free_slot``, ``wait_idle``, ``close``) wait on a
-condition of the engine lock that workers notify only when someone waits.
+and releases its lock — one lock release per message, no queue of queues, no future. A submitter
+that finds no room becomes a *waiter* (:class:`.core.Waiter`, oldest first) and sleeps on a lock
+of its own; the worker that frees room admits waiters in the same critical section
+(:meth:`.core.Core.admit_waiters_locked`, the one place fairness is decided: oldest first, each
+one that fits) and, when the policy gives a waiter's message to that worker, runs it at once
+instead of going idle (a full pool costs one thread wake per message, not two). Callers of
+``wait_for_free_slot``, ``wait_idle`` and ``close`` wait on a condition of the engine lock that is
+notified only when someone waits.
 
-Life cycle and failure rules:
+Life cycle:
 
-* The handler's exception marks the message ``Outcome.FAILURE`` (passed to ``trace.finish`` and
-  ``on_done``; the consume loop must not ack it) and never ends the worker.
-* ``handler_timeout``: a Python thread cannot be stopped, so an overrunning handler keeps its worker
-  until it returns; then the outcome is ``Outcome.TIMEOUT`` (whatever it returned or raised; the
-  error is a :class:`HandlerTimeout`) and it is counted. The dispatcher never runs a message twice;
-  :meth:`Dispatcher.running` lists in-flight items with their age so a consume loop can extend
-  their leases (or give up on them) while they run.
-* Exceptions from ``trace`` methods, ``on_done`` or the metrics are logged once per kind and
-  swallowed.
+* ``handler_timeout``: a Python thread cannot be stopped. A watchdog thread reports a handler
+  still running at its deadline (on the injected clock) as ``Outcome.TIMEOUT`` *at the
+  deadline* — ``trace.finish`` then ``on_done(item, TIMEOUT, HandlerTimeout)`` — so a consume
+  loop stops renewing that message's lease and the broker can redeliver it to a healthy
+  consumer (a duplicate, by design). The worker stays held by the hung handler (``stats.overrun``;
+  no second copy of its key starts meanwhile); when the handler returns, its result is dropped
+  and the worker takes its next message. If it never returns the worker is lost for good.
+  :meth:`Dispatcher.running` lists in-flight items (not overrun ones), :meth:`Dispatcher.overrun`
+  the overrun ones, :meth:`Dispatcher.check_timeouts` runs the watchdog's check now (for manual
+  clocks). A handler that returns after its deadline before the watchdog saw it is reported
+  TIMEOUT by its worker.
 * ``close(drain=True)`` finishes queued and in-flight messages; ``close(drain=False)`` finishes
   in-flight ones and reports every queued one as ``Outcome.SKIPPED`` (``trace.finish`` then
-  ``on_done``) without running it, so the caller can leave it for redelivery. Either way every
-  accepted message gets exactly one outcome.
+  ``on_done``) without running it. Either way every accepted message gets exactly one outcome.
+  ``close`` waits for messages, not for overrun handlers: their threads (daemon) are left
+  running and exit when the handler returns. ``close(timeout=...)`` returns in bounded time.
 """
 
 from __future__ import annotations
 
 import logging
 import threading
-import time
-from collections.abc import Callable, Mapping
-from typing import Generic, TypeVar, cast
+from collections.abc import Callable
+from typing import Any, Generic, TypeVar, cast
 
 from ..path.clock import Clock
-from ..path.stages import Outcome, Stage
-from .metrics import BoundDispatchMetrics, DispatchMetrics
-from .policy import Policy, resolve_policy
-from .protocol import DispatcherClosed, DispatchStats, HandlerTimeout, MessageTraceLike
-from .scheduler import FULL, Entry
+from ..path.stages import Outcome
+from .core import Core, Waiter, WaitState, WouldBlock
+from .metrics import DispatchMetrics
+from .policy import Policy
+from .protocol import DispatchStats, HandlerTimeout, MessageTraceLike
+from .scheduler import Entry
+
+__all__ = ["Dispatcher"]
 
 T = TypeVar("T")
 
 logger = logging.getLogger("tracer.dispatch")
 
-_SUCCESS = Outcome.SUCCESS
 _FAILURE = Outcome.FAILURE
 _TIMEOUT = Outcome.TIMEOUT
 _SKIPPED = Outcome.SKIPPED
-_ENQUEUE = Stage.DISPATCH_ENQUEUE
-
-
-class _OnceLogger:
-    """Logs the first failure of each kind with its traceback, later ones at debug level."""
-
-    __slots__ = ("_seen", "_where")
-
-    def __init__(self, where: str) -> None:
-        self._seen: set[str] = set()
-        self._where = where
-
-    def __call__(self, kind: str, exc: BaseException) -> None:
-        if kind in self._seen:
-            logger.debug("%s: %s failed again: %r", self._where, kind, exc)
-            return
-        self._seen.add(kind)
-        logger.error("%s: %s failed (logged once; later failures at debug level)", self._where, kind, exc_info=exc)
 
 
 class _Worker:
-    __slots__ = ("current", "entry", "index", "started", "thread", "wake")
+    __slots__ = ("entry", "expired", "index", "running", "thread", "wake")
 
     def __init__(self, index: int) -> None:
         self.index = index
         self.wake = threading.Lock()
         self.wake.acquire()  # held while idle; released once per hand-off
-        self.entry: Entry[object] | None = None  # the hand-off box
-        self.current: Entry[object] | None = None  # what it runs now (for running())
-        self.started = 0
+        self.entry: Entry[Any] | None = None  # the hand-off box
+        # (entry, start ns) of the handler running now: one assignment, so readers see a pair
+        self.running: tuple[Entry[Any], int] | None = None
+        self.expired: Entry[Any] | None = None  # reported TIMEOUT by the watchdog, still running
         self.thread: threading.Thread | None = None
 
 
-_WAITING, _TAKEN, _CLOSED = 0, 1, 2
-_ACCEPTED_BY_WORKER = -3  # _wait_admit: a worker accepted and handed over the pending entry
+class _ThreadWaiter(Waiter):
+    __slots__ = ("sig",)
 
-
-class _Pending:
-    """The one entry a blocked submitter holds out: the first worker to free takes it directly."""
-
-    __slots__ = ("entry", "sig", "state")
-
-    def __init__(self, entry: Entry[object]) -> None:
-        self.entry = entry
+    def __init__(self, entry: Entry[Any], t0: int) -> None:
+        super().__init__(entry, t0)
         self.sig = threading.Lock()
-        self.sig.acquire()  # released by whoever decides: a worker (taken) or close (closed)
-        self.state = _WAITING
+        self.sig.acquire()  # released by whoever decides: an admitter or close
 
 
-def exemplar_of(trace: MessageTraceLike) -> Mapping[str, str] | None:
-    """The optional ``trace.exemplar()`` labels, if the trace offers them."""
-    fn = getattr(trace, "exemplar", None)
-    if fn is None:
-        return None
-    return cast("Mapping[str, str] | None", fn())
+_STOP = object()  # _finish: the worker is idle and the dispatcher stops
 
 
 class Dispatcher(Generic[T]):
@@ -113,7 +92,13 @@ class Dispatcher(Generic[T]):
     ``key``: ordering key (message group / sharding key), ``None`` for unordered messages.
     ``cost``: cost hint for :class:`.CostAware` (ignored by the other policies).
     ``on_done(item, outcome, error)``: called once per accepted message, after ``trace.finish``.
-    ``clock``: where slot-wait and handler-timeout readings come from (default ``time.monotonic_ns``).
+    ``clock``: every reading of time (slot wait, handler age and deadline, the deadlines of
+    timeouts) comes from it (default ``time.monotonic_ns``). See :mod:`.core` for what happens
+    when ``key``/``cost``/``on_done``/the trace raise.
+
+    Raises:
+        ValueError: ``workers`` < 1, ``handler_timeout`` not a finite number > 0, unknown policy.
+        TypeError: ``handler``, ``key``, ``cost`` or ``on_done`` is not callable.
     """
 
     def __init__(
@@ -130,35 +115,17 @@ class Dispatcher(Generic[T]):
         clock: Clock | None = None,
         name: str = "rmqtrace",
     ) -> None:
-        if workers < 1:
-            raise ValueError("workers must be >= 1")
-        if handler_timeout is not None and handler_timeout <= 0:
-            raise ValueError("handler_timeout must be > 0")
-        self._policy = resolve_policy(policy)
-        self._sched = self._policy.scheduler(workers)
+        if not callable(handler):
+            raise TypeError(f"handler must be callable, got {type(handler).__name__}")
+        self._core: Core[T] = Core(
+            policy=policy, workers=workers, key=key, cost=cost, on_done=on_done, metrics=metrics,
+            handler_timeout=handler_timeout, clock=clock, name=name, kind="dispatcher",
+        )  # fmt: skip
+        self._sched = self._core.sched
         self._handler = handler
-        self._key = key
-        self._cost = cost
-        self._on_done = on_done
-        self._timeout_ns = None if handler_timeout is None else int(handler_timeout * 1e9)
-        self._now: Callable[[], int] = time.monotonic_ns if clock is None else clock.now_ns
         self._name = name
-        self._log = _OnceLogger(f"dispatcher {name!r}")
-        self._m: BoundDispatchMetrics | None = None if metrics is None else metrics.bind(self._policy.name, self._sched)
-
         self._lock = threading.Lock()
-        self._cond = threading.Condition(self._lock)
-        self._n_waiting = 0  # threads waiting on _cond; workers notify only when > 0
-        self._pending: _Pending | None = None  # a blocked submitter's entry, taken by the next free worker
-        self._closed = False
-        self._stopping = False
-        self._seq = 0
-        self._submitted = 0
-        self._handled = 0
-        self._failed = 0
-        self._timed_out = 0
-        self._skipped = 0
-
+        self._cond = threading.Condition(self._lock)  # watchers wait here
         self._workers = [_Worker(i) for i in range(workers)]
         self._threads: set[threading.Thread] = set()
         for w in self._workers:
@@ -166,146 +133,102 @@ class Dispatcher(Generic[T]):
             w.thread = t
             self._threads.add(t)
             t.start()
+        self._watchdog: threading.Thread | None = None
+        self._watch = threading.Condition(self._lock)
+        if self._core.timeout_ns is not None:
+            self._watchdog = threading.Thread(target=self._watch_loop, name=f"{name}-dispatch-watchdog", daemon=True)
+            self._watchdog.start()
 
-    # ----------------------------------------------------------------------------------- submit
     @property
     def policy(self) -> Policy:
-        return self._policy
+        return self._core.policy
 
     @property
     def workers(self) -> int:
         return len(self._workers)
 
+    @property
+    def closed(self) -> bool:
+        return self._core.closed
+
+    # ----------------------------------------------------------------------------------- submit
     def submit(self, item: T, trace: MessageTraceLike | None = None, *, timeout: float | None = None) -> bool:
         """Hand ``item`` to the policy; block while it has no room (back-pressure).
 
-        Returns True once accepted (``trace.mark(DISPATCH_ENQUEUE)`` has been called), False if
-        ``timeout`` (seconds; 0 = do not block) passed first. Raises :class:`DispatcherClosed` after
-        :meth:`close` began, also from a ``submit`` that was blocked then (the item was not taken).
+        Returns True once accepted (``trace.mark(DISPATCH_ENQUEUE)`` has been called; a message
+        whose ``key=`` failed is accepted and reported FAILURE at once), False if ``timeout``
+        (seconds on the clock; 0 = do not block) passed first (the item was not taken).
+
+        Raises:
+            DispatcherClosed: after :meth:`close` began, also in a ``submit`` blocked then.
         """
-        e: Entry[object] = Entry(
-            item,
-            trace,
-            None if self._key is None else self._key(item),
-            0.0 if self._cost is None else float(self._cost(item)),
-        )
-        m = self._m
-        blocked = 0.0
+        core = self._core
+        b = core.build(item, trace)  # user callables run outside the lock
+        e = b.entry
         with self._lock:
-            if self._closed:
-                raise DispatcherClosed(f"dispatcher {self._name!r} is closed")
-            e.seq = self._seq
-            self._seq += 1
-            r = self._sched.admit(e)
-            if r == FULL:
-                if timeout is not None and timeout <= 0:
-                    return False
-                t0 = time.monotonic()
-                r = self._wait_admit(e, timeout)
-                blocked = time.monotonic() - t0
-                if r == FULL:
-                    return False
-            if r != _ACCEPTED_BY_WORKER:
-                self._accept_locked(e)
-        if r >= 0:
-            w = self._workers[r]
-            w.entry = e
-            w.wake.release()
-        if m is not None:
-            m.submit_blocked.observe(blocked)
+            if core.closed:
+                raise core.closed_error()
+            core.number_locked(b)
+            if b.key_error is not None:
+                core.reject_locked(e)
+            else:
+                try:
+                    r = core.try_admit_locked(e)
+                except WouldBlock:
+                    if timeout is not None and timeout <= 0:
+                        return False
+                    return self._submit_blocked(e, timeout)
+                if r is not None:
+                    self._hand_locked(r, e)
+        if b.key_error is not None:
+            core.report(e, _FAILURE, b.key_error, on_worker=False)
+        core.observe_blocked(0)
         return True
 
-    def _accept_locked(self, e: Entry[object]) -> None:
-        """Count ``e`` as submitted and stamp its enqueue (lock held, before any worker can see it)."""
-        self._submitted += 1
-        if self._m is not None:
-            e.t_enq = self._now()
-        trace = e.trace
-        if trace is not None:
-            try:
-                trace.mark(_ENQUEUE)
-            except Exception as exc:  # noqa: BLE001 - a tracing bug must not lose the message
-                self._log("trace.mark", exc)
-
-    def _wait_admit(self, e: Entry[object], timeout: float | None) -> int:
-        """Called with the lock held after FULL: wait for room, closing, or the timeout.
-
-        The first blocked submitter leaves its entry in the pending box and sleeps on its own
-        lock; the next worker to free admits it under the engine lock (runs it itself when the
-        policy picks it, without going idle) and wakes the submitter — one wake per message
-        instead of two. Further blocked submitters wait on the condition for the box.
-        Returns a worker index / QUEUED (the caller hands over), ``_ACCEPTED_BY_WORKER``
-        (all done), or FULL (timed out).
-        """
-        deadline = None if timeout is None else time.monotonic() + timeout
-        while True:
-            if self._pending is None:
-                return self._wait_pending(e, deadline)
-            self._n_waiting += 1
-            try:
-                if deadline is None:
-                    self._cond.wait()
-                else:
-                    remaining = deadline - time.monotonic()
-                    if remaining <= 0:
-                        return FULL
-                    self._cond.wait(remaining)
-            finally:
-                self._n_waiting -= 1
-            if self._closed:
-                raise DispatcherClosed(f"dispatcher {self._name!r} closed while submit was blocked")
-            e.seq = self._seq
-            self._seq += 1
-            r = self._sched.admit(e)
-            if r != FULL:
-                return r
-
-    def _wait_pending(self, e: Entry[object], deadline: float | None) -> int:
-        p = _Pending(e)
-        self._pending = p
+    def _submit_blocked(self, e: Entry[Any], timeout: float | None) -> bool:
+        """Lock held, no room: wait as a waiter until an admitter takes ``e``, close, or the timeout."""
+        core = self._core
+        t0 = core.now()
+        deadline = core.deadline(timeout)
+        w = _ThreadWaiter(e, t0)
+        core.waiters.append(w)
         lock = self._lock
         lock.release()
         try:
-            if deadline is None:
-                p.sig.acquire()
-            else:
-                p.sig.acquire(True, max(0.0, deadline - time.monotonic()))
+            left = core.remaining(deadline)
+            if left is None:
+                w.sig.acquire()
+            elif left > 0:
+                w.sig.acquire(True, left)
         finally:
             lock.acquire()
-            if p.state == _WAITING:  # timed out (or interrupted): withdraw it, free the box for others
-                self._pending = None
-                if self._n_waiting:
-                    self._cond.notify_all()
-        if p.state == _TAKEN:
-            return _ACCEPTED_BY_WORKER
-        if p.state == _CLOSED:
-            raise DispatcherClosed(f"dispatcher {self._name!r} closed while submit was blocked")
-        return FULL
+            if w.state is WaitState.WAITING:  # timed out: withdraw it (it fit nowhere, so no one else gains)
+                core.withdraw_locked(w)
+        if w.state is WaitState.CLOSED:
+            raise core.closed_error(blocked=True)
+        if w.state is WaitState.WAITING:
+            return False
+        # ADMITTED: the admitter has already handed the entry to its worker.
+        core.observe_blocked(core.now() - t0)
+        return True
 
-    def _take_pending_locked(self, index: int) -> Entry[object] | None:
-        """A worker changed the policy's state: admit the pending entry if there is room now.
+    def _hand_locked(self, r: int, e: Entry[Any]) -> None:
+        w = self._workers[r]
+        w.entry = e
+        w.wake.release()
 
-        Returns the entry when the policy gave it to worker ``index`` itself (it runs it next).
-        """
-        p = self._pending
-        assert p is not None
-        pe = p.entry
-        pe.seq = self._seq
-        self._seq += 1
-        r = self._sched.admit(pe)
-        if r == FULL:
-            return None
-        self._pending = None
-        self._accept_locked(pe)
-        p.state = _TAKEN
-        p.sig.release()
-        if r == index:
-            return pe
-        if r >= 0:
-            w = self._workers[r]
-            w.entry = pe
-            w.wake.release()
-        return None
+    def _admit_waiters_locked(self, index: int, nxt: Entry[Any] | None) -> Entry[Any] | None:
+        """Room changed on worker ``index``: admit waiters; returns what ``index`` runs next."""
+        for wt in self._core.admit_waiters_locked():
+            r = wt.worker
+            if r is not None:
+                if r == index and nxt is None:
+                    nxt = wt.entry  # the freed worker runs it at once instead of going idle
+                else:
+                    self._hand_locked(r, wt.entry)
+            assert isinstance(wt, _ThreadWaiter)
+            wt.sig.release()
+        return nxt
 
     def free_slots(self) -> int:
         """How many (unkeyed) messages ``submit`` would take now without blocking; 0 once closed.
@@ -314,177 +237,167 @@ class Dispatcher(Generic[T]):
         accepted beyond it (parked), so it is a lower bound for them.
         """
         with self._lock:
-            return 0 if self._closed else self._sched.free_slots()
+            return self._core.free_slots_locked()
 
     def _wait_until(self, ready: Callable[[], bool], timeout: float | None) -> bool:
-        deadline = None if timeout is None else time.monotonic() + timeout
+        core = self._core
+        deadline = core.deadline(timeout)
         with self._lock:
-            self._n_waiting += 1
+            core.watchers += 1
             try:
                 while not ready():
-                    if deadline is None:
+                    left = core.remaining(deadline)
+                    if left is None:
                         self._cond.wait()
-                    else:
-                        remaining = deadline - time.monotonic()
-                        if remaining <= 0:
-                            return False
-                        self._cond.wait(remaining)
+                    elif left <= 0 or not self._cond.wait(left):
+                        return ready()
                 return True
             finally:
-                self._n_waiting -= 1
+                core.watchers -= 1
 
     def wait_for_free_slot(self, timeout: float | None = None) -> bool:
         """Block until :meth:`free_slots` > 0 (True), or ``timeout`` passes / the dispatcher closes (False)."""
-        sched = self._sched
-        ok = self._wait_until(lambda: self._closed or sched.free_slots() > 0, timeout)
-        return ok and not self._closed
+        core = self._core
+        ok = self._wait_until(lambda: core.closed or core.sched.free_slots() > 0, timeout)
+        return ok and not core.closed
 
     def wait_idle(self, timeout: float | None = None) -> bool:
-        """Block until nothing is queued or in flight (True), or ``timeout`` passes (False)."""
-        sched = self._sched
-        return self._wait_until(lambda: sched.busy == 0 and sched.queued == 0, timeout)
+        """Block until nothing is queued or in flight (True), or ``timeout`` passes (False).
+
+        Overrun handlers (already reported TIMEOUT) do not count as in flight.
+        """
+        return self._wait_until(self._core.settled_locked, timeout)
 
     # ------------------------------------------------------------------------------------ state
     @property
     def stats(self) -> DispatchStats:
         with self._lock:
-            s = self._sched
-            return DispatchStats(
-                submitted=self._submitted,
-                handled=self._handled,
-                failed=self._failed,
-                timed_out=self._timed_out,
-                skipped=self._skipped,
-                in_flight=s.busy,
-                queued=s.queued,
-                workers=s.workers,
-                policy=self._policy.name,
-            )
+            return self._core.stats_locked(sum(t.is_alive() for t in self._threads))
 
     def running(self) -> list[tuple[T, float]]:
-        """Items whose handler is running now, with seconds since it started (on ``clock``)."""
-        with self._lock:
-            now = self._now()
-            return [
-                (cast(T, w.current.item), max(0, now - w.started) / 1e9) for w in self._workers if w.current is not None
-            ]
+        """Items whose handler is running and has no outcome yet, with seconds since it started."""
+        return self._ages(overrun=False)
 
-    @property
-    def closed(self) -> bool:
-        return self._closed
+    def overrun(self) -> list[tuple[T, float]]:
+        """Items already reported TIMEOUT whose handler still runs, with seconds since it started."""
+        return self._ages(overrun=True)
+
+    def _ages(self, overrun: bool) -> list[tuple[T, float]]:
+        with self._lock:
+            now = self._core.now()
+            out: list[tuple[T, float]] = []
+            for w in self._workers:
+                r = w.running
+                if r is not None and (w.expired is r[0]) is overrun:
+                    out.append((cast(T, r[0].item), max(0, now - r[1]) / 1e9))
+            return out
 
     # ---------------------------------------------------------------------------------- workers
     def _loop(self, w: _Worker) -> None:
         wake = w.wake
-        lock = self._lock
-        sched = self._sched
-        execute = self._execute
-        index = w.index
+        run = self._run
+        finish = self._finish
+        log = self._core.log
         while True:
             wake.acquire()
-            e = w.entry
+            e: Any = w.entry
             if e is None:
                 return
             w.entry = None
             while e is not None:
                 try:
-                    outcome = execute(w, e)
+                    outcome, error = run(w, e)
                 except BaseException as exc:  # noqa: BLE001 - only our own bug can get here
-                    self._log("dispatcher internals", exc)
-                    outcome = _FAILURE
-                with lock:
-                    if outcome is _SUCCESS:
-                        self._handled += 1
-                    elif outcome is _FAILURE:
-                        self._failed += 1
-                    else:
-                        self._timed_out += 1
-                    w.current = None
-                    e = sched.done(index, e)
-                    if self._pending is not None:
-                        mine = self._take_pending_locked(index)
-                        if mine is not None:
-                            e = mine
-                    if self._n_waiting:
-                        self._cond.notify_all()
-                    if e is None and self._stopping:
-                        return
+                    log("dispatcher internals", exc)
+                    outcome, error = _FAILURE, exc
+                e = finish(w, e, outcome, error)
+                if e is _STOP:
+                    return
 
-    def _execute(self, w: _Worker, e: Entry[object]) -> Outcome:
-        now = self._now
-        t0 = now()
-        w.started = t0
-        w.current = e
-        m = self._m
-        trace = e.trace
-        if m is not None:
-            wait = (t0 - e.t_enq) / 1e9
-            if trace is None:
-                m.slot_wait.observe(wait if wait > 0 else 0.0)
-            else:
-                try:
-                    ex = exemplar_of(trace)
-                    m.slot_wait.observe(wait if wait > 0 else 0.0, dict(ex) if ex else None)
-                except Exception as exc:  # noqa: BLE001
-                    self._log("slot-wait metric", exc)
+    def _run(self, w: _Worker, e: Entry[Any]) -> tuple[Outcome, BaseException | None]:
+        """Run the handler of ``e`` inside its trace scope; its outcome by the rules of :mod:`.core`."""
+        core = self._core
+        t0 = core.begin(e, w.index)
+        w.running = (e, t0)
+        scope = core.enter_scope(e.trace)
         error: BaseException | None = None
-        item = e.item
-        if trace is None:
-            try:
-                self._handler(cast(T, item))
-            except BaseException as exc:  # noqa: BLE001 - the handler's failure is the message's outcome
-                error = exc
-        else:
-            scope = None
-            if hasattr(trace, "worker"):
-                trace.worker = w.index  # the report draws one lane per worker
-            try:
-                scope = trace.handler_scope()
-                scope.__enter__()
-            except Exception as exc:  # noqa: BLE001
-                scope = None
-                self._log("trace.handler_scope enter", exc)
-            try:
-                self._handler(cast(T, item))
-            except BaseException as exc:  # noqa: BLE001
-                error = exc
-            if scope is not None:
-                try:
-                    if error is None:
-                        scope.__exit__(None, None, None)
-                    else:
-                        scope.__exit__(type(error), error, error.__traceback__)
-                except Exception as exc:  # noqa: BLE001
-                    self._log("trace.handler_scope exit", exc)
-        outcome = _SUCCESS if error is None else _FAILURE
-        if self._timeout_ns is not None:
-            elapsed = now() - t0
-            if elapsed > self._timeout_ns:
-                timeout_error = HandlerTimeout(elapsed / 1e9, self._timeout_ns / 1e9)
-                timeout_error.__cause__ = error
-                error = timeout_error
-                outcome = _TIMEOUT
-        self._report(e, outcome, error)
-        return outcome
+        try:
+            self._handler(cast(T, e.item))
+        except BaseException as exc:  # noqa: BLE001 - the handler's failure is the message's outcome
+            error = exc
+        core.exit_scope(scope, error)
+        return core.settle(error, t0)
 
-    def _report(self, e: Entry[object], outcome: Outcome, error: BaseException | None) -> None:
-        trace = e.trace
-        if trace is not None:
-            try:
-                trace.finish(outcome, error)
-            except Exception as exc:  # noqa: BLE001
-                self._log("trace.finish", exc)
-        on_done = self._on_done
-        if on_done is not None:
-            try:
-                on_done(cast(T, e.item), outcome, error)
-            except Exception as exc:  # noqa: BLE001
-                self._log("on_done", exc)
-        elif error is not None and trace is None:
-            self._log(f"handler ({type(error).__name__}, no on_done to report it)", error)
-        m = self._m
-        if m is not None:
-            m.outcomes[outcome].inc()
+    def _finish(self, w: _Worker, e: Entry[Any], outcome: Outcome, error: BaseException | None) -> Any:
+        """Report ``e`` (unless the watchdog did), free the worker; the entry it runs next, None or _STOP."""
+        core = self._core
+        lock = self._lock
+        mine = True
+        if self._watchdog is not None:
+            with lock:  # the watchdog may be reporting this very entry: one of us claims it
+                mine = w.expired is not e
+                w.running = None
+                w.expired = None
+        else:
+            w.running = None
+        if mine:
+            core.report(e, outcome, error)
+        with lock:
+            if mine:
+                core.count_locked(outcome)
+            else:
+                core.overrun -= 1
+            nxt = self._sched.done(w.index, e)
+            if core.waiters:
+                nxt = self._admit_waiters_locked(w.index, nxt)
+            if core.watchers:
+                self._cond.notify_all()
+            if nxt is None and core.stopping:
+                return _STOP
+            return nxt
+
+    # --------------------------------------------------------------------------------- watchdog
+    def check_timeouts(self) -> int:
+        """Report TIMEOUT now for every handler past ``handler_timeout`` on the clock; how many.
+
+        The watchdog thread calls it at each deadline; call it yourself after moving a manual clock.
+        """
+        core = self._core
+        tns = core.timeout_ns
+        if tns is None:
+            return 0
+        expired: list[tuple[Entry[Any], int]] = []
+        with self._lock:
+            now = core.now()
+            for w in self._workers:
+                r = w.running
+                if r is None or w.expired is r[0] or now - r[1] <= tns:
+                    continue
+                w.expired = r[0]
+                core.count_locked(_TIMEOUT)
+                core.overrun += 1
+                expired.append((r[0], now - r[1]))
+            if expired and core.watchers:
+                self._cond.notify_all()
+        for e, elapsed in expired:
+            core.report(e, _TIMEOUT, HandlerTimeout(elapsed / 1e9, tns / 1e9))
+        return len(expired)
+
+    def _watch_loop(self) -> None:
+        core = self._core
+        tns = core.timeout_ns
+        assert tns is not None
+        while True:
+            self.check_timeouts()
+            with self._lock:
+                starts = [r[1] for w in self._workers if (r := w.running) is not None and w.expired is not r[0]]
+                if core.stopping and core.settled_locked():
+                    return
+                # A handler starting now has its deadline at least one timeout away: waking after
+                # one timeout when none runs cannot miss it.
+                wait_ns = tns if not starts else min(starts) + tns + 1 - core.now()
+                if wait_ns > 0:
+                    self._watch.wait(wait_ns / 1e9)
 
     # -------------------------------------------------------------------------------- shutdown
     def close(self, drain: bool = True, timeout: float | None = None) -> None:
@@ -492,43 +405,47 @@ class Dispatcher(Generic[T]):
 
         ``drain=True`` runs everything queued and in flight; ``drain=False`` runs what is in
         flight and reports each queued message as ``Outcome.SKIPPED`` (unrun). ``timeout`` bounds
-        the whole wait: when it passes, close returns while workers finish what they hold and
-        then exit (they are daemon threads); nothing is dropped. Must not be called from a handler.
+        the whole call: when it passes, close returns while workers finish what they hold and
+        then exit (daemon threads); nothing is dropped. Overrun handlers are not waited for.
+
+        Raises:
+            RuntimeError: called from a handler or ``on_done`` on one of this dispatcher's threads.
         """
-        if threading.current_thread() in self._threads:
+        me = threading.current_thread()
+        if me in self._threads or me is self._watchdog:
             raise RuntimeError("close() called from a dispatcher worker (a handler) would wait for itself")
-        deadline = None if timeout is None else time.monotonic() + timeout
+        core = self._core
+        deadline = core.deadline(timeout)
         with self._lock:
-            self._closed = True
-            p = self._pending
-            if p is not None:
-                self._pending = None
-                p.state = _CLOSED
-                p.sig.release()
-            if self._n_waiting:
+            core.closed = True
+            for wt in core.close_waiters_locked():
+                assert isinstance(wt, _ThreadWaiter)
+                wt.sig.release()
+            if core.watchers:
                 self._cond.notify_all()
-            skipped = [] if drain else self._sched.take_queued()
-            self._skipped += len(skipped)
+            skipped = [] if drain else core.take_skipped_locked()
         for e in skipped:
-            self._report(e, _SKIPPED, None)
-        sched = self._sched
-        left = None if deadline is None else max(0.0, deadline - time.monotonic())
-        drained = self._wait_until(lambda: sched.busy == 0 and sched.queued == 0, left)
+            core.report(e, _SKIPPED, None, on_worker=False)
+        left = core.remaining(deadline)
+        settled = self._wait_until(core.settled_locked, None if left is None else max(0.0, left))
         with self._lock:
-            if not self._stopping:
-                self._stopping = True
-                for i in sched.idle_workers():
+            if not core.stopping:
+                core.stopping = True
+                for i in self._sched.idle_workers():
                     w = self._workers[i]
                     w.entry = None
                     w.wake.release()
-        for t in self._threads:
-            left = None if deadline is None else max(0.0, deadline - time.monotonic())
-            t.join(left)
-        if self._m is not None and drained:
-            self._m.unbind()
-        if not drained:
+            self._watch.notify_all()
+            hung = {w.thread for w in self._workers if w.expired is not None}
+        for t in self._threads - hung:
+            left = core.remaining(deadline)
+            t.join(None if left is None else max(0.0, left))
+        if core.m is not None and settled:
+            core.m.unbind()
+        if not settled:
+            s = self.stats
             logger.warning("dispatcher %r: close timed out with %d in flight, %d queued", self._name,
-                           sched.busy, sched.queued)  # fmt: skip
+                           s.in_flight, s.queued)  # fmt: skip
 
     def __enter__(self) -> Dispatcher[T]:
         return self
@@ -538,8 +455,5 @@ class Dispatcher(Generic[T]):
 
     def __repr__(self) -> str:
         s = self._sched
-        return (f"Dispatcher(name={self._name!r}, policy={self._policy!r}, workers={s.workers}, "
-                f"busy={s.busy}, queued={s.queued}, closed={self._closed})")  # fmt: skip
-
-
-__all__ = ["Dispatcher"]
+        return (f"Dispatcher(name={self._name!r}, policy={self.policy!r}, workers={s.workers}, "
+                f"busy={s.busy}, queued={s.queued}, closed={self.closed})")  # fmt: skip

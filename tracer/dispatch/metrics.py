@@ -44,7 +44,7 @@ class GaugeSource(Protocol):
     queued: int
 
 
-class _Sources:
+class GaugeSources:
     """The live sources of one policy label; read at scrape time."""
 
     def __init__(self) -> None:
@@ -79,19 +79,20 @@ class _Sources:
 class BoundDispatchMetrics:
     """The children of one ``policy`` label, ready for the hot path."""
 
-    __slots__ = ("_owner", "_source", "outcomes", "policy", "slot_wait", "submit_blocked")
+    __slots__ = ("_source", "_sources", "outcomes", "policy", "slot_wait", "submit_blocked")
 
     def __init__(self, owner: DispatchMetrics, policy: str, source: GaugeSource) -> None:
         self.policy = policy
         self.slot_wait = owner.slot_wait.labels(policy=policy)
         self.submit_blocked = owner.submit_blocked.labels(policy=policy)
         self.outcomes = {o: owner.messages.labels(policy=policy, outcome=o.value) for o in Outcome}
-        self._owner = owner
+        self._sources = owner.sources_for(policy)
+        self._sources.add(source)
         self._source = source
 
     def unbind(self) -> None:
-        """Stop counting this dispatcher in the gauges (``close`` calls it)."""
-        self._owner._sources_for(self.policy).remove(self._source)
+        """Stop counting this dispatcher in the gauges (``close`` calls it). Idempotent."""
+        self._sources.remove(self._source)
 
 
 _shared: weakref.WeakKeyDictionary[CollectorRegistry, DispatchMetrics] = weakref.WeakKeyDictionary()
@@ -125,7 +126,7 @@ class DispatchMetrics:
             registry=reg,
         )  # fmt: skip
         self._lock = threading.Lock()
-        self._sources: dict[str, _Sources] = {}
+        self._sources: dict[str, GaugeSources] = {}
 
     @classmethod
     def shared(cls, registry: CollectorRegistry | None = None) -> DispatchMetrics:
@@ -137,11 +138,12 @@ class DispatchMetrics:
                 m = _shared[reg] = cls(reg)
             return m
 
-    def _sources_for(self, policy: str) -> _Sources:
+    def sources_for(self, policy: str) -> GaugeSources:
+        """The live gauge sources of ``policy`` (created, with its gauge children, on first use)."""
         with self._lock:
             src = self._sources.get(policy)
             if src is None:
-                src = self._sources[policy] = _Sources()
+                src = self._sources[policy] = GaugeSources()
                 self.workers.labels(policy=policy).set_function(src.workers)
                 self.busy.labels(policy=policy).set_function(src.busy)
                 self.queued.labels(policy=policy).set_function(src.queued)
@@ -149,8 +151,7 @@ class DispatchMetrics:
 
     def bind(self, policy: str, source: GaugeSource) -> BoundDispatchMetrics:
         """Children for ``policy``, with ``source`` counted in the gauges until ``unbind``."""
-        self._sources_for(policy).add(source)
         return BoundDispatchMetrics(self, policy, source)
 
 
-__all__ = ["DEFAULT_BUCKETS", "BoundDispatchMetrics", "DispatchMetrics", "GaugeSource"]
+__all__ = ["DEFAULT_BUCKETS", "BoundDispatchMetrics", "DispatchMetrics", "GaugeSource", "GaugeSources"]

@@ -39,15 +39,21 @@ class MessageTraceLike(Protocol):
 
 @dataclass(frozen=True, slots=True)
 class DispatchStats:
-    """A consistent snapshot (taken under the dispatcher's lock).
+    """A consistent snapshot (taken under the dispatcher's lock, or on the event loop).
 
     ``handled`` counts successes only. At every snapshot::
 
         submitted == handled + failed + timed_out + skipped + in_flight + queued
 
-    ``in_flight`` counts messages a worker holds (running, or handed over and about to start);
-    ``queued`` counts messages accepted but not yet held by a worker (a policy's buffers or
-    window, or parked behind a busy ordering key).
+    ``in_flight`` counts messages a worker holds that have no outcome yet (running, or handed
+    over and about to start); ``queued`` counts messages accepted but not yet held by a worker
+    (a policy's buffers or window, or parked behind a busy ordering key). ``overrun`` counts
+    workers still held by a handler that was already reported ``TIMEOUT`` (thread engine: the
+    handler outlived ``handler_timeout`` and cannot be stopped); they are in ``timed_out``, not
+    in ``in_flight``. ``waiters``: submitters blocked in ``submit``; ``watchers``: callers
+    blocked in ``wait_for_free_slot``, ``wait_idle`` or ``close``. ``live_workers``: worker
+    threads or tasks alive (asyncio: 0 before the first ``submit``). ``cost_errors``: ``cost=``
+    results that raised or were not a finite number >= 0 (those messages got cost 0).
     """
 
     submitted: int
@@ -59,6 +65,11 @@ class DispatchStats:
     queued: int
     workers: int
     policy: str
+    waiters: int = 0
+    watchers: int = 0
+    overrun: int = 0
+    live_workers: int = 0
+    cost_errors: int = 0
 
 
 class DispatcherClosed(RuntimeError):

@@ -7,8 +7,8 @@ implementation serves both and is unit-testable step by step.
 Protocol, per message:
 
 * :meth:`Scheduler.admit` returns a worker index ``>= 0`` (that worker was idle and now holds the
-  message: hand it over), :data:`QUEUED` (accepted, waiting in the policy's structures), or
-  :data:`FULL` (no room: nothing changed, the submitter waits and tries again).
+  message: hand it over), :attr:`Admission.QUEUED` (accepted, waiting in the policy's structures),
+  or :attr:`Admission.FULL` (no room: nothing changed, the submitter waits and tries again).
 * :meth:`Scheduler.done` is called when a worker finished a message; it returns the next entry that
   worker must run right away, or ``None`` (the worker is idle now).
 
@@ -18,6 +18,7 @@ gauges and stats read them without a call.
 
 from __future__ import annotations
 
+import enum
 import heapq
 import zlib
 from abc import ABC, abstractmethod
@@ -29,8 +30,16 @@ from .protocol import MessageTraceLike
 
 T = TypeVar("T")
 
-QUEUED = -1
-FULL = -2
+
+class Admission(enum.Enum):
+    """What :meth:`Scheduler.admit` answers when it does not hand the message to a worker."""
+
+    QUEUED = "queued"  # accepted: waits in the policy's buffers, window or parking
+    FULL = "full"  # refused: nothing changed
+
+
+QUEUED = Admission.QUEUED
+FULL = Admission.FULL
 
 
 class Entry(Generic[T]):
@@ -59,7 +68,7 @@ class Scheduler(ABC):
     queued: int
 
     @abstractmethod
-    def admit(self, e: Entry[Any]) -> int:
+    def admit(self, e: Entry[Any]) -> int | Admission:
         """Accept ``e`` if there is room: a worker index to start it now, QUEUED, or FULL."""
 
     @abstractmethod
@@ -112,7 +121,7 @@ class PoolScheduler(Scheduler):
         self._ready: list[tuple[float, int, Entry[Any]]] = []  # heap of (-cost, seq, entry)
         self._active: dict[str, deque[Entry[Any]] | None] = {}
 
-    def admit(self, e: Entry[Any]) -> int:
+    def admit(self, e: Entry[Any]) -> int | Admission:
         key = e.key
         if key is not None and key in self._active:
             if self.queued >= self._park_limit:
@@ -209,7 +218,7 @@ class BufferedScheduler(Scheduler):
     def _route(self, key: str) -> int:
         return zlib.crc32(key.encode()) % self.workers
 
-    def admit(self, e: Entry[Any]) -> int:
+    def admit(self, e: Entry[Any]) -> int | Admission:
         key = e.key
         upcoming = self._upcoming
         if key is not None:
@@ -268,4 +277,4 @@ class BufferedScheduler(Scheduler):
         return out
 
 
-__all__ = ["FULL", "QUEUED", "BufferedScheduler", "Entry", "PoolScheduler", "Scheduler"]
+__all__ = ["FULL", "QUEUED", "Admission", "BufferedScheduler", "Entry", "PoolScheduler", "Scheduler"]

@@ -1,0 +1,431 @@
+"""The half of the dispatcher that is not concurrency, shared by the thread and asyncio engines.
+
+Here: argument validation, entry building with the guarded ``key=``/``cost=`` callables, the
+counters, admission with its fairness rule, the handler's trace scope, the timeout rule, outcome
+reporting and the stats snapshot. The engines add only waiting and running: threads and locks
+in :mod:`.engine`, tasks and futures in :mod:`.aio`. Nothing here blocks or locks; methods named
+``*_locked`` must be called under the thread engine's lock (the asyncio engine calls everything
+from its event loop).
+
+Exception rules, the same in both engines:
+
+* **Handler**: anything it raises — any ``BaseException``, ``SystemExit`` and
+  ``KeyboardInterrupt`` included — makes that message ``Outcome.FAILURE`` and never ends the
+  worker (a handler cannot stop a consumer; stop it with ``close``). The one exception:
+  ``asyncio.CancelledError`` while the asyncio worker *task itself* is being cancelled; the
+  message is reported ``FAILURE`` and the cancellation propagates (the worker's next message, if
+  any, goes to a fresh task). A ``CancelledError`` the handler raises on its own is a failure.
+* **Timeout**: a handler that runs longer than ``handler_timeout`` on the injected clock is
+  ``Outcome.TIMEOUT`` with a :class:`.HandlerTimeout`, whatever it returned or raised (its own
+  exception is the ``__cause__``).
+* **key=** raising, or returning anything but ``str``/``None``: that one message fails at
+  ``submit`` — ``submit`` returns True (accepted), the message is counted in ``failed`` and
+  reported ``trace.finish(FAILURE, error)`` then ``on_done(item, FAILURE, error)`` before
+  ``submit`` returns; it never reaches a worker (without its key it cannot be ordered safely).
+  Logged once.
+* **cost=** raising, or returning a non-number, NaN, an infinity or a negative number: the
+  message takes cost ``0.0`` (a cost is only a hint), counted in ``stats.cost_errors``, logged
+  once.
+* **Trace methods, on_done, the metrics**: their ``Exception`` is logged once per kind (later
+  ones at debug level) and swallowed. On a worker even a ``BaseException`` is swallowed (a
+  worker never dies); in the caller's thread (inside ``submit``/``close``: ``key=``, ``cost=``,
+  ``trace.mark``, ``on_done`` of a failed key or a SKIPPED message) ``KeyboardInterrupt`` and
+  ``SystemExit`` reach the caller, as from any call it makes.
+
+Fairness among blocked submitters: room that frees goes first to the blocked submitters, in
+arrival order, to each one whose message fits (:meth:`Core.admit_waiters`, the only place a
+blocked submitter is admitted, called by whoever frees room); so after every change no blocked
+submitter fits, and a newcomer admitted directly takes only room no blocked submitter can use —
+it never overtakes one (trio's ``CapacityLimiter`` rule, for messages of different shapes).
+
+Time: every reading of time — slot wait, time blocked in ``submit``, handler age and deadline,
+the deadlines of ``submit``/``wait_*``/``close`` timeouts — comes from the injected ``clock``
+(default ``time.monotonic_ns``).
+"""
+
+from __future__ import annotations
+
+import enum
+import logging
+import math
+import numbers
+import time
+from collections import deque
+from collections.abc import Callable, Mapping
+from contextlib import AbstractContextManager
+from typing import Any, Generic, NamedTuple, TypeVar, cast
+
+from ..logonce import OnceLogger
+from ..path.clock import Clock
+from ..path.stages import Outcome, Stage
+from .metrics import BoundDispatchMetrics, DispatchMetrics
+from .policy import Policy, resolve_policy
+from .protocol import DispatcherClosed, DispatchStats, HandlerTimeout, MessageTraceLike
+from .scheduler import Admission, Entry
+
+__all__ = ["Built", "Core", "WaitState", "Waiter", "WouldBlock", "exemplar_of"]
+
+T = TypeVar("T")
+
+logger = logging.getLogger("tracer.dispatch")
+
+_ENQUEUE = Stage.DISPATCH_ENQUEUE
+_FAILURE = Outcome.FAILURE
+
+
+class WouldBlock(Exception):
+    """Raised by :meth:`Core.try_admit_locked`: the policy has no room for the message now."""
+
+
+class WaitState(enum.Enum):
+    """Where a blocked submitter stands; decided under the engine's lock (or on the loop)."""
+
+    WAITING = "waiting"
+    ADMITTED = "admitted"  # a worker or the policy took its message; ``worker`` says which
+    CLOSED = "closed"  # close() began: the message was not taken
+
+
+class Waiter:
+    """One blocked submitter. The engines subclass it with the way to wake one."""
+
+    __slots__ = ("entry", "state", "t0", "worker")
+
+    def __init__(self, entry: Entry[Any], t0: int) -> None:
+        self.entry = entry
+        self.state = WaitState.WAITING
+        self.worker: int | None = None  # set when admitted: the worker that holds it, None = queued
+        self.t0 = t0
+
+    def alive(self) -> bool:
+        """False when its submitter gave up already (an engine whose waits can be cancelled)."""
+        return True
+
+
+class Built(NamedTuple):
+    """What :meth:`Core.build` made of an item: the entry, and what went wrong with key/cost."""
+
+    entry: Entry[Any]
+    key_error: BaseException | None
+    cost_error: bool
+
+
+def exemplar_of(trace: MessageTraceLike) -> Mapping[str, str] | None:
+    """The optional ``trace.exemplar()`` labels, if the trace offers them."""
+    fn = getattr(trace, "exemplar", None)
+    if fn is None:
+        return None
+    return cast("Mapping[str, str] | None", fn())
+
+
+def _valid_cost(c: object) -> bool:
+    if not isinstance(c, numbers.Real) or isinstance(c, bool):
+        return False
+    f = float(c)
+    return math.isfinite(f) and f >= 0
+
+
+class Core(Generic[T]):
+    """The state and rules of one dispatcher that are not concurrency (see the module docstring)."""
+
+    def __init__(
+        self,
+        *,
+        policy: Policy | str,
+        workers: int,
+        key: Callable[[T], str | None] | None,
+        cost: Callable[[T], float] | None,
+        on_done: Callable[[T, Outcome, BaseException | None], None] | None,
+        metrics: DispatchMetrics | None,
+        handler_timeout: float | None,
+        clock: Clock | None,
+        name: str,
+        kind: str,
+    ) -> None:
+        if isinstance(workers, bool) or not isinstance(workers, int) or workers < 1:
+            raise ValueError(f"workers must be an int >= 1, got {workers!r}")
+        if handler_timeout is not None and not (
+            isinstance(handler_timeout, (int, float)) and math.isfinite(handler_timeout) and handler_timeout > 0
+        ):
+            raise ValueError(f"handler_timeout must be a finite number of seconds > 0, got {handler_timeout!r}")
+        for what, fn in (("key", key), ("cost", cost), ("on_done", on_done)):
+            if fn is not None and not callable(fn):
+                raise TypeError(f"{what}= must be callable or None, got {type(fn).__name__}")
+        self.policy = resolve_policy(policy)
+        self.sched = self.policy.scheduler(workers)
+        self.key_fn = key
+        self.cost_fn = cost
+        self.on_done = on_done
+        self.timeout_s = handler_timeout
+        self.timeout_ns = None if handler_timeout is None else int(handler_timeout * 1e9)
+        self.now: Callable[[], int] = time.monotonic_ns if clock is None else clock.now_ns
+        self.name = name
+        self.log = OnceLogger(f"{kind} {name!r}", logger)
+        self.m: BoundDispatchMetrics | None = None if metrics is None else metrics.bind(self.policy.name, self.sched)
+        self.closed = False
+        self.stopping = False  # workers exit once idle
+        self.waiters: deque[Waiter] = deque()  # blocked submitters, oldest first
+        self.watchers = 0  # callers blocked in wait_for_free_slot / wait_idle / close
+        self.overrun = 0  # workers held by a handler already reported TIMEOUT
+        self.seq = 0
+        self.submitted = 0
+        self.handled = 0
+        self.failed = 0
+        self.timed_out = 0
+        self.skipped = 0
+        self.cost_errors = 0
+
+    # ------------------------------------------------------------------------------- entries
+    def build(self, item: T, trace: MessageTraceLike | None) -> Built:
+        """The entry for ``item``, with ``key=``/``cost=`` evaluated under the rules (no lock held)."""
+        key: str | None = None
+        key_error: BaseException | None = None
+        if self.key_fn is not None:
+            try:
+                k = self.key_fn(item)
+            except Exception as exc:  # noqa: BLE001 - a raising key fails this message, not the caller
+                key_error = exc
+            else:
+                if k is None or isinstance(k, str):
+                    key = k
+                else:
+                    key_error = TypeError(f"key= returned {type(k).__name__}; expected str or None")
+            if key_error is not None:
+                self.log("key= callable", key_error, "the message fails")
+        cost = 0.0
+        cost_error = False
+        if self.cost_fn is not None and key_error is None:
+            try:
+                c: object = self.cost_fn(item)
+            except Exception as exc:  # noqa: BLE001 - a cost is a hint: a broken one is 0
+                self.log("cost= callable", exc, "the message takes cost 0")
+                cost_error = True
+            else:
+                if _valid_cost(c):
+                    cost = float(cast(float, c))
+                else:
+                    self.log("cost= value", None, f"{c!r} is not a finite number >= 0; the message takes cost 0")
+                    cost_error = True
+        return Built(Entry(item, trace, key, cost), key_error, cost_error)
+
+    def closed_error(self, blocked: bool = False) -> DispatcherClosed:
+        if blocked:
+            return DispatcherClosed(f"dispatcher {self.name!r} closed while submit was blocked")
+        return DispatcherClosed(f"dispatcher {self.name!r} is closed")
+
+    def number_locked(self, b: Built) -> None:
+        """Give the entry its arrival number (unique: the cost heap breaks ties with it)."""
+        b.entry.seq = self.seq
+        self.seq += 1
+        if b.cost_error:
+            self.cost_errors += 1
+
+    # ----------------------------------------------------------------------------- admission
+    def try_admit_locked(self, e: Entry[Any]) -> int | None:
+        """The non-blocking admit: the worker that now holds ``e`` (hand it over), or None (queued).
+
+        Raises:
+            WouldBlock: the policy has no room for ``e`` now (nothing changed).
+
+        A newcomer may take any room there is: after every change of room :meth:`admit_waiters`
+        has admitted each blocked submitter that fits, so what is left is room none of them can
+        use (the fairness rule, stated in the module docstring).
+        """
+        r = self.sched.admit(e)
+        if isinstance(r, Admission):
+            if r is Admission.FULL:
+                raise WouldBlock
+            self._accept(e)
+            return None
+        self._accept(e)
+        return r
+
+    def admit_waiters_locked(self) -> list[Waiter]:
+        """Room may have freed: admit blocked submitters, oldest first, each one that fits.
+
+        The only place a blocked submitter gets room. Returns the admitted ones (state
+        ``ADMITTED``, ``worker`` set); the caller hands their entries over and wakes them.
+        """
+        waiters = self.waiters
+        if not waiters:
+            return []
+        admitted: list[Waiter] = []
+        keep: deque[Waiter] = deque()
+        for w in waiters:
+            if not w.alive():
+                continue
+            try:
+                w.worker = self.try_admit_locked(w.entry)
+            except WouldBlock:
+                keep.append(w)
+                continue
+            w.state = WaitState.ADMITTED
+            admitted.append(w)
+        if admitted:
+            self.waiters = keep
+        return admitted
+
+    def withdraw_locked(self, w: Waiter) -> None:
+        """A blocked submitter gives up (timeout): its message was not taken."""
+        try:
+            self.waiters.remove(w)
+        except ValueError:
+            pass
+
+    def close_waiters_locked(self) -> list[Waiter]:
+        """close() began: every blocked submitter gets ``CLOSED``; returns them to wake."""
+        out = list(self.waiters)
+        self.waiters.clear()
+        for w in out:
+            w.state = WaitState.CLOSED
+        return out
+
+    def _accept(self, e: Entry[Any]) -> None:
+        """Count ``e`` as submitted and stamp its enqueue (before any worker can see it)."""
+        self.submitted += 1
+        if self.m is not None:
+            e.t_enq = self.now()
+        trace = e.trace
+        if trace is not None:
+            try:
+                trace.mark(_ENQUEUE)
+            except Exception as exc:  # noqa: BLE001 - a tracing bug must not lose the message
+                self.log("trace.mark", exc)
+
+    def reject_locked(self, e: Entry[Any]) -> None:
+        """Accept ``e`` as failed at once (its ``key=`` failed); :meth:`report` it after the lock."""
+        self._accept(e)
+        self.failed += 1
+
+    # -------------------------------------------------------------------------------- running
+    def begin(self, e: Entry[Any], worker: int) -> int:
+        """A worker starts ``e``: observe its slot wait, tell the trace the lane; the start time."""
+        t0 = self.now()
+        m = self.m
+        trace = e.trace
+        if m is not None:
+            wait = (t0 - e.t_enq) / 1e9
+            try:
+                ex = None if trace is None else exemplar_of(trace)
+                m.slot_wait.observe(wait if wait > 0 else 0.0, dict(ex) if ex else None)
+            except BaseException as exc:  # noqa: BLE001 - on a worker: never end it
+                self.log("slot-wait metric", exc)
+        if trace is not None:
+            try:
+                if hasattr(trace, "worker"):
+                    trace.worker = worker  # the report draws one lane per worker
+            except BaseException as exc:  # noqa: BLE001
+                self.log("trace.worker", exc)
+        return t0
+
+    def enter_scope(self, trace: MessageTraceLike | None) -> AbstractContextManager[object] | None:
+        if trace is None:
+            return None
+        try:
+            scope = trace.handler_scope()
+            scope.__enter__()
+            return scope
+        except BaseException as exc:  # noqa: BLE001
+            self.log("trace.handler_scope enter", exc)
+            return None
+
+    def exit_scope(self, scope: AbstractContextManager[object] | None, error: BaseException | None) -> None:
+        if scope is None:
+            return
+        try:
+            if error is None:
+                scope.__exit__(None, None, None)
+            else:
+                scope.__exit__(type(error), error, error.__traceback__)
+        except BaseException as exc:  # noqa: BLE001
+            self.log("trace.handler_scope exit", exc)
+
+    def settle(self, error: BaseException | None, t0: int, expired: bool = False) -> tuple[Outcome, BaseException | None]:
+        """The outcome of a handler that started at ``t0`` and ended with ``error`` (the timeout rule).
+
+        ``expired``: the engine's own timer fired (asyncio) — TIMEOUT even if the clock disagrees.
+        """
+        tns = self.timeout_ns
+        if tns is not None:
+            elapsed = self.now() - t0
+            if expired or elapsed > tns:
+                timeout = HandlerTimeout(max(0, elapsed) / 1e9, tns / 1e9)
+                timeout.__cause__ = error
+                return Outcome.TIMEOUT, timeout
+        return (Outcome.SUCCESS, None) if error is None else (_FAILURE, error)
+
+    def count_locked(self, outcome: Outcome) -> None:
+        if outcome is Outcome.SUCCESS:
+            self.handled += 1
+        elif outcome is _FAILURE:
+            self.failed += 1
+        elif outcome is Outcome.TIMEOUT:
+            self.timed_out += 1
+        else:
+            self.skipped += 1
+
+    def report(self, e: Entry[Any], outcome: Outcome, error: BaseException | None, *, on_worker: bool = True) -> None:
+        """``trace.finish`` then ``on_done`` then the outcome counter, each guarded (exactly once per entry)."""
+        catch: type[BaseException] = BaseException if on_worker else Exception
+        trace = e.trace
+        if trace is not None:
+            try:
+                trace.finish(outcome, error)
+            except catch as exc:
+                self.log("trace.finish", exc)
+        on_done = self.on_done
+        if on_done is not None:
+            try:
+                on_done(cast(T, e.item), outcome, error)
+            except catch as exc:
+                self.log("on_done", exc)
+        elif error is not None and trace is None:
+            self.log(f"handler ({type(error).__name__}, no on_done to report it)", error)
+        m = self.m
+        if m is not None:
+            m.outcomes[outcome].inc()
+
+    def observe_blocked(self, ns: int) -> None:
+        m = self.m
+        if m is not None:
+            m.submit_blocked.observe(ns / 1e9 if ns > 0 else 0.0)
+
+    # ------------------------------------------------------------------------- state, closing
+    def settled_locked(self) -> bool:
+        """Nothing queued and no held message without an outcome (overrun handlers aside)."""
+        s = self.sched
+        return s.busy - self.overrun == 0 and s.queued == 0
+
+    def take_skipped_locked(self) -> list[Entry[Any]]:
+        """close(drain=False): every queued entry leaves unrun and counts as SKIPPED."""
+        out = self.sched.take_queued()
+        self.skipped += len(out)
+        return out
+
+    def free_slots_locked(self) -> int:
+        return 0 if self.closed else self.sched.free_slots()
+
+    def deadline(self, timeout: float | None) -> int | None:
+        return None if timeout is None else self.now() + int(timeout * 1e9)
+
+    def remaining(self, deadline: int | None) -> float | None:
+        """Seconds left until ``deadline`` on the clock (None: no deadline; <= 0: passed)."""
+        return None if deadline is None else (deadline - self.now()) / 1e9
+
+    def stats_locked(self, live_workers: int) -> DispatchStats:
+        s = self.sched
+        return DispatchStats(
+            submitted=self.submitted,
+            handled=self.handled,
+            failed=self.failed,
+            timed_out=self.timed_out,
+            skipped=self.skipped,
+            in_flight=s.busy - self.overrun,
+            queued=s.queued,
+            workers=s.workers,
+            policy=self.policy.name,
+            waiters=len(self.waiters),
+            watchers=self.watchers,
+            overrun=self.overrun,
+            live_workers=live_workers,
+            cost_errors=self.cost_errors,
+        )
