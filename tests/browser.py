@@ -70,6 +70,52 @@ def dump_dom(browser: str, url: str, profile: Path, *, width: int = 1600, timeou
     return proc.stdout
 
 
+# -- layout at a width ---------------------------------------------------------------------------
+# Appended to a scratch copy only (the report has no script): what the browser laid out at one width.
+_OVERFLOW_PROBE = """<pre id="overflow-probe"></pre><script>
+window.addEventListener("load", () => {
+  const doc = document.documentElement;
+  const name = (e) => e.tagName.toLowerCase() + (e.id ? "#" + e.id : "") +
+    (e.className && typeof e.className === "string" ? "." + e.className.split(" ").join(".") : "") +
+    " «" + (e.textContent || "").trim().slice(0, 40) + "»";
+  const clipped = [], overflowing = [];
+  for (const e of document.body.querySelectorAll("*")) {
+    if (e.id === "overflow-probe" || e.closest("svg")) continue;
+    const st = getComputedStyle(e);
+    const over = e.scrollWidth > e.clientWidth + 1 && e.clientWidth > 0;
+    if (!over) continue;
+    if (["hidden", "clip", "auto", "scroll"].includes(st.overflowX) || st.textOverflow === "ellipsis")
+      clipped.push(name(e));
+    else if (st.display !== "inline")
+      overflowing.push(name(e));
+  }
+  const right = doc.clientWidth;
+  const pastEdge = [...document.body.querySelectorAll("*")].filter(e => {
+    const b = e.getBoundingClientRect(); return b.width > 0 && b.right > right + 1; }).map(name).slice(0, 20);
+  document.getElementById("overflow-probe").textContent = JSON.stringify({
+    scrollWidth: doc.scrollWidth, clientWidth: doc.clientWidth, clipped, overflowing, pastEdge});
+});
+</script>"""
+
+
+def layout_at(browser: str, html: Path, width: int, workdir: Path) -> dict[str, object]:
+    """Horizontal overflow of ``html`` in a ``width``-px window: the document's scroll and client
+    widths, elements whose content is cut off (overflow hidden/auto or an ellipsis), block elements
+    whose content runs past their box, and elements reaching past the window's right edge."""
+    import json
+    import re
+
+    page = html.read_text(encoding="utf-8")
+    cut = page.rfind("</body>")
+    probe = workdir / f"overflow-{width}.html"
+    probe.write_text(page[:cut] + _OVERFLOW_PROBE + page[cut:], encoding="utf-8")
+    dom = dump_dom(browser, probe.as_uri(), workdir / f"profile-{width}", width=width)
+    m = re.search(r'<pre id="overflow-probe">(.*?)</pre>', dom, re.S)
+    if not m or not m.group(1).strip():
+        raise AssertionError(f"the browser did not measure {html} at {width} px: {dom[-500:]}")
+    return dict(json.loads(m.group(1)))
+
+
 # -- PNG ---------------------------------------------------------------------------------------
 def png_size(path: Path) -> tuple[int, int]:
     """(width, height) from the PNG header."""

@@ -38,3 +38,85 @@ def test_parser_rejects_unknown_bench():
         parser.parse_args(["bench", "nope"])
     except SystemExit as e:
         assert e.code == 2
+
+
+# -- every bad argument: one line on stderr, exit status 2, before any work ---------------------
+import socket  # noqa: E402
+
+import pytest  # noqa: E402
+
+BAD_DEMO = [
+    (["--workers", "0"], "--workers"),
+    (["--groups", "-5"], "--groups"),
+    (["--groups", "0"], "--groups"),
+    (["--case-ms", "-1"], "--case-ms"),
+    (["--case-ms", "nan"], "--case-ms"),
+    (["--buffer", "-1"], "--buffer"),
+    (["--policies", "nonsense"], "nonsense"),
+    (["--policies", ""], "--policies"),
+    (["--policies", "aggressive,aggressive"], "twice"),
+    (["--metrics-port", "70000"], "--metrics-port"),
+    (["--metrics-port", "http"], "--metrics-port"),
+    (["--bogus"], "--bogus"),
+]
+
+
+def _one_error_line(argv: list[str], capsys: pytest.CaptureFixture[str]) -> str:
+    with pytest.raises(SystemExit) as e:
+        main(argv)
+    assert e.value.code == 2
+    err = capsys.readouterr().err
+    lines = err.strip().splitlines()
+    assert len(lines) == 1, err
+    assert "Traceback" not in err
+    return lines[0]
+
+
+@pytest.mark.parametrize(("argv", "named"), BAD_DEMO)
+def test_demo_rejects_each_bad_argument_in_one_line(argv: list[str], named: str, tmp_path,
+                                                      capsys: pytest.CaptureFixture[str]) -> None:
+    line = _one_error_line(["demo", *argv, "--out", str(tmp_path / "out")], capsys)
+    assert named in line and line.startswith("rmqtrace demo: error:"), line
+    assert not (tmp_path / "out").exists()  # rejected before anything was written
+
+
+def test_a_bad_top_level_flag_is_named(capsys: pytest.CaptureFixture[str]) -> None:
+    line = _one_error_line(["--bogus"], capsys)
+    assert "--bogus" in line and "COMMAND" not in line, line
+
+
+def test_no_command_says_which_there_are(capsys: pytest.CaptureFixture[str]) -> None:
+    line = _one_error_line([], capsys)
+    assert "demo" in line and "report" in line, line
+
+
+def _runtime_error(argv: list[str], capsys: pytest.CaptureFixture[str]) -> str:
+    code = main(argv)
+    assert code == 2
+    err = capsys.readouterr().err
+    assert len(err.strip().splitlines()) == 1 and "Traceback" not in err, err
+    return err.strip()
+
+
+def test_demo_rejects_an_unwritable_out_before_the_run(tmp_path, capsys: pytest.CaptureFixture[str]) -> None:
+    blocker = tmp_path / "a-file"
+    blocker.write_text("")
+    line = _runtime_error(["demo", "--groups", "5", "--out", str(blocker / "out")], capsys)
+    assert "--out" in line and str(blocker / "out") in line
+
+
+def test_demo_rejects_a_port_in_use_before_the_run(tmp_path, capsys: pytest.CaptureFixture[str]) -> None:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        s.listen()
+        port = s.getsockname()[1]
+        line = _runtime_error(["demo", "--groups", "5", "--metrics-port", str(port), "--out", str(tmp_path)], capsys)
+    assert f"--metrics-port {port}" in line and "in use" in line
+    assert not (tmp_path / "summary.json").exists()
+
+
+def test_metrics_port_help_shows_no_made_up_default(capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit):
+        main(["demo", "--help"])
+    out = " ".join(capsys.readouterr().out.split())
+    assert "[--metrics-port PORT]" in out and "9464" not in out.split("options:")[0]

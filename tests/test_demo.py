@@ -20,3 +20,30 @@ def test_demo_reproduces_the_incident_and_the_fix(spans):
             "stage": "dispatch_wait", "topic": "testcase-groups", "consumer_group": f"demo-{policy}"}) == 120
     processes = [s for s in exporter.get_finished_spans() if s.name == "process testcase-groups"]
     assert len(processes) == 240
+
+
+def test_demo_and_report_say_the_same_sentence(tmp_path):
+    """One source for the verdict: the demo's line per policy is the report's line per consumer group."""
+    from tracer.report.model import build_report, group_line
+    from tracer.report.sources import read_jsonl
+    from tracer.tools.cli import main
+
+    assert main(["demo", "--groups", "40", "--workers", "3", "--case-ms", "0.5", "--policies",
+                 "round_robin,aggressive", "--out", str(tmp_path)]) == 0
+    report = build_report(read_jsonl(tmp_path / "spans.jsonl"))
+    import json
+    summary = {s["policy"]: s for s in json.loads((tmp_path / "summary.json").read_text())}
+    for g in report.groups:
+        policy = g.group.removeprefix("demo-")
+        line = group_line(g).split(": ", 1)[1]
+        assert "consumer_wait (waiting inside the consumer)" in line
+        assert f"{summary[policy]['gaps']['consumer_wait']['share']:.0%} of end-to-end time" in line
+        assert f"{summary[policy]['makespan_over_lb']:.2f}× the lower bound" in line
+
+
+def test_demo_reads_the_cost_through_the_propagation_constant():
+    import inspect
+
+    from tracer.tools import demo
+
+    assert '"rmqtrace_cost"' not in inspect.getsource(demo)

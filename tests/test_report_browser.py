@@ -13,17 +13,19 @@ import shutil
 from pathlib import Path
 
 import pytest
-from browser import dump_dom, ensure_chromium, png_size, png_stats
+from browser import dump_dom, ensure_chromium, layout_at, png_size, png_stats
 from conftest import REPO, unavailable
 
-from tracer.tools.cli import main
 from tracer.report.html import STAGE_COLOR
 from tracer.report.png import screenshot
+from tracer.tools.cli import main
 
 pytestmark = pytest.mark.integration
 
 SECTIONS = ("job-view", "stages", "waterfall", "heatmap", "occupancy", "slowest")
 GROUPS = ("demo-round_robin", "demo-aggressive")
+POLICIES3 = ("round_robin", "aggressive", "cost_aware")  # the default demo: three groups side by side
+WIDTHS = (1280, 1400, 1920)
 
 # Appended to a scratch copy only: the report itself has no script. It measures what the browser
 # laid out and writes it where --dump-dom can read it.
@@ -60,6 +62,29 @@ def demo_report(tmp_path_factory: pytest.TempPathFactory) -> Path:
         g.removeprefix("demo-") for g in GROUPS), "--out", str(out)])
     assert code == 0
     return out / "report.html"
+
+
+@pytest.fixture(scope="module")
+def demo_report3(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The default demo's three policies (the widest page), on a small job."""
+    out = tmp_path_factory.mktemp("demo3")
+    assert main(["demo", "--groups", "60", "--workers", "4", "--case-ms", "1", "--policies", ",".join(POLICIES3),
+                 "--out", str(out)]) == 0
+    return out / "report.html"
+
+
+@pytest.mark.parametrize("width", WIDTHS)
+def test_no_horizontal_overflow_or_clipped_text(browser: str, demo_report3: Path, tmp_path: Path, width: int) -> None:
+    layout = layout_at(browser, demo_report3, width, tmp_path)
+    assert layout["scrollWidth"] <= layout["clientWidth"], layout  # no horizontal scrolling
+    assert layout["clipped"] == [], layout  # nothing cut off behind overflow hidden/auto or an ellipsis
+    assert layout["overflowing"] == [], layout  # no table running past its card
+    assert layout["pastEdge"] == [], layout
+    png = screenshot(demo_report3, tmp_path / f"report-{width}.png", width=width, browser=browser)
+    assert png_size(png)[0] == width
+    keep = REPO / ".cache" / f"report-{width}.png"  # for a human to look at
+    keep.parent.mkdir(parents=True, exist_ok=True)
+    shutil.copyfile(png, keep)
 
 
 def test_sections_are_present_in_the_browsers_dom(browser: str, demo_report: Path, tmp_path: Path) -> None:

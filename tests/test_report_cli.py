@@ -10,8 +10,8 @@ from pathlib import Path
 import pytest
 from report_helpers import KNOWN, write_scenario_with_tracer
 
-from tracer.tools.cli import _maybe_report, main
 from tracer.report import write_demo_report
+from tracer.tools.cli import _maybe_report, main
 
 # The same job under a second group that used worker 1 for m3: done at 303 ms instead of 1103.
 BETTER = tuple(dataclasses.replace(r, group="g-ok", worker=1, start=203, end=303) if r.key == "m3" else
@@ -32,7 +32,7 @@ def run(capsys: pytest.CaptureFixture[str], *argv: str) -> tuple[int, str, str]:
 def test_terminal_summary(spans_file: Path, capsys: pytest.CaptureFixture[str]) -> None:
     code, out, _ = run(capsys, str(spans_file), "--top", "2")
     assert code == 0
-    assert "6 messages in 2 group(s)" in out
+    assert "6 messages in 2 consumer group(s)" in out
     for text in ("Job view", "g-rr", "g-ok", "1.10 s", "1.00 s", "1.10", "Stage gaps", "dispatch_wait",
                  "Slowest messages of g-rr",
                  "ID-m3 (m3) finished last, mostly waiting for a worker inside the consumer"):

@@ -48,10 +48,10 @@ def run(jaeger: str, tmp_path_factory: pytest.TempPathFactory) -> tuple[str, Pat
     from opentelemetry.sdk.trace.export import BatchSpanProcessor, SimpleSpanProcessor
     from prometheus_client import CollectorRegistry
 
-    from tracer.tools.demo import DemoOptions, run_policy
     from tracer.dispatch import DispatchMetrics
     from tracer.telemetry.metrics import TracerMetrics
     from tracer.telemetry.spanfile import JsonLinesSpanExporter
+    from tracer.tools.demo import DemoOptions, run_policy
     from tracer.tools.workload import make_job
 
     service = f"rmqtrace-report-it-{uuid.uuid4().hex[:8]}"  # this run's traces only

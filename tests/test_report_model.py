@@ -7,6 +7,7 @@ import dataclasses
 import pytest
 from report_helpers import KNOWN, MS, T0, Row, scenario_spans
 
+from tracer.path.stages import Stage
 from tracer.report.model import (
     NO_JOB,
     PRODUCED_LATE,
@@ -19,7 +20,6 @@ from tracer.report.model import (
     percentile,
     wait_edges,
 )
-from tracer.path.stages import Stage
 
 
 def approx(x: float) -> object:
@@ -152,7 +152,8 @@ def test_occupancy_steps_and_bucket_means() -> None:
 
 def test_report_carries_heatmaps_and_occupancy_on_the_shared_axis() -> None:
     g = build_report(scenario_spans(KNOWN), time_buckets=4).groups[0]
-    hm = g.heatmaps["dispatch_wait"]
+    assert list(g.heatmaps) == ["consumer_wait"]  # the headline gap: client_buffer + dispatch_wait
+    hm = g.heatmaps["consumer_wait"]
     assert hm.bucket_s == approx(1.103 / 4) and hm.total == 3
     assert hm.counts[2][0] == 2 and hm.counts[10][0] == 1  # 1 ms (×2) and 991 ms, all enqueued by 12 ms
     assert g.occupancy is not None and g.occupancy.workers == 2
@@ -210,3 +211,18 @@ def test_no_stamps_at_all_and_duplicates() -> None:
     assert len(records) == 3 and {r.timing for r in records} == {"spans"}
     assert build_report(spans).groups[0].jobs[0].completion_s == approx(1.103)
     assert build_report([]).groups == []
+
+
+def test_the_headline_gap_has_a_share_of_path_time() -> None:
+    g = build_report(scenario_spans(KNOWN)).groups[0]
+    parts = g.stages["client_buffer"].share + g.stages["dispatch_wait"].share
+    assert g.stages["consumer_wait"].share == approx(parts) and parts > 0
+    assert g.stages["end_to_end"].share == 0.0  # the whole, not a part
+
+
+def test_lower_bound_is_the_simulations() -> None:
+    from tracer.dispatch.simulate import lower_bound
+
+    g = build_report(scenario_spans(KNOWN)).groups[0]
+    handled = [r.handler_s for r in g.records if r.handled]
+    assert g.jobs[0].lower_bound_s == lower_bound(handled, g.workers)

@@ -12,6 +12,7 @@ from typing import Any, Iterator
 import pytest
 from report_helpers import KNOWN, MS, T0, scenario_spans, write_scenario_with_tracer
 
+from tracer.path.stages import Stage
 from tracer.report.model import build_report, messages_from_spans
 from tracer.report.sources import (
     SourceError,
@@ -22,7 +23,6 @@ from tracer.report.sources import (
     spans_from_jaeger_json,
 )
 from tracer.telemetry.spanfile import SpanRecord
-from tracer.path.stages import Stage
 
 
 # -- JSON lines --------------------------------------------------------------------------------

@@ -7,7 +7,8 @@ axis so policies compare at a glance):
   its stage split;
 * ``#stages`` — p50/p95/p99/max of every gap;
 * ``#waterfall`` — one row per message (sorted by start) with a coloured segment per stage;
-* ``#heatmap`` — messages by when their dispatch wait began (x) and how long it was (y, log);
+* ``#heatmap`` — messages by when they reached the consumer (x) and how long they waited inside it
+  (y, log): the headline gap ``consumer_wait`` = client_buffer + dispatch_wait;
 * ``#occupancy`` — handlers running over time;
 * ``#slowest`` — the slowest messages and their largest stage.
 
@@ -22,7 +23,7 @@ from html import escape
 from pathlib import Path
 from typing import Sequence
 
-from ..path.stages import GAP_BY_NAME, GAPS, PATH_GAPS
+from ..path.stages import GAP_BY_NAME, GAPS, HEADLINE_GAP, PATH_GAPS
 from ..path.stamps import timeline
 from .model import (
     PRODUCED_LATE,
@@ -33,6 +34,8 @@ from .model import (
     Report,
     build_report,
     format_seconds,
+    group_line,
+    notes,
     step_means,
 )
 
@@ -59,9 +62,12 @@ padding-bottom: 4px; } h3 { font-size: 15px; margin: 0 0 8px; }
 nav a { margin-right: 14px; color: #1a5fb4; text-decoration: none; } nav a:hover { text-decoration: underline; }
 .legend { margin: 10px 0 0; display: flex; flex-wrap: wrap; gap: 6px 16px; font-size: 13px; }
 .sw { display: inline-block; width: 12px; height: 12px; border-radius: 2px; vertical-align: -1px; margin-right: 5px; }
-.cols { display: grid; grid-template-columns: repeat(auto-fit, minmax(360px, 1fr)); gap: 16px; align-items: start; }
+/* min(…, 100%): a column never asks for more than its container has, so nothing runs past a card */
+.cols { display: grid; grid-template-columns: repeat(auto-fit, minmax(min(360px, 100%), 1fr)); gap: 16px;
+        align-items: start; }
 .card { background: var(--card); border: 1px solid var(--line); border-radius: 8px; padding: 12px 14px; min-width: 0; }
-.jobs { display: grid; grid-template-columns: repeat(auto-fit, minmax(360px, 1fr)); gap: 10px 24px; }
+.jobs { display: grid; grid-template-columns: repeat(auto-fit, minmax(min(360px, 100%), 1fr)); gap: 10px 24px; }
+.job, .card > * { min-width: 0; }
 .card svg, svg#compare { display: block; max-width: 100%; height: auto; }
 .big { font-size: 26px; font-weight: 650; } .big small { font-size: 14px; font-weight: 400; color: var(--muted); }
 .bad { color: #b3261e; } .ok { color: #1e7a34; }
@@ -69,9 +75,12 @@ nav a { margin-right: 14px; color: #1a5fb4; text-decoration: none; } nav a:hover
 table { border-collapse: collapse; font-size: 13px; font-variant-numeric: tabular-nums; }
 th, td { padding: 3px 8px; border-bottom: 1px solid var(--line); text-align: right; white-space: nowrap; }
 th { background: #eef0f3; font-weight: 600; } .gs { border-left: 2px solid #c4c7cc; } td.l, th.l { text-align: left; }
-table.kv td:first-child { text-align: left; color: var(--muted); }
-table.wide { width: 100%; }
-.mono { font-family: ui-monospace, "DejaVu Sans Mono", monospace; font-size: 12px; }
+table.kv { width: 100%; } table.kv td:first-child { text-align: left; color: var(--muted); width: 34%; }
+table.kv td, table.wide td.l { white-space: normal; overflow-wrap: anywhere; }
+table.wide { width: 100%; } table.wide th { white-space: normal; } table.wide td, table.wide th { padding: 3px 5px; }
+table.stages tr.gs td { border-top: 2px solid #c4c7cc; }
+.headline { margin: 0 0 10px; padding: 6px 10px; border-left: 4px solid #b3261e; background: #fff; }
+.mono { font-family: ui-monospace, "DejaVu Sans Mono", monospace; font-size: 12px; overflow-wrap: anywhere; }
 svg text { font: 12px system-ui, "DejaVu Sans", sans-serif; fill: #3c4043; }
 svg .axis line, svg .grid { stroke: #c4c7cc; stroke-width: 0.6; }
 svg .mark { stroke-width: 1.2; }
@@ -221,7 +230,9 @@ def _compare_svg(report: Report) -> str:
 
 
 def _job_card(g: GroupStats, width: int) -> str:
-    out = [f'<div class="card" data-group="{escape(g.group)}"><h3>{escape(g.group)}</h3>']
+    out = [f'<div class="card" data-group="{escape(g.group)}"><h3>{escape(g.group)}</h3>'
+           f'<p class="headline">{escape(group_line(g).split(": ", 1)[-1])}</p>']
+    wait = g.stages[HEADLINE_GAP.name]
     wsrc = {"attribute": "from rmqtrace.worker", "inferred": "inferred: peak concurrent handlers",
             "given": "given with --workers"}[g.workers_source]
     out.append('<div class="jobs">')
@@ -238,6 +249,8 @@ def _job_card(g: GroupStats, width: int) -> str:
         rows = [
             ("messages", f"{j.messages}"),
             ("workers", f"{j.workers} ({wsrc})"),
+            (f"waiting inside the consumer ({HEADLINE_GAP.name})",
+             f"{wait.share:.0%} of path time · p99 {fmt_s(wait.p99)} · max {fmt_s(wait.max)}"),
             ("workers busy", f"{j.occupancy:.0%} of workers × completion"),
             ("total handler time", f"{fmt_s(j.total_handler_s)} ÷ {j.workers} workers = "
                                    f"{fmt_s(j.total_handler_s / j.workers if j.workers else 0)}"),
@@ -267,24 +280,25 @@ def _job_view(report: Report, width: int) -> str:
 
 # -- stage table -----------------------------------------------------------------------------
 def _stages(report: Report) -> str:
-    head = "".join(f'<th colspan="5" class="gs" style="text-align:center">{escape(g.group)}</th>'
-                   for g in report.groups)
-    sub = "".join('<th class="gs">p50</th><th>p95</th><th>p99</th><th>max</th><th>share</th>' for _ in report.groups)
+    """One row per gap and group (the headline first): seven columns, whatever the number of groups."""
+    names = [escape(g.group) for g in report.groups]
     rows = []
-    for gap in GAPS:
-        cells = []
-        for g in report.groups:
-            s = g.stages[gap.name]
-            cells += [fmt_s(s.p50), fmt_s(s.p95), fmt_s(s.p99), fmt_s(s.max),
-                      f"{s.share:.0%}" if gap in PATH_GAPS else ""]
+    for gap in (HEADLINE_GAP, *(g for g in GAPS if g is not HEADLINE_GAP)):
         sw = f'<span class="sw" style="background:{STAGE_COLOR.get(gap.name, "#444")}"></span>'
-        rows.append(f'<tr><td class="l">{sw}{gap.name}</td><td class="l note">{escape(gap.meaning)}</td>'
-                    + "".join(f"<td{' class=gs' if k % 5 == 0 else ''}>{c}</td>" for k, c in enumerate(cells))
-                    + "</tr>")
+        for i, g in enumerate(report.groups):
+            s = g.stages[gap.name]
+            share = f"{s.share:.0%}" if gap in PATH_GAPS or gap is HEADLINE_GAP else ""
+            cells = [fmt_s(s.p50), fmt_s(s.p95), fmt_s(s.p99), fmt_s(s.max), share] if s.count else ["—"] * 4 + [""]
+            first = (f'<td class="l" rowspan="{len(report.groups)}"><b>{sw}{gap.name}</b><br>'
+                     f'<span class="note">{escape(gap.meaning)}</span></td>') if i == 0 else ""
+            cls = ' class="gs"' if i == 0 else ""
+            rows.append(f"<tr{cls}>{first}<td class='l'>{names[i]}</td>" + "".join(f"<td>{c}</td>" for c in cells)
+                        + "</tr>")
     return ('<section id="stages"><h2>Stage gaps</h2><p class="help">Per gap between stamps: percentiles (nearest '
-            "rank) and the share of all path time (send … handler) it took.</p>"
-            f'<div style="overflow-x:auto"><table class="wide"><tr><th class="l" rowspan="2">gap</th>'
-            f'<th class="l" rowspan="2">meaning</th>{head}</tr><tr>{sub}</tr>{"".join(rows)}</table></div></section>')
+            f"rank) and the share of all path time (send … handler) it took. {HEADLINE_GAP.name} — the time a "
+            "message waited inside the consumer — is client_buffer + dispatch_wait.</p>"
+            '<table class="wide stages"><tr><th class="l">gap</th><th class="l">consumer group</th><th>p50</th>'
+            f'<th>p95</th><th>p99</th><th>max</th><th>share</th></tr>{"".join(rows)}</table></section>')
 
 
 # -- waterfall -------------------------------------------------------------------------------
@@ -316,7 +330,7 @@ def _row_title(r: MessageRecord, t0: int) -> str:
 def waterfall_svg(g: GroupStats, axis_s: float, max_rows: int = MAX_ROWS, width: int = CHART_W) -> tuple[str, int]:
     rows = sample_rows(g, max_rows)
     rh = max(2.0, min(12.0, 600 / max(1, len(rows))))
-    top, left, right = 22, 12, 10
+    top, left, right = 22, 12, 50  # the right margin holds the "◀ last" label
     x = _X(axis_s, left, width - left - right)
     plot_h = len(rows) * rh
     h = top + plot_h + 24
@@ -347,11 +361,7 @@ def waterfall_svg(g: GroupStats, axis_s: float, max_rows: int = MAX_ROWS, width:
             b = x((r.end_ns - g.start_ns) / 1e9)
             out.append(f'<rect x="{_n(a - 1)}" y="{_n(y - 1.5)}" width="{_n(b - a + 2)}" height="{_n(rh + 3)}" '
                        'fill="none" stroke="#111" stroke-width="1.2"/>')
-            if b + 48 < width:
-                out.append(f'<text x="{_n(b + 4)}" y="{_n(y + rh / 2 + 4)}" style="font-weight:600">◀ last</text>')
-            else:  # the row reaches the right edge: label it from above, ending where it ends
-                out.append(f'<text x="{_n(b)}" y="{_n(y - 3)}" text-anchor="end" style="font-weight:600">'
-                           "last ▼</text>")
+            out.append(f'<text x="{_n(b + 4)}" y="{_n(y + rh / 2 + 4)}" style="font-weight:600">◀ last</text>')
     for j in g.jobs:
         done = x((j.end_ns - g.start_ns) / 1e9)
         lb = x((j.start_ns - g.start_ns) / 1e9 + j.lower_bound_s)
@@ -444,19 +454,13 @@ def _heatmap_block(report: Report, gap: str, width: int) -> str:
 
 
 def _heatmap(report: Report, width: int) -> str:
-    out = ['<section id="heatmap"><h2>Dispatch-wait heatmap</h2><p class="help">Messages counted by when they were '
-           "handed to the dispatcher (x, seconds after the group's first produce) and how long they then waited for "
-           "a free worker (y, log scale). A dark band high up means messages queued behind busy workers; compare it "
-           "with the occupancy below to see whether other workers sat idle meanwhile.</p>",
-           _heatmap_block(report, "dispatch_wait", width)]
-    cb_share = max((g.stages["client_buffer"].share for g in report.groups), default=0.0)
-    if cb_share >= 0.05:
-        out.append('<h3 id="heatmap-client-buffer" style="margin-top:18px">Client-buffer wait</h3>'
-                   f'<p class="help">Up to {cb_share:.0%} of the path time was spent in the client\'s local cache '
-                   "before dispatch (a push consumer's prefetch): the same wait for a worker, one step earlier.</p>")
-        out.append(_heatmap_block(report, "client_buffer", width))
-    out.append("</section>")
-    return "".join(out)
+    name = HEADLINE_GAP.name
+    return (f'<section id="heatmap"><h2>Consumer-wait heatmap</h2><p class="help">Messages counted by when they '
+            "reached the consumer (x, seconds after the group's first produce) and how long they then waited inside "
+            f"it before their handler started (y, log scale): {name} = client_buffer (in the client's local cache) + "
+            "dispatch_wait (for a free worker). A dark band high up means messages queued behind busy workers; "
+            "compare it with the occupancy below to see whether other workers sat idle meanwhile.</p>"
+            + _heatmap_block(report, name, width) + "</section>")
 
 
 # -- occupancy -------------------------------------------------------------------------------
@@ -548,21 +552,6 @@ def chart_width(groups: int, page_w: int = PAGE_W) -> int:
     return int(max(330, min(1100, col)))
 
 
-def _notes(report: Report) -> list[str]:
-    out = []
-    inferred = [g.group for g in report.groups if g.workers_source == "inferred"]
-    if inferred:
-        out.append("Workers of " + ", ".join(escape(x) for x in inferred) + " were inferred: the spans carry no "
-                   "<code>rmqtrace.worker</code>, so handler intervals were packed greedily into lanes (by start, each "
-                   "into the lowest free lane). That count is the peak number of concurrent handlers — a lower bound "
-                   "on the pool size, so the LB shown may be a little high.")
-    rebuilt = sum(g.from_spans for g in report.groups)
-    if rebuilt:
-        out.append(f"{rebuilt} message(s) carried no exact stamps; their timing was rebuilt from span start/end times "
-                   "(the trace store's resolution).")
-    return out
-
-
 def render_html(report: Report, *, title: str = "rmqtrace report", max_rows: int = MAX_ROWS,
                 generated: _dt.datetime | None = None) -> str:
     when = (generated or _dt.datetime.now(_dt.timezone.utc)).strftime("%Y-%m-%d %H:%M:%S UTC")
@@ -570,7 +559,7 @@ def render_html(report: Report, *, title: str = "rmqtrace report", max_rows: int
     body = [
         f"<header><h1>{escape(title)}</h1><p class='meta'>"
         + " · ".join(x for x in (escape(report.source), f"{report.messages} messages in {len(report.groups)} "
-                                 f"group(s): {groups}", f"generated {when}") if x) + "</p>",
+                                 f"consumer group(s): {groups}", f"generated {when}") if x) + "</p>",
         '<nav><a href="#job-view">Job view</a><a href="#stages">Stage gaps</a><a href="#waterfall">Waterfall</a>'
         '<a href="#heatmap">Heatmap</a><a href="#occupancy">Occupancy</a><a href="#slowest">Slowest</a></nav>'
         + _legend() + "</header>",
@@ -582,8 +571,8 @@ def render_html(report: Report, *, title: str = "rmqtrace report", max_rows: int
         w = chart_width(len(report.groups))
         body += [_job_view(report, w), _stages(report), _waterfall(report, max_rows, w), _heatmap(report, w),
                  _occupancy(report, w), _slowest(report)]
-    notes = "".join(f"<p>{n}</p>" for n in _notes(report))
-    body.append(f"<footer>{notes}<p>All charts of a section share one time axis: seconds after each group's first "
+    caveats = "".join(f"<p>{escape(n.removeprefix('* '))}</p>" for n in notes(report))
+    body.append(f"<footer>{caveats}<p>All charts of a section share one time axis: seconds after each group's first "
                 "produce. Gaps crossing clocks (producer → broker → consumer) are clamped at zero when the clocks "
                 "disagree. Made by rmqtrace; this page loads nothing from the network.</p></footer>")
     return (f'<!doctype html>\n<html lang="en"><head><meta charset="utf-8"><meta name="viewport" '

@@ -14,7 +14,10 @@ Definitions (also in ``docs/report.md``):
 * **job**: ``rmqtrace.job.id``; messages without one form the job ``(no job id)``.
 * **completion**: last handler end − first produce of the job's messages.
 * **lower bound** (LB): ``max(total handler time / workers, longest handler time)`` — no
-  schedule on that many workers can finish the job sooner.
+  schedule on that many workers can finish the job sooner
+  (:func:`tracer.dispatch.simulate.lower_bound`, the one the demo and the benchmarks use).
+* **consumer wait** (the headline, :data:`tracer.path.stages.HEADLINE_GAP`): client pull →
+  handler start = client_buffer + dispatch_wait, the time a message waited inside the consumer.
 * **critical path**: the message that finished last, and how the job's completion splits
   across its stages: produced late, send, broker wait, client buffer, dispatch wait, handler.
 * **workers**: distinct ``rmqtrace.worker`` values; when a group's spans do not carry that
@@ -22,7 +25,7 @@ Definitions (also in ``docs/report.md``):
   start, each into the lowest-numbered lane free at that moment). That yields the fewest lanes
   that fit — the peak number of concurrent handlers, a lower bound on the real pool size.
 * **percentiles**: nearest rank — ``pq`` is the smallest value with at least ``q·n`` values at
-  or below it.
+  or below it (:func:`percentile`; the demo and the benchmarks use it too).
 """
 
 from __future__ import annotations
@@ -30,11 +33,12 @@ from __future__ import annotations
 import heapq
 import math
 from dataclasses import dataclass, field
-from typing import Any, Iterable, Sequence
+from typing import Any, Iterable, Mapping, Sequence
 
-from ..telemetry.spanfile import SpanRecord
-from ..path.stages import GAP_BY_NAME, GAPS, PATH_GAPS, Stage
+from ..dispatch.simulate import lower_bound
+from ..path.stages import GAP_BY_NAME, GAPS, HEADLINE_GAP, PATH_GAPS, Stage
 from ..path.stamps import MISSING, GapValue, Stamps, compute_gaps, timeline
+from ..telemetry.spanfile import SpanRecord
 
 NO_JOB = "(no job id)"
 NO_GROUP = "(no group)"
@@ -56,7 +60,9 @@ PERCENTILES: tuple[tuple[str, float], ...] = (("p50", 0.50), ("p95", 0.95), ("p9
 # The critical path split: what happened before the message existed, then the path gaps.
 PRODUCED_LATE = "produced_late"
 SPLIT_PARTS: tuple[str, ...] = (PRODUCED_LATE,) + tuple(g.name for g in PATH_GAPS)
-WAITING_PARTS: tuple[str, ...] = ("client_buffer", "dispatch_wait")  # waiting for a worker, inside the consumer
+# The path gaps the headline gap is made of: waiting for a worker, inside the consumer.
+WAITING_PARTS: tuple[str, ...] = tuple(g.name for g in PATH_GAPS
+                                       if g.start >= HEADLINE_GAP.start and g.end <= HEADLINE_GAP.end)
 
 
 # -- per message -----------------------------------------------------------------------------
@@ -300,7 +306,7 @@ class StageStats:
     max: float
     mean: float
     total: float
-    share: float  # of all path time (send … handler) in the group
+    share: float  # of all path time (send … handler) in the group; path gaps and the headline only
     clamped: int  # gaps that came out negative (clock skew) and were reported as 0
 
     def as_dict(self) -> dict[str, Any]:
@@ -316,7 +322,7 @@ def stage_stats(records: Sequence[MessageRecord]) -> dict[str, StageStats]:
         p50, p95, p99, top = (percentile(vals, q) for _, q in PERCENTILES)
         out[g.name] = StageStats(
             g.name, len(vals), p50, p95, p99, top, mean=total / len(vals) if vals else 0.0, total=total,
-            share=total / path_total if path_total and g in PATH_GAPS else 0.0,
+            share=total / path_total if path_total and (g in PATH_GAPS or g is HEADLINE_GAP) else 0.0,
             clamped=sum(1 for r in records if g.name in r.gaps and r.gaps[g.name].clamped))
     return out
 
@@ -519,7 +525,7 @@ def job_stats(group: str, job_id: str, records: Sequence[MessageRecord], workers
     total_h = sum(r.handler_s for r in handled)
     longest = max(handled, key=lambda r: r.handler_s, default=None)
     longest_s = longest.handler_s if longest else 0.0
-    lb = max(total_h / workers if workers else 0.0, longest_s)
+    lb = lower_bound([r.handler_s for r in handled], workers) if workers else longest_s
     last = max(records, key=lambda r: (r.end_ns, r.start_ns))
     split = {PRODUCED_LATE: max(0, last.start_ns - start) / 1e9}
     split.update({g.name: last.gap_s(g.name) for g in PATH_GAPS})
@@ -535,6 +541,52 @@ def job_stats(group: str, job_id: str, records: Sequence[MessageRecord], workers
     return JobStats(group, job_id, len(records), workers, start, end, completion, total_h, longest_s,
                     longest.message_id if longest else "", lb,
                     total_h / (workers * completion) if workers and completion else 0.0, critical)
+
+
+# -- the sentences both the demo and the report print ------------------------------------------
+def where_time_went_line(name: str, shares: Mapping[str, float], over_lb: float | None, busy: float | None) -> str:
+    """Where a consumer group's (a demo policy's) time went, in one line led by the headline gap.
+
+    ``shares`` maps gap names to their part of all path time (send … handler, i.e. end to end);
+    ``over_lb`` is the job's completion over its lower bound, ``busy`` the workers' busy share.
+    """
+    wait = shares.get(HEADLINE_GAP.name, 0.0)
+    parts = " + ".join(f"{p} {shares.get(p, 0.0):.0%}" for p in WAITING_PARTS)
+    line = f"{name}: {HEADLINE_GAP.name} (waiting inside the consumer) was {wait:.0%} of end-to-end time ({parts})"
+    if over_lb:
+        line += f"; job took {over_lb:.2f}× the lower bound"
+    if busy is not None:
+        line += f", workers busy {busy:.0%} of the time"
+    broker = shares.get("send", 0.0) + shares.get("broker_wait", 0.0)
+    handler = shares.get("handler", 0.0)
+    if wait >= max(broker, handler):
+        return line + " — messages queued inside the consumer, where no other consumer could take them"
+    if broker >= handler:
+        return line + " — most of the wait was in the broker, where any free consumer can take a message"
+    return line + " — most of the time was the handlers' own work"
+
+
+def group_line(g: GroupStats) -> str:
+    """:func:`where_time_went_line` for a group; its job's ratio and busy share when it ran one job."""
+    shares = {name: s.share for name, s in g.stages.items()}
+    job = g.jobs[0] if len(g.jobs) == 1 else None
+    return where_time_went_line(g.group, shares, job.over_lb if job else None, job.occupancy if job else None)
+
+
+def notes(report: Report) -> list[str]:
+    """Caveats about how the numbers were got (plain text; the terminal and the page both show them)."""
+    out = []
+    inferred = [g.group for g in report.groups if g.workers_source == "inferred"]
+    if inferred:
+        out.append("* workers of " + ", ".join(inferred) + " were inferred: the spans carry no rmqtrace.worker, so "
+                   "handler intervals were packed greedily into lanes (by start, each into the lowest free lane). "
+                   "That count is the peak number of concurrent handlers — a lower bound on the pool size, so the "
+                   "lower bound shown may be a little high.")
+    rebuilt = sum(g.from_spans for g in report.groups)
+    if rebuilt:
+        out.append(f"{rebuilt} message(s) carried no exact stamps; their timing was rebuilt from span start/end "
+                   "times (the trace store's resolution).")
+    return out
 
 
 # -- groups and the whole report -------------------------------------------------------------
@@ -612,7 +664,7 @@ def build_group(group: str, records: list[MessageRecord], *, top: int = 10, work
                       max(r.end_ns for r in records), stage_stats(records), job_list, slowest)
 
 
-HEATMAP_GAPS: tuple[str, ...] = ("dispatch_wait", "client_buffer")
+HEATMAP_GAPS: tuple[str, ...] = (HEADLINE_GAP.name,)
 
 
 def build_report(spans: Iterable[SpanRecord], *, group: str | None = None, job: str | None = None, top: int = 10,
@@ -641,7 +693,10 @@ def build_report(spans: Iterable[SpanRecord], *, group: str | None = None, job: 
 
 
 __all__ = [
+    "HEATMAP_GAPS", "NO_GROUP", "NO_JOB", "PERCENTILES", "PRODUCED_LATE", "SPLIT_PARTS", "WAITING_PARTS",
     "CriticalPath", "GroupStats", "Heatmap", "JobStats", "MessageRecord", "Occupancy", "Report", "StageStats",
-    "build_group", "build_report", "heatmap", "infer_workers", "mean_busy", "messages_from_spans", "occupancy",
-    "percentile", "stage_stats", "step_means", "wait_edges",
+    "build_group", "build_report", "format_seconds", "group_line", "heatmap", "infer_workers", "is_process_span",
+    "mean_busy",
+    "messages_from_spans", "notes", "occupancy", "percentile", "stage_stats", "step_means", "wait_edges",
+    "where_time_went_line",
 ]

@@ -5,8 +5,8 @@ from __future__ import annotations
 import os
 from typing import Any
 
-from ..path.stages import GAPS
-from .model import PRODUCED_LATE, SPLIT_PARTS, GroupStats, Report, format_seconds
+from ..path.stages import GAPS, HEADLINE_GAP
+from .model import PRODUCED_LATE, SPLIT_PARTS, GroupStats, Report, format_seconds, group_line, notes
 
 STAGE_STYLE = {PRODUCED_LATE: "grey50", "send": "grey62", "broker_wait": "sky_blue2", "client_buffer": "orange1",
                "dispatch_wait": "red3", "handler": "green3"}
@@ -91,14 +91,15 @@ def short_names(names: list[str]) -> list[str]:
 
 
 def stage_table(report: Report) -> Any:
-    t = _table("Stage gaps: percentiles (nearest rank) and share of path time")
+    t = _table(f"Stage gaps: percentiles (nearest rank) and share of path time; {HEADLINE_GAP.name} = "
+               "client_buffer + dispatch_wait")
     t.add_column("gap")
     if len(report.groups) > 1:
         t.add_column("group")
     for col in ("p50", "p95", "p99", "max", "share"):
         t.add_column(col, justify="right")
     names = short_names([g.group for g in report.groups])
-    for gap in GAPS:
+    for gap in (HEADLINE_GAP, *(g for g in GAPS if g is not HEADLINE_GAP)):
         for i, g in enumerate(report.groups):
             s = g.stages[gap.name]
             label = f"[{STAGE_STYLE.get(gap.name, 'bold')}]{gap.name}[/]" if i == 0 else ""
@@ -127,20 +128,11 @@ def slowest_table(g: GroupStats, width: int = 120) -> Any:
     return t
 
 
-def notes(report: Report) -> list[str]:
-    out: list[str] = []
-    if any(g.workers_source == "inferred" for g in report.groups):
-        out.append("* workers inferred from overlapping handler intervals (no rmqtrace.worker attribute): "
-                   "the peak concurrency, a lower bound on the pool size")
-    rebuilt = sum(g.from_spans for g in report.groups)
-    if rebuilt:
-        out.append(f"{rebuilt} message(s) had no exact stamps; their timing was rebuilt from span times")
-    return out
-
-
 def render(report: Report, console: Any, *, top: int = 10) -> None:
     console.print(f"[bold]rmqtrace report[/] — {report.source}: {report.messages} messages in "
-                  f"{len(report.groups)} group(s), {report.spans} spans", soft_wrap=True)
+                  f"{len(report.groups)} consumer group(s), {report.spans} spans", soft_wrap=True)
+    for g in report.groups:
+        console.print(f"  • {group_line(g)}")
     console.print(job_table(report))
     for line in critical_lines(report):
         console.print(line)

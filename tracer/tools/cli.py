@@ -1,13 +1,25 @@
-"""``rmqtrace``: the demo, the benchmarks and reports."""
+"""``rmqtrace``: the demo, the benchmarks and reports.
+
+Every argument is checked before any work starts: a bad one gives one line on stderr and exit
+status 2 (:class:`Parser`), so a typo never costs a run or overwrites the last output.
+"""
 
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
+import math
 import os
 import sys
 from pathlib import Path
-from typing import Any, Sequence
+from typing import TYPE_CHECKING, Any, NoReturn, Sequence
+
+if TYPE_CHECKING:
+    from ..config import Settings
+    from .demo import PolicyRun
+
+__all__ = ["Parser", "build_parser", "main"]
 
 DESCRIPTION = """\
 Find the hidden latency in Apache RocketMQ pipelines.
@@ -15,6 +27,70 @@ Find the hidden latency in Apache RocketMQ pipelines.
 Every message is stamped at produce, broker store, client pull, dispatch enqueue, handler start
 and handler end; the gaps between them become OpenTelemetry spans and Prometheus histograms.
 """
+COMMANDS = "demo, report or bench"
+
+
+class Parser(argparse.ArgumentParser):
+    """An argument parser whose errors are one line: ``PROG: error: WHAT (see PROG --help)``."""
+
+    def error(self, message: str) -> NoReturn:
+        self.exit(2, f"{self.prog}: error: {message} (see {self.prog} --help)\n")
+
+
+def _fail(prog: str, message: str) -> int:
+    """A bad argument found after parsing (a busy port, an unwritable folder): same form, status 2."""
+    print(f"{prog}: error: {message}", file=sys.stderr)
+    return 2
+
+
+# -- argument types: each names the rule it enforces --------------------------------------------
+def _int_at_least(low: int) -> Any:
+    def parse(text: str) -> int:
+        try:
+            value = int(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"expected a whole number, got {text!r}") from None
+        if value < low:
+            raise argparse.ArgumentTypeError(f"must be >= {low}, got {value}")
+        return value
+    parse.__name__ = f"int>={low}"
+    return parse
+
+
+def _positive_float(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a number, got {text!r}") from None
+    if not math.isfinite(value) or value <= 0:
+        raise argparse.ArgumentTypeError(f"must be a number > 0, got {text!r}")
+    return value
+
+
+def _port(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a TCP port number, got {text!r}") from None
+    if not 1 <= value <= 65535:
+        raise argparse.ArgumentTypeError(f"a TCP port is 1-65535, got {value}")
+    return value
+
+
+def _policies(text: str) -> tuple[str, ...]:
+    from ..dispatch import POLICY_NAMES
+
+    names = tuple(p.strip() for p in text.split(",") if p.strip())
+    known = ", ".join(POLICY_NAMES)
+    if not names:
+        raise argparse.ArgumentTypeError(f"give at least one policy: {known}")
+    for name in names:
+        if name not in POLICY_NAMES:
+            raise argparse.ArgumentTypeError(f"unknown policy {name!r} (choose from {known})")
+    twice = sorted({n for n in names if names.count(n) > 1})
+    if twice:
+        raise argparse.ArgumentTypeError(f"{', '.join(twice)} given twice (one run per policy)")
+    return names
 
 
 def _console() -> Any:
@@ -29,62 +105,150 @@ def _progress(console: Any) -> Any:
 
 
 # -- demo ------------------------------------------------------------------------------------
-def cmd_demo(args: argparse.Namespace) -> int:
-    from prometheus_client import CollectorRegistry
-    from rich.table import Table
+DEMO_PROG = "rmqtrace demo"
 
-    from ..config import DropCounter, Settings, configure_tracing, serve_metrics
-    from .demo import DemoOptions, run_demo, summary_json, where_time_went
-    from ..telemetry.metrics import TracerMetrics
-    from ..path.stages import GAPS
 
-    console = _console()
-    out = Path(args.out)
-    out.mkdir(parents=True, exist_ok=True)
+def add_demo_arguments(d: argparse.ArgumentParser) -> None:
+    """Every ``rmqtrace demo`` option, each with the type that checks it."""
+    d.add_argument("--groups", type=_int_at_least(1), default=500,
+                   help="test-case groups in the job, one message each (default 500)")
+    d.add_argument("--workers", type=_int_at_least(1), default=8, help="handler workers (default 8)")
+    d.add_argument("--case-ms", type=_positive_float, default=10.0, metavar="MS",
+                   help="milliseconds one test case takes (default 10)")
+    d.add_argument("--buffer", type=_int_at_least(0), default=10,
+                   help="per-worker buffer of the baseline policies round_robin and random (default 10)")
+    d.add_argument("--policies", type=_policies, default=("round_robin", "aggressive", "cost_aware"),
+                   metavar="LIST", help="comma-separated, each once: round_robin, random, aggressive, cost_aware "
+                                        "(default round_robin,aggressive,cost_aware)")
+    d.add_argument("--seed", type=int, default=7, help="seed of the job's size distribution (default 7)")
+    d.add_argument("--metrics-port", type=_port, default=None, metavar="PORT",
+                   help="serve Prometheus /metrics on this port during the run (default: not served; "
+                        "$RMQTRACE_METRICS_PORT also works)")
+    d.add_argument("--out", default=os.environ.get("RMQTRACE_OUT", "rmqtrace-out"), metavar="DIR",
+                   help="output folder (default $RMQTRACE_OUT or rmqtrace-out)")
+    d.add_argument("--json", action="store_true", help="also print the per-policy summary as JSON")
+
+
+def demo_settings(args: argparse.Namespace, out: Path) -> Settings:
+    """The environment's settings, with the demo's span file and ``--metrics-port``."""
+    from ..config import Settings
+
     settings = Settings.from_env()
-    spans_file = out / "spans.jsonl"
     if not settings.otlp_endpoint and not settings.spans_file:
-        spans_file.unlink(missing_ok=True)
-        settings = Settings(**{**settings.__dict__, "spans_file": str(spans_file)})
+        settings = dataclasses.replace(settings, spans_file=str(out / "spans.jsonl"))
     if args.metrics_port is not None:
-        settings = Settings(**{**settings.__dict__, "metrics_port": args.metrics_port})
-    registry = CollectorRegistry()
-    drops = DropCounter()
+        settings = dataclasses.replace(settings, metrics_port=args.metrics_port)
+    return settings
+
+
+def _writable(out: Path) -> str | None:
+    """Why ``out`` cannot hold the demo's files, or None."""
+    probe = out / ".rmqtrace-write-check"
+    try:
+        out.mkdir(parents=True, exist_ok=True)
+        probe.write_bytes(b"")
+        probe.unlink()
+    except OSError as exc:
+        return exc.strerror or str(exc)
+    return None
+
+
+def _serve(settings: Settings, registry: Any) -> tuple[Any, str | None]:
+    """The /metrics server, or why it could not start (a port in use, an address not ours)."""
+    from ..config import serve_metrics
+
+    try:
+        return serve_metrics(settings, registry), None
+    except OSError as exc:
+        reason = "in use" if exc.errno in (98, 48, 10048) else (exc.strerror or str(exc))  # EADDRINUSE
+        return None, f"--metrics-port {settings.metrics_port} on {settings.metrics_addr}: {reason}"
+
+
+def run_demo_job(args: argparse.Namespace, settings: Settings, registry: Any, console: Any) -> list[PolicyRun]:
+    """Every policy's run, spans flushed, ``summary.json`` written."""
+    from ..config import DropCounter, configure_tracing
+    from ..telemetry.metrics import TracerMetrics
+    from .demo import DemoOptions, run_demo, summary_json
+
     metrics = TracerMetrics(registry)
-    provider = configure_tracing(settings, set_global=False, drops=drops, metrics=metrics)
-    server = serve_metrics(settings, registry)
-    if server is not None:
-        console.print(f"serving /metrics on http://{settings.metrics_addr}:{settings.metrics_port}/metrics")
+    if settings.spans_file == str(Path(args.out) / "spans.jsonl"):
+        Path(settings.spans_file).unlink(missing_ok=True)  # the demo's own file holds this run's spans only
+    provider = configure_tracing(settings, set_global=False, drops=DropCounter(), metrics=metrics)
     opts = DemoOptions(groups=args.groups, workers=args.workers, case_ms=args.case_ms, buffer=args.buffer,
-                       policies=tuple(p.strip() for p in args.policies.split(",") if p.strip()), seed=args.seed)
+                       policies=args.policies, seed=args.seed)
     console.print(f"[bold]rmqtrace demo[/]: {opts.groups} test-case groups, {opts.workers} workers, "
                   f"1 case = {opts.case_ms:g} ms, embedded broker")
     with _progress(console) as progress:
         runs = run_demo(opts, tracer_provider=provider, registry=registry, progress=progress, metrics=metrics)
     if provider is not None:
         provider.force_flush()
-    summary_json(runs, out / "summary.json")
+    summary_json(runs, Path(args.out) / "summary.json")
+    return runs
+
+
+def policy_table(runs: Sequence[PolicyRun]) -> Any:
+    """Job time against the lower bound, and the headline: the share spent waiting in the consumer."""
+    from rich.table import Table
+
+    from ..path.stages import HEADLINE_GAP
 
     table = Table(title="Job completion per dispatch policy")
-    for col in ("policy", "job time", "lower bound", "× LB", "workers busy", "failed"):
+    for col in ("policy", "job time", "lower bound", "× LB", "workers busy", HEADLINE_GAP.name, "failed"):
         table.add_column(col, justify="right" if col != "policy" else "left")
     for r in runs:
-        table.add_row(r.policy, f"{r.makespan_s:.2f} s", f"{r.lower_bound_s:.2f} s",
-                      f"{r.makespan_s / r.lower_bound_s:.2f}", f"{r.occupancy():.0%}", str(r.failed))
-    console.print(table)
+        table.add_row(r.policy, f"{r.makespan_s:.2f} s", f"{r.lower_bound_s:.2f} s", f"{r.over_lb:.2f}",
+                      f"{r.occupancy():.0%}", f"{r.share(HEADLINE_GAP.name):.0%}", str(r.failed))
+    return table
+
+
+def gap_table(runs: Sequence[PolicyRun]) -> Any:
+    """Percentiles of every gap, the headline first, one row per gap and policy (fits 80 columns)."""
+    from rich.table import Table
+
+    from ..path.stages import GAPS, HEADLINE_GAP
+
     gaps = Table(title="Stage gaps in seconds (share = of all end-to-end time)")
     for col in ("gap", "policy", "p50", "p95", "p99", "max", "share"):
         gaps.add_column(col, justify="left" if col in ("gap", "policy") else "right")
-    for g in GAPS:
+    for g in (HEADLINE_GAP, *(g for g in GAPS if g is not HEADLINE_GAP)):
         for i, r in enumerate(runs):
             share = f"{r.share(g.name):.0%}" if g.name != "end_to_end" else ""
             gaps.add_row(g.name if i == 0 else "", r.policy,
                          *[f"{r.percentile(g.name, q):.3f}" for q in (.5, .95, .99, 1.0)], share,
                          end_section=i == len(runs) - 1)
-    console.print(gaps)
+    return gaps
+
+
+def print_results(console: Any, runs: Sequence[PolicyRun]) -> None:
+    from .demo import where_time_went
+
+    console.print(policy_table(runs))
+    console.print(gap_table(runs))
     console.print("[bold]Where the time went[/]")
     for r in runs:
         console.print(f"  • {where_time_went(r)}")
+
+
+def cmd_demo(args: argparse.Namespace) -> int:
+    from prometheus_client import CollectorRegistry
+
+    out = Path(args.out)
+    try:
+        settings = demo_settings(args, out)
+    except ValueError as exc:  # a malformed RMQTRACE_* / OTEL_* variable
+        return _fail(DEMO_PROG, f"settings from the environment: {exc}")
+    registry = CollectorRegistry()
+    server, why = _serve(settings, registry)
+    if why:
+        return _fail(DEMO_PROG, why)
+    why = _writable(out)
+    if why:
+        return _fail(DEMO_PROG, f"--out {out}: cannot write there ({why})")
+    console = _console()
+    if server is not None:
+        console.print(f"serving /metrics on http://{settings.metrics_addr}:{settings.metrics_port}/metrics")
+    runs = run_demo_job(args, settings, registry, console)
+    print_results(console, runs)
     if settings.spans_file:
         console.print(f"spans: {settings.spans_file}")
     report = _maybe_report(out, settings.spans_file)
@@ -140,26 +304,17 @@ def cmd_bench(args: argparse.Namespace) -> int:
 def build_parser() -> argparse.ArgumentParser:
     from ..version import __version__
 
-    p = argparse.ArgumentParser(prog="rmqtrace", description=DESCRIPTION,
-                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = Parser(prog="rmqtrace", description=DESCRIPTION, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--version", action="version", version=f"rmqtrace {__version__}")
-    sub = p.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    # Not required=True: argparse would then report a missing COMMAND before an unknown flag.
+    sub = p.add_subparsers(dest="command", metavar="COMMAND")
 
     d = sub.add_parser("demo", help="reproduce the long-tail incident on an embedded broker and compare policies",
                        description="Run one job of test-case groups (long-tailed sizes) through the embedded broker "
                                    "under each dispatch policy and show where the time went. Needs no Java, no Go, "
                                    "no network. Spans go to OTLP when OTEL_EXPORTER_OTLP_ENDPOINT is set, otherwise "
-                                   "to OUT/spans.jsonl.")
-    d.add_argument("--groups", type=int, default=500, help="test-case groups in the job, one message each (default 500)")
-    d.add_argument("--workers", type=int, default=8, help="handler workers (default 8)")
-    d.add_argument("--case-ms", type=float, default=10.0, help="milliseconds one test case takes (default 10)")
-    d.add_argument("--buffer", type=int, default=10, help="per-worker buffer of the baseline policies (default 10)")
-    d.add_argument("--policies", default="round_robin,aggressive,cost_aware",
-                   help="comma-separated: round_robin, random, aggressive, cost_aware")
-    d.add_argument("--seed", type=int, default=7, help="seed of the job's size distribution")
-    d.add_argument("--metrics-port", type=int, default=None, help="serve Prometheus /metrics on this port during the run")
-    d.add_argument("--out", default=os.environ.get("RMQTRACE_OUT", "rmqtrace-out"), help="output folder (default rmqtrace-out)")
-    d.add_argument("--json", action="store_true", help="also print the per-policy summary as JSON")
+                                   "to DIR/spans.jsonl (--out).")
+    add_demo_arguments(d)
     d.set_defaults(func=cmd_demo)
 
     b = sub.add_parser("bench", help="benchmarks behind BENCHMARKS.md (ratios against a baseline in the same run)")
@@ -168,9 +323,9 @@ def build_parser() -> argparse.ArgumentParser:
                         "the dispatcher vs ThreadPoolExecutor; broker: traced vs untraced throughput on the local "
                         "RocketMQ (services/rocketmq/rmq.sh start)")
     b.add_argument("--json", action="store_true", help="print one JSON object instead of a table")
-    b.add_argument("--messages", type=int, default=30_000, help="overhead: messages per loop in all (default 30000)")
-    b.add_argument("--rounds", type=int, default=7, help="overhead: interleaved rounds (default 7)")
-    b.add_argument("--seeds", type=int, default=5, help="dispatch: job seeds (default 5)")
+    b.add_argument("--messages", type=_int_at_least(1), default=30_000, help="overhead: messages per loop in all (default 30000)")
+    b.add_argument("--rounds", type=_int_at_least(1), default=7, help="overhead: interleaved rounds (default 7)")
+    b.add_argument("--seeds", type=_int_at_least(1), default=5, help="dispatch: job seeds (default 5)")
     b.add_argument("--quick", action="store_true", help="dispatch: smaller runs for CI")
     b.set_defaults(func=cmd_bench)
 
@@ -181,7 +336,13 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
+    parser = build_parser()
+    args, unknown = parser.parse_known_args(argv)
+    if unknown:  # named by the command they were given to
+        prog = f"{parser.prog} {args.command}" if args.command else parser.prog
+        Parser(prog=prog).error(f"unrecognized arguments: {' '.join(unknown)}")
+    if args.command is None:
+        parser.error(f"give a command: {COMMANDS}")
     try:
         return int(args.func(args) or 0)
     except KeyboardInterrupt:

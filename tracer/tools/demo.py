@@ -4,7 +4,7 @@ A producer sends one message per test-case group (most groups have a few cases, 
 hundreds); a consume loop runs them on N workers under each dispatch policy in turn. For every
 policy the demo prints the job's completion time next to the lower bound
 LB = max(total work / workers, longest message), the percentiles of every stage gap, and in
-one line where the time went.
+one line where the time went (the same sentence the report prints for a consumer group).
 """
 
 from __future__ import annotations
@@ -21,15 +21,19 @@ from opentelemetry.sdk.trace import TracerProvider
 from prometheus_client import CollectorRegistry
 
 from ..clients.consume import ConsumeLoop
-from ..dispatch import DispatchMetrics
-from ..embedded import EmbeddedBroker, Message, Producer, SimpleConsumer
-from ..telemetry.metrics import TracerMetrics
 from ..clients.producer import TracedProducer
-from ..report.model import percentile
+from ..dispatch import DispatchMetrics, Random, RoundRobin
+from ..dispatch.simulate import lower_bound
+from ..embedded import EmbeddedBroker, Message, Producer, SimpleConsumer
+from ..path.propagation import COST
 from ..path.stages import GAPS, PATH_GAPS, Outcome, Stage
-from ..path.stamps import compute_gaps
+from ..path.stamps import Stamps, compute_gaps
+from ..report.model import percentile, where_time_went_line
+from ..telemetry.metrics import TracerMetrics
 from ..telemetry.tracer import MessageTrace, MessageTracer
 from .workload import JobItem, make_job
+
+__all__ = ["TOPIC", "DemoOptions", "PolicyRun", "run_demo", "run_policy", "summary_json", "where_time_went"]
 
 TOPIC = "testcase-groups"
 
@@ -57,8 +61,12 @@ class PolicyRun:
     gaps: dict[str, list[float]] = field(default_factory=dict)
     handler_s: list[float] = field(default_factory=list)
 
+    @property
+    def over_lb(self) -> float:
+        return self.makespan_s / self.lower_bound_s if self.lower_bound_s else 0.0
+
     def percentile(self, gap: str, q: float) -> float:
-        return percentile(self.gaps.get(gap) or [0.0], q)  # nearest rank, as the report
+        return percentile(self.gaps.get(gap) or [0.0], q)  # the report's definition
 
     def share(self, gap: str) -> float:
         total = sum(sum(self.gaps.get(g.name, [])) for g in PATH_GAPS)
@@ -70,7 +78,7 @@ class PolicyRun:
     def as_dict(self) -> dict[str, Any]:
         return {
             "policy": self.policy, "makespan_s": self.makespan_s, "lower_bound_s": self.lower_bound_s,
-            "makespan_over_lb": self.makespan_s / self.lower_bound_s if self.lower_bound_s else None,
+            "makespan_over_lb": self.over_lb or None,
             "handled": self.handled, "failed": self.failed, "worker_occupancy": self.occupancy(),
             "gaps": {g.name: {"p50": self.percentile(g.name, .5), "p95": self.percentile(g.name, .95),
                               "p99": self.percentile(g.name, .99), "max": self.percentile(g.name, 1.0),
@@ -109,10 +117,9 @@ def run_policy(policy: str, job: Sequence[JobItem], opts: DemoOptions, *,
     policy_arg: Any = policy
     baseline = policy in ("round_robin", "random")
     if baseline:
-        from ..dispatch import Random, RoundRobin
         policy_arg = RoundRobin(buffer=opts.buffer) if policy == "round_robin" else Random(buffer=opts.buffer, seed=opts.seed)
     loop = ConsumeLoop(consumer, handler, tracer=tracer, policy=policy_arg, workers=opts.workers,
-                       cost=lambda m: float(m.properties.get("rmqtrace_cost", 0) or 0),
+                       cost=lambda m: float(m.properties.get(COST, 0) or 0),
                        dispatch_metrics=dispatch_metrics, invisible_duration=60.0,
                        prefetch=opts.prefetch if baseline else 0)
     runner = threading.Thread(target=loop.run, name=f"demo-{policy}", daemon=True)
@@ -136,8 +143,6 @@ def run_policy(policy: str, job: Sequence[JobItem], opts: DemoOptions, *,
 
 def _summarise(policy: str, opts: DemoOptions, finished: list[tuple[list[int], float | None]],
                failed: int) -> PolicyRun:
-    from ..path.stamps import Stamps
-
     gaps: dict[str, list[float]] = {g.name: [] for g in GAPS}
     handler_s: list[float] = []
     first = min(t[Stage.PRODUCE] for t, _ in finished)
@@ -146,24 +151,14 @@ def _summarise(policy: str, opts: DemoOptions, finished: list[tuple[list[int], f
         for g in compute_gaps(Stamps(times)):
             gaps[g.gap.name].append(g.seconds)
         handler_s.append((times[Stage.HANDLER_END] - times[Stage.HANDLER_START]) / 1e9)
-    lb = max(sum(handler_s) / opts.workers, max(handler_s))
-    return PolicyRun(policy, opts.workers, (last - first) / 1e9, lb, len(finished) - failed, failed,
-                     gaps, handler_s)
+    return PolicyRun(policy, opts.workers, (last - first) / 1e9, lower_bound(handler_s, opts.workers),
+                     len(finished) - failed, failed, gaps, handler_s)
 
 
 def where_time_went(run: PolicyRun) -> str:
-    worst = max(PATH_GAPS, key=lambda g: run.share(g.name))
-    share = run.share(worst.name)
-    line = (f"{run.policy}: {share:.0%} of all end-to-end time was {worst.name} ({worst.meaning}); "
-            f"job took {run.makespan_s / run.lower_bound_s:.2f}× the lower bound, "
-            f"workers busy {run.occupancy():.0%} of the time")
-    if worst.name in ("dispatch_wait", "client_buffer"):
-        line += " — messages queued inside the consumer behind a long one while other workers sat idle"
-    elif worst.name == "broker_wait":
-        local = run.share("client_buffer") + run.share("dispatch_wait")
-        line += (f"; only {local:.0%} waited inside the consumer — the rest waited in the broker, "
-                 "where any free consumer can take them")
-    return line
+    """One line: the headline share first, then the job against its lower bound (as the report says it)."""
+    shares = {g.name: run.share(g.name) for g in GAPS}
+    return where_time_went_line(run.policy, shares, run.over_lb or None, run.occupancy())
 
 
 def run_demo(opts: DemoOptions, *, tracer_provider: TracerProvider | None,
