@@ -48,6 +48,7 @@ test-unit: $(VENV)/.installed-test
 
 services-up:
 	bash services/prometheus/prom.sh install
+	bash services/alertmanager/am.sh install
 	bash services/rocketmq/rmq.sh start
 	bash services/jaeger/jaeger.sh start
 
@@ -55,6 +56,7 @@ services-down:
 	-bash services/jaeger/jaeger.sh stop
 	-bash services/rocketmq/rmq.sh stop
 	-bash services/prometheus/prom.sh stop
+	-bash services/alertmanager/am.sh stop
 
 bench: $(VENV)/.installed
 	$(BIN)/rmqtrace bench overhead

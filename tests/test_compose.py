@@ -1,14 +1,17 @@
 """dashboards/docker-compose.yml, checked without Docker (no engine, no compose plugin here): the
 services and images, published ports, that every bind-mounted file exists and sits where the
-mounted configs expect it; dashboards/prometheus/prometheus.yml through `promtool check config`."""
+mounted configs expect it; dashboards/prometheus/prometheus.yml through `promtool check config`,
+the Alertmanager config through `amtool check-config`."""
 
 from __future__ import annotations
 
+import shutil
 import subprocess
 from pathlib import Path
 from typing import Any
 
 import yaml
+from conftest import unavailable
 
 from services import REPO, ensure_promtool
 
@@ -36,12 +39,13 @@ def mounts(service: dict[str, Any]) -> dict[str, Path]:
 
 def test_services_images_and_ports() -> None:
     s = compose()["services"]
-    assert {"namesrv", "broker", "proxy", "jaeger", "prometheus", "grafana"} <= set(s)
+    assert {"namesrv", "broker", "proxy", "jaeger", "prometheus", "alertmanager", "grafana"} <= set(s)
     for name in ("namesrv", "broker", "proxy"):
         assert s[name]["image"].startswith("apache/rocketmq:5.")
     assert s["jaeger"]["image"].startswith("jaegertracing/jaeger:2.")
     assert s["prometheus"]["image"].startswith("prom/prometheus:")
     assert s["grafana"]["image"].startswith("grafana/grafana:")
+    assert s["alertmanager"]["image"].startswith("prom/alertmanager:") and 9093 in ports(s["alertmanager"])
     assert 9876 in ports(s["namesrv"]) and 10911 in ports(s["broker"])
     assert {8080, 8081} <= ports(s["proxy"])
     assert {16686, 4317, 4318} <= ports(s["jaeger"])
@@ -88,5 +92,31 @@ def test_grafana_datasources_point_at_the_compose_services() -> None:
 
 def test_promtool_accepts_the_compose_prometheus_config() -> None:
     proc = subprocess.run([ensure_promtool(), "check", "config", str(BASE / "prometheus" / "prometheus.yml")],
+                          capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+
+
+def test_prometheus_loads_the_fleet_rules_and_sends_to_the_compose_alertmanager() -> None:
+    s = compose()["services"]
+    config = yaml.safe_load((BASE / "prometheus" / "prometheus.yml").read_text())
+    assert {"rmqtrace-alerts.yml", "rmqtrace-fleet.yml"} <= set(config["rule_files"])
+    targets = [t for am in config["alerting"]["alertmanagers"] for sc in am["static_configs"] for t in sc["targets"]]
+    for target in targets:
+        host, port = target.split(":")
+        assert host in s and int(port) in ports(s[host])
+    am = mounts(s["alertmanager"])
+    assert am["/etc/alertmanager/alertmanager.yml"] == BASE / "prometheus" / "alertmanager.yml"
+    assert any("--config.file=/etc/alertmanager/alertmanager.yml" == c for c in s["alertmanager"]["command"])
+
+
+def test_the_alertmanager_config_routes_rmqtrace_alerts_by_group_and_instance() -> None:
+    config = yaml.safe_load((BASE / "prometheus" / "alertmanager.yml").read_text())
+    assert {"consumer_group", "instance", "alertname"} <= set(config["route"]["group_by"])
+    receivers = {r["name"]: r for r in config["receivers"]}
+    assert receivers[config["route"]["receiver"]]["webhook_configs"][0]["url"].startswith("http://host.docker.internal:")
+    amtool = shutil.which("amtool")
+    if amtool is None:
+        unavailable("amtool missing: run services/alertmanager/am.sh install")
+    proc = subprocess.run([str(amtool), "check-config", str(BASE / "prometheus" / "alertmanager.yml")],
                           capture_output=True, text=True, timeout=60)
     assert proc.returncode == 0, proc.stdout + proc.stderr
