@@ -120,3 +120,13 @@ def test_metrics_port_help_shows_no_made_up_default(capsys: pytest.CaptureFixtur
         main(["demo", "--help"])
     out = " ".join(capsys.readouterr().out.split())
     assert "[--metrics-port PORT]" in out and "9464" not in out.split("options:")[0]
+
+
+def test_the_benchmarks_share_one_percentile_and_one_drop_exporter() -> None:
+    from tracer.report.model import percentile
+    from tracer.tools import bench
+    from tracer.tools.bench import broker, dispatch, overhead
+
+    assert dispatch.percentile is percentile  # nearest rank, as the demo and the report (docs/report.md)
+    assert percentile([1.0, 2.0, 3.0, 4.0], 0.5) == 2.0  # int(q·n) would say 3.0
+    assert broker.DropExporter is overhead.DropExporter is bench.DropExporter

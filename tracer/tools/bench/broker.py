@@ -42,6 +42,7 @@ from ...clients.consume import ConsumeLoop
 from ...clients.producer import TracedProducer
 from ...telemetry.metrics import TracerMetrics
 from ...telemetry.tracer import MessageTracer
+from . import DropExporter
 
 __all__ = ["format_broker_bench", "main", "run_broker_bench", "run_cli"]
 
@@ -49,14 +50,6 @@ ENDPOINT = "127.0.0.1:8081"
 DEFAULT_MESSAGES = 500
 DEFAULT_ROUNDS = 15
 TARGET = 0.95
-
-
-class _DropExporter(SpanExporter):
-    def export(self, spans: Sequence[ReadableSpan]) -> SpanExportResult:
-        return SpanExportResult.SUCCESS
-
-    def shutdown(self) -> None:
-        pass
 
 
 class _EncodeOnlyExporter(SpanExporter):
@@ -261,7 +254,7 @@ def run_broker_bench(messages: int = DEFAULT_MESSAGES, handler_ms: float = 1.0, 
     clients = _open_clients(_client(), endpoint)
     encoder = _EncodeOnlyExporter()
     modes = {"untraced": _Mode(clients.producer, None, None),
-             "traced": _traced_mode(clients, _DropExporter()),
+             "traced": _traced_mode(clients, DropExporter()),
              "traced_otlp": _traced_mode(clients, encoder)}
     load_before = _loadavg()
     try:

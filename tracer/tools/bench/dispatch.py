@@ -33,7 +33,7 @@ import statistics
 import sys
 import threading
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
@@ -45,7 +45,10 @@ from ...dispatch.simulate import (
     simulate_random,
     simulate_round_robin,
 )
+from ...report.model import percentile  # nearest rank, as the demo and the report
 from ..workload import JobItem, make_job
+
+__all__ = ["format_dispatch_bench", "machine_info", "main", "run_dispatch_bench", "run_executor_bench"]
 
 POLICIES = ("aggressive", "cost_aware", "round_robin", "random")
 WORKERS = 8
@@ -105,11 +108,6 @@ def _simulate(name: str, durations: list[float], seed: int, window: int) -> floa
     return simulate_random(durations, WORKERS, BUFFER, seed)
 
 
-def _pct(values: Sequence[float], q: float) -> float:
-    s = sorted(values)
-    return s[min(len(s) - 1, int(q * len(s)))] if s else 0.0
-
-
 def _run_policy(name: str, job: list[JobItem], scale: float, seed: int) -> dict[str, Any]:
     n = len(job)
     starts = [0.0] * n
@@ -153,8 +151,8 @@ def _run_policy(name: str, job: list[JobItem], scale: float, seed: int) -> dict[
         "makespan_over_sim": makespan / sim,
         "makespan_over_lb_nominal": makespan / lower_bound(nominal, WORKERS),
         "makespan_over_greedy_nominal": makespan / simulate_greedy(nominal, WORKERS),
-        "dispatch_wait_p50_s": _pct(waits, 0.50),
-        "dispatch_wait_p99_s": _pct(waits, 0.99),
+        "dispatch_wait_p50_s": percentile(waits, 0.50),
+        "dispatch_wait_p99_s": percentile(waits, 0.99),
         "dispatch_wait_max_s": max(waits),
         "sleep_overshoot_mean_s": statistics.fmean(m - x for m, x in zip(measured, nominal, strict=True)),
     }
@@ -259,7 +257,7 @@ def run_executor_bench(messages: int, samples: int, rounds: int) -> dict[str, An
     ex.shutdown(wait=True)
 
     def lat(v: list[int]) -> dict[str, float]:
-        return {"p50_us": _pct(v, 0.50) / 1e3, "p90_us": _pct(v, 0.90) / 1e3, "p99_us": _pct(v, 0.99) / 1e3}
+        return {"p50_us": percentile(v, 0.50) / 1e3, "p90_us": percentile(v, 0.90) / 1e3, "p99_us": percentile(v, 0.99) / 1e3}
 
     lo, lx = lat(lat_ours), lat(lat_ex)
     tpo, tpx = statistics.median(tp_ours), statistics.median(tp_ex)

@@ -16,11 +16,11 @@ from __future__ import annotations
 import platform
 import statistics
 import time
-from typing import Any, Callable, Sequence
+from typing import Any, Callable
 
 from opentelemetry import trace
-from opentelemetry.sdk.trace import ReadableSpan, TracerProvider
-from opentelemetry.sdk.trace.export import BatchSpanProcessor, SpanExporter, SpanExportResult
+from opentelemetry.sdk.trace import TracerProvider
+from opentelemetry.sdk.trace.export import BatchSpanProcessor
 from prometheus_client import CollectorRegistry
 
 from ...path.message import MessageInfo
@@ -28,19 +28,12 @@ from ...path.propagation import PRODUCE_NS, TRACEPARENT
 from ...path.stages import Outcome, Stage
 from ...telemetry.metrics import TracerMetrics
 from ...telemetry.tracer import MessageTracer
-
-
-class _DropExporter(SpanExporter):
-    def export(self, spans: Sequence[ReadableSpan]) -> SpanExportResult:
-        return SpanExportResult.SUCCESS
-
-    def shutdown(self) -> None:
-        pass
+from . import DropExporter
 
 
 def _provider() -> TracerProvider:
     p = TracerProvider()
-    p.add_span_processor(BatchSpanProcessor(_DropExporter(), max_queue_size=1 << 16))
+    p.add_span_processor(BatchSpanProcessor(DropExporter(), max_queue_size=1 << 16))
     return p
 
 
