@@ -147,3 +147,21 @@ def test_demo_ends_with_the_report(tmp_path: Path, capsys: pytest.CaptureFixture
     assert f"report: open {report}" in out
     page = report.read_text()
     assert 'data-group="demo-round_robin"' in page and 'data-group="demo-aggressive"' in page
+
+
+def test_a_file_of_garbage_lines_says_they_could_not_be_parsed(tmp_path: Path,
+                                                               capsys: pytest.CaptureFixture[str]) -> None:
+    junk = tmp_path / "junk.jsonl"
+    junk.write_text("not json\n{\"a\": 1}\n\n[1, 2]\n")
+    code, out, err = run(capsys, str(junk))
+    assert code == 1 and out == ""
+    assert "3 of 3 lines could not be parsed as spans" in err and len(err.strip().splitlines()) == 1, err
+
+
+def test_some_garbage_lines_are_counted_and_the_rest_reported(spans_file: Path, tmp_path: Path,
+                                                              capsys: pytest.CaptureFixture[str]) -> None:
+    mixed = tmp_path / "mixed.jsonl"
+    mixed.write_text(spans_file.read_text() + "garbage\n{broken\n")
+    code, out, err = run(capsys, str(mixed), "--top", "0")
+    assert code == 0 and "Job view" in out
+    assert "warning: 2 of " in err and "lines could not be parsed as spans" in err, err

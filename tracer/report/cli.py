@@ -9,7 +9,11 @@ import shutil
 import sys
 import tempfile
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from ..telemetry.spanfile import SpanRecord
+    from .model import Report
 
 DEFAULT_SPANS = Path("rmqtrace-out") / "spans.jsonl"
 
@@ -80,39 +84,47 @@ def _fail(msg: str, code: int = 1) -> int:
     return code
 
 
-def cmd_report(args: argparse.Namespace) -> int:
-    from .model import build_report
-    from .sources import SourceError, parse_duration, read_jaeger, read_jsonl
+class _Stop(Exception):
+    """Ends the command with this message and exit status."""
 
+    def __init__(self, message: str, code: int = 1) -> None:
+        super().__init__(message)
+        self.code = code
+
+
+def _check_args(args: argparse.Namespace) -> None:
     if args.spans and args.jaeger:
-        return _fail("give either a spans file or --jaeger, not both", 2)
+        raise _Stop("give either a spans file or --jaeger, not both", 2)
     if args.top < 0 or args.limit < 1 or (args.workers is not None and args.workers < 1):
-        return _fail("--top must be >= 0, --limit and --workers >= 1", 2)
+        raise _Stop("--top must be >= 0, --limit and --workers >= 1", 2)
+
+
+def _read(args: argparse.Namespace) -> tuple[list[SpanRecord], str, str]:
+    """The spans, where they came from, and why some of the source was not used ("" when all was)."""
+    from .sources import SourceError, parse_duration, read_jaeger, read_jsonl_counted
+
     try:
         if args.jaeger:
             try:
                 lookback = parse_duration(args.lookback)
             except ValueError as exc:
-                return _fail(str(exc), 2)
+                raise _Stop(str(exc), 2) from exc
             spans = read_jaeger(args.jaeger, args.service, limit=args.limit, lookback_s=lookback,
                                 timeout=args.timeout)
-            source = f"Jaeger {args.jaeger} service {args.service}"
             traces = len({s.trace_id for s in spans})
-            if traces >= args.limit:
-                print(f"rmqtrace report: warning: Jaeger returned --limit {args.limit} traces; there may be more "
-                      "(raise --limit or narrow --lookback)", file=sys.stderr)
-        else:
-            path = Path(args.spans or os.environ.get("RMQTRACE_SPANS_FILE") or DEFAULT_SPANS)
-            spans = read_jsonl(path)
-            source = f"spans file {path}"
+            left_out = (f"Jaeger returned --limit {args.limit} traces; there may be more (raise --limit or narrow "
+                        "--lookback)") if traces >= args.limit else ""
+            return spans, f"Jaeger {args.jaeger} service {args.service}", left_out
+        path = Path(args.spans or os.environ.get("RMQTRACE_SPANS_FILE") or DEFAULT_SPANS)
+        spans, lines, unparsed = read_jsonl_counted(path)
+        left_out = f"{unparsed} of {lines} lines could not be parsed as spans" if unparsed else ""
+        return spans, f"spans file {path}", left_out
     except SourceError as exc:
-        return _fail(str(exc))
-    report = build_report(spans, group=args.group, job=args.job, top=args.top, workers=args.workers, source=source)
-    if not report.groups:
-        what = " and ".join(f"{k} {v!r}" for k, v in (("group", args.group), ("job", args.job)) if v)
-        return _fail(f"no consumer spans (`process …`) among {len(spans)} spans from {source}"
-                     + (f" for {what}" if what else ""))
+        raise _Stop(str(exc)) from exc
 
+
+def _write(report: Report, args: argparse.Namespace) -> None:
+    """The tables or JSON on stdout, and the HTML page and PNG asked for."""
     html_path: Path | None = Path(args.html) if args.html else None
     if args.png and html_path is None:
         html_path = Path(tempfile.mkdtemp(prefix="rmqtrace-report-")) / "report.html"
@@ -135,11 +147,30 @@ def cmd_report(args: argparse.Namespace) -> int:
         try:
             png = screenshot(html_path, args.png)
         except PngError as exc:
-            return _fail(str(exc))
+            raise _Stop(str(exc)) from exc
         finally:
             if not args.html:  # the page was only drawn for the picture
                 shutil.rmtree(html_path.parent, ignore_errors=True)
         print(f"png: {png}", file=info)
+
+
+def cmd_report(args: argparse.Namespace) -> int:
+    from .model import build_report
+
+    try:
+        _check_args(args)
+        spans, source, left_out = _read(args)
+        report = build_report(spans, group=args.group, job=args.job, top=args.top, workers=args.workers,
+                              source=source)
+        if not report.groups:
+            what = " and ".join(f"{k} {v!r}" for k, v in (("group", args.group), ("job", args.job)) if v)
+            raise _Stop(f"no consumer spans (`process …`) among {len(spans)} spans from {source}"
+                        + (f" for {what}" if what else "") + (f"; {left_out}" if left_out else ""))
+        if left_out:
+            print(f"rmqtrace report: warning: {left_out}", file=sys.stderr)
+        _write(report, args)
+    except _Stop as stop:
+        return _fail(str(stop), stop.code)
     return 0
 
 

@@ -46,6 +46,17 @@ def read_jsonl(path: str | Path) -> list[SpanRecord]:
         raise SourceError(f"cannot read {p}: {exc}") from exc
 
 
+def read_jsonl_counted(path: str | Path) -> tuple[list[SpanRecord], int, int]:
+    """The spans of a JSON-lines file, its non-blank lines, and how many of those were not spans."""
+    spans = read_jsonl(path)
+    try:
+        with Path(path).open(encoding="utf-8", errors="replace") as fh:
+            lines = sum(1 for line in fh if line.strip())
+    except OSError as exc:
+        raise SourceError(f"cannot read {path}: {exc}") from exc
+    return spans, lines, max(0, lines - len(spans))
+
+
 # -- Jaeger ----------------------------------------------------------------------------------
 _DURATION = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*(ms|s|m|h|d)?\s*$")
 _UNIT_S = {"ms": 0.001, "s": 1.0, "m": 60.0, "h": 3600.0, "d": 86400.0, None: 1.0}
@@ -186,4 +197,4 @@ def count_processes(spans: Iterable[SpanRecord]) -> int:
 
 
 __all__ = ["DEFAULT_JAEGER", "DEFAULT_SERVICE", "SourceError", "count_processes", "jaeger_span", "parse_duration",
-           "read_jaeger", "read_jaeger_trace", "read_jsonl", "spans_from_jaeger_json"]
+           "read_jaeger", "read_jaeger_trace", "read_jsonl", "read_jsonl_counted", "spans_from_jaeger_json"]
