@@ -1,64 +1,124 @@
 """Prometheus series for the stage gaps, outcomes, clock skew and propagation errors.
 
 Every series has bounded labels: gap names and outcomes are fixed sets; topics and consumer
-groups come from configuration but are still capped by :class:`BoundedLabel` so a program that
-creates topics on the fly cannot blow up the series count. Message ids never become labels —
-they reach Prometheus only as exemplar trace ids.
+groups come from configuration but are still capped, jointly, by :class:`PairLabels` so a program
+that creates topics or groups on the fly cannot blow up the series count. Message ids never become
+labels — they reach Prometheus only as exemplar trace ids.
+
+A registry holds one :class:`TracerMetrics` (prometheus-client refuses duplicate series): build it
+once and share it, or use :meth:`TracerMetrics.shared`.
+
+Prometheus multiprocess mode (``PROMETHEUS_MULTIPROC_DIR`` set, gunicorn-style workers) keeps
+values in files that a :class:`prometheus_client.multiprocess.MultiProcessCollector` reads; a
+custom collector's in-memory series would be lost there, so the stage histogram and the outcome
+counter are then the stock ``Histogram`` and ``Counter``. Limits in that mode, all
+prometheus-client's: no exemplars, a little more cost per observation (a lock and a file write per
+gap), and the skew gauge keeps the minimum over live processes (``multiprocess_mode="livemin"``).
 """
 
 from __future__ import annotations
 
 import math
+import os
 import threading
 import time
+import weakref
 from bisect import bisect_left
-from typing import Iterator, Sequence
+from typing import Any, Iterator, Sequence
 
 from prometheus_client import REGISTRY as DEFAULT_REGISTRY
-from prometheus_client import CollectorRegistry, Counter, Gauge
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 from prometheus_client.core import CounterMetricFamily, HistogramMetricFamily, Metric
 from prometheus_client.samples import Exemplar
 from prometheus_client.utils import floatToGoString
 
 from ..path.stages import GAPS, Outcome
 
-# 1 ms … 10 min: a handler of a huge test-case group runs for minutes, a send takes milliseconds.
+__all__ = ["DEFAULT_BUCKETS", "OTHER", "BoundedLabel", "PairLabels", "TracerMetrics", "multiprocess_dir"]
+
+# The one bucket list of the duration family (stage gaps, dispatch waits, the OTel stage
+# histogram): 1 ms … 10 min, a handler of a huge test-case group runs for minutes, a send takes ms.
 DEFAULT_BUCKETS: tuple[float, ...] = (
     0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5,
     1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0, 300.0, 600.0,
-)
+)  # fmt: skip
 OTHER = "other"
+MAX_LABEL_CHARS = 200
 _GAP_INDEX: tuple[tuple[int, int, int], ...] = tuple((g.position, int(g.start), int(g.end)) for g in GAPS)
+_STAGE_HELP = ("Time a message spent in each stage gap (send, broker_wait, client_buffer, dispatch_wait, "
+               "handler, end_to_end).")
+_MESSAGES_HELP = "Messages whose handling ended, by outcome."
+
+
+def multiprocess_dir() -> str | None:
+    """``PROMETHEUS_MULTIPROC_DIR`` (or the older lower-case spelling), as prometheus-client reads it."""
+    return os.environ.get("PROMETHEUS_MULTIPROC_DIR") or os.environ.get("prometheus_multiproc_dir") or None
+
+
+def _label_value(value: str | None) -> str:
+    """A label value the exposition can write and a reader can use; anything else is ``other``."""
+    v = value or ""
+    if len(v) > MAX_LABEL_CHARS:
+        return OTHER
+    try:
+        v.encode("utf-8")  # a lone surrogate would break every scrape
+    except UnicodeEncodeError:
+        return OTHER
+    return v
 
 
 class BoundedLabel:
     """Passes the first ``limit`` distinct values through, maps every later one to ``other``."""
 
     def __init__(self, limit: int = 64) -> None:
+        if limit < 1:
+            raise ValueError(f"label limit must be at least 1, got {limit}")
         self.limit = limit
         self._seen: set[str] = set()
         self._lock = threading.Lock()
 
     def __call__(self, value: str | None) -> str:
-        v = value or ""
+        v = _label_value(value)
         if v in self._seen:
             return v
         with self._lock:
             if v in self._seen:
                 return v
-            if len(self._seen) >= self.limit or len(v) > 200 or not _encodable(v):
+            if len(self._seen) >= self.limit or v == OTHER:
                 return OTHER
             self._seen.add(v)
             return v
 
 
-def _encodable(v: str) -> bool:
-    """A label value the exposition can write: a lone surrogate would break every scrape."""
-    try:
-        v.encode("utf-8")
-    except UnicodeEncodeError:
-        return False
-    return True
+class PairLabels:
+    """Caps the set of (topic, consumer_group) label pairs, not each label alone.
+
+    The first ``limit`` distinct pairs pass through (a value that cannot be a label, see
+    :data:`MAX_LABEL_CHARS`, becomes ``other`` first). A later pair keeps its group, itself capped
+    at ``limit`` distinct groups, and gets the topic ``other``: the overflow adds at most one pair
+    per group, so there are never more than ``2 * limit + 1`` pairs whatever the names.
+    """
+
+    def __init__(self, limit: int = 64) -> None:
+        if limit < 1:
+            raise ValueError(f"label limit must be at least 1, got {limit}")
+        self.limit = limit
+        self._direct: set[tuple[str, str]] = set()
+        self._overflow_groups = BoundedLabel(limit)
+        self._lock = threading.Lock()
+
+    def __call__(self, topic: str | None, group: str | None) -> tuple[str, str]:
+        pair = (topic or "", group or "")
+        if pair in self._direct:
+            return pair
+        with self._lock:
+            key = (_label_value(pair[0]), _label_value(pair[1]))
+            if key in self._direct:
+                return key
+            if len(self._direct) < self.limit:
+                self._direct.add(key)
+                return key
+        return (OTHER, self._overflow_groups(key[1]))
 
 
 class _Series:
@@ -76,6 +136,15 @@ class _Series:
         self.outcomes = {o: 0 for o in Outcome}
 
 
+def _check_buckets(buckets: Sequence[float]) -> list[float]:
+    bounds = [float(b) for b in buckets]
+    if bounds != sorted(bounds) or len(set(bounds)) != len(bounds) or not bounds:
+        raise ValueError("buckets must be a non-empty, strictly increasing sequence")
+    if bounds[-1] == math.inf:
+        bounds.pop()
+    return bounds
+
+
 class _StageCollector:
     """``rmqtrace_stage_duration_seconds`` and ``rmqtrace_messages_total`` as one collector.
 
@@ -85,25 +154,18 @@ class _StageCollector:
     exposition is the same: cumulative ``le`` buckets, ``_sum``, ``_count``, exemplars.
     """
 
-    def __init__(self, buckets: Sequence[float]) -> None:
-        bounds = [float(b) for b in buckets]
-        if bounds != sorted(bounds) or len(set(bounds)) != len(bounds) or not bounds:
-            raise ValueError("buckets must be a non-empty, strictly increasing sequence")
-        if bounds[-1] == math.inf:
-            bounds.pop()
+    def __init__(self, bounds: list[float]) -> None:
         self.bounds = bounds
         self.series: dict[tuple[str, str], _Series] = {}
 
     def describe(self) -> list[Metric]:
-        return []
+        # the real names, so a registry refuses a second collector of the same series
+        return [HistogramMetricFamily("rmqtrace_stage_duration_seconds", _STAGE_HELP,
+                                      labels=["stage", "topic", "consumer_group"]),
+                CounterMetricFamily("rmqtrace_messages", _MESSAGES_HELP, labels=["topic", "consumer_group", "outcome"])]
 
     def collect(self) -> Iterator[Metric]:
-        hist = HistogramMetricFamily(
-            "rmqtrace_stage_duration_seconds",
-            "Time a message spent in each stage gap (send, broker_wait, client_buffer, dispatch_wait, "
-            "handler, end_to_end).", labels=["stage", "topic", "consumer_group"])
-        msgs = CounterMetricFamily("rmqtrace_messages", "Messages whose handling ended, by outcome.",
-                                   labels=["topic", "consumer_group", "outcome"])
+        hist, msgs = self.describe()
         les = [floatToGoString(b) for b in self.bounds] + ["+Inf"]  # type: ignore[no-untyped-call]
         for (topic, group), series in list(self.series.items()):
             with series.lock:
@@ -118,53 +180,123 @@ class _StageCollector:
                 for le, c, ex in zip(les, counts[gi], exemplars[gi]):
                     acc += c
                     buckets.append((le, acc, Exemplar(*ex)) if ex is not None else (le, acc))
-                hist.add_metric([gap.name, topic, group], buckets, sums[gi])
+                hist.add_metric([gap.name, topic, group], buckets, sums[gi])  # type: ignore[attr-defined]
             for outcome, n in outcomes.items():
                 if n:
-                    msgs.add_metric([topic, group, outcome.value], n)
+                    msgs.add_metric([topic, group, outcome.value], n)  # type: ignore[attr-defined]
         yield hist
         yield msgs
 
 
+class _StockSeries:
+    """Multiprocess mode: the stock children of one (topic, consumer_group), bound once."""
+
+    __slots__ = ("gaps", "outcomes")
+
+    def __init__(self, hist: Histogram, msgs: Counter, topic: str, group: str) -> None:
+        self.gaps = [hist.labels(g.name, topic, group) for g in GAPS]
+        self.outcomes = {o: msgs.labels(topic, group, o.value) for o in Outcome}
+
+
+_shared: weakref.WeakKeyDictionary[CollectorRegistry, TracerMetrics] = weakref.WeakKeyDictionary()
+_shared_lock = threading.Lock()
+
+
 class TracerMetrics:
-    """All message-path series on one registry (``registry=None`` means the global one)."""
+    """All message-path series on one registry (``registry=None`` means the global one).
+
+    ``label_limit`` caps the distinct (topic, consumer_group) pairs (see :class:`PairLabels`).
+
+    Raises:
+        ValueError: the buckets are not strictly increasing, or the registry already holds these
+            series (another ``TracerMetrics``: use :meth:`shared`). Nothing stays registered then.
+    """
 
     def __init__(self, registry: CollectorRegistry | None = None,
                  buckets: Sequence[float] = DEFAULT_BUCKETS, label_limit: int = 64) -> None:
         reg = DEFAULT_REGISTRY if registry is None else registry
         self.registry = reg
-        self._stages = _StageCollector(buckets)
-        reg.register(self._stages)  # type: ignore[arg-type]
+        bounds = _check_buckets(buckets)
+        self.multiprocess = multiprocess_dir() is not None
+        self._stages = _StageCollector(bounds)
+        collectors: list[Any] = []
+        self._hist: Histogram | None = None
+        self._msgs: Counter | None = None
+        self._stock: dict[tuple[str, str], _StockSeries] = {}
+        if self.multiprocess:
+            self._hist = Histogram("rmqtrace_stage_duration_seconds", _STAGE_HELP, ["stage", "topic", "consumer_group"],
+                                   buckets=bounds, registry=None)
+            self._msgs = Counter("rmqtrace_messages", _MESSAGES_HELP, ["topic", "consumer_group", "outcome"],
+                                 registry=None)
+            collectors += [self._hist, self._msgs]
+        else:
+            collectors.append(self._stages)
         self.skew_clamped = Counter(
             "rmqtrace_clock_skew_clamped",
             "Cross-clock gaps that came out negative by more than the stamps' resolution; "
             "they are reported as zero.",
-            ["stage"], registry=reg,
+            ["stage"], registry=None,
         )
         self.skew_bound = Gauge(
             "rmqtrace_clock_skew_bound_seconds",
             "Smallest cross-clock gap seen per clock pair; a cross-clock gap is trustworthy only "
             "to about its absolute value.",
-            ["peer"], registry=reg,
+            ["peer"], registry=None, multiprocess_mode="livemin",
         )
         self.propagation_errors = Counter(
             "rmqtrace_propagation_errors", "Message properties ignored because they were bad.",
-            ["kind"], registry=reg,
+            ["kind"], registry=None,
         )
         self.spans_dropped = Counter(
-            "rmqtrace_spans_dropped", "Spans the exporter could not deliver.", registry=reg,
+            "rmqtrace_spans_dropped", "Spans the exporter could not deliver.", registry=None,
         )
-        self._topic = BoundedLabel(label_limit)
-        self._group = BoundedLabel(label_limit)
+        collectors += [self.skew_clamped, self.skew_bound, self.propagation_errors, self.spans_dropped]
+        _register_all(reg, collectors)
+        self._collectors = collectors
+        self._pairs = PairLabels(label_limit)
         self._lock = threading.Lock()
         self._skew_clamped = {g.name: self.skew_clamped.labels(g.name) for g in GAPS if g.crosses_clocks}
+        with _shared_lock:
+            _shared.setdefault(reg, self)
+
+    @classmethod
+    def shared(cls, registry: CollectorRegistry | None = None) -> TracerMetrics:
+        """The one instance of a registry: the first one built on it, or a new one (default buckets)."""
+        reg = DEFAULT_REGISTRY if registry is None else registry
+        with _shared_lock:
+            found = _shared.get(reg)
+        if found is not None:
+            return found
+        try:
+            return cls(reg)
+        except ValueError:
+            with _shared_lock:  # another thread built it meanwhile
+                found = _shared.get(reg)
+            if found is None:
+                raise
+            return found
+
+    def unregister(self) -> None:
+        """Take these series off the registry (e.g. before building another set on it)."""
+        for c in self._collectors:
+            try:
+                self.registry.unregister(c)
+            except KeyError:
+                pass
+        with _shared_lock:
+            if _shared.get(self.registry) is self:
+                del _shared[self.registry]
+
+    def labels_for(self, topic: str | None, group: str | None) -> tuple[str, str]:
+        """The (topic, consumer_group) label pair a message of ``topic`` and ``group`` is counted under."""
+        return self._pairs(topic, group)
 
     def _series(self, topic: str, group: str) -> _Series:
         series = self._stages.series
         found = series.get((topic, group))
         if found is not None:
             return found
-        key = (self._topic(topic), self._group(group))
+        key = self._pairs(topic, group)
         with self._lock:
             found = series.get(key)
             if found is None:
@@ -174,7 +306,10 @@ class TracerMetrics:
     def observe(self, topic: str, group: str, times: Sequence[int], outcome: Outcome,
                 exemplar: dict[str, str] | None = None) -> None:
         """One message: every gap between present stamps into its histogram (negative gaps as
-        0, see :mod:`tracer.stamps`), the outcome into its counter."""
+        0, see :mod:`tracer.path.stamps`), the outcome into its counter."""
+        if self._hist is not None:
+            self._observe_stock(topic, group, times, outcome)
+            return
         series = self._series(topic, group)
         bounds = self._stages.bounds
         ex_ts = time.time() if exemplar is not None else 0.0
@@ -192,8 +327,37 @@ class TracerMetrics:
                     series.exemplars[gi][bucket] = (exemplar, v, ex_ts)
             series.outcomes[outcome] += 1
 
+    def _observe_stock(self, topic: str, group: str, times: Sequence[int], outcome: Outcome) -> None:
+        found = self._stock.get((topic, group))
+        if found is None:
+            key = self._pairs(topic, group)
+            with self._lock:
+                found = self._stock.get(key)
+                if found is None:
+                    assert self._hist is not None and self._msgs is not None
+                    found = self._stock[key] = _StockSeries(self._hist, self._msgs, *key)
+        for gi, start, end in _GAP_INDEX:
+            a, b = times[start], times[end]
+            if a and b:
+                found.gaps[gi].observe((b - a) / 1e9 if b > a else 0.0)
+        found.outcomes[outcome].inc()
+
     def count_propagation_error(self, kind: str) -> None:
         self.propagation_errors.labels(kind).inc()
 
     def clamped(self, gap_name: str) -> None:
         self._skew_clamped[gap_name].inc()
+
+
+def _register_all(registry: CollectorRegistry, collectors: Sequence[Any]) -> None:
+    """Register every collector or none: a half-registered set would make later scrapes fail."""
+    done: list[Any] = []
+    try:
+        for c in collectors:
+            registry.register(c)
+            done.append(c)
+    except ValueError as exc:
+        for c in done:
+            registry.unregister(c)
+        raise ValueError(f"this registry already holds rmqtrace's series ({exc}); "
+                         "build TracerMetrics once per registry or use TracerMetrics.shared(registry)") from exc
