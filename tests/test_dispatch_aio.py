@@ -235,3 +235,163 @@ def test_submit_after_close_starts_nothing() -> None:
         assert d.stats.live_workers == 0
 
     run(main)
+
+
+# ------------------------------------------------------------------------- edges (issue 11)
+def test_worker_cancelled_while_holding_a_message_does_not_drop_the_next() -> None:
+    async def main() -> None:
+        g = Gates()
+        got: list[tuple[Any, Outcome, BaseException | None]] = []
+        d: AsyncDispatcher[str] = AsyncDispatcher(
+            g.handler, workers=1, policy=CostAware(window=4), on_done=lambda i, o, e: got.append((i, o, e))
+        )
+        await d.submit("held")
+        await d.submit("next")  # waits in the window for the only worker
+        await g.wait_started("held")
+        task = g.tasks["held"]
+        assert task is not None
+        task.cancel()  # the worker task itself, mid-handler
+        await g.wait_started("next")  # a fresh task took the worker's next entry
+        assert task.done() and task.cancelled()
+        g.open("next")
+        await d.close(timeout=WAIT)
+        assert [(i, o) for i, o, _ in got] == [("held", Outcome.FAILURE), ("next", Outcome.SUCCESS)]
+        assert isinstance(got[0][2], asyncio.CancelledError)
+        s = d.stats
+        assert s.submitted == 2 == s.handled + s.failed and s.in_flight == s.queued == 0
+
+    run(main)
+
+
+def test_worker_cancelled_while_idle_still_gets_messages() -> None:
+    async def main() -> None:
+        g = Gates()
+        got: list[Outcome] = []
+        d: AsyncDispatcher[str] = AsyncDispatcher(g.handler, workers=1, on_done=lambda i, o, e: got.append(o))
+        g.open("first", "later")
+        await d.submit("first")
+        assert await d.wait_idle(WAIT)
+        task = g.tasks["first"]
+        assert task is not None
+        task.cancel()  # idle, waiting for a hand-off
+        await until(task.done)
+        assert d.stats.live_workers == 0
+        await d.submit("later")
+        await g.wait_started("later")
+        await d.close(timeout=WAIT)
+        assert got == [Outcome.SUCCESS, Outcome.SUCCESS]
+
+    run(main)
+
+
+def test_handler_swallowing_the_timeout_and_overrunning_is_a_timeout() -> None:
+    async def main() -> None:
+        got: list[tuple[Outcome, BaseException | None]] = []
+        never = asyncio.Event()
+
+        async def handler(i: int) -> None:
+            try:
+                await never.wait()
+            except asyncio.CancelledError:
+                pass  # swallowed: it "succeeds" late
+
+        d: AsyncDispatcher[int] = AsyncDispatcher(
+            handler, workers=1, handler_timeout=0.02, on_done=lambda i, o, e: got.append((o, e))
+        )  # real-time: 20 ms of the loop's clock until the timeout cancels the handler
+        await d.submit(1)
+        await d.close()
+        assert [o for o, _ in got] == [Outcome.TIMEOUT]
+        assert isinstance(got[0][1], HandlerTimeout)
+        assert d.stats.timed_out == 1 and d.stats.handled == 0
+
+    run(main)
+
+
+def test_overrun_on_the_injected_clock_is_a_timeout() -> None:
+    from tracer.path.clock import ManualClock
+
+    async def main() -> None:
+        clock = ManualClock()
+        got: list[Outcome] = []
+
+        async def handler(i: int) -> None:
+            clock.advance_s(5.0)
+
+        d: AsyncDispatcher[int] = AsyncDispatcher(
+            handler, workers=1, handler_timeout=1.0, clock=clock, on_done=lambda i, o, e: got.append(o)
+        )
+        await d.submit(1)
+        await d.close()
+        assert got == [Outcome.TIMEOUT]
+
+    run(main)
+
+
+@pytest.mark.parametrize("exc", [KeyboardInterrupt, SystemExit])
+def test_handler_base_exceptions_are_failures_and_the_worker_lives(exc: type[BaseException]) -> None:
+    async def main() -> None:
+        got: list[tuple[int, Outcome]] = []
+
+        async def handler(i: int) -> None:
+            if i == 0:
+                raise exc
+
+        d: AsyncDispatcher[int] = AsyncDispatcher(handler, workers=1, on_done=lambda i, o, e: got.append((i, o)))
+        await d.submit(0)
+        await d.submit(1)
+        await d.close()
+        assert got == [(0, Outcome.FAILURE), (1, Outcome.SUCCESS)]
+
+    run(main)
+
+
+def test_raising_key_and_bad_cost_fail_or_default_without_raising() -> None:
+    async def main() -> None:
+        g = Gates()
+        got: list[tuple[Any, Outcome]] = []
+
+        def key(it: tuple[str, Any]) -> str | None:
+            if it[0] == "nokey":
+                raise LookupError("no group")
+            return None
+
+        d: AsyncDispatcher[tuple[str, Any]] = AsyncDispatcher(
+            g.handler, workers=1, policy=CostAware(window=8), key=key, cost=lambda it: it[1],
+            on_done=lambda i, o, e: got.append((i[0], o)),
+        )  # fmt: skip
+        await d.submit(("first", 0))
+        await g.wait_started(("first", 0))
+        nan = float("nan")  # one object: NaN != NaN, the gates find it by identity
+        for it in (("a", 1), ("nan", nan), ("nokey", 3), ("b", 4)):
+            assert await d.submit(it) is True
+        assert ("nokey", Outcome.FAILURE) in got and d.stats.cost_errors == 1
+        for it in (("first", 0), ("a", 1), ("nan", nan), ("b", 4)):
+            g.open(it)
+        await d.close()
+        assert [n for n, _ in g.order] == ["first", "b", "a", "nan"]
+        assert d.stats.failed == 1 and d.stats.handled == 4
+
+    run(main)
+
+
+def test_trace_whose_worker_setter_raises_still_runs() -> None:
+    async def main() -> None:
+        log: list[Any] = []
+
+        class Trace(FakeTrace):
+            @property
+            def worker(self) -> int:
+                return 0
+
+            @worker.setter
+            def worker(self, value: int) -> None:
+                raise RuntimeError("read-only")
+
+        async def handler(i: int) -> None:
+            log.append("handler")
+
+        async with AsyncDispatcher(handler, workers=1) as d:
+            await d.submit(1, Trace(log))
+        assert log == [("mark", Stage.DISPATCH_ENQUEUE), "start", "handler", "end", ("finish", Outcome.SUCCESS)]
+
+    run(main)

@@ -619,3 +619,240 @@ def test_a_blocked_submit_is_stamped_when_a_worker_accepts_it() -> None:
     d.close()
     assert [e[1] for e in log] == ["mark", "start", "end", "finish"]
     assert g.order == ["first", "second"]
+
+
+# ------------------------------------------------------------------------- edges (issue 11)
+def test_raising_or_non_str_key_fails_that_message_only(caplog: pytest.LogCaptureFixture) -> None:
+    got: list[tuple[Any, Outcome, BaseException | None]] = []
+    ran: list[Any] = []
+
+    def key(it: Any) -> Any:
+        if it == "boom":
+            raise KeyError("no group")
+        if it == "int":
+            return 5
+        return "k"
+
+    with caplog.at_level(logging.ERROR, logger="tracer.dispatch"):
+        with Dispatcher(ran.append, workers=2, key=key, on_done=lambda i, o, e: got.append((i, o, e))) as d:
+            for it in ("a", "boom", "b", "int", "boom"):
+                assert d.submit(it) is True  # never raises out of submit
+    outcomes = {i: o for i, o, _ in got}
+    assert outcomes == {"a": Outcome.SUCCESS, "b": Outcome.SUCCESS, "boom": Outcome.FAILURE, "int": Outcome.FAILURE}
+    assert len(got) == 5 and sorted(ran) == ["a", "b"]
+    assert isinstance(next(e for i, _, e in got if i == "boom"), KeyError)
+    assert isinstance(next(e for i, _, e in got if i == "int"), TypeError)
+    s = d.stats
+    assert s.submitted == 5 and s.failed == 3 and s.handled == 2 and s.live_workers == 0
+    assert sum("key= callable" in r.getMessage() for r in caplog.records) == 1  # logged once
+
+
+@pytest.mark.parametrize("bad", [float("nan"), float("inf"), -1.0, "9", None, "raise"])
+def test_bad_cost_takes_zero_and_keeps_cost_aware_order(bad: Any) -> None:
+    g = Gates()
+
+    def cost(it: tuple[str, Any]) -> Any:
+        if it[1] == "raise":
+            raise ValueError("no cost")
+        return it[1]
+
+    d = Dispatcher(g.handler, workers=1, policy=CostAware(window=10), cost=cost)
+    d.submit(("first", 1))
+    g.wait_started(("first", 1))
+    waiting = [("a", 3), ("bad", bad), ("b", 5), ("c", 1), ("d", 4)]
+    for it in waiting:
+        assert d.submit(it, timeout=0)
+    assert d.stats.cost_errors == 1
+    for it in [("first", 1), *waiting]:
+        g.open(it)
+    d.close()
+    assert [n for n, _ in g.order] == ["first", "b", "d", "a", "c", "bad"]  # the bad one costs 0
+
+
+class WorkerSetterRaises:
+    def __init__(self, log: list[str]) -> None:
+        self.log = log
+
+    @property
+    def worker(self) -> int:
+        return 0
+
+    @worker.setter
+    def worker(self, value: int) -> None:
+        raise RuntimeError("read-only lane")
+
+    def mark(self, stage: Stage) -> None:
+        self.log.append("mark")
+
+    @contextmanager
+    def handler_scope(self) -> Iterator[object]:
+        yield None
+
+    def finish(self, outcome: Outcome, error: BaseException | None) -> None:
+        self.log.append(f"finish {outcome.value}")
+
+
+def test_trace_whose_worker_setter_raises_does_not_lose_the_message() -> None:
+    log: list[str] = []
+    got: list[Outcome] = []
+    with Dispatcher(lambda i: log.append("handler"), workers=1, on_done=lambda i, o, e: got.append(o)) as d:
+        d.submit(1, WorkerSetterRaises(log))
+    assert log == ["mark", "handler", "finish success"]
+    assert got == [Outcome.SUCCESS]
+
+
+def test_hung_handler_is_reported_timeout_at_the_deadline_and_keeps_its_worker() -> None:
+    clock = ManualClock()
+    g = Gates()
+    got: list[tuple[Any, Outcome, BaseException | None]] = []
+    d = Dispatcher(g.handler, workers=2, handler_timeout=5.0, clock=clock, on_done=lambda i, o, e: got.append((i, o, e)))
+    d.submit("hung")
+    d.submit("ok")
+    g.wait_started("hung", "ok")
+    clock.advance_s(3.0)
+    assert d.check_timeouts() == 0
+    g.open("ok")
+    assert d.wait_for_free_slot(WAIT)
+    clock.advance_s(3.0)  # "hung" is 6 s old now
+    assert d.check_timeouts() == 1
+    assert got[-1][:2] == ("hung", Outcome.TIMEOUT) and isinstance(got[-1][2], HandlerTimeout)
+    assert d.check_timeouts() == 0  # reported once
+    s = d.stats
+    assert s.timed_out == 1 and s.overrun == 1 and s.in_flight == 0
+    assert d.running() == [] and d.overrun() == [("hung", pytest.approx(6.0))]
+    assert d.free_slots() == 1  # the hung handler still holds its worker
+    assert s.submitted == s.handled + s.failed + s.timed_out + s.skipped + s.in_flight + s.queued
+    g.open("hung")  # it returns at last: its late result is dropped, not reported again
+    assert d.wait_for_free_slot(WAIT) and wait_for(lambda: d.free_slots() == 2)
+    d.close()
+    assert [(i, o) for i, o, _ in got] == [("ok", Outcome.SUCCESS), ("hung", Outcome.TIMEOUT)]
+    assert d.stats.overrun == 0 and d.stats.timed_out == 1
+
+
+def wait_for(cond: Any) -> bool:
+    wait_until(cond)
+    return True
+
+
+def test_watchdog_reports_a_hung_handler_and_close_returns_without_it() -> None:
+    hang = threading.Event()
+    reported = threading.Event()
+    got: list[Outcome] = []
+
+    def on_done(i: int, o: Outcome, e: BaseException | None) -> None:
+        got.append(o)
+        reported.set()
+
+    def handler(i: int) -> None:
+        hang.wait(WAIT)
+
+    d = Dispatcher(handler, workers=1, handler_timeout=0.05, on_done=on_done)  # real clock: the watchdog's own
+    d.submit(1)
+    assert reported.wait(WAIT)  # real-time: the watchdog fires 50 ms after the start, while the handler hangs
+    assert got == [Outcome.TIMEOUT] and d.stats.overrun == 1
+    closer = threading.Thread(target=d.close)  # no timeout: it must not wait for the hung thread
+    closer.start()
+    closer.join(WAIT)
+    assert not closer.is_alive()
+    assert d.stats.live_workers == 1  # the hung thread is left to finish on its own
+    hang.set()
+    wait_until(lambda: d.stats.live_workers == 0)
+    assert got == [Outcome.TIMEOUT]
+
+
+def test_close_with_timeout_returns_in_bounded_time_with_a_never_returning_handler() -> None:
+    hang = threading.Event()
+    started = threading.Event()
+
+    def handler(i: int) -> None:
+        started.set()
+        hang.wait(WAIT)
+
+    d = Dispatcher(handler, workers=1, handler_timeout=100.0)
+    d.submit(1)
+    assert started.wait(WAIT)
+    t = threading.Thread(target=d.close, kwargs={"timeout": 0.2})
+    t.start()
+    t.join(WAIT)  # real-time: bounded by close's own 0.2 s (twice: its wait, then the joins)
+    assert not t.is_alive()
+    hang.set()
+
+
+def test_waiters_count_blocked_submitters_and_they_get_in_oldest_first() -> None:
+    g = Gates()
+    d = Dispatcher(g.handler, workers=1)
+    d.submit("first")
+    g.wait_started("first")
+    threads = []
+    for n, name in enumerate(("a", "b", "c"), 1):
+        t = threading.Thread(target=d.submit, args=(name,))
+        t.start()
+        threads.append(t)
+        wait_until(lambda n=n: d.stats.waiters == n)  # arrival order is known
+    assert d.stats.watchers == 0
+    g.open("first", "a", "b", "c")
+    for t in threads:
+        t.join(WAIT)
+    d.close()
+    assert g.order == ["first", "a", "b", "c"]
+    assert d.stats.waiters == 0
+
+
+def test_a_newcomer_uses_room_no_blocked_submitter_can_use() -> None:
+    g = Gates()
+    d = Dispatcher(g.handler, workers=2, policy=Aggressive(max_parked=0), key=lambda s: s[0] if s[0] in "K" else None)
+    d.submit("K1")
+    g.wait_started("K1")
+    t = threading.Thread(target=d.submit, args=("K2",))  # its key is busy and parking is full: blocks
+    t.start()
+    wait_until(lambda: d.stats.waiters == 1)
+    assert d.submit("u1", timeout=0) is True  # the idle worker is of no use to K2
+    g.wait_started("u1")
+    g.open("u1", "K1", "K2")
+    t.join(WAIT)
+    d.close()
+    assert d.stats.handled == 3
+
+
+def test_time_blocked_in_submit_is_read_from_the_injected_clock() -> None:
+    from prometheus_client import CollectorRegistry
+
+    from tracer.dispatch import DispatchMetrics
+
+    reg = CollectorRegistry()
+    clock = ManualClock()
+    g = Gates()
+    d = Dispatcher(g.handler, workers=1, clock=clock, metrics=DispatchMetrics(reg))
+    d.submit(0)
+    g.wait_started(0)
+    t = threading.Thread(target=d.submit, args=(1,))
+    t.start()
+    wait_until(lambda: d.stats.waiters == 1)
+    clock.advance_s(2.0)
+    g.open(0, 1)
+    t.join(WAIT)
+    d.close()
+    total = reg.get_sample_value("rmqtrace_dispatch_submit_blocked_seconds_sum", {"policy": "aggressive"})
+    assert total == pytest.approx(2.0)
+
+
+def test_handler_keyboard_interrupt_is_a_failure_and_the_worker_lives() -> None:
+    got: list[tuple[int, Outcome]] = []
+
+    def handler(i: int) -> None:
+        if i == 0:
+            raise KeyboardInterrupt
+
+    with Dispatcher(handler, workers=1, on_done=lambda i, o, e: got.append((i, o))) as d:
+        d.submit(0)
+        d.submit(1)
+    assert got == [(0, Outcome.FAILURE), (1, Outcome.SUCCESS)]
+
+
+def test_validation_is_loud() -> None:
+    with pytest.raises(ValueError, match="handler_timeout"):
+        Dispatcher(print, handler_timeout=float("nan"))
+    with pytest.raises(TypeError, match="key"):
+        Dispatcher(print, key="group")  # type: ignore[arg-type]
+    with pytest.raises(TypeError, match="handler"):
+        Dispatcher(None)  # type: ignore[arg-type]

@@ -137,3 +137,14 @@ def test_no_unbounded_labels() -> None:
         for sample in fam.samples:
             labelsets.add(tuple(sorted(k for k in sample.labels if k != "le")))
     assert labelsets <= {("policy",), ("outcome", "policy")}
+
+
+def test_gauge_sources_are_public_and_unbind_is_idempotent() -> None:
+    reg = CollectorRegistry()
+    m = DispatchMetrics(reg)
+    d = Dispatcher(lambda i: None, workers=2, metrics=m)
+    assert value(reg, "rmqtrace_dispatch_workers", policy="aggressive") == 2
+    assert m.sources_for("aggressive").workers() == 2.0
+    d.close()
+    d.close()
+    assert m.sources_for("aggressive").workers() == 0.0

@@ -192,3 +192,28 @@ def test_policy_validation_and_names() -> None:
     }
     p = CostAware(window=3)
     assert resolve_policy(p) is p
+
+
+def test_admit_answers_with_named_results() -> None:
+    from tracer.dispatch.scheduler import Admission
+
+    s = Aggressive(max_parked=1).scheduler(1)
+    first = entry("a", key="k")
+    assert s.admit(first) == 0
+    assert s.admit(entry("b", key="k")) is Admission.QUEUED is QUEUED
+    assert s.admit(entry("c", key="k")) is Admission.FULL is FULL
+    assert s.admit(entry("d")) is Admission.FULL
+
+
+def test_every_dispatch_module_declares_its_api() -> None:
+    import importlib
+    import pkgutil
+
+    import tracer.dispatch as pkg
+
+    names = [m.name for m in pkgutil.iter_modules(pkg.__path__)]
+    assert "core" in names
+    for name in ["__init__", *names]:
+        mod = importlib.import_module("tracer.dispatch" if name == "__init__" else f"tracer.dispatch.{name}")
+        assert hasattr(mod, "__all__"), mod.__name__
+        assert all(hasattr(mod, n) for n in mod.__all__), mod.__name__
