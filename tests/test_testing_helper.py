@@ -1,0 +1,79 @@
+"""tracer.testing: a user's handler under the real consume loop, on the embedded broker."""
+
+from __future__ import annotations
+
+import json
+import threading
+
+import pytest
+
+from tracer.path.stages import GAPS
+from tracer.testing import Pipeline, traced_pipeline
+
+
+def test_a_handler_sees_every_message_and_every_gap_is_there() -> None:
+    seen: list[dict[str, int]] = []
+
+    def handle(message) -> None:  # type: ignore[no-untyped-def]
+        seen.append(json.loads(message.body))
+
+    with traced_pipeline(handle, workers=2) as pipe:
+        ids = [pipe.send(json.dumps({"n": i}), keys=f"k{i}", job_id="j") for i in range(5)]
+        done = pipe.wait(5)
+    assert sorted(d["n"] for d in seen) == list(range(5))
+    assert sorted(d.message_id for d in done) == sorted(ids)
+    assert all(d.outcome == "success" and d.attempt == 1 for d in done)
+    for d in done:
+        assert set(d.gaps) == {g.name for g in GAPS}  # every stage stamped
+        assert d.gaps["consumer_wait"] == pytest.approx(d.gaps["client_buffer"] + d.gaps["dispatch_wait"], abs=1e-6)
+    names = {s.name for s in pipe.spans()}
+    assert {"send test-topic", "process test-topic", "handler", "dispatch_wait"} <= names
+    assert pipe.metric("rmqtrace_stage_duration_seconds_count", stage="consumer_wait", topic="test-topic",
+                       consumer_group="test-consumers") == 5
+
+
+def test_a_queued_message_shows_its_wait_inside_the_consumer() -> None:
+    """One worker held by the first message: the second waits for it, and consumer_wait says so."""
+    first_started, release = threading.Event(), threading.Event()
+
+    def handle(message) -> None:  # type: ignore[no-untyped-def]
+        if message.body == b"slow":
+            first_started.set()
+            assert release.wait(10)
+
+    with traced_pipeline(handle, workers=1, policy="round_robin", prefetch=8) as pipe:
+        pipe.send("slow")
+        assert first_started.wait(10)
+        pipe.send("fast")
+        with pytest.raises(TimeoutError, match="0 of 1"):
+            pipe.wait(1, timeout=0.2)  # real-time: the wait the second message must show; the slow one holds the only worker
+        release.set()
+        slow, fast = pipe.wait(2)
+    assert fast.gaps["consumer_wait"] > 0.2 > slow.gaps["consumer_wait"]
+
+
+def test_a_failing_handler_is_a_failed_delivery_and_comes_back() -> None:
+    calls: list[int] = []
+
+    def handle(message) -> None:  # type: ignore[no-untyped-def]
+        calls.append(message.delivery_attempt)
+        if len(calls) == 1:
+            raise RuntimeError("boom")
+
+    with traced_pipeline(handle, retry_backoff=lambda attempt: 0.0) as pipe:
+        pipe.send("x")
+        first, second = pipe.wait(2)
+    assert (first.outcome, second.outcome) == ("failure", "success")
+    assert second.attempt == first.attempt + 1
+
+
+def test_the_pipeline_is_a_pytest_fixture_too(pipe: Pipeline) -> None:
+    pipe.send("hello")
+    [d] = pipe.wait(1)
+    assert d.outcome == "success"
+
+
+@pytest.fixture
+def pipe():  # type: ignore[no-untyped-def]
+    with traced_pipeline(lambda message: None) as p:
+        yield p
