@@ -1,10 +1,14 @@
 """Settings from the environment, read at entry points (never at import), and SDK setup.
 
-Standard ``OTEL_*`` variables keep their meaning: ``OTEL_SERVICE_NAME``,
-``OTEL_EXPORTER_OTLP_ENDPOINT`` / ``OTEL_EXPORTER_OTLP_TRACES_ENDPOINT``,
-``OTEL_EXPORTER_OTLP_PROTOCOL`` (``http/protobuf`` or ``grpc``), ``OTEL_TRACES_EXPORTER``
-(``otlp``, ``console``, ``none``), ``OTEL_TRACES_SAMPLER``/``_ARG`` (read by the SDK itself) and
-``OTEL_SDK_DISABLED``. rmqtrace adds a few ``RMQTRACE_*`` ones, listed on :class:`Settings`.
+Standard ``OTEL_*`` variables keep the meaning the SDK's environment specification gives them:
+``OTEL_SERVICE_NAME`` and ``OTEL_RESOURCE_ATTRIBUTES`` (``service.name=...``; with neither, the
+SDK's ``unknown_service:<executable>``), ``OTEL_EXPORTER_OTLP_ENDPOINT`` /
+``OTEL_EXPORTER_OTLP_TRACES_ENDPOINT`` (unset: the SDK default, ``http://localhost:4318`` for
+``http/protobuf``, ``http://localhost:4317`` for ``grpc``), ``OTEL_EXPORTER_OTLP_PROTOCOL``,
+``OTEL_TRACES_EXPORTER`` (a list of ``otlp``, ``console``, ``none``; default ``otlp``),
+``OTEL_TRACES_SAMPLER``/``_ARG`` (read by the SDK itself) and ``OTEL_SDK_DISABLED``. A value rmqtrace
+cannot honour is an error, not a silent fallback. rmqtrace adds a few ``RMQTRACE_*`` ones, listed on
+:class:`Settings`.
 """
 
 from __future__ import annotations
@@ -15,6 +19,7 @@ import socket
 import threading
 from dataclasses import dataclass
 from typing import Callable, Mapping, Sequence
+from urllib.parse import unquote
 
 from opentelemetry import trace
 from opentelemetry.context import Context
@@ -24,33 +29,65 @@ from opentelemetry.sdk.trace.export import BatchSpanProcessor, SpanExporter, Spa
 
 from .telemetry.metrics import TracerMetrics
 
+__all__ = [
+    "EXPORTERS", "PROTOCOLS", "CountingExporter", "CountingSpanProcessor", "DropCounter", "Settings",
+    "configure_tracing", "default_instance_id", "make_exporters", "serve_metrics",
+]
+
 log = logging.getLogger(__name__)
+
+EXPORTERS = ("otlp", "console", "none")  # the OTEL_TRACES_EXPORTER values rmqtrace can build
+PROTOCOLS = ("http/protobuf", "grpc")  # the OTLP protocols of the installed exporters
 
 
 @dataclass(frozen=True)
 class Settings:
-    service_name: str = "rmqtrace"
-    otlp_endpoint: str | None = None  # OTEL_EXPORTER_OTLP[_TRACES]_ENDPOINT
+    """What :func:`configure_tracing` and :func:`serve_metrics` build; ``from_env`` reads it.
+
+    ``service_name=None`` leaves ``service.name`` to the SDK's resource detection;
+    ``traces_exporter=None`` means ``OTEL_TRACES_EXPORTER`` is unset: the span file when
+    ``RMQTRACE_SPANS_FILE`` is set and no OTLP endpoint is, else OTLP (the SDK's default).
+    """
+
+    service_name: str | None = None  # OTEL_SERVICE_NAME, else service.name in OTEL_RESOURCE_ATTRIBUTES
+    otlp_endpoint: str | None = None  # OTEL_EXPORTER_OTLP[_TRACES]_ENDPOINT (None: the SDK default)
     otlp_protocol: str = "http/protobuf"  # OTEL_EXPORTER_OTLP[_TRACES]_PROTOCOL
-    traces_exporter: str = "otlp"  # OTEL_TRACES_EXPORTER
+    traces_exporter: str | None = None  # OTEL_TRACES_EXPORTER, normalised ("otlp,console")
     sdk_disabled: bool = False  # OTEL_SDK_DISABLED
-    spans_file: str | None = None  # RMQTRACE_SPANS_FILE: JSON-lines span file when no OTLP endpoint
+    spans_file: str | None = None  # RMQTRACE_SPANS_FILE: JSON-lines span file
     metrics_port: int | None = None  # RMQTRACE_METRICS_PORT: serve /metrics
     metrics_addr: str = "127.0.0.1"  # RMQTRACE_METRICS_ADDR: loopback unless told otherwise
     consumer_group: str = ""  # RMQTRACE_CONSUMER_GROUP: label for wrapped push consumers
     # RMQTRACE_INSTANCE_ID, else service.instance.id from OTEL_RESOURCE_ATTRIBUTES; empty = host:pid
     instance_id: str = ""
 
+    def __post_init__(self) -> None:
+        if self.otlp_protocol not in PROTOCOLS:
+            raise ValueError(f"OTLP protocol {self.otlp_protocol!r} is not supported; use one of {', '.join(PROTOCOLS)}")
+        for name in (self.traces_exporter or "otlp").split(","):
+            if name not in EXPORTERS:
+                raise ValueError(f"OTEL_TRACES_EXPORTER value {name!r} is not supported; use one of {', '.join(EXPORTERS)}")
+
     @classmethod
-    def from_env(cls, env: Mapping[str, str] | None = None) -> Settings:
+    def from_env(cls, env: Mapping[str, str] | None = None, *, default_service_name: str | None = None) -> Settings:
+        """Read the variables; ``default_service_name`` applies only when neither
+        ``OTEL_SERVICE_NAME`` nor ``service.name`` in ``OTEL_RESOURCE_ATTRIBUTES`` is set.
+
+        Raises:
+            ValueError: an exporter, protocol or port that cannot work.
+        """
         e = os.environ if env is None else env
-        port = e.get("RMQTRACE_METRICS_PORT")
+        port = (e.get("RMQTRACE_METRICS_PORT") or "").strip()
+        if port and not port.isdigit():
+            raise ValueError(f"RMQTRACE_METRICS_PORT must be a port number, got {port!r}")
+        exporters = [x.strip().lower() for x in (e.get("OTEL_TRACES_EXPORTER") or "").split(",") if x.strip()]
         return cls(
-            service_name=e.get("OTEL_SERVICE_NAME") or "rmqtrace",
+            service_name=(e.get("OTEL_SERVICE_NAME") or "").strip() or _resource_attribute(e, "service.name")
+            or default_service_name,
             otlp_endpoint=e.get("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT") or e.get("OTEL_EXPORTER_OTLP_ENDPOINT") or None,
             otlp_protocol=(e.get("OTEL_EXPORTER_OTLP_TRACES_PROTOCOL") or e.get("OTEL_EXPORTER_OTLP_PROTOCOL")
                            or "http/protobuf").strip().lower(),
-            traces_exporter=(e.get("OTEL_TRACES_EXPORTER") or "otlp").split(",")[0].strip().lower(),
+            traces_exporter=",".join(exporters) or None,
             sdk_disabled=(e.get("OTEL_SDK_DISABLED", "").strip().lower() == "true"),
             spans_file=e.get("RMQTRACE_SPANS_FILE") or None,
             metrics_port=int(port) if port else None,
@@ -66,10 +103,11 @@ def default_instance_id() -> str:
 
 
 def _resource_attribute(env: Mapping[str, str], key: str) -> str | None:
+    """One attribute of ``OTEL_RESOURCE_ATTRIBUTES`` (``k=v,k=v``, values percent-encoded)."""
     for item in (env.get("OTEL_RESOURCE_ATTRIBUTES") or "").split(","):
         k, sep, v = item.partition("=")
         if sep and k.strip() == key and v.strip():
-            return v.strip()
+            return unquote(v.strip())
     return None
 
 
@@ -187,23 +225,30 @@ class CountingSpanProcessor(SpanProcessor):
         return self._inner.force_flush(timeout_millis)
 
 
-def make_exporter(settings: Settings) -> SpanExporter | None:
-    """The exporter ``OTEL_*`` asks for: OTLP when an endpoint is set, else the span file."""
-    if settings.traces_exporter == "none":
-        return None
-    if settings.traces_exporter == "console":
-        from opentelemetry.sdk.trace.export import ConsoleSpanExporter
-        return ConsoleSpanExporter()
-    if settings.otlp_endpoint:
-        if settings.otlp_protocol == "grpc":
+def make_exporters(settings: Settings) -> list[SpanExporter]:
+    """The exporters ``OTEL_TRACES_EXPORTER`` asks for (see :class:`Settings` for the default).
+
+    OTLP exporters read their endpoint, headers and timeout from ``OTEL_*`` themselves, so an
+    unset endpoint is the SDK's default one.
+    """
+    names = settings.traces_exporter.split(",") if settings.traces_exporter else []
+    if not names:
+        names = ["spans_file"] if settings.spans_file and not settings.otlp_endpoint else ["otlp"]
+    out: list[SpanExporter] = []
+    for name in dict.fromkeys(names):
+        if name == "console":
+            from opentelemetry.sdk.trace.export import ConsoleSpanExporter
+            out.append(ConsoleSpanExporter())
+        elif name == "spans_file":
+            from .telemetry.spanfile import JsonLinesSpanExporter
+            out.append(JsonLinesSpanExporter(settings.spans_file or ""))
+        elif name == "otlp" and settings.otlp_protocol == "grpc":
             from opentelemetry.exporter.otlp.proto.grpc.trace_exporter import OTLPSpanExporter as GrpcExporter
-            return GrpcExporter()  # reads the endpoint and headers from OTEL_* itself
-        from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter as HttpExporter
-        return HttpExporter()
-    if settings.spans_file:
-        from .telemetry.spanfile import JsonLinesSpanExporter
-        return JsonLinesSpanExporter(settings.spans_file)
-    return None
+            out.append(GrpcExporter())
+        elif name == "otlp":
+            from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter as HttpExporter
+            out.append(HttpExporter())
+    return out  # "none" adds nothing
 
 
 def configure_tracing(settings: Settings, *, set_global: bool = True,
@@ -223,12 +268,13 @@ def configure_tracing(settings: Settings, *, set_global: bool = True,
     current = trace.get_tracer_provider()
     if isinstance(current, TracerProvider):
         return current
-    provider = TracerProvider(resource=Resource.create({
-        "service.name": settings.service_name,
-        "service.instance.id": settings.instance_id or default_instance_id(),
-    }))
-    exporter = make_exporter(settings)
-    if exporter is not None:
+    # Resource.create reads OTEL_RESOURCE_ATTRIBUTES and OTEL_SERVICE_NAME and falls back to
+    # "unknown_service:<executable>"; only an explicit name is passed on top.
+    attrs = {"service.instance.id": settings.instance_id or default_instance_id()}
+    if settings.service_name:
+        attrs["service.name"] = settings.service_name
+    provider = TracerProvider(resource=Resource.create(attrs))
+    for exporter in make_exporters(settings):
         if drops is not None:
             provider.add_span_processor(CountingSpanProcessor(exporter, drops))
         else:

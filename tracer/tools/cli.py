@@ -133,8 +133,8 @@ def demo_settings(args: argparse.Namespace, out: Path) -> Settings:
     """The environment's settings, with the demo's span file and ``--metrics-port``."""
     from ..config import Settings
 
-    settings = Settings.from_env()
-    if not settings.otlp_endpoint and not settings.spans_file:
+    settings = Settings.from_env(default_service_name="rmqtrace")  # the service `rmqtrace report` reads
+    if not settings.otlp_endpoint and not settings.spans_file and settings.traces_exporter is None:
         settings = dataclasses.replace(settings, spans_file=str(out / "spans.jsonl"))
     if args.metrics_port is not None:
         settings = dataclasses.replace(settings, metrics_port=args.metrics_port)
