@@ -275,6 +275,9 @@ def cmd_bench(args: argparse.Namespace) -> int:
     if args.which == "broker":
         from .bench.broker import run_cli
         return run_cli(args)
+    if args.which == "fleet":
+        from .bench.fleet import run_cli as run_fleet_cli
+        return run_fleet_cli(args)
     console = _console()
     if args.which == "overhead":
         from .bench.overhead import format_overhead_bench, run_overhead_bench
@@ -318,15 +321,16 @@ def build_parser() -> argparse.ArgumentParser:
     d.set_defaults(func=cmd_demo)
 
     b = sub.add_parser("bench", help="benchmarks behind BENCHMARKS.md (ratios against a baseline in the same run)")
-    b.add_argument("which", choices=["overhead", "dispatch", "broker"],
+    b.add_argument("which", choices=["overhead", "dispatch", "broker", "fleet"],
                    help="overhead: tracing cost per message vs one SDK span; dispatch: policies vs lower bound and "
                         "the dispatcher vs ThreadPoolExecutor; broker: traced vs untraced throughput on the local "
-                        "RocketMQ (services/rocketmq/rmq.sh start)")
+                        "RocketMQ (services/rocketmq/rmq.sh start); fleet: one long-tailed job over 3 consumer "
+                        "processes on the local RocketMQ, push consumer vs prefetch vs demand-driven")
     b.add_argument("--json", action="store_true", help="print one JSON object instead of a table")
     b.add_argument("--messages", type=_int_at_least(1), default=30_000, help="overhead: messages per loop in all (default 30000)")
     b.add_argument("--rounds", type=_int_at_least(1), default=7, help="overhead: interleaved rounds (default 7)")
     b.add_argument("--seeds", type=_int_at_least(1), default=5, help="dispatch: job seeds (default 5)")
-    b.add_argument("--quick", action="store_true", help="dispatch: smaller runs for CI")
+    b.add_argument("--quick", action="store_true", help="dispatch, fleet: smaller runs for CI")
     b.set_defaults(func=cmd_bench)
 
     from ..report import add_cli as add_report_cli

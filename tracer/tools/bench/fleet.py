@@ -112,19 +112,19 @@ class Handled:
 def fleet_waits(records: Sequence[Handled], instances: int, workers: int, t0_ns: int) -> dict[str, Any]:
     """Sweep the members' stamps: fleet idle worker-seconds while another instance held unstarted
     messages, in-process idle-while-held worker-seconds, and the most each instance held."""
-    events: list[tuple[int, int, int, int]] = []  # (time, instance, d_unstarted, d_busy)
+    # (time, order, instance, d_unstarted, d_busy); at one instant receipts, then ends, then starts
+    events: list[tuple[int, int, int, int, int]] = []
     for r in records:
-        pull = min(r.pull_ns, r.start_ns)
-        events.append((pull, r.instance, +1, 0))
-        events.append((r.start_ns, r.instance, -1, +1))
-        events.append((r.end_ns, r.instance, 0, -1))
+        events.append((min(r.pull_ns, r.start_ns), 0, r.instance, +1, 0))
+        events.append((r.start_ns, 2, r.instance, -1, +1))
+        events.append((r.end_ns, 1, r.instance, 0, -1))
     events.sort()
     held = [0] * instances
     busy = [0] * instances
     most = [0] * instances
     fleet = inproc = 0.0
     last = t0_ns
-    for t, i, du, db in events:
+    for t, _order, i, du, db in events:
         if t > last:
             dt = (t - last) / 1e9
             starved = sum(workers - busy[k] for k in range(instances) if held[k] == 0)
