@@ -28,16 +28,17 @@ from typing import Any, Collection
 
 from opentelemetry.instrumentation.instrumentor import BaseInstrumentor  # type: ignore[attr-defined]
 from opentelemetry.instrumentation.utils import is_instrumentation_enabled, unwrap
-from prometheus_client import CollectorRegistry
 from wrapt import wrap_function_wrapper
 
-from .legacy import traced_callback, traced_legacy_send
-from .official import ReceivedTraces, TracedListener
 from ..config import Settings, serve_metrics
 from ..telemetry.metrics import TracerMetrics
+from ..telemetry.tracer import MessageTracer
+from .legacy import traced_callback, traced_legacy_send
+from .official import ReceivedTraces, TracedListener
 from .package import _instruments, _instruments_legacy
 from .producer import traced_send, traced_send_async
-from ..telemetry.tracer import MessageTracer
+
+__all__ = ["RocketMQInstrumentor"]
 
 log = logging.getLogger(__name__)
 
@@ -65,26 +66,27 @@ def _legacy_only() -> bool:
 class RocketMQInstrumentor(BaseInstrumentor):  # type: ignore[misc]
     """Keyword arguments to ``instrument()``: ``tracer_provider``, ``registry`` (a Prometheus
     ``CollectorRegistry``; default the global one) or ready-made ``metrics``
-    (:class:`~tracer.metrics.TracerMetrics`). ``RMQTRACE_METRICS_PORT`` serves ``/metrics``."""
+    (:class:`~tracer.telemetry.metrics.TracerMetrics`; else the registry's shared one).
 
-    _metrics: TracerMetrics | None = None
+    ``RMQTRACE_METRICS_PORT`` serves ``/metrics`` of that registry from ``instrument()`` until
+    ``uninstrument()``, so the two can alternate on one port.
+    """
 
     _legacy = False
+    _server: Any = None
 
     def instrumentation_dependencies(self) -> Collection[str]:
+        # Mirrors the `instruments-any` extra the opentelemetry-instrument loader checks.
         return _instruments_legacy if _legacy_only() else _instruments
 
     def _instrument(self, **kwargs: Any) -> None:
         settings = Settings.from_env()
         provider = kwargs.get("tracer_provider")
-        metrics = kwargs.get("metrics")
+        metrics: TracerMetrics | None = kwargs.get("metrics")
         if metrics is None:
-            registry: CollectorRegistry | None = kwargs.get("registry")
-            if self._metrics is None or (registry is not None and self._metrics.registry is not registry):
-                self._metrics = TracerMetrics(registry)
-                if settings.metrics_port is not None:
-                    serve_metrics(settings, self._metrics.registry)
-            metrics = self._metrics
+            metrics = TracerMetrics.shared(kwargs.get("registry"))
+        if settings.metrics_port is not None:
+            self._server = serve_metrics(settings, metrics.registry)
         self._producer_tracer = MessageTracer(tracer_provider=provider)
         self._group_traces: dict[str, ReceivedTraces] = {}
         self._lock = threading.Lock()
@@ -106,6 +108,10 @@ class RocketMQInstrumentor(BaseInstrumentor):  # type: ignore[misc]
         wrap_function_wrapper(_PUSH, "PushConsumer.__init__", self._push_init)
 
     def _uninstrument(self, **kwargs: Any) -> None:
+        server, self._server = self._server, None
+        if server is not None:
+            server.shutdown()
+            server.server_close()
         if self._legacy:
             import rocketmq.client as legacy
 
