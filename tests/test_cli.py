@@ -130,3 +130,13 @@ def test_the_benchmarks_share_one_percentile_and_one_drop_exporter() -> None:
     assert dispatch.percentile is percentile  # nearest rank, as the demo and the report (docs/report.md)
     assert percentile([1.0, 2.0, 3.0, 4.0], 0.5) == 2.0  # int(q·n) would say 3.0
     assert broker.DropExporter is overhead.DropExporter is bench.DropExporter
+
+
+def test_the_license_is_an_spdx_string_so_installing_is_quiet() -> None:
+    """setuptools >= 77 warns at every build (dozens of lines before `make demo`) for the table form."""
+    import tomllib
+
+    from conftest import REPO
+
+    project = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]
+    assert project["license"] == "Apache-2.0"
