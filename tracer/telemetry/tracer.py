@@ -24,6 +24,7 @@ from opentelemetry.trace import Span, SpanContext, SpanKind, Status, StatusCode,
 from ..path.clock import Clock, default_clock
 from ..path.message import MessageInfo
 from .metrics import TracerMetrics
+from .otel_metrics import GLOBAL_METERS, MessagingMeters
 from .occupancy import Occupancy
 from ..path.propagation import Carried, PropagationErrors, extract, inject, plausible_ns
 from .spans import DeferredSpan, SpanWriter, span_writer
@@ -77,6 +78,7 @@ class MessageTracer:
         self.capture_body = max(0, int(capture_body))
         self.clock: Clock = clock or default_clock()
         self.metrics = metrics
+        self.meters: MessagingMeters = GLOBAL_METERS  # OTel metrics: the global MeterProvider's
         self._provider = tracer_provider
         self.tracer = trace.get_tracer("rmqtrace", __version__, tracer_provider=tracer_provider)
         self._writer: SpanWriter | None = None
@@ -113,7 +115,7 @@ class MessageTracer:
             inject(set_property, produce_ns, trace.set_span_in_context(span), job_id=job_id, cost=cost)
         except Exception as exc:  # noqa: BLE001 - a read-only message must not fail the send
             self.errors.count("inject_failed", repr(exc))
-        return SendTrace(span, produce_ns)
+        return SendTrace(span, produce_ns, self, topic)
 
     # -- consumer side -------------------------------------------------------------------
     def start_message(self, info: MessageInfo, pulled_ns: int | None = None,
@@ -166,11 +168,13 @@ class MessageTracer:
 class SendTrace:
     """The live ``send {topic}`` span; end it with the receipt or the exception."""
 
-    __slots__ = ("span", "produce_ns")
+    __slots__ = ("span", "produce_ns", "_tracer", "_topic")
 
-    def __init__(self, span: Span, produce_ns: int) -> None:
+    def __init__(self, span: Span, produce_ns: int, tracer: MessageTracer | None = None, topic: str = "") -> None:
         self.span = span
         self.produce_ns = produce_ns
+        self._tracer = tracer
+        self._topic = topic
 
     def end(self, message_id: str | None = None, error: BaseException | None = None) -> None:
         span = self.span
@@ -182,6 +186,8 @@ class SendTrace:
                 span.set_status(Status(StatusCode.ERROR, type(error).__name__))
                 span.set_attribute("error.type", type(error).__qualname__)
         span.end()
+        if self._tracer is not None:
+            self._tracer.meters.sent(self._topic, self._tracer.clock.now_ns() - self.produce_ns, error)
 
 
 class MessageTrace:
@@ -279,6 +285,7 @@ class MessageTrace:
         if metrics is not None:
             exemplar = {"trace_id": f"{ctx.trace_id:032x}"} if ctx is not None and ctx.trace_flags.sampled else None
             metrics.observe(self.info.topic, mt.consumer_group, times, outcome, exemplar)
+        mt.meters.finished(self.info.topic, mt.consumer_group, times, outcome, error)
         for gap in CROSS_CLOCK_GAPS:
             a, b = times[gap.start], times[gap.end]
             if a == MISSING or b == MISSING:
