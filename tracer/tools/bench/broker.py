@@ -89,8 +89,9 @@ def _client() -> Any:
     return import_quietly()
 
 
-def _produce(producer: Any, rmq: Any, topic: str, n: int, run: str, window: int) -> float:
-    """Send ``n`` messages with at most ``window`` in flight; seconds taken."""
+def _produce(producer: Any, rmq: Any, topic: str, n: int, run: str, window: int) -> tuple[float, float]:
+    """Send ``n`` messages with at most ``window`` in flight: (seconds taken, CPU seconds of this
+    process meanwhile — the sending thread, the client's I/O thread, the exporter's)."""
     sem = threading.Semaphore(window)
     errors: list[BaseException] = []
     futures: list[Future[Any]] = []
@@ -100,6 +101,7 @@ def _produce(producer: Any, rmq: Any, topic: str, n: int, run: str, window: int)
         if f.exception() is not None:
             errors.append(f.exception())  # type: ignore[arg-type]
 
+    cpu0 = time.process_time()
     t0 = time.perf_counter()
     for i in range(n):
         m = rmq.Message()
@@ -113,9 +115,10 @@ def _produce(producer: Any, rmq: Any, topic: str, n: int, run: str, window: int)
     for f in futures:
         f.exception(timeout=60)
     took = time.perf_counter() - t0
+    cpu = time.process_time() - cpu0
     if errors:
         raise RuntimeError(f"{len(errors)} sends failed, first: {errors[0]!r}")
-    return took
+    return took, cpu
 
 
 def _consume(consumer: Any, n: int, handler_ms: float, workers: int,
@@ -205,7 +208,8 @@ def _run_rounds(clients: _Clients, modes: dict[str, _Mode], *, messages: int, ro
     """A warm-up per mode, then ``rounds`` rounds of every mode in rotating order: produce and
     consume throughput (msg/s) and consumer CPU per message (µs) per round and mode."""
     names = list(modes)
-    results: dict[str, dict[str, list[float]]] = {m: {"produce": [], "consume": [], "cpu_us": []} for m in modes}
+    results: dict[str, dict[str, list[float]]] = {
+        m: {"produce": [], "produce_cpu_us": [], "consume": [], "cpu_us": []} for m in modes}
     # warm-up: routes, channels, thread pools, the tracers' first spans
     for mode in modes.values():
         _produce(mode.producer, clients.rmq, clients.topic, 200, "warm", window)
@@ -213,8 +217,9 @@ def _run_rounds(clients: _Clients, modes: dict[str, _Mode], *, messages: int, ro
     for r in range(rounds):
         for name in names[r % len(names):] + names[:r % len(names)]:
             mode = modes[name]
-            took = _produce(mode.producer, clients.rmq, clients.topic, messages, f"r{r}", window)
+            took, cpu = _produce(mode.producer, clients.rmq, clients.topic, messages, f"r{r}", window)
             results[name]["produce"].append(messages / took)
+            results[name]["produce_cpu_us"].append(cpu / messages * 1e6)
             took, cpu = _consume(clients.consumer, messages, handler_ms, workers, mode.tracer)
             results[name]["consume"].append(messages / took)
             results[name]["cpu_us"].append(cpu / messages * 1e6)
@@ -240,6 +245,7 @@ def _summarize(results: dict[str, dict[str, list[float]]]) -> dict[str, Any]:
         "produce_traced_over_untraced": statistics.median(ratios("traced", "produce")),
         "produce_ratios": ratios("traced", "produce"),
         "produce_otlp_over_untraced": statistics.median(ratios("traced_otlp", "produce")),
+        "produce_cpu_traced_over_untraced": statistics.median(ratios("traced", "produce_cpu_us")),
         "cpu_traced_over_untraced": statistics.median(ratios("traced", "cpu_us")),
         "cpu_otlp_over_untraced": statistics.median(ratios("traced_otlp", "cpu_us")),
         "msgs_per_s": {m: {k: statistics.median(v) for k, v in d.items()} for m, d in results.items()},
@@ -316,6 +322,9 @@ def format_broker_bench(result: dict[str, Any]) -> str:
         f"traced + OTLP encoding {m['traced_otlp']['produce']:7.0f}",
         f"  traced/untraced = {result['produce_traced_over_untraced']:.3f};  "
         f"traced + OTLP encoding/untraced = {result['produce_otlp_over_untraced']:.3f}",
+        f"  producer CPU per send, µs: untraced {m['untraced']['produce_cpu_us']:5.0f}   "
+        f"traced {m['traced']['produce_cpu_us']:5.0f}   (traced/untraced = {result['produce_cpu_traced_over_untraced']:.3f})",
+        "  per round, produce traced/untraced: " + ", ".join(f"{r:.2f}" for r in result["produce_ratios"]),
         "consumer CPU per message (all threads of the process), µs:",
         f"  untraced {m['untraced']['cpu_us']:7.0f}   traced {m['traced']['cpu_us']:7.0f}   "
         f"traced + OTLP encoding {m['traced_otlp']['cpu_us']:7.0f}   (traced/untraced = "
