@@ -27,8 +27,12 @@ instrument                              kind      unit         attributes
 
 The semantic-convention histograms advise the spec's buckets (:data:`SEMCONV_BUCKETS`); the stage
 histogram advises the same buckets as the Prometheus one. Topics and groups pass the same joint
-cap as the Prometheus labels (:class:`~tracer.telemetry.metrics.PairLabels`). Without a meter
-provider a message costs one provider lookup and nothing else.
+cap as the Prometheus labels (:class:`~tracer.telemetry.metrics.PairLabels`).
+
+Without a meter provider a message costs a counter increment: the global provider is looked up on
+the first call and then on every :data:`RECHECK_EVERY`-th (the lookup reads ``os.environ``, which
+would cost more than the rest of the Prometheus path), so a provider set after messages began to
+flow is picked up within that many calls.
 """
 
 from __future__ import annotations
@@ -43,7 +47,9 @@ from ..path.stages import GAPS, Outcome, Stage
 from ..version import __version__
 from .metrics import DEFAULT_BUCKETS, PairLabels
 
-__all__ = ["GLOBAL_METERS", "SEMCONV_BUCKETS", "MessagingMeters"]
+__all__ = ["GLOBAL_METERS", "RECHECK_EVERY", "SEMCONV_BUCKETS", "MessagingMeters"]
+
+RECHECK_EVERY = 256  # a power of two
 
 # The spec's advised boundaries for messaging.client.operation.duration and messaging.process.duration.
 SEMCONV_BUCKETS: tuple[float, ...] = (0.005, 0.01, 0.025, 0.05, 0.075, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5, 10.0)
@@ -82,6 +88,7 @@ class MessagingMeters:
     def __init__(self, meter_provider: MeterProvider | None = None, label_limit: int = 64) -> None:
         self._provider = meter_provider
         self._instruments: _Instruments | None = None
+        self._misses = 0  # calls without a provider; racy by design, it only spaces the look-ups
         self._lock = threading.Lock()
         self._pairs = PairLabels(label_limit)
         self._attrs: dict[tuple[str, str], _PairAttrs] = {}
@@ -90,6 +97,9 @@ class MessagingMeters:
         found = self._instruments
         if found is not None:
             return found
+        self._misses += 1
+        if (self._misses - 1) & (RECHECK_EVERY - 1):
+            return None
         provider = self._provider or metrics.get_meter_provider()
         if not _real(provider):
             return None  # looked up again next time: the global provider may be set later
@@ -132,7 +142,7 @@ class MessagingMeters:
 
     def sent(self, topic: str, duration_ns: int, error: BaseException | None = None) -> None:
         """One send that took ``duration_ns`` (negative is recorded as 0)."""
-        inst = self._resolve()
+        inst = self._instruments or self._resolve()
         if inst is None:
             return
         attrs = self._attrs_for(topic, "").send
@@ -144,7 +154,7 @@ class MessagingMeters:
     def finished(self, topic: str, group: str, times: Sequence[int], outcome: Outcome,
                  error: BaseException | None = None) -> None:
         """One message whose handling ended: process duration, consumed count, every stage gap."""
-        inst = self._resolve()
+        inst = self._instruments or self._resolve()
         if inst is None:
             return
         attrs = self._attrs_for(topic, group)
