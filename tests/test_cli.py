@@ -139,3 +139,10 @@ def test_the_license_is_an_spdx_string_so_installing_is_quiet() -> None:
 
     project = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]
     assert project["license"] == "Apache-2.0"
+
+
+def test_demo_rejects_a_malformed_environment_variable_in_one_line(tmp_path, monkeypatch: pytest.MonkeyPatch,
+                                                                    capsys: pytest.CaptureFixture[str]) -> None:
+    monkeypatch.setenv("RMQTRACE_METRICS_PORT", "abc")
+    line = _runtime_error(["demo", "--groups", "5", "--out", str(tmp_path / "out")], capsys)
+    assert "RMQTRACE_METRICS_PORT" in line and not (tmp_path / "out").exists()
