@@ -24,15 +24,18 @@ Reads the consumer spans rmqtrace wrote — a JSON-lines file (the demo's and th
 OUT/spans.jsonl) or a Jaeger query service — and shows, per consumer group (the demo runs one
 group per dispatch policy, shown side by side):
 
+  first lines  where the time went, one line per group led by consumer_wait (the demo's
+               closing lines say the same)
   job view     completion time against the lower bound max(total handler time / workers,
                longest message), and the message that finished last with its time split
                across stages: was it waiting for a worker, or working?
-  stage gaps   p50 / p95 / p99 / max of send, broker_wait, client_buffer, dispatch_wait,
-               handler and end_to_end
+  stage gaps   p50 / p95 / p99 / max of consumer_wait (the headline: waiting inside the
+               consumer = client_buffer + dispatch_wait), send, broker_wait, client_buffer,
+               dispatch_wait, handler and end_to_end
   slowest      the N slowest messages and their largest stage
 
 --html writes one self-contained page (opens offline) with a per-message waterfall, a
-dispatch-wait heatmap and worker occupancy over time; --png a screenshot of it (needs Chromium).
+consumer-wait heatmap and worker occupancy over time; --png a screenshot of it (needs Chromium).
 """
 
 EPILOG = """\
