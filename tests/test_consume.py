@@ -1,29 +1,60 @@
 import threading
+import time
+from collections import Counter
 
+import pytest
 from waiting import wait_until
 
-from tracer.clients.consume import ConsumeLoop
-from tracer.embedded import EmbeddedBroker, Message, Producer, SimpleConsumer
-from tracer.telemetry.metrics import TracerMetrics
+from tracer.clients.consume import (
+    ConsumeLoop,
+    DispatchOptions,
+    FlowOptions,
+    LeaseOptions,
+    LeaseRefused,
+)
 from tracer.clients.producer import TracedProducer
+from tracer.dispatch import Aggressive, Dispatcher, Random, RoundRobin
+from tracer.embedded import EmbeddedBroker, Message, Producer, SimpleConsumer
 from tracer.path.stages import Stage
+from tracer.telemetry.metrics import TracerMetrics
 from tracer.telemetry.tracer import MessageTracer
 
 
-def pipeline(n: int, handler, *, invisible: float = 30.0, tracer=None, producer_tracer=None, **kw):
-    broker = EmbeddedBroker()
+class Clock:
+    """A manual monotonic clock in seconds, shared by the broker and the loop."""
+
+    def __init__(self) -> None:
+        self.t = 1000.0
+        self._lock = threading.Lock()
+
+    def __call__(self) -> float:
+        with self._lock:
+            return self.t
+
+    def advance(self, seconds: float) -> None:
+        with self._lock:
+            self.t += seconds
+
+
+def pipeline(n: int, handler, *, invisible: float = 30.0, tracer=None, producer_tracer=None, clock=None,
+             bodies=None, workers: int = 4, consumer_wrapper=None, **kw):
+    broker = EmbeddedBroker(min_receive_invisible=1, **({"monotonic": clock} if clock else {}))
     broker.create_topic("T")
     producer = Producer(broker, ["T"])
     producer.startup()
     if producer_tracer is not None:
         producer = TracedProducer(producer, producer_tracer)
-    for i in range(n):
+    for body in bodies or [f"{i}" for i in range(n)]:
         m = Message()
-        m.topic, m.body = "T", f"{i}".encode()
+        m.topic, m.body = "T", body.encode()
         producer.send(m)
     consumer = SimpleConsumer(broker, "G", {"T": None}, await_duration=0.05)
     consumer.startup()
-    loop = ConsumeLoop(consumer, handler, tracer=tracer, invisible_duration=invisible, workers=4, **kw)
+    if consumer_wrapper is not None:
+        consumer = consumer_wrapper(consumer)
+    if clock is not None:
+        kw["monotonic"] = clock
+    loop = ConsumeLoop(consumer, handler, tracer=tracer, invisible_duration=invisible, workers=workers, **kw)
     return broker, loop
 
 
@@ -141,3 +172,176 @@ def test_prefetch_mode_reproduces_the_local_cache():
     wait_until(lambda: loop.stats.acked == 40, what="all acked")
     loop.stop()
     t.join(10)
+
+
+def key_of_body(m) -> str | None:
+    body = m.body.decode()
+    return body[0] if body.startswith("k") else None
+
+
+@pytest.mark.parametrize("policy", [Aggressive(max_parked=1), RoundRobin(buffer=1), Random(buffer=1, seed=2)],
+                         ids=["aggressive-parked-1", "round_robin-buffer-1", "random-buffer-1"])
+def test_the_whole_batch_is_held_and_renewed_while_submit_cannot_take_it(policy):
+    """Issue 11 item 1: k1 runs, k2 parks (or fills a buffer), k3 cannot be submitted; before the
+    fix u4 behind it was neither held nor renewed, its lease ran out and it ran twice."""
+    clock = Clock()
+    release = threading.Event()
+    runs: Counter[str] = Counter()
+    lock = threading.Lock()
+
+    def handler(m):
+        with lock:
+            runs[m.body.decode()] += 1
+        release.wait(10)
+
+    broker, loop = pipeline(0, handler, invisible=1, clock=clock, bodies=["k1", "k2", "k3", "u4"],
+                            policy=policy, key=key_of_body, workers=4)
+    t = run_in_thread(loop)
+    wait_until(lambda: loop.stats.received == 4, what="the batch of 4")
+    for step in range(1, 4):  # three lease lengths, each renewed in time
+        clock.advance(0.7)
+        wait_until(lambda step=step: loop.stats.leases_extended >= 4 * step, timeout=5, what=f"all 4 leases renewed ({step})")
+    release.set()
+    wait_until(lambda: loop.stats.acked == 4, what="4 acks")
+    loop.stop()
+    t.join(10)
+    assert runs == {"k1": 1, "k2": 1, "k3": 1, "u4": 1}
+    assert loop.stats.ack_errors == 0 and loop.stats.redelivered == 0 and broker.backlog("G", "T") == 0
+
+
+def test_a_handled_message_waiting_for_its_ack_stays_renewed():
+    """Before, a message left the renewal set when its handler ended; were the ack threads busy,
+    its lease ran out in the ack queue and it came back."""
+    clock = Clock()
+    first_ack = threading.Event()
+    stuck: list[bytes] = []
+    runs: list[tuple[bytes, int]] = []
+
+    class SlowFirstAck:
+        def __init__(self, consumer):
+            self.consumer = consumer
+
+        def receive(self, n, invisible):
+            return self.consumer.receive(n, invisible)
+
+        def ack(self, m):
+            if not stuck:
+                stuck.append(m.body)
+                first_ack.wait(10)  # the only ack thread is busy: the other outcome waits in the queue
+            self.consumer.ack(m)
+
+        def change_invisible_duration(self, m, s):
+            self.consumer.change_invisible_duration(m, s)
+
+    broker, loop = pipeline(2, lambda m: runs.append((m.body, m.delivery_attempt)), invisible=1, clock=clock,
+                            ack_threads=1, consumer_wrapper=SlowFirstAck)
+    t = run_in_thread(loop)
+    wait_until(lambda: loop.stats.succeeded == 2 and stuck, what="both handled, one ack stuck")
+    for step in range(1, 3):  # two lease lengths
+        clock.advance(0.7)
+        wait_until(lambda step=step: loop.stats.leases_extended >= step, timeout=5, what="the queued one renewed")
+    first_ack.set()  # the stuck ack's own handle has expired meanwhile: that one comes back
+    wait_until(lambda: loop.stats.acked == 2, what="both acked")
+    loop.stop()
+    t.join(10)
+    assert {body for body, attempt in runs if attempt > 1} <= set(stuck)
+    assert sorted(body for body, attempt in runs if attempt == 1) == [b"0", b"1"]
+
+
+def test_a_hung_handler_is_abandoned_after_timeout_plus_grace_and_stop_is_bounded():
+    """Issue 11 item 6: before, the hung handler's lease was renewed forever (no peer could take
+    the message) and stop() never returned."""
+    clock = Clock()
+    hang = threading.Event()
+    attempts: list[int] = []
+
+    def handler(m):
+        attempts.append(m.delivery_attempt)
+        if m.delivery_attempt == 1:
+            hang.wait(30)
+
+    broker, loop = pipeline(1, handler, invisible=1, clock=clock, workers=2, handler_timeout=1.0,
+                            lease=LeaseOptions(invisible_duration=1, hang_grace=0.5))
+    t = run_in_thread(loop)
+    try:
+        wait_until(lambda: attempts == [1], what="the first delivery runs")
+        for _ in range(4):  # 2.8 s: renewed while under 1.5 s old, then given up
+            clock.advance(0.7)
+            wait_until(lambda: loop.stats.leases_extended + loop.stats.abandoned >= 1, timeout=5, what="a keeper pass")
+        wait_until(lambda: loop.stats.abandoned == 1, what="abandoned")
+        clock.advance(1.0)  # the last renewed lease runs out: the broker hands it out again
+        wait_until(lambda: loop.stats.acked == 1, what="the second delivery acked")
+        assert attempts == [1, 2] and loop.stats.redelivered == 1
+        t0 = time.monotonic()
+        assert loop.stop(timeout=0.5) is True  # the hung call still runs
+        assert time.monotonic() - t0 < 3
+    finally:
+        hang.set()
+        t.join(10)
+
+
+def test_a_renewal_refused_by_the_client_does_not_poison_the_ack():
+    """The 5.1.2 client stores the refused answer's empty handle in message.receipt_handle."""
+    clock = Clock()
+    release = threading.Event()
+
+    class BlankingClient:  # rocketmq-python-client 5.1.2's change_invisible_duration on an error
+        def __init__(self, consumer):
+            self.consumer, self.calls = consumer, 0
+
+        def receive(self, n, invisible):
+            return self.consumer.receive(n, invisible)
+
+        def ack(self, m):
+            self.consumer.ack(m)
+
+        def change_invisible_duration(self, m, s):
+            self.calls += 1
+            if self.calls == 1:
+                m.receipt_handle = ""
+                raise RuntimeError("50001, INTERNAL_SERVER_ERROR")
+            self.consumer.change_invisible_duration(m, s)
+
+    broker, loop = pipeline(1, lambda m: release.wait(10), invisible=1, clock=clock, consumer_wrapper=BlankingClient)
+    t = run_in_thread(loop)
+    wait_until(lambda: loop.stats.received == 1, what="received")
+    clock.advance(0.7)
+    wait_until(lambda: loop.stats.leases_extended == 1, timeout=5, what="renewed after one refusal")
+    release.set()
+    wait_until(lambda: loop.stats.acked + loop.stats.ack_errors == 1, what="settled")
+    loop.stop()
+    t.join(10)
+    assert loop.stats.lease_errors == 1 and loop.stats.acked == 1 and loop.stats.ack_errors == 0
+
+
+def test_a_lease_the_broker_refuses_is_a_loud_error():
+    broker = EmbeddedBroker()  # the proxy's default minimum: 10 s
+    consumer = SimpleConsumer(broker, "G", {"T": None}, await_duration=0)
+    with pytest.raises(ValueError, match="below the broker's minimum receive invisible time"):
+        ConsumeLoop(consumer, lambda m: None, invisible_duration=2)
+
+    class Proxy:  # what the real client raises for a lease below minInvisibleTimeMillsForRecv
+        def receive(self, n, invisible):
+            raise RuntimeError("40011, the invisibleTime is too small. min is 10000")
+
+    loop = ConsumeLoop(Proxy(), lambda m: None, invisible_duration=2, workers=1)
+    with pytest.raises(LeaseRefused, match="minInvisibleTimeMillsForRecv"):
+        loop.run(until=lambda s: s.receive_errors >= 2)
+
+
+def test_options_groups_and_flat_keywords_configure_the_same_loop():
+    broker = EmbeddedBroker()
+    c = SimpleConsumer(broker, "G", {"T": None})
+    a = ConsumeLoop(c, lambda m: None, workers=2, invisible_duration=40, max_batch=8, handler_timeout=5)
+    b = ConsumeLoop(c, lambda m: None, dispatch=DispatchOptions(workers=2, handler_timeout=5),
+                    lease=LeaseOptions(invisible_duration=40), flow=FlowOptions(max_batch=8))
+    assert (a.dispatch_options, a.lease, a.flow) == (b.dispatch_options, b.lease, b.flow)
+    assert a.dispatcher.workers == 2 and a.lease.margin == pytest.approx(40 / 3)
+    for bad in ({"renew_margin": 30, "invisible_duration": 30}, {"invisible_duration": 43201},
+                {"max_batch": 33}, {"workers": 0}, {"ack_threads": 0}):
+        with pytest.raises(ValueError):
+            ConsumeLoop(c, lambda m: None, **bad)
+    with pytest.raises(TypeError):
+        ConsumeLoop(c, lambda m: None, dispatcher=Dispatcher(lambda m: None))  # removed: it never acked
+    for loop in (a, b):
+        loop.dispatcher.close()

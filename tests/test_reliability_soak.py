@@ -142,7 +142,7 @@ def check_soak(r: dict[str, Any]) -> None:
     assert loop.stats.acked == n and loop.stats.failed == 0 and loop.stats.ack_errors == 0
     assert broker.backlog("soak", "soak") == 0
     # tracer state is per in-flight message only: nothing is left once everything is acked
-    assert not loop._held and not loop._acks and not loop.dispatcher.running()
+    assert loop.state().held == 0 and not loop.dispatcher.running()
     assert not tracer._hook_failures
     assert len(tracer.skew.bounds()) <= 3 and len(metrics._stages.series) == 1
     assert broker.stored("soak") < 3000  # the broker keeps what is unconsumed, not history

@@ -191,7 +191,9 @@ class EmbeddedBroker:
 
     ``keep_consumed=False`` drops stored records once every subscribed group has read past them
     (in-flight ones stay with their leases), so a long run's memory is what is in flight, as on
-    a real broker whose retention has passed; a group subscribing later starts after them.
+    a real broker whose retention has passed; a group subscribing later starts after them. It
+    also forgets an acked message at once, so a renewal after its ack is refused (40013) there
+    instead of bringing the message back as on the proxy.
     ``min_receive_invisible`` / ``max_invisible`` (seconds) are the proxy's limits; lower the
     minimum like ``minInvisibleTimeMillsForRecv`` in ``rmq-proxy.json`` for short-lease tests.
     """
@@ -285,12 +287,15 @@ class EmbeddedBroker:
     def receive(self, group: str, filters: Mapping[str, FilterExpression], max_num: int,
                 invisible_duration: int, await_s: float) -> list[Message]:
         """Up to ``max_num`` messages for ``group``, each invisible to the group for
-        ``invisible_duration`` whole seconds; waits up to ``await_s`` when there are none."""
+        ``invisible_duration`` whole seconds; waits up to ``await_s`` when there are none.
+
+        The wait (long polling) is real time, whatever ``monotonic`` the broker was given: with
+        a manual clock, leases move only when the test moves the clock."""
         if max_num <= 0:
             raise EmbeddedBrokerError("max_message_num must be positive")
         invisible = _whole_seconds(invisible_duration, "invisible_duration")
         self._check_invisible(invisible, max(self.min_receive_invisible, 1e-9))
-        deadline = self._monotonic() + await_s
+        poll_end = time.monotonic() + await_s
         with self._cond:
             for topic in filters:
                 self._topic(topic)
@@ -302,9 +307,10 @@ class EmbeddedBroker:
                     if len(out) >= max_num:
                         break
                     out.extend(self._take(group, self._topics[topic], flt, max_num - len(out), invisible, now))
-                if out or now >= deadline:
+                left = poll_end - time.monotonic()
+                if out or left <= 0:
                     return out
-                self._cond.wait(timeout=min(deadline - now, self._next_expiry(group, filters, now)))
+                self._cond.wait(timeout=min(left, self._next_expiry(group, filters, now)))
 
     def _next_expiry(self, group: str, filters: Iterable[str], now: float) -> float:
         soonest = 3600.0
@@ -412,8 +418,9 @@ class EmbeddedBroker:
             if lease is None or sub.inflight.get(lease.record.message_id) is not lease:
                 return  # acked already: the proxy answers OK
             del sub.inflight[lease.record.message_id]
-            sub.acked[lease.record.message_id] = lease
-            heapq.heappush(sub.acked_expiry, (lease.deadline, lease.record.message_id, lease.delivery))
+            if self.keep_consumed:
+                sub.acked[lease.record.message_id] = lease
+                heapq.heappush(sub.acked_expiry, (lease.deadline, lease.record.message_id, lease.delivery))
             g = lease.record.group
             if g is not None and g in sub.busy_groups:
                 sub.busy_groups[g] -= 1

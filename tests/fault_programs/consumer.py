@@ -32,8 +32,8 @@ from typing import Any
 from opentelemetry.sdk.trace import SpanProcessor
 from prometheus_client import CollectorRegistry
 
-from tracer.config import DropCounter, Settings, configure_tracing
 from tracer.clients.consume import ConsumeLoop
+from tracer.config import DropCounter, Settings, configure_tracing
 from tracer.telemetry.metrics import TracerMetrics
 from tracer.telemetry.tracer import MessageTracer
 
@@ -160,7 +160,7 @@ def main(argv: list[str] | None = None) -> int:
     sampling = threading.Event()
 
     def sample() -> None:
-        while not sampling.wait(0.05) and not loop._stop.is_set():
+        while not sampling.wait(0.05) and not loop.stopping:
             alive.append(sum(1 for t in threading.enumerate() if t.name.startswith("consume-dispatch-")))
 
     threading.Thread(target=sample, daemon=True).start()
@@ -173,7 +173,7 @@ def main(argv: list[str] | None = None) -> int:
     stats = loop.run()
     ran = time.monotonic() - t0
     sampling.set()
-    out: dict[str, Any] = {"pid": os.getpid(), "ran_s": ran, "held_after_run": len(loop._held),
+    out: dict[str, Any] = {"pid": os.getpid(), "ran_s": ran, "held_after_run": loop.state().held,
                            "workers_alive_min": min(alive, default=0), "workers": args.workers,
                            "handling_s": max(0.0, span["last_done"] - span["first_start"]),
                            **stats.__dict__}
