@@ -29,11 +29,7 @@ from typing import Protocol
 from prometheus_client import REGISTRY, CollectorRegistry, Counter, Gauge, Histogram
 
 from ..path.stages import Outcome
-
-DEFAULT_BUCKETS: tuple[float, ...] = (
-    0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5,
-    1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0, 300.0, 600.0,
-)  # fmt: skip
+from ..telemetry.metrics import DEFAULT_BUCKETS  # one bucket list for every duration family
 
 
 class GaugeSource(Protocol):
