@@ -18,9 +18,9 @@ from tracer.clients.legacy import (
     produced_fields,
     traced_callback,
 )
-from tracer.telemetry.metrics import TracerMetrics
 from tracer.path.propagation import PRODUCE_NS, TRACEPARENT
 from tracer.path.stages import Stage
+from tracer.telemetry.metrics import TracerMetrics
 from tracer.telemetry.tracer import MessageTracer
 
 SendResult = namedtuple("SendResult", ["status", "msg_id", "offset"])
@@ -156,7 +156,7 @@ def test_send_then_callback_gives_a_linked_trace_with_six_stamps(spans, registry
     assert send.attributes["messaging.message.id"] == "MSG0001"
     assert send.attributes["messaging.rocketmq.message.tag"] == "tg"
     assert list(send.attributes["messaging.rocketmq.message.keys"]) == ["k1", "k2"]
-    assert process.attributes["messaging.rocketmq.message.delivery_attempt"] == 1
+    assert process.attributes["rmqtrace.delivery_attempt"] == 1
     assert process.attributes["rmqtrace.job.id"] == "J" and process.attributes["rmqtrace.cost"] == 4.0
     assert list(process.attributes["messaging.rocketmq.message.keys"]) == ["k1", "k2"]
     for child in ("broker_wait", "client_buffer", "dispatch_wait", "handler"):

@@ -1,5 +1,6 @@
 import time
 
+import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -117,3 +118,81 @@ def test_fuzz_extract_never_raises(props, system_ctx):
     assert carried.produce_ns == 0 or 946_684_800 * 10**9 <= carried.produce_ns <= NOW + 24 * 3600 * 10**9
     if carried.parent is not None:
         assert sc(carried).is_valid
+
+
+# -- issue 12 item 8: the global propagator (OTEL_PROPAGATORS) and baggage ----------------------
+class KeyPropagator:
+    """A non-W3C propagator (as OTEL_PROPAGATORS=<custom> would install): one ``x-ctx`` key."""
+
+    fields = {"x-ctx"}
+
+    def inject(self, carrier, context=None, setter=None):
+        from opentelemetry import trace as t
+        sc = t.get_current_span(context).get_span_context()
+        if sc.is_valid:
+            setter.set(carrier, "x-ctx", f"{sc.trace_id:032x}:{sc.span_id:016x}")
+
+    def extract(self, carrier, context=None, getter=None):
+        from opentelemetry import trace as t
+        from opentelemetry.trace import NonRecordingSpan, SpanContext, TraceFlags
+        got = getter.get(carrier, "x-ctx")
+        if not got:
+            return context
+        tid, sid = got[0].split(":")
+        sc = SpanContext(int(tid, 16), int(sid, 16), is_remote=True, trace_flags=TraceFlags(1))
+        return t.set_span_in_context(NonRecordingSpan(sc), context)
+
+
+@pytest.fixture
+def global_propagator():
+    from opentelemetry import propagate
+    before = propagate.get_global_textmap()
+    yield propagate.set_global_textmap
+    propagate.set_global_textmap(before)
+
+
+def test_a_configured_global_propagator_carries_the_context(spans, global_propagator):
+    from tracer.clients.producer import TracedProducer  # noqa: F401 - the same path the wrappers use
+    from tracer.path.clock import ManualClock
+    from tracer.path.message import MessageInfo
+    from tracer.path.stages import Outcome
+    from tracer.telemetry.tracer import MessageTracer
+    global_propagator(KeyPropagator())
+    provider, exporter = spans
+    clock = ManualClock()
+    props: dict[str, str] = {}
+    MessageTracer(tracer_provider=provider, clock=clock).start_send("T", props.__setitem__).end()
+    assert "x-ctx" in props and TRACEPARENT not in props and PRODUCE_NS in props
+    t = MessageTracer(tracer_provider=provider, clock=clock).start_message(MessageInfo(topic="T", properties=props))
+    with t.handler_scope():
+        pass
+    t.finish(Outcome.SUCCESS)
+    by_name = {s.name: s for s in exporter.get_finished_spans()}
+    assert by_name["process T"].parent.span_id == by_name["send T"].context.span_id
+
+
+def test_baggage_travels_to_the_handler(spans):
+    from opentelemetry import baggage
+    from opentelemetry import context as otel_context
+
+    from tracer.path.clock import ManualClock
+    from tracer.path.message import MessageInfo
+    from tracer.path.stages import Outcome
+    from tracer.telemetry.tracer import MessageTracer
+    provider, exporter = spans
+    clock = ManualClock()
+    props: dict[str, str] = {}
+    token = otel_context.attach(baggage.set_baggage("tenant", "acme"))
+    try:
+        MessageTracer(tracer_provider=provider, clock=clock).start_send("T", props.__setitem__).end()
+    finally:
+        otel_context.detach(token)
+    assert props["baggage"] == "tenant=acme"
+    seen = []
+    t = MessageTracer(tracer_provider=provider, clock=clock).start_message(MessageInfo(topic="T", properties=props))
+    with t.handler_scope():
+        seen.append(baggage.get_baggage("tenant"))
+    t.finish(Outcome.SUCCESS)
+    assert seen == ["acme"]
+    by_name = {s.name: s for s in exporter.get_finished_spans()}
+    assert by_name["process T"].parent.span_id == by_name["send T"].context.span_id

@@ -7,8 +7,8 @@ from opentelemetry.trace import SpanKind, StatusCode
 
 from tracer.path.clock import ManualClock
 from tracer.path.message import MessageInfo
-from tracer.telemetry.metrics import TracerMetrics
 from tracer.path.stages import GAPS, Outcome, Stage
+from tracer.telemetry.metrics import TracerMetrics
 from tracer.telemetry.tracer import MessageTracer
 
 MS = 1_000_000
@@ -59,7 +59,9 @@ def test_one_trace_from_producer_to_handler_with_gap_children(spans, registry):
     for name in ("broker_wait", "client_buffer", "dispatch_wait", "handler"):
         child = by_name[name]
         assert child.parent.span_id == process.context.span_id
-        assert process.start_time <= child.start_time <= child.end_time <= process.end_time
+        # process covers the consumer side: broker_wait is the one child before its start
+        start = child.end_time if name == "broker_wait" else child.start_time
+        assert process.start_time <= start <= child.end_time <= process.end_time
     assert by_name["user-work"].parent.span_id == by_name["handler"].context.span_id
     # children tile the consumer side in stage order
     order = [by_name[n] for n in ("broker_wait", "client_buffer", "dispatch_wait", "handler")]
@@ -178,3 +180,165 @@ def test_topic_labels_are_bounded(registry):
         t.finish(Outcome.SUCCESS)
     topics = {s.labels["topic"] for m in registry.collect() if m.name == "rmqtrace_messages" for s in m.samples}
     assert topics == {"topic-0", "topic-1", "topic-2", "other"}
+
+
+# -- issue 12: sampling, the process span's extent, limits, processors, conventions ------------------
+class RecordingSampler:
+    """ParentBased(ALWAYS_ON)'s decisions, remembering what each call saw."""
+
+    def __init__(self):
+        from opentelemetry.sdk.trace.sampling import ALWAYS_ON
+        self.inner = ParentBased(ALWAYS_ON)
+        self.calls = []
+
+    def should_sample(self, parent_context, trace_id, name, kind=None, attributes=None, links=None, trace_state=None):
+        self.calls.append((name, dict(attributes or {}), list(links or ())))
+        return self.inner.should_sample(parent_context, trace_id, name, kind, attributes, links, trace_state)
+
+    def get_description(self):
+        return "recording"
+
+
+def _provider(**kw):
+    exporter = InMemorySpanExporter()
+    provider = TracerProvider(**kw)
+    provider.add_span_processor(SimpleSpanProcessor(exporter))
+    return provider, exporter
+
+
+def test_unsampled_messages_make_no_orphan_traces():
+    from opentelemetry.sdk.trace.sampling import TraceIdRatioBased
+    provider, exporter = _provider(sampler=ParentBased(TraceIdRatioBased(0.5)))
+    clock = ManualClock()
+    prod = MessageTracer(tracer_provider=provider, clock=clock)
+    cons = MessageTracer(consumer_group="G", tracer_provider=provider, clock=clock)
+    user = provider.get_tracer("user")
+    for i in range(40):
+        props = produce(prod, clock) if i % 2 else {}  # half with a producer context, half without
+        run_one(cons, clock, props, inside=lambda: user.start_span("user-work").end())
+    finished = exporter.get_finished_spans()
+    sampled_traces = {s.context.trace_id for s in finished if s.name.startswith("process")}
+    users = [s for s in finished if s.name == "user-work"]
+    assert 0 < len(sampled_traces) < 40  # the ratio dropped some and kept some
+    assert all(u.parent is not None and u.context.trace_id in sampled_traces for u in users)
+    assert len(users) == len(sampled_traces)
+
+
+def test_dropped_process_keeps_the_producers_context_current_in_the_handler():
+    provider, exporter = _provider(sampler=ALWAYS_OFF)
+    clock = ManualClock()
+    cons = MessageTracer(consumer_group="G", tracer_provider=provider, clock=clock)
+    seen = []
+    run_one(cons, clock, {"traceparent": "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01"},
+            inside=lambda: seen.append(trace.get_current_span().get_span_context()))
+    assert seen[0].trace_id == 0x0AF7651916CD43DD8448EB211C80319C and not seen[0].trace_flags.sampled
+    assert exporter.get_finished_spans() == ()
+
+
+def test_process_covers_the_consumer_side_and_broker_wait_stays_a_bar(spans):
+    provider, exporter = spans
+    clock = ManualClock()
+    prod = MessageTracer(tracer_provider=provider, clock=clock)
+    cons = MessageTracer(consumer_group="G", tracer_provider=provider, clock=clock)
+    run_one(cons, clock, produce(prod, clock))
+    by_name = {s.name: s for s in exporter.get_finished_spans()}
+    process, broker_wait = by_name["process T"], by_name["broker_wait"]
+    # pull -> 2 ms client buffer -> 30 ms dispatch wait -> 10 ms handler
+    assert process.end_time - process.start_time == 42 * MS
+    assert process.attributes["rmqtrace.stamp.client_pull_ns"] == process.start_time
+    assert broker_wait.parent.span_id == process.context.span_id
+    assert broker_wait.end_time == process.start_time and broker_wait.start_time < process.start_time
+    assert broker_wait.attributes["rmqtrace.stage"] == "broker_wait"
+
+
+def test_span_limits_apply_to_consumer_spans():
+    from opentelemetry.sdk.trace import SpanLimits
+    provider, exporter = _provider(span_limits=SpanLimits(max_span_attributes=5, max_events=1))
+    clock = ManualClock()
+    cons = MessageTracer(consumer_group="G", tracer_provider=provider, clock=clock)
+
+    def busy_handler():
+        span = trace.get_current_span()
+        for i in range(9):
+            span.set_attribute(f"user.{i}", i)
+            span.add_event(f"e{i}")
+    run_one(cons, clock, {}, inside=busy_handler)
+    finished = exporter.get_finished_spans()
+    assert finished and all(len(s.attributes) <= 5 for s in finished)
+    by_name = {s.name: s for s in finished}
+    assert by_name["process T"].dropped_attributes > 0
+    assert len(by_name["handler"].events) == 1 and by_name["handler"].dropped_events == 8
+
+
+def test_the_sampler_sees_sampling_attributes_and_the_creation_link():
+    sampler = RecordingSampler()
+    provider, exporter = _provider(sampler=sampler)
+    clock = ManualClock()
+    prod = MessageTracer(tracer_provider=provider, clock=clock)
+    cons = MessageTracer(consumer_group="G", tracer_provider=provider, clock=clock)
+    run_one(cons, clock, produce(prod, clock))
+    calls = {name: (attrs, links) for name, attrs, links in sampler.calls}
+    send_attrs, _ = calls["send T"]
+    assert send_attrs["messaging.system"] == "rocketmq" and send_attrs["messaging.destination.name"] == "T"
+    assert send_attrs["messaging.operation.name"] == "send"
+    proc_attrs, proc_links = calls["process T"]
+    assert proc_attrs["messaging.consumer.group.name"] == "G" and proc_attrs["messaging.operation.type"] == "process"
+    send = next(s for s in exporter.get_finished_spans() if s.name == "send T")
+    assert [link.context.span_id for link in proc_links] == [send.context.span_id]
+    process = next(s for s in exporter.get_finished_spans() if s.name == "process T")
+    assert [link.context.span_id for link in process.links] == [send.context.span_id]
+
+
+def test_processors_on_start_sees_the_consumer_spans(spans):
+    from opentelemetry.sdk.trace import SpanProcessor
+    provider, exporter = spans
+    started = []
+
+    class Enricher(SpanProcessor):
+        def on_start(self, span, parent_context=None):
+            started.append(span.name)
+            span.set_attribute("enriched", True)
+
+    provider.add_span_processor(Enricher())
+    clock = ManualClock()
+    cons = MessageTracer(consumer_group="G", tracer_provider=provider, clock=clock)
+    run_one(cons, clock, {})
+    assert {"process T", "handler"} <= set(started)
+    by_name = {s.name: s for s in exporter.get_finished_spans()}
+    assert by_name["process T"].attributes["enriched"] is True and by_name["handler"].attributes["enriched"] is True
+
+
+def test_conventions_error_type_namespace_type_client_and_server():
+    from tracer.path.names import SCHEMA_URL
+    provider, exporter = _provider()
+    clock = ManualClock()
+    cons = MessageTracer(consumer_group="G", tracer_provider=provider, clock=clock, client_id="host@1@c",
+                         namespace="ns1", server_address="proxy.local", server_port=8081)
+    run_one(cons, clock, {}, fail=True)
+    by_name = {s.name: s for s in exporter.get_finished_spans()}
+    a = by_name["process T"].attributes
+    assert a["error.type"] == "ValueError" and by_name["handler"].attributes["error.type"] == "ValueError"
+    assert a["messaging.rocketmq.namespace"] == "ns1"
+    assert a["messaging.rocketmq.message.type"] == "normal"
+    assert a["messaging.client.id"] == "host@1@c"
+    assert a["server.address"] == "proxy.local" and a["server.port"] == 8081
+    assert "messaging.message.body.size" not in a  # opt-in
+    assert a["rmqtrace.delivery_attempt"] == 1 and "messaging.rocketmq.message.delivery_attempt" not in a
+    assert by_name["process T"].instrumentation_scope.schema_url == SCHEMA_URL
+    prod = MessageTracer(tracer_provider=provider, clock=clock, record_body_size=True)
+    prod.start_send("T", {}.__setitem__, body_size=7).end()
+    send = next(s for s in exporter.get_finished_spans() if s.name == "send T")
+    assert send.attributes["messaging.message.body.size"] == 7
+    assert send.instrumentation_scope.schema_url == SCHEMA_URL
+
+
+def test_a_failure_without_an_exception_still_has_an_error_type(spans):
+    provider, exporter = spans
+    cons = MessageTracer(consumer_group="G", tracer_provider=provider)
+    t = cons.start_message(MessageInfo(topic="T", message_group="g1"))
+    with t.handler_scope():
+        pass
+    t.finish(Outcome.FAILURE)
+    process = next(s for s in exporter.get_finished_spans() if s.name == "process T")
+    assert process.attributes["error.type"] == "failure"
+    assert process.attributes["messaging.rocketmq.message.type"] == "fifo"

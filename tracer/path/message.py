@@ -9,6 +9,11 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, Mapping
 
+__all__ = ["MessageInfo", "body_of", "describe", "message_type"]
+
+# The 5.x protocol's MessageType codes, as the semantic conventions name them.
+_MESSAGE_TYPES = {1: "normal", 2: "fifo", 3: "delay", 4: "transaction"}
+
 
 @dataclass(slots=True)
 class MessageInfo:
@@ -23,6 +28,21 @@ class MessageInfo:
     delivery_attempt: int | None = None
     body_size: int | None = None
     system_trace_context: str | None = None
+    namespace: str | None = None  # the RocketMQ namespace, when the client says
+    declared_type: str | None = None  # normal, fifo, delay, transaction; None: see message_type()
+    delivery_ms: int | None = None  # when a delay message is due, milliseconds
+    server_address: str | None = None  # the broker endpoint the message came from
+    server_port: int | None = None
+
+
+def message_type(declared: str | None, group: str | None, delivery_ms: int | None) -> str:
+    """The semantic-convention message type: the client's word if it has one, else FIFO when the
+    message has a group, delay when it has a due time, normal otherwise."""
+    if declared:
+        return declared
+    if group:
+        return "fifo"
+    return "delay" if delivery_ms else "normal"
 
 
 def _get(obj: Any, *names: str) -> Any:
@@ -55,6 +75,7 @@ def describe(msg: Any) -> MessageInfo:
         keys_t = ()
     body = _get(msg, "body")
     props = _get(msg, "properties")
+    address, port = _endpoint(_get(msg, "endpoints"))
     return MessageInfo(
         topic=str(_get(msg, "topic") or ""),
         message_id=_str(_get(msg, "message_id")),
@@ -68,7 +89,22 @@ def describe(msg: Any) -> MessageInfo:
         delivery_attempt=_int(_get(msg, "delivery_attempt")),
         body_size=len(body) if isinstance(body, (bytes, bytearray, str)) else None,
         system_trace_context=_str(_get(msg, "trace_context")),
+        namespace=_str(_get(msg, "namespace")),
+        declared_type=_MESSAGE_TYPES.get(_int(_get(msg, "message_type")) or 0),
+        delivery_ms=_int(_get(msg, "delivery_timestamp")),
+        server_address=address,
+        server_port=port,
     )
+
+
+def _endpoint(endpoints: Any) -> tuple[str | None, int | None]:
+    """The first address of a 5.x ``RpcEndpoints`` (its protobuf ``Endpoints.addresses``)."""
+    try:
+        first = endpoints.endpoints.addresses[0]
+        host, port = str(first.host), int(first.port)
+    except Exception:  # noqa: BLE001 - absent, or a foreign object
+        return None, None
+    return (host or None), (port if 0 < port < 65536 else None)
 
 
 def body_of(tracer: Any, msg: Any) -> Any:

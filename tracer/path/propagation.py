@@ -1,10 +1,19 @@
-"""What travels inside a message: W3C trace context and our produce stamp, as user properties.
+"""What travels inside a message: trace context, baggage and our produce stamp, as user properties.
 
-Producers write ``traceparent``/``tracestate`` (the keys the OpenTelemetry Java agent's RocketMQ
-instrumentation uses as well, so Java producers join the same trace) and ``rmqtrace_produce_ns``.
-Consumers read them back through :func:`extract`. Properties come from other people's programs:
-anything missing, malformed, oversized or not text is ignored and counted by kind — parsing never
-raises into a producer or a handler.
+Producers write the trace context through the global propagator (``OTEL_PROPAGATORS``; by default
+W3C ``traceparent``/``tracestate`` and ``baggage`` — the keys the OpenTelemetry Java agent's
+RocketMQ instrumentation uses as well, so Java producers join the same trace) with
+:data:`SETTER`, and our own ``rmqtrace_produce_ns`` (plus job id and cost) beside it. Consumers
+read them back through :func:`extract`. Properties come from other people's programs: anything
+missing, malformed, oversized or not text is ignored and counted by kind — parsing never raises
+into a producer or a handler.
+
+Two extract paths, one result. When the global propagator is the SDK default (exactly the W3C
+trace-context and baggage fields), ``traceparent``/``tracestate`` are parsed here: it is half
+the cost of ``propagate.extract`` (2.0 µs against 3.3 µs for the context alone, timeit), counts
+bad values by kind, and keeps the consumer's budget (BENCHMARKS.md). Baggage is then read by the
+W3C baggage propagator only when the message carries a ``baggage`` property. Any other
+propagator configuration is honoured through ``propagate.extract`` with :data:`GETTER`.
 """
 
 from __future__ import annotations
@@ -14,17 +23,30 @@ import re
 import threading
 from typing import Any, Callable, Mapping, NamedTuple
 
-from opentelemetry import trace
+from opentelemetry import propagate, trace
+from opentelemetry.baggage.propagation import W3CBaggagePropagator
 from opentelemetry.context import Context
+from opentelemetry.propagators.textmap import Getter, Setter, TextMapPropagator
 from opentelemetry.trace import SpanContext, TraceFlags, TraceState
+
+from .names import COST_PROPERTY, JOB_ID_PROPERTY, PRODUCE_NS_PROPERTY, TRACEPARENT, TRACESTATE
+
+__all__ = [
+    "BAGGAGE", "COST", "GETTER", "JOB_ID", "PRODUCE_NS", "SETTER", "TRACEPARENT", "TRACESTATE", "Carried",
+    "PropagationErrors", "extract", "format_traceparent", "inject", "parse_produce_ns", "parse_traceparent",
+    "parse_tracestate", "plausible_ns",
+]
 
 log = logging.getLogger(__name__)
 
-TRACEPARENT = "traceparent"
-TRACESTATE = "tracestate"
-PRODUCE_NS = "rmqtrace_produce_ns"
-JOB_ID = "rmqtrace_job"
-COST = "rmqtrace_cost"
+# Property names (defined in .names; kept here under their old names for importers).
+PRODUCE_NS = PRODUCE_NS_PROPERTY
+JOB_ID = JOB_ID_PROPERTY
+COST = COST_PROPERTY
+BAGGAGE = "baggage"
+# The fields of the SDK's default propagator (tracecontext,baggage): the hand path's condition.
+_W3C_FIELDS = frozenset((TRACEPARENT, TRACESTATE, BAGGAGE))
+_BAGGAGE = W3CBaggagePropagator()
 
 # Bounds on what we are willing to parse; beyond them the value is hostile or broken.
 MAX_TRACESTATE_LEN = 512
@@ -90,6 +112,65 @@ class Carried(NamedTuple):
     produce_ns: int = 0
     job_id: str | None = None
     cost: float | None = None
+    # The extracted context when it holds more than ``parent`` (baggage, or what another
+    # propagator put there); None on the common path, where a Context is built only if needed.
+    context: Context | None = None
+
+
+class _PropertyGetter(Getter[Mapping[str, Any]]):
+    """Reads message properties for a propagator: text values only, bytes decoded."""
+
+    def get(self, carrier: Mapping[str, Any], key: str) -> list[str] | None:
+        try:
+            value = carrier.get(key)
+        except Exception:  # noqa: BLE001 - a foreign mapping
+            return None
+        if isinstance(value, bytes):
+            try:
+                value = value.decode("utf-8")
+            except UnicodeDecodeError:
+                return None
+        return [value] if isinstance(value, str) else None
+
+    def keys(self, carrier: Mapping[str, Any]) -> list[str]:
+        try:
+            return [k for k in carrier.keys() if isinstance(k, str)]
+        except Exception:  # noqa: BLE001
+            return []
+
+
+class _PropertySetter(Setter[Callable[[str, str], object]]):
+    """Writes through a message's ``set_property(key, value)`` (the carrier is that callable)."""
+
+    def set(self, carrier: Callable[[str, str], object], key: str, value: str) -> None:
+        carrier(key, value)
+
+
+GETTER = _PropertyGetter()
+SETTER = _PropertySetter()
+
+
+class _PathChoice:
+    """Whether the global propagator is the W3C default, decided once per propagator object."""
+
+    __slots__ = ("propagator", "w3c")
+
+    def __init__(self) -> None:
+        self.propagator: TextMapPropagator | None = None
+        self.w3c = True
+
+    def hand_path(self) -> tuple[bool, TextMapPropagator]:
+        current = propagate.get_global_textmap()
+        if current is not self.propagator:
+            try:
+                self.w3c = frozenset(current.fields) <= _W3C_FIELDS
+            except Exception:  # noqa: BLE001 - a broken propagator: use it, it may still extract
+                self.w3c = False
+            self.propagator = current
+        return self.w3c, current
+
+
+_choice = _PathChoice()
 
 
 def _text(value: Any, errors: PropagationErrors) -> str | None:
@@ -189,11 +270,27 @@ def extract(properties: Mapping[str, Any] | None, errors: PropagationErrors, now
 def _extract(props: Mapping[str, Any], errors: PropagationErrors, now_ns: int,
              system_trace_context: Any) -> Carried:
     parent = None
-    tp = _text(props.get(TRACEPARENT), errors)
-    if tp is None:
-        tp = _text(system_trace_context, errors)
-    if tp:
-        parent = parse_traceparent(tp, _text(props.get(TRACESTATE), errors), errors)
+    context: Context | None = None
+    w3c, propagator = _choice.hand_path()
+    if w3c:
+        tp = _text(props.get(TRACEPARENT), errors)
+        if tp is None:
+            tp = _text(system_trace_context, errors)
+        if tp:
+            parent = parse_traceparent(tp, _text(props.get(TRACESTATE), errors), errors)
+        if BAGGAGE in props:
+            context = _with_baggage(props, parent)
+    else:
+        context = propagator.extract(props, Context(), getter=GETTER)
+        found = trace.get_current_span(context).get_span_context()
+        if found.is_valid:
+            parent = found
+        else:
+            tp = _text(system_trace_context, errors)
+            if tp:
+                parent = parse_traceparent(tp, None, errors)
+                if parent is not None:
+                    context = trace.set_span_in_context(trace.NonRecordingSpan(parent), context)
 
     produce_ns = 0
     raw = _text(props.get(PRODUCE_NS), errors)
@@ -215,22 +312,24 @@ def _extract(props: Mapping[str, Any], errors: PropagationErrors, now_ns: int,
         if cost is None or not (0.0 <= cost < 1e15):
             errors.count("cost_invalid", raw_cost)
             cost = None
-    return Carried(parent, produce_ns, job_id, cost)
+    return Carried(parent, produce_ns, job_id, cost, context)
+
+
+def _with_baggage(props: Mapping[str, Any], parent: SpanContext | None) -> Context | None:
+    base = trace.set_span_in_context(trace.NonRecordingSpan(parent), Context()) if parent is not None else Context()
+    ctx = _BAGGAGE.extract(props, base, getter=GETTER)
+    return ctx if ctx is not base else None
 
 
 def inject(set_property: Callable[[str, str], object], produce_ns: int, ctx: Context | None = None,
            job_id: str | None = None, cost: float | None = None) -> None:
-    """Write trace context and stamps through ``set_property(key, value)``.
+    """Write trace context, baggage and stamps through ``set_property(key, value)``.
 
     The trace context is the span current in ``ctx`` (or the current context): callers make the
-    producer span current first. Written by hand rather than through the global propagator so
-    the property names stay fixed whatever ``OTEL_PROPAGATORS`` says — consumers must find them.
+    producer span current first. It goes through the global propagator, so ``OTEL_PROPAGATORS``
+    and baggage apply as in any other instrumentation; the produce stamp is ours and always written.
     """
-    span_context = trace.get_current_span(ctx).get_span_context()
-    if span_context.is_valid:
-        set_property(TRACEPARENT, format_traceparent(span_context))
-        if span_context.trace_state:
-            set_property(TRACESTATE, span_context.trace_state.to_header())
+    propagate.inject(set_property, ctx, setter=SETTER)
     set_property(PRODUCE_NS, str(produce_ns))
     if job_id is not None:
         set_property(JOB_ID, job_id)

@@ -1,15 +1,21 @@
-"""Spans whose times are known only afterwards, written straight to the SDK's span processors.
+"""Consumer spans at a fraction of the SDK's cost, handed to the SDK's own span processors.
 
-A message's ``process`` span and its gap spans (broker_wait, client_buffer, dispatch_wait) are
-complete facts by the time the handler ends. Creating them through ``Tracer.start_span`` would
-run the sampler, attribute cleaning and locking five times per message; instead this module
-decides sampling once (with the provider's own sampler), draws ids from the provider's id
-generator, and hands finished ``ReadableSpan`` objects to the tracer's span processor — the same
-objects the SDK itself would hand to it. Processors' ``on_start`` is not called for these spans
-(they were never live); ``on_end`` is, so batch export, filtering and exporters work unchanged.
+A message's ``process`` and ``handler`` spans are live while the handler runs (spans the handler
+starts nest under ``handler``), but their start times are in the past (``process`` starts when the
+client received the message) and the gap spans (broker_wait, client_buffer, dispatch_wait) are
+complete facts by the time the handler ends. Creating all of them through ``Tracer.start_span``
+would run the sampler, attribute cleaning and locking five times per message; instead this module
+decides sampling once per message with the provider's own sampler (seeing the sampling-relevant
+attributes and the link to the creation context, as the spec asks), draws ids from the provider's
+id generator, calls the processors' ``on_start`` for the two live spans (so baggage processors and
+other enrichers see them) and ``on_end`` for every span with finished ``ReadableSpan`` objects —
+the same objects the SDK itself would hand over. The provider's span limits apply to all of them.
 
 Only an SDK ``TracerProvider`` allows this; with any other provider (no-op, or a vendor's own)
 :func:`span_writer` returns None and no consumer spans are written.
+
+SDK internals used here and nowhere else (opentelemetry-sdk 1.45): the proxy tracer's
+``_real_tracer``, the SDK tracer's ``_is_enabled`` and ``_span_limits``.
 """
 
 from __future__ import annotations
@@ -18,22 +24,29 @@ import traceback
 from typing import Any, Mapping, Sequence
 
 from opentelemetry import trace
+from opentelemetry.attributes import BoundedAttributes
 from opentelemetry.context import Context
-from opentelemetry.sdk.trace import Event, ReadableSpan
+from opentelemetry.sdk.resources import Resource
+from opentelemetry.sdk.trace import Event, ReadableSpan, SpanLimits
 from opentelemetry.sdk.trace import Tracer as SdkTracer
+from opentelemetry.sdk.util import BoundedList
 from opentelemetry.sdk.util.instrumentation import InstrumentationScope
-from opentelemetry.trace import NonRecordingSpan, Span, SpanContext, SpanKind, Status, StatusCode, TraceFlags
+from opentelemetry.trace import Link, NonRecordingSpan, Span, SpanContext, SpanKind, Status, StatusCode, TraceFlags
 from opentelemetry.util.types import Attributes, AttributeValue
 
+from ..path.names import SCHEMA_URL
 from ..version import __version__
 
-SCOPE = InstrumentationScope("rmqtrace", __version__)
-_SAMPLED = TraceFlags(TraceFlags.SAMPLED)
-_UNSAMPLED = TraceFlags(0)
+__all__ = ["SCOPE", "DeferredSpan", "SpanWriter", "span_writer"]
+
+SCOPE = InstrumentationScope("rmqtrace", __version__, SCHEMA_URL)
+_NO_LIMITS = SpanLimits()
 
 
 class SpanWriter:
-    __slots__ = ("tracer", "_sampler", "_ids", "_processor", "_resource")
+    """Sampling, ids, limits and the span processor of one SDK tracer."""
+
+    __slots__ = ("tracer", "_sampler", "_ids", "_processor", "_resource", "_limits", "_random_ids")
 
     def __init__(self, tracer: SdkTracer) -> None:
         self.tracer = tracer
@@ -41,33 +54,77 @@ class SpanWriter:
         self._ids = tracer.id_generator
         self._processor = tracer.span_processor
         self._resource = tracer.resource
+        self._limits: SpanLimits = getattr(tracer, "_span_limits", None) or _NO_LIMITS
+        self._random_ids = bool(getattr(self._ids, "is_trace_id_random", lambda: False)())
 
-    def root_context(self, parent: SpanContext | None, name: str, kind: SpanKind) -> SpanContext | None:
-        """The context of a new span under the (remote) ``parent``; None when the sampler drops it."""
-        parent_ctx: Context | None = None
+    @property
+    def resource(self) -> Resource:
+        return self._resource
+
+    def decide(self, parent: SpanContext | None, parent_ctx: Context | None, name: str, kind: SpanKind,
+               attributes: Attributes, links: Sequence[Link]) -> tuple[SpanContext, dict[str, Any] | None]:
+        """A new span's context under the (remote) ``parent``, and the attributes it starts with.
+
+        The attributes are None when the sampler drops the span: its context is then a valid,
+        unsampled one for a non-recording span (so what the handler starts shares the decision).
+        ``parent_ctx`` is the extracted context, if one was built (baggage); else one is made
+        from ``parent`` for the sampler.
+        """
         if parent is not None and parent.is_valid:
             trace_id = parent.trace_id
-            parent_ctx = trace.set_span_in_context(NonRecordingSpan(parent))
+            if parent_ctx is None:
+                parent_ctx = trace.set_span_in_context(NonRecordingSpan(parent))
+            random_id = parent.trace_flags.random_trace_id
         else:
             trace_id = self._ids.generate_trace_id()
-        result = self._sampler.should_sample(parent_ctx, trace_id, name, kind)
-        if not result.decision.is_recording():  # type: ignore[no-untyped-call]
-            return None
-        return SpanContext(trace_id, self._ids.generate_span_id(), is_remote=False,
-                           trace_flags=_SAMPLED if result.decision.is_sampled() else _UNSAMPLED,  # type: ignore[no-untyped-call]
-                           trace_state=result.trace_state)
+            random_id = self._random_ids
+        result = self._sampler.should_sample(parent_ctx, trace_id, name, kind, attributes, links)
+        flags = TraceFlags.SAMPLED if result.decision.is_sampled() else TraceFlags.DEFAULT  # type: ignore[no-untyped-call]
+        if random_id:
+            flags |= TraceFlags.RANDOM_TRACE_ID
+        ctx = SpanContext(trace_id, self._ids.generate_span_id(), is_remote=False, trace_flags=TraceFlags(flags),
+                          trace_state=result.trace_state)
+        recording = result.decision.is_recording()  # type: ignore[no-untyped-call]
+        return ctx, (dict(result.attributes or {}) if recording else None)
 
     def child_context(self, parent: SpanContext) -> SpanContext:
         return SpanContext(parent.trace_id, self._ids.generate_span_id(), is_remote=False,
                            trace_flags=parent.trace_flags, trace_state=parent.trace_state)
 
+    def started(self, span: DeferredSpan, parent_ctx: Context | None) -> None:
+        """Tell the processors a live span began (``parent_ctx``: the context it was started in)."""
+        self._processor.on_start(span, parent_context=parent_ctx)  # type: ignore[arg-type]
+
     def emit(self, name: str, context: SpanContext, parent: SpanContext | None, start_ns: int,
              end_ns: int, *, kind: SpanKind = SpanKind.INTERNAL,
              attributes: Mapping[str, Any] | None = None, status: Status | None = None,
-             events: Sequence[Event] = ()) -> None:
-        span = ReadableSpan(name, context, parent, self._resource, attributes or {}, events, (), kind,
+             events: Sequence[Event] = (), links: Sequence[Link] = (), checked: bool = True) -> None:
+        """Hand one finished span to the processors, within the provider's span limits.
+
+        ``checked`` says the attributes are ours (valid types and values): then they are bounded
+        only when a limit could bite, which keeps the common case free of per-attribute cleaning.
+        """
+        limits = self._limits
+        attrs: Mapping[str, Any] = attributes or {}
+        if (not checked or limits.max_span_attribute_length is not None
+                or len(attrs) > (limits.max_span_attributes or 0)):
+            attrs = BoundedAttributes(limits.max_span_attributes, attrs, immutable=True,
+                                      max_value_len=limits.max_span_attribute_length)
+        if events:
+            events = BoundedList.from_seq(limits.max_events, events)  # type: ignore[assignment]
+        if links:
+            links = BoundedList.from_seq(limits.max_links, [
+                Link(link.context, BoundedAttributes(limits.max_link_attributes, link.attributes, immutable=True,
+                                                     max_value_len=limits.max_attribute_length))
+                for link in links])  # type: ignore[assignment]
+        span = ReadableSpan(name, context, parent, self._resource, attrs, events, links, kind,
                             None, status or Status(), start_ns, end_ns, SCOPE)
         self._processor.on_end(span)
+
+    def event_attributes(self, attributes: Mapping[str, Any]) -> BoundedAttributes:
+        limits = self._limits
+        return BoundedAttributes(limits.max_event_attributes, attributes, immutable=True,
+                                 max_value_len=limits.max_attribute_length)
 
 
 def span_writer(tracer: Any) -> SpanWriter | None:
@@ -81,25 +138,82 @@ def span_writer(tracer: Any) -> SpanWriter | None:
 class DeferredSpan(Span):
     """A recording span whose ids are fixed now and which is written when :meth:`end` is called.
 
-    It stands as the current span while the user's handler runs: spans the handler starts nest
-    under it, and attributes, events and status set on it are kept. It costs a few attribute
-    assignments instead of a full SDK span (no lock, no sampler, no ``on_start``).
+    It stands as a live span while the user's handler runs: spans the handler starts nest under
+    it, and attributes, events and status set on it are kept (within the span limits). It also
+    reads like a ``ReadableSpan`` (name, context, parent, kind, attributes, times, resource,
+    scope) for processors' ``on_start``. It costs a few attribute assignments instead of a full
+    SDK span (no lock, no sampler).
     """
 
-    __slots__ = ("_writer", "_name", "_ctx", "_parent", "_start", "_attrs", "_events", "_status", "_ended")
+    __slots__ = ("_writer", "_name", "_ctx", "_parent", "_start", "_kind", "_attrs", "_events", "_links",
+                 "_status", "_ended", "_foreign")
 
-    def __init__(self, writer: SpanWriter, name: str, context: SpanContext, parent: SpanContext,
-                 start_ns: int) -> None:
+    def __init__(self, writer: SpanWriter, name: str, context: SpanContext, parent: SpanContext | None,
+                 start_ns: int, *, kind: SpanKind = SpanKind.INTERNAL, attributes: dict[str, Any] | None = None,
+                 links: Sequence[Link] = ()) -> None:
         self._writer = writer
         self._name = name
         self._ctx = context
         self._parent = parent
         self._start = start_ns
-        self._attrs: dict[str, Any] = {}
+        self._kind = kind
+        self._attrs: dict[str, Any] = attributes if attributes is not None else {}
         self._events: list[Event] = []
+        self._links = links
         self._status = Status()
         self._ended = False
+        self._foreign = False  # set when someone else's attributes need cleaning at the end
 
+    # -- the read side processors see ----------------------------------------------------------
+    @property
+    def name(self) -> str:
+        return self._name
+
+    @property
+    def context(self) -> SpanContext:
+        return self._ctx
+
+    @property
+    def parent(self) -> SpanContext | None:
+        return self._parent
+
+    @property
+    def kind(self) -> SpanKind:
+        return self._kind
+
+    @property
+    def attributes(self) -> Mapping[str, Any]:
+        return self._attrs
+
+    @property
+    def start_time(self) -> int:
+        return self._start
+
+    @property
+    def end_time(self) -> int | None:
+        return None
+
+    @property
+    def resource(self) -> Resource:
+        return self._writer.resource
+
+    @property
+    def instrumentation_scope(self) -> InstrumentationScope:
+        return SCOPE
+
+    @property
+    def links(self) -> Sequence[Link]:
+        return tuple(self._links)
+
+    @property
+    def events(self) -> Sequence[Event]:
+        return tuple(self._events)
+
+    @property
+    def status(self) -> Status:
+        return self._status
+
+    # -- the Span API ---------------------------------------------------------------------------
     def get_span_context(self) -> SpanContext:
         return self._ctx
 
@@ -108,18 +222,29 @@ class DeferredSpan(Span):
 
     def set_attributes(self, attributes: Mapping[str, AttributeValue]) -> None:
         if not self._ended:
+            self._foreign = True
             self._attrs.update(attributes)
 
     def set_attribute(self, key: str, value: AttributeValue) -> None:
         if not self._ended:
+            self._foreign = True
             self._attrs[key] = value
+
+    def move_start(self, start_ns: int) -> None:
+        """Correct the start once the clamped timeline is known (before :meth:`end`)."""
+        self._start = start_ns
+
+    def put_attributes(self, attributes: Mapping[str, Any]) -> None:
+        """Our own attributes (known-good types): no cleaning needed unless a limit bites."""
+        self._attrs.update(attributes)
 
     def add_event(self, name: str, attributes: Attributes = None, timestamp: int | None = None) -> None:
         if not self._ended:
-            self._events.append(Event(name, attributes, timestamp))
+            self._events.append(Event(name, self._writer.event_attributes(attributes or {}), timestamp))
 
     def add_link(self, context: SpanContext, attributes: Attributes = None) -> None:
-        pass  # a handler span links to nothing; links belong on the process span
+        if not self._ended and context.is_valid:
+            self._links = (*self._links, Link(context, attributes))
 
     def update_name(self, name: str) -> None:
         self._name = name
@@ -147,7 +272,5 @@ class DeferredSpan(Span):
             return
         self._ended = True
         self._writer.emit(self._name, self._ctx, self._parent, self._start, end_time or self._start,
-                          attributes=self._attrs, status=self._status, events=self._events)
-
-
-
+                          kind=self._kind, attributes=self._attrs, status=self._status, events=self._events,
+                          links=self._links, checked=not self._foreign)

@@ -3,12 +3,25 @@
 ``MessageTracer`` is configured once per process (or per consumer); it hands out a
 ``MessageTrace`` for every received message and a ``SendTrace`` for every send. A message trace
 collects the six stamps as the message moves, and on :meth:`MessageTrace.finish` turns them
-into one ``process {topic}`` span (child of the producer's ``send {topic}`` span) with one child
-span per consumer-side gap, and one histogram observation per gap.
+into spans and one histogram observation per gap. The tree (docs/semconv.md)::
 
-Only two spans are live while the message is handled — ``process`` and ``handler``, so that spans
-the user's handler starts nest under it; the gap spans are written after the fact with explicit
-start and end times. Unsampled messages cost only the stamps and the histograms.
+    send {topic}            PRODUCER  producer: the send call
+    └─ process {topic}      CONSUMER  client_pull ─────────────────────── handler_end
+       ├─ broker_wait                 broker_store ─ client_pull   (ends where process starts)
+       ├─ client_buffer               client_pull ─ dispatch_enqueue
+       ├─ dispatch_wait               dispatch_enqueue ─ handler_start
+       └─ handler                     handler_start ─ handler_end
+          └─ the user's spans
+
+``process`` also links to the creation (send) context. It covers the consumer side only, from
+the moment the client handed the message over to the end of the handler, so its duration is the
+consumer's processing time; the time in the broker stays visible as ``broker_wait``.
+
+Two spans are live while the message is handled — ``process`` and ``handler``, so that spans the
+user's handler starts nest under it; the gap spans are written after the fact with explicit start
+and end times. Unsampled messages cost the stamps, the histograms and one sampling decision; the
+message's context stays current in the handler (as a non-recording span), so the user's spans
+follow the same decision instead of starting traces of their own.
 """
 
 from __future__ import annotations
@@ -19,30 +32,29 @@ from typing import Any, Callable, Sequence
 
 from opentelemetry import context as otel_context
 from opentelemetry import trace
-from opentelemetry.trace import Span, SpanContext, SpanKind, Status, StatusCode, TracerProvider
+from opentelemetry.trace import Link, NonRecordingSpan, Span, SpanContext, SpanKind, Status, StatusCode, TracerProvider
 
+from ..path import names as n
 from ..path.clock import Clock, default_clock
-from ..path.message import MessageInfo
-from .metrics import TracerMetrics
-from .otel_metrics import GLOBAL_METERS, MessagingMeters
-from .occupancy import Occupancy
+from ..path.message import MessageInfo, message_type
 from ..path.propagation import Carried, PropagationErrors, extract, inject, plausible_ns
-from .spans import DeferredSpan, SpanWriter, span_writer
 from ..path.stages import CROSS_CLOCK_GAPS, Outcome, Stage
 from ..path.stamps import MISSING, SkewTracker, Stamps, timeline
 from ..version import __version__
+from .metrics import TracerMetrics
+from .occupancy import Occupancy
+from .otel_metrics import GLOBAL_METERS, MessagingMeters
+from .spans import DeferredSpan, SpanWriter, span_writer
+
+__all__ = ["BODY_ATTR", "MAX_ATTR_CHARS", "MAX_KEYS", "MessageTrace", "MessageTracer", "SendTrace", "body_preview"]
 
 log = logging.getLogger(__name__)
 
-SYSTEM = "rocketmq"
-# Consumer-side gaps drawn as child spans of `process`, with the stage pair bounding each.
-_GAP_SPANS: tuple[tuple[str, Stage, Stage], ...] = (
-    ("broker_wait", Stage.BROKER_STORE, Stage.CLIENT_PULL),
-    ("client_buffer", Stage.CLIENT_PULL, Stage.DISPATCH_ENQUEUE),
-    ("dispatch_wait", Stage.DISPATCH_ENQUEUE, Stage.HANDLER_START),
-)
-_STAMP_ATTRS: tuple[tuple[int, str], ...] = tuple((int(s), f"rmqtrace.stamp.{s.name.lower()}_ns") for s in Stage)
-BODY_ATTR = "rmqtrace.message.body"
+# The gap spans under `process`: (name, first stage, last stage, attributes), from names.GAP_SPANS.
+_GAP_SPANS: tuple[tuple[str, Stage, Stage, dict[str, Any]], ...] = tuple(
+    (g.name, g.start, g.end, {n.STAGE: g.name}) for g in n.GAP_SPANS)
+_STAMP_ATTRS: tuple[tuple[int, str], ...] = tuple((int(s), key) for s, key in n.STAMP_ATTRS.items())
+BODY_ATTR = n.BODY
 # Message fields become span attributes and names: a hostile message must not make a span huge
 # (queued spans would hold it, and an export batch could outgrow what a backend takes).
 MAX_ATTR_CHARS = 256
@@ -57,7 +69,12 @@ class MessageTracer:
 
     Message bodies are never recorded unless ``capture_body`` > 0: then the first ``capture_body``
     bytes of a body passed to :meth:`start_message` go on the ``process`` span as
-    ``rmqtrace.message.body`` (UTF-8, undecodable bytes replaced).
+    ``rmqtrace.message.body`` (UTF-8, undecodable bytes replaced). ``messaging.message.body.size``
+    is opt-in in the conventions: recorded only with ``record_body_size=True``.
+
+    ``client_id`` (``messaging.client.id``), ``namespace`` (``messaging.rocketmq.namespace``) and
+    ``server_address``/``server_port`` describe the client this tracer serves; a received
+    message's own namespace and endpoint win over them.
     """
 
     def __init__(
@@ -71,8 +88,23 @@ class MessageTracer:
         listeners: Sequence[Callable[[MessageTrace, Outcome], None]] = (),
         capture_body: int = 0,
         occupancy: Occupancy | None = None,
+        client_id: str | None = None,
+        namespace: str | None = None,
+        server_address: str | None = None,
+        server_port: int | None = None,
+        record_body_size: bool = False,
     ) -> None:
+        if server_port is not None and not (isinstance(server_port, int) and 0 < server_port < 65536):
+            raise ValueError(f"server_port must be a TCP port (1..65535), not {server_port!r}")
         self.consumer_group = consumer_group
+        self.client_id = client_id
+        self.namespace = namespace
+        self.record_body_size = bool(record_body_size)
+        self._server: dict[str, Any] = {}
+        if server_address:
+            self._server[n.SERVER_ADDRESS] = server_address
+            if server_port is not None:
+                self._server[n.SERVER_PORT] = server_port
         # Fed from the stamps: client_pull = received, handler start/end = a worker busy.
         self.occupancy = occupancy
         self.capture_body = max(0, int(capture_body))
@@ -80,7 +112,8 @@ class MessageTracer:
         self.metrics = metrics
         self.meters: MessagingMeters = GLOBAL_METERS  # OTel metrics: the global MeterProvider's
         self._provider = tracer_provider
-        self.tracer = trace.get_tracer("rmqtrace", __version__, tracer_provider=tracer_provider)
+        self.tracer = trace.get_tracer("rmqtrace", __version__, tracer_provider=tracer_provider,
+                                       schema_url=n.SCHEMA_URL)
         self._writer: SpanWriter | None = None
         self._writer_resolved = False
         self.skew = SkewTracker()
@@ -96,20 +129,24 @@ class MessageTracer:
                    tag: str | None = None, keys: Sequence[str] = (), message_group: str | None = None,
                    job_id: str | None = None, cost: float | None = None,
                    body_size: int | None = None) -> SendTrace:
-        """Open the ``send {topic}`` span and write trace context + produce stamp into the message."""
+        """Open the ``send {topic}`` span and write trace context + produce stamp into the message.
+
+        Every attribute is known before the send, so all go to ``start_span``: the sampler sees
+        them, as the conventions ask for the sampling-relevant ones."""
         topic = _cap(topic)
-        span = self.tracer.start_span(f"send {topic}", kind=SpanKind.PRODUCER)
-        if span.is_recording():
-            attrs: dict[str, Any] = {
-                "messaging.system": SYSTEM,
-                "messaging.operation.name": "send",
-                "messaging.operation.type": "send",
-                "messaging.destination.name": topic,
-            }
-            _message_attrs(attrs, tag, keys, message_group, body_size)
-            if job_id:
-                attrs["rmqtrace.job.id"] = job_id
-            span.set_attributes(attrs)
+        attrs: dict[str, Any] = {
+            n.SYSTEM: n.SYSTEM_VALUE,
+            n.OPERATION_NAME: n.SEND,
+            n.OPERATION_TYPE: n.SEND,
+            n.DESTINATION: topic,
+            **self._server,
+        }
+        self._client_attrs(attrs, self.namespace)
+        _message_attrs(attrs, tag, keys, message_group, body_size if self.record_body_size else None)
+        attrs[n.MESSAGE_TYPE] = message_type(None, message_group, None)
+        if job_id:
+            attrs[n.JOB_ID] = job_id
+        span = self.tracer.start_span(n.send_span_name(topic), kind=SpanKind.PRODUCER, attributes=attrs)
         produce_ns = self.clock.now_ns()
         try:
             inject(set_property, produce_ns, trace.set_span_in_context(span), job_id=job_id, cost=cost)
@@ -146,6 +183,30 @@ class MessageTracer:
             t.body = body
         return t
 
+    def _client_attrs(self, attrs: dict[str, Any], namespace: str | None) -> None:
+        if namespace is not None:
+            attrs[n.NAMESPACE] = _cap(namespace)
+        if self.client_id:
+            attrs[n.CLIENT_ID] = self.client_id
+
+    def process_sampling_attributes(self, info: MessageInfo) -> dict[str, Any]:
+        """What the sampler sees when it decides a ``process`` span (the spec's sampling-relevant set)."""
+        attrs: dict[str, Any] = {
+            n.SYSTEM: n.SYSTEM_VALUE,
+            n.OPERATION_NAME: n.PROCESS,
+            n.OPERATION_TYPE: n.PROCESS,
+            n.DESTINATION: _cap(info.topic),
+        }
+        if self.consumer_group:
+            attrs[n.CONSUMER_GROUP] = self.consumer_group
+        if info.server_address:
+            attrs[n.SERVER_ADDRESS] = _cap(info.server_address)
+            if info.server_port:
+                attrs[n.SERVER_PORT] = info.server_port
+        elif self._server:
+            attrs.update(self._server)
+        return attrs
+
     def writer(self) -> SpanWriter | None:
         """The span writer for the SDK provider, resolved on first use (the global provider may
         be installed after this tracer was built, e.g. by ``opentelemetry-instrument``)."""
@@ -180,11 +241,11 @@ class SendTrace:
         span = self.span
         if span.is_recording():
             if message_id:
-                span.set_attribute("messaging.message.id", str(message_id))
+                span.set_attribute(n.MESSAGE_ID, str(message_id))
             if error is not None:
                 span.record_exception(error)
                 span.set_status(Status(StatusCode.ERROR, type(error).__name__))
-                span.set_attribute("error.type", type(error).__qualname__)
+                span.set_attribute(n.ERROR_TYPE, type(error).__qualname__)
         span.end()
         if self._tracer is not None:
             self._tracer.meters.sent(self._topic, self._tracer.clock.now_ns() - self.produce_ns, error)
@@ -193,8 +254,8 @@ class SendTrace:
 class MessageTrace:
     """Stamps of one received message and, while its handler runs, its live handler span."""
 
-    __slots__ = ("_tracer", "info", "carried", "stamps", "worker", "body", "_ctx", "_handler", "_token", "_done",
-                 "_scope_start")
+    __slots__ = ("_tracer", "info", "carried", "stamps", "worker", "body", "_ctx", "_process", "_handler", "_token",
+                 "_done", "_scope_start")
 
     def __init__(self, tracer: MessageTracer, info: MessageInfo, carried: Carried) -> None:
         self._tracer = tracer
@@ -204,7 +265,8 @@ class MessageTrace:
         self.worker: int | None = None
         self.body: bytes | bytearray | str | None = None  # set only when body capture is on
         self._ctx: SpanContext | None = None  # the process span's, once sampled
-        self._handler: Span | None = None
+        self._process: DeferredSpan | None = None
+        self._handler: DeferredSpan | None = None
         self._token: object | None = None
         self._done = False
         self._scope_start: int | None = None
@@ -243,15 +305,34 @@ class MessageTrace:
         if writer is None:
             return
         try:
-            ctx = writer.root_context(self.carried.parent, f"process {_cap(self.info.topic)}", SpanKind.CONSUMER)
-            if ctx is None:
-                return
-            self._ctx = ctx
-            handler = DeferredSpan(writer, "handler", writer.child_context(ctx), ctx, times[Stage.HANDLER_START])
-            self._handler = handler
-            self._token = otel_context.attach(trace.set_span_in_context(handler))
+            self._token = otel_context.attach(self._open_spans(writer, times[Stage.CLIENT_PULL],
+                                                               times[Stage.HANDLER_START]))
         except Exception as exc:  # noqa: BLE001
             self._tracer.hook_failed("starting the handler span", exc)
+
+    def _open_spans(self, writer: SpanWriter, pulled_ns: int, start_ns: int) -> otel_context.Context:
+        """Decide sampling, open ``process`` and ``handler``; the context to make current."""
+        carried = self.carried
+        parent = carried.parent if carried.parent is not None and carried.parent.is_valid else None
+        base = carried.context  # the extracted context (baggage), when there is more than `parent`
+        name = n.process_span_name(_cap(self.info.topic))
+        links = (Link(parent),) if parent is not None else ()  # the creation context, as the spec asks
+        attrs = self._tracer.process_sampling_attributes(self.info)
+        ctx, start_attrs = writer.decide(parent, base, name, SpanKind.CONSUMER, attrs, links)
+        if start_attrs is None:
+            # Dropped: the message's context stays current so the handler's spans share the
+            # decision instead of starting root traces of their own (as contrib does).
+            return trace.set_span_in_context(NonRecordingSpan(ctx), base)
+        self._ctx = ctx
+        process = DeferredSpan(writer, name, ctx, parent, pulled_ns, kind=SpanKind.CONSUMER,
+                               attributes=start_attrs, links=links)
+        writer.started(process, base)
+        self._process = process
+        in_process = trace.set_span_in_context(process, base)
+        handler = DeferredSpan(writer, n.HANDLER_SPAN, writer.child_context(ctx), ctx, start_ns)
+        writer.started(handler, in_process)
+        self._handler = handler
+        return trace.set_span_in_context(handler, base)
 
     def _end_handler(self) -> None:
         self.stamps.times[Stage.HANDLER_END] = self._tracer.clock.now_ns()
@@ -295,62 +376,61 @@ class MessageTrace:
                 metrics.skew_bound.labels(gap.peer).set(raw / 1e9)
             if -raw > gap.tolerance_ns and metrics is not None:
                 metrics.clamped(gap.name)
-        if ctx is not None:
-            self._write_spans(ctx, outcome, error)
+        if ctx is not None and self._process is not None:
+            self._write_spans(ctx, self._process, outcome, error)
         for listener in mt.listeners:
             try:
                 listener(self, outcome)
             except Exception as exc:  # noqa: BLE001
                 mt.hook_failed("a finish listener", exc)
 
-    def _write_spans(self, ctx: SpanContext, outcome: Outcome, error: BaseException | None) -> None:
+    def _write_spans(self, ctx: SpanContext, process: DeferredSpan, outcome: Outcome,
+                     error: BaseException | None) -> None:
         writer = self._tracer.writer()
         assert writer is not None
         fixed = dict(timeline(self.stamps))
         end_ns = fixed.get(Stage.HANDLER_END) or self._tracer.clock.now_ns()
+        error_type = type(error).__qualname__ if error is not None else None
         handler = self._handler
         if handler is not None:
             if error is not None:
                 handler.record_exception(error)
                 handler.set_status(Status(StatusCode.ERROR, type(error).__name__))
+                handler.put_attributes({n.ERROR_TYPE: error_type})
             handler.end(end_time=end_ns)
-        for name, a, b in _GAP_SPANS:
+        for name, a, b, gap_attrs in _GAP_SPANS:
             if a in fixed and b in fixed:
-                writer.emit(name, writer.child_context(ctx), ctx, fixed[a], fixed[b], attributes={"rmqtrace.stage": name})
-        status = None
-        attrs = self._process_attributes(outcome)
+                writer.emit(name, writer.child_context(ctx), ctx, fixed[a], fixed[b], attributes=gap_attrs)
+        process.put_attributes(self._process_attributes(outcome))
         if outcome is not Outcome.SUCCESS:
-            status = Status(StatusCode.ERROR, outcome.value)
-            if error is not None:
-                attrs["error.type"] = type(error).__qualname__
-        parent_sc = self.carried.parent
-        start_ns = next((ns for st, ns in fixed.items() if st >= Stage.BROKER_STORE), end_ns)
-        writer.emit(f"process {_cap(self.info.topic)}", ctx, parent_sc if parent_sc and parent_sc.is_valid else None,
-                    start_ns, end_ns, kind=SpanKind.CONSUMER, attributes=attrs, status=status)
+            process.set_status(Status(StatusCode.ERROR, outcome.value))
+            # the exception's class; without one (a failure result, a timeout) the outcome
+            process.put_attributes({n.ERROR_TYPE: error_type or outcome.value})
+        pulled = fixed.get(Stage.CLIENT_PULL)
+        if pulled is not None:
+            process.move_start(pulled)  # the clamped timeline's, so broker_wait ends where process starts
+        process.end(end_time=end_ns)
 
     def _process_attributes(self, outcome: Outcome) -> dict[str, Any]:
+        """The ``process`` attributes not given to the sampler at its start."""
         info = self.info
+        mt = self._tracer
         times = self.stamps.times
-        attrs: dict[str, Any] = {
-            "messaging.system": SYSTEM,
-            "messaging.operation.name": "process",
-            "messaging.operation.type": "process",
-            "messaging.destination.name": _cap(info.topic),
-            "rmqtrace.outcome": outcome.value,
-        }
-        if self._tracer.consumer_group:
-            attrs["messaging.consumer.group.name"] = self._tracer.consumer_group
+        attrs: dict[str, Any] = {n.OUTCOME: outcome.value}
+        mt._client_attrs(attrs, info.namespace if info.namespace is not None else mt.namespace)
         if info.message_id:
-            attrs["messaging.message.id"] = _cap(info.message_id)
+            attrs[n.MESSAGE_ID] = _cap(info.message_id)
         if info.delivery_attempt and info.delivery_attempt < 2**31:  # the broker's is an int32
-            attrs["messaging.rocketmq.message.delivery_attempt"] = info.delivery_attempt
-        _message_attrs(attrs, info.tag, info.keys, info.message_group, info.body_size)
+            attrs[n.DELIVERY_ATTEMPT] = info.delivery_attempt
+        _message_attrs(attrs, info.tag, info.keys, info.message_group,
+                       info.body_size if mt.record_body_size else None)
+        attrs[n.MESSAGE_TYPE] = message_type(info.declared_type, info.message_group, info.delivery_ms)
         if self.carried.job_id:
-            attrs["rmqtrace.job.id"] = self.carried.job_id
+            attrs[n.JOB_ID] = self.carried.job_id
         if self.carried.cost is not None:
-            attrs["rmqtrace.cost"] = self.carried.cost
-        if self.worker is not None and self._tracer.worker_attr:
-            attrs["rmqtrace.worker"] = self.worker
+            attrs[n.COST] = self.carried.cost
+        if self.worker is not None and mt.worker_attr:
+            attrs[n.WORKER] = self.worker
         for i, name in _STAMP_ATTRS:
             if times[i] != MISSING:
                 attrs[name] = times[i]
@@ -372,12 +452,11 @@ def body_preview(body: bytes | bytearray | str, limit: int) -> str:
 def _message_attrs(attrs: dict[str, Any], tag: str | None, keys: Sequence[str],
                    group: str | None, body_size: int | None) -> None:
     if tag:
-        attrs["messaging.rocketmq.message.tag"] = _cap(tag)
+        attrs[n.MESSAGE_TAG] = _cap(tag)
     if keys:
-        attrs["messaging.rocketmq.message.keys"] = [_cap(k) for k in keys[:MAX_KEYS]]
+        attrs[n.MESSAGE_KEYS] = [_cap(k) for k in keys[:MAX_KEYS]]
     if group:
-        attrs["messaging.rocketmq.message.group"] = _cap(group)
-        attrs["messaging.rocketmq.message.type"] = "fifo"
+        attrs[n.MESSAGE_GROUP] = _cap(group)
     if body_size is not None:
-        attrs["messaging.message.body.size"] = body_size
+        attrs[n.BODY_SIZE] = body_size
 

@@ -1,0 +1,89 @@
+"""Every name that leaves the process: span names, span attributes, message properties.
+
+Telemetry writes these, propagation reads and writes the properties, and the report reads the
+attributes back from span files; all of them import the names from here, so a rename is one
+edit. ``messaging.*``, ``server.*`` and ``error.type`` are OpenTelemetry's (messaging semantic
+conventions with the RocketMQ extension, schema :data:`SCHEMA_URL`); ``rmqtrace.*`` and the
+``rmqtrace_*`` properties are ours. docs/semconv.md lists them with their requirement levels.
+
+The gap spans are derived from :data:`tracer.path.stages.PATH_GAPS`, not listed by hand.
+"""
+
+from __future__ import annotations
+
+from .stages import PATH_GAPS, Gap, Stage
+
+__all__ = [
+    "BODY", "BODY_SIZE", "CLIENT_ID", "CONSUMER_GROUP",
+    "COST", "COST_PROPERTY", "DELIVERY_ATTEMPT", "DESTINATION", "ERROR_TYPE", "GAP_SPANS",
+    "HANDLER_SPAN", "JOB_ID", "JOB_ID_PROPERTY", "LEGACY_DELIVERY_ATTEMPT", "MESSAGE_GROUP",
+    "MESSAGE_ID", "MESSAGE_KEYS", "MESSAGE_TAG", "MESSAGE_TYPE", "NAMESPACE", "OPERATION_NAME",
+    "OPERATION_TYPE", "OUTCOME", "PROCESS", "PRODUCE_NS_PROPERTY", "SCHEMA_URL", "SEND", "SERVER_ADDRESS",
+    "SERVER_PORT", "STAGE", "STAMP_ATTRS", "SYSTEM", "SYSTEM_VALUE", "TRACEPARENT", "TRACESTATE",
+    "WORKER", "process_span_name", "send_span_name",
+]
+
+# The semantic-conventions release whose names we emit (the RocketMQ attributes still live under
+# ``messaging.rocketmq.*`` there); set as the instrumentation scope's schema_url.
+SCHEMA_URL = "https://opentelemetry.io/schemas/1.44.0"
+
+# -- span names and operations ----------------------------------------------------------------
+SEND = "send"
+PROCESS = "process"
+HANDLER_SPAN = "handler"
+
+
+def send_span_name(topic: str) -> str:
+    return f"{SEND} {topic}"
+
+
+def process_span_name(topic: str) -> str:
+    return f"{PROCESS} {topic}"
+
+
+# -- OpenTelemetry semantic-convention attributes ------------------------------------------------
+SYSTEM = "messaging.system"
+SYSTEM_VALUE = "rocketmq"
+OPERATION_NAME = "messaging.operation.name"
+OPERATION_TYPE = "messaging.operation.type"
+DESTINATION = "messaging.destination.name"
+CONSUMER_GROUP = "messaging.consumer.group.name"
+CLIENT_ID = "messaging.client.id"
+MESSAGE_ID = "messaging.message.id"
+BODY_SIZE = "messaging.message.body.size"  # opt-in in the spec
+NAMESPACE = "messaging.rocketmq.namespace"
+MESSAGE_TAG = "messaging.rocketmq.message.tag"
+MESSAGE_KEYS = "messaging.rocketmq.message.keys"
+MESSAGE_GROUP = "messaging.rocketmq.message.group"
+MESSAGE_TYPE = "messaging.rocketmq.message.type"  # normal, fifo, delay, transaction
+SERVER_ADDRESS = "server.address"
+SERVER_PORT = "server.port"
+ERROR_TYPE = "error.type"
+
+# -- ours ---------------------------------------------------------------------------------------
+OUTCOME = "rmqtrace.outcome"
+JOB_ID = "rmqtrace.job.id"
+COST = "rmqtrace.cost"
+WORKER = "rmqtrace.worker"
+STAGE = "rmqtrace.stage"  # on a gap span: which gap it is
+BODY = "rmqtrace.message.body"  # opt-in body preview
+# The broker's delivery attempt. Not under messaging.rocketmq.*: that namespace is OpenTelemetry's
+# and defines no such attribute. Span files written before the move carry the old name.
+DELIVERY_ATTEMPT = "rmqtrace.delivery_attempt"
+LEGACY_DELIVERY_ATTEMPT = "messaging.rocketmq.message.delivery_attempt"
+STAMP_ATTRS: dict[Stage, str] = {s: f"rmqtrace.stamp.{s.name.lower()}_ns" for s in Stage}
+
+# -- message properties (what travels) -----------------------------------------------------------
+# W3C keys, as the OpenTelemetry Java agent's RocketMQ instrumentation writes them.
+TRACEPARENT = "traceparent"
+TRACESTATE = "tracestate"
+PRODUCE_NS_PROPERTY = "rmqtrace_produce_ns"
+JOB_ID_PROPERTY = "rmqtrace_job"
+COST_PROPERTY = "rmqtrace_cost"
+
+# -- gap spans ----------------------------------------------------------------------------------
+# The path gaps written as child spans of ``process``: every gap from the broker's store to the
+# handler's start (``send`` is the producer's own span, ``handler`` a live span, and aggregates
+# such as consumer_wait are not in PATH_GAPS). broker_wait ends where ``process`` starts.
+GAP_SPANS: tuple[Gap, ...] = tuple(
+    g for g in PATH_GAPS if g.start >= Stage.BROKER_STORE and g.end <= Stage.HANDLER_START)
