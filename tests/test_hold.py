@@ -135,3 +135,112 @@ def test_held_span_memory_stays_bounded_under_a_soak() -> None:
         tracemalloc.stop()
     assert hold.stats().dropped > 0  # the undecided ones were evicted and counted
     assert second - first < 2_000_000, (first, second)  # a full bound of spans is ~1 MB; no growth beyond
+
+
+# -- with the message tracer: whole traces kept or dropped ----------------------------------------------
+def _consumer(policy, clock):  # noqa: ANN001, ANN202
+    from tracer.telemetry.tracer import MessageTracer
+
+    memory = InMemorySpanExporter()
+    hold = HoldingSpanProcessor([SimpleSpanProcessor(memory)])
+    provider = TracerProvider()
+    provider.add_span_processor(hold)
+    return MessageTracer(consumer_group="g", tracer_provider=provider, clock=clock, keep=policy, hold=hold), \
+        provider, memory, hold
+
+
+def _unsampled_message(i: int, clock, job: str | None = None):  # noqa: ANN001, ANN202
+    from tracer.path.message import MessageInfo
+    from tracer.path.propagation import JOB_ID, PRODUCE_NS, TRACEPARENT
+
+    props = {TRACEPARENT: f"00-{i + 1:032x}-{i + 1:016x}-00", PRODUCE_NS: str(clock.now_ns() - 2_000_000)}
+    if job:
+        props[JOB_ID] = job
+    return MessageInfo(topic="jobs", message_id=f"m{i}", properties=props, store_ms=clock.now_ns() // 1_000_000 - 1)
+
+
+def _handle(mt, provider, clock, i, *, wait_s=0.0, fail=False, job=None):  # noqa: ANN001, ANN202
+    from tracer.path.stages import Outcome, Stage
+
+    t = mt.start_message(_unsampled_message(i, clock, job))
+    t.mark(Stage.DISPATCH_ENQUEUE)
+    clock.advance_s(wait_s)
+    error = RuntimeError("boom") if fail else None
+    with t.handler_scope():
+        with provider.get_tracer("user").start_as_current_span(f"user-{i}"):
+            provider.get_tracer("user").start_span(f"user-{i}-inner").end()
+        clock.advance_s(0.001)
+    t.finish(Outcome.FAILURE if fail else Outcome.SUCCESS, error)
+    return t
+
+
+def _by_trace(memory: InMemorySpanExporter) -> dict[int, set[str]]:
+    out: dict[int, set[str]] = {}
+    for s in memory.get_finished_spans():
+        out.setdefault(s.context.trace_id, set()).add(s.name)
+    return out
+
+
+def test_slow_and_failed_messages_are_kept_whole_with_the_users_spans_and_fast_ones_cost_no_export() -> None:
+    from tracer.path.clock import ManualClock
+    from tracer.telemetry.keep import KeepPolicy
+
+    clock = ManualClock()
+    policy = KeepPolicy({"dispatch_wait": 0.1}, background=0.0)
+    mt, provider, memory, hold = _consumer(policy, clock)
+    slow = {i for i in range(40) if i % 7 == 3}
+    failed = {i for i in range(40) if i % 11 == 5}
+    for i in range(40):
+        _handle(mt, provider, clock, i, wait_s=0.5 if i in slow else 0.001, fail=i in failed)
+    traces = _by_trace(memory)
+    assert len(traces) == len(slow | failed)
+    kept_users = {name for names in traces.values() for name in names if name.startswith("user-")}
+    assert kept_users == {f"user-{i}" for i in slow | failed} | {f"user-{i}-inner" for i in slow | failed}
+    for names in traces.values():
+        assert {"process jobs", "handler", "dispatch_wait", "client_buffer", "broker_wait"} <= names
+        assert len([n for n in names if n.startswith("user-")]) == 2  # each trace holds its own message's spans
+    assert hold.stats().held_traces == 0 and hold.stats().held_spans == 0
+
+
+def test_a_kept_trace_is_a_new_trace_linked_to_the_unsampled_producer() -> None:
+    from tracer.path.clock import ManualClock
+    from tracer.telemetry.keep import KeepPolicy
+
+    clock = ManualClock()
+    mt, provider, memory, _hold = _consumer(KeepPolicy({"dispatch_wait": 0.1}), clock)
+    _handle(mt, provider, clock, 41, wait_s=1.0)
+    (process,) = [s for s in memory.get_finished_spans() if s.name == "process jobs"]
+    assert process.parent is None
+    assert process.context.trace_id != 42 and process.context.trace_flags.sampled
+    assert [(link.context.trace_id, link.context.span_id) for link in process.links] == [(42, 42)]
+
+
+def test_each_jobs_latest_finisher_is_kept_and_exemplars_point_at_kept_traces_only() -> None:
+    from prometheus_client import CollectorRegistry
+
+    from tracer.path.clock import ManualClock
+    from tracer.telemetry.keep import KeepPolicy
+    from tracer.telemetry.metrics import TracerMetrics
+
+    clock = ManualClock()
+    policy = KeepPolicy(job_idle_s=10.0)
+    mt, provider, memory, _hold = _consumer(policy, clock)
+    registry = CollectorRegistry()
+    mt.metrics = TracerMetrics(registry)
+    jobs = {"a": range(0, 20), "b": range(20, 30)}
+    for job, ids in jobs.items():
+        for i in ids:
+            _handle(mt, provider, clock, i, job=job)
+    kept_ids = {a for s in memory.get_finished_spans() if s.name == "process jobs"
+                for k, a in (s.attributes or {}).items() if k == "messaging.message.id"}
+    assert kept_ids == {"m0", "m20"}  # each job's first; the latest are held until the job is idle
+    clock.advance_s(11)
+    _handle(mt, provider, clock, 99, job="c")  # a later message settles the idle jobs
+    kept_ids = {a for s in memory.get_finished_spans() if s.name == "process jobs"
+                for k, a in (s.attributes or {}).items() if k == "messaging.message.id"}
+    assert {"m0", "m19", "m20", "m29", "m99"} == kept_ids
+    policy.flush()
+    kept_traces = {f"{s.context.trace_id:032x}" for s in memory.get_finished_spans()}
+    exemplar_traces = {s.exemplar.labels["trace_id"] for m in registry.collect() for s in m.samples
+                       if s.exemplar is not None}
+    assert exemplar_traces and exemplar_traces <= kept_traces

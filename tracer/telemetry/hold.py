@@ -26,11 +26,14 @@ from typing import Callable, Mapping, NamedTuple, Sequence
 
 from opentelemetry.context import Context
 from opentelemetry.sdk.trace import ReadableSpan, Span, SpanProcessor
+from opentelemetry.sdk.trace.id_generator import IdGenerator
+from opentelemetry.trace import SpanContext, TraceFlags, TraceState
 
 __all__ = ["HoldingSpanProcessor", "HoldStats"]
 
 DEFAULT_MAX_SPANS = 20_000
 DEFAULT_MAX_TRACES = 20_000
+_SAMPLED = TraceFlags(TraceFlags.SAMPLED)
 
 
 class HoldStats(NamedTuple):
@@ -96,6 +99,13 @@ class HoldingSpanProcessor(SpanProcessor):
             self._held[trace_id] = []
         if evicted is not None:
             self._drop(len(evicted) or 1)  # an undecided trace lost, with whatever it held
+
+    def open_trace(self, ids: IdGenerator, trace_state: TraceState | None = None) -> SpanContext:
+        """A new sampled root context, its trace held (the trace a keep policy decides later)."""
+        ctx = SpanContext(ids.generate_trace_id(), ids.generate_span_id(), is_remote=False,
+                          trace_flags=_SAMPLED, trace_state=trace_state)
+        self.hold(ctx.trace_id)
+        return ctx
 
     def release(self, trace_id: int, keep: bool) -> None:
         """Forward the trace's held spans (``keep``) or forget them; later spans pass through."""

@@ -233,6 +233,8 @@ class KeepPolicy:
         ``head`` says the head sampler kept it already; it is still counted and fed to the
         estimates, so thresholds and the critical path see every message."""
         now = times[Stage.HANDLER_END]
+        if not now:
+            return None  # never handled: nothing was traced to keep, nothing to judge
         if now >= self._interval_end:
             self._roll(now)
         slow = False

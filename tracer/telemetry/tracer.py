@@ -36,11 +36,13 @@ from opentelemetry.trace import Link, NonRecordingSpan, Span, SpanContext, SpanK
 
 from ..path import names as n
 from ..path.clock import Clock, default_clock
-from ..path.message import MessageInfo, message_type
+from ..path.message import ClientFacts, MessageInfo, message_type
 from ..path.propagation import Carried, PropagationErrors, extract, inject, plausible_ns
 from ..path.stages import CROSS_CLOCK_GAPS, Outcome, Stage
 from ..path.stamps import MISSING, SkewTracker, Stamps, timeline
 from ..version import __version__
+from .hold import HoldingSpanProcessor
+from .keep import PENDING, KeepPolicy
 from .metrics import TracerMetrics
 from .occupancy import Occupancy
 from .otel_metrics import GLOBAL_METERS, MessagingMeters
@@ -93,7 +95,15 @@ class MessageTracer:
         server_address: str | None = None,
         server_port: int | None = None,
         record_body_size: bool = False,
+        keep: KeepPolicy | None = None,
+        hold: HoldingSpanProcessor | None = None,
     ) -> None:
+        if keep is not None and hold is None:
+            raise ValueError("keep= needs hold=, the HoldingSpanProcessor on the tracer provider: without it "
+                             "the handler's spans of dropped messages would still be exported")
+        # Head-dropped messages get a held trace of their own, kept or dropped at finish (keep.py).
+        self.keep = keep
+        self.hold = hold
         if server_port is not None and not (isinstance(server_port, int) and 0 < server_port < 65536):
             raise ValueError(f"server_port must be a TCP port (1..65535), not {server_port!r}")
         self.consumer_group = consumer_group
@@ -105,6 +115,19 @@ class MessageTracer:
             self._server[n.SERVER_ADDRESS] = server_address
             if server_port is not None:
                 self._server[n.SERVER_PORT] = server_port
+
+    def describe_client(self, facts: ClientFacts) -> None:
+        """Fill what was not given at construction from a client's own facts (the wrappers call
+        this with :func:`tracer.path.message.client_facts` of the client they wrap)."""
+        if self.client_id is None and facts.client_id:
+            self.client_id = facts.client_id
+        if self.namespace is None and facts.namespace is not None:
+            self.namespace = facts.namespace
+        if not self._server and facts.server_address:
+            server: dict[str, Any] = {n.SERVER_ADDRESS: facts.server_address}
+            if facts.server_port is not None:
+                server[n.SERVER_PORT] = facts.server_port
+            self._server = server
         # Fed from the stamps: client_pull = received, handler start/end = a worker busy.
         self.occupancy = occupancy
         self.capture_body = max(0, int(capture_body))
@@ -255,7 +278,7 @@ class MessageTrace:
     """Stamps of one received message and, while its handler runs, its live handler span."""
 
     __slots__ = ("_tracer", "info", "carried", "stamps", "worker", "body", "_ctx", "_process", "_handler", "_token",
-                 "_done", "_scope_start")
+                 "_done", "_scope_start", "_held")
 
     def __init__(self, tracer: MessageTracer, info: MessageInfo, carried: Carried) -> None:
         self._tracer = tracer
@@ -270,6 +293,7 @@ class MessageTrace:
         self._token: object | None = None
         self._done = False
         self._scope_start: int | None = None
+        self._held = False  # a keep policy's trace, undecided until finish
 
     def mark(self, stage: Stage, ns: int | None = None) -> None:
         self.stamps.times[stage] = ns if ns else self._tracer.clock.now_ns()
@@ -319,6 +343,11 @@ class MessageTrace:
         links = (Link(parent),) if parent is not None else ()  # the creation context, as the spec asks
         attrs = self._tracer.process_sampling_attributes(self.info)
         ctx, start_attrs = writer.decide(parent, base, name, SpanKind.CONSUMER, attrs, links)
+        if start_attrs is None and self._tracer.keep is not None:
+            # Dropped by the head, judged at finish: a new trace linked to the producer's (a
+            # child of the unrecorded send span would be an orphan; see tracer.telemetry.keep).
+            assert self._tracer.hold is not None
+            ctx, parent, start_attrs, self._held = self._tracer.hold.open_trace(writer.tracer.id_generator), None, attrs, True
         if start_attrs is None:
             # Dropped: the message's context stays current so the handler's spans share the
             # decision instead of starting root traces of their own (as contrib does).
@@ -363,6 +392,8 @@ class MessageTrace:
         times = self.stamps.times
         metrics = mt.metrics
         ctx = self._ctx
+        if mt.keep is not None:
+            ctx = self._decide(mt.keep, outcome, error)  # None: not kept (yet); no exemplar, no spans
         if metrics is not None:
             exemplar = {"trace_id": f"{ctx.trace_id:032x}"} if ctx is not None and ctx.trace_flags.sampled else None
             metrics.observe(self.info.topic, mt.consumer_group, times, outcome, exemplar)
@@ -383,6 +414,33 @@ class MessageTrace:
                 listener(self, outcome)
             except Exception as exc:  # noqa: BLE001
                 mt.hook_failed("a finish listener", exc)
+
+    def _decide(self, keep: KeepPolicy, outcome: Outcome, error: BaseException | None) -> SpanContext | None:
+        ctx, hold = self._ctx, self._tracer.hold
+        settle = None
+        if self._held and self.carried.job_id:
+            def settle(kept: bool) -> None:
+                self._settle(kept, outcome, error)
+        reason = keep.decide(self.stamps.times, outcome, self.carried.job_id, head=ctx is not None and not self._held,
+                             settle=settle)
+        if not self._held or ctx is None or hold is None:
+            return ctx
+        if reason is PENDING:
+            return None
+        hold.release(ctx.trace_id, reason is not None)
+        return ctx if reason is not None else None
+
+    def _settle(self, kept: bool, outcome: Outcome, error: BaseException | None) -> None:
+        """The policy's later word on a job's latest finisher (called from another message's finish)."""
+        ctx, hold = self._ctx, self._tracer.hold
+        if ctx is None or hold is None:
+            return
+        hold.release(ctx.trace_id, kept)
+        if kept and self._process is not None:
+            try:
+                self._write_spans(ctx, self._process, outcome, error)
+            except Exception as exc:  # noqa: BLE001
+                self._tracer.hook_failed("writing a kept trace", exc)
 
     def _write_spans(self, ctx: SpanContext, process: DeferredSpan, outcome: Outcome,
                      error: BaseException | None) -> None:

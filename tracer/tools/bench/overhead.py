@@ -6,13 +6,18 @@ to an exporter that drops everything, as a production process would have):
 - ``stamps_metrics``: a received message's stamps (property parsing included) and its six
   histogram observations, no spans;
 - ``full_trace``: the whole consumer side of one sampled message — stamps, histograms, the
-  ``process`` and ``handler`` spans and the three gap spans.
+  ``process`` and ``handler`` spans and the three gap spans;
+- ``sampled_out``: a message the producer did not sample and the keep policy drops — stamps,
+  histograms, the head decision, the held trace (its ``handler`` context current while the
+  handler runs, its id held by a :class:`HoldingSpanProcessor`) and the keep decision, on the
+  same batch set-up behind the holding processor.
 CPU time (``time.process_time_ns``) per message, median over rounds; the ratio is what is
 stable across machines.
 """
 
 from __future__ import annotations
 
+import os
 import platform
 import statistics
 import time
@@ -26,39 +31,53 @@ from prometheus_client import CollectorRegistry
 from ...path.message import MessageInfo
 from ...path.propagation import PRODUCE_NS, TRACEPARENT
 from ...path.stages import Outcome, Stage
+from ...telemetry.hold import HoldingSpanProcessor
+from ...telemetry.keep import KeepPolicy
 from ...telemetry.metrics import TracerMetrics
 from ...telemetry.tracer import MessageTracer
 from . import DropExporter
 
+__all__ = ["TARGETS", "format_overhead_bench", "run_overhead_bench"]
+
+TARGETS = {"stamps_metrics_over_span": 0.5, "full_trace_over_span": 3.0, "sampled_out_over_span": 0.6}
+
+
+def _batch() -> BatchSpanProcessor:
+    return BatchSpanProcessor(DropExporter(), max_queue_size=1 << 16)
+
 
 def _provider() -> TracerProvider:
     p = TracerProvider()
-    p.add_span_processor(BatchSpanProcessor(DropExporter(), max_queue_size=1 << 16))
+    p.add_span_processor(_batch())
     return p
 
 
-def _info(i: int, now_ns: int) -> MessageInfo:
+def _info(i: int, now_ns: int, sampled: bool = True) -> MessageInfo:
     return MessageInfo(
         topic="bench", message_id=f"MSG{i:012d}", tag="t", keys=("k",),
-        properties={TRACEPARENT: "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01",
+        properties={TRACEPARENT: f"00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-0{int(sampled)}",
                     PRODUCE_NS: str(now_ns - 5_000_000)},
         store_ms=now_ns // 1_000_000 - 3, delivery_attempt=1, body_size=100)
 
 
-def _loops(provider: TracerProvider) -> dict[str, Callable[[int], None]]:
+def _loops(provider: TracerProvider, held_provider: TracerProvider, hold: HoldingSpanProcessor,
+           policy: KeepPolicy) -> dict[str, Callable[[int], None]]:
     tracer = provider.get_tracer("bench")
     metrics_only = MessageTracer(consumer_group="g", tracer_provider=trace.NoOpTracerProvider(),
                                  metrics=TracerMetrics(CollectorRegistry()))
     full = MessageTracer(consumer_group="g", tracer_provider=provider,
                          metrics=TracerMetrics(CollectorRegistry()))
+    sampled_out = MessageTracer(consumer_group="g", tracer_provider=held_provider,
+                                metrics=TracerMetrics(CollectorRegistry()), keep=policy, hold=hold)
     now = time.time_ns()
     infos = [_info(i, now) for i in range(256)]
+    unsampled = [_info(i, now, sampled=False) for i in range(256)]
 
     def span(n: int) -> None:
         for _ in range(n):
             tracer.start_span("bare").end()
 
-    def one_message(mt: MessageTracer, n: int) -> None:
+    def one_message(mt: MessageTracer, n: int, infos: list[MessageInfo] = infos) -> None:
         for i in range(n):
             t = mt.start_message(infos[i & 255])
             t.mark(Stage.DISPATCH_ENQUEUE)
@@ -70,13 +89,20 @@ def _loops(provider: TracerProvider) -> dict[str, Callable[[int], None]]:
         "span": span,
         "stamps_metrics": lambda n: one_message(metrics_only, n),
         "full_trace": lambda n: one_message(full, n),
+        "sampled_out": lambda n: one_message(sampled_out, n, unsampled),
     }
 
 
 def run_overhead_bench(messages: int = 20_000, rounds: int = 7,
                        progress: Callable[[int, int], None] | None = None) -> dict[str, Any]:
     provider = _provider()
-    loops = _loops(provider)
+    hold = HoldingSpanProcessor([_batch()])
+    held_provider = TracerProvider()
+    held_provider.add_span_processor(hold)
+    # thresholds no bench message reaches: every one is dropped, after the whole decision
+    policy = KeepPolicy({"dispatch_wait": 10.0, "end_to_end": 600.0}, background=0.0)
+    loops = _loops(provider, held_provider, hold, policy)
+    load_before = _loadavg()
     per_msg: dict[str, list[float]] = {k: [] for k in loops}
     batch = max(100, messages // rounds)
     for fn in loops.values():
@@ -87,20 +113,34 @@ def run_overhead_bench(messages: int = 20_000, rounds: int = 7,
             fn(batch)
             per_msg[name].append((time.process_time_ns() - t0) / batch)
         provider.force_flush()
+        held_provider.force_flush()
         if progress is not None:
             progress(r + 1, rounds)
     provider.shutdown()
+    held_provider.shutdown()
+    if hold.stats().forwarded or policy.stats().kept:
+        raise RuntimeError("the sampled_out loop kept a message: its figure would not be a dropped message's")
     med = {k: statistics.median(v) for k, v in per_msg.items()}
     return {
         "stamps_metrics_over_span": med["stamps_metrics"] / med["span"],
         "full_trace_over_span": med["full_trace"] / med["span"],
+        "sampled_out_over_span": med["sampled_out"] / med["span"],
         "ns_per_message": med,
         "messages_per_round": batch,
         "rounds": rounds,
-        "targets": {"stamps_metrics_over_span": 0.5, "full_trace_over_span": 3.0},
+        "per_round_ns": per_msg,
+        "targets": TARGETS,
+        "loadavg": {"before": load_before, "after": _loadavg()},
         "python": platform.python_version(),
         "machine": platform.machine(),
     }
+
+
+def _loadavg() -> list[float]:
+    try:
+        return [round(x, 2) for x in os.getloadavg()]
+    except OSError:
+        return []
 
 
 def format_overhead_bench(result: dict[str, Any]) -> str:
@@ -112,4 +152,7 @@ def format_overhead_bench(result: dict[str, Any]) -> str:
         f"= {result['stamps_metrics_over_span']:.2f}×  (target ≤ {t['stamps_metrics_over_span']}×)",
         f"(b) full consumer trace:          {ns['full_trace'] / 1000:8.2f} µs  "
         f"= {result['full_trace_over_span']:.2f}×  (target ≤ {t['full_trace_over_span']}×)",
+        f"(c) sampled out, dropped:         {ns['sampled_out'] / 1000:8.2f} µs  "
+        f"= {result['sampled_out_over_span']:.2f}×  (target ≤ {t['sampled_out_over_span']}×)",
+        f"load average before/after: {result['loadavg']['before']} / {result['loadavg']['after']}",
     ])
