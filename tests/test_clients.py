@@ -6,10 +6,10 @@ import time
 import pytest
 
 from tracer.clients.official import TracedListener, TracedSimpleConsumer
-from tracer.embedded import EmbeddedBroker, Message, Producer, SimpleConsumer
-from tracer.telemetry.metrics import TracerMetrics
 from tracer.clients.producer import TracedProducer
+from tracer.embedded import EmbeddedBroker, Message, Producer, SimpleConsumer
 from tracer.path.stages import Stage
+from tracer.telemetry.metrics import TracerMetrics
 from tracer.telemetry.tracer import MessageTracer
 
 

@@ -30,14 +30,17 @@ import sys
 import threading
 from typing import Any, Callable, NamedTuple
 
-from ..path.message import MessageInfo, body_of
-from .producer import ProducerProxy, traced_send
-from ..path.propagation import COST, JOB_ID, PRODUCE_NS, TRACEPARENT, TRACESTATE
-from ..path.stages import Outcome, Stage
-from ..telemetry.tracer import MessageTrace, MessageTracer, SendTrace
+from opentelemetry import propagate
 
-# Our properties, the only ones read from a received 2.x message.
-KNOWN_PROPERTIES: tuple[str, ...] = (TRACEPARENT, TRACESTATE, PRODUCE_NS, JOB_ID, COST)
+from ..path.message import MessageInfo
+from ..path.propagation import BAGGAGE, COST, JOB_ID, PRODUCE_NS, TRACEPARENT, TRACESTATE
+from ..telemetry.tracer import MessageTracer, SendTrace
+from .listener import Seam, traced_consume
+from .producer import ProducerProxy, traced_send
+
+# Our properties and the W3C ones, read from a received 2.x message (it cannot list its
+# properties); the global propagator's own fields are read as well when it is another one.
+KNOWN_PROPERTIES: tuple[str, ...] = (TRACEPARENT, TRACESTATE, BAGGAGE, PRODUCE_NS, JOB_ID, COST)
 
 
 class Produced(NamedTuple):
@@ -161,7 +164,7 @@ def describe_legacy(msg: Any) -> MessageInfo:
     props: dict[str, Any] = {}
     get = getattr(msg, "get_property", None)
     if get is not None:
-        for key in KNOWN_PROPERTIES:
+        for key in _property_keys():
             try:
                 value = get(key)
             except Exception:  # noqa: BLE001
@@ -181,6 +184,14 @@ def describe_legacy(msg: Any) -> MessageInfo:
         delivery_attempt=(reconsume + 1) if isinstance(reconsume, int) and reconsume >= 0 else None,
         body_size=len(body) if isinstance(body, (bytes, bytearray, str)) else None,
     )
+
+
+def _property_keys() -> tuple[str, ...]:
+    try:
+        extra = tuple(f for f in propagate.get_global_textmap().fields if f not in KNOWN_PROPERTIES)
+    except Exception:  # noqa: BLE001 - a broken propagator: our keys still work
+        extra = ()
+    return KNOWN_PROPERTIES + extra
 
 
 def _attr(obj: Any, name: str) -> Any:
@@ -205,23 +216,7 @@ def traced_callback(callback: Callable[[Any], Any], tracer: MessageTracer) -> Ca
         return callback
 
     def traced(msg: Any) -> Any:
-        trace: MessageTrace | None
-        try:
-            trace = tracer.start_message(describe_legacy(msg), body=body_of(tracer, msg))
-            trace.mark(Stage.DISPATCH_ENQUEUE, trace.stamps.get(Stage.CLIENT_PULL))
-        except Exception as exc:  # noqa: BLE001 - never let tracing stop consumption
-            tracer.hook_failed("starting a legacy consumer trace", exc)
-            trace = None
-        if trace is None:
-            return callback(msg)
-        try:
-            with trace.handler_scope():
-                status = callback(msg)
-        except BaseException as exc:
-            trace.finish(Outcome.FAILURE, exc)
-            raise
-        trace.finish(Outcome.SUCCESS if _is_success(status) else Outcome.FAILURE)
-        return status
+        return traced_consume(tracer, LEGACY_SEAM, callback, msg)
 
     traced.__rmqtrace_wrapped__ = callback  # type: ignore[attr-defined]
     traced.__wrapped__ = callback  # type: ignore[attr-defined]
@@ -229,8 +224,12 @@ def traced_callback(callback: Callable[[Any], Any], tracer: MessageTracer) -> Ca
     return traced
 
 
+# The C++ client exposes no pull time: the callback's entry is the pull (see the module docstring).
+LEGACY_SEAM = Seam(describe_legacy, lambda info: None, _is_success, "starting a legacy consumer trace")
+
 __all__ = [
     "KNOWN_PROPERTIES",
+    "LEGACY_SEAM",
     "Produced",
     "TracedLegacyProducer",
     "describe_legacy",

@@ -18,9 +18,12 @@ import threading
 import weakref
 from typing import Any
 
-from ..path.message import body_of, describe
+from ..path.message import MessageInfo, body_of, client_facts, describe
 from ..path.stages import Outcome, Stage
 from ..telemetry.tracer import MessageTrace, MessageTracer
+from .listener import Seam, traced_consume
+
+__all__ = ["PUSH_SEAM", "Processing", "ReceivedTraces", "TracedListener", "TracedSimpleConsumer"]
 
 try:  # the listener must be a real MessageListener subclass for the client's type checks
     from rocketmq import ConsumeResult, MessageListener
@@ -35,6 +38,14 @@ def _is_success(result: Any) -> bool:
     return getattr(result, "name", None) == "SUCCESS"
 
 
+def _decoded_ns(info: MessageInfo) -> int | None:
+    return info.decode_ms * 1_000_000 if info.decode_ms else None
+
+
+# The client decoded the message just before handing it to its pool: that is the pull time.
+PUSH_SEAM = Seam(describe, _decoded_ns, _is_success, "starting a push-consumer trace")
+
+
 class TracedListener(MessageListener):  # type: ignore[misc,valid-type]
     """A ``MessageListener`` that traces the wrapped one; exceptions and results pass through."""
 
@@ -43,26 +54,7 @@ class TracedListener(MessageListener):  # type: ignore[misc,valid-type]
         self.tracer = tracer
 
     def consume(self, message: Any) -> Any:
-        tracer = self.tracer
-        try:
-            info = describe(message)
-            pulled = info.decode_ms * 1_000_000 if info.decode_ms else None
-            started = tracer.start_message(info, pulled, body_of(tracer, message))
-            started.mark(Stage.DISPATCH_ENQUEUE, started.stamps.get(Stage.CLIENT_PULL))
-            trace: MessageTrace | None = started
-        except Exception as exc:  # noqa: BLE001 - never let tracing stop consumption
-            tracer.hook_failed("starting a push-consumer trace", exc)
-            trace = None
-        if trace is None:
-            return self.listener.consume(message)
-        try:
-            with trace.handler_scope():
-                result = self.listener.consume(message)
-        except BaseException as exc:
-            trace.finish(Outcome.FAILURE, exc)
-            raise
-        trace.finish(Outcome.SUCCESS if _is_success(result) else Outcome.FAILURE)
-        return result
+        return traced_consume(self.tracer, PUSH_SEAM, self.listener.consume, message)
 
 
 class ReceivedTraces:
@@ -114,6 +106,7 @@ class TracedSimpleConsumer:
 
     def __init__(self, consumer: Any, tracer: MessageTracer) -> None:
         self._consumer = consumer
+        tracer.describe_client(client_facts(consumer))
         self.traces = ReceivedTraces(tracer)
 
     @property

@@ -11,7 +11,10 @@ from typing import Any, Callable
 
 from opentelemetry.instrumentation.utils import suppress_instrumentation
 
+from ..path.message import client_facts
 from ..telemetry.tracer import MessageTracer, SendTrace
+
+__all__ = ["ProducerProxy", "SendOpener", "TracedProducer", "start_send", "traced_send", "traced_send_async"]
 
 
 def _setter(message: Any) -> Callable[[str, str], object]:
@@ -93,6 +96,7 @@ class ProducerProxy:
     def __init__(self, producer: Any, tracer: MessageTracer) -> None:
         self._producer = producer
         self._tracer = tracer
+        tracer.describe_client(client_facts(producer))
 
     @property
     def wrapped(self) -> Any:

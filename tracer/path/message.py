@@ -7,9 +7,9 @@ The official 5.x client, the legacy 2.x client and the embedded broker name thin
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any, Mapping
+from typing import Any, Mapping, NamedTuple
 
-__all__ = ["MessageInfo", "body_of", "describe", "message_type"]
+__all__ = ["ClientFacts", "MessageInfo", "body_of", "client_facts", "describe", "message_type"]
 
 # The 5.x protocol's MessageType codes, as the semantic conventions name them.
 _MESSAGE_TYPES = {1: "normal", 2: "fifo", 3: "delay", 4: "transaction"}
@@ -95,6 +95,24 @@ def describe(msg: Any) -> MessageInfo:
         server_address=address,
         server_port=port,
     )
+
+
+class ClientFacts(NamedTuple):
+    """What a client object says about itself, for ``messaging.client.id``, the namespace and
+    ``server.address``/``server.port``; None where it does not say."""
+
+    client_id: str | None = None
+    namespace: str | None = None
+    server_address: str | None = None
+    server_port: int | None = None
+
+
+def client_facts(client: Any) -> ClientFacts:
+    """Read a 5.x ``Producer``/``SimpleConsumer``/``PushConsumer`` (its ``client_id`` and
+    ``client_configuration``) by duck typing. Never raises."""
+    config = _get(client, "client_configuration")
+    address, port = _endpoint(_get(config, "rpc_endpoints"))
+    return ClientFacts(_str(_get(client, "client_id")), _str(_get(config, "namespace")), address, port)
 
 
 def _endpoint(endpoints: Any) -> tuple[str | None, int | None]:

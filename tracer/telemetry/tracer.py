@@ -115,19 +115,6 @@ class MessageTracer:
             self._server[n.SERVER_ADDRESS] = server_address
             if server_port is not None:
                 self._server[n.SERVER_PORT] = server_port
-
-    def describe_client(self, facts: ClientFacts) -> None:
-        """Fill what was not given at construction from a client's own facts (the wrappers call
-        this with :func:`tracer.path.message.client_facts` of the client they wrap)."""
-        if self.client_id is None and facts.client_id:
-            self.client_id = facts.client_id
-        if self.namespace is None and facts.namespace is not None:
-            self.namespace = facts.namespace
-        if not self._server and facts.server_address:
-            server: dict[str, Any] = {n.SERVER_ADDRESS: facts.server_address}
-            if facts.server_port is not None:
-                server[n.SERVER_PORT] = facts.server_port
-            self._server = server
         # Fed from the stamps: client_pull = received, handler start/end = a worker busy.
         self.occupancy = occupancy
         self.capture_body = max(0, int(capture_body))
@@ -146,6 +133,19 @@ class MessageTracer:
         self.listeners: list[Callable[[MessageTrace, Outcome], None]] = list(listeners)
         self._hook_failures: set[str] = set()
         self._hook_lock = threading.Lock()
+
+    def describe_client(self, facts: ClientFacts) -> None:
+        """Fill what was not given at construction from a client's own facts (the wrappers call
+        this with :func:`tracer.path.message.client_facts` of the client they wrap)."""
+        if self.client_id is None and facts.client_id:
+            self.client_id = facts.client_id
+        if self.namespace is None and facts.namespace is not None:
+            self.namespace = facts.namespace
+        if not self._server and facts.server_address:
+            server: dict[str, Any] = {n.SERVER_ADDRESS: facts.server_address}
+            if facts.server_port is not None:
+                server[n.SERVER_PORT] = facts.server_port
+            self._server = server
 
     # -- producer side -------------------------------------------------------------------
     def start_send(self, topic: str, set_property: Callable[[str, str], object], *,
