@@ -112,7 +112,8 @@ class SpanWriter:
                                       max_value_len=limits.max_span_attribute_length)
         if events:
             events = BoundedList.from_seq(limits.max_events, events)  # type: ignore[assignment]
-        if links:
+        # Our one creation link has no attributes: bound links only when a limit could bite.
+        if links and (len(links) > (limits.max_links or 0) or any(link.attributes for link in links)):
             links = BoundedList.from_seq(limits.max_links, [
                 Link(link.context, BoundedAttributes(limits.max_link_attributes, link.attributes, immutable=True,
                                                      max_value_len=limits.max_attribute_length))
