@@ -36,7 +36,7 @@ from opentelemetry.trace import Link, NonRecordingSpan, Span, SpanContext, SpanK
 
 from ..path import names as n
 from ..path.clock import Clock, default_clock
-from ..path.message import MessageInfo, message_type
+from ..path.message import ClientFacts, MessageInfo, message_type
 from ..path.propagation import Carried, PropagationErrors, extract, inject, plausible_ns
 from ..path.stages import CROSS_CLOCK_GAPS, Outcome, Stage
 from ..path.stamps import MISSING, SkewTracker, Stamps, timeline
@@ -133,6 +133,19 @@ class MessageTracer:
         self.listeners: list[Callable[[MessageTrace, Outcome], None]] = list(listeners)
         self._hook_failures: set[str] = set()
         self._hook_lock = threading.Lock()
+
+    def describe_client(self, facts: ClientFacts) -> None:
+        """Fill what was not given at construction from a client's own facts (the wrappers call
+        this with :func:`tracer.path.message.client_facts` of the client they wrap)."""
+        if self.client_id is None and facts.client_id:
+            self.client_id = facts.client_id
+        if self.namespace is None and facts.namespace is not None:
+            self.namespace = facts.namespace
+        if not self._server and facts.server_address:
+            server: dict[str, Any] = {n.SERVER_ADDRESS: facts.server_address}
+            if facts.server_port is not None:
+                server[n.SERVER_PORT] = facts.server_port
+            self._server = server
 
     # -- producer side -------------------------------------------------------------------
     def start_send(self, topic: str, set_property: Callable[[str, str], object], *,
