@@ -43,6 +43,7 @@ from typing import Any, NamedTuple, Sequence
 from opentelemetry import metrics
 from opentelemetry.metrics import Counter, Histogram, MeterProvider, NoOpMeterProvider
 
+from ..path import names as n
 from ..path.stages import GAPS, Outcome, Stage
 from ..version import __version__
 from .metrics import DEFAULT_BUCKETS, PairLabels
@@ -53,10 +54,8 @@ RECHECK_EVERY = 256  # a power of two
 
 # The spec's advised boundaries for messaging.client.operation.duration and messaging.process.duration.
 SEMCONV_BUCKETS: tuple[float, ...] = (0.005, 0.01, 0.025, 0.05, 0.075, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5, 10.0)
-SCHEMA_URL = "https://opentelemetry.io/schemas/1.44.0"
-_SYSTEM = {"messaging.system": "rocketmq"}
-_SEND = {**_SYSTEM, "messaging.operation.name": "send", "messaging.operation.type": "send"}
-_PROCESS = {**_SYSTEM, "messaging.operation.name": "process", "messaging.operation.type": "process"}
+_SEND = {n.SYSTEM: n.SYSTEM_VALUE, n.OPERATION_NAME: n.SEND, n.OPERATION_TYPE: n.SEND}
+_PROCESS = {n.SYSTEM: n.SYSTEM_VALUE, n.OPERATION_NAME: n.PROCESS, n.OPERATION_TYPE: n.PROCESS}
 _GAP_INDEX: tuple[tuple[int, int, int], ...] = tuple((g.position, int(g.start), int(g.end)) for g in GAPS)
 _PULL, _END = int(Stage.CLIENT_PULL), int(Stage.HANDLER_END)
 
@@ -105,7 +104,7 @@ class MessagingMeters:
             return None  # looked up again next time: the global provider may be set later
         with self._lock:
             if self._instruments is None:
-                meter = provider.get_meter("rmqtrace", __version__, schema_url=SCHEMA_URL)
+                meter = provider.get_meter("rmqtrace", __version__, schema_url=n.SCHEMA_URL)
                 self._instruments = _Instruments(
                     meter.create_histogram("messaging.client.operation.duration", unit="s",
                                            description="Duration of messaging operation initiated by a producer "
@@ -131,11 +130,11 @@ class MessagingMeters:
         t, g = self._pairs(topic, group)
         found = self._attrs.get((t, g))
         if found is None:
-            where = {"messaging.destination.name": t}
+            where = {n.DESTINATION: t}
             if g:
-                where["messaging.consumer.group.name"] = g
-            found = _PairAttrs({**_SEND, "messaging.destination.name": t}, {**_PROCESS, **where},
-                               tuple({"rmqtrace.stage": gap.name, **where} for gap in GAPS))
+                where[n.CONSUMER_GROUP] = g
+            found = _PairAttrs({**_SEND, n.DESTINATION: t}, {**_PROCESS, **where},
+                               tuple({n.STAGE: gap.name, **where} for gap in GAPS))
             with self._lock:
                 self._attrs[(t, g)] = found
         return found
@@ -147,7 +146,7 @@ class MessagingMeters:
             return
         attrs = self._attrs_for(topic, "").send
         if error is not None:
-            attrs = {**attrs, "error.type": type(error).__qualname__}
+            attrs = {**attrs, n.ERROR_TYPE: type(error).__qualname__}
         inst.operation.record(max(0, duration_ns) / 1e9, attrs)
         inst.sent.add(1, attrs)
 
@@ -164,7 +163,7 @@ class MessagingMeters:
             process = attrs.process
             if outcome is not Outcome.SUCCESS:
                 # the exception's class; without one (a failure result, a timeout) the outcome, as the span has
-                process = {**process, "error.type": type(error).__qualname__ if error is not None else outcome.value}
+                process = {**process, n.ERROR_TYPE: type(error).__qualname__ if error is not None else outcome.value}
             inst.process.record((b - a) / 1e9 if b > a else 0.0, process)
         stage = inst.stage
         for gi, start, end in _GAP_INDEX:
