@@ -3,19 +3,29 @@
 from __future__ import annotations
 
 import os
+import socket
 import subprocess
 import sys
 import textwrap
+import urllib.request
 from pathlib import Path
+from typing import Any
 
 import pytest
 from prometheus_client import CollectorRegistry, Counter, generate_latest
 from prometheus_client.multiprocess import MultiProcessCollector
 
+from tracer.config import Settings, serve_metrics
 from tracer.path.message import MessageInfo
 from tracer.path.stages import Outcome
 from tracer.telemetry.metrics import TracerMetrics
 from tracer.telemetry.tracer import MessageTracer
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
 
 
 def _handle(tracer: MessageTracer, topic: str, outcome: Outcome = Outcome.SUCCESS) -> None:
@@ -105,12 +115,18 @@ _WORKER = textwrap.dedent("""
 """)
 
 
-def test_multiprocess_mode_two_workers_one_collector(tmp_path: Path):
+def _two_workers(tmp_path: Path) -> Path:
+    """Two real processes writing 6 and 10 messages into one multiprocess directory."""
     mp = tmp_path / "multiproc"
     mp.mkdir()
     env = dict(os.environ, PROMETHEUS_MULTIPROC_DIR=str(mp))
     workers = [subprocess.Popen([sys.executable, "-c", _WORKER, str(n)], env=env) for n in (6, 10)]
     assert [w.wait(timeout=120) for w in workers] == [0, 0]
+    return mp
+
+
+def test_multiprocess_mode_two_workers_one_collector(tmp_path: Path) -> None:
+    mp = _two_workers(tmp_path)
     registry = CollectorRegistry()
     MultiProcessCollector(registry, path=str(mp))
     labels = {"topic": "orders", "consumer_group": "workers"}
@@ -119,3 +135,17 @@ def test_multiprocess_mode_two_workers_one_collector(tmp_path: Path):
                                      {**labels, "stage": "handler", "le": "+Inf"}) == 16
     assert registry.get_sample_value("rmqtrace_messages_total", {**labels, "outcome": "success"}) == 3 + 5
     assert registry.get_sample_value("rmqtrace_messages_total", {**labels, "outcome": "failure"}) == 3 + 5
+
+
+def test_serve_metrics_serves_every_process_in_multiprocess_mode(tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
+    mp = _two_workers(tmp_path)
+    monkeypatch.setenv("PROMETHEUS_MULTIPROC_DIR", str(mp))
+    port = free_port()
+    server: Any = serve_metrics(Settings(metrics_port=port), CollectorRegistry())  # this process's registry: empty
+    try:
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5) as resp:
+            text = resp.read().decode()
+    finally:
+        server.shutdown()
+        server.server_close()
+    assert 'rmqtrace_stage_duration_seconds_count{consumer_group="workers",stage="handler",topic="orders"} 16.0' in text

@@ -27,7 +27,7 @@ from opentelemetry.sdk.resources import Resource
 from opentelemetry.sdk.trace import ReadableSpan, Span, SpanProcessor, TracerProvider
 from opentelemetry.sdk.trace.export import BatchSpanProcessor, SpanExporter, SpanExportResult
 
-from .telemetry.metrics import TracerMetrics
+from .telemetry.metrics import TracerMetrics, multiprocess_dir
 
 __all__ = [
     "EXPORTERS", "PROTOCOLS", "CountingExporter", "CountingSpanProcessor", "DropCounter", "Settings",
@@ -285,10 +285,21 @@ def configure_tracing(settings: Settings, *, set_global: bool = True,
 
 
 def serve_metrics(settings: Settings, registry: object | None = None) -> object | None:
-    """Start the ``/metrics`` HTTP server on ``metrics_addr:metrics_port`` (loopback default)."""
+    """Start the ``/metrics`` HTTP server on ``metrics_addr:metrics_port`` (loopback default).
+
+    Under ``PROMETHEUS_MULTIPROC_DIR`` it serves every process's series, read from that directory
+    by a ``MultiProcessCollector`` (one worker's own registry would show only its share).
+    """
     if settings.metrics_port is None:
         return None
-    from prometheus_client import REGISTRY, start_http_server
+    from prometheus_client import REGISTRY, CollectorRegistry, start_http_server
+
+    path = multiprocess_dir()
+    if path is not None:
+        from prometheus_client.multiprocess import MultiProcessCollector
+
+        registry = CollectorRegistry()
+        MultiProcessCollector(registry, path=path)  # type: ignore[no-untyped-call]
     server, _thread = start_http_server(settings.metrics_port, addr=settings.metrics_addr,
                                         registry=registry or REGISTRY)  # type: ignore[arg-type]
     return server
