@@ -342,3 +342,21 @@ def test_a_failure_without_an_exception_still_has_an_error_type(spans):
     process = next(s for s in exporter.get_finished_spans() if s.name == "process T")
     assert process.attributes["error.type"] == "failure"
     assert process.attributes["messaging.rocketmq.message.type"] == "fifo"
+
+
+def test_the_report_reads_what_the_tracer_writes(tmp_path):
+    from tracer.report.model import messages_from_spans
+    from tracer.telemetry.spanfile import JsonLinesSpanExporter, read_spans
+    path = tmp_path / "spans.jsonl"
+    provider = TracerProvider()
+    provider.add_span_processor(SimpleSpanProcessor(JsonLinesSpanExporter(path)))
+    clock = ManualClock()
+    cons = MessageTracer(consumer_group="G", tracer_provider=provider, clock=clock)
+    t = cons.start_message(MessageInfo(topic="T", message_id="M9", delivery_attempt=3,
+                                       store_ms=clock.now_ns() // MS - 1))
+    with t.handler_scope():
+        clock.advance(MS)
+    t.finish(Outcome.SUCCESS)
+    provider.shutdown()
+    (record,) = messages_from_spans(read_spans(path))
+    assert (record.message_id, record.group, record.attempt) == ("M9", "G", 3)

@@ -36,22 +36,21 @@ from dataclasses import dataclass, field
 from typing import Any, Iterable, Mapping, Sequence
 
 from ..dispatch.simulate import lower_bound
+from ..path import names
 from ..path.stages import GAP_BY_NAME, GAPS, HEADLINE_GAP, PATH_GAPS, Stage
 from ..path.stamps import MISSING, GapValue, Stamps, compute_gaps, timeline
 from ..telemetry.spanfile import SpanRecord
 
 NO_JOB = "(no job id)"
 NO_GROUP = "(no group)"
-GROUP_ATTR = "messaging.consumer.group.name"
-JOB_ATTR = "rmqtrace.job.id"
-WORKER_ATTR = "rmqtrace.worker"
-STAMP_ATTRS: dict[Stage, str] = {s: f"rmqtrace.stamp.{s.name.lower()}_ns" for s in Stage}
+GROUP_ATTR = names.CONSUMER_GROUP
+JOB_ATTR = names.JOB_ID
+WORKER_ATTR = names.WORKER
+STAMP_ATTRS: dict[Stage, str] = names.STAMP_ATTRS
 # Child spans written by tracer.telemetry: name -> the stages bounding it.
 GAP_SPANS: dict[str, tuple[Stage, Stage]] = {
-    "broker_wait": (Stage.BROKER_STORE, Stage.CLIENT_PULL),
-    "client_buffer": (Stage.CLIENT_PULL, Stage.DISPATCH_ENQUEUE),
-    "dispatch_wait": (Stage.DISPATCH_ENQUEUE, Stage.HANDLER_START),
-    "handler": (Stage.HANDLER_START, Stage.HANDLER_END),
+    **{g.name: (g.start, g.end) for g in names.GAP_SPANS},
+    names.HANDLER_SPAN: (Stage.HANDLER_START, Stage.HANDLER_END),
 }
 # Stamps must agree with the process span's end this closely; beyond it they are not trusted.
 # Jaeger keeps µs: start and duration are each truncated, so 2 µs is the honest slack.
@@ -141,9 +140,9 @@ class MessageRecord:
 
 
 def is_process_span(span: SpanRecord) -> bool:
-    if span.attributes.get("messaging.operation.type") == "process":
+    if span.attributes.get(names.OPERATION_TYPE) == names.PROCESS:
         return True
-    return span.name.startswith("process ") and span.kind.upper() == "CONSUMER"
+    return span.name.startswith(names.process_span_name("")) and span.kind.upper() == "CONSUMER"
 
 
 def _exact_int(value: Any) -> int | None:
@@ -235,12 +234,12 @@ def messages_from_spans(spans: Iterable[SpanRecord]) -> list[MessageRecord]:
         out.append(MessageRecord(
             trace_id=span.trace_id, span_id=span.span_id,
             group=str(a.get(GROUP_ATTR) or NO_GROUP),
-            topic=str(a.get("messaging.destination.name") or span.name.removeprefix("process ")),
-            message_id=str(a.get("messaging.message.id") or span.span_id),
+            topic=str(a.get(names.DESTINATION) or span.name.removeprefix(names.process_span_name(""))),
+            message_id=str(a.get(names.MESSAGE_ID) or span.span_id),
             job_id=str(a.get(JOB_ATTR) or NO_JOB), stamps=stamps, timing=timing, worker=worker,
-            cost=_num(a.get("rmqtrace.cost"), float, None), outcome=str(a.get("rmqtrace.outcome") or ""),
-            attempt=_num(a.get("messaging.rocketmq.message.delivery_attempt"), int, 1),
-            keys=_keys(a.get("messaging.rocketmq.message.keys")),
+            cost=_num(a.get(names.COST), float, None), outcome=str(a.get(names.OUTCOME) or ""),
+            attempt=_num(a.get(names.DELIVERY_ATTEMPT, a.get(names.LEGACY_DELIVERY_ATTEMPT)), int, 1),
+            keys=_keys(a.get(names.MESSAGE_KEYS)),
         ))
     out.sort(key=lambda r: (r.start_ns, r.message_id))
     return out
