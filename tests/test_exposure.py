@@ -23,11 +23,11 @@ from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanE
 from prometheus_client import CollectorRegistry, generate_latest
 from waiting import wait_until
 
-from tracer.config import Settings, serve_metrics
 from tracer.clients.consume import ConsumeLoop
+from tracer.clients.producer import TracedProducer
+from tracer.config import Settings, serve_metrics
 from tracer.embedded import EmbeddedBroker, Message, Producer, SimpleConsumer
 from tracer.telemetry.metrics import TracerMetrics
-from tracer.clients.producer import TracedProducer
 from tracer.telemetry.tracer import BODY_ATTR, MessageTracer
 
 

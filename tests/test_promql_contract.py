@@ -19,8 +19,8 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from services import REPO, Scenario, load_rules, long_tail_scenario, split_alert_expr
 from tracer.dispatch import DispatchMetrics
-from tracer.telemetry.metrics import TracerMetrics
 from tracer.path.stages import GAPS, Outcome, Stage
+from tracer.telemetry.metrics import TracerMetrics
 
 DASHBOARD = REPO / "dashboards" / "grafana" / "rmqtrace-dashboard.json"
 GRAFANA_ALERTS = REPO / "dashboards" / "grafana" / "provisioning" / "alerting" / "rmqtrace-alerts.yml"
