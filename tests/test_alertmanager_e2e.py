@@ -34,7 +34,7 @@ AM_SH = REPO / "services" / "alertmanager" / "am.sh"
 FLEET_RULES = REPO / "dashboards" / "prometheus" / "rmqtrace-fleet.yml"
 FLEET_DASHBOARD = REPO / "dashboards" / "grafana" / "rmqtrace-fleet-dashboard.json"
 ALERT = "RmqtraceFleetHeadOfLineBlocking"
-THRESHOLD = 0.4  # mean fleet-HOL workers over the run; the push fleet's is ~1-2, demand-driven's ~0
+THRESHOLD = 0.25  # mean fleet-HOL workers over the run; the push fleet's is ~1-2, demand-driven's ~0
 WORKERS = 2
 
 pytestmark = pytest.mark.integration
@@ -106,6 +106,12 @@ def _start_prometheus(state: Path, targets: list[str], rules: Path, am_port: int
     wait_until(ready, timeout=30, interval=0.2, what="prometheus /-/ready")
     if proc.poll() is not None:
         unavailable(f"prometheus exited: {prom.log_tail()}")
+
+    def scraping() -> bool:  # target discovery is throttled (~5 s): the members must not start before
+        active = prom.get("/api/v1/targets", {"state": "active"})["activeTargets"]
+        return len(active) == len(targets) and all(not t["lastScrape"].startswith("0001-") for t in active)
+
+    wait_until(scraping, timeout=30, interval=0.2, what="prometheus scraping every member port")
     return prom, proc
 
 
@@ -131,7 +137,8 @@ def fleet_alerts() -> Iterator[dict[str, Any]]:
         def delivered() -> bool:
             return any(a["labels"].get("consumer_group") == push_group for a in receiver.alerts())
 
-        wait_until(delivered, timeout=90, interval=0.5, what=f"{ALERT} for {push_group} at the webhook")
+        push = runs["push_consumer"].summary()
+        wait_until(delivered, timeout=90, interval=0.5, what=f"{ALERT} for {push_group} at the webhook (push run: {push})")
         yield {"prom": prom, "receiver": receiver, "runs": runs, "push": push_group, "dd": dd_group,
                "targets": targets}
     finally:
@@ -167,6 +174,7 @@ def test_the_demand_driven_fleet_stays_quiet(fleet_alerts: dict[str, Any]) -> No
     series = prom.query(f'max_over_time(rmqtrace:consumer_fleet_hol_workers{{consumer_group="{dd}"}}[5m])')
     assert series
     mean = prom.query(f'avg_over_time(rmqtrace:consumer_fleet_hol_workers{{consumer_group="{dd}"}}[5m])')
+    print("demand-driven mean fleet-HOL workers:", [round(float(s["value"][1]), 3) for s in mean])  # shown with -s
     assert all(float(s["value"][1]) < THRESHOLD for s in mean)
 
 
@@ -177,13 +185,15 @@ def test_the_live_signal_matches_the_stamps(fleet_alerts: dict[str, Any]) -> Non
     sampled = prom.query(f'sum(sum_over_time(rmqtrace:consumer_fleet_hol_workers{{consumer_group="{push}"}}[5m]))')
     exact = fleet_alerts["runs"]["push_consumer"].summary()["idle_worker_seconds"]
     estimate = float(sampled[0]["value"][1])  # worker-evaluations × 1 s
+    print(f"fleet idle worker-s while held elsewhere: sampled {estimate:.1f}, exact {exact:.1f}")  # shown with -s
     assert 0.3 * exact <= estimate <= 3 * exact, (estimate, exact)
     # and the exact in-process counter is exported and scraped per instance
     hol = prom.query(f'rmqtrace_consumer_hol_idle_worker_seconds_total{{consumer_group="{push}"}}[5m]')
     assert {s["metric"]["instance"] for s in hol} == set(fleet_alerts["targets"])
 
 
-_VARS = {"$__rate_interval": "5s", "$__range_s": "300", "$__range": "5m"}
+# A rate window of many scrapes: on a loaded machine a 1 s scrape is sometimes late or missed.
+_VARS = {"$__rate_interval": "30s", "$__range_s": "300", "$__range": "5m"}
 
 
 def _substitute(expr: str) -> str:
