@@ -40,7 +40,7 @@ def test_readme_flow_under_the_instrumentor_keeps_the_global_registry_scrapable(
     inst.instrument(tracer_provider=TracerProvider())
     try:
         # what the README's own code does in a process opentelemetry-instrument already instrumented
-        assert TracerMetrics.shared() is inst._metrics_in_use
+        assert TracerMetrics.shared() is inst.metrics
         with pytest.raises(ValueError, match="shared"):
             TracerMetrics()
         text = generate_latest(REGISTRY).decode()  # every scrape failed with "Clashing name" before

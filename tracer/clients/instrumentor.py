@@ -72,6 +72,7 @@ class RocketMQInstrumentor(BaseInstrumentor):  # type: ignore[misc]
     ``uninstrument()``, so the two can alternate on one port.
     """
 
+    metrics: TracerMetrics | None = None  # what instrument() records into
     _legacy = False
     _server: Any = None
 
@@ -91,7 +92,7 @@ class RocketMQInstrumentor(BaseInstrumentor):  # type: ignore[misc]
         self._group_traces: dict[str, ReceivedTraces] = {}
         self._lock = threading.Lock()
         self._provider = provider
-        self._metrics_in_use = metrics
+        self.metrics = metrics
         self._default_group = settings.consumer_group
 
         self._legacy = _legacy_only()
@@ -137,7 +138,7 @@ class RocketMQInstrumentor(BaseInstrumentor):  # type: ignore[misc]
             found = self._group_traces.get(g)
             if found is None:
                 found = self._group_traces[g] = ReceivedTraces(
-                    MessageTracer(consumer_group=g, tracer_provider=self._provider, metrics=self._metrics_in_use))
+                    MessageTracer(consumer_group=g, tracer_provider=self._provider, metrics=self.metrics))
             return found
 
     # -- wrappers (wrapt signature: wrapped, instance, args, kwargs) ------------------------
