@@ -92,6 +92,11 @@ class MessagingMeters:
         self._pairs = PairLabels(label_limit)
         self._attrs: dict[tuple[str, str], _PairAttrs] = {}
 
+    @property
+    def recording(self) -> bool:
+        """Whether a meter provider has been found (and the instruments built)."""
+        return self._instruments is not None
+
     def _resolve(self) -> _Instruments | None:
         found = self._instruments
         if found is not None:
