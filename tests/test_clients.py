@@ -132,3 +132,40 @@ def test_instrumentor_patch_and_unpatch_leave_the_client_as_it_was(registry):
         inst.uninstrument()
     assert [cls.__dict__[n] for cls, n in names] == before
     assert rocketmq is not None
+
+
+def test_wrapping_a_5x_client_names_it_in_the_spans(spans):
+    pytest.importorskip("rocketmq")
+    from tracer.clients.quiet import import_quietly
+    rocketmq = import_quietly()
+    provider, exporter = spans
+    config = rocketmq.ClientConfiguration("127.0.0.1:8081", rocketmq.Credentials(), namespace="ns")
+    client = rocketmq.Producer(config, ("T",))  # never started: only its configuration is read
+    tracer = MessageTracer(tracer_provider=provider)
+    TracedProducer(client, tracer)
+    tracer.start_send("T", {}.__setitem__).end()
+    (send,) = exporter.get_finished_spans()
+    a = send.attributes
+    assert a["messaging.client.id"] == client.client_id
+    assert (a["server.address"], a["server.port"], a["messaging.rocketmq.namespace"]) == ("127.0.0.1", 8081, "ns")
+    assert a["messaging.rocketmq.message.type"] == "normal"
+
+
+def test_a_received_5x_message_gives_namespace_type_and_endpoint(spans, registry):
+    from types import SimpleNamespace
+    provider, exporter = spans
+    tracer = MessageTracer(consumer_group="G", tracer_provider=provider)
+    msg = FakeMessage()
+    msg.namespace, msg.message_type = "ns", 3  # the protocol's DELAY
+    msg.endpoints = SimpleNamespace(endpoints=SimpleNamespace(addresses=[SimpleNamespace(host="10.0.0.7", port=8081)]))
+
+    class Listener:
+        def consume(self, message):
+            return FakeResult("FAILURE")
+
+    TracedListener(Listener(), tracer).consume(msg)
+    process = next(s for s in exporter.get_finished_spans() if s.name == "process T")
+    a = process.attributes
+    assert (a["messaging.rocketmq.namespace"], a["messaging.rocketmq.message.type"]) == ("ns", "delay")
+    assert (a["server.address"], a["server.port"]) == ("10.0.0.7", 8081)
+    assert a["error.type"] == "failure"
