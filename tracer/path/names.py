@@ -18,7 +18,7 @@ __all__ = [
     "COST", "COST_PROPERTY", "DELIVERY_ATTEMPT", "DESTINATION", "ERROR_TYPE", "GAP_SPANS",
     "HANDLER_SPAN", "JOB_ID", "JOB_ID_PROPERTY", "LEGACY_DELIVERY_ATTEMPT", "MESSAGE_GROUP",
     "MESSAGE_ID", "MESSAGE_KEYS", "MESSAGE_TAG", "MESSAGE_TYPE", "NAMESPACE", "OPERATION_NAME",
-    "OPERATION_TYPE", "OUTCOME", "PROCESS", "PRODUCE_NS_PROPERTY", "SCHEMA_URL", "SEND", "SERVER_ADDRESS",
+    "OPERATION_TYPE", "OUTCOME", "PROBE_PROPERTY", "PROCESS", "PRODUCE_NS_PROPERTY", "SCHEMA_URL", "SEND", "SERVER_ADDRESS",
     "SERVER_PORT", "STAGE", "STAMP_ATTRS", "SYSTEM", "SYSTEM_VALUE", "TRACEPARENT", "TRACESTATE",
     "WORKER", "process_span_name", "send_span_name",
 ]
@@ -80,6 +80,8 @@ TRACESTATE = "tracestate"
 PRODUCE_NS_PROPERTY = "rmqtrace_produce_ns"
 JOB_ID_PROPERTY = "rmqtrace_job"
 COST_PROPERTY = "rmqtrace_cost"
+# Marks a probe (tracer.clients.probe): consumers settle it without running the handler.
+PROBE_PROPERTY = "rmqtrace_probe"
 
 # -- gap spans ----------------------------------------------------------------------------------
 # The path gaps written as child spans of ``process``: every gap from the broker's store to the
