@@ -115,7 +115,7 @@ def test_legacy_reconsume_later_comes_back_as_delivery_attempt_two(runs):
     process = sorted((s for s in r["spans"] if s["name"].startswith("process")
                       and s["attributes"]["messaging.message.id"] == attempts[0]["id"]),
                      key=lambda s: s["start"])
-    assert [p["attributes"]["messaging.rocketmq.message.delivery_attempt"] for p in process] == [1, 2]
+    assert [p["attributes"]["rmqtrace.delivery_attempt"] for p in process] == [1, 2]
     assert [p["attributes"]["rmqtrace.outcome"] for p in process] == ["failure", "success"]
     assert process[0]["status"] == "ERROR"
     assert process[0]["parent_id"] == process[1]["parent_id"]  # both under the one send span

@@ -269,7 +269,7 @@ def test_failing_handler_message_comes_back_with_delivery_attempt_two(rmq, spans
     assert (s.failed, s.retry_scheduled, s.redelivered, s.acked, s.ack_errors) == (1, 1, 1, 1, 0)
     process = sorted((p for p in exporter.get_finished_spans() if p.name == f"process {topic}"),
                      key=lambda p: p.start_time)
-    assert [p.attributes["messaging.rocketmq.message.delivery_attempt"] for p in process] == [1, 2]
+    assert [p.attributes["rmqtrace.delivery_attempt"] for p in process] == [1, 2]
     assert [p.attributes["rmqtrace.outcome"] for p in process] == ["failure", "success"]
     assert not process[0].status.is_ok and process[0].attributes["error.type"] == "RuntimeError"
     assert process[0].parent.span_id == process[1].parent.span_id  # both under the one send span
