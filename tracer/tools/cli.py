@@ -121,6 +121,9 @@ def add_demo_arguments(d: argparse.ArgumentParser) -> None:
                    metavar="LIST", help="comma-separated, each once: round_robin, random, aggressive, cost_aware "
                                         "(default round_robin,aggressive,cost_aware)")
     d.add_argument("--seed", type=int, default=7, help="seed of the job's size distribution (default 7)")
+    d.add_argument("--consumers", type=_int_at_least(1), default=1, metavar="C",
+                   help="C > 1: the job over C consumers of one group (each --workers workers), prefetching "
+                        "vs demand-driven, per consumer (default 1: the policies on one consumer)")
     d.add_argument("--metrics-port", type=_port, default=None, metavar="PORT",
                    help="serve Prometheus /metrics on this port during the run (default: not served; "
                         "$RMQTRACE_METRICS_PORT also works)")
@@ -247,6 +250,9 @@ def cmd_demo(args: argparse.Namespace) -> int:
     console = _console()
     if server is not None:
         console.print(f"serving /metrics on http://{settings.metrics_addr}:{settings.metrics_port}/metrics")
+    if args.consumers > 1:
+        from .fleetdemo import cli_fleet_demo
+        return cli_fleet_demo(args, settings, registry, console, _progress(console))
     runs = run_demo_job(args, settings, registry, console)
     print_results(console, runs)
     if settings.spans_file:

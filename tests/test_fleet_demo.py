@@ -1,0 +1,51 @@
+"""``rmqtrace demo --consumers C``: C consumers of one group in one process on the embedded broker,
+prefetching against demand-driven, per consumer instance."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from prometheus_client import CollectorRegistry
+
+from tracer.tools.fleetdemo import FleetDemoOptions, run_fleet_demo
+
+
+def test_prefetching_consumers_hoard_and_demand_driven_ones_share() -> None:
+    reg = CollectorRegistry()
+    prefetch, dd = run_fleet_demo(FleetDemoOptions(consumers=3, groups=80, workers=2, case_ms=2.0), registry=reg)
+    assert (prefetch.mode, dd.mode) == ("prefetch", "demand_driven")
+    for r in (prefetch, dd):
+        assert sum(r.messages) >= 80 and len(r.messages) == 3
+        assert r.makespan_s >= r.lower_bound_s * 0.95
+    # demand-driven: nobody holds more than it can start, every consumer works, ~no fleet idling
+    assert max(dd.max_held) <= 2 and all(n > 0 for n in dd.messages)
+    assert dd.fleet_idle_while_held_s < prefetch.fleet_idle_while_held_s
+    # prefetch: one consumer's cache held far more than its workers
+    assert max(prefetch.max_held) > 2 * 2
+    # the occupancy series of every consumer reached the registry, per group
+    workers = reg.get_sample_value("rmqtrace_consumer_workers", {"consumer_group": "demo-fleet-prefetch"})
+    assert workers == 0  # closed trackers stop counting; their totals stay
+    assert reg.get_sample_value("rmqtrace_consumer_busy_worker_seconds_total",
+                                {"consumer_group": "demo-fleet-demand-driven"}) == pytest.approx(
+        sum(sum((r.end_ns - r.start_ns) / 1e9 for r in dd.records if r.instance == i) for i in range(3)), rel=0.05)
+
+
+def test_bad_counts_fail_loudly() -> None:
+    with pytest.raises(ValueError, match="at least 1"):
+        FleetDemoOptions(consumers=0)
+
+
+def test_the_demo_command_runs_a_fleet(tmp_path: Path) -> None:
+    out = subprocess.run([sys.executable, "-m", "tracer", "demo", "--consumers", "3", "--groups", "40",
+                          "--workers", "2", "--case-ms", "1", "--out", str(tmp_path), "--json"],
+                         capture_output=True, text=True, timeout=120,
+                         env={"PATH": "/usr/bin:/bin", "OTEL_TRACES_EXPORTER": "none"})
+    assert out.returncode == 0, out.stderr[-2000:]
+    summary = json.loads(out.stdout.strip().splitlines()[-1])
+    assert [m["mode"] for m in summary] == ["prefetch", "demand_driven"]
+    assert [c["consumer"] for c in summary[0]["per_consumer"]] == ["consumer-0", "consumer-1", "consumer-2"]
+    assert "consumer-2" in out.stdout and (tmp_path / "fleet.json").is_file()
