@@ -1,7 +1,7 @@
 """Throughput on the real broker, traced against untraced, in the same run.
 
 Needs the local RocketMQ 5 (``services/rocketmq/rmq.sh start``, proxy gRPC ``127.0.0.1:8081``)
-and ``rocketmq-python-client``. One topic and one consumer group are created for the run. Three
+and ``rocketmq-python-client``. One topic and one consumer group are created for the run. Four
 modes run in every round, in a rotating order (so a drift of the shared machine hits all alike):
 
 - ``untraced``: a plain ``Producer`` and ``ConsumeLoop(tracer=None)``;
@@ -9,7 +9,12 @@ modes run in every round, in a rotating order (so a drift of the shared machine 
   and every span sampled, handed to a ``BatchSpanProcessor`` whose exporter drops them — rmqtrace's
   own cost, measured like ``rmqtrace bench overhead``;
 - ``traced_otlp``: the same, with the exporter encoding every batch to OTLP protobuf bytes (then
-  dropped): what an OTLP exporter adds in the process, without the network.
+  dropped): what an OTLP exporter adds in the process, without the network;
+- ``traced_keep``: histograms for every message, head sampling at 1 %
+  (``parentbased_traceidratio``) and a :class:`~tracer.telemetry.keep.KeepPolicy` behind a
+  :class:`~tracer.telemetry.hold.HoldingSpanProcessor` on the consumer (thresholds no bench
+  message reaches, so it keeps only the head-sampled 1 %): what a production set-up that keeps the
+  slow traces costs.
 
 A round of one mode: *produce* ``messages`` messages with ``send_async`` (at most ``window`` in
 flight), then *consume* them with a :class:`~tracer.consume.ConsumeLoop` (aggressive policy,
@@ -36,10 +41,13 @@ from typing import Any, Callable, NamedTuple, Sequence
 
 from opentelemetry.sdk.trace import ReadableSpan, TracerProvider
 from opentelemetry.sdk.trace.export import BatchSpanProcessor, SpanExporter, SpanExportResult
+from opentelemetry.sdk.trace.sampling import ParentBased, TraceIdRatioBased
 from prometheus_client import CollectorRegistry
 
 from ...clients.consume import ConsumeLoop
 from ...clients.producer import TracedProducer
+from ...telemetry.hold import HoldingSpanProcessor
+from ...telemetry.keep import KeepPolicy
 from ...telemetry.metrics import TracerMetrics
 from ...telemetry.tracer import MessageTracer
 from . import DropExporter
@@ -203,6 +211,18 @@ def _traced_mode(clients: _Clients, exporter: SpanExporter) -> _Mode:
                  provider)
 
 
+def _keep_mode(clients: _Clients) -> _Mode:
+    """Head sampling at 1 %, the keep policy deciding the rest on the consumer (see the module doc)."""
+    provider = TracerProvider(sampler=ParentBased(TraceIdRatioBased(0.01)))
+    hold = HoldingSpanProcessor([BatchSpanProcessor(DropExporter(), max_queue_size=1 << 16)])
+    provider.add_span_processor(hold)
+    policy = KeepPolicy({"dispatch_wait": 10.0, "end_to_end": 600.0}, background=0.0)
+    return _Mode(TracedProducer(clients.producer, MessageTracer(tracer_provider=provider)),
+                 MessageTracer(consumer_group=clients.group, tracer_provider=provider,
+                               metrics=TracerMetrics(CollectorRegistry()), keep=policy, hold=hold),
+                 provider)
+
+
 def _run_rounds(clients: _Clients, modes: dict[str, _Mode], *, messages: int, rounds: int, handler_ms: float,
                 workers: int, window: int, progress: Callable[[int, int], None] | None) -> dict[str, dict[str, list[float]]]:
     """A warm-up per mode, then ``rounds`` rounds of every mode in rotating order: produce and
@@ -248,6 +268,12 @@ def _summarize(results: dict[str, dict[str, list[float]]]) -> dict[str, Any]:
         "produce_cpu_traced_over_untraced": statistics.median(ratios("traced", "produce_cpu_us")),
         "cpu_traced_over_untraced": statistics.median(ratios("traced", "cpu_us")),
         "cpu_otlp_over_untraced": statistics.median(ratios("traced_otlp", "cpu_us")),
+        "keep_over_untraced": statistics.median(ratios("traced_keep", "consume")),
+        "keep_consume_ratios": ratios("traced_keep", "consume"),
+        "produce_keep_over_untraced": statistics.median(ratios("traced_keep", "produce")),
+        "produce_keep_ratios": ratios("traced_keep", "produce"),
+        "cpu_keep_over_untraced": statistics.median(ratios("traced_keep", "cpu_us")),
+        "produce_cpu_keep_over_untraced": statistics.median(ratios("traced_keep", "produce_cpu_us")),
         "msgs_per_s": {m: {k: statistics.median(v) for k, v in d.items()} for m, d in results.items()},
         "per_round": results,
     }
@@ -261,7 +287,8 @@ def run_broker_bench(messages: int = DEFAULT_MESSAGES, handler_ms: float = 1.0, 
     encoder = _EncodeOnlyExporter()
     modes = {"untraced": _Mode(clients.producer, None, None),
              "traced": _traced_mode(clients, DropExporter()),
-             "traced_otlp": _traced_mode(clients, encoder)}
+             "traced_otlp": _traced_mode(clients, encoder),
+             "traced_keep": _keep_mode(clients)}
     load_before = _loadavg()
     try:
         results = _run_rounds(clients, modes, messages=messages, rounds=rounds, handler_ms=handler_ms,
@@ -330,8 +357,13 @@ def format_broker_bench(result: dict[str, Any]) -> str:
         f"traced + OTLP encoding {m['traced_otlp']['cpu_us']:7.0f}   (traced/untraced = "
         f"{result['cpu_traced_over_untraced']:.3f}; + OTLP = {result['cpu_otlp_over_untraced']:.3f})",
         f"load average before/after: {result.get('loadavg', {}).get('before')} / {result.get('loadavg', {}).get('after')}",
+        f"1 % head sampling + keep policy: consume {m['traced_keep']['consume']:.0f} msg/s = "
+        f"{result['keep_over_untraced']:.3f} of untraced, produce {result['produce_keep_over_untraced']:.3f}, "
+        f"CPU per consumed message {result['cpu_keep_over_untraced']:.3f}, "
+        f"per send {result['produce_cpu_keep_over_untraced']:.3f}",
         "per round, consume traced/untraced: " + ", ".join(f"{r:.3f}" for r in result["consume_ratios"])
-        + ";  + OTLP: " + ", ".join(f"{r:.3f}" for r in result["otlp_consume_ratios"]),
+        + ";  + OTLP: " + ", ".join(f"{r:.3f}" for r in result["otlp_consume_ratios"])
+        + ";  keep: " + ", ".join(f"{r:.3f}" for r in result["keep_consume_ratios"]),
     ])
 
 
