@@ -8,9 +8,13 @@ import random
 import tracemalloc
 
 import pytest
-from opentelemetry.sdk.trace import TracerProvider
+from hypothesis import settings
+from hypothesis import strategies as st
+from hypothesis.stateful import RuleBasedStateMachine, invariant, rule
+from opentelemetry.sdk.trace import ReadableSpan, SpanProcessor, TracerProvider
 from opentelemetry.sdk.trace.export import BatchSpanProcessor, SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+from opentelemetry.trace import SpanContext, TraceFlags
 
 from tracer.telemetry.hold import HoldingSpanProcessor
 
@@ -244,3 +248,70 @@ def test_each_jobs_latest_finisher_is_kept_and_exemplars_point_at_kept_traces_on
     exemplar_traces = {s.exemplar.labels["trace_id"] for m in registry.collect() for s in m.samples
                        if s.exemplar is not None}
     assert exemplar_traces and exemplar_traces <= kept_traces
+
+
+# -- a model of the holding processor -------------------------------------------------------------------
+
+class _Collect(SpanProcessor):
+    def __init__(self) -> None:
+        self.names: list[str] = []
+
+    def on_end(self, span: ReadableSpan) -> None:
+        self.names.append(span.name)
+
+
+class HoldModel(RuleBasedStateMachine):
+    """Held spans go out exactly when their trace is kept; the bounds drop the newest span or the
+    oldest undecided trace, and every drop is counted."""
+
+    MAX_SPANS, MAX_TRACES = 5, 3
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.out = _Collect()
+        self.hold = HoldingSpanProcessor([self.out], max_spans=self.MAX_SPANS, max_traces=self.MAX_TRACES)
+        self.held: dict[int, list[str]] = {}  # insertion order = oldest first
+        self.expected: list[str] = []
+        self.dropped = 0
+        self.n = 0
+
+    @rule(tid=st.integers(1, 6))
+    def hold_trace(self, tid: int) -> None:
+        self.hold.hold(tid)
+        if tid in self.held:
+            return
+        if len(self.held) >= self.MAX_TRACES:
+            oldest = next(iter(self.held))
+            self.dropped += len(self.held.pop(oldest)) or 1
+        self.held[tid] = []
+
+    @rule(tid=st.integers(1, 6))
+    def end_span(self, tid: int) -> None:
+        self.n += 1
+        name = f"s{self.n}"
+        self.hold.on_end(ReadableSpan(name, SpanContext(tid, self.n, False, TraceFlags(TraceFlags.SAMPLED))))
+        if tid not in self.held:
+            self.expected.append(name)
+        elif sum(len(v) for v in self.held.values()) < self.MAX_SPANS:
+            self.held[tid].append(name)
+        else:
+            self.dropped += 1
+
+    @rule(tid=st.integers(1, 6), keep=st.booleans())
+    def release(self, tid: int, keep: bool) -> None:
+        self.hold.release(tid, keep)
+        spans = self.held.pop(tid, [])
+        if keep:
+            self.expected.extend(spans)
+
+    @invariant()
+    def agrees(self) -> None:
+        s = self.hold.stats()
+        assert s.held_traces == len(self.held)
+        assert s.held_spans == sum(len(v) for v in self.held.values()) <= self.MAX_SPANS
+        assert s.dropped == self.dropped
+        assert self.out.names == self.expected
+
+
+HoldModel.TestCase.settings = settings(max_examples=300 if LONG else 40, stateful_step_count=40, deadline=None)
+TestHoldModel = HoldModel.TestCase
