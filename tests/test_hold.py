@@ -250,6 +250,25 @@ def test_each_jobs_latest_finisher_is_kept_and_exemplars_point_at_kept_traces_on
     assert exemplar_traces and exemplar_traces <= kept_traces
 
 
+
+def test_the_kept_share_of_fast_messages_through_the_tracer_matches_the_background_probability() -> None:
+    import math
+
+    from tracer.path.clock import ManualClock
+    from tracer.telemetry.keep import KeepPolicy
+
+    clock = ManualClock()
+    p, n = 0.1, 2000
+    mt, provider, memory, hold = _consumer(KeepPolicy({"dispatch_wait": 0.1}, background=p,
+                                                       rng=random.Random(2024)), clock)
+    for i in range(n):
+        _handle(mt, provider, clock, i, wait_s=0.001)
+    traces = _by_trace(memory)
+    sigma = math.sqrt(n * p * (1 - p))
+    assert abs(len(traces) - n * p) < 4 * sigma, (len(traces), n * p)
+    assert all({"process jobs", "handler"} <= names and len(names) == 7 for names in traces.values())
+    assert hold.stats().held_traces == 0
+
 # -- a model of the holding processor -------------------------------------------------------------------
 
 class _Collect(SpanProcessor):
