@@ -29,9 +29,10 @@ in-process head-of-line worker-seconds (the members' counters); time to the firs
 
 What is exact and what is not. ConsumeLoop members see every receipt and every handler start and
 end, so their occupancy is exact. A push consumer's cache is invisible to its listener, which
-sees a message only when a pool thread starts it; the members announce each received batch from
-the client's public ``client_metrics.receive_after`` seam, which the client calls for every
-batch before caching it, so the unstarted count is exact there too. Without that seam (a plain
+sees a message only when a pool thread starts it; the members announce each received batch with
+:func:`~tracer.clients.pushcache.watch_push_cache` (the client's public
+``client_metrics.receive_after``, called for every batch before caching it), so the unstarted
+count is exact there too. Without that seam (a plain
 ``TracedListener``), busy and idle workers stay exact but unstarted messages are seen only as they
 start: the in-process counter then under-counts and the fleet gauges miss the cache.
 """
@@ -330,6 +331,7 @@ def _member(config: dict[str, Any], out: IO[str], inp: IO[str]) -> int:
 
     from ...clients.consume import ConsumeLoop
     from ...clients.official import TracedListener
+    from ...clients.pushcache import watch_push_cache
     from ...clients.quiet import import_quietly
     from ...path.stages import Outcome, Stage
     from ...telemetry.occupancy import OccupancyMetrics
@@ -371,15 +373,7 @@ def _member(config: dict[str, Any], out: IO[str], inp: IO[str]) -> int:
 
         consumer = rmq.PushConsumer(cfg, group, TracedListener(Listener(), tracer),
                                     {topic: rmq.FilterExpression()}, consumption_thread_count=workers)
-        # The cache is invisible to the listener: announce each batch where the client counts it.
-        metrics = consumer.client_metrics
-        received = metrics.receive_after
-
-        def receive_after(consumer_group: Any, messages: Any) -> Any:
-            occupancy.announce(len(messages or ()))
-            return received(consumer_group, messages)
-
-        metrics.receive_after = receive_after
+        watch_push_cache(consumer, occupancy)  # the cache is invisible to the listener
         start, close = consumer.startup, consumer.shutdown
     else:
         consumer = rmq.SimpleConsumer(cfg, group, {topic: rmq.FilterExpression()}, await_duration=1)
