@@ -212,21 +212,23 @@ def _no_progress() -> None:
 
 
 def fleet_table(runs: Sequence[FleetModeRun]) -> Any:
-    """One row per mode and consumer instance, the mode's totals on its first row."""
+    """One row per mode and consumer instance, the mode's totals on its first row (fits 80 columns)."""
     from rich.table import Table
 
-    table = Table(title=f"One job over {runs[0].consumers} consumers of one group (embedded broker)")
-    for col in ("mode", "job time", "÷ greedy", "consumer", "messages", "busy share", "max held",
-                "HOL in consumer", "idle while held elsewhere"):
-        table.add_column(col, justify="left" if col in ("mode", "consumer") else "right")
+    table = Table(title=f"One job over {runs[0].consumers} consumers of one group",
+                  caption="#: consumer instance; held: most messages received, not started; HOL: idle "
+                          "worker-s while its own messages waited; fleet: idle worker-s while "
+                          "another consumer held work")
+    for col in ("mode", "job", "÷ greedy", "#", "msgs", "busy", "held", "HOL", "fleet"):
+        table.add_column(col, justify="left" if col in ("mode", "#") else "right", no_wrap=col == "mode")
     for r in runs:
         for i in range(r.consumers):
             head = i == 0
             table.add_row(
                 r.mode if head else "", f"{r.makespan_s:.2f} s" if head else "",
-                f"{r.makespan_s / r.greedy_s:.2f}" if head and r.greedy_s else "", f"consumer-{i}",
-                str(r.messages[i]), f"{r.busy_share[i]:.0%}", str(r.max_held[i]), f"{r.hol_s[i]:.1f} w-s",
-                f"{r.fleet_idle_while_held_s:.1f} w-s" if head else "", end_section=i == r.consumers - 1)
+                f"{r.makespan_s / r.greedy_s:.2f}" if head and r.greedy_s else "", str(i),
+                str(r.messages[i]), f"{r.busy_share[i]:.0%}", str(r.max_held[i]), f"{r.hol_s[i]:.1f}",
+                f"{r.fleet_idle_while_held_s:.1f}" if head else "", end_section=i == r.consumers - 1)
     return table
 
 
