@@ -3,9 +3,12 @@
 from __future__ import annotations
 
 import math
+import os
 import random
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from tracer.path.stages import Outcome, Stage
 from tracer.telemetry.keep import PENDING, KeepPolicy, Slowest, parse_threshold
@@ -153,3 +156,38 @@ def test_arguments_that_cannot_work_fail_at_once(kwargs: dict) -> None:
         KeepPolicy(**kwargs)
     with pytest.raises(ValueError):
         Slowest(100.0)
+
+
+# -- the job state, against its rule, on any order of finishes ------------------------------------------
+_OPS = st.lists(st.tuples(st.sampled_from("abcd"), st.integers(0, 3000), st.integers(0, 50)), max_size=80)
+
+
+@settings(max_examples=400 if os.environ.get("RMQTRACE_LONG") == "1" else 60, deadline=None)
+@given(ops=_OPS, max_jobs=st.integers(1, 4))
+def test_each_jobs_latest_finisher_is_kept_once_and_every_message_is_decided_once(ops, max_jobs) -> None:
+    """Finishes of a few jobs in any order (``back`` ms before the clock: out of order), with idle
+    gaps and a small job bound: every message is decided exactly once (kept now, dropped now, or
+    settled later), and after flush the message that finished last in each job is kept."""
+    policy = KeepPolicy(job_idle_s=2.0, max_jobs=max_jobs)
+    decided: dict[int, list[bool]] = {}
+    ends: dict[str, list[tuple[int, int]]] = {}
+    now, produce = T0, T0 - 10**12
+    for i, (job, dt_ms, back_ms) in enumerate(ops):
+        now += dt_ms * MS
+        produce += 1  # produce stamps only grow: job_start marks a job's first message seen
+        end = now - back_ms * MS
+        decided[i] = []
+        reason = policy.decide(stamps(end, produce_ns=produce), Outcome.SUCCESS, job,
+                               settle=lambda keep, i=i: decided[i].append(keep))
+        if reason is None:
+            decided[i].append(False)
+        elif reason != PENDING:
+            decided[i].append(True)
+        ends.setdefault(job, []).append((end, i))
+    policy.flush()
+    assert all(len(v) == 1 for v in decided.values()), decided
+    assert policy.stats().pending == 0
+    for job, seen in ends.items():
+        latest = max(e for e, _ in seen)
+        last_of_latest = max(i for e, i in seen if e == latest)
+        assert decided[last_of_latest] == [True], (job, seen, decided)
