@@ -33,9 +33,10 @@ from ..clients.producer import TracedProducer
 from ..dispatch.simulate import lower_bound
 from ..embedded import EmbeddedBroker, Message, Producer, SimpleConsumer
 from ..path.stages import Outcome, Stage
+from ..report.fleet import Handled
 from ..telemetry.occupancy import OccupancyMetrics, OccupancySnapshot
 from ..telemetry.tracer import MessageTrace, MessageTracer
-from .bench.fleet import Handled, fleet_greedy, fleet_waits
+from .bench.fleet import fleet_greedy, fleet_waits
 from .workload import make_job
 
 __all__ = ["FLEET_MODES", "FleetDemoOptions", "FleetModeRun", "cli_fleet_demo", "fleet_table", "run_fleet_demo",
@@ -93,7 +94,8 @@ class FleetModeRun:
 
 
 def _run_mode(mode: str, opts: FleetDemoOptions, *, tracer_provider: TracerProvider | None,
-              registry: CollectorRegistry | None, on_message: Callable[[], None]) -> FleetModeRun:
+              consumer_providers: Sequence[TracerProvider | None], registry: CollectorRegistry | None,
+              on_message: Callable[[], None]) -> FleetModeRun:
     job = make_job(opts.groups, seed=opts.seed)
     broker = EmbeddedBroker()
     broker.create_topic(TOPIC)
@@ -107,7 +109,7 @@ def _run_mode(mode: str, opts: FleetDemoOptions, *, tracer_provider: TracerProvi
         msg.body = json.dumps({"group": item.group_id, "cases": item.cases}).encode()
         msg.keys = item.group_id
         index[item.group_id] = i
-        producer.send(msg, job_id=opts.job_id, cost=float(item.cases))
+        producer.send(msg, job_id=f"{opts.job_id}-{mode}", cost=float(item.cases))
     producer.shutdown()
 
     occupancy = OccupancyMetrics(registry=registry or CollectorRegistry())
@@ -139,7 +141,8 @@ def _run_mode(mode: str, opts: FleetDemoOptions, *, tracer_provider: TracerProvi
     for c in range(opts.consumers):
         occ = occupancy.track(group, opts.workers)
         trackers.append(occ)
-        tracer = MessageTracer(consumer_group=group, tracer_provider=tracer_provider, occupancy=occ,
+        provider = consumer_providers[c] if consumer_providers else tracer_provider
+        tracer = MessageTracer(consumer_group=group, tracer_provider=provider, occupancy=occ,
                                listeners=[collector(c)])
         consumer = SimpleConsumer(broker, group, {TOPIC: None}, await_duration=0.05)
         consumer.startup()
@@ -176,10 +179,10 @@ def _summarise(mode: str, opts: FleetDemoOptions, records: list[Handled], snaps:
                t0: int) -> FleetModeRun:
     first: dict[int, Handled] = {}
     for r in records:
-        first.setdefault(r.index, r)
+        first.setdefault(r.message, r)
     measured = [0.0] * len(first)
     for r in first.values():
-        measured[r.index] = (r.end_ns - r.start_ns) / 1e9
+        measured[r.message] = (r.end_ns - r.start_ns) / 1e9
     n = opts.consumers
     total_workers = n * opts.workers
     busy = [0.0] * n
@@ -196,14 +199,25 @@ def _summarise(mode: str, opts: FleetDemoOptions, records: list[Handled], snaps:
 
 
 def run_fleet_demo(opts: FleetDemoOptions, *, tracer_provider: TracerProvider | None = None,
+                   consumer_providers: Sequence[TracerProvider | None] = (),
                    registry: CollectorRegistry | None = None, progress: Any = None) -> list[FleetModeRun]:
-    """Both modes in turn on the same job; ``registry`` gets the consumers' occupancy series."""
+    """Both modes in turn on the same job (job id ``<job_id>-<mode>``); ``registry`` gets the
+    consumers' occupancy series. ``consumer_providers``: one tracer provider per consumer (each
+    with its own ``service.instance.id``, so the report tells them apart); default: all use
+    ``tracer_provider``.
+
+    Raises:
+        ValueError: ``consumer_providers`` given, but not one per consumer.
+    """
+    if consumer_providers and len(consumer_providers) != opts.consumers:
+        raise ValueError(f"consumer_providers must hold one provider per consumer ({opts.consumers})")
     runs = []
     for mode in FLEET_MODES:
         advance: Callable[[], None] = _no_progress
         if progress is not None:
             advance = functools.partial(progress.advance, progress.add_task(f"{mode:<14}", total=opts.groups))
-        runs.append(_run_mode(mode, opts, tracer_provider=tracer_provider, registry=registry, on_message=advance))
+        runs.append(_run_mode(mode, opts, tracer_provider=tracer_provider, consumer_providers=consumer_providers,
+                              registry=registry, on_message=advance))
     return runs
 
 
@@ -239,17 +253,29 @@ def write_fleet_json(runs: Sequence[FleetModeRun], path: Path) -> None:
 
 def cli_fleet_demo(args: Any, settings: Any, registry: CollectorRegistry, console: Any, progress: Any) -> int:
     """``rmqtrace demo --consumers C`` (C > 1): both modes, the per-consumer table, ``fleet.json``."""
-    from ..config import configure_tracing
+    import dataclasses
+
+    from opentelemetry import trace
+
+    from ..config import configure_tracing, default_instance_id
 
     opts = FleetDemoOptions(consumers=args.consumers, groups=args.groups, workers=args.workers,
                             case_ms=args.case_ms, seed=args.seed)
     provider = configure_tracing(settings, set_global=False)
+    providers: list[TracerProvider | None] = []
+    if provider is not None and settings.otlp_endpoint and provider is not trace.get_tracer_provider():
+        # One resource per consumer, as C processes would have (a span file keeps one writer).
+        base = settings.instance_id or default_instance_id()
+        providers = [configure_tracing(dataclasses.replace(settings, instance_id=f"{base}/consumer-{c}"),
+                                       set_global=False) for c in range(opts.consumers)]
     console.print(f"[bold]rmqtrace demo[/]: {opts.groups} test-case groups over {opts.consumers} consumers x "
                   f"{opts.workers} workers of one group, 1 case = {opts.case_ms:g} ms, embedded broker")
     with progress as bar:
-        runs = run_fleet_demo(opts, tracer_provider=provider, registry=registry, progress=bar)
-    if provider is not None:
-        provider.force_flush()
+        runs = run_fleet_demo(opts, tracer_provider=provider, consumer_providers=providers, registry=registry,
+                              progress=bar)
+    for p in (provider, *providers):
+        if p is not None:
+            p.force_flush()
     console.print(fleet_table(runs))
     for r in runs:
         console.print(f"  • {r.mode}: job {r.makespan_s:.2f} s = {r.makespan_s / r.greedy_s:.2f}x the fleet's greedy "

@@ -56,9 +56,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO, Any, Callable, Sequence
 
+from ...report.fleet import Handled, sweep_waits
+
 __all__ = [
     "MODES",
     "FleetRun",
+    "Handled",
     "fleet_greedy",
     "fleet_waits",
     "format_fleet_bench",
@@ -102,41 +105,9 @@ def fleet_greedy(durations: Sequence[float], workers: int) -> float:
     return max(free)
 
 
-@dataclass
-class Handled:
-    index: int
-    instance: int
-    pull_ns: int
-    start_ns: int
-    end_ns: int
-
-
 def fleet_waits(records: Sequence[Handled], instances: int, workers: int, t0_ns: int) -> dict[str, Any]:
-    """Sweep the members' stamps: fleet idle worker-seconds while another instance held unstarted
-    messages, in-process idle-while-held worker-seconds, and the most each instance held."""
-    # (time, order, instance, d_unstarted, d_busy); at one instant receipts, then ends, then starts
-    events: list[tuple[int, int, int, int, int]] = []
-    for r in records:
-        events.append((min(r.pull_ns, r.start_ns), 0, r.instance, +1, 0))
-        events.append((r.start_ns, 2, r.instance, -1, +1))
-        events.append((r.end_ns, 1, r.instance, 0, -1))
-    events.sort()
-    held = [0] * instances
-    busy = [0] * instances
-    most = [0] * instances
-    fleet = inproc = 0.0
-    last = t0_ns
-    for t, _order, i, du, db in events:
-        if t > last:
-            dt = (t - last) / 1e9
-            starved = sum(workers - busy[k] for k in range(instances) if held[k] == 0)
-            fleet += min(starved, sum(held)) * dt
-            inproc += sum(min(max(0, workers - busy[k]), held[k]) for k in range(instances)) * dt
-            last = t
-        held[i] += du
-        busy[i] += db
-        most[i] = max(most[i], held[i])
-    return {"fleet_idle_while_held_s": fleet, "inprocess_idle_while_held_s": inproc, "max_held": most}
+    """Sweep the members' stamps (:func:`tracer.report.fleet.sweep_waits` with W workers each)."""
+    return sweep_waits(records, [workers] * instances, t0_ns)
 
 
 # -- one run of one mode -----------------------------------------------------------------------------
@@ -154,13 +125,13 @@ class FleetRun:
     def summary(self) -> dict[str, Any]:
         first: dict[int, Handled] = {}
         for r in self.records:
-            if r.index not in first or r.end_ns < first[r.index].end_ns:
-                first[r.index] = r
+            if r.message not in first or r.end_ns < first[r.message].end_ns:
+                first[r.message] = r
         handled = list(first.values())
         makespan = (max(r.end_ns for r in handled) - self.t0_ns) / 1e9
         measured = [0.0] * len(self.durations)
         for r in handled:
-            measured[r.index] = (r.end_ns - r.start_ns) / 1e9
+            measured[r.message] = (r.end_ns - r.start_ns) / 1e9
         n_workers = self.instances * self.workers
         lb = max(sum(measured) / n_workers, max(measured))
         greedy = fleet_greedy(measured, n_workers)
@@ -307,7 +278,7 @@ def run_fleet(mode: str, durations: Sequence[float], *, instances: int, workers:
             m.send("go")
         n = len(durations)
         deadline = time.monotonic() + timeout
-        while len({r.index for m in members for r in m.records}) < n:
+        while len({r.message for m in members for r in m.records}) < n:
             if time.monotonic() > deadline:
                 raise RuntimeError(f"fleet job ({mode}) unfinished after {timeout:g} s")
             if any(m.proc.poll() is not None for m in members):

@@ -1,0 +1,296 @@
+"""The fleet view: one job across every consumer instance, read from Jaeger page by page.
+
+Spans tell instances apart by their resource's ``service.instance.id`` (host:pid unless set; see
+:mod:`tracer.config`). For every ``process {topic}`` span this module keeps one compact record —
+instance, job, the receive / handler start / handler end stamps, worker — and drops the span, so
+memory grows with the number of messages (~200 bytes each), never with the spans or pages read.
+
+From the records, per job:
+
+* **completion and critical path across instances**: first receive → last handler end, and the
+  message that ended last: on which instance, how long it waited there unstarted, its handler;
+* **worker occupancy per instance**: messages, busy worker-seconds and share, workers seen (distinct
+  ``rmqtrace.worker`` values; else the most handlers that overlapped — a lower bound);
+* **where the job waited**: the exact sweep of the stamps, ∫ min(idle workers of instances holding
+  nothing, messages held unstarted elsewhere) dt, and per holding instance its part of that.
+
+:func:`read_jaeger_fleet` pages through Jaeger's ``/api/traces``: windows of time, each at most
+``page_limit`` traces; a full page means the window may hold more, so it is split in halves and
+read again. Traces seen twice (a trace whose spans straddle two windows) are skipped by id.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+import urllib.error
+import urllib.parse
+import urllib.request
+from dataclasses import dataclass, field
+from typing import Any, Callable, Iterable, Iterator, NamedTuple, Sequence
+
+from ..path import names
+from ..path.stages import Stage
+
+__all__ = ["FleetCollector", "FleetInstance", "FleetJob", "Handled", "fleet_lines", "read_jaeger_fleet", "sweep_waits"]
+
+INSTANCE_KEY = "service.instance.id"
+_PULL, _START, _END = (names.STAMP_ATTRS[s] for s in (Stage.CLIENT_PULL, Stage.HANDLER_START, Stage.HANDLER_END))
+_PRODUCE = names.STAMP_ATTRS[Stage.PRODUCE]
+
+
+class Handled(NamedTuple):
+    """One handled message: which message, on which instance (an index), its three consumer stamps."""
+
+    message: int
+    instance: int
+    pull_ns: int
+    start_ns: int
+    end_ns: int
+
+
+def sweep_waits(records: Sequence[Handled], workers: Sequence[int], t0_ns: int) -> dict[str, Any]:
+    """Exact, from the stamps: fleet idle worker-seconds while another instance held unstarted
+    messages (and each holder's part of it), idle-while-held inside instances, the most each held.
+
+    Raises:
+        ValueError: a record names an instance ``workers`` has no count for.
+    """
+    n = len(workers)
+    # (time, order, instance, d_held, d_busy): at one instant receipts, then ends, then starts
+    events: list[tuple[int, int, int, int, int]] = []
+    for r in records:
+        if not 0 <= r.instance < n:
+            raise ValueError(f"record of instance {r.instance}, but worker counts for {n} instances")
+        events.append((min(r.pull_ns, r.start_ns), 0, r.instance, +1, 0))
+        events.append((r.start_ns, 2, r.instance, -1, +1))
+        events.append((r.end_ns, 1, r.instance, 0, -1))
+    events.sort()
+    held, busy, most = [0] * n, [0] * n, [0] * n
+    caused = [0.0] * n
+    fleet = inproc = 0.0
+    last = t0_ns
+    for t, _order, i, dh, db in events:
+        if t > last:
+            dt = (t - last) / 1e9
+            total = sum(held)
+            if total:
+                starved = sum(max(0, workers[k] - busy[k]) for k in range(n) if held[k] == 0)
+                lost = min(starved, total) * dt
+                fleet += lost
+                for k in range(n):
+                    caused[k] += lost * held[k] / total
+                inproc += sum(min(max(0, workers[k] - busy[k]), held[k]) for k in range(n)) * dt
+            last = t
+        held[i] += dh
+        busy[i] += db
+        most[i] = max(most[i], held[i])
+    return {"fleet_idle_while_held_s": fleet, "inprocess_idle_while_held_s": inproc, "max_held": most,
+            "caused_s": caused}
+
+
+@dataclass
+class FleetInstance:
+    name: str
+    messages: int
+    busy_s: float
+    busy_share: float
+    workers: int
+    workers_inferred: bool
+    max_held: int
+    held_while_others_idled_s: float
+
+
+@dataclass
+class FleetJob:
+    job: str
+    messages: int
+    completion_s: float
+    instances: list[FleetInstance]
+    idle_while_held_s: float
+    inprocess_idle_while_held_s: float
+    critical: dict[str, Any]
+
+    def as_dict(self) -> dict[str, Any]:
+        return {"job": self.job, "messages": self.messages, "completion_s": round(self.completion_s, 3),
+                "idle_worker_seconds_while_held_elsewhere": round(self.idle_while_held_s, 3),
+                "idle_worker_seconds_while_held_inside": round(self.inprocess_idle_while_held_s, 3),
+                "critical_path": self.critical,
+                "instances": [{k: (round(v, 3) if isinstance(v, float) else v) for k, v in vars(i).items()}
+                              for i in self.instances]}
+
+
+class _Rec(NamedTuple):
+    instance: int
+    produce_ns: int
+    pull_ns: int
+    start_ns: int
+    end_ns: int
+    worker: int
+
+
+@dataclass
+class FleetCollector:
+    """Keeps one compact record per process span; feed it spans page by page."""
+
+    instances: list[str] = field(default_factory=list)
+    jobs: dict[str, list[_Rec]] = field(default_factory=dict)
+    traces: int = 0
+    spans: int = 0
+    pages: int = 0
+    _index: dict[str, int] = field(default_factory=dict)
+    _seen: set[str] = field(default_factory=set)
+
+    def add_jaeger_page(self, payload: dict[str, Any]) -> None:
+        """One ``/api/traces`` answer; traces already added are skipped."""
+        self.pages += 1
+        for trace in payload.get("data") or ():
+            tid = str(trace.get("traceID", ""))
+            if tid in self._seen:
+                continue
+            self._seen.add(tid)
+            self.traces += 1
+            processes = trace.get("processes") or {}
+            for span in trace.get("spans") or ():
+                self.spans += 1
+                if str(span.get("operationName", "")).startswith(names.PROCESS + " "):
+                    tags = {t.get("key"): t.get("value") for t in span.get("tags") or ()}
+                    self.add(_instance_of(processes.get(str(span.get("processID"))) or {}), tags)
+
+    def add(self, instance: str, attrs: dict[str, Any]) -> None:
+        """One process span's attributes (its stamps, job, worker) on ``instance``."""
+        try:
+            pull, start, end = int(attrs[_PULL]), int(attrs[_START]), int(attrs[_END])
+        except (KeyError, TypeError, ValueError):
+            return  # a message whose handler never ran: no place in the occupancy
+        if instance not in self._index:
+            self._index[instance] = len(self.instances)
+            self.instances.append(instance)
+        worker = attrs.get(names.WORKER)
+        produce = attrs.get(_PRODUCE)
+        self.jobs.setdefault(str(attrs.get(names.JOB_ID) or "(no job id)"), []).append(
+            _Rec(self._index[instance], int(produce) if produce else 0, pull, start, end,
+                 int(worker) if isinstance(worker, (int, str)) and str(worker).lstrip("-").isdigit() else -1))
+
+    def job_views(self) -> list[FleetJob]:
+        """One view per job. Every instance seen in the window counts as up for every job (an idle
+        instance writes no spans, so a job it took no part in still shows it, with 0 messages);
+        its workers are counted over all its spans."""
+        n = len(self.instances)
+        seen: list[set[int]] = [set() for _ in range(n)]
+        mine: list[list[_Rec]] = [[] for _ in range(n)]
+        for recs in self.jobs.values():
+            for r in recs:
+                mine[r.instance].append(r)
+                if r.worker >= 0:
+                    seen[r.instance].add(r.worker)
+        workers = [len(seen[i]) if seen[i] else _max_overlap(mine[i]) for i in range(n)]
+        inferred = [not seen[i] for i in range(n)]
+        return [self._view(job, recs, workers, inferred) for job, recs in sorted(self.jobs.items())]
+
+    def _view(self, job: str, recs: list[_Rec], workers: list[int], inferred: list[bool]) -> FleetJob:
+        n = len(self.instances)
+        t0 = min(r.pull_ns for r in recs)
+        handled = [Handled(k, r.instance, r.pull_ns, r.start_ns, r.end_ns) for k, r in enumerate(recs)]
+        waits = sweep_waits(handled, workers, t0)
+        busy = [0.0] * n
+        count = [0] * n
+        for r in recs:
+            busy[r.instance] += (r.end_ns - r.start_ns) / 1e9
+            count[r.instance] += 1
+        total = sum(busy)
+        last = max(recs, key=lambda r: r.end_ns)
+        critical = {
+            "instance": self.instances[last.instance],
+            "received_s": round((last.pull_ns - t0) / 1e9, 3),
+            "waited_unstarted_s": round((last.start_ns - last.pull_ns) / 1e9, 3),
+            "handler_s": round((last.end_ns - last.start_ns) / 1e9, 3),
+            "ended_s": round((last.end_ns - t0) / 1e9, 3),
+        }
+        return FleetJob(job, len(recs), (last.end_ns - t0) / 1e9, [
+            FleetInstance(self.instances[i], count[i], busy[i], busy[i] / total if total else 0.0, workers[i],
+                          inferred[i], waits["max_held"][i], waits["caused_s"][i])
+            for i in range(n)], waits["fleet_idle_while_held_s"], waits["inprocess_idle_while_held_s"],
+            critical)
+
+
+def _max_overlap(recs: Sequence[_Rec]) -> int:
+    edges = sorted([(r.start_ns, 1) for r in recs] + [(r.end_ns, -1) for r in recs], key=lambda e: (e[0], e[1]))
+    cur = best = 0
+    for _t, d in edges:
+        cur += d
+        best = max(best, cur)
+    return best
+
+
+def _instance_of(process: dict[str, Any]) -> str:
+    tags = {t.get("key"): t.get("value") for t in process.get("tags") or ()}
+    return str(tags.get(INSTANCE_KEY) or tags.get("hostname") or process.get("serviceName") or "?")
+
+
+def read_jaeger_fleet(base_url: str, service: str, *, start_s: float | None = None, end_s: float | None = None,
+                      lookback_s: float = 3600.0, page_limit: int = 500, timeout: float = 30.0,
+                      get: Callable[[str, float], dict[str, Any]] | None = None) -> FleetCollector:
+    """Every trace of ``service`` in [start, end] (default: the last ``lookback_s`` seconds), read in
+    pages of at most ``page_limit`` traces into a :class:`FleetCollector`.
+
+    Raises:
+        ValueError: ``page_limit`` < 2 or an empty window.
+    """
+    if page_limit < 2:
+        raise ValueError(f"page_limit must be at least 2, got {page_limit}")
+    end = time.time() if end_s is None else end_s
+    start = end - lookback_s if start_s is None else start_s
+    if end <= start:
+        raise ValueError(f"empty time window: start {start} >= end {end}")
+    fetch = get or _get_json
+    collector = FleetCollector()
+    base = base_url.rstrip("/")
+    for payload in _pages(base, service, int(start * 1e6), int(end * 1e6), page_limit, timeout, fetch):
+        collector.add_jaeger_page(payload)
+    return collector
+
+
+def _pages(base: str, service: str, start_us: int, end_us: int, limit: int, timeout: float,
+           fetch: Callable[[str, float], dict[str, Any]]) -> Iterator[dict[str, Any]]:
+    windows = [(start_us, end_us)]
+    while windows:
+        a, b = windows.pop()
+        query = urllib.parse.urlencode({"service": service, "limit": limit, "start": a, "end": b})
+        payload = fetch(f"{base}/api/traces?{query}", timeout)
+        if len(payload.get("data") or ()) >= limit and b - a > 1:
+            mid = (a + b) // 2  # the window may hold more than one page: read both halves instead
+            windows += [(mid, b), (a, mid)]
+            continue
+        yield payload
+
+
+def _get_json(url: str, timeout: float) -> dict[str, Any]:
+    req = urllib.request.Request(url, headers={"Accept": "application/json"})
+    with urllib.request.urlopen(req, timeout=timeout) as resp:  # noqa: S310 - the user's own Jaeger
+        data = json.load(resp)
+    if not isinstance(data, dict):
+        raise ValueError(f"unexpected answer from {url}: {str(data)[:200]}")
+    return data
+
+
+def fleet_lines(jobs: Iterable[FleetJob]) -> list[str]:
+    """The fleet view as terminal lines, one block per job."""
+    out: list[str] = []
+    for j in jobs:
+        c = j.critical
+        out.append(f"Fleet: job {j.job}, {j.messages} messages over {len(j.instances)} instances: completed in "
+                   f"{j.completion_s:.2f} s; {j.idle_while_held_s:.1f} idle worker-s while another instance held "
+                   f"unstarted messages, {j.inprocess_idle_while_held_s:.1f} inside instances")
+        out.append(f"  critical path: the last message ended on {c['instance']} at +{c['ended_s']:.2f} s — "
+                   f"received +{c['received_s']:.2f} s, waited {c['waited_unstarted_s']:.2f} s unstarted there, "
+                   f"handler {c['handler_s']:.2f} s")
+        width = max(len(i.name) for i in j.instances)
+        out.append(f"  {'instance':<{width}}  messages   busy  workers  most held  held while others idled")
+        for i in sorted(j.instances, key=lambda i: -i.held_while_others_idled_s):
+            w = f"{i.workers}{'?' if i.workers_inferred else ''}"
+            out.append(f"  {i.name:<{width}}  {i.messages:>8}  {i.busy_share:>4.0%}  {w:>7}  {i.max_held:>9}  "
+                       f"{i.held_while_others_idled_s:>8.1f} worker-s")
+        if any(i.workers_inferred for i in j.instances):
+            out.append("  ?: no rmqtrace.worker on the spans; workers = the most handlers that overlapped (a lower bound)")
+    return out
