@@ -271,6 +271,27 @@ def test_the_kept_share_of_fast_messages_through_the_tracer_matches_the_backgrou
     assert all({"process jobs", "handler"} <= names and len(names) == 7 for names in traces.values())
     assert hold.stats().held_traces == 0
 
+
+def test_a_failing_keep_decision_keeps_the_trace_and_the_histograms() -> None:
+    from prometheus_client import CollectorRegistry
+
+    from tracer.path.clock import ManualClock
+    from tracer.telemetry.keep import KeepPolicy
+    from tracer.telemetry.metrics import TracerMetrics
+
+    class Broken(KeepPolicy):
+        def decide(self, *args, **kwargs):  # noqa: ANN002, ANN003, ANN201
+            raise RuntimeError("bug in a policy")
+
+    clock = ManualClock()
+    mt, provider, memory, hold = _consumer(Broken(), clock)
+    registry = CollectorRegistry()
+    mt.metrics = TracerMetrics(registry)
+    _handle(mt, provider, clock, 1)
+    assert registry.get_sample_value("rmqtrace_stage_duration_seconds_count", {
+        "stage": "dispatch_wait", "topic": "jobs", "consumer_group": "g"}) == 1
+    assert len(_by_trace(memory)) == 1 and hold.stats().held_traces == 0  # kept: erring on keeping
+
 # -- a model of the holding processor -------------------------------------------------------------------
 
 class _Collect(SpanProcessor):

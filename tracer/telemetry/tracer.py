@@ -421,8 +421,12 @@ class MessageTrace:
         if self._held and self.carried.job_id:
             def settle(kept: bool) -> None:
                 self._settle(kept, outcome, error)
-        reason = keep.decide(self.stamps.times, outcome, self.carried.job_id, head=ctx is not None and not self._held,
-                             settle=settle)
+        try:
+            reason = keep.decide(self.stamps.times, outcome, self.carried.job_id,
+                                 head=ctx is not None and not self._held, settle=settle)
+        except Exception as exc:  # noqa: BLE001 - a broken policy must not cost the histograms
+            self._tracer.hook_failed("the keep decision", exc)
+            reason = "failure"  # err on keeping
         if not self._held or ctx is None or hold is None:
             return ctx
         if reason is PENDING:
