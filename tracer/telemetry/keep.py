@@ -15,7 +15,22 @@ consumer trace when
   and critical path;
 - a background probability picks it;
 
-and drops the rest. Histograms stay complete whatever is kept.
+and drops the rest. Histograms stay complete whatever is kept; exemplars point only at kept
+traces.
+
+**When the producer did not sample a message that turns out slow**, its ``send`` span was never
+recorded. The kept consumer trace is then a *new trace* whose root is ``process {topic}``, with
+a span link to the producer's context (the messaging conventions' creation link), instead of a
+child of the unrecorded ``send`` span. Jaeger shows the link as a ``FOLLOWS_FROM`` reference into
+the producer's trace id, and the trace has a proper root; a span whose parent was never recorded
+gets Jaeger's ``invalid parent span IDs=…; skipping clock skew adjustment`` warning and no root
+(``tests/test_keep_jaeger.py`` checks both on the real Jaeger). A fresh trace id also keys the
+held spans uniquely when one producer trace sent many messages.
+
+Limits: until the decision the handler's context is sampled, so what the handler propagates
+(a message it sends, an HTTP call) is recorded downstream even when this trace is dropped — the
+downstream trace then has a parent that was never exported. Processors see ``on_start`` of held
+spans when they start and ``on_end`` only when kept.
 
 Environment (read by :meth:`KeepPolicy.from_env` at an entry point, never at import; no
 ``RMQTRACE_KEEP_*`` variable set means no policy):
