@@ -27,7 +27,7 @@ Find the hidden latency in Apache RocketMQ pipelines.
 Every message is stamped at produce, broker store, client pull, dispatch enqueue, handler start
 and handler end; the gaps between them become OpenTelemetry spans and Prometheus histograms.
 """
-COMMANDS = "demo, report or bench"
+COMMANDS = "demo, report, bench or probe"
 
 
 class Parser(argparse.ArgumentParser):
@@ -342,6 +342,9 @@ def build_parser() -> argparse.ArgumentParser:
     from ..report import add_cli as add_report_cli
 
     add_report_cli(sub)
+    from .probe import add_cli as add_probe_cli
+
+    add_probe_cli(sub)
     return p
 
 
