@@ -10,6 +10,7 @@ import sys
 import time
 import tracemalloc
 import urllib.parse
+import urllib.request
 import uuid
 from typing import Any
 
@@ -132,12 +133,15 @@ def test_read_jaeger_fleet_refuses_what_cannot_work() -> None:
 @pytest.mark.integration
 def test_a_fleet_demo_in_jaeger_reads_back_per_instance() -> None:
     from conftest import unavailable
-    from test_jaeger_e2e import OTLP, QUERY, _jaeger_up
 
-    if not _jaeger_up():
-        unavailable(f"Jaeger not reachable at {QUERY}")
+    query = f"http://127.0.0.1:{os.environ.get('JAEGER_QUERY_PORT', '16686')}"
+    otlp = f"http://127.0.0.1:{os.environ.get('JAEGER_OTLP_HTTP_PORT', '4318')}/v1/traces"
+    try:
+        urllib.request.urlopen(f"{query}/api/services", timeout=3).close()
+    except OSError:
+        unavailable(f"Jaeger not reachable at {query} (services/jaeger/jaeger.sh start)")
     service = f"rmqtrace-fleet-{uuid.uuid4().hex[:8]}"
-    env = dict(os.environ, OTEL_SERVICE_NAME=service, OTEL_EXPORTER_OTLP_TRACES_ENDPOINT=OTLP,
+    env = dict(os.environ, OTEL_SERVICE_NAME=service, OTEL_EXPORTER_OTLP_TRACES_ENDPOINT=otlp,
                OTEL_TRACES_EXPORTER="otlp", OTEL_EXPORTER_OTLP_TRACES_PROTOCOL="http/protobuf")
     started = time.time()
     proc = subprocess.run([sys.executable, "-m", "tracer", "demo", "--consumers", "3", "--groups", "60",
@@ -146,7 +150,7 @@ def test_a_fleet_demo_in_jaeger_reads_back_per_instance() -> None:
     assert proc.returncode == 0, proc.stderr[-2000:]
     deadline = time.monotonic() + 60
     while True:
-        c = read_jaeger_fleet(QUERY, service, start_s=started - 5, end_s=time.time() + 5, page_limit=50)
+        c = read_jaeger_fleet(query, service, start_s=started - 5, end_s=time.time() + 5, page_limit=50)
         jobs = {j.job: j for j in c.job_views()}
         if sum(j.messages for j in jobs.values()) >= 120 or time.monotonic() > deadline:
             break
