@@ -28,7 +28,8 @@ from services import (
 )
 
 FLEET_RULES = RULES.parent / "rmqtrace-fleet.yml"
-RULE_FILES = (RULES, FLEET_RULES)
+PROBE_RULES = RULES.parent / "rmqtrace-probe.yml"
+RULE_FILES = (RULES, FLEET_RULES, PROBE_RULES)
 
 
 def all_rules() -> list[dict[str, object]]:
@@ -60,7 +61,7 @@ def test_every_alert_has_firing_pending_and_quiet_cases() -> None:
     pending: set[str] = set()
     for path in RULE_TESTS.glob("*.yml"):
         doc = yaml.safe_load(path.read_text())
-        assert doc["rule_files"] in (["../rmqtrace-alerts.yml"], ["../rmqtrace-fleet.yml"]), path
+        assert doc["rule_files"] in ([f"../{p.name}"] for p in RULE_FILES), path
         for case in doc["tests"]:
             for t in case.get("alert_rule_test", []):
                 (firing if t["exp_alerts"] else quiet).add(t["alertname"])
