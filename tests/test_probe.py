@@ -381,3 +381,13 @@ def test_probe_dashboard_reads_only_exported_series() -> None:
         flat = " ".join(expr.replace("$topic", ".*").replace("$consumer_group", ".*").split())
         flat = flat.replace("$__rate_interval", "5m")
         assert flat in tested, f"{where}: not evaluated by {PROBE_RULE_TESTS.name}: {flat}"
+
+
+def test_sender_check_first_raises_the_first_failure_and_counts_it() -> None:
+    sched = _Schedule()
+    reg = CollectorRegistry()
+    sender = ProbeSender(_SlowProducer(sched, 0.0, fail={1}), "probes", Message, metrics=ProbeMetrics(reg),
+                         monotonic=sched.monotonic, sleep=sched.sleep)
+    with pytest.raises(ConnectionError):
+        sender.run(count=2, check_first=True)
+    assert sender.failed == 1 and value(reg, "rmqtrace_probe_sent_total", topic="probes", outcome="failure") == 1

@@ -189,13 +189,18 @@ class ProbeSender:
         msg.add_property(PRODUCE_NS_PROPERTY, str(self._clock.now_ns()))
         return msg
 
-    def send_one(self) -> bool:
-        """Send one probe now; whether the broker took it."""
+    def send_one(self, *, check: bool = False) -> bool:
+        """Send one probe now; whether the broker took it. ``check``: a failure (still counted)
+        raises the client's exception instead of being logged."""
         msg = self.message()
         try:
             self.producer.send(msg)
         except Exception as exc:  # noqa: BLE001 - a broker hiccup must not end the probe
             self.failed += 1
+            if check:
+                if self.metrics is not None:
+                    self.metrics.sent_one(self.topic, False, self._clock.now_ns())
+                raise
             if not self._warned:
                 self._warned = True
                 log.warning("rmqtrace probe: sending to %r failed (%s); further failures are counted", self.topic, exc)
@@ -207,9 +212,10 @@ class ProbeSender:
             self.metrics.sent_one(self.topic, True, self._clock.now_ns())
         return True
 
-    def run(self, count: int | None = None) -> int:
+    def run(self, count: int | None = None, *, check_first: bool = False) -> int:
         """Send ``count`` probes (None: until :meth:`stop`), one per ``interval`` on a fixed
         schedule (a slow send does not push the later ones back); returns how many were sent.
+        ``check_first``: the first send's failure raises (a wrong endpoint or topic shows at once).
 
         Raises:
             ValueError: ``count`` is below 1.
@@ -220,7 +226,7 @@ class ProbeSender:
         k = 0  # probes since `start`: the schedule
         tried = 0
         while not self._stop.is_set():
-            self.send_one()
+            self.send_one(check=check_first and tried == 0)
             k += 1
             tried += 1
             if count is not None and tried >= count:

@@ -139,7 +139,10 @@ def _real(args: argparse.Namespace, metrics: Any) -> int:
     print(f"{PROG}: a probe to {args.topic!r} every {args.interval:g} s via {args.endpoint}"
           + (f", {args.count} in all" if args.count else "; Ctrl-C stops"), flush=True)
     try:
-        sender.run(args.count)
+        sender.run(args.count, check_first=True)
+    except Exception as exc:  # noqa: BLE001 - the first probe failed: wrong endpoint or topic
+        return _fail(f"--endpoint {args.endpoint}: cannot send a probe to topic {args.topic!r} "
+                     f"({' '.join(str(exc).split())[:200]})")
     finally:
         producer.shutdown()
     print(f"{sender.sent} probes sent, {sender.failed} failed")
