@@ -67,6 +67,24 @@ def test_a_kept_trace_reaches_every_processor_and_a_dropped_one_none() -> None:
     assert hold.stats().held_spans == 0 and hold.stats().forwarded == 2 and hold.stats().dropped == 0
 
 
+def test_a_span_that_ends_after_its_trace_was_dropped_is_dropped_too() -> None:
+    """A thread the handler started may end its span after the decision: it follows the trace."""
+    provider, hold, simple, _batch = _setup()
+    tracer = provider.get_tracer("t")
+    from opentelemetry import trace
+
+    for keep in (False, True):
+        root = tracer.start_span(f"root-{keep}")
+        hold.hold(root.get_span_context().trace_id)
+        with trace.use_span(root, end_on_exit=False):
+            late = tracer.start_span(f"late-{keep}")
+        root.end()
+        hold.release(root.get_span_context().trace_id, keep=keep)
+        late.end()
+    names = {s.name for s in simple.get_finished_spans()}
+    assert names == {"root-True", "late-True"}
+
+
 def test_bounds_drop_and_count() -> None:
     counted: list[int] = []
     simple = InMemorySpanExporter()
@@ -313,6 +331,7 @@ class HoldModel(RuleBasedStateMachine):
         self.out = _Collect()
         self.hold = HoldingSpanProcessor([self.out], max_spans=self.MAX_SPANS, max_traces=self.MAX_TRACES)
         self.held: dict[int, list[str]] = {}  # insertion order = oldest first
+        self.gone: set[int] = set()  # dropped traces: their late spans are dropped too
         self.expected: list[str] = []
         self.dropped = 0
         self.n = 0
@@ -322,6 +341,7 @@ class HoldModel(RuleBasedStateMachine):
         self.hold.hold(tid)
         if tid in self.held:
             return
+        self.gone.discard(tid)
         if len(self.held) >= self.MAX_TRACES:
             oldest = next(iter(self.held))
             self.dropped += len(self.held.pop(oldest)) or 1
@@ -333,7 +353,8 @@ class HoldModel(RuleBasedStateMachine):
         name = f"s{self.n}"
         self.hold.on_end(ReadableSpan(name, SpanContext(tid, self.n, False, TraceFlags(TraceFlags.SAMPLED))))
         if tid not in self.held:
-            self.expected.append(name)
+            if tid not in self.gone:
+                self.expected.append(name)
         elif sum(len(v) for v in self.held.values()) < self.MAX_SPANS:
             self.held[tid].append(name)
         else:
@@ -342,9 +363,13 @@ class HoldModel(RuleBasedStateMachine):
     @rule(tid=st.integers(1, 6), keep=st.booleans())
     def release(self, tid: int, keep: bool) -> None:
         self.hold.release(tid, keep)
-        spans = self.held.pop(tid, [])
+        if tid not in self.held:
+            return
+        spans = self.held.pop(tid)
         if keep:
             self.expected.extend(spans)
+        else:
+            self.gone.add(tid)
 
     @invariant()
     def agrees(self) -> None:

@@ -33,6 +33,9 @@ __all__ = ["HoldingSpanProcessor", "HoldStats"]
 
 DEFAULT_MAX_SPANS = 20_000
 DEFAULT_MAX_TRACES = 20_000
+# Dropped traces remembered so a span ending after the decision (a thread the handler started)
+# is dropped with its trace instead of leaking out as an orphan.
+_RECENTLY_DROPPED = 4096
 _SAMPLED = TraceFlags(TraceFlags.SAMPLED)
 
 
@@ -66,6 +69,7 @@ class HoldingSpanProcessor(SpanProcessor):
         # trace id -> its held spans; insertion order = oldest undecided trace first
         self._held: dict[int, list[ReadableSpan]] = {}
         self._n_spans = 0
+        self._gone: dict[int, None] = {}  # recently dropped trace ids, oldest first
         self.dropped = 0
         self.forwarded = 0
 
@@ -92,6 +96,7 @@ class HoldingSpanProcessor(SpanProcessor):
         with self._lock:
             if trace_id in self._held:
                 return
+            self._gone.pop(trace_id, None)
             if len(self._held) >= self.max_traces:
                 oldest = next(iter(self._held))
                 evicted = self._held.pop(oldest)
@@ -114,6 +119,11 @@ class HoldingSpanProcessor(SpanProcessor):
             if spans is None:
                 return
             self._n_spans -= len(spans)
+            if not keep:
+                gone = self._gone
+                gone[trace_id] = None
+                if len(gone) > _RECENTLY_DROPPED:
+                    del gone[next(iter(gone))]
         if keep and spans:
             for span in spans:
                 for p in self.processors:
@@ -152,6 +162,8 @@ class HoldingSpanProcessor(SpanProcessor):
             if full:
                 self._drop(1)
                 return
+        if ctx is not None and ctx.trace_id in self._gone:
+            return  # its trace was dropped: a late span goes with it
         for p in self.processors:
             p.on_end(span)
 
