@@ -274,15 +274,22 @@ def test_each_jobs_latest_finisher_is_kept_and_exemplars_point_at_kept_traces_on
 def test_the_kept_share_of_fast_messages_through_the_tracer_matches_the_background_probability() -> None:
     import math
 
+    from prometheus_client import CollectorRegistry
+
     from tracer.path.clock import ManualClock
     from tracer.telemetry.keep import KeepPolicy
+    from tracer.telemetry.metrics import TracerMetrics
 
     clock = ManualClock()
     p, n = 0.1, 2000
     mt, provider, memory, hold = _consumer(KeepPolicy({"dispatch_wait": 0.1}, background=p,
                                                        rng=random.Random(2024)), clock)
+    registry = CollectorRegistry()
+    mt.metrics = TracerMetrics(registry)
     for i in range(n):
         _handle(mt, provider, clock, i, wait_s=0.001)
+    assert registry.get_sample_value("rmqtrace_stage_duration_seconds_count", {
+        "stage": "end_to_end", "topic": "jobs", "consumer_group": "g"}) == n  # histograms: every message
     traces = _by_trace(memory)
     sigma = math.sqrt(n * p * (1 - p))
     assert abs(len(traces) - n * p) < 4 * sigma, (len(traces), n * p)
