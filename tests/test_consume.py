@@ -345,3 +345,19 @@ def test_options_groups_and_flat_keywords_configure_the_same_loop():
         ConsumeLoop(c, lambda m: None, dispatcher=Dispatcher(lambda m: None))  # removed: it never acked
     for loop in (a, b):
         loop.dispatcher.close()
+
+
+def test_a_message_the_dispatcher_refuses_does_not_stop_the_loop():
+    """A key= callable that raises made submit raise and run() die (issue 11 item 2, loop side)."""
+    def key(m):
+        if m.body == b"3":
+            raise ValueError("poison")
+        return None
+
+    broker, loop = pipeline(6, lambda m: None, key=key, retry_backoff=lambda attempt: 30)
+    t = run_in_thread(loop)
+    wait_until(lambda: loop.stats.acked == 5, what="the other five acked")
+    assert t.is_alive()
+    loop.stop()
+    t.join(10)
+    assert loop.stats.received == 6 and loop.stats.failed + loop.stats.acked >= 6

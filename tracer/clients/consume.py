@@ -361,7 +361,8 @@ class ConsumeLoop:
         self._finished = threading.Event()
         self._started = False
         self._feeder: threading.Thread | None = None
-        self._helpers: list[threading.Thread] = []
+        self._ack_workers: list[threading.Thread] = []
+        self._keeper: threading.Thread | None = None
         self._logged: set[str] = set()
 
     # -- public state ------------------------------------------------------------------------
@@ -584,16 +585,14 @@ class ConsumeLoop:
 
     # -- acks and leases, off the workers' threads -----------------------------------------------
     def _start_helpers(self) -> None:
-        helpers: list[tuple[Callable[[], None], str]] = [
-            (self._ack_worker, f"rmqtrace-ack-{i}") for i in range(self.flow.ack_threads)]
-        helpers.append((self._lease_keeper, "rmqtrace-lease"))
-        for target, name in helpers:
-            t = threading.Thread(target=target, name=name, daemon=True)
-            t.start()
-            self._helpers.append(t)
+        self._ack_workers = [threading.Thread(target=self._ack_worker, name=f"rmqtrace-ack-{i}", daemon=True)
+                             for i in range(self.flow.ack_threads)]
+        self._keeper = threading.Thread(target=self._lease_keeper, name="rmqtrace-lease", daemon=True)
         if self.flow.prefetch > 0:
             self._feeder = threading.Thread(target=self._feed_loop, name="rmqtrace-feeder", daemon=True)
-            self._feeder.start()
+        for t in (*self._ack_workers, self._keeper, self._feeder):
+            if t is not None:
+                t.start()
 
     def _take_outcome(self, timeout: float | None) -> tuple[_Held, Outcome] | None:
         with self._changed:
@@ -764,13 +763,11 @@ class ConsumeLoop:
         self._dispatch_closed.set()
         with self._changed:
             self._changed.notify_all()
-        for t in self._helpers:
-            if t.name.startswith("rmqtrace-ack"):
-                t.join(self._left())
+        for t in self._ack_workers:
+            t.join(self._left())
         self._finished.set()  # ends the lease keeper: whatever is still held now goes back to the broker
-        for t in self._helpers:
-            if t.is_alive():
-                t.join(1.0)
+        if self._keeper is not None:
+            self._keeper.join(1.0)
 
 
 class LeaseRefused(ValueError):
