@@ -107,7 +107,7 @@ def _hex(n: int) -> st.SearchStrategy[str]:
 traceparent_like = st.builds(lambda v, t, s, f: f"{v}-{t}-{s}-{f}", _hex(2), _hex(32), _hex(16), _hex(2))
 values = st.one_of(st.text(max_size=300), st.binary(max_size=80), st.integers(), st.none(), st.floats(),
                    st.just(TP), traceparent_like)
-keys = st.sampled_from([TRACEPARENT, TRACESTATE, PRODUCE_NS, JOB_ID, COST, "other"])
+keys = st.sampled_from([TRACEPARENT, TRACESTATE, "baggage", PRODUCE_NS, JOB_ID, COST, "other"])
 
 
 @settings(max_examples=3000, deadline=None)

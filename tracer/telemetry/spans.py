@@ -41,12 +41,14 @@ __all__ = ["SCOPE", "DeferredSpan", "SpanWriter", "span_writer"]
 
 SCOPE = InstrumentationScope("rmqtrace", __version__, SCHEMA_URL)
 _NO_LIMITS = SpanLimits()
+_EMPTY = Context()  # what the sampler's parent context is built on: only the parent span matters
 
 
 class SpanWriter:
     """Sampling, ids, limits and the span processor of one SDK tracer."""
 
-    __slots__ = ("tracer", "_sampler", "_ids", "_processor", "_resource", "_limits", "_random_ids")
+    __slots__ = ("tracer", "_sampler", "_ids", "_processor", "_resource", "_limits", "_random_ids", "_attr_cap",
+                 "_links_cap")
 
     def __init__(self, tracer: SdkTracer) -> None:
         self.tracer = tracer
@@ -55,6 +57,10 @@ class SpanWriter:
         self._processor = tracer.span_processor
         self._resource = tracer.resource
         self._limits: SpanLimits = getattr(tracer, "_span_limits", None) or _NO_LIMITS
+        # Our own attributes are bounded only past these (a value length limit bounds always).
+        limits = self._limits
+        self._attr_cap = -1 if limits.max_span_attribute_length is not None else (limits.max_span_attributes or 0)
+        self._links_cap = limits.max_links or 0
         self._random_ids = bool(getattr(self._ids, "is_trace_id_random", lambda: False)())
 
     @property
@@ -73,7 +79,7 @@ class SpanWriter:
         if parent is not None and parent.is_valid:
             trace_id = parent.trace_id
             if parent_ctx is None:
-                parent_ctx = trace.set_span_in_context(NonRecordingSpan(parent))
+                parent_ctx = trace.set_span_in_context(NonRecordingSpan(parent), _EMPTY)
             random_id = parent.trace_flags.random_trace_id
         else:
             trace_id = self._ids.generate_trace_id()
@@ -101,19 +107,18 @@ class SpanWriter:
              events: Sequence[Event] = (), links: Sequence[Link] = (), checked: bool = True) -> None:
         """Hand one finished span to the processors, within the provider's span limits.
 
-        ``checked`` says the attributes are ours (valid types and values): then they are bounded
-        only when a limit could bite, which keeps the common case free of per-attribute cleaning.
+        ``checked`` says the attributes and links are ours (valid types and values, links without
+        attributes): then they are bounded only when a limit could bite, which keeps the common
+        case free of per-attribute cleaning.
         """
         limits = self._limits
         attrs: Mapping[str, Any] = attributes or {}
-        if (not checked or limits.max_span_attribute_length is not None
-                or len(attrs) > (limits.max_span_attributes or 0)):
+        if not checked or len(attrs) > self._attr_cap:
             attrs = BoundedAttributes(limits.max_span_attributes, attrs, immutable=True,
                                       max_value_len=limits.max_span_attribute_length)
         if events:
             events = BoundedList.from_seq(limits.max_events, events)  # type: ignore[assignment]
-        # Our one creation link has no attributes: bound links only when a limit could bite.
-        if links and (len(links) > (limits.max_links or 0) or any(link.attributes for link in links)):
+        if links and (not checked or len(links) > self._links_cap):
             links = BoundedList.from_seq(limits.max_links, [
                 Link(link.context, BoundedAttributes(limits.max_link_attributes, link.attributes, immutable=True,
                                                      max_value_len=limits.max_attribute_length))
@@ -159,7 +164,7 @@ class DeferredSpan(Span):
         self._start = start_ns
         self._kind = kind
         self._attrs: dict[str, Any] = attributes if attributes is not None else {}
-        self._events: list[Event] = []
+        self._events: list[Event] | None = None  # made on the first event: most spans have none
         self._links = links
         self._status = Status()
         self._ended = False
@@ -208,7 +213,7 @@ class DeferredSpan(Span):
 
     @property
     def events(self) -> Sequence[Event]:
-        return tuple(self._events)
+        return tuple(self._events or ())
 
     @property
     def status(self) -> Status:
@@ -241,10 +246,15 @@ class DeferredSpan(Span):
 
     def add_event(self, name: str, attributes: Attributes = None, timestamp: int | None = None) -> None:
         if not self._ended:
-            self._events.append(Event(name, self._writer.event_attributes(attributes or {}), timestamp))
+            event = Event(name, self._writer.event_attributes(attributes or {}), timestamp)
+            if self._events is None:
+                self._events = [event]
+            else:
+                self._events.append(event)
 
     def add_link(self, context: SpanContext, attributes: Attributes = None) -> None:
         if not self._ended and context.is_valid:
+            self._foreign = True
             self._links = (*self._links, Link(context, attributes))
 
     def update_name(self, name: str) -> None:
@@ -273,5 +283,5 @@ class DeferredSpan(Span):
             return
         self._ended = True
         self._writer.emit(self._name, self._ctx, self._parent, self._start, end_time or self._start,
-                          kind=self._kind, attributes=self._attrs, status=self._status, events=self._events,
+                          kind=self._kind, attributes=self._attrs, status=self._status, events=self._events or (),
                           links=self._links, checked=not self._foreign)

@@ -348,20 +348,20 @@ class MessageTrace:
             # child of the unrecorded send span would be an orphan; see tracer.telemetry.keep).
             assert self._tracer.hold is not None
             ctx, parent, start_attrs, self._held = self._tracer.hold.open_trace(writer.tracer.id_generator), None, attrs, True
+        current = base if base is not None else otel_context.get_current()  # read once, used twice
         if start_attrs is None:
             # Dropped: the message's context stays current so the handler's spans share the
             # decision instead of starting root traces of their own (as contrib does).
-            return trace.set_span_in_context(NonRecordingSpan(ctx), base)
+            return trace.set_span_in_context(NonRecordingSpan(ctx), current)
         self._ctx = ctx
         process = DeferredSpan(writer, name, ctx, parent, pulled_ns, kind=SpanKind.CONSUMER,
                                attributes=start_attrs, links=links)
         writer.started(process, base)
         self._process = process
-        in_process = trace.set_span_in_context(process, base)
         handler = DeferredSpan(writer, n.HANDLER_SPAN, writer.child_context(ctx), ctx, start_ns)
-        writer.started(handler, in_process)
+        writer.started(handler, trace.set_span_in_context(process, current))
         self._handler = handler
-        return trace.set_span_in_context(handler, base)
+        return trace.set_span_in_context(handler, current)
 
     def _end_handler(self) -> None:
         self.stamps.times[Stage.HANDLER_END] = self._tracer.clock.now_ns()
