@@ -312,3 +312,38 @@ def test_instrumentor_patches_and_unpatches_the_legacy_client(monkeypatch, spans
     send = next(s for s in exporter.get_finished_spans() if s.name == "send T")
     assert process.parent.span_id == send.context.span_id
     assert process.attributes["messaging.consumer.group.name"] == "cg"
+
+
+def test_baggage_and_another_propagators_keys_are_read_from_a_2x_message(spans, registry):
+    from opentelemetry import baggage, propagate
+    from opentelemetry import context as otel_context
+    from opentelemetry.propagators.composite import CompositePropagator
+    from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
+
+    class Extra(TraceContextTextMapPropagator):  # W3C under one more field name, like a vendor's
+        @property
+        def fields(self):
+            return {*super().fields, "x-vendor"}
+
+    provider, _ = spans
+    producer, tracer = setup(provider, registry)
+    m = ReadableMessage("T")
+    m.set_body("x")
+    token = otel_context.attach(baggage.set_baggage("tenant", "acme"))
+    try:
+        r = producer.send_sync(m)
+    finally:
+        otel_context.detach(token)
+    received = FakeReceived(m, r.msg_id, now_ms())
+    assert describe_legacy(received).properties["baggage"] == b"tenant=acme"
+    seen = []
+    traced_callback(lambda msg: seen.append(baggage.get_baggage("tenant")) or ConsumeStatus.CONSUME_SUCCESS,
+                    tracer)(received)
+    assert seen == ["acme"]  # the 2.x client hands bytes; the getter decodes them
+    before = propagate.get_global_textmap()
+    propagate.set_global_textmap(CompositePropagator([Extra()]))
+    try:
+        describe_legacy(received)
+    finally:
+        propagate.set_global_textmap(before)
+    assert "x-vendor" in received.asked

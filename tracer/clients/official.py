@@ -1,15 +1,20 @@
 """Wrappers for the official ``rocketmq-python-client`` 5.x (and anything with its surface,
 such as :mod:`tracer.embedded`).
 
-- Producers: :class:`tracer.producer.TracedProducer` (``send``/``send_async``).
+- Producers: :class:`tracer.clients.producer.TracedProducer` (``send``/``send_async``).
 - Simple consumers: :class:`TracedSimpleConsumer` stamps ``client_pull`` when ``receive`` returns;
   run the handler inside ``with consumer.processing(msg):`` to stamp the handler, or just ``ack``
-  (then the time from receive to ack is taken as the handler). :class:`tracer.consume.ConsumeLoop`
+  (then the time from receive to ack is taken as the handler). :class:`tracer.clients.consume.ConsumeLoop`
   is the full consume loop with our dispatcher.
 - Push consumers: :class:`TracedListener` wraps the user's ``MessageListener``. The client decodes
   a batch and submits every message to its ``ThreadPoolExecutor`` at once, so the decode time is
   both ``client_pull`` and ``dispatch_enqueue``, and the wait in that pool's queue — which the
-  client never measures — becomes ``dispatch_wait``.
+  client never measures — becomes ``dispatch_wait``. The wrapping is
+  :func:`tracer.clients.listener.traced_consume`, shared with the 2.x callback.
+
+The simple consumer and producer wrappers read the wrapped client's id, namespace and endpoint
+(:func:`tracer.path.message.client_facts`) into the tracer, for ``messaging.client.id``,
+``messaging.rocketmq.namespace`` and ``server.address``.
 """
 
 from __future__ import annotations
