@@ -116,3 +116,33 @@ def test_cli_against_an_endpoint_nobody_answers_is_one_line_and_status_2(rmq, ca
     assert main(["probe", "--endpoint", "127.0.0.1:1", "--topic", topic, "--count", "1"]) == 2
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and err.startswith("rmqtrace probe: error: --endpoint 127.0.0.1:1"), err
+
+
+def test_instrumented_simple_consumer_never_returns_a_probe_and_acks_it(rmq, registry):
+    from tracer.clients.instrumentor import RocketMQInstrumentor
+
+    topic, group = fresh_topic("rt-probe-inst"), fresh_group("rt-probe-inst")
+    producer = start_producer(topic)
+    consumer = start_simple(group, topic)
+    sender = ProbeSender(producer, topic, rmq.Message)
+    assert sender.send_one() and sender.send_one()
+    producer.send(message(topic, "real-1"))
+    inst = RocketMQInstrumentor()
+    inst.instrument(registry=registry)
+    got: list = []
+    try:
+        wait_until(lambda: got.extend(consumer.receive(16, 2)) or probe_count(registry, topic, group) >= 2 and got,
+                   timeout=30, what="2 probes settled and the real message received")
+        for m in got:
+            consumer.ack(m)
+    finally:
+        inst.uninstrument()
+    assert [m.body for m in got] == [b"real-1"]
+    quietly(producer.shutdown)
+    quietly(consumer.shutdown)
+    # the probes were acked on receive: nothing comes back after their 2 s lease (+ the revive delay)
+    again = start_simple(group, topic, await_duration=4)
+    try:
+        assert [m for _ in range(2) for m in again.receive(16, 2)] == []
+    finally:
+        quietly(again.shutdown)
