@@ -48,4 +48,8 @@ def test_the_demo_command_runs_a_fleet(tmp_path: Path) -> None:
     summary = json.loads(out.stdout.strip().splitlines()[-1])
     assert [m["mode"] for m in summary] == ["prefetch", "demand_driven"]
     assert [c["consumer"] for c in summary[0]["per_consumer"]] == ["consumer-0", "consumer-1", "consumer-2"]
-    assert "consumer-2" in out.stdout and (tmp_path / "fleet.json").is_file()
+    assert "fleet.html" in out.stdout and (tmp_path / "fleet.json").is_file()
+    page = (tmp_path / "fleet.html").read_text()
+    # one lane group per consumer instance in each mode, a bar per handled message
+    assert page.count("consumer-2</text>") == 2 and page.count("<rect ") >= 2 * 40
+    assert "prefetch" in page and "demand_driven" in page
