@@ -174,3 +174,19 @@ def test_an_instance_idle_for_a_whole_job_still_counts() -> None:
     by = {i.name: i for i in a.instances}
     assert by["host:101"].messages == 0 and by["host:101"].workers == 1
     assert a.idle_while_held_s == pytest.approx(2)
+
+
+def test_the_fleet_page_draws_one_lane_group_per_instance() -> None:
+    from tracer.report.fleet import fleet_page
+
+    c = FleetCollector()
+    c.add_jaeger_page({"data": [
+        _trace(1, 0, "j", T0, T0, T0 + 3 * S, worker=0),
+        _trace(2, 0, "j", T0, T0 + 3 * S, T0 + 6 * S, worker=0),
+        _trace(3, 1, "j", T0, T0, T0 + S, worker=1),
+    ]})
+    (job,) = c.job_views()
+    assert job.section is not None
+    page = fleet_page("fleet", [job.section])
+    assert page.count("host:100</text>") == 1 and page.count("host:101</text>") == 1
+    assert page.count("<rect ") == 3 and "held ≤ 1" in page and page.startswith("<!doctype html>")

@@ -27,12 +27,14 @@ import urllib.error
 import urllib.parse
 import urllib.request
 from dataclasses import dataclass, field
+from html import escape
 from typing import Any, Callable, Iterable, Iterator, NamedTuple, Sequence
 
 from ..path import names
 from ..path.stages import Stage
 
-__all__ = ["FleetCollector", "FleetInstance", "FleetJob", "Handled", "fleet_lines", "read_jaeger_fleet", "sweep_waits"]
+__all__ = ["FleetCollector", "FleetInstance", "FleetJob", "FleetSection", "Handled", "fleet_lines", "fleet_page",
+           "read_jaeger_fleet", "sweep_waits"]
 
 INSTANCE_KEY = "service.instance.id"
 _PULL, _START, _END = (names.STAMP_ATTRS[s] for s in (Stage.CLIENT_PULL, Stage.HANDLER_START, Stage.HANDLER_END))
@@ -110,6 +112,7 @@ class FleetJob:
     idle_while_held_s: float
     inprocess_idle_while_held_s: float
     critical: dict[str, Any]
+    section: FleetSection | None = field(default=None, repr=False)  # what the HTML lanes draw
 
     def as_dict(self) -> dict[str, Any]:
         return {"job": self.job, "messages": self.messages, "completion_s": round(self.completion_s, 3),
@@ -207,11 +210,16 @@ class FleetCollector:
             "handler_s": round((last.end_ns - last.start_ns) / 1e9, 3),
             "ended_s": round((last.end_ns - t0) / 1e9, 3),
         }
+        lanes = [Handled(r.worker, r.instance, r.pull_ns, r.start_ns, r.end_ns) for r in recs]
+        section = FleetSection(
+            f"job {job}", f"{len(recs)} messages, completed in {(last.end_ns - t0) / 1e9:.2f} s; "
+            f"{waits['fleet_idle_while_held_s']:.1f} idle worker-s while another instance held unstarted messages",
+            list(self.instances), workers, lanes, waits["max_held"], by_worker=True)
         return FleetJob(job, len(recs), (last.end_ns - t0) / 1e9, [
             FleetInstance(self.instances[i], count[i], busy[i], busy[i] / total if total else 0.0, workers[i],
                           inferred[i], waits["max_held"][i], waits["caused_s"][i])
             for i in range(n)], waits["fleet_idle_while_held_s"], waits["inprocess_idle_while_held_s"],
-            critical)
+            critical, section)
 
 
 def _max_overlap(recs: Sequence[_Rec]) -> int:
@@ -294,3 +302,71 @@ def fleet_lines(jobs: Iterable[FleetJob]) -> list[str]:
         if any(i.workers_inferred for i in j.instances):
             out.append("  ?: no rmqtrace.worker on the spans; workers = the most handlers that overlapped (a lower bound)")
     return out
+
+
+@dataclass
+class FleetSection:
+    """One block of the fleet page: a job (or a demo mode) over its instances. With ``by_worker``
+    a record's ``message`` field is its worker id (its lane); otherwise lanes are packed."""
+
+    title: str
+    subtitle: str
+    instances: list[str]
+    workers: list[int]
+    records: list[Handled]
+    max_held: list[int]
+    by_worker: bool = False
+
+
+def _lanes_svg(sec: FleetSection, span: int, width: int) -> str:
+    t0 = min(x.pull_ns for x in sec.records)
+    lane_h, held_h, gap, left = 9, 28, 14, 150
+    scale = (width - left - 10) / span
+    rows: list[str] = [f'<text x="{left}" y="11" font-size="9" fill="#666">0 s</text>'
+                       f'<text x="{width - 10}" y="11" font-size="9" fill="#666" text-anchor="end">{span / 1e9:.2f} s</text>']
+    y = 16
+    for i, name in enumerate(sec.instances):
+        mine = sorted((x for x in sec.records if x.instance == i), key=lambda x: x.start_ns)
+        ev = sorted([(min(x.pull_ns, x.start_ns), 1) for x in mine] + [(x.start_ns, -1) for x in mine])
+        peak = max(1, sec.max_held[i] if i < len(sec.max_held) else 1)
+        pts, cur = [f"{left},{y + held_h}"], 0
+        for t, d in ev:
+            px = left + (t - t0) * scale
+            pts.append(f"{px:.1f},{y + held_h - cur * held_h / peak:.1f}")
+            cur += d
+            pts.append(f"{px:.1f},{y + held_h - cur * held_h / peak:.1f}")
+        rows.append(f'<polyline fill="none" stroke="#c0392b" stroke-width="1.2" points="{" ".join(pts)}"/>')
+        rows.append(f'<text x="4" y="{y + 12}" font-size="11">{escape(name)}</text>'
+                    f'<text x="4" y="{y + 25}" font-size="9" fill="#c0392b">held ≤ {peak if mine else 0}</text>')
+        y += held_h + 3
+        n_lanes = max(1, sec.workers[i])
+        lane_of: dict[int, int] = {}
+        free = [0] * n_lanes  # packed lanes: a worker's bars never overlap
+        for x in mine:
+            if sec.by_worker and x.message >= 0:
+                lane = lane_of.setdefault(x.message, len(lane_of) % n_lanes)
+            else:
+                lane = next((k for k, f in enumerate(free) if f <= x.start_ns), min(range(n_lanes), key=free.__getitem__))
+                free[lane] = x.end_ns
+            rows.append(f'<rect x="{left + (x.start_ns - t0) * scale:.1f}" y="{y + lane * lane_h}" '
+                        f'width="{max(0.6, (x.end_ns - x.start_ns) * scale):.1f}" height="{lane_h - 2}" fill="#2e86c1">'
+                        f'<title>waited {(x.start_ns - x.pull_ns) / 1e9:.3f} s unstarted, handler '
+                        f'{(x.end_ns - x.start_ns) / 1e9:.3f} s</title></rect>')
+        y += n_lanes * lane_h + gap
+    return f'<svg xmlns="http://www.w3.org/2000/svg" width="{width}" height="{y}" font-family="sans-serif">{"".join(rows)}</svg>'
+
+
+def fleet_page(title: str, sections: Sequence[FleetSection], *, width: int = 1100) -> str:
+    """A self-contained HTML page: per section, one lane group per instance — the messages it held
+    received but not started (red step line) over one lane per worker, a bar per handler. All
+    sections share one time axis, so a longer job draws longer."""
+    drawn = [s for s in sections if s.records]
+    span = max([1] + [max(x.end_ns for x in s.records) - min(x.pull_ns for x in s.records) for s in drawn])
+    parts = [f"<!doctype html><meta charset='utf-8'><title>{escape(title)}</title>",
+             "<style>body{font-family:sans-serif;margin:24px;max-width:1200px}h2{margin-bottom:2px}"
+             "p{margin-top:2px;color:#444}</style>", f"<h1>{escape(title)}</h1>",
+             "<p>Per instance: the red line is how many messages it held received but not started; below it one "
+             "lane per worker, one bar per handler (hover for its wait).</p>"]
+    for sec in drawn:
+        parts.append(f"<h2>{escape(sec.title)}</h2><p>{escape(sec.subtitle)}</p>{_lanes_svg(sec, span, width)}")
+    return "".join(parts)

@@ -33,7 +33,7 @@ from ..clients.producer import TracedProducer
 from ..dispatch.simulate import lower_bound
 from ..embedded import EmbeddedBroker, Message, Producer, SimpleConsumer
 from ..path.stages import Outcome, Stage
-from ..report.fleet import Handled
+from ..report.fleet import FleetSection, Handled, fleet_page
 from ..telemetry.occupancy import OccupancyMetrics, OccupancySnapshot
 from ..telemetry.tracer import MessageTrace, MessageTracer
 from .bench.fleet import fleet_greedy, fleet_waits
@@ -290,60 +290,13 @@ def cli_fleet_demo(args: Any, settings: Any, registry: CollectorRegistry, consol
     return 0
 
 
-def write_fleet_html(runs: Sequence[FleetModeRun], path: Path, *, width: int = 1100) -> Path:
-    """A self-contained page: per mode, one lane group per consumer instance (a lane per worker, a
-    bar per handler) under a step chart of the messages it held unstarted."""
-    from html import escape
-
-    # one time axis for every mode, so the longer job draws longer
-    span = max(1, max(max(x.end_ns for x in r.records) - min(x.pull_ns for x in r.records) for r in runs))
-
-    def svg(r: FleetModeRun) -> str:
-        t0 = min(x.pull_ns for x in r.records)
-        lane_h, held_h, gap, left = 9, 28, 14, 90
-        scale = (width - left - 10) / span
-        rows: list[str] = [f'<text x="{left}" y="11" font-size="9" fill="#666">0 s</text>'
-                           f'<text x="{width - 10}" y="11" font-size="9" fill="#666" text-anchor="end">'
-                           f'{span / 1e9:.2f} s</text>']
-        y = 16
-        for i in range(r.consumers):
-            mine = sorted((x for x in r.records if x.instance == i), key=lambda x: x.start_ns)
-            # unstarted messages over time, as a step line
-            ev = sorted([(min(x.pull_ns, x.start_ns), 1) for x in mine] + [(x.start_ns, -1) for x in mine])
-            peak = max(1, r.max_held[i])
-            pts, cur = [f"{left},{y + held_h}"], 0
-            for t, d in ev:
-                px = left + (t - t0) * scale
-                pts.append(f"{px:.1f},{y + held_h - cur * held_h / peak:.1f}")
-                cur += d
-                pts.append(f"{px:.1f},{y + held_h - cur * held_h / peak:.1f}")
-            rows.append(f'<polyline fill="none" stroke="#c0392b" stroke-width="1.2" points="{" ".join(pts)}"/>')
-            rows.append(f'<text x="4" y="{y + 12}" font-size="11">consumer-{i}</text>'
-                        f'<text x="4" y="{y + 25}" font-size="9" fill="#c0392b">held ≤ {r.max_held[i]}</text>')
-            y += held_h + 3
-            free = [0] * r.workers  # first free time per lane: a worker's bars never overlap
-            for x in mine:
-                lane = next((k for k, f in enumerate(free) if f <= x.start_ns), min(range(r.workers), key=free.__getitem__))
-                free[lane] = x.end_ns
-                rows.append(f'<rect x="{left + (x.start_ns - t0) * scale:.1f}" y="{y + lane * lane_h}" '
-                            f'width="{max(0.6, (x.end_ns - x.start_ns) * scale):.1f}" height="{lane_h - 2}" '
-                            f'fill="#2e86c1"><title>message {x.message}: waited '
-                            f'{(x.start_ns - x.pull_ns) / 1e9:.3f} s, handler {(x.end_ns - x.start_ns) / 1e9:.3f} s'
-                            f'</title></rect>')
-            y += r.workers * lane_h + gap
-        return (f'<svg xmlns="http://www.w3.org/2000/svg" width="{width}" height="{y}" '
-                f'font-family="sans-serif">{"".join(rows)}</svg>')
-
-    parts = ["<!doctype html><meta charset='utf-8'><title>rmqtrace demo: one job over a fleet</title>",
-             "<style>body{font-family:sans-serif;margin:24px;max-width:1200px}h2{margin-bottom:2px}"
-             "p{margin-top:2px;color:#444}</style>",
-             f"<h1>One job over {runs[0].consumers} consumers of one group</h1>",
-             "<p>Per consumer instance: the red line is how many messages it held received but not started; "
-             "below it one lane per worker, one bar per handler (hover for its wait).</p>"]
-    for r in runs:
-        parts.append(f"<h2>{escape(r.mode)}</h2><p>job {r.makespan_s:.2f} s = {r.makespan_s / r.greedy_s:.2f}× the "
-                     f"fleet's greedy schedule; {r.fleet_idle_while_held_s:.1f} idle worker-s while another consumer "
-                     f"held work; messages per consumer {' / '.join(map(str, r.messages))}</p>{svg(r)}")
+def write_fleet_html(runs: Sequence[FleetModeRun], path: Path) -> Path:
+    """The fleet page (:func:`tracer.report.fleet.fleet_page`): per mode, one lane group per consumer."""
+    sections = [FleetSection(
+        r.mode, f"job {r.makespan_s:.2f} s = {r.makespan_s / r.greedy_s:.2f}× the fleet's greedy schedule; "
+        f"{r.fleet_idle_while_held_s:.1f} idle worker-s while another consumer held work; messages per consumer "
+        f"{' / '.join(map(str, r.messages))}", [f"consumer-{i}" for i in range(r.consumers)],
+        [r.workers] * r.consumers, r.records, r.max_held) for r in runs]
     path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text("".join(parts), encoding="utf-8")
+    path.write_text(fleet_page(f"One job over {runs[0].consumers} consumers of one group", sections), encoding="utf-8")
     return path
