@@ -3,6 +3,8 @@ pages with bounded memory; the stamps sweep behind "where the job waited"."""
 
 from __future__ import annotations
 
+import argparse
+import json
 import os
 import subprocess
 import sys
@@ -11,13 +13,14 @@ import tracemalloc
 import urllib.parse
 import urllib.request
 import uuid
+from pathlib import Path
 from typing import Any
 
 import pytest
 
 from tracer.path import names
 from tracer.path.stages import Stage
-from tracer.report.fleet import FleetCollector, Handled, fleet_lines, read_jaeger_fleet, sweep_waits
+from tracer.report.fleet import FleetCollector, Handled, cli_fleet, fleet_lines, read_jaeger_fleet, sweep_waits
 
 S = 1_000_000_000
 T0 = 1_800_000_000 * S
@@ -131,7 +134,7 @@ def test_read_jaeger_fleet_refuses_what_cannot_work() -> None:
 
 
 @pytest.mark.integration
-def test_a_fleet_demo_in_jaeger_reads_back_per_instance() -> None:
+def test_a_fleet_demo_in_jaeger_reads_back_per_instance(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     from conftest import unavailable
 
     query = f"http://127.0.0.1:{os.environ.get('JAEGER_QUERY_PORT', '16686')}"
@@ -161,6 +164,14 @@ def test_a_fleet_demo_in_jaeger_reads_back_per_instance() -> None:
                                           for i in dd.instances)
     assert c.pages > 1  # 120 traces at 50 a page
     assert dd.idle_while_held_s <= jobs["job-1-prefetch"].idle_while_held_s
+    # the command's view of the same service: JSON per job, the lanes page
+    html = tmp_path / "fleet.html"
+    args = argparse.Namespace(jaeger=query, service=service, lookback="10m", timeout=30.0, job=None, json=True,
+                              html=str(html))
+    assert cli_fleet(args) == 0
+    out = json.loads(capsys.readouterr().out)
+    assert {j["job"] for j in out["jobs"]} == set(jobs) and out["traces"] >= 120
+    assert html.read_text().count("/consumer-2</text>") == 2
 
 
 def test_an_instance_idle_for_a_whole_job_still_counts() -> None:

@@ -33,8 +33,8 @@ from typing import Any, Callable, Iterable, Iterator, NamedTuple, Sequence
 from ..path import names
 from ..path.stages import Stage
 
-__all__ = ["FleetCollector", "FleetInstance", "FleetJob", "FleetSection", "Handled", "fleet_lines", "fleet_page",
-           "read_jaeger_fleet", "sweep_waits"]
+__all__ = ["FleetCollector", "FleetInstance", "FleetJob", "FleetSection", "Handled", "cli_fleet", "fleet_lines",
+           "fleet_page", "read_jaeger_fleet", "sweep_waits"]
 
 INSTANCE_KEY = "service.instance.id"
 _PULL, _START, _END = (names.STAMP_ATTRS[s] for s in (Stage.CLIENT_PULL, Stage.HANDLER_START, Stage.HANDLER_END))
@@ -370,3 +370,42 @@ def fleet_page(title: str, sections: Sequence[FleetSection], *, width: int = 110
     for sec in drawn:
         parts.append(f"<h2>{escape(sec.title)}</h2><p>{escape(sec.subtitle)}</p>{_lanes_svg(sec, span, width)}")
     return "".join(parts)
+
+
+def cli_fleet(args: Any) -> int:
+    """``rmqtrace report --jaeger URL --fleet``: every trace of ``--service`` in ``--lookback``, paged;
+    the fleet view per job on stdout (``--json``: as JSON), ``--html FILE``: the lanes per instance."""
+    import sys
+    from pathlib import Path
+
+    from .sources import parse_duration
+
+    if not args.jaeger:
+        print("rmqtrace report: --fleet reads Jaeger: give --jaeger URL", file=sys.stderr)
+        return 2
+    try:
+        lookback = parse_duration(args.lookback)
+    except ValueError as exc:
+        print(f"rmqtrace report: {exc}", file=sys.stderr)
+        return 2
+    try:
+        collector = read_jaeger_fleet(args.jaeger, args.service, lookback_s=lookback, timeout=args.timeout)
+    except (OSError, ValueError) as exc:
+        print(f"rmqtrace report: reading Jaeger at {args.jaeger}: {exc}", file=sys.stderr)
+        return 1
+    jobs = [j for j in collector.job_views() if not args.job or j.job == args.job]
+    if not jobs:
+        print(f"rmqtrace report: no handled consumer spans of service {args.service!r} in the last {args.lookback} "
+              f"({collector.traces} traces read)", file=sys.stderr)
+        return 1
+    if args.json:
+        print(json.dumps({"traces": collector.traces, "pages": collector.pages, "jobs": [j.as_dict() for j in jobs]}))
+    else:
+        print("\n".join(fleet_lines(jobs)))
+        print(f"read {collector.traces} traces in {collector.pages} pages from {args.jaeger}")
+    if args.html:
+        page = Path(args.html)
+        page.parent.mkdir(parents=True, exist_ok=True)
+        page.write_text(fleet_page(f"Fleet of {args.service}", [j.section for j in jobs if j.section]), encoding="utf-8")
+        print(f"html: open {page.resolve().as_uri()}", file=sys.stderr if args.json else sys.stdout)
+    return 0
