@@ -183,6 +183,7 @@ class OccupancyModel(RuleBasedStateMachine):
         self.occ = Occupancy(self.workers, clock=self.clock)
         self.busy = 0
         self.waiting: list[int] = []
+        self.announced = 0
         self.expect = {"busy_s": 0.0, "idle_s": 0.0, "hol_s": 0.0, "holding_s": 0.0}
 
     @rule(ms=st.integers(0, 5000))
@@ -198,7 +199,17 @@ class OccupancyModel(RuleBasedStateMachine):
 
     @rule()
     def receive(self) -> None:
-        self.waiting.append(self.occ.received())
+        t = self.occ.received()
+        if self.announced:  # a receipt announced earlier: already waiting
+            self.announced -= 1
+        else:
+            self.waiting.append(t)
+
+    @rule(n=st.integers(1, 4))
+    def announce(self, n: int) -> None:
+        self.occ.announce(n)
+        self.waiting += [self.clock.now_ns()] * n
+        self.announced += n
 
     @precondition(lambda self: self.waiting and self.busy < self.workers)
     @rule(data=st.data())
