@@ -360,3 +360,17 @@ def test_the_report_reads_what_the_tracer_writes(tmp_path):
     provider.shutdown()
     (record,) = messages_from_spans(read_spans(path))
     assert (record.message_id, record.group, record.attempt) == ("M9", "G", 3)
+
+
+def test_with_another_sdk_the_handler_still_runs_in_the_producers_context():
+    class VendorProvider(trace.TracerProvider):  # records somewhere, but is not the OpenTelemetry SDK
+        def get_tracer(self, *args, **kwargs):
+            return trace.NoOpTracer()
+
+    clock = ManualClock()
+    cons = MessageTracer(consumer_group="G", tracer_provider=VendorProvider(), clock=clock)
+    seen = []
+    run_one(cons, clock, {"traceparent": "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01"},
+            inside=lambda: seen.append(trace.get_current_span().get_span_context()))
+    assert seen[0].trace_id == 0x0AF7651916CD43DD8448EB211C80319C and seen[0].span_id == 0xB7AD6B7169203331
+    assert not trace.get_current_span().get_span_context().is_valid  # detached after the handler

@@ -126,6 +126,9 @@ class MessageTracer:
                                        schema_url=n.SCHEMA_URL)
         self._writer: SpanWriter | None = None
         self._writer_resolved = False
+        # A provider that records but is not the OpenTelemetry SDK (a vendor's): we write no
+        # consumer spans into it, but the message's context is made current for the user's spans.
+        self.foreign_provider = False
         self.skew = SkewTracker()
         self.errors = PropagationErrors(metrics.count_propagation_error if metrics else None)
         self.worker_attr = worker_attr
@@ -238,6 +241,8 @@ class MessageTracer:
         provider = self._provider or trace.get_tracer_provider()
         self._writer = span_writer(provider.get_tracer("rmqtrace", __version__))
         self._writer_resolved = not isinstance(provider, trace.ProxyTracerProvider)
+        self.foreign_provider = self._writer is None and not isinstance(
+            provider, (trace.NoOpTracerProvider, trace.ProxyTracerProvider))
         return self._writer
 
     def hook_failed(self, where: str, exc: BaseException) -> None:
@@ -327,6 +332,13 @@ class MessageTrace:
             self._tracer.occupancy.started(times[Stage.CLIENT_PULL])
         writer = self._tracer.writer()
         if writer is None:
+            carried = self.carried
+            if self._tracer.foreign_provider:
+                # the user's spans, recorded by another SDK, join the producer's trace
+                if carried.context is not None:
+                    self._token = otel_context.attach(carried.context)
+                elif carried.parent is not None:
+                    self._token = otel_context.attach(trace.set_span_in_context(NonRecordingSpan(carried.parent)))
             return
         try:
             self._token = otel_context.attach(self._open_spans(writer, times[Stage.CLIENT_PULL],
