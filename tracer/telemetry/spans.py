@@ -20,6 +20,7 @@ SDK internals used here and nowhere else (opentelemetry-sdk 1.45): the proxy tra
 
 from __future__ import annotations
 
+import sys
 import traceback
 from typing import Any, Mapping, Sequence
 
@@ -59,8 +60,8 @@ class SpanWriter:
         self._limits: SpanLimits = getattr(tracer, "_span_limits", None) or _NO_LIMITS
         # Our own attributes are bounded only past these (a value length limit bounds always).
         limits = self._limits
-        self._attr_cap = -1 if limits.max_span_attribute_length is not None else (limits.max_span_attributes or 0)
-        self._links_cap = limits.max_links or 0
+        self._attr_cap = -1 if limits.max_span_attribute_length is not None else _cap(limits.max_span_attributes)
+        self._links_cap = _cap(limits.max_links)
         self._random_ids = bool(getattr(self._ids, "is_trace_id_random", lambda: False)())
 
     @property
@@ -131,6 +132,10 @@ class SpanWriter:
         limits = self._limits
         return BoundedAttributes(limits.max_event_attributes, attributes, immutable=True,
                                  max_value_len=limits.max_attribute_length)
+
+
+def _cap(limit: int | None) -> int:
+    return sys.maxsize if limit is None else limit  # None: the limit is off
 
 
 def span_writer(tracer: Any) -> SpanWriter | None:
