@@ -169,3 +169,16 @@ def test_a_received_5x_message_gives_namespace_type_and_endpoint(spans, registry
     assert (a["messaging.rocketmq.namespace"], a["messaging.rocketmq.message.type"]) == ("ns", "delay")
     assert (a["server.address"], a["server.port"]) == ("10.0.0.7", 8081)
     assert a["error.type"] == "failure"
+
+
+def test_a_delay_message_is_sent_as_type_delay(spans):
+    provider, exporter = spans
+    broker = EmbeddedBroker()
+    producer = TracedProducer(Producer(broker, ["T"]), MessageTracer(tracer_provider=provider))
+    producer.startup()
+    m = Message()
+    m.topic, m.body = "T", b"x"
+    m.delivery_timestamp = int(time.time() * 1000) + 60_000  # what the 5.x Message's setter stores
+    producer.send(m)
+    (send,) = exporter.get_finished_spans()
+    assert send.attributes["messaging.rocketmq.message.type"] == "delay"

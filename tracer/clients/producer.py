@@ -31,6 +31,7 @@ def start_send(tracer: MessageTracer, message: Any, job_id: str | None = None,
                cost: float | None = None) -> SendTrace:
     keys = getattr(message, "keys", None) or ()
     body = getattr(message, "body", None)
+    due = getattr(message, "delivery_timestamp", None)  # ms; set on a 5.x delay message
     return tracer.start_send(
         str(getattr(message, "topic", "") or ""), _setter(message),
         tag=getattr(message, "tag", None),
@@ -38,6 +39,7 @@ def start_send(tracer: MessageTracer, message: Any, job_id: str | None = None,
         message_group=getattr(message, "message_group", None),
         job_id=job_id, cost=cost,
         body_size=len(body) if isinstance(body, (bytes, bytearray, str)) else None,
+        delivery_ms=due if isinstance(due, int) and not isinstance(due, bool) and due > 0 else None,
     )
 
 

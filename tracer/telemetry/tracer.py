@@ -154,7 +154,7 @@ class MessageTracer:
     def start_send(self, topic: str, set_property: Callable[[str, str], object], *,
                    tag: str | None = None, keys: Sequence[str] = (), message_group: str | None = None,
                    job_id: str | None = None, cost: float | None = None,
-                   body_size: int | None = None) -> SendTrace:
+                   body_size: int | None = None, delivery_ms: int | None = None) -> SendTrace:
         """Open the ``send {topic}`` span and write trace context + produce stamp into the message.
 
         Every attribute is known before the send, so all go to ``start_span``: the sampler sees
@@ -169,7 +169,7 @@ class MessageTracer:
         }
         self._client_attrs(attrs, self.namespace)
         _message_attrs(attrs, tag, keys, message_group, body_size if self.record_body_size else None)
-        attrs[n.MESSAGE_TYPE] = message_type(None, message_group, None)
+        attrs[n.MESSAGE_TYPE] = message_type(None, message_group, delivery_ms)  # delivery_ms: a delay message
         if job_id:
             attrs[n.JOB_ID] = job_id
         span = self.tracer.start_span(n.send_span_name(topic), kind=SpanKind.PRODUCER, attributes=attrs)
