@@ -178,7 +178,8 @@ def test_a_delay_message_is_sent_as_type_delay(spans):
     producer.startup()
     m = Message()
     m.topic, m.body = "T", b"x"
-    m.delivery_timestamp = int(time.time() * 1000) + 60_000  # what the 5.x Message's setter stores
+    m.delivery_timestamp = due = int(time.time() * 1000) + 60_000  # what the 5.x Message's setter stores
     producer.send(m)
     (send,) = exporter.get_finished_spans()
     assert send.attributes["messaging.rocketmq.message.type"] == "delay"
+    assert send.attributes["messaging.rocketmq.message.delivery_timestamp"] == due

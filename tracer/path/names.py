@@ -14,7 +14,7 @@ from __future__ import annotations
 from .stages import PATH_GAPS, Gap, Stage
 
 __all__ = [
-    "BODY", "BODY_SIZE", "CLIENT_ID", "CONSUMER_GROUP",
+    "BODY", "BODY_SIZE", "CLIENT_ID", "CONSUMER_GROUP", "DELIVERY_TIMESTAMP",
     "COST", "COST_PROPERTY", "DELIVERY_ATTEMPT", "DESTINATION", "ERROR_TYPE", "GAP_SPANS",
     "HANDLER_SPAN", "JOB_ID", "JOB_ID_PROPERTY", "LEGACY_DELIVERY_ATTEMPT", "MESSAGE_GROUP",
     "MESSAGE_ID", "MESSAGE_KEYS", "MESSAGE_TAG", "MESSAGE_TYPE", "NAMESPACE", "OPERATION_NAME",
@@ -56,6 +56,7 @@ MESSAGE_TAG = "messaging.rocketmq.message.tag"
 MESSAGE_KEYS = "messaging.rocketmq.message.keys"
 MESSAGE_GROUP = "messaging.rocketmq.message.group"
 MESSAGE_TYPE = "messaging.rocketmq.message.type"  # normal, fifo, delay, transaction
+DELIVERY_TIMESTAMP = "messaging.rocketmq.message.delivery_timestamp"  # ms, a delay message's due time
 SERVER_ADDRESS = "server.address"
 SERVER_PORT = "server.port"
 ERROR_TYPE = "error.type"

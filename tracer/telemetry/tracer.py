@@ -169,7 +169,9 @@ class MessageTracer:
         }
         self._client_attrs(attrs, self.namespace)
         _message_attrs(attrs, tag, keys, message_group, body_size if self.record_body_size else None)
-        attrs[n.MESSAGE_TYPE] = message_type(None, message_group, delivery_ms)  # delivery_ms: a delay message
+        attrs[n.MESSAGE_TYPE] = message_type(None, message_group, delivery_ms)
+        if delivery_ms:
+            attrs[n.DELIVERY_TIMESTAMP] = delivery_ms
         if job_id:
             attrs[n.JOB_ID] = job_id
         span = self.tracer.start_span(n.send_span_name(topic), kind=SpanKind.PRODUCER, attributes=attrs)
@@ -499,6 +501,8 @@ class MessageTrace:
         _message_attrs(attrs, info.tag, info.keys, info.message_group,
                        info.body_size if mt.record_body_size else None)
         attrs[n.MESSAGE_TYPE] = message_type(info.declared_type, info.message_group, info.delivery_ms)
+        if info.delivery_ms:
+            attrs[n.DELIVERY_TIMESTAMP] = info.delivery_ms
         if self.carried.job_id:
             attrs[n.JOB_ID] = self.carried.job_id
         if self.carried.cost is not None:
