@@ -428,7 +428,8 @@ class ConsumeLoop:
         the dispatcher as far as it takes it now, then receive once if there is room.
 
         Returns how many messages were received, or None when there was no room to receive (or
-        the backlog is not empty). Receive errors propagate (``run`` counts them).
+        the backlog is not empty). Receive errors propagate (``run`` counts them). With
+        ``prefetch`` > 0 the backlog is handed out by :meth:`run`'s feeder thread, not here.
         """
         if self.flow.prefetch == 0:
             self._feed(0)
