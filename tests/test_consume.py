@@ -361,3 +361,25 @@ def test_a_message_the_dispatcher_refuses_does_not_stop_the_loop():
     loop.stop()
     t.join(10)
     assert loop.stats.received == 6 and loop.stats.failed + loop.stats.acked >= 6
+
+
+def test_stop_hands_out_the_backlog_and_acks_it():
+    """What the dispatcher could not take yet when stop() came is still run and acked, not left
+    for redelivery."""
+    release = threading.Event()
+    started = threading.Event()
+
+    def handler(m):
+        started.set()
+        release.wait(10)
+
+    broker, loop = pipeline(0, handler, bodies=["k1", "k2", "k3", "k4"], policy=Aggressive(max_parked=1),
+                            key=key_of_body, workers=4)
+    t = run_in_thread(loop)
+    started.wait(5)
+    wait_until(lambda: loop.state().waiting == 2, what="k3 and k4 in the backlog")
+    assert loop.stop() is False
+    release.set()
+    t.join(10)
+    assert not t.is_alive()
+    assert loop.stats.acked == 4 and loop.state().held == 0 and broker.backlog("G", "T") == 0
