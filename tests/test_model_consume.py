@@ -18,7 +18,7 @@ After every step, once the threads have settled (a deadline wait, no fixed sleep
 * every message is acked at the broker or still at the broker (``acked + backlog == sent``),
   so none is lost and none revived after its ack; an untainted message is acked once;
 * the loop's stats add up (``received == acked + retry_scheduled + ack_errors + expired + held``;
-  one outcome per handler that returned); broker errors are only the injected ones (the loop
+  one outcome per delivery); broker errors are only the injected ones (the loop
   never acks or renews with a handle it knows has expired);
 * the loop is alive (``poll`` raises only the injected error) unless stopped, and receives
   nothing once stopped.
@@ -133,7 +133,6 @@ class ConsumeModel(RuleBasedStateMachine):
         self.cond = threading.Condition()
         self.calls: list[Call] = []
         self.running: set[Call] = set()
-        self.returned = 0
         self.sent: list[str] = []
         self.tainted: set[str] = set()  # message ids whose lease the loop gave up or lost
         self.retried: set[str] = set()  # message ids whose handler failed or overran: nacked, run again
@@ -160,23 +159,35 @@ class ConsumeModel(RuleBasedStateMachine):
         call.gate.wait(120)
         with self.cond:
             self.running.discard(call)
-            self.returned += 1
         if call.fail:
             raise RuntimeError("handler failed")
 
     # -- helpers ------------------------------------------------------------------------------
     def quiesce(self) -> None:
-        """Wait until every released handler's outcome reached the loop and every message the
-        dispatcher handed out is inside its handler."""
+        """Wait until every outcome the dispatcher reported reached the loop, every message it
+        handed out is inside its handler, and no released handler is still on its way out."""
+        d = self.loop.dispatcher
+
         def settled() -> bool:
-            s = self.loop.stats
+            s, ds = self.loop.stats, d.stats
             with self.cond:
-                returned, running = self.returned, len(self.running)
-                released = any(c.gate.is_set() for c in self.running)  # still on its way out
-            return (not released and s.succeeded + s.failed == returned
-                    and self.loop.dispatcher.stats.in_flight == running)
+                running = len(self.running)
+                released = any(c.gate.is_set() for c in self.running)
+            return (not released and s.succeeded + s.failed == ds.handled + ds.failed + ds.timed_out
+                    and ds.in_flight + getattr(ds, "overrun", 0) == running)
 
         wait_until(settled, timeout=10, interval=0.001, what="the loop's threads to settle")
+
+    def moved(self) -> None:
+        """The clock moved: a handler now past handler_timeout may be reported TIMEOUT (the thread
+        engine's watchdog; checked here at once so the report does not depend on thread timing)
+        and given back while it still runs — a second copy of it may run, by design."""
+        for c in list(self.running):
+            if self.clock() - c.started > TIMEOUT:
+                self.tainted.add(c.message.message_id)
+        check = getattr(self.loop.dispatcher, "check_timeouts", None)
+        if check is not None:
+            check()
 
     def taint_held(self) -> None:
         self.tainted.update(m.message_id for m in self.client.held.values())
@@ -186,9 +197,7 @@ class ConsumeModel(RuleBasedStateMachine):
         return mid in self.tainted or mid in self.retried or mid in self.client.faulted
 
     def renew(self) -> None:
-        for c in list(self.running):
-            if self.clock() - c.started > TIMEOUT + GRACE:
-                self.tainted.add(c.message.message_id)  # about to be abandoned: may come back
+        self.moved()
         self.loop.renew_leases()
 
     # -- rules --------------------------------------------------------------------------------
@@ -242,6 +251,7 @@ class ConsumeModel(RuleBasedStateMachine):
         if outcome == "overrun":  # runs past handler_timeout on the clock: TIMEOUT, not acked
             self.clock.advance(TIMEOUT + 0.1)
             self.taint_held()  # the overrun is a clock step past the margin for everybody else
+            self.moved()
         call.fail = outcome == "failure"
         if call.fail or self.clock() - call.started > TIMEOUT:
             self.retried.add(call.message.message_id)

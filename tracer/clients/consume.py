@@ -16,8 +16,8 @@ proxy, renewing an acked message brings it back.
 Delivery is at-least-once: a message is acked only after its handler returned, so a crash
 between the handler's end and the ack, an ack lost on the wire, or a lease that could not be
 renewed (broker unreachable for longer than the lease) delivers it again. A handler that hangs
-past ``handler_timeout + hang_grace`` has its lease given up on purpose, so the broker can hand
-the message to a healthy consumer: that is a duplicate by design (see :class:`ConsumeLoop`).
+past ``handler_timeout`` has its message let go on purpose, so the broker can hand it to a
+healthy consumer: that is a duplicate by design (see :class:`ConsumeLoop`).
 Handlers must be idempotent for those cases; the loop itself never runs one delivery twice.
 
 When receiving keeps failing, the loop re-announces the client's settings to the broker: the 5.x
@@ -303,14 +303,16 @@ class ConsumeLoop:
     A handler that raises, or runs past ``handler_timeout`` seconds, is not acked: the message
     comes back after ``retry_backoff(delivery_attempt)`` seconds.
 
-    **A hung handler.** A Python thread cannot be stopped. A handler still running
-    ``handler_timeout + hang_grace`` seconds after it started is *abandoned*: its lease is no
-    longer renewed (``stats.abandoned``), so the broker hands the message to a healthy consumer
-    once that lease runs out — at most ``invisible_duration`` later (plus the proxy's revive
-    delay, 2–3 s). What you see is a **duplicate by design**: the same ``message_id`` with
-    ``delivery_attempt + 1``, possibly while the hung call is still running. Should the hung
-    call return before its lease ran out, its outcome is settled as usual. Without
-    ``handler_timeout`` a handler is never abandoned.
+    **A hung handler.** A Python thread cannot be stopped. The thread dispatcher's watchdog
+    reports a handler still running at ``handler_timeout`` as ``TIMEOUT`` at that deadline; the
+    loop then gives the message back at once (``retry_backoff``, no more renewals), so the broker
+    hands it to a healthy consumer after the backoff. Should no outcome come, the loop's own
+    backstop applies: a handler still running ``handler_timeout + hang_grace`` seconds after it
+    started is *abandoned* — its lease is no longer renewed (``stats.abandoned``), and the broker
+    hands the message out again once that lease runs out, at most ``invisible_duration`` later.
+    Either way (plus the proxy's revive delay, 2–3 s) what you see is a **duplicate by design**:
+    the same ``message_id`` with ``delivery_attempt + 1``, possibly while the hung call is still
+    running. Without ``handler_timeout`` a handler is never let go.
 
     ``monotonic``: the loop's clock in seconds (leases, renewals, handler ages); tests pass a
     manual one and drive the loop with :meth:`poll`, :meth:`renew_leases` and
