@@ -477,8 +477,10 @@ class ConsumeLoop:
 
     def install_signal_handlers(self) -> None:
         """SIGTERM and SIGINT stop the loop gracefully (call from the main thread)."""
+        # only the event: a handler that took the loop's lock could interrupt a holder of it
+        # (run() on the main thread); the loop sees the event within one tick
         for sig in (signal.SIGTERM, signal.SIGINT):
-            signal.signal(sig, lambda *_: self.stop())
+            signal.signal(sig, lambda *_: self._stop.set())
 
     def _tick(self) -> float:
         return max(0.05, min(1.0, self.lease.margin / 3))
