@@ -161,7 +161,7 @@ def main(argv: list[str] | None = None) -> int:
 
     def sample() -> None:
         while not sampling.wait(0.05) and not loop.stopping:
-            alive.append(sum(1 for t in threading.enumerate() if t.name.startswith("consume-dispatch-")))
+            alive.append(loop.dispatcher.stats.live_workers)
 
     threading.Thread(target=sample, daemon=True).start()
     log.write("READY")
