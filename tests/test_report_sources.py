@@ -250,3 +250,14 @@ def test_cli_warns_when_jaeger_hits_the_limit(jaeger_stub: tuple[str, _Stub],
     assert json.loads(out)["groups"][0]["jobs"][0]["lower_bound_s"] == pytest.approx(1.0)
     assert "returned --limit 3 traces" in err
     assert stub.queries[0][1]["limit"] == ["3"] and stub.queries[0][1]["service"] == ["rmqtrace"]
+
+
+def test_a_parent_jaeger_folded_into_follows_from_is_still_the_parent() -> None:
+    # `process` links to the `send` that is also its parent; Jaeger reports the pair as one
+    # FOLLOWS_FROM reference. A FOLLOWS_FROM into another trace stays a link.
+    tid = "4bf92f3577b34da6a3ce929d0e0e4736"
+    folded = {"traceID": tid, "spanID": "00f067aa0ba902b7", "operationName": "process t", "startTime": 1,
+              "duration": 1, "references": [{"refType": "FOLLOWS_FROM", "traceID": tid, "spanID": "1234"}]}
+    assert jaeger_span(folded, {}).parent_span_id == "0000000000001234"
+    foreign = dict(folded, references=[{"refType": "FOLLOWS_FROM", "traceID": "ab" * 16, "spanID": "1234"}])
+    assert jaeger_span(foreign, {}).parent_span_id is None

@@ -110,16 +110,30 @@ def _hex(value: Any, width: int) -> str:
     return str(value or "").lower().rjust(width, "0")
 
 
+def _parent_of(span: dict[str, Any]) -> str | None:
+    """The parent span id: the CHILD_OF reference, else a FOLLOWS_FROM one in the same trace.
+
+    Jaeger folds a span's link to its own parent into the parent reference and then reports it as
+    FOLLOWS_FROM (``process`` links to the ``send`` it is a child of); a FOLLOWS_FROM reference
+    into another trace is a plain link, never a parent.
+    """
+    refs = [r for r in span.get("references") or () if r.get("spanID")]
+    for ref in refs:
+        if ref.get("refType", "CHILD_OF") == "CHILD_OF":
+            return _hex(ref["spanID"], 16)
+    trace_id = _hex(span.get("traceID"), 32)
+    for ref in refs:
+        if _hex(ref.get("traceID") or span.get("traceID"), 32) == trace_id:
+            return _hex(ref["spanID"], 16)
+    if span.get("parentSpanID"):
+        return _hex(span["parentSpanID"], 16)
+    return None
+
+
 def jaeger_span(span: dict[str, Any], processes: dict[str, Any]) -> SpanRecord:
     """One span of Jaeger's JSON (``/api/traces``) as a :class:`SpanRecord` (µs → ns)."""
     tags = {str(t.get("key")): t for t in span.get("tags") or ()}
-    parent = None
-    for ref in span.get("references") or ():
-        if ref.get("refType", "CHILD_OF") == "CHILD_OF" and ref.get("spanID"):
-            parent = _hex(ref["spanID"], 16)
-            break
-    if parent is None and span.get("parentSpanID"):
-        parent = _hex(span["parentSpanID"], 16)
+    parent = _parent_of(span)
     kind = str(tags["span.kind"].get("value")).upper() if "span.kind" in tags else "INTERNAL"
     status = "UNSET"
     if "otel.status_code" in tags:
