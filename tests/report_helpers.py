@@ -10,8 +10,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Iterable, Sequence
 
-from tracer.telemetry.spanfile import SpanRecord
 from tracer.path.stages import Stage
+from tracer.telemetry.spanfile import SpanRecord
 
 T0 = 1_795_978_749_000_000_000  # ns since the epoch
 MS = 1_000_000
@@ -52,7 +52,7 @@ def _hex(n: int, width: int) -> str:
 
 def scenario_spans(rows: Iterable[Row], *, worker_attr: bool = True, stamps: bool = True,
                    topic: str = "t") -> list[SpanRecord]:
-    """The spans tracer.telemetry.tracer writes for ``rows``: send, process and its four children."""
+    """The spans tracer.telemetry.tracer writes for ``rows``: send, process (client pull to handler end) and its four children."""
     out: list[SpanRecord] = []
     for i, r in enumerate(rows, 1):
         trace_id, send_id, proc_id = _hex(i, 32), _hex(i * 16 + 1, 16), _hex(i * 16 + 2, 16)
@@ -74,7 +74,7 @@ def scenario_spans(rows: Iterable[Row], *, worker_attr: bool = True, stamps: boo
         fixed = [r.ns(s) for s in Stage]
         for k in range(1, len(fixed)):
             fixed[k] = max(fixed[k], fixed[k - 1])
-        out.append(SpanRecord(trace_id, proc_id, send_id, f"process {topic}", "CONSUMER", fixed[Stage.BROKER_STORE],
+        out.append(SpanRecord(trace_id, proc_id, send_id, f"process {topic}", "CONSUMER", fixed[Stage.CLIENT_PULL],
                               fixed[Stage.HANDLER_END], attributes=attrs))
         for j, (name, a, b) in enumerate((("broker_wait", Stage.BROKER_STORE, Stage.CLIENT_PULL),
                                           ("client_buffer", Stage.CLIENT_PULL, Stage.DISPATCH_ENQUEUE),
@@ -103,8 +103,8 @@ def write_scenario_with_tracer(path: Path, rows: Sequence[Row], *, worker_attr: 
     from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 
     from tracer.path.message import MessageInfo
-    from tracer.telemetry.spanfile import JsonLinesSpanExporter
     from tracer.path.stages import Outcome
+    from tracer.telemetry.spanfile import JsonLinesSpanExporter
     from tracer.telemetry.tracer import MessageTracer
 
     exporter = JsonLinesSpanExporter(path)
