@@ -431,4 +431,3 @@ class AsyncDispatcher(Generic[T]):
 
     async def __aexit__(self, *exc_info: object) -> None:
         await self.close(drain=True)
-

@@ -15,7 +15,10 @@ from collections.abc import Sequence
 
 
 def lower_bound(durations: Sequence[float], workers: int) -> float:
-    """No schedule on ``workers`` workers finishes before ``max(total / workers, longest)``."""
+    """No schedule on ``workers`` workers finishes before ``max(total / workers, longest)``.
+
+    The one definition of the lower bound: the demo, the report and the bench import it from here.
+    """
     _check(workers)
     if not durations:
         return 0.0

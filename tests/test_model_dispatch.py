@@ -1,0 +1,589 @@
+"""Model-based tests of both dispatcher engines on their own (hypothesis ``RuleBasedStateMachine``).
+
+Random schedules of submits (unkeyed, keyed, a raising key, odd costs; non-blocking and blocking),
+handler successes, failures, interrupts, timeouts on a manual clock and hangs (every handler
+blocks on an event the test sets), close with and without drain and, for asyncio, cancellation
+of worker tasks (mid-handler and idle). After every step:
+
+* no entry runs twice, no two entries of one key run at once, no entry gets two outcomes;
+* the stats add up (``submitted == handled + failed + timed_out + skipped + in_flight + queued``)
+  and agree with the outcomes seen by ``on_done``, the blocked submitters and the cost errors;
+* the engine is alive unless closed; at close every accepted entry has exactly one outcome.
+
+Default ~150 examples in all (``RMQTRACE_LONG=1``: ten times more).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import threading
+import time
+from collections import Counter
+from typing import Any
+
+from hypothesis import HealthCheck, event, settings
+from hypothesis import strategies as st
+from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule
+
+from tracer.dispatch import (
+    Aggressive,
+    AsyncDispatcher,
+    CostAware,
+    Dispatcher,
+    DispatcherClosed,
+    HandlerTimeout,
+    Random,
+    RoundRobin,
+)
+from tracer.path.clock import ManualClock
+from tracer.path.stages import Outcome
+
+LONG = os.environ.get("RMQTRACE_LONG") == "1"
+WAIT = 10.0
+TIMEOUT_S = 5.0
+TIMEOUT_NS = int(TIMEOUT_S * 1e9)
+
+POLICIES = st.sampled_from(
+    [Aggressive(max_parked=1), Aggressive(max_parked=3), CostAware(window=2), RoundRobin(buffer=1), Random(buffer=1, seed=3)]
+)
+KINDS = ["plain", "plain", "k1", "k1", "k2", "raise_key", "int_key", "nan_cost", "neg_cost", "str_cost",
+         "raise_cost", "big_cost"]  # fmt: skip
+BAD_COSTS = {"nan_cost", "neg_cost", "str_cost", "raise_cost"}
+ACTIONS = ["success", "success", "fail", "interrupt"]
+
+
+class Item:
+    """One message. Its handler blocks until the test sets ``gate`` (threads) or ``agate`` (asyncio)."""
+
+    def __init__(self, n: int, kind: str) -> None:
+        self.n = n
+        self.kind = kind
+        self.key = kind if kind in ("k1", "k2") else None
+        self.cost: object = {"nan_cost": float("nan"), "neg_cost": -1.0, "str_cost": "3", "big_cost": 1e9}.get(kind, 1.0)
+        self.gate = threading.Event()
+        self.agate: asyncio.Event | None = None
+        self.action = "success"
+        self.started_ns: int | None = None
+        self.starts = 0
+        self.released = False
+        self.returned = False
+        self.expired = False  # reported TIMEOUT while it still ran
+        self.accepted = False
+        self.task: asyncio.Task[Any] | None = None
+
+    def __repr__(self) -> str:
+        return f"Item({self.n}, {self.kind})"
+
+
+def key_of(it: Item) -> Any:
+    if it.kind == "raise_key":
+        raise LookupError(f"no key for {it.n}")
+    if it.kind == "int_key":
+        return it.n
+    return it.key
+
+
+def cost_of(it: Item) -> Any:
+    if it.kind == "raise_cost":
+        raise ValueError("no cost")
+    return it.cost
+
+
+class Harness:
+    """What the handlers and on_done saw; ``cond`` is notified on every change."""
+
+    def __init__(self, clock: ManualClock) -> None:
+        self.clock = clock
+        self.cond = threading.Condition()
+        self.violations: list[str] = []
+        self.running: set[Item] = set()
+        self.running_keys: set[str] = set()
+        self.outcomes: dict[Item, tuple[Outcome, BaseException | None]] = {}
+        self.auto_release = False
+        self.bg_alive = 0  # blocked submitters not returned yet
+        self.blocked: set[Item] = set()  # their items
+
+    def started(self, it: Item) -> None:
+        it.starts += 1
+        if it.starts > 1:
+            self.violations.append(f"{it} ran twice")
+        if it.key is not None:
+            if it.key in self.running_keys:
+                self.violations.append(f"two of key {it.key} at once ({it})")
+            self.running_keys.add(it.key)
+        it.started_ns = self.clock.now_ns()
+        self.running.add(it)
+
+    def returned(self, it: Item) -> None:
+        self.running.discard(it)
+        if it.key is not None:
+            self.running_keys.discard(it.key)
+        it.returned = True
+
+    def on_done(self, it: Item, outcome: Outcome, error: BaseException | None) -> None:
+        with self.cond:
+            if it in self.outcomes:
+                self.violations.append(f"{it} got a second outcome {outcome}")
+            self.outcomes[it] = (outcome, error)
+            self.cond.notify_all()
+
+    def counts(self) -> Counter[Outcome]:
+        return Counter(o for o, _ in self.outcomes.values())
+
+
+def expected(it: Item, now_ns: int) -> Outcome:
+    assert it.started_ns is not None
+    if now_ns - it.started_ns > TIMEOUT_NS:
+        return Outcome.TIMEOUT
+    return Outcome.SUCCESS if it.action == "success" else Outcome.FAILURE
+
+
+def raise_for(it: Item) -> None:
+    if it.action == "fail":
+        raise ValueError(f"handler of {it} failed")
+    if it.action == "interrupt":
+        raise KeyboardInterrupt
+
+
+class _Model(RuleBasedStateMachine):
+    """What both engine machines share: the item bookkeeping and the invariants."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.clock = ManualClock()
+        self.h = Harness(self.clock)
+        self.items: list[Item] = []
+        self.closed = False
+        self.workers = 0
+        self.cost_errors = 0
+        self.steps = 0
+        self.max_waiters = 0
+
+    def close_allowed(self) -> bool:
+        """close ends an example: only after a dozen steps, so most schedules get long."""
+        return not self.closed and self.steps >= 15
+
+    def coverage(self) -> None:
+        for o in self.h.counts():
+            event(f"outcome {o.value}")
+        if self.max_waiters:
+            event("a submitter blocked")
+        event(f"steps {min(self.steps // 10 * 10, 30)}+")
+
+    def new_item(self, kind: str) -> Item:
+        it = Item(len(self.items), kind)
+        self.items.append(it)
+        if kind in BAD_COSTS:
+            self.cost_errors += 1
+        return it
+
+    def running_unreleased(self) -> list[Item]:
+        return sorted((it for it in self.h.running if not it.released), key=lambda it: it.n)
+
+    def stats(self) -> Any:
+        raise NotImplementedError
+
+    def free_slots(self) -> int:
+        raise NotImplementedError
+
+    def check(self) -> None:
+        h = self.h
+        assert not h.violations, h.violations
+        s = self.stats()
+        assert s.submitted == s.handled + s.failed + s.timed_out + s.skipped + s.in_flight + s.queued, s
+        c = h.counts()
+        assert (s.handled, s.failed, s.timed_out, s.skipped) == (
+            c[Outcome.SUCCESS], c[Outcome.FAILURE], c[Outcome.TIMEOUT], c[Outcome.SKIPPED]
+        ), (s, c)  # fmt: skip
+        assert s.submitted == sum(it.accepted for it in self.items), s
+        assert all(it.accepted for it in h.outcomes), "an outcome for a message never accepted"
+        assert s.waiters == h.bg_alive, (s, h.bg_alive)
+        if any(it.key is None for it in h.blocked):
+            assert self.free_slots() == 0, "an unkeyed submitter is blocked while there is room"
+        self.steps += 1
+        self.max_waiters = max(self.max_waiters, s.waiters)
+        assert s.cost_errors == self.cost_errors
+        for o, e in h.outcomes.values():
+            if o is Outcome.TIMEOUT:
+                assert isinstance(e, HandlerTimeout)
+
+    def check_closed(self) -> None:
+        h = self.h
+        for it in self.items:
+            assert (it in h.outcomes) == it.accepted, f"{it}: accepted={it.accepted}, outcome={h.outcomes.get(it)}"
+        s = self.stats()
+        assert s.in_flight == s.queued == s.waiters == 0, s
+
+
+# ----------------------------------------------------------------------------- thread engine
+class ThreadEngineModel(_Model):
+    @initialize(policy=POLICIES, workers=st.integers(1, 3))
+    def start(self, policy: Any, workers: int) -> None:
+        self.workers = workers
+        self.d: Dispatcher[Item] = Dispatcher(
+            self.handler, policy=policy, workers=workers, key=key_of, cost=cost_of, on_done=self.h.on_done,
+            handler_timeout=TIMEOUT_S, clock=self.clock, name="model",
+        )  # fmt: skip
+        self.bg: list[threading.Thread] = []
+
+    def handler(self, it: Item) -> None:
+        h = self.h
+        with h.cond:
+            h.started(it)
+            h.cond.notify_all()
+            auto = h.auto_release
+        if not auto:
+            assert it.gate.wait(WAIT), f"{it} never released"
+        with h.cond:
+            h.returned(it)
+            h.cond.notify_all()
+        raise_for(it)
+
+    def stats(self) -> Any:
+        return self.d.stats
+
+    def free_slots(self) -> int:
+        return self.d.free_slots()
+
+    def await_(self, pred: Any, what: str) -> None:
+        h = self.h
+        deadline = time.monotonic() + WAIT
+        with h.cond:
+            while not pred():
+                assert not h.violations, h.violations
+                assert time.monotonic() < deadline, f"stuck waiting for {what}: {self.d.stats}"
+                h.cond.wait(0.002)  # real-time: re-check for the worker's last step, which signals nothing
+
+    def quiet(self) -> bool:
+        s = self.d.stats
+        h = self.h
+        if len(h.running) != s.in_flight + s.overrun or s.waiters != h.bg_alive:
+            return False
+        return all(it.returned and (it.expired or it in h.outcomes) for it in self.items if it.released)
+
+    def quiesce(self) -> None:
+        self.await_(self.quiet, "quiescence")
+
+    def blocked_submit(self, it: Item) -> None:
+        try:
+            ok = self.d.submit(it)
+        except DispatcherClosed:
+            ok = False
+        with self.h.cond:
+            it.accepted = ok
+            self.h.bg_alive -= 1
+            self.h.blocked.discard(it)
+            self.h.cond.notify_all()
+
+    @precondition(lambda self: not self.closed)
+    @rule(kind=st.sampled_from(KINDS), block=st.booleans())
+    def submit(self, kind: str, block: bool) -> None:
+        it = self.new_item(kind)
+        if self.d.submit(it, timeout=0):
+            it.accepted = True
+            if kind in ("raise_key", "int_key"):
+                assert self.h.outcomes[it][0] is Outcome.FAILURE  # reported before submit returned
+        elif block:
+            if kind in BAD_COSTS:
+                self.cost_errors += 1  # evaluated again by the blocking submit
+            with self.h.cond:
+                self.h.bg_alive += 1
+                self.h.blocked.add(it)
+            t = threading.Thread(target=self.blocked_submit, args=(it,))
+            self.bg.append(t)
+            t.start()
+        self.quiesce()
+
+    @precondition(lambda self: not self.closed and bool(self.running_unreleased()))
+    @rule(pick=st.integers(0, 10), action=st.sampled_from(ACTIONS))
+    def release(self, pick: int, action: str) -> None:
+        items = self.running_unreleased()
+        it = items[pick % len(items)]
+        it.action = action
+        want = None if it.expired else expected(it, self.clock.now_ns())
+        it.released = True
+        it.gate.set()
+        self.quiesce()
+        if want is not None:
+            assert self.h.outcomes[it][0] is want, (it, self.h.outcomes[it], want)
+
+    @precondition(lambda self: not self.closed)
+    @rule(seconds=st.sampled_from([1.0, 2.5, 6.0]))
+    def advance(self, seconds: float) -> None:
+        now = self.clock.advance_s(seconds)
+        due = [it for it in self.running_unreleased() if not it.expired and expected(it, now) is Outcome.TIMEOUT]
+        n = self.d.check_timeouts()
+        assert n <= len(due)  # the watchdog may have reported some itself
+        self.await_(lambda: all(it in self.h.outcomes for it in due), "timeouts reported")
+        for it in due:
+            assert self.h.outcomes[it][0] is Outcome.TIMEOUT
+            it.expired = True
+        assert self.d.stats.overrun == sum(it.expired and not it.returned for it in self.items)
+        assert len(self.d.overrun()) == self.d.stats.overrun
+        self.quiesce()
+
+    @precondition(lambda self: self.close_allowed())
+    @rule(drain=st.booleans())
+    def close(self, drain: bool) -> None:
+        self.shut(drain)
+        self.check_closed()
+
+    @precondition(lambda self: self.closed)
+    @rule()
+    def submit_after_close(self) -> None:
+        try:
+            self.d.submit(Item(-1, "plain"), timeout=0)
+        except DispatcherClosed:
+            return
+        raise AssertionError("submit after close did not raise")
+
+    def shut(self, drain: bool) -> None:
+        closer = threading.Thread(target=self.d.close, kwargs={"drain": drain})
+        closer.start()
+        with self.h.cond:
+            self.h.auto_release = True
+            for it in self.items:
+                it.gate.set()
+        closer.join(WAIT)
+        assert not closer.is_alive(), "close did not return"
+        for t in self.bg:
+            t.join(WAIT)
+        self.closed = True
+        self.await_(lambda: self.d.stats.live_workers == 0, "workers to exit")
+
+    @invariant()
+    def consistent(self) -> None:
+        if not hasattr(self, "d"):
+            return
+        self.check()
+        if not self.closed:
+            assert self.d.stats.live_workers == self.workers
+
+    def teardown(self) -> None:
+        if hasattr(self, "d") and not self.closed:
+            self.shut(True)
+            self.check_closed()
+        self.coverage()
+
+
+ThreadEngineModel.TestCase.settings = settings(
+    max_examples=900 if LONG else 90, stateful_step_count=40, deadline=None,
+    suppress_health_check=[HealthCheck.too_slow],
+)  # fmt: skip
+test_thread_engine_model = ThreadEngineModel.TestCase
+
+
+# ---------------------------------------------------------------------------- asyncio engine
+class AsyncEngineModel(_Model):
+    """The loop runs only inside a rule, so every step is deterministic between rules."""
+
+    @initialize(policy=POLICIES, workers=st.integers(1, 3))
+    def start(self, policy: Any, workers: int) -> None:
+        self.workers = workers
+        self.loop = asyncio.new_event_loop()
+        # A timeout that never fires in test time: timeouts come from the manual clock alone.
+        self.d: AsyncDispatcher[Item] = AsyncDispatcher(
+            self.handler, policy=policy, workers=workers, key=key_of, cost=cost_of, on_done=self.h.on_done,
+            handler_timeout=TIMEOUT_S * 1000, clock=self.clock, name="model",
+        )  # fmt: skip
+        self.bg: list[asyncio.Task[None]] = []
+        self.tasks: set[asyncio.Task[Any]] = set()  # worker tasks seen running a handler
+        self.expected_timeout_ns = TIMEOUT_NS * 1000
+
+    async def handler(self, it: Item) -> None:
+        h = self.h
+        h.started(it)
+        task = asyncio.current_task()
+        assert task is not None
+        it.task = task
+        self.tasks.add(task)
+        try:
+            if not h.auto_release:
+                assert it.agate is not None
+                await it.agate.wait()
+        finally:
+            h.returned(it)
+        raise_for(it)
+
+    def stats(self) -> Any:
+        return self.d.stats
+
+    def free_slots(self) -> int:
+        return self.d.free_slots()
+
+    def run(self, coro: Any) -> Any:
+        return self.loop.run_until_complete(coro)
+
+    async def quiesce(self) -> None:
+        for _ in range(20000):
+            assert not self.h.violations, self.h.violations
+            if self.quiet():
+                return
+            await asyncio.sleep(0)  # real-time: zero-length, only lets the loop run its ready tasks
+        raise AssertionError(f"stuck: {self.d.stats}")
+
+    def quiet(self) -> bool:
+        s = self.d.stats
+        h = self.h
+        if len(h.running) != s.in_flight or s.waiters != h.bg_alive:
+            return False
+        return all(it.returned and it in h.outcomes for it in self.items if it.released)
+
+    async def blocked_submit(self, it: Item) -> None:
+        try:
+            ok = await self.d.submit(it)
+        except DispatcherClosed:
+            ok = False
+        it.accepted = ok
+        self.h.bg_alive -= 1
+        self.h.blocked.discard(it)
+
+    def item(self, kind: str) -> Item:
+        it = self.new_item(kind)
+        it.agate = asyncio.Event()
+        return it
+
+    @precondition(lambda self: not self.closed)
+    @rule(kind=st.sampled_from(KINDS), block=st.booleans())
+    def submit(self, kind: str, block: bool) -> None:
+        async def go() -> None:
+            it = self.item(kind)
+            if await self.d.submit(it, timeout=0):
+                it.accepted = True
+                if kind in ("raise_key", "int_key"):
+                    assert self.h.outcomes[it][0] is Outcome.FAILURE
+            elif block:
+                if kind in BAD_COSTS:
+                    self.cost_errors += 1
+                self.h.bg_alive += 1
+                self.h.blocked.add(it)
+                self.bg.append(asyncio.ensure_future(self.blocked_submit(it)))
+            await self.quiesce()
+
+        self.run(go())
+
+    def expected(self, it: Item) -> Outcome:
+        assert it.started_ns is not None
+        if self.clock.now_ns() - it.started_ns > TIMEOUT_NS * 1000:
+            return Outcome.TIMEOUT
+        return Outcome.SUCCESS if it.action == "success" else Outcome.FAILURE
+
+    @precondition(lambda self: not self.closed and bool(self.running_unreleased()))
+    @rule(pick=st.integers(0, 10), action=st.sampled_from(ACTIONS))
+    def release(self, pick: int, action: str) -> None:
+        items = self.running_unreleased()
+        it = items[pick % len(items)]
+        it.action = action
+        want = self.expected(it)
+        it.released = True
+        assert it.agate is not None
+        it.agate.set()
+        self.run(self.quiesce())
+        assert self.h.outcomes[it][0] is want, (it, self.h.outcomes[it], want)
+
+    @precondition(lambda self: not self.closed)
+    @rule(seconds=st.sampled_from([1000.0, 2500.0, 6000.0]))
+    def advance(self, seconds: float) -> None:
+        self.clock.advance_s(seconds)  # running handlers past the timeout are TIMEOUT when they return
+
+    @precondition(lambda self: not self.closed and bool(self.running_unreleased()))
+    @rule(pick=st.integers(0, 10))
+    def cancel_running_worker(self, pick: int) -> None:
+        items = self.running_unreleased()
+        it = items[pick % len(items)]
+        assert it.task is not None
+        it.task.cancel()
+        it.released = True  # it ends now, by cancellation
+
+        async def go() -> None:
+            await self.quiesce()
+
+        self.run(go())
+        o, e = self.h.outcomes[it]
+        assert o is Outcome.FAILURE and isinstance(e, asyncio.CancelledError), (o, e)
+        assert it.task.done()
+        event("worker cancelled mid-handler")
+
+    def idle_tasks(self) -> list[asyncio.Task[Any]]:
+        busy = {it.task for it in self.h.running}
+        return sorted((t for t in self.tasks if not t.done() and t not in busy), key=id)
+
+    @precondition(lambda self: not self.closed and bool(self.idle_tasks()))
+    @rule(pick=st.integers(0, 10))
+    def cancel_idle_worker(self, pick: int) -> None:
+        tasks = self.idle_tasks()
+        task = tasks[pick % len(tasks)]
+        task.cancel()
+
+        async def go() -> None:
+            for _ in range(100):
+                if task.done():
+                    break
+                await asyncio.sleep(0)  # real-time: zero-length, lets the cancelled task end
+            assert task.done()
+            await self.quiesce()
+            event("worker cancelled while idle")
+
+        self.run(go())
+
+    @precondition(lambda self: self.close_allowed())
+    @rule(drain=st.booleans())
+    def close(self, drain: bool) -> None:
+        self.shut(drain)
+        self.check_closed()
+
+    @precondition(lambda self: self.closed)
+    @rule()
+    def submit_after_close(self) -> None:
+        async def go() -> None:
+            try:
+                await self.d.submit(Item(-1, "plain"), timeout=0)
+            except DispatcherClosed:
+                return
+            raise AssertionError("submit after close did not raise")
+
+        self.run(go())
+
+    def shut(self, drain: bool) -> None:
+        async def go() -> None:
+            closing = asyncio.ensure_future(self.d.close(drain=drain))
+            await asyncio.sleep(0)  # real-time: zero-length, lets close begin before the releases
+            self.h.auto_release = True
+            for it in self.items:
+                if it.agate is not None:
+                    it.agate.set()
+            await asyncio.wait_for(closing, WAIT)
+            if self.bg:
+                await asyncio.wait(self.bg, timeout=WAIT)
+
+        self.run(go())
+        self.closed = True
+        assert self.d.stats.live_workers == 0
+
+    @invariant()
+    def consistent(self) -> None:
+        if not hasattr(self, "d"):
+            return
+        self.check()
+        s = self.d.stats
+        if not self.closed:
+            assert s.live_workers >= s.in_flight  # every held message has a live task to run it
+
+    def teardown(self) -> None:
+        if not hasattr(self, "d"):
+            return
+        try:
+            if not self.closed:
+                self.shut(True)
+                self.check_closed()
+            self.coverage()
+        finally:
+            self.loop.close()
+
+
+AsyncEngineModel.TestCase.settings = settings(
+    max_examples=600 if LONG else 60, stateful_step_count=40, deadline=None,
+    suppress_health_check=[HealthCheck.too_slow],
+)  # fmt: skip
+test_async_engine_model = AsyncEngineModel.TestCase
