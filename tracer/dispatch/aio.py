@@ -228,14 +228,14 @@ class AsyncDispatcher(Generic[T]):
         core = self._core
         if core.closed:
             raise core.closed_error()
-        b = core.build(item, trace)
-        e = b.entry
+        e = core.build(item, trace)
         self._started()
-        core.number_locked(b)
-        if b.key_error is not None:
+        e.seq = core.seq  # unique: the cost heap breaks ties with it
+        core.seq += 1
+        if e.error is not None:
             core.reject_locked(e)
-            core.report(e, _FAILURE, b.key_error, on_worker=False)
-            core.observe_blocked(0)
+            core.report(e, _FAILURE, e.error, on_worker=False)
+            core.observe_unblocked()
             return True
         try:
             r = core.try_admit_locked(e)
@@ -245,7 +245,7 @@ class AsyncDispatcher(Generic[T]):
             return await self._submit_blocked(e, timeout)
         if r is not None:
             self._hand(r, e)
-        core.observe_blocked(0)
+        core.observe_unblocked()
         return True
 
     async def _submit_blocked(self, e: Entry[Any], timeout: float | None) -> bool:
@@ -353,7 +353,7 @@ class AsyncDispatcher(Generic[T]):
         core = self._core
         t0 = core.begin(e, w.index)
         w.running = (e, t0)
-        scope = core.enter_scope(e.trace)
+        scope = None if e.trace is None else core.enter_scope(e.trace)
         error: BaseException | None = None
         expired = False
         try:

@@ -49,11 +49,12 @@ import enum
 import logging
 import math
 import numbers
+import threading
 import time
 from collections import deque
 from collections.abc import Callable, Mapping
 from contextlib import AbstractContextManager
-from typing import Any, Generic, NamedTuple, TypeVar, cast
+from typing import Any, Generic, TypeVar, cast
 
 from ..logonce import OnceLogger
 from ..path.clock import Clock
@@ -63,7 +64,7 @@ from .policy import Policy, resolve_policy
 from .protocol import DispatcherClosed, DispatchStats, HandlerTimeout, MessageTraceLike
 from .scheduler import Admission, Entry
 
-__all__ = ["Built", "Core", "WaitState", "Waiter", "WouldBlock", "exemplar_of"]
+__all__ = ["Core", "WaitState", "Waiter", "WouldBlock", "exemplar_of"]
 
 T = TypeVar("T")
 
@@ -71,6 +72,9 @@ logger = logging.getLogger("tracer.dispatch")
 
 _ENQUEUE = Stage.DISPATCH_ENQUEUE
 _FAILURE = Outcome.FAILURE
+_FULL = Admission.FULL
+_QUEUED = Admission.QUEUED
+_OK: tuple[Outcome, BaseException | None] = (Outcome.SUCCESS, None)
 
 
 class WouldBlock(Exception):
@@ -99,14 +103,6 @@ class Waiter:
     def alive(self) -> bool:
         """False when its submitter gave up already (an engine whose waits can be cancelled)."""
         return True
-
-
-class Built(NamedTuple):
-    """What :meth:`Core.build` made of an item: the entry, and what went wrong with key/cost."""
-
-    entry: Entry[Any]
-    key_error: BaseException | None
-    cost_error: bool
 
 
 def exemplar_of(trace: MessageTraceLike) -> Mapping[str, str] | None:
@@ -173,10 +169,17 @@ class Core(Generic[T]):
         self.timed_out = 0
         self.skipped = 0
         self.cost_errors = 0
+        self._cost_lock = threading.Lock()
 
     # ------------------------------------------------------------------------------- entries
-    def build(self, item: T, trace: MessageTraceLike | None) -> Built:
-        """The entry for ``item``, with ``key=``/``cost=`` evaluated under the rules (no lock held)."""
+    def build(self, item: T, trace: MessageTraceLike | None) -> Entry[Any]:
+        """The entry for ``item``, ``key=``/``cost=`` evaluated under the rules (no engine lock held).
+
+        A failed key is left in ``entry.error`` (the engine rejects the entry); a failed cost is
+        counted and becomes 0.
+        """
+        if self.key_fn is None and self.cost_fn is None:
+            return Entry(item, trace, None, 0.0)
         key: str | None = None
         key_error: BaseException | None = None
         if self.key_fn is not None:
@@ -192,32 +195,30 @@ class Core(Generic[T]):
             if key_error is not None:
                 self.log("key= callable", key_error, "the message fails")
         cost = 0.0
-        cost_error = False
         if self.cost_fn is not None and key_error is None:
             try:
                 c: object = self.cost_fn(item)
             except Exception as exc:  # noqa: BLE001 - a cost is a hint: a broken one is 0
                 self.log("cost= callable", exc, "the message takes cost 0")
-                cost_error = True
+                self._cost_failed()
             else:
                 if _valid_cost(c):
                     cost = float(cast(float, c))
                 else:
                     self.log("cost= value", None, f"{c!r} is not a finite number >= 0; the message takes cost 0")
-                    cost_error = True
-        return Built(Entry(item, trace, key, cost), key_error, cost_error)
+                    self._cost_failed()
+        e: Entry[Any] = Entry(item, trace, key, cost)
+        e.error = key_error
+        return e
+
+    def _cost_failed(self) -> None:
+        with self._cost_lock:  # build runs outside the engine's lock; this path is rare
+            self.cost_errors += 1
 
     def closed_error(self, blocked: bool = False) -> DispatcherClosed:
         if blocked:
             return DispatcherClosed(f"dispatcher {self.name!r} closed while submit was blocked")
         return DispatcherClosed(f"dispatcher {self.name!r} is closed")
-
-    def number_locked(self, b: Built) -> None:
-        """Give the entry its arrival number (unique: the cost heap breaks ties with it)."""
-        b.entry.seq = self.seq
-        self.seq += 1
-        if b.cost_error:
-            self.cost_errors += 1
 
     # ----------------------------------------------------------------------------- admission
     def try_admit_locked(self, e: Entry[Any]) -> int | None:
@@ -231,13 +232,10 @@ class Core(Generic[T]):
         use (the fairness rule, stated in the module docstring).
         """
         r = self.sched.admit(e)
-        if isinstance(r, Admission):
-            if r is Admission.FULL:
-                raise WouldBlock
-            self._accept(e)
-            return None
+        if r is _FULL:
+            raise WouldBlock
         self._accept(e)
-        return r
+        return None if r is _QUEUED else cast(int, r)
 
     def admit_waiters_locked(self) -> list[Waiter]:
         """Room may have freed: admit blocked submitters, oldest first, each one that fits.
@@ -302,6 +300,8 @@ class Core(Generic[T]):
         t0 = self.now()
         m = self.m
         trace = e.trace
+        if m is None and trace is None:
+            return t0
         if m is not None:
             wait = (t0 - e.t_enq) / 1e9
             try:
@@ -351,7 +351,7 @@ class Core(Generic[T]):
                 timeout = HandlerTimeout(max(0, elapsed) / 1e9, tns / 1e9)
                 timeout.__cause__ = error
                 return Outcome.TIMEOUT, timeout
-        return (Outcome.SUCCESS, None) if error is None else (_FAILURE, error)
+        return _OK if error is None else (_FAILURE, error)
 
     def count_locked(self, outcome: Outcome) -> None:
         if outcome is Outcome.SUCCESS:
@@ -388,6 +388,11 @@ class Core(Generic[T]):
         m = self.m
         if m is not None:
             m.submit_blocked.observe(ns / 1e9 if ns > 0 else 0.0)
+
+    def observe_unblocked(self) -> None:
+        m = self.m
+        if m is not None:
+            m.submit_blocked.observe(0.0)
 
     # ------------------------------------------------------------------------- state, closing
     def settled_locked(self) -> bool:

@@ -163,13 +163,13 @@ class Dispatcher(Generic[T]):
             DispatcherClosed: after :meth:`close` began, also in a ``submit`` blocked then.
         """
         core = self._core
-        b = core.build(item, trace)  # user callables run outside the lock
-        e = b.entry
+        e = core.build(item, trace)  # user callables run outside the lock
         with self._lock:
             if core.closed:
                 raise core.closed_error()
-            core.number_locked(b)
-            if b.key_error is not None:
+            e.seq = core.seq  # unique: the cost heap breaks ties with it
+            core.seq += 1
+            if e.error is not None:
                 core.reject_locked(e)
             else:
                 try:
@@ -179,10 +179,13 @@ class Dispatcher(Generic[T]):
                         return False
                     return self._submit_blocked(e, timeout)
                 if r is not None:
-                    self._hand_locked(r, e)
-        if b.key_error is not None:
-            core.report(e, _FAILURE, b.key_error, on_worker=False)
-        core.observe_blocked(0)
+                    w = self._workers[r]
+                    w.entry = e
+                    w.wake.release()
+        if e.error is not None:
+            core.report(e, _FAILURE, e.error, on_worker=False)
+        if core.m is not None:
+            core.observe_unblocked()
         return True
 
     def _submit_blocked(self, e: Entry[Any], timeout: float | None) -> bool:
@@ -319,13 +322,15 @@ class Dispatcher(Generic[T]):
         core = self._core
         t0 = core.begin(e, w.index)
         w.running = (e, t0)
-        scope = core.enter_scope(e.trace)
+        trace = e.trace
+        scope = None if trace is None else core.enter_scope(trace)
         error: BaseException | None = None
         try:
             self._handler(cast(T, e.item))
         except BaseException as exc:  # noqa: BLE001 - the handler's failure is the message's outcome
             error = exc
-        core.exit_scope(scope, error)
+        if scope is not None:
+            core.exit_scope(scope, error)
         return core.settle(error, t0)
 
     def _finish(self, w: _Worker, e: Entry[Any], outcome: Outcome, error: BaseException | None) -> Any:

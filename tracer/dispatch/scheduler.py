@@ -45,7 +45,7 @@ FULL = Admission.FULL
 class Entry(Generic[T]):
     """One accepted message. Allocated once per ``submit``; slotted and mutable."""
 
-    __slots__ = ("cost", "item", "key", "seq", "t_enq", "trace")
+    __slots__ = ("cost", "error", "item", "key", "seq", "t_enq", "trace")
 
     def __init__(self, item: T, trace: MessageTraceLike | None, key: str | None, cost: float) -> None:
         self.item = item
@@ -54,6 +54,7 @@ class Entry(Generic[T]):
         self.cost = cost
         self.seq = 0
         self.t_enq = 0
+        self.error: BaseException | None = None  # why it cannot be scheduled (its key= failed)
 
     def __repr__(self) -> str:
         return f"Entry(seq={self.seq}, key={self.key!r}, cost={self.cost!r}, item={self.item!r})"
