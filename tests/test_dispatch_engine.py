@@ -856,3 +856,18 @@ def test_validation_is_loud() -> None:
         Dispatcher(print, key="group")  # type: ignore[arg-type]
     with pytest.raises(TypeError, match="handler"):
         Dispatcher(None)  # type: ignore[arg-type]
+
+
+def test_dispatcher_failures_go_through_the_shared_once_logger(caplog: pytest.LogCaptureFixture) -> None:
+    def on_done(i: int, o: Outcome, e: BaseException | None) -> None:
+        raise RuntimeError("on_done")
+
+    with caplog.at_level(logging.DEBUG, logger="tracer.dispatch"):
+        with Dispatcher(lambda i: None, workers=1, on_done=on_done, name="orders") as d:
+            d.submit(1)
+            d.submit(2)
+    lines = [r for r in caplog.records if "on_done" in r.getMessage()]
+    assert [r.levelno for r in lines] == [logging.ERROR, logging.DEBUG]
+    assert lines[0].getMessage() == (
+        "dispatcher 'orders': on_done failed (logged once; later ones at debug level)"
+    )  # tracer.logonce.OnceLogger's wording

@@ -23,7 +23,11 @@ class MessageTraceLike(Protocol):
     (the handler's exception, if any, is passed to ``__exit__``; returning True does not suppress
     it for the dispatcher). :meth:`finish` is called exactly once per accepted message, after the
     handler (or with ``Outcome.SKIPPED`` when ``close(drain=False)`` drops it unrun), before
-    ``on_done``. Exceptions from any of these are logged once per kind and swallowed.
+    ``on_done``. One exception to "after the handler": the thread engine reports a handler still
+    running at its ``handler_timeout`` deadline at once, from its watchdog thread, so ``finish``
+    may come while ``handler_scope`` is still entered (it is exited, on the worker, when the
+    handler returns). Exceptions from any of these are logged once per kind and swallowed. An
+    optional writable ``worker`` attribute receives the worker's index before the handler starts.
 
     Optional extra: a method ``exemplar() -> Mapping[str, str] | None``; when present and metrics
     are enabled, its result is attached as the exemplar of the slot-wait observation (so a slow
