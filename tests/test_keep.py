@@ -191,3 +191,35 @@ def test_each_jobs_latest_finisher_is_kept_once_and_every_message_is_decided_onc
         latest = max(e for e, _ in seen)
         last_of_latest = max(i for e, i in seen if e == latest)
         assert decided[last_of_latest] == [True], (job, seen, decided)
+
+
+# -- the demo with --trace-sampling --------------------------------------------------------------------
+def test_demo_keeps_every_slow_message_and_the_critical_path_and_the_report_agrees(tmp_path, capsys) -> None:
+    import json
+
+    from tracer.report.model import build_report
+    from tracer.report.sources import read_jsonl
+    from tracer.tools.cli import main
+
+    assert main(["demo", "--groups", "120", "--workers", "4", "--case-ms", "2", "--policies",
+                 "round_robin,aggressive", "--trace-sampling", "0.05", "--out", str(tmp_path), "--json"]) == 0
+    runs = {r["policy"]: r for r in json.loads(capsys.readouterr().out.strip().splitlines()[-1])}
+    for r in runs.values():
+        assert r["messages"] == 120 and 0 < r["traces_kept"] < 120
+        assert r["slow_kept"] == r["slow_messages"] and r["critical_path_kept"] is True
+    assert runs["round_robin"]["slow_messages"] > 0  # the incident: messages waited > 1 s in the consumer
+    # the report over the sampled recording: the same completion time (first produce -> last end)
+    report = build_report(read_jsonl(tmp_path / "spans.jsonl"))
+    for g in report.groups:
+        (job,) = g.jobs
+        assert abs(job.completion_s - runs[g.group.removeprefix("demo-")]["makespan_s"]) < 1e-3, g.group
+
+
+def test_demo_trace_sampling_must_be_a_probability(capsys) -> None:
+    import pytest
+
+    from tracer.tools.cli import main
+
+    with pytest.raises(SystemExit) as exc:
+        main(["demo", "--trace-sampling", "1.5"])
+    assert exc.value.code == 2 and "probability" in capsys.readouterr().err

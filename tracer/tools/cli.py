@@ -77,6 +77,16 @@ def _port(text: str) -> int:
     return value
 
 
+def _probability(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a probability, got {text!r}") from None
+    if not 0.0 <= value <= 1.0:
+        raise argparse.ArgumentTypeError(f"a probability is 0-1, got {text!r}")
+    return value
+
+
 def _policies(text: str) -> tuple[str, ...]:
     from ..dispatch import POLICY_NAMES
 
@@ -130,6 +140,9 @@ def add_demo_arguments(d: argparse.ArgumentParser) -> None:
     d.add_argument("--out", default=os.environ.get("RMQTRACE_OUT", "rmqtrace-out"), metavar="DIR",
                    help="output folder (default $RMQTRACE_OUT or rmqtrace-out)")
     d.add_argument("--json", action="store_true", help="also print the per-policy summary as JSON")
+    d.add_argument("--trace-sampling", type=_probability, default=None, metavar="P",
+                   help="keep traces by the in-process keep policy: producers sample nothing; failures, slow "
+                        "messages and each job's critical path are kept, other messages with probability P")
 
 
 def demo_settings(args: argparse.Namespace, out: Path) -> Settings:
@@ -178,7 +191,7 @@ def run_demo_job(args: argparse.Namespace, settings: Settings, registry: Any, co
         Path(settings.spans_file).unlink(missing_ok=True)  # the demo's own file holds this run's spans only
     provider = configure_tracing(settings, set_global=False, drops=DropCounter(), metrics=metrics)
     opts = DemoOptions(groups=args.groups, workers=args.workers, case_ms=args.case_ms, buffer=args.buffer,
-                       policies=args.policies, seed=args.seed)
+                       policies=args.policies, seed=args.seed, trace_sampling=args.trace_sampling)
     console.print(f"[bold]rmqtrace demo[/]: {opts.groups} test-case groups, {opts.workers} workers, "
                   f"1 case = {opts.case_ms:g} ms, embedded broker")
     with _progress(console) as progress:
@@ -223,13 +236,18 @@ def gap_table(runs: Sequence[PolicyRun]) -> Any:
 
 
 def print_results(console: Any, runs: Sequence[PolicyRun]) -> None:
-    from .demo import where_time_went
+    from .demo import keep_line, where_time_went
 
     console.print(policy_table(runs))
     console.print(gap_table(runs))
     console.print("[bold]Where the time went[/]")
     for r in runs:
         console.print(f"  • {where_time_went(r)}")
+    kept = [line for line in (keep_line(r) for r in runs) if line]
+    if kept:
+        console.print("[bold]Traces kept[/]")
+        for line in kept:
+            console.print(f"  • {line}")
 
 
 def cmd_demo(args: argparse.Namespace) -> int:

@@ -17,7 +17,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Sequence
 
-from opentelemetry.sdk.trace import TracerProvider
+from opentelemetry.sdk.trace import ReadableSpan, SpanProcessor, TracerProvider
+from opentelemetry.sdk.trace.sampling import ALWAYS_OFF
+from opentelemetry.trace import SpanKind
 from prometheus_client import CollectorRegistry
 
 from ..clients.consume import ConsumeLoop
@@ -29,13 +31,18 @@ from ..path.propagation import COST
 from ..path.stages import GAPS, PATH_GAPS, Outcome, Stage
 from ..path.stamps import Stamps, compute_gaps
 from ..report.model import percentile, where_time_went_line
+from ..telemetry.hold import HoldingSpanProcessor
+from ..telemetry.keep import KeepPolicy
 from ..telemetry.metrics import TracerMetrics
 from ..telemetry.tracer import MessageTrace, MessageTracer
 from .workload import JobItem, make_job
 
-__all__ = ["TOPIC", "DemoOptions", "PolicyRun", "run_demo", "run_policy", "summary_json", "where_time_went"]
+__all__ = ["SLOW_CONSUMER_WAIT_S", "TOPIC", "DemoOptions", "PolicyRun", "keep_line", "run_demo", "run_policy",
+           "summary_json", "where_time_went"]
 
 TOPIC = "testcase-groups"
+# With --trace-sampling: a message is slow when it waited this long inside the consumer.
+SLOW_CONSUMER_WAIT_S = 1.0
 
 
 @dataclass
@@ -48,6 +55,10 @@ class DemoOptions:
     policies: Sequence[str] = ("round_robin", "aggressive", "cost_aware")
     seed: int = 7
     job_id: str = "job-1"
+    # Background probability of the keep policy; None: every trace sampled (no policy). With it,
+    # producers sample nothing and the consumer keeps failures, slow messages (consumer_wait over
+    # SLOW_CONSUMER_WAIT_S), each job's first and last finisher, and this share of the rest.
+    trace_sampling: float | None = None
 
 
 @dataclass
@@ -60,6 +71,7 @@ class PolicyRun:
     failed: int
     gaps: dict[str, list[float]] = field(default_factory=dict)
     handler_s: list[float] = field(default_factory=list)
+    keep: dict[str, Any] | None = None  # what the keep policy kept (with --trace-sampling)
 
     @property
     def over_lb(self) -> float:
@@ -83,6 +95,7 @@ class PolicyRun:
             "gaps": {g.name: {"p50": self.percentile(g.name, .5), "p95": self.percentile(g.name, .95),
                               "p99": self.percentile(g.name, .99), "max": self.percentile(g.name, 1.0),
                               "share": self.share(g.name)} for g in GAPS},
+            **(self.keep or {}),  # with --trace-sampling: messages, traces_kept, slow_messages, ...
         }
 
 
@@ -94,18 +107,22 @@ def run_policy(policy: str, job: Sequence[JobItem], opts: DemoOptions, *,
     broker.create_topic(TOPIC)
     group = f"demo-{policy}"
     finished: list[tuple[list[int], float | None]] = []
+    ids: list[str] = []
     done = threading.Event()
     lock = threading.Lock()
 
     def collect(trace: MessageTrace, outcome: Outcome) -> None:
         with lock:
             finished.append((list(trace.stamps.times), trace.carried.cost))
+            ids.append(trace.info.message_id or "")
             if len(finished) >= len(job):
                 done.set()
         on_message()
 
-    tracer = MessageTracer(consumer_group=group, tracer_provider=tracer_provider, metrics=metrics,
-                           listeners=[collect])
+    keeping = _Keeping(tracer_provider, opts.trace_sampling) if opts.trace_sampling is not None else None
+    tracer = MessageTracer(consumer_group=group, tracer_provider=keeping.consumer if keeping else tracer_provider,
+                           metrics=metrics, listeners=[collect], keep=keeping.policy if keeping else None,
+                           hold=keeping.hold if keeping else None)
     scale = opts.case_ms / 1000.0
 
     def handler(msg: Any) -> None:
@@ -125,7 +142,8 @@ def run_policy(policy: str, job: Sequence[JobItem], opts: DemoOptions, *,
     runner = threading.Thread(target=loop.run, name=f"demo-{policy}", daemon=True)
     runner.start()
 
-    producer = TracedProducer(Producer(broker, [TOPIC]), MessageTracer(tracer_provider=tracer_provider))
+    producer = TracedProducer(Producer(broker, [TOPIC]), MessageTracer(
+        tracer_provider=keeping.producer if keeping else tracer_provider))
     producer.startup()
     for item in job:
         msg = Message()
@@ -138,7 +156,59 @@ def run_policy(policy: str, job: Sequence[JobItem], opts: DemoOptions, *,
     runner.join()
     consumer.shutdown()
     producer.shutdown()
-    return _summarise(policy, opts, finished, loop.stats.failed)
+    run = _summarise(policy, opts, finished, loop.stats.failed)
+    if keeping is not None:
+        run.keep = keeping.summary(finished, ids)
+    return run
+
+
+class _KeptIds(SpanProcessor):
+    """The message ids of the ``process`` spans that reached the exporters: the kept traces."""
+
+    def __init__(self) -> None:
+        self.ids: set[str] = set()
+
+    def on_end(self, span: ReadableSpan) -> None:
+        message_id = (span.attributes or {}).get("messaging.message.id")
+        if span.kind is SpanKind.CONSUMER and isinstance(message_id, str):
+            self.ids.add(message_id)
+
+
+class _Keeping:
+    """The demo's keep set-up: producers sample nothing, the consumer's spans are held and kept
+    by the policy, then handed to ``provider``'s own processors (and counted here)."""
+
+    def __init__(self, provider: TracerProvider | None, background: float) -> None:
+        resource = provider.resource if provider is not None else None
+        self.producer = TracerProvider(sampler=ALWAYS_OFF, resource=resource)
+        self.kept = _KeptIds()
+        forward: list[SpanProcessor] = [self.kept]
+        if provider is not None:
+            forward.append(provider.get_tracer("rmqtrace-demo").span_processor)  # type: ignore[attr-defined]
+        self.hold = HoldingSpanProcessor(forward)
+        self.consumer = TracerProvider(resource=resource)
+        self.consumer.add_span_processor(self.hold)
+        self.policy = KeepPolicy({"consumer_wait": SLOW_CONSUMER_WAIT_S}, background=background)
+
+    def summary(self, finished: Sequence[tuple[list[int], float | None]], ids: Sequence[str]) -> dict[str, Any]:
+        self.policy.flush()  # the job's latest finisher is held until the job is idle: it is now
+        wait_ns = SLOW_CONSUMER_WAIT_S * 1e9
+        slow = {i for (t, _c), i in zip(finished, ids) if t[Stage.HANDLER_START] - t[Stage.CLIENT_PULL] > wait_ns}
+        last = max(zip(finished, ids), key=lambda f: f[0][0][Stage.HANDLER_END])[1] if ids else None
+        return {"messages": len(ids), "traces_kept": len(self.kept.ids), "slow_messages": len(slow),
+                "slow_kept": len(slow & self.kept.ids), "critical_path_kept": last in self.kept.ids,
+                "background": self.policy.background, "slow_consumer_wait_s": SLOW_CONSUMER_WAIT_S,
+                "held_spans_dropped": self.hold.stats().dropped}
+
+
+def keep_line(run: PolicyRun) -> str | None:
+    """One line per policy with --trace-sampling: what was kept of how many."""
+    k = run.keep
+    if k is None:
+        return None
+    return (f"{run.policy}: kept {k['traces_kept']} of {k['messages']} traces; slow (consumer_wait > "
+            f"{k['slow_consumer_wait_s']:g} s) kept {k['slow_kept']} of {k['slow_messages']}; "
+            f"the job's critical path {'kept' if k['critical_path_kept'] else 'NOT kept'}")
 
 
 def _summarise(policy: str, opts: DemoOptions, finished: list[tuple[list[int], float | None]],
