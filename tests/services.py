@@ -180,10 +180,10 @@ def start_prometheus(targets: list[str], rule_files: list[Path], *, state_dir: P
 # -- the shared long-tail scenario ------------------------------------------------------------------
 # The end-to-end run loads the shipped rules with `for:` shortened to a few evaluations; thresholds
 # stay as shipped (VARIANT_THRESHOLDS could scale one down for a shorter run). At 30 ms per test
-# case the round-robin dispatch-wait p99 reaches ~9 s, above the production 5 s.
+# case the round-robin consumer-wait p99 reaches ~9 s, above the production 5 s.
 VARIANT_FOR = "2s"
 VARIANT_THRESHOLDS: dict[str, float] = {}
-DISPATCH_ALERTS = ("RmqtraceDispatchWaitHigh", "RmqtraceDispatchShareHigh")
+DISPATCH_ALERTS = ("RmqtraceConsumerWaitHigh", "RmqtraceDispatchShareHigh")
 
 
 @dataclass

@@ -1,5 +1,6 @@
 """The alert rules against a real Prometheus: the long-tail job raises the dispatch alerts under
-round-robin dispatch and leaves them quiet under the aggressive dispatcher.
+round-robin dispatch and leaves them quiet under the aggressive dispatcher. The headline alert reads
+consumer_wait (client_buffer + dispatch_wait), the same series the dashboard leads with.
 
 Prometheus (services/prometheus/prom.sh, 1 s scrape and evaluation) scrapes this process's
 ``/metrics`` while the job runs through the embedded broker; the rules are the shipped file with
@@ -71,8 +72,8 @@ def test_aggressive_leaves_them_quiet(scenario: Scenario) -> None:
         ag_value = by_group(prom.query(signal, at=ag.mid)).get("demo-aggressive")
         assert ag_value is None or ag_value < threshold / 5, (name, ag_value)
         assert by_group(prom.query(signal, at=rr.finished))["demo-round_robin"] > threshold, name
-    # and the raw numbers exist for aggressive: a tiny dispatch-wait p99 and in-consumer share
-    p99 = by_group(prom.query('rmqtrace:stage_duration_seconds:p99_5m{stage="dispatch_wait"}', at=ag.mid))
+    # and the raw numbers exist for aggressive: a tiny consumer-wait p99 and in-consumer share
+    p99 = by_group(prom.query('rmqtrace:stage_duration_seconds:p99_5m{stage="consumer_wait"}', at=ag.mid))
     share = by_group(prom.query("rmqtrace:consumer_wait_share:ratio_5m", at=ag.mid))
     assert p99["demo-aggressive"] < 0.1 and share["demo-aggressive"] < 0.05, (p99, share)
     assert share["demo-round_robin"] > 0.5

@@ -81,7 +81,7 @@ def test_the_end_to_end_variant_is_valid_and_differs_only_in_for() -> None:
 
 
 def test_a_variant_can_change_one_threshold() -> None:
-    _check_variant({"RmqtraceDispatchWaitHigh": 0.5})
+    _check_variant({"RmqtraceConsumerWaitHigh": 0.5})
 
 
 def test_the_fleet_rules_have_a_variant_too() -> None:

@@ -142,7 +142,7 @@ def test_metric_and_label_names_exist_in_what_the_code_exports(e: Expr) -> None:
 def test_alert_rules_have_the_shape_the_tooling_relies_on() -> None:
     alerts = [r for r in load_rules() if "alert" in r]
     names = {r["alert"] for r in alerts}
-    assert {"RmqtraceDispatchWaitHigh", "RmqtraceDispatchShareHigh", "RmqtraceWorkersSaturated",
+    assert {"RmqtraceConsumerWaitHigh", "RmqtraceDispatchShareHigh", "RmqtraceWorkersSaturated",
             "RmqtraceClockSkew", "RmqtracePropagationErrors", "RmqtraceSpansDropped"} <= names
     for r in alerts:
         split_alert_expr(r["expr"])  # `<signal> <op> <threshold>`
@@ -194,9 +194,42 @@ def test_dashboard_wiring() -> None:
         if any("_bucket" in t["expr"] for t in p["targets"]):
             assert any(t.get("exemplar") for t in p["targets"]), p["title"]
     titles = " | ".join(p["title"] for p in ps).lower()
-    for needle in ("stage latency", "share of end-to-end", "dispatch wait heatmap", "slot wait", "occupancy",
+    for needle in ("consumer wait heatmap", "consumer wait p99", "stage latency", "share of end-to-end",
+                   "dispatch wait heatmap", "client buffer heatmap", "slot wait", "occupancy",
                    "queued", "outcomes", "skew", "propagation"):
         assert needle in titles
+
+
+HEADLINE = 'stage="consumer_wait"'
+PARTS = re.compile(r'stage=~"client_buffer\|dispatch_wait"')
+
+
+def test_the_headline_is_consumer_wait_in_the_alerts_and_the_dashboard() -> None:
+    """One headline notion (issue 14): the time waiting inside the consumer, consumer_wait =
+    client_buffer + dispatch_wait, measured by its own series rather than re-summed from the parts."""
+    rules = {r.get("alert") or r.get("record"): r for r in load_rules()}
+    assert "RmqtraceDispatchWaitHigh" not in rules
+    assert HEADLINE in rules["RmqtraceConsumerWaitHigh"]["expr"]
+    for name in ("RmqtraceDispatchShareHigh", "rmqtrace:consumer_wait_share:ratio_5m"):
+        assert HEADLINE in rules[name]["expr"] and not PARTS.search(rules[name]["expr"]), name
+    assert HEADLINE in next(r for r in grafana_rules() if r["title"] == "RmqtraceConsumerWaitHigh")["data"][0]["model"]["expr"]
+    ps = sorted((p for p in panels(dashboard()) if p["type"] != "row"),
+                key=lambda p: (p["gridPos"]["y"], p["gridPos"]["x"]))
+    heatmaps = [p for p in ps if p["type"] == "heatmap"]
+    assert HEADLINE in heatmaps[0]["targets"][0]["expr"] and heatmaps[0]["targets"][0]["exemplar"]
+    first_row = [p for p in ps if p["gridPos"]["y"] == ps[0]["gridPos"]["y"]]
+    assert heatmaps[0] in first_row
+    p99 = [p for p in first_row if p["type"] == "timeseries"
+           and any(HEADLINE in t["expr"] and t["expr"].startswith("histogram_quantile(0.99") for t in p["targets"])]
+    assert p99, "no consumer_wait p99 panel next to the heatmap"
+    parts = {t["expr"].split('stage="')[1].split('"')[0]: p["title"].lower() for p in heatmaps[1:] for t in p["targets"]}
+    assert set(parts) == {"client_buffer", "dispatch_wait"}
+    assert all("part" in title for title in parts.values()), parts
+    for p in ps:  # nothing re-sums the parts, and a stacked share must not count the headline twice
+        for t in p["targets"]:
+            assert not PARTS.search(t["expr"]), p["title"]
+            if 'stage!="end_to_end"' in t["expr"]:
+                raise AssertionError(f"{p['title']}: stage!=\"end_to_end\" also selects consumer_wait")
 
 
 def test_exemplars_link_to_jaeger() -> None:
@@ -292,7 +325,8 @@ def _key(metric: dict[str, str]) -> tuple[tuple[str, str], ...]:
 @pytest.mark.integration
 def test_histogram_panels_carry_exemplars_with_trace_ids(scenario: Scenario) -> None:
     rr = scenario.phases["round_robin"]
-    for metric in ('rmqtrace_stage_duration_seconds_bucket{stage="dispatch_wait"}',
+    for metric in ('rmqtrace_stage_duration_seconds_bucket{stage="consumer_wait"}',
+                   'rmqtrace_stage_duration_seconds_bucket{stage="dispatch_wait"}',
                    "rmqtrace_stage_duration_seconds_bucket"):
         found = scenario.prom.exemplars(metric, rr.started, rr.finished + 5)
         ids = {ex["labels"].get("trace_id") for series in found for ex in series["exemplars"]}
