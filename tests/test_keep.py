@@ -223,3 +223,44 @@ def test_demo_trace_sampling_must_be_a_probability(capsys) -> None:
     with pytest.raises(SystemExit) as exc:
         main(["demo", "--trace-sampling", "1.5"])
     assert exc.value.code == 2 and "probability" in capsys.readouterr().err
+
+
+_ENV_ONLY = r'''
+import json, sys
+from opentelemetry import trace
+from tracer import MessageInfo, MessageTracer, Outcome, Stage
+from tracer.config import Settings, configure_tracing
+
+configure_tracing(Settings.from_env())
+tracer = MessageTracer(consumer_group="g")   # no keep=/hold=: the environment decides
+for i, wait_ms in enumerate((1, 500, 2, 800)):
+    t = tracer.start_message(MessageInfo(topic="t", message_id=f"m{i}"), pulled_ns=10**18)
+    t.mark(Stage.DISPATCH_ENQUEUE, 10**18)
+    t.mark(Stage.HANDLER_START, 10**18 + wait_ms * 10**6)
+    with t.handler_scope(10**18 + wait_ms * 10**6):
+        with trace.get_tracer("user").start_as_current_span(f"user-{i}"):
+            pass
+    t.mark(Stage.HANDLER_END, 10**18 + (wait_ms + 1) * 10**6)
+    t.finish(Outcome.SUCCESS)
+trace.get_tracer_provider().shutdown()
+names = [json.loads(line)["name"] for line in open(sys.argv[1])]
+print(json.dumps(sorted(n for n in names if n.startswith("user-"))))
+'''
+
+
+def test_the_environment_alone_turns_keeping_on(tmp_path) -> None:
+    # RMQTRACE_KEEP_* through configure_tracing, with no code change: the two slow messages are kept
+    # whole (the user's spans included), the two fast ones are dropped before export.
+    import json
+    import os
+    import subprocess
+    import sys
+
+    spans = tmp_path / "spans.jsonl"
+    env = dict(os.environ, RMQTRACE_SPANS_FILE=str(spans),
+               OTEL_TRACES_SAMPLER="parentbased_always_off", RMQTRACE_KEEP_CONSUMER_WAIT="0.1")
+    env.pop("OTEL_TRACES_EXPORTER", None)
+    env.pop("OTEL_EXPORTER_OTLP_ENDPOINT", None)
+    out = subprocess.run([sys.executable, "-c", _ENV_ONLY, str(spans)], env=env, capture_output=True,
+                         text=True, timeout=60, check=True)
+    assert json.loads(out.stdout.strip().splitlines()[-1]) == ["user-1", "user-3"], out.stderr

@@ -27,6 +27,8 @@ from opentelemetry.sdk.resources import Resource
 from opentelemetry.sdk.trace import ReadableSpan, Span, SpanProcessor, TracerProvider
 from opentelemetry.sdk.trace.export import BatchSpanProcessor, SpanExporter, SpanExportResult
 
+from .telemetry.hold import HoldingSpanProcessor, install_for_global_provider
+from .telemetry.keep import KeepPolicy
 from .telemetry.metrics import TracerMetrics, multiprocess_dir
 
 __all__ = [
@@ -274,11 +276,19 @@ def configure_tracing(settings: Settings, *, set_global: bool = True,
     if settings.service_name:
         attrs["service.name"] = settings.service_name
     provider = TracerProvider(resource=Resource.create(attrs))
-    for exporter in make_exporters(settings):
-        if drops is not None:
-            provider.add_span_processor(CountingSpanProcessor(exporter, drops))
-        else:
-            provider.add_span_processor(BatchSpanProcessor(exporter))
+    processors: list[SpanProcessor] = [
+        CountingSpanProcessor(exporter, drops) if drops is not None else BatchSpanProcessor(exporter)
+        for exporter in make_exporters(settings)
+    ]
+    keep = KeepPolicy.from_env()  # RMQTRACE_KEEP_*: decide again at handler end (telemetry.keep)
+    if keep is not None:
+        hold = HoldingSpanProcessor.from_env(processors)
+        provider.add_span_processor(hold)
+        if set_global:
+            install_for_global_provider(keep, hold)
+    else:
+        for processor in processors:
+            provider.add_span_processor(processor)
     if set_global:
         trace.set_tracer_provider(provider)
     return provider

@@ -22,14 +22,14 @@ from __future__ import annotations
 
 import os
 import threading
-from typing import Callable, Mapping, NamedTuple, Sequence
+from typing import Any, Callable, Mapping, NamedTuple, Sequence
 
 from opentelemetry.context import Context
 from opentelemetry.sdk.trace import ReadableSpan, Span, SpanProcessor
 from opentelemetry.sdk.trace.id_generator import IdGenerator
 from opentelemetry.trace import SpanContext, TraceFlags, TraceState
 
-__all__ = ["HoldingSpanProcessor", "HoldStats"]
+__all__ = ["HoldStats", "HoldingSpanProcessor", "install_for_global_provider", "installed_for_global_provider"]
 
 DEFAULT_MAX_SPANS = 20_000
 DEFAULT_MAX_TRACES = 20_000
@@ -179,3 +179,18 @@ class HoldingSpanProcessor(SpanProcessor):
 
     def force_flush(self, timeout_millis: int = 30000) -> bool:
         return all(p.force_flush(timeout_millis) for p in self.processors)
+
+
+# The keep policy and hold that ``tracer.config.configure_tracing`` built from ``RMQTRACE_KEEP_*``
+# for the global provider: a MessageTracer on the global provider picks them up, so the
+# environment alone turns latency-aware keeping on (like OTEL_TRACES_SAMPLER does for the head).
+_installed: tuple[Any, HoldingSpanProcessor] | None = None
+
+
+def install_for_global_provider(keep: Any, hold: HoldingSpanProcessor) -> None:
+    global _installed
+    _installed = (keep, hold)
+
+
+def installed_for_global_provider() -> tuple[Any, HoldingSpanProcessor] | None:
+    return _installed

@@ -41,7 +41,7 @@ from ..path.propagation import Carried, PropagationErrors, extract, inject, plau
 from ..path.stages import CROSS_CLOCK_GAPS, Outcome, Stage
 from ..path.stamps import MISSING, SkewTracker, Stamps, timeline
 from ..version import __version__
-from .hold import HoldingSpanProcessor
+from .hold import HoldingSpanProcessor, installed_for_global_provider
 from .keep import PENDING, KeepPolicy
 from .metrics import TracerMetrics
 from .occupancy import Occupancy
@@ -98,6 +98,10 @@ class MessageTracer:
         keep: KeepPolicy | None = None,
         hold: HoldingSpanProcessor | None = None,
     ) -> None:
+        if keep is None and hold is None and tracer_provider is None:
+            installed = installed_for_global_provider()  # RMQTRACE_KEEP_* through configure_tracing
+            if installed is not None:
+                keep, hold = installed
         if keep is not None and hold is None:
             raise ValueError("keep= needs hold=, the HoldingSpanProcessor on the tracer provider: without it "
                              "the handler's spans of dropped messages would still be exported")
