@@ -172,6 +172,10 @@ def test_a_fleet_demo_in_jaeger_reads_back_per_instance(tmp_path: Path, capsys: 
     out = json.loads(capsys.readouterr().out)
     assert {j["job"] for j in out["jobs"]} == set(jobs) and out["traces"] >= 120
     assert html.read_text().count("/consumer-2</text>") == 2
+    cmd = subprocess.run([sys.executable, "-m", "tracer", "report", "--jaeger", query, "--service", service, "--fleet",
+                          "--lookback", "10m"], capture_output=True, text=True, timeout=120)
+    assert cmd.returncode == 0, cmd.stderr
+    assert "Fleet: job job-1-prefetch" in cmd.stdout and "critical path" in cmd.stdout
 
 
 def test_an_instance_idle_for_a_whole_job_still_counts() -> None:
@@ -201,3 +205,9 @@ def test_the_fleet_page_draws_one_lane_group_per_instance() -> None:
     page = fleet_page("fleet", [job.section])
     assert page.count("host:100</text>") == 1 and page.count("host:101</text>") == 1
     assert page.count("<rect ") == 3 and "held ≤ 1" in page and page.startswith("<!doctype html>")
+
+
+def test_the_report_fleet_flag_needs_jaeger() -> None:
+    out = subprocess.run([sys.executable, "-m", "tracer", "report", "--fleet"], capture_output=True, text=True,
+                         timeout=60)
+    assert out.returncode == 2 and "--fleet reads Jaeger" in out.stderr

@@ -67,6 +67,9 @@ def add_cli(subparsers: Any) -> argparse.ArgumentParser:
     src.add_argument("--limit", type=int, default=2000, help="at most this many traces (default 2000; one per message)")
     src.add_argument("--lookback", default="1h", help="how far back to search: 30m, 1h, 2d … (default 1h)")
     src.add_argument("--timeout", type=float, default=30.0, help="HTTP timeout in seconds (default 30)")
+    src.add_argument("--fleet", action="store_true",
+                     help="the fleet view: every trace in --lookback, paged (bounded memory), per job across "
+                          "instances (service.instance.id): completion, critical path, occupancy, who held the work")
     sel = p.add_argument_group("what to show")
     sel.add_argument("--group", metavar="G", help="only this consumer group (the demo's are demo-<policy>)")
     sel.add_argument("--job", metavar="J", help="only messages with this rmqtrace.job.id")
@@ -162,6 +165,9 @@ def cmd_report(args: argparse.Namespace) -> int:
 
     try:
         _check_args(args)
+        if args.fleet:
+            from .fleet import cli_fleet
+            return cli_fleet(args)
         spans, source, left_out = _read(args)
         report = build_report(spans, group=args.group, job=args.job, top=args.top, workers=args.workers,
                               source=source)
