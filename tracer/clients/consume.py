@@ -44,6 +44,7 @@ from ..dispatch import Dispatcher, DispatcherClosed, DispatchMetrics, Policy
 from ..path.message import body_of, describe
 from ..path.stages import Outcome
 from ..telemetry.tracer import MessageTrace, MessageTracer
+from .probe import probe_stage, skip_probes
 
 if TYPE_CHECKING:  # typing.Unpack is 3.11+; only the annotation needs it
     from typing_extensions import Unpack
@@ -347,8 +348,9 @@ class ConsumeLoop:
         self._monotonic = monotonic
         self.stats = ConsumeStats()
         d = self.dispatch_options
+        # probes (tracer.clients.probe) ride the dispatcher like any message but never reach the handler
         self.dispatcher: Dispatcher[Any] = Dispatcher(
-            handler, policy=d.policy, workers=d.workers, key=d.key, cost=d.cost, on_done=self._on_done,
+            skip_probes(handler), policy=d.policy, workers=d.workers, key=d.key, cost=d.cost, on_done=self._on_done,
             metrics=d.metrics, handler_timeout=d.handler_timeout, clock=_SecondsClock(monotonic), name="consume")
         # one lock for all of the loop's state and its stats: _room() and the stats are consistent
         self._lock = threading.Lock()
@@ -544,7 +546,7 @@ class ConsumeLoop:
                 h = self._backlog.popleft()  # only the feeding thread takes from the head
                 h.state = _SUBMITTED
             try:
-                accepted = self.dispatcher.submit(h.message, h.trace, timeout=block)
+                accepted = self.dispatcher.submit(h.message, probe_stage(self.tracer, h.trace), timeout=block)
             except DispatcherClosed:
                 accepted = False
             except Exception as exc:  # noqa: BLE001 - one message the dispatcher refuses must not stop the loop
