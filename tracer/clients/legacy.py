@@ -33,6 +33,7 @@ from typing import Any, Callable, NamedTuple
 from opentelemetry import propagate
 
 from ..path.message import MessageInfo
+from ..path.names import PROBE_PROPERTY
 from ..path.propagation import BAGGAGE, COST, JOB_ID, PRODUCE_NS, TRACEPARENT, TRACESTATE
 from ..telemetry.tracer import MessageTracer, SendTrace
 from .listener import Seam, traced_consume
@@ -40,7 +41,7 @@ from .producer import ProducerProxy, traced_send
 
 # Our properties and the W3C ones, read from a received 2.x message (it cannot list its
 # properties); the global propagator's own fields are read as well when it is another one.
-KNOWN_PROPERTIES: tuple[str, ...] = (TRACEPARENT, TRACESTATE, BAGGAGE, PRODUCE_NS, JOB_ID, COST)
+KNOWN_PROPERTIES: tuple[str, ...] = (TRACEPARENT, TRACESTATE, BAGGAGE, PRODUCE_NS, JOB_ID, COST, PROBE_PROPERTY)
 
 
 class Produced(NamedTuple):
@@ -225,7 +226,8 @@ def traced_callback(callback: Callable[[Any], Any], tracer: MessageTracer) -> Ca
 
 
 # The C++ client exposes no pull time: the callback's entry is the pull (see the module docstring).
-LEGACY_SEAM = Seam(describe_legacy, lambda info: None, _is_success, "starting a legacy consumer trace")
+LEGACY_SEAM = Seam(describe_legacy, lambda info: None, _is_success, "starting a legacy consumer trace",
+                   0)  # ConsumeStatus.CONSUME_SUCCESS (an IntEnum), what a settled probe returns
 
 __all__ = [
     "KNOWN_PROPERTIES",

@@ -15,6 +15,7 @@ from typing import Any, Callable, NamedTuple
 from ..path.message import MessageInfo, body_of
 from ..path.stages import Outcome, Stage
 from ..telemetry.tracer import MessageTrace, MessageTracer
+from .probe import settle_probe
 
 __all__ = ["Seam", "traced_consume"]
 
@@ -26,6 +27,7 @@ class Seam(NamedTuple):
     pulled_ns: Callable[[MessageInfo], int | None]  # when the client received it; None: now
     succeeded: Callable[[Any], bool]  # the callback's result
     where: str  # named in the log when starting a trace fails
+    success: Any = None  # the callback result that acks: what a settled probe returns
 
 
 def traced_consume(tracer: MessageTracer, seam: Seam, call: Callable[[Any], Any], message: Any) -> Any:
@@ -42,6 +44,8 @@ def traced_consume(tracer: MessageTracer, seam: Seam, call: Callable[[Any], Any]
         trace = None
     if trace is None:
         return call(message)
+    if settle_probe(tracer, trace):  # a probe: acked, the user's callback never sees it
+        return seam.success
     try:
         with trace.handler_scope():
             result = call(message)

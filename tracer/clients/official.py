@@ -27,6 +27,7 @@ from ..path.message import MessageInfo, body_of, client_facts, describe
 from ..path.stages import Outcome, Stage
 from ..telemetry.tracer import MessageTrace, MessageTracer
 from .listener import Seam, traced_consume
+from .probe import settle_received
 
 __all__ = ["PUSH_SEAM", "Processing", "ReceivedTraces", "TracedListener", "TracedSimpleConsumer"]
 
@@ -48,7 +49,8 @@ def _decoded_ns(info: MessageInfo) -> int | None:
 
 
 # The client decoded the message just before handing it to its pool: that is the pull time.
-PUSH_SEAM = Seam(describe, _decoded_ns, _is_success, "starting a push-consumer trace")
+PUSH_SEAM = Seam(describe, _decoded_ns, _is_success, "starting a push-consumer trace",
+                 ConsumeResult.SUCCESS if ConsumeResult is not None else None)
 
 
 class TracedListener(MessageListener):  # type: ignore[misc,valid-type]
@@ -121,7 +123,7 @@ class TracedSimpleConsumer:
     def receive(self, max_message_num: int, invisible_duration: Any) -> Any:
         messages = self._consumer.receive(max_message_num, invisible_duration)
         self.traces.received(messages)
-        return messages
+        return settle_received(self.traces, self._consumer, messages)  # probes acked here, not returned
 
     def processing(self, message: Any) -> Processing:
         """``with consumer.processing(msg): handle(msg)`` — stamps and spans around the handler.
