@@ -36,6 +36,7 @@ from ..telemetry.tracer import MessageTracer
 from .legacy import traced_callback, traced_legacy_send
 from .official import ReceivedTraces, TracedListener
 from .package import _instruments, _instruments_legacy
+from .probe import settle_received
 from .producer import traced_send, traced_send_async
 
 __all__ = ["RocketMQInstrumentor"]
@@ -155,7 +156,9 @@ class RocketMQInstrumentor(BaseInstrumentor):  # type: ignore[misc]
     def _receive(self, wrapped: Any, instance: Any, args: Any, kwargs: Any) -> Any:
         messages = wrapped(*args, **kwargs)
         if is_instrumentation_enabled():
-            self._traces_for(_group_of(instance)).received(messages)
+            traces = self._traces_for(_group_of(instance))
+            traces.received(messages)
+            return settle_received(traces, instance, messages)  # probes acked here, not returned
         return messages
 
     def _ack(self, wrapped: Any, instance: Any, args: Any, kwargs: Any) -> Any:
