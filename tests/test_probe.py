@@ -391,3 +391,99 @@ def test_sender_check_first_raises_the_first_failure_and_counts_it() -> None:
     with pytest.raises(ConnectionError):
         sender.run(count=2, check_first=True)
     assert sender.failed == 1 and value(reg, "rmqtrace_probe_sent_total", topic="probes", outcome="failure") == 1
+
+
+# -- the seams -----------------------------------------------------------------------------------
+def _send_probes_and_one_real(producer: Producer, n: int) -> None:
+    sender = ProbeSender(producer, TOPIC, Message)
+    for _ in range(n):
+        assert sender.send_one()
+    real = Message()
+    real.topic, real.body = TOPIC, b"order-1"
+    producer.send(real)
+
+
+def test_consume_loop_settles_probes_acks_them_and_hands_only_real_messages_to_the_handler() -> None:
+    from tracer.clients.consume import ConsumeLoop
+
+    broker, producer, consumer = _pipeline()
+    reg = CollectorRegistry()
+    handled: list[bytes] = []
+    loop = ConsumeLoop(consumer, lambda m: handled.append(m.body),
+                       tracer=MessageTracer(consumer_group=GROUP, metrics=TracerMetrics(reg)), workers=2)
+    _send_probes_and_one_real(producer, 3)
+    runner = threading.Thread(target=loop.run, kwargs={"until": lambda s: s.acked >= 4}, daemon=True)
+    runner.start()
+    runner.join(30)
+    assert not runner.is_alive()
+    lab = {"topic": TOPIC, "consumer_group": GROUP}
+    assert handled == [b"order-1"]
+    assert loop.stats.acked == 4 and loop.stats.failed == 0
+    assert value(reg, "rmqtrace_probe_received_total", **lab) == 3
+    assert value(reg, "rmqtrace_probe_stage_duration_seconds_count", stage="dispatch_wait", **lab) == 3
+    assert value(reg, "rmqtrace_messages_total", outcome="success", **lab) == 1
+    assert broker.backlog(GROUP, TOPIC) == 0
+
+
+def test_traced_listener_returns_success_for_a_probe_without_calling_the_listener() -> None:
+    from rocketmq import ConsumeResult
+
+    from tracer.clients.official import TracedListener
+
+    reg = CollectorRegistry()
+    calls: list[Any] = []
+
+    class Listener:
+        def consume(self, msg: Any) -> Any:
+            calls.append(msg)
+            return ConsumeResult.SUCCESS
+
+    traced = TracedListener(Listener(), MessageTracer(consumer_group=GROUP, metrics=TracerMetrics(reg)))
+    probe = ProbeSender(object(), TOPIC, Message).message()
+    assert traced.consume(probe) is ConsumeResult.SUCCESS and calls == []
+    real = Message()
+    real.topic = TOPIC
+    assert traced.consume(real) is ConsumeResult.SUCCESS and calls == [real]
+    lab = {"topic": TOPIC, "consumer_group": GROUP}
+    assert value(reg, "rmqtrace_probe_received_total", **lab) == 1
+    assert value(reg, "rmqtrace_messages_total", outcome="success", **lab) == 1
+
+
+class _LegacyReceived:
+    """A 2.x ReceivedMessage: properties only through get_property (bytes, b'' when absent)."""
+
+    def __init__(self, props: dict[str, str]) -> None:
+        self.id, self.topic, self.tags, self.keys, self.body = "M1", TOPIC, b"", b"", b"x"
+        self.reconsume_times, self.store_timestamp = 0, 0
+        self._props = {k: v.encode() for k, v in props.items()}
+
+    def get_property(self, prop: str) -> bytes:
+        return self._props.get(prop, b"")
+
+
+def test_legacy_callback_returns_consume_success_for_a_probe_without_calling_the_callback() -> None:
+    from tracer.clients.legacy import traced_callback
+
+    reg = CollectorRegistry()
+    calls: list[Any] = []
+    wrapped = traced_callback(lambda m: calls.append(m) or 0, MessageTracer(consumer_group=GROUP,
+                                                                            metrics=TracerMetrics(reg)))
+    probe = ProbeSender(object(), TOPIC, Message).message()
+    assert wrapped(_LegacyReceived(probe.properties)) == 0 and calls == []  # 0 == ConsumeStatus.CONSUME_SUCCESS
+    wrapped(_LegacyReceived({}))
+    assert len(calls) == 1
+    assert value(reg, "rmqtrace_probe_received_total", topic=TOPIC, consumer_group=GROUP) == 1
+
+
+def test_traced_simple_consumer_acks_probes_on_receive_and_returns_only_real_messages() -> None:
+    from tracer.clients.official import TracedSimpleConsumer
+
+    broker, producer, consumer = _pipeline()
+    reg = CollectorRegistry()
+    traced = TracedSimpleConsumer(consumer, MessageTracer(consumer_group=GROUP, metrics=TracerMetrics(reg)))
+    _send_probes_and_one_real(producer, 2)
+    got = traced.receive(32, 10)
+    assert [m.body for m in got] == [b"order-1"]
+    traced.ack(got[0])
+    assert value(reg, "rmqtrace_probe_received_total", topic=TOPIC, consumer_group=GROUP) == 2
+    assert broker.backlog(GROUP, TOPIC) == 0 and consumer.receive(32, 10) == []
