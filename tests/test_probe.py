@@ -94,7 +94,7 @@ def test_probe_metrics_one_per_registry() -> None:
     reg = CollectorRegistry()
     first = ProbeMetrics.shared(reg)
     assert ProbeMetrics.shared(reg) is first
-    with pytest.raises(ValueError, match="already holds the probe series"):
+    with pytest.raises(ValueError, match="already holds rmqtrace.s ProbeMetrics series"):
         ProbeMetrics(reg)
     first.unregister()
     ProbeMetrics(reg)  # room again

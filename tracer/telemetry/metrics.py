@@ -24,7 +24,7 @@ import threading
 import time
 import weakref
 from bisect import bisect_left
-from typing import Any, Iterator, Sequence
+from typing import Any, Iterator, Sequence, TypeVar
 
 from prometheus_client import REGISTRY as DEFAULT_REGISTRY
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
@@ -34,7 +34,7 @@ from prometheus_client.utils import floatToGoString
 
 from ..path.stages import GAPS, Outcome
 
-__all__ = ["DEFAULT_BUCKETS", "OTHER", "BoundedLabel", "PairLabels", "TracerMetrics", "multiprocess_dir"]
+__all__ = ["DEFAULT_BUCKETS", "OTHER", "BoundedLabel", "OnePerRegistry", "PairLabels", "TracerMetrics", "multiprocess_dir"]
 
 # The one bucket list of the duration family (stage gaps, dispatch waits, the OTel stage
 # histogram): 1 ms … 10 min, a handler of a huge test-case group runs for minutes, a send takes ms.
@@ -198,11 +198,74 @@ class _StockSeries:
         self.outcomes = {o: msgs.labels(topic, group, o.value) for o in Outcome}
 
 
-_shared: weakref.WeakKeyDictionary[CollectorRegistry, TracerMetrics] = weakref.WeakKeyDictionary()
 _shared_lock = threading.Lock()
 
 
-class TracerMetrics:
+class OnePerRegistry:
+    """A set of series that a registry holds at most once: all-or-nothing registration,
+    :meth:`shared` (the registry's one instance) and :meth:`unregister`.
+
+    client_python refuses a second collector with a clashing name; registering a set half-way
+    would leave the registry unscrapable, so :meth:`_register` takes all of them or none.
+    """
+
+    registry: CollectorRegistry
+    _collectors: Sequence[Any]
+    _instances: weakref.WeakKeyDictionary[CollectorRegistry, Any]
+
+    def __init_subclass__(cls, **kwargs: Any) -> None:
+        super().__init_subclass__(**kwargs)
+        cls._instances = weakref.WeakKeyDictionary()
+
+    def _register(self, registry: CollectorRegistry, collectors: Sequence[Any]) -> None:
+        done: list[Any] = []
+        try:
+            for c in collectors:
+                registry.register(c)
+                done.append(c)
+        except ValueError as exc:
+            for c in done:
+                registry.unregister(c)
+            name = type(self).__name__
+            raise ValueError(f"this registry already holds rmqtrace's {name} series ({exc}); "
+                             f"build {name} once per registry or use {name}.shared(registry)") from exc
+        self.registry, self._collectors = registry, collectors
+        with _shared_lock:
+            type(self)._instances.setdefault(registry, self)
+
+    @classmethod
+    def shared(cls: type[_Self], registry: CollectorRegistry | None = None) -> _Self:
+        """The one instance of a registry: the first one built on it, or a new one (defaults)."""
+        reg = DEFAULT_REGISTRY if registry is None else registry
+        with _shared_lock:
+            found = cls._instances.get(reg)
+        if found is not None:
+            return found  # type: ignore[no-any-return]
+        try:
+            return cls(reg)  # type: ignore[call-arg]
+        except ValueError:
+            with _shared_lock:  # another thread built it meanwhile
+                found = cls._instances.get(reg)
+            if found is None:
+                raise
+            return found  # type: ignore[no-any-return]
+
+    def unregister(self) -> None:
+        """Take these series off the registry (e.g. before building another set on it)."""
+        for c in self._collectors:
+            try:
+                self.registry.unregister(c)
+            except KeyError:
+                pass
+        with _shared_lock:
+            if type(self)._instances.get(self.registry) is self:
+                del type(self)._instances[self.registry]
+
+
+_Self = TypeVar("_Self", bound=OnePerRegistry)
+
+
+class TracerMetrics(OnePerRegistry):
     """All message-path series on one registry (``registry=None`` means the global one).
 
     ``label_limit`` caps the distinct (topic, consumer_group) pairs (see :class:`PairLabels`).
@@ -251,41 +314,10 @@ class TracerMetrics:
             "rmqtrace_spans_dropped", "Spans the exporter could not deliver.", registry=None,
         )
         collectors += [self.skew_clamped, self.skew_bound, self.propagation_errors, self.spans_dropped]
-        _register_all(reg, collectors)
-        self._collectors = collectors
         self._pairs = PairLabels(label_limit)
         self._lock = threading.Lock()
         self._skew_clamped = {g.name: self.skew_clamped.labels(g.name) for g in GAPS if g.crosses_clocks}
-        with _shared_lock:
-            _shared.setdefault(reg, self)
-
-    @classmethod
-    def shared(cls, registry: CollectorRegistry | None = None) -> TracerMetrics:
-        """The one instance of a registry: the first one built on it, or a new one (default buckets)."""
-        reg = DEFAULT_REGISTRY if registry is None else registry
-        with _shared_lock:
-            found = _shared.get(reg)
-        if found is not None:
-            return found
-        try:
-            return cls(reg)
-        except ValueError:
-            with _shared_lock:  # another thread built it meanwhile
-                found = _shared.get(reg)
-            if found is None:
-                raise
-            return found
-
-    def unregister(self) -> None:
-        """Take these series off the registry (e.g. before building another set on it)."""
-        for c in self._collectors:
-            try:
-                self.registry.unregister(c)
-            except KeyError:
-                pass
-        with _shared_lock:
-            if _shared.get(self.registry) is self:
-                del _shared[self.registry]
+        self._register(reg, collectors)
 
     def labels_for(self, topic: str | None, group: str | None) -> tuple[str, str]:
         """The (topic, consumer_group) label pair a message of ``topic`` and ``group`` is counted under."""
@@ -347,17 +379,3 @@ class TracerMetrics:
 
     def clamped(self, gap_name: str) -> None:
         self._skew_clamped[gap_name].inc()
-
-
-def _register_all(registry: CollectorRegistry, collectors: Sequence[Any]) -> None:
-    """Register every collector or none: a half-registered set would make later scrapes fail."""
-    done: list[Any] = []
-    try:
-        for c in collectors:
-            registry.register(c)
-            done.append(c)
-    except ValueError as exc:
-        for c in done:
-            registry.unregister(c)
-        raise ValueError(f"this registry already holds rmqtrace's series ({exc}); "
-                         "build TracerMetrics once per registry or use TracerMetrics.shared(registry)") from exc

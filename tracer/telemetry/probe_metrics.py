@@ -23,7 +23,6 @@ from "probes sent, none taken".
 from __future__ import annotations
 
 import threading
-import weakref
 from typing import NamedTuple, Sequence
 
 from prometheus_client import REGISTRY as DEFAULT_REGISTRY
@@ -31,15 +30,13 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
 from ..path.stages import GAPS, Gap
 from ..path.stamps import MISSING
-from .metrics import DEFAULT_BUCKETS, BoundedLabel, PairLabels
+from .metrics import DEFAULT_BUCKETS, BoundedLabel, OnePerRegistry, PairLabels
 
 __all__ = ["PROBE_GAPS", "ProbeMetrics", "ProbeReading"]
 
 # Every gap that ends no later than the handler's start (end_to_end ends there for a probe).
 PROBE_GAPS: tuple[Gap, ...] = tuple(g for g in GAPS if g.name != "handler")
 
-_shared: weakref.WeakKeyDictionary[CollectorRegistry, ProbeMetrics] = weakref.WeakKeyDictionary()
-_shared_lock = threading.Lock()
 
 
 class ProbeReading(NamedTuple):
@@ -51,7 +48,7 @@ class ProbeReading(NamedTuple):
     seen_s: float
 
 
-class ProbeMetrics:
+class ProbeMetrics(OnePerRegistry):
     """The probe series on one registry (``registry=None``: the global one); one per registry,
     like :class:`~tracer.telemetry.metrics.TracerMetrics` (see :meth:`shared`).
 
@@ -81,49 +78,11 @@ class ProbeMetrics:
                                "When the latest probe was sent successfully (Unix seconds, sender clock).",
                                ["topic"], registry=None, multiprocess_mode="max")
         self._collectors = (self.stage, self.last_stage, self.last_seen, self.received, self.sent, self.last_sent)
-        done: list[Histogram | Gauge | Counter] = []
-        try:
-            for c in self._collectors:
-                reg.register(c)
-                done.append(c)
-        except ValueError as exc:
-            for c in done:
-                reg.unregister(c)
-            raise ValueError(f"this registry already holds the probe series ({exc}); "
-                             "use ProbeMetrics.shared(registry)") from exc
         self._pairs = PairLabels(label_limit)
         self._topics = BoundedLabel(label_limit)
         self._latest: dict[tuple[str, str], ProbeReading] = {}
         self._lock = threading.Lock()
-        with _shared_lock:
-            _shared.setdefault(reg, self)
-
-    @classmethod
-    def shared(cls, registry: CollectorRegistry | None = None) -> ProbeMetrics:
-        """The registry's one instance: the first built on it, or a new one."""
-        reg = DEFAULT_REGISTRY if registry is None else registry
-        with _shared_lock:
-            found = _shared.get(reg)
-        if found is not None:
-            return found
-        try:
-            return cls(reg)
-        except ValueError:
-            with _shared_lock:  # another thread built it meanwhile
-                found = _shared.get(reg)
-            if found is None:
-                raise
-            return found
-
-    def unregister(self) -> None:
-        for c in self._collectors:
-            try:
-                self.registry.unregister(c)
-            except KeyError:
-                pass
-        with _shared_lock:
-            if _shared.get(self.registry) is self:
-                del _shared[self.registry]
+        self._register(reg, self._collectors)
 
     # -- consumer side ---------------------------------------------------------------------
     def record(self, topic: str, consumer_group: str, times: Sequence[int], seen_ns: int) -> ProbeReading:
