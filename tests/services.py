@@ -34,11 +34,11 @@ from opentelemetry.sdk.trace import TracerProvider
 from prometheus_client import CollectorRegistry, start_http_server
 from waiting import wait_until
 
-from tracer.tools.demo import TOPIC, DemoOptions, run_policy
 from tracer.dispatch import DispatchMetrics
 from tracer.path.message import MessageInfo
 from tracer.telemetry.metrics import TracerMetrics
 from tracer.telemetry.tracer import MessageTracer
+from tracer.tools.demo import TOPIC, DemoOptions, run_policy
 from tracer.tools.workload import make_job
 
 PROM_SH = REPO / "services" / "prometheus" / "prom.sh"

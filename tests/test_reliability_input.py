@@ -30,7 +30,6 @@ from waiting import wait_until
 from tracer.clients.consume import ConsumeLoop
 from tracer.embedded import EmbeddedBroker, Message, Producer, SimpleConsumer
 from tracer.path.message import describe
-from tracer.telemetry.metrics import TracerMetrics
 from tracer.path.propagation import (
     COST,
     JOB_ID,
@@ -46,6 +45,7 @@ from tracer.path.propagation import (
     plausible_ns,
 )
 from tracer.path.stages import Outcome, Stage
+from tracer.telemetry.metrics import TracerMetrics
 from tracer.telemetry.tracer import MessageTracer, body_preview
 
 NOW = time.time_ns()

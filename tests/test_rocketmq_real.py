@@ -36,9 +36,9 @@ from rmq_real import (
 from waiting import wait_until
 
 from tracer.clients.consume import ConsumeLoop
-from tracer.telemetry.metrics import TracerMetrics
 from tracer.clients.producer import TracedProducer
 from tracer.path.stages import Stage
+from tracer.telemetry.metrics import TracerMetrics
 from tracer.telemetry.tracer import MessageTracer
 
 pytestmark = pytest.mark.integration

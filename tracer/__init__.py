@@ -15,14 +15,14 @@ Beside them: :mod:`tracer.config` (one-call SDK setup), :mod:`tracer.embedded` (
 broker, a test double of the proxy) and :mod:`tracer.instrumentor` (the documented import path).
 """
 
-from .path.clock import ManualClock, MonotonicWallClock
-from .config import Settings, configure_tracing
 from .clients.consume import ConsumeLoop, ConsumeStats
-from .dispatch import AsyncDispatcher, Dispatcher, DispatchMetrics
-from .path.message import MessageInfo, describe
-from .telemetry.metrics import TracerMetrics
 from .clients.producer import TracedProducer
+from .config import Settings, configure_tracing
+from .dispatch import AsyncDispatcher, Dispatcher, DispatchMetrics
+from .path.clock import ManualClock, MonotonicWallClock
+from .path.message import MessageInfo, describe
 from .path.stages import GAPS, Gap, Outcome, Stage
+from .telemetry.metrics import TracerMetrics
 from .telemetry.tracer import MessageTrace, MessageTracer
 from .version import __version__
 
