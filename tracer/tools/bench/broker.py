@@ -50,7 +50,7 @@ from ...telemetry.hold import HoldingSpanProcessor
 from ...telemetry.keep import KeepPolicy
 from ...telemetry.metrics import TracerMetrics
 from ...telemetry.tracer import MessageTracer
-from . import DropExporter
+from . import DropExporter, client_version, loadavg
 
 __all__ = ["format_broker_bench", "main", "run_broker_bench", "run_cli"]
 
@@ -289,7 +289,7 @@ def run_broker_bench(messages: int = DEFAULT_MESSAGES, handler_ms: float = 1.0, 
              "traced": _traced_mode(clients, DropExporter()),
              "traced_otlp": _traced_mode(clients, encoder),
              "traced_keep": _keep_mode(clients)}
-    load_before = _loadavg()
+    load_before = loadavg()
     try:
         results = _run_rounds(clients, modes, messages=messages, rounds=rounds, handler_ms=handler_ms,
                               workers=workers, window=window, progress=progress)
@@ -309,28 +309,15 @@ def run_broker_bench(messages: int = DEFAULT_MESSAGES, handler_ms: float = 1.0, 
         "spans_encoded": encoder.spans,
         "otlp_bytes_per_span": encoder.bytes / encoder.spans if encoder.spans else 0.0,
         "target": TARGET,
-        "loadavg": {"before": load_before, "after": _loadavg()},
-        "client": _client_version(),
+        "loadavg": {"before": load_before, "after": loadavg()},
+        "client": client_version(),
         "python": platform.python_version(),
         "machine": f"{platform.machine()}, {os.cpu_count()} CPUs",
     }
 
 
-def _loadavg() -> list[float]:
-    """1, 5 and 15 minute load averages (empty where the OS has none)."""
-    try:
-        return [round(x, 2) for x in os.getloadavg()]
-    except OSError:
-        return []
 
 
-def _client_version() -> str:
-    from importlib.metadata import PackageNotFoundError, version
-
-    try:
-        return f"rocketmq-python-client {version('rocketmq-python-client')}"
-    except PackageNotFoundError:
-        return "rocketmq-python-client ?"
 
 
 def format_broker_bench(result: dict[str, Any]) -> str:

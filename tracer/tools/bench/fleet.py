@@ -57,6 +57,7 @@ from pathlib import Path
 from typing import IO, Any, Callable, Sequence
 
 from ...report.fleet import Handled, sweep_waits
+from . import client_version, loadavg
 
 __all__ = [
     "MODES",
@@ -388,7 +389,7 @@ def run_fleet_bench(*, messages: int = 500, instances: int = 3, workers: int = 4
     if quick:
         messages, instances, workers, runs = 150, 3, 2, 1
     job_kw: dict[str, Any] = {"long_s": (0.4, 1.5)} if quick else {}
-    load_before = _loadavg()
+    load_before = loadavg()
     per_mode: dict[str, list[dict[str, Any]]] = {m: [] for m in MODES}
     jobs = []
     for r in range(runs):
@@ -413,26 +414,14 @@ def run_fleet_bench(*, messages: int = 500, instances: int = 3, workers: int = 4
     return {
         "instances": instances, "workers": workers, "runs": runs, "jobs": jobs, "prefetch": PREFETCH,
         "target": TARGET, "target_met": all(x <= TARGET for x in dd), "modes": modes,
-        "loadavg": {"before": load_before, "after": _loadavg()},
-        "client": _client_version(), "python": platform.python_version(),
+        "loadavg": {"before": load_before, "after": loadavg()},
+        "client": client_version(), "python": platform.python_version(),
         "machine": f"{platform.machine()}, {os.cpu_count()} CPUs",
     }
 
 
-def _loadavg() -> list[float]:
-    try:
-        return [round(x, 2) for x in os.getloadavg()]
-    except OSError:
-        return []
 
 
-def _client_version() -> str:
-    from importlib.metadata import PackageNotFoundError, version
-
-    try:
-        return f"rocketmq-python-client {version('rocketmq-python-client')}"
-    except PackageNotFoundError:
-        return "rocketmq-python-client ?"
 
 
 def format_fleet_bench(result: dict[str, Any]) -> str:

@@ -17,7 +17,6 @@ stable across machines.
 
 from __future__ import annotations
 
-import os
 import platform
 import statistics
 import time
@@ -35,7 +34,7 @@ from ...telemetry.hold import HoldingSpanProcessor
 from ...telemetry.keep import KeepPolicy
 from ...telemetry.metrics import TracerMetrics
 from ...telemetry.tracer import MessageTracer
-from . import DropExporter
+from . import DropExporter, loadavg
 
 __all__ = ["TARGETS", "format_overhead_bench", "run_overhead_bench"]
 
@@ -102,7 +101,7 @@ def run_overhead_bench(messages: int = 20_000, rounds: int = 7,
     # thresholds no bench message reaches: every one is dropped, after the whole decision
     policy = KeepPolicy({"dispatch_wait": 10.0, "end_to_end": 600.0}, background=0.0)
     loops = _loops(provider, held_provider, hold, policy)
-    load_before = _loadavg()
+    load_before = loadavg()
     per_msg: dict[str, list[float]] = {k: [] for k in loops}
     batch = max(100, messages // rounds)
     for fn in loops.values():
@@ -130,17 +129,12 @@ def run_overhead_bench(messages: int = 20_000, rounds: int = 7,
         "rounds": rounds,
         "per_round_ns": per_msg,
         "targets": TARGETS,
-        "loadavg": {"before": load_before, "after": _loadavg()},
+        "loadavg": {"before": load_before, "after": loadavg()},
         "python": platform.python_version(),
         "machine": platform.machine(),
     }
 
 
-def _loadavg() -> list[float]:
-    try:
-        return [round(x, 2) for x in os.getloadavg()]
-    except OSError:
-        return []
 
 
 def format_overhead_bench(result: dict[str, Any]) -> str:
