@@ -14,6 +14,7 @@ from tracer.path.propagation import (
     extract,
     inject,
     parse_traceparent,
+    resolve,
 )
 
 NOW = time.time_ns()
@@ -196,3 +197,23 @@ def test_baggage_travels_to_the_handler(spans):
     assert seen == ["acme"]
     by_name = {s.name: s for s in exporter.get_finished_spans()}
     assert by_name["process T"].parent.span_id == by_name["send T"].context.span_id
+
+
+def test_a_deferred_traceparent_is_parsed_and_counted_by_resolve_only():
+    errors = PropagationErrors()
+    carried = extract({TRACEPARENT: "ff" + TP[2:], PRODUCE_NS: str(NOW - 1000)}, errors, NOW, defer_parent=True)
+    assert carried.parent is None and carried.traceparent == "ff" + TP[2:] and carried.produce_ns == NOW - 1000
+    assert sum(errors.counts.values()) == 0
+    resolved = resolve(carried, errors)
+    assert resolved.parent is None and resolved.traceparent is None and resolved.produce_ns == NOW - 1000
+    assert errors.counts["traceparent_version"] == 1
+    assert resolve(resolved, errors) is resolved and errors.counts["traceparent_version"] == 1
+
+    good = resolve(extract({TRACEPARENT: TP, TRACESTATE: "vendor=abc"}, errors, NOW, defer_parent=True), errors)
+    assert good.parent == sc(extract({TRACEPARENT: TP, TRACESTATE: "vendor=abc"}, errors, NOW))
+    assert good.parent.trace_state.get("vendor") == "abc"
+
+
+def test_baggage_is_not_deferred_it_needs_the_parent_now():
+    carried = extract({TRACEPARENT: TP, "baggage": "k=v"}, PropagationErrors(), NOW, defer_parent=True)
+    assert carried.traceparent is None and carried.parent is not None and carried.context is not None

@@ -374,3 +374,39 @@ def test_with_another_sdk_the_handler_still_runs_in_the_producers_context():
             inside=lambda: seen.append(trace.get_current_span().get_span_context()))
     assert seen[0].trace_id == 0x0AF7651916CD43DD8448EB211C80319C and seen[0].span_id == 0xB7AD6B7169203331
     assert not trace.get_current_span().get_span_context().is_valid  # detached after the handler
+
+
+def test_a_metrics_only_message_costs_no_traceparent_parse_and_a_written_span_counts_a_bad_one_once(spans, registry):
+    # The traceparent is parsed only when a span is written (or the context made current): a
+    # malformed one is counted then, once, however often the trace's `carried` is read.
+    provider, exporter = spans
+    clock = ManualClock()
+    bad = {"traceparent": "garbage", "rmqtrace_produce_ns": str(clock.now_ns() - 5 * MS)}
+    metrics_only = MessageTracer(consumer_group="G", tracer_provider=trace.NoOpTracerProvider(),
+                                 metrics=TracerMetrics(registry), clock=clock)
+    run_one(metrics_only, clock, bad)
+    assert metrics_only.errors.counts["traceparent_malformed"] == 0
+    assert registry.get_sample_value("rmqtrace_messages_total", {"topic": "T", "consumer_group": "G",
+                                                                 "outcome": "success"}) == 1
+
+    traced = MessageTracer(consumer_group="G", tracer_provider=provider, clock=clock)
+    seen = []
+    traced.listeners.append(lambda t, _o: seen.extend([t.carried.parent, t.carried.parent]))
+    run_one(traced, clock, bad)
+    assert traced.errors.counts["traceparent_malformed"] == 1
+    assert seen == [None, None]
+    process = next(s for s in exporter.get_finished_spans() if s.name == "process T")
+    assert process.parent is None  # a new trace, as before: the bad value is ignored
+
+
+def test_a_deferred_traceparent_still_parents_the_process_span(spans):
+    provider, exporter = spans
+    clock = ManualClock()
+    tp = "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01"
+    mt = MessageTracer(consumer_group="G", tracer_provider=provider, clock=clock)
+    run_one(mt, clock, {"traceparent": tp, "tracestate": "vendor=abc"})
+    process = next(s for s in exporter.get_finished_spans() if s.name == "process T")
+    assert process.context.trace_id == 0x0AF7651916CD43DD8448EB211C80319C
+    assert process.parent.span_id == 0xB7AD6B7169203331
+    assert process.context.trace_state.get("vendor") == "abc"
+    assert sum(mt.errors.counts.values()) == 0

@@ -14,6 +14,11 @@ the cost of ``propagate.extract`` (2.0 µs against 3.3 µs for the context alone
 bad values by kind, and keeps the consumer's budget (BENCHMARKS.md). Baggage is then read by the
 W3C baggage propagator only when the message carries a ``baggage`` property. Any other
 propagator configuration is honoured through ``propagate.extract`` with :data:`GETTER`.
+
+The consumer's tracer asks for the parse to be deferred (``extract(..., defer_parent=True)``,
+then :func:`resolve`): a message for which no span is written and no context made current — a
+no-op or absent SDK, metrics only — costs no traceparent parse (1.25 µs of its 6.7 µs), and a bad
+traceparent or tracestate is counted when it is parsed, once, rather than on receipt.
 """
 
 from __future__ import annotations
@@ -34,7 +39,7 @@ from .names import COST_PROPERTY, JOB_ID_PROPERTY, PRODUCE_NS_PROPERTY, TRACEPAR
 __all__ = [
     "BAGGAGE", "COST", "GETTER", "JOB_ID", "PRODUCE_NS", "SETTER", "TRACEPARENT", "TRACESTATE", "Carried",
     "PropagationErrors", "extract", "format_traceparent", "inject", "parse_produce_ns", "parse_traceparent",
-    "parse_tracestate", "plausible_ns",
+    "parse_tracestate", "plausible_ns", "resolve",
 ]
 
 log = logging.getLogger(__name__)
@@ -115,6 +120,10 @@ class Carried(NamedTuple):
     # The extracted context when it holds more than ``parent`` (baggage, or what another
     # propagator put there); None on the common path, where a Context is built only if needed.
     context: Context | None = None
+    # With ``extract(..., defer_parent=True)``: the raw traceparent/tracestate, not parsed yet
+    # (``parent`` is None until :func:`resolve`); None once parsed or when there was none.
+    traceparent: str | None = None
+    tracestate: str | None = None
 
 
 class _PropertyGetter(Getter[Mapping[str, Any]]):
@@ -254,31 +263,56 @@ def parse_produce_ns(value: str, errors: PropagationErrors, now_ns: int) -> int:
 
 
 def extract(properties: Mapping[str, Any] | None, errors: PropagationErrors, now_ns: int,
-            system_trace_context: Any = None) -> Carried:
+            system_trace_context: Any = None, *, defer_parent: bool = False) -> Carried:
     """Read what a producer carried. Never raises.
 
     ``system_trace_context`` is a traceparent carried outside user properties (the Java gRPC
     client's ``trace_context`` system property); user properties win when both exist.
+
+    ``defer_parent=True`` leaves the W3C traceparent/tracestate unparsed in the result (when
+    nothing else needs them now: no baggage, the default propagator), for :func:`resolve` to
+    parse if a span is ever written — a message only measured costs no parse, and a bad value
+    is counted when (and only if) it is parsed.
     """
     try:
-        return _extract(properties or {}, errors, now_ns, system_trace_context)
+        return _extract(properties or {}, errors, now_ns, system_trace_context, defer_parent)
     except Exception as exc:  # noqa: BLE001 - e.g. a Mapping whose .get raises
         errors.count("unreadable", repr(exc))
         return Carried()
 
 
+def resolve(carried: Carried, errors: PropagationErrors) -> Carried:
+    """``carried`` with a deferred traceparent parsed into ``parent`` (bad values counted). Never raises."""
+    tp = carried.traceparent
+    if tp is None:
+        return carried
+    try:
+        parent = parse_traceparent(tp, carried.tracestate, errors)
+    except Exception as exc:  # noqa: BLE001 - never into a handler
+        errors.count("unreadable", repr(exc))
+        parent = None
+    # built directly: NamedTuple._replace costs about as much as the parse
+    return Carried(parent, carried.produce_ns, carried.job_id, carried.cost, carried.context)
+
+
 def _extract(props: Mapping[str, Any], errors: PropagationErrors, now_ns: int,
-             system_trace_context: Any) -> Carried:
+             system_trace_context: Any, defer_parent: bool = False) -> Carried:
     parent = None
     context: Context | None = None
+    raw_tp = raw_ts = None
     w3c, propagator = _choice.hand_path()
     if w3c:
         tp = _text(props.get(TRACEPARENT), errors)
         if tp is None:
             tp = _text(system_trace_context, errors)
+        has_baggage = BAGGAGE in props
         if tp:
-            parent = parse_traceparent(tp, _text(props.get(TRACESTATE), errors), errors)
-        if BAGGAGE in props:
+            ts = _text(props.get(TRACESTATE), errors)
+            if defer_parent and not has_baggage:
+                raw_tp, raw_ts = tp, ts
+            else:
+                parent = parse_traceparent(tp, ts, errors)
+        if has_baggage:
             context = _with_baggage(props, parent)
     else:
         context = propagator.extract(props, Context(), getter=GETTER)
@@ -312,7 +346,7 @@ def _extract(props: Mapping[str, Any], errors: PropagationErrors, now_ns: int,
         if cost is None or not (0.0 <= cost < 1e15):
             errors.count("cost_invalid", raw_cost)
             cost = None
-    return Carried(parent, produce_ns, job_id, cost, context)
+    return Carried(parent, produce_ns, job_id, cost, context, raw_tp, raw_ts)
 
 
 def _with_baggage(props: Mapping[str, Any], parent: SpanContext | None) -> Context | None:

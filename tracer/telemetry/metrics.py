@@ -344,19 +344,26 @@ class TracerMetrics(OnePerRegistry):
             return
         series = self._series(topic, group)
         bounds = self._stages.bounds
-        ex_ts = time.time() if exemplar is not None else 0.0
         counts, sums = series.counts, series.sums
         with series.lock:
-            for gi, start, end in _GAP_INDEX:
-                a, b = times[start], times[end]
-                if not a or not b:
-                    continue
-                v = (b - a) / 1e9 if b > a else 0.0
-                bucket = bisect_left(bounds, v)
-                counts[gi][bucket] += 1
-                sums[gi] += v
-                if exemplar is not None:
-                    series.exemplars[gi][bucket] = (exemplar, v, ex_ts)
+            if exemplar is None:  # the common case, without the exemplar test in the loop
+                for gi, start, end in _GAP_INDEX:
+                    a, b = times[start], times[end]
+                    if a and b:
+                        v = (b - a) / 1e9 if b > a else 0.0
+                        counts[gi][bisect_left(bounds, v)] += 1
+                        sums[gi] += v
+            else:
+                ex_ts = time.time()
+                exemplars = series.exemplars
+                for gi, start, end in _GAP_INDEX:
+                    a, b = times[start], times[end]
+                    if a and b:
+                        v = (b - a) / 1e9 if b > a else 0.0
+                        bucket = bisect_left(bounds, v)
+                        counts[gi][bucket] += 1
+                        sums[gi] += v
+                        exemplars[gi][bucket] = (exemplar, v, ex_ts)
             series.outcomes[outcome] += 1
 
     def _observe_stock(self, topic: str, group: str, times: Sequence[int], outcome: Outcome) -> None:

@@ -43,6 +43,7 @@ __all__ = ["SCOPE", "DeferredSpan", "SpanWriter", "span_writer"]
 SCOPE = InstrumentationScope("rmqtrace", __version__, SCHEMA_URL)
 _NO_LIMITS = SpanLimits()
 _EMPTY = Context()  # what the sampler's parent context is built on: only the parent span matters
+_UNSET = Status()  # read-only once made: one for every span that never gets a status
 
 
 class SpanWriter:
@@ -125,7 +126,7 @@ class SpanWriter:
                                                      max_value_len=limits.max_attribute_length))
                 for link in links])  # type: ignore[assignment]
         span = ReadableSpan(name, context, parent, self._resource, attrs, events, links, kind,
-                            None, status or Status(), start_ns, end_ns, SCOPE)
+                            None, status or _UNSET, start_ns, end_ns, SCOPE)
         self._processor.on_end(span)
 
     def event_attributes(self, attributes: Mapping[str, Any]) -> BoundedAttributes:
@@ -171,7 +172,7 @@ class DeferredSpan(Span):
         self._attrs: dict[str, Any] = attributes if attributes is not None else {}
         self._events: list[Event] | None = None  # made on the first event: most spans have none
         self._links = links
-        self._status = Status()
+        self._status = _UNSET
         self._ended = False
         self._foreign = False  # set when someone else's attributes need cleaning at the end
 

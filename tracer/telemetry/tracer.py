@@ -37,7 +37,7 @@ from opentelemetry.trace import Link, NonRecordingSpan, Span, SpanContext, SpanK
 from ..path import names as n
 from ..path.clock import Clock, default_clock
 from ..path.message import ClientFacts, MessageInfo, message_type
-from ..path.propagation import Carried, PropagationErrors, extract, inject, plausible_ns
+from ..path.propagation import Carried, PropagationErrors, extract, inject, plausible_ns, resolve
 from ..path.stages import CROSS_CLOCK_GAPS, Outcome, Stage
 from ..path.stamps import MISSING, SkewTracker, Stamps, timeline
 from ..version import __version__
@@ -195,7 +195,9 @@ class MessageTracer:
         2000, over a day ahead) are ignored and counted as ``timestamp_out_of_range``.
         """
         now = self.clock.now_ns()
-        carried = extract(info.properties, self.errors, now, info.system_trace_context)
+        # The traceparent is parsed only if a span is written or the context made current
+        # (MessageTrace.carried): a message only measured costs no parse (BENCHMARKS.md).
+        carried = extract(info.properties, self.errors, now, info.system_trace_context, defer_parent=True)
         t = MessageTrace(self, info, carried)
         times = t.stamps.times
         times[Stage.PRODUCE] = carried.produce_ns
@@ -288,13 +290,13 @@ class SendTrace:
 class MessageTrace:
     """Stamps of one received message and, while its handler runs, its live handler span."""
 
-    __slots__ = ("_tracer", "info", "carried", "stamps", "worker", "body", "_ctx", "_process", "_handler", "_token",
+    __slots__ = ("_tracer", "info", "_carried", "stamps", "worker", "body", "_ctx", "_process", "_handler", "_token",
                  "_done", "_scope_start", "_held")
 
     def __init__(self, tracer: MessageTracer, info: MessageInfo, carried: Carried) -> None:
         self._tracer = tracer
         self.info = info
-        self.carried = carried
+        self._carried = carried
         self.stamps = Stamps()
         self.worker: int | None = None
         self.body: bytes | bytearray | str | None = None  # set only when body capture is on
@@ -305,6 +307,14 @@ class MessageTrace:
         self._done = False
         self._scope_start: int | None = None
         self._held = False  # a keep policy's trace, undecided until finish
+
+    @property
+    def carried(self) -> Carried:
+        """What the producer carried, the traceparent parsed (on first read; bad values counted then)."""
+        carried = self._carried
+        if carried.traceparent is not None:
+            carried = self._carried = resolve(carried, self._tracer.errors)
+        return carried
 
     def mark(self, stage: Stage, ns: int | None = None) -> None:
         self.stamps.times[stage] = ns if ns else self._tracer.clock.now_ns()
@@ -338,8 +348,8 @@ class MessageTrace:
             self._tracer.occupancy.started(times[Stage.CLIENT_PULL])
         writer = self._tracer.writer()
         if writer is None:
-            carried = self.carried
             if self._tracer.foreign_provider:
+                carried = self.carried
                 # the user's spans, recorded by another SDK, join the producer's trace
                 if carried.context is not None:
                     self._token = otel_context.attach(carried.context)
@@ -436,11 +446,11 @@ class MessageTrace:
     def _decide(self, keep: KeepPolicy, outcome: Outcome, error: BaseException | None) -> SpanContext | None:
         ctx, hold = self._ctx, self._tracer.hold
         settle = None
-        if self._held and self.carried.job_id:
+        if self._held and self._carried.job_id:
             def settle(kept: bool) -> None:
                 self._settle(kept, outcome, error)
         try:
-            reason = keep.decide(self.stamps.times, outcome, self.carried.job_id,
+            reason = keep.decide(self.stamps.times, outcome, self._carried.job_id,
                                  head=ctx is not None and not self._held, settle=settle)
         except Exception as exc:  # noqa: BLE001 - a broken policy must not cost the histograms
             self._tracer.hook_failed("the keep decision", exc)
@@ -507,10 +517,11 @@ class MessageTrace:
         attrs[n.MESSAGE_TYPE] = message_type(info.declared_type, info.message_group, info.delivery_ms)
         if info.delivery_ms:
             attrs[n.DELIVERY_TIMESTAMP] = info.delivery_ms
-        if self.carried.job_id:
-            attrs[n.JOB_ID] = self.carried.job_id
-        if self.carried.cost is not None:
-            attrs[n.COST] = self.carried.cost
+        carried = self._carried
+        if carried.job_id:
+            attrs[n.JOB_ID] = carried.job_id
+        if carried.cost is not None:
+            attrs[n.COST] = carried.cost
         if self.worker is not None and mt.worker_attr:
             attrs[n.WORKER] = self.worker
         for i, name in _STAMP_ATTRS:
