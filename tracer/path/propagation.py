@@ -39,7 +39,7 @@ from .names import COST_PROPERTY, JOB_ID_PROPERTY, PRODUCE_NS_PROPERTY, TRACEPAR
 __all__ = [
     "BAGGAGE", "COST", "GETTER", "JOB_ID", "PRODUCE_NS", "SETTER", "TRACEPARENT", "TRACESTATE", "Carried",
     "PropagationErrors", "extract", "format_traceparent", "inject", "parse_produce_ns", "parse_traceparent",
-    "parse_tracestate", "plausible_ns", "resolve",
+    "parse_tracestate", "plausible_ns", "resolve", "resolve_parent",
 ]
 
 log = logging.getLogger(__name__)
@@ -216,8 +216,7 @@ def parse_traceparent(value: str, tracestate: str | None, errors: PropagationErr
         errors.count("traceparent_invalid_id", value)
         return None
     state = parse_tracestate(tracestate, errors) if tracestate else _EMPTY_STATE
-    return SpanContext(trace_id, span_id, is_remote=True, trace_flags=_FLAGS[int(flags_hex, 16) & 0x01],
-                       trace_state=state)
+    return SpanContext(trace_id, span_id, True, _FLAGS[int(flags_hex, 16) & 0x01], state)
 
 
 def parse_tracestate(value: str, errors: PropagationErrors) -> TraceState:
@@ -281,18 +280,25 @@ def extract(properties: Mapping[str, Any] | None, errors: PropagationErrors, now
         return Carried()
 
 
-def resolve(carried: Carried, errors: PropagationErrors) -> Carried:
-    """``carried`` with a deferred traceparent parsed into ``parent`` (bad values counted). Never raises."""
+def resolve_parent(carried: Carried, errors: PropagationErrors) -> SpanContext | None:
+    """``carried.parent``, a deferred traceparent parsed first (bad values counted on each call). Never raises."""
     tp = carried.traceparent
     if tp is None:
-        return carried
+        return carried.parent
     try:
-        parent = parse_traceparent(tp, carried.tracestate, errors)
+        return parse_traceparent(tp, carried.tracestate, errors)
     except Exception as exc:  # noqa: BLE001 - never into a handler
         errors.count("unreadable", repr(exc))
-        parent = None
+        return None
+
+
+def resolve(carried: Carried, errors: PropagationErrors) -> Carried:
+    """``carried`` with a deferred traceparent parsed into ``parent`` (bad values counted). Never raises."""
+    if carried.traceparent is None:
+        return carried
     # built directly: NamedTuple._replace costs about as much as the parse
-    return Carried(parent, carried.produce_ns, carried.job_id, carried.cost, carried.context)
+    return Carried(resolve_parent(carried, errors), carried.produce_ns, carried.job_id, carried.cost,
+                   carried.context)
 
 
 def _extract(props: Mapping[str, Any], errors: PropagationErrors, now_ns: int,

@@ -96,8 +96,8 @@ class SpanWriter:
         return ctx, (dict(result.attributes or {}) if recording else None)
 
     def child_context(self, parent: SpanContext) -> SpanContext:
-        return SpanContext(parent.trace_id, self._ids.generate_span_id(), is_remote=False,
-                           trace_flags=parent.trace_flags, trace_state=parent.trace_state)
+        return SpanContext(parent.trace_id, self._ids.generate_span_id(), False, parent.trace_flags,
+                           parent.trace_state)
 
     def started(self, span: DeferredSpan, parent_ctx: Context | None) -> None:
         """Tell the processors a live span began (``parent_ctx``: the context it was started in)."""

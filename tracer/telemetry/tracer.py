@@ -37,7 +37,7 @@ from opentelemetry.trace import Link, NonRecordingSpan, Span, SpanContext, SpanK
 from ..path import names as n
 from ..path.clock import Clock, default_clock
 from ..path.message import ClientFacts, MessageInfo, message_type
-from ..path.propagation import Carried, PropagationErrors, extract, inject, plausible_ns, resolve
+from ..path.propagation import Carried, PropagationErrors, extract, inject, plausible_ns, resolve_parent
 from ..path.stages import CROSS_CLOCK_GAPS, Outcome, Stage
 from ..path.stamps import MISSING, SkewTracker, Stamps, timeline
 from ..version import __version__
@@ -290,13 +290,16 @@ class SendTrace:
 class MessageTrace:
     """Stamps of one received message and, while its handler runs, its live handler span."""
 
-    __slots__ = ("_tracer", "info", "_carried", "stamps", "worker", "body", "_ctx", "_process", "_handler", "_token",
-                 "_done", "_scope_start", "_held")
+    __slots__ = ("_tracer", "info", "_carried", "_parent", "_parsed", "stamps", "worker", "body", "_ctx", "_process",
+                 "_handler", "_token", "_done", "_scope_start", "_held")
 
     def __init__(self, tracer: MessageTracer, info: MessageInfo, carried: Carried) -> None:
         self._tracer = tracer
         self.info = info
         self._carried = carried
+        # the producer's context once parsed (see `carried`); the hot path reads only this
+        self._parent: SpanContext | None = None
+        self._parsed = False
         self.stamps = Stamps()
         self.worker: int | None = None
         self.body: bytes | bytearray | str | None = None  # set only when body capture is on
@@ -313,8 +316,16 @@ class MessageTrace:
         """What the producer carried, the traceparent parsed (on first read; bad values counted then)."""
         carried = self._carried
         if carried.traceparent is not None:
-            carried = self._carried = resolve(carried, self._tracer.errors)
+            carried = self._carried = Carried(self._producer_context(), carried.produce_ns, carried.job_id,
+                                              carried.cost, carried.context)
         return carried
+
+    def _producer_context(self) -> SpanContext | None:
+        """The producer's span context, parsed on the first call (a bad one counted then, once)."""
+        if not self._parsed:
+            self._parent = resolve_parent(self._carried, self._tracer.errors)
+            self._parsed = True
+        return self._parent
 
     def mark(self, stage: Stage, ns: int | None = None) -> None:
         self.stamps.times[stage] = ns if ns else self._tracer.clock.now_ns()
@@ -349,12 +360,12 @@ class MessageTrace:
         writer = self._tracer.writer()
         if writer is None:
             if self._tracer.foreign_provider:
-                carried = self.carried
                 # the user's spans, recorded by another SDK, join the producer's trace
-                if carried.context is not None:
-                    self._token = otel_context.attach(carried.context)
-                elif carried.parent is not None:
-                    self._token = otel_context.attach(trace.set_span_in_context(NonRecordingSpan(carried.parent)))
+                found = self._producer_context()
+                if self._carried.context is not None:
+                    self._token = otel_context.attach(self._carried.context)
+                elif found is not None:
+                    self._token = otel_context.attach(trace.set_span_in_context(NonRecordingSpan(found)))
             return
         try:
             self._token = otel_context.attach(self._open_spans(writer, times[Stage.CLIENT_PULL],
@@ -364,9 +375,10 @@ class MessageTrace:
 
     def _open_spans(self, writer: SpanWriter, pulled_ns: int, start_ns: int) -> otel_context.Context:
         """Decide sampling, open ``process`` and ``handler``; the context to make current."""
-        carried = self.carried
-        parent = carried.parent if carried.parent is not None and carried.parent.is_valid else None
-        base = carried.context  # the extracted context (baggage), when there is more than `parent`
+        parent = self._producer_context()
+        if parent is not None and not parent.is_valid:
+            parent = None
+        base = self._carried.context  # the extracted context (baggage), when there is more than `parent`
         name = n.process_span_name(_cap(self.info.topic))
         links = (Link(parent),) if parent is not None else ()  # the creation context, as the spec asks
         attrs = self._tracer.process_sampling_attributes(self.info)
