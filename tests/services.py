@@ -262,8 +262,19 @@ def _run_phase(prom: Prometheus, phase: PolicyPhase, registry: CollectorRegistry
 
 
 def _read_bad_message(metrics: TracerMetrics, group: str) -> None:
-    MessageTracer(consumer_group=group, metrics=metrics).start_message(
+    # A traceparent is parsed (and a bad one counted) when the message's spans are written, so the
+    # message goes through an SDK provider and finishes.
+    from opentelemetry.sdk.trace import TracerProvider as SdkTracerProvider
+
+    from tracer.path.stages import Outcome, Stage
+
+    trace = MessageTracer(consumer_group=group, metrics=metrics, tracer_provider=SdkTracerProvider()).start_message(
         MessageInfo(topic=TOPIC, properties={"traceparent": "not-a-traceparent"}))
+    trace.mark(Stage.DISPATCH_ENQUEUE)
+    with trace.handler_scope():
+        pass
+    trace.mark(Stage.HANDLER_END)
+    trace.finish(Outcome.SUCCESS)
 
 
 def long_tail_scenario(config: pytest.Config) -> Scenario:
