@@ -20,9 +20,10 @@ $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
 	$(PIP) install -q --upgrade pip
 
-# Stamps keep reinstalls cheap: they are redone only when pyproject.toml changes.
+# Stamps keep reinstalls cheap: they are redone only when pyproject.toml changes. -qq shows errors
+# only: at -q setuptools prints a ten-line notice about editable installs before the demo.
 $(VENV)/.installed: pyproject.toml | $(BIN)/python
-	$(PIP) install -q -e .
+	$(PIP) install -qq -e .
 	@touch $@
 
 # The legacy 2.x client installs a top-level `rocketmq` package too, so it cannot share this venv
