@@ -21,7 +21,8 @@ After every step, once the threads have settled (a deadline wait, no fixed sleep
   one outcome per delivery); broker errors are only the injected ones (the loop
   never acks or renews with a handle it knows has expired);
 * the loop is alive (``poll`` raises only the injected error) unless stopped, and receives
-  nothing once stopped.
+  nothing once stopped — also when the user's ``key=`` raises on a message (a "poison" key on
+  its first delivery): that one message is failed, nacked, and comes back.
 
 At the end everything is released and drained: with the loop still running, every message is
 acked. 300 examples by default (a few seconds), 1000 with ``RMQTRACE_LONG=1``.
@@ -61,6 +62,18 @@ class Clock:
     def advance(self, seconds: float) -> None:
         with self._lock:
             self.t += seconds
+
+
+POISON = "poison"  # a key whose callable raises on a message's first delivery
+
+
+def key_of(m: Any) -> str | None:
+    """The user's ``key=``: raises on the first delivery of a poison-keyed message, which must fail
+    that one message (nacked, back with attempt 2) and never stop the loop."""
+    key = m.properties.get("key")
+    if key == POISON and (m.delivery_attempt or 1) == 1:
+        raise ValueError("the user's key callable failed")
+    return key
 
 
 class Injected(ConnectionError):
@@ -144,7 +157,7 @@ class ConsumeModel(RuleBasedStateMachine):
             self.client, self.handler, monotonic=self.clock,
             dispatch=DispatchOptions(
                 policy=Aggressive(max_parked=1) if policy == "aggressive" else RoundRobin(buffer=1),
-                workers=workers, key=lambda m: m.properties.get("key"), handler_timeout=TIMEOUT),
+                workers=workers, key=key_of, handler_timeout=TIMEOUT),
             lease=LeaseOptions(invisible_duration=LEASE, renew_margin=MARGIN, hang_grace=GRACE),
             flow=FlowOptions(retry_backoff=lambda attempt: BACKOFF))
 
@@ -201,7 +214,7 @@ class ConsumeModel(RuleBasedStateMachine):
         self.loop.renew_leases()
 
     # -- rules --------------------------------------------------------------------------------
-    @rule(key=st.sampled_from([None, "a", "b"]), count=st.integers(1, 3))
+    @rule(key=st.sampled_from([None, "a", "b", POISON]), count=st.integers(1, 3))
     def send(self, key: str | None, count: int) -> None:
         for _ in range(count):  # runs of one key: what fills a key's parking room
             m = Message()
