@@ -9,7 +9,6 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import json
-import math
 import os
 import sys
 from pathlib import Path
@@ -18,6 +17,8 @@ from typing import TYPE_CHECKING, Any, NoReturn, Sequence
 if TYPE_CHECKING:
     from ..config import Settings
     from .demo import PolicyRun
+
+from .argtypes import port, positive_number, probability, whole_at_least
 
 __all__ = ["Parser", "build_parser", "main"]
 
@@ -43,50 +44,7 @@ def _fail(prog: str, message: str) -> int:
     return 2
 
 
-# -- argument types: each names the rule it enforces --------------------------------------------
-def _int_at_least(low: int) -> Any:
-    def parse(text: str) -> int:
-        try:
-            value = int(text)
-        except ValueError:
-            raise argparse.ArgumentTypeError(f"expected a whole number, got {text!r}") from None
-        if value < low:
-            raise argparse.ArgumentTypeError(f"must be >= {low}, got {value}")
-        return value
-    parse.__name__ = f"int>={low}"
-    return parse
-
-
-def _positive_float(text: str) -> float:
-    try:
-        value = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a number, got {text!r}") from None
-    if not math.isfinite(value) or value <= 0:
-        raise argparse.ArgumentTypeError(f"must be a number > 0, got {text!r}")
-    return value
-
-
-def _port(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a TCP port number, got {text!r}") from None
-    if not 1 <= value <= 65535:
-        raise argparse.ArgumentTypeError(f"a TCP port is 1-65535, got {value}")
-    return value
-
-
-def _probability(text: str) -> float:
-    try:
-        value = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a probability, got {text!r}") from None
-    if not 0.0 <= value <= 1.0:
-        raise argparse.ArgumentTypeError(f"a probability is 0-1, got {text!r}")
-    return value
-
-
+# -- argument types (the numeric ones are in argtypes) ---------------------------------------
 def _policies(text: str) -> tuple[str, ...]:
     from ..dispatch import POLICY_NAMES
 
@@ -120,27 +78,27 @@ DEMO_PROG = "rmqtrace demo"
 
 def add_demo_arguments(d: argparse.ArgumentParser) -> None:
     """Every ``rmqtrace demo`` option, each with the type that checks it."""
-    d.add_argument("--groups", type=_int_at_least(1), default=500,
+    d.add_argument("--groups", type=whole_at_least(1), default=500,
                    help="test-case groups in the job, one message each (default 500)")
-    d.add_argument("--workers", type=_int_at_least(1), default=8, help="handler workers (default 8)")
-    d.add_argument("--case-ms", type=_positive_float, default=10.0, metavar="MS",
+    d.add_argument("--workers", type=whole_at_least(1), default=8, help="handler workers (default 8)")
+    d.add_argument("--case-ms", type=positive_number, default=10.0, metavar="MS",
                    help="milliseconds one test case takes (default 10)")
-    d.add_argument("--buffer", type=_int_at_least(0), default=10,
+    d.add_argument("--buffer", type=whole_at_least(0), default=10,
                    help="per-worker buffer of the baseline policies round_robin and random (default 10)")
     d.add_argument("--policies", type=_policies, default=("round_robin", "aggressive", "cost_aware"),
                    metavar="LIST", help="comma-separated, each once: round_robin, random, aggressive, cost_aware "
                                         "(default round_robin,aggressive,cost_aware)")
     d.add_argument("--seed", type=int, default=7, help="seed of the job's size distribution (default 7)")
-    d.add_argument("--consumers", type=_int_at_least(1), default=1, metavar="C",
+    d.add_argument("--consumers", type=whole_at_least(1), default=1, metavar="C",
                    help="C > 1: the job over C consumers of one group (each --workers workers), prefetching "
                         "vs demand-driven, per consumer (default 1: the policies on one consumer)")
-    d.add_argument("--metrics-port", type=_port, default=None, metavar="PORT",
+    d.add_argument("--metrics-port", type=port, default=None, metavar="PORT",
                    help="serve Prometheus /metrics on this port during the run (default: not served; "
                         "$RMQTRACE_METRICS_PORT also works)")
     d.add_argument("--out", default=os.environ.get("RMQTRACE_OUT", "rmqtrace-out"), metavar="DIR",
                    help="output folder (default $RMQTRACE_OUT or rmqtrace-out)")
     d.add_argument("--json", action="store_true", help="also print the per-policy summary as JSON")
-    d.add_argument("--trace-sampling", type=_probability, default=None, metavar="P",
+    d.add_argument("--trace-sampling", type=probability, default=None, metavar="P",
                    help="keep traces by the in-process keep policy: producers sample nothing; failures, slow "
                         "messages and each job's critical path are kept, other messages with probability P")
 
@@ -352,9 +310,10 @@ def build_parser() -> argparse.ArgumentParser:
                         "RocketMQ (services/rocketmq/rmq.sh start); fleet: one long-tailed job over 3 consumer "
                         "processes on the local RocketMQ, push consumer vs prefetch vs demand-driven")
     b.add_argument("--json", action="store_true", help="print one JSON object instead of a table")
-    b.add_argument("--messages", type=_int_at_least(1), default=30_000, help="overhead: messages per loop in all (default 30000)")
-    b.add_argument("--rounds", type=_int_at_least(1), default=7, help="overhead: interleaved rounds (default 7)")
-    b.add_argument("--seeds", type=_int_at_least(1), default=5, help="dispatch: job seeds (default 5)")
+    b.add_argument("--messages", type=whole_at_least(1), default=30_000,
+                   help="overhead: messages per loop in all (default 30000)")
+    b.add_argument("--rounds", type=whole_at_least(1), default=7, help="overhead: interleaved rounds (default 7)")
+    b.add_argument("--seeds", type=whole_at_least(1), default=5, help="dispatch: job seeds (default 5)")
     b.add_argument("--quick", action="store_true", help="dispatch, fleet: smaller runs for CI")
     b.set_defaults(func=cmd_bench)
 

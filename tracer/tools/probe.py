@@ -9,12 +9,13 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
-import math
 import os
 import signal
 import sys
 import threading
 from typing import Any, Callable
+
+from .argtypes import interval, port, whole_at_least
 
 __all__ = ["PROG", "add_cli", "cmd_probe"]
 
@@ -28,24 +29,8 @@ def _fail(message: str) -> int:
     return 2
 
 
-def _interval(text: str) -> float:
-    try:
-        value = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected seconds, got {text!r}") from None
-    if not math.isfinite(value) or value <= 0:
-        raise argparse.ArgumentTypeError(f"must be a number of seconds > 0, got {text!r}")
-    return value
 
 
-def _count(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a whole number, got {text!r}") from None
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"must be >= 1, got {value}")
-    return value
 
 
 def _topic(text: str) -> str:
@@ -62,10 +47,6 @@ def _endpoint(text: str) -> str:
     return text
 
 
-def _port(text: str) -> int:
-    if not text.isdigit() or not 1 <= int(text) <= 65535:
-        raise argparse.ArgumentTypeError(f"a TCP port is 1-65535, got {text!r}")
-    return int(text)
 
 
 def add_cli(subparsers: Any) -> argparse.ArgumentParser:
@@ -78,14 +59,14 @@ def add_cli(subparsers: Any) -> argparse.ArgumentParser:
                     "even at zero traffic. A probe does not measure the handler's own time.")
     p.add_argument("--topic", type=_topic, default=DEFAULT_TOPIC,
                    help=f"topic the consumers subscribe to (default {DEFAULT_TOPIC})")
-    p.add_argument("--interval", type=_interval, default=10.0, metavar="SECONDS",
+    p.add_argument("--interval", type=interval, default=10.0, metavar="SECONDS",
                    help="seconds between probes (default 10)")
-    p.add_argument("--count", type=_count, default=None, help="send this many probes, then stop (default: until "
+    p.add_argument("--count", type=whole_at_least(1), default=None, help="send this many probes, then stop (default: until "
                                                                "Ctrl-C or SIGTERM)")
     p.add_argument("--endpoint", type=_endpoint, default=os.environ.get("RMQ_ENDPOINT", DEFAULT_ENDPOINT),
                    metavar="HOST:PORT", help=f"RocketMQ 5 proxy (default $RMQ_ENDPOINT or {DEFAULT_ENDPOINT})")
     p.add_argument("--tag", default=None, help="message tag, when the consumers subscribe with a tag filter")
-    p.add_argument("--metrics-port", type=_port, default=None, metavar="PORT",
+    p.add_argument("--metrics-port", type=port, default=None, metavar="PORT",
                    help="serve the sender's /metrics (rmqtrace_probe_sent_total, ..._last_sent_timestamp_seconds)")
     p.add_argument("--embedded", action="store_true",
                    help="demo in one process: embedded broker, probe sender and a traced consume loop")
