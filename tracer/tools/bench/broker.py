@@ -26,7 +26,6 @@ throughput of the same round; the other ratios are reported beside it.
 from __future__ import annotations
 
 import argparse
-import importlib.util
 import json
 import os
 import platform
@@ -36,7 +35,6 @@ import threading
 import time
 import uuid
 from concurrent.futures import Future
-from pathlib import Path
 from typing import Any, Callable, NamedTuple, Sequence
 
 from opentelemetry.sdk.trace import ReadableSpan, TracerProvider
@@ -50,7 +48,7 @@ from ...telemetry.hold import HoldingSpanProcessor
 from ...telemetry.keep import KeepPolicy
 from ...telemetry.metrics import TracerMetrics
 from ...telemetry.tracer import MessageTracer
-from . import DropExporter, client_version, loadavg
+from . import DropExporter, client_version, loadavg, rmq_admin
 
 __all__ = ["format_broker_bench", "main", "run_broker_bench", "run_cli"]
 
@@ -78,17 +76,6 @@ class _EncodeOnlyExporter(SpanExporter):
     def shutdown(self) -> None:
         pass
 
-
-def _admin() -> Any:
-    """``services/rocketmq/rmq_admin.py`` of this checkout (topics and groups over the remoting port)."""
-    path = Path(__file__).resolve().parents[3] / "services" / "rocketmq" / "rmq_admin.py"
-    if not path.exists():
-        raise RuntimeError(f"{path} not found: run the broker bench from an rmqtrace checkout")
-    spec = importlib.util.spec_from_file_location("rmq_admin", path)
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
 
 
 def _client() -> Any:
@@ -184,7 +171,7 @@ class _Mode(NamedTuple):
 
 def _open_clients(rmq: Any, endpoint: str) -> _Clients:
     """Create a fresh topic (4 queues) and group, start a producer and a consumer on them."""
-    admin = _admin()
+    admin = rmq_admin("broker")
     run = uuid.uuid4().hex[:8]
     topic = group = f"rmqtrace-bench-{run}"
     admin.create_topic(topic, queues=4)

@@ -41,7 +41,6 @@ from __future__ import annotations
 
 import argparse
 import heapq
-import importlib.util
 import json
 import os
 import platform
@@ -53,11 +52,10 @@ import threading
 import time
 import uuid
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import IO, Any, Callable, Sequence
 
 from ...report.fleet import Handled, sweep_waits
-from . import client_version, loadavg
+from . import client_version, loadavg, rmq_admin
 
 __all__ = [
     "MODES",
@@ -160,17 +158,6 @@ class FleetRun:
         }
 
 
-def _admin() -> Any:
-    """``services/rocketmq/rmq_admin.py`` of this checkout (topics and groups over the remoting port)."""
-    path = Path(__file__).resolve().parents[3] / "services" / "rocketmq" / "rmq_admin.py"
-    if not path.exists():
-        raise RuntimeError(f"{path} not found: run the fleet bench from an rmqtrace checkout")
-    spec = importlib.util.spec_from_file_location("rmq_admin", path)
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
 
 def _produce(topic: str, durations: Sequence[float], endpoint: str) -> None:
     from ...clients.quiet import import_quietly
@@ -257,7 +244,7 @@ def run_fleet(mode: str, durations: Sequence[float], *, instances: int, workers:
         raise ValueError(f"instances and workers must be at least 1, got {instances} and {workers}")
     if metrics_ports is not None and len(metrics_ports) != instances:
         raise ValueError(f"metrics_ports must name one port per instance ({instances}), got {len(metrics_ports)}")
-    admin = _admin()
+    admin = rmq_admin("fleet")
     run_id = uuid.uuid4().hex[:8]
     topic = f"rmqtrace-fleet-{run_id}"
     group = f"rmqtrace-fleet-{mode.replace('_', '-')}-{run_id}"
