@@ -3,6 +3,7 @@ import time
 from collections import Counter
 
 import pytest
+from manual_clock import Clock
 from waiting import wait_until
 
 from tracer.clients.consume import (
@@ -18,22 +19,6 @@ from tracer.embedded import EmbeddedBroker, Message, Producer, SimpleConsumer
 from tracer.path.stages import Stage
 from tracer.telemetry.metrics import TracerMetrics
 from tracer.telemetry.tracer import MessageTracer
-
-
-class Clock:
-    """A manual monotonic clock in seconds, shared by the broker and the loop."""
-
-    def __init__(self) -> None:
-        self.t = 1000.0
-        self._lock = threading.Lock()
-
-    def __call__(self) -> float:
-        with self._lock:
-            return self.t
-
-    def advance(self, seconds: float) -> None:
-        with self._lock:
-            self.t += seconds
 
 
 def pipeline(n: int, handler, *, invisible: float = 30.0, tracer=None, producer_tracer=None, clock=None,

@@ -39,6 +39,7 @@ from typing import Any
 from hypothesis import HealthCheck, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule
+from manual_clock import Clock
 from waiting import wait_until
 
 from tracer.clients.consume import ConsumeLoop, DispatchOptions, FlowOptions, LeaseOptions
@@ -48,20 +49,6 @@ from tracer.embedded import EmbeddedBroker, Message, Producer, SimpleConsumer
 LONG = os.environ.get("RMQTRACE_LONG") == "1"
 LEASE, MARGIN, BACKOFF = 3, 2.0, 1  # seconds; renewals ask for LEASE, nacks for BACKOFF
 TIMEOUT, GRACE = 2.0, 1.0  # handler_timeout and hang_grace
-
-
-class Clock:
-    def __init__(self) -> None:
-        self.t = 1000.0
-        self._lock = threading.Lock()
-
-    def __call__(self) -> float:
-        with self._lock:
-            return self.t
-
-    def advance(self, seconds: float) -> None:
-        with self._lock:
-            self.t += seconds
 
 
 POISON = "poison"  # a key whose callable raises on a message's first delivery
