@@ -33,6 +33,10 @@ QUERY_URL="http://127.0.0.1:$JAEGER_QUERY_PORT"
 log() { echo "[jaeger] $*" >&2; }
 die() { log "ERROR: $*"; exit 1; }
 
+DAEMON_NAME=jaeger
+# shellcheck source=../daemon.sh
+source "$HERE/../daemon.sh"  # pid_alive, daemon_await_ready, daemon_stop
+
 # Build identity: go.mod + go.sum (the pinned module graph) + Go toolchain version.
 build_hash() {
     { cat "$HERE/go.mod" "$HERE/go.sum"; go version; } | sha256sum | cut -d' ' -f1
@@ -65,13 +69,6 @@ cmd_build() {
     log "built in $((SECONDS - t0))s: $BIN"
 }
 
-pid_alive() {
-    local pid
-    [[ -f "$PIDFILE" ]] || return 1
-    pid="$(cat "$PIDFILE" 2>/dev/null)" || return 1
-    [[ -n "$pid" ]] && kill -0 "$pid" 2>/dev/null \
-        && tr '\0' ' ' <"/proc/$pid/cmdline" 2>/dev/null | grep -q jaeger
-}
 
 port_open() { (exec 3<>"/dev/tcp/127.0.0.1/$1") 2>/dev/null; }
 
@@ -101,44 +98,11 @@ cmd_start() {
     echo "$JAEGER_QUERY_PORT" >"$STATE/query_port"
     nohup setsid sh -c 'echo $$ >"$0"; exec "$@"' "$PIDFILE" \
         "$BIN" --config="$CONFIG" >>"$LOG" 2>&1 </dev/null &
-    local deadline=$((SECONDS + ${JAEGER_START_TIMEOUT:-60}))
-    while ((SECONDS < deadline)); do
-        if pid_alive && is_ready; then
-            log "ready pid=$(cat "$PIDFILE") query=$QUERY_URL otlp-grpc=127.0.0.1:$JAEGER_OTLP_GRPC_PORT otlp-http=127.0.0.1:$JAEGER_OTLP_HTTP_PORT"
-            return 0
-        fi
-        if [[ -f "$PIDFILE" ]] && ! pid_alive; then
-            log "process exited"
-            break
-        fi
-        sleep 0.3
-    done
-    log "failed to become ready; last log lines ($LOG):"
-    tail -n 40 "$LOG" >&2 || true
-    cmd_stop || true
-    exit 1
+    daemon_await_ready "${JAEGER_START_TIMEOUT:-60}" 40
+    log "ready pid=$(cat "$PIDFILE") query=$QUERY_URL otlp-grpc=127.0.0.1:$JAEGER_OTLP_GRPC_PORT otlp-http=127.0.0.1:$JAEGER_OTLP_HTTP_PORT"
 }
 
-cmd_stop() {
-    if ! pid_alive; then
-        rm -f "$PIDFILE"
-        log "not running"
-        return 0
-    fi
-    local pid i
-    pid="$(cat "$PIDFILE")"
-    kill -TERM "$pid" 2>/dev/null || true
-    for ((i = 0; i < 100; i++)); do
-        kill -0 "$pid" 2>/dev/null || break
-        sleep 0.1
-    done
-    if kill -0 "$pid" 2>/dev/null; then
-        log "pid $pid did not exit after SIGTERM; sending SIGKILL"
-        kill -KILL "$pid" 2>/dev/null || true
-    fi
-    rm -f "$PIDFILE"
-    log "stopped pid=$pid"
-}
+cmd_stop() { daemon_stop; }
 
 cmd_status() {
     if pid_alive; then

@@ -32,13 +32,10 @@ FEATURES="exemplar-storage"
 log() { echo "[prom] $*" >&2; }
 die() { log "ERROR: $*"; exit 1; }
 
-pid_alive() {
-    local pid
-    [[ -f "$PIDFILE" ]] || return 1
-    pid="$(cat "$PIDFILE" 2>/dev/null)" || return 1
-    [[ -n "$pid" ]] && kill -0 "$pid" 2>/dev/null \
-        && tr '\0' ' ' <"/proc/$pid/cmdline" 2>/dev/null | grep -q prometheus
-}
+DAEMON_NAME=prometheus
+# shellcheck source=../daemon.sh
+source "$HERE/../daemon.sh"  # pid_alive, daemon_await_ready, daemon_stop
+
 
 port_busy() { (exec 3<>"/dev/tcp/127.0.0.1/$PORT") 2>/dev/null; }
 
@@ -191,42 +188,12 @@ cmd_start() {
         --enable-feature="$FEATURES" \
         ${PROM_EXTRA_ARGS:-} \
         >>"$LOG" 2>&1 </dev/null &
-    local deadline=$((SECONDS + ${PROM_START_TIMEOUT:-30}))
-    while ((SECONDS < deadline)); do
-        if is_ready && pid_alive; then
-            log "ready pid=$(cat "$PIDFILE") $URL (config $CONFIG)"
-            wait_scraped
-            return 0
-        fi
-        if [[ -f "$PIDFILE" ]] && ! pid_alive; then break; fi
-        sleep 0.3
-    done
-    log "failed to become ready; last log lines ($LOG):"
-    tail -n 30 "$LOG" >&2 || true
-    cmd_stop || true
-    exit 1
+    daemon_await_ready "${PROM_START_TIMEOUT:-30}" 30
+    log "ready pid=$(cat "$PIDFILE") $URL (config $CONFIG)"
+    wait_scraped
 }
 
-cmd_stop() {
-    if ! pid_alive; then
-        rm -f "$PIDFILE"
-        log "not running"
-        return 0
-    fi
-    local pid i
-    pid="$(cat "$PIDFILE")"
-    kill -TERM "$pid" 2>/dev/null || true
-    for ((i = 0; i < 100; i++)); do
-        kill -0 "$pid" 2>/dev/null || break
-        sleep 0.1
-    done
-    if kill -0 "$pid" 2>/dev/null; then
-        log "pid $pid did not exit after SIGTERM; sending SIGKILL"
-        kill -KILL "$pid" 2>/dev/null || true
-    fi
-    rm -f "$PIDFILE" "$STATE/port"
-    log "stopped pid=$pid"
-}
+cmd_stop() { daemon_stop "$STATE/port"; }
 
 cmd_status() {
     if pid_alive; then
