@@ -24,13 +24,18 @@
 # <repo>/.cache/rocketmq/lib), RMQ_JAVA (java binary, default: a JDK 17), RMQ_VERSION (force a
 # RocketMQ version), RMQ_START_TIMEOUT (seconds, default 180), RMQ_STOP_TIMEOUT (default 30),
 # RMQ_PROXY_JVM_OPTS / RMQ_NAMESRV_JVM_OPTS (extra JVM flags), RMQ_ADMIN=java (see topic/group).
-# Ports (fixed, see conf/): name server 9876, broker 10911 (+10909 vip, 10912 HA), proxy gRPC 8081,
-# proxy remoting 8080. One instance per machine; the pid files decide what `stop` may kill.
+# Ports (fixed, see conf/), all on 127.0.0.1: name server 9876, broker 10911 (+10909 vip, 10912 HA),
+# broker metrics 5557 (Prometheus /metrics), proxy gRPC 8081, proxy remoting 8080. The JVMs run with
+# loopback_bind.c preloaded (built here with cc): RocketMQ has no bind-address setting for the proxy's
+# two servers or the HA port (README.md); RMQ_ALLOW_WILDCARD_BIND=1 starts without it when no C
+# compiler exists (those three then listen on all interfaces).
+# One instance per machine; the pid files decide what `stop` may kill.
 set -euo pipefail
 
 HERE="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
 REPO="$(cd "$HERE/../.." && pwd)"
-CACHE="$REPO/.cache/rocketmq"
+# resolved: a worktree whose .cache is a symlink controls the same instance (live_pid compares paths)
+CACHE="$(realpath -m "$REPO/.cache")/rocketmq"
 LIB="${RMQ_LIB_DIR:-$CACHE/lib}"
 RUN="${RMQ_RUN_DIR:-$CACHE/run}"
 CLASSES="$CACHE/classes"
@@ -47,6 +52,9 @@ NAMESRV_PORT=9876
 BROKER_PORT=10911
 GRPC_PORT=8081
 REMOTING_PORT=8080
+METRICS_PORT=5557  # metricsPromExporterPort in conf/broker.conf
+SHIM_SRC="$HERE/loopback_bind.c"
+SHIM="$CACHE/loopback_bind.so"
 DEFAULT_TOPIC=rmqtrace-test
 DEFAULT_FIFO_TOPIC=rmqtrace-fifo
 DEFAULT_FIFO_GROUP=rmqtrace-fifo-group
@@ -137,6 +145,25 @@ jvm_common() {
         "--add-exports=java.base/sun.nio.ch=ALL-UNNAMED"
 }
 
+# Build the bind() shim (see loopback_bind.c) once; it is rebuilt when the source is newer.
+ensure_shim() {
+    if [[ -s "$SHIM" && "$SHIM" -nt "$SHIM_SRC" ]]; then return 0; fi
+    local cc
+    cc="$(command -v cc || command -v gcc || command -v clang || true)"
+    if [[ -z "$cc" ]]; then
+        if [[ "${RMQ_ALLOW_WILDCARD_BIND:-0}" == 1 ]]; then
+            log "WARNING: no C compiler: the proxy's gRPC/remoting ports and the HA port will listen on all interfaces"
+            SHIM=""
+            return 0
+        fi
+        die "no C compiler (cc) to build loopback_bind.so, which keeps the proxy's and HA ports on loopback: apt-get install -y gcc (or RMQ_ALLOW_WILDCARD_BIND=1)"
+    fi
+    mkdir -p "$CACHE"
+    "$cc" -shared -fPIC -O2 -o "$SHIM.tmp.$$" "$SHIM_SRC" -ldl >"$CACHE/cc.log" 2>&1 \
+        || { cat "$CACHE/cc.log" >&2; die "could not build $SHIM"; }
+    mv -f "$SHIM.tmp.$$" "$SHIM"
+}
+
 # ---------------------------------------------------------------- processes
 port_open() { (exec 3<>"/dev/tcp/127.0.0.1/$1") 2>/dev/null; }
 
@@ -160,9 +187,12 @@ launch() { # name main-class jvm-opts... -- args...
     echo "===== $(date '+%F %T.%3N') starting $name" >>"$RUN/logs/$name.log"
     # setsid: own session/process group, detached from the caller's terminal and job control.
     # The inner shell records its own pid and then execs java, so the pid file is the JVM's pid.
+    # The JVM (only) gets the loopback bind() shim preloaded.
+    local preload=()
+    [[ -n "$SHIM" ]] && preload=(env "LD_PRELOAD=$SHIM${LD_PRELOAD:+:$LD_PRELOAD}")
     # shellcheck disable=SC2046
     setsid bash -c 'echo $$ >"$0"; exec "$@"' "$RUN/$name.pid" \
-        "$JAVA" "${opts[@]}" $(jvm_common) -cp "$LIB/*" "$main" "${args[@]}" \
+        "${preload[@]}" "$JAVA" "${opts[@]}" $(jvm_common) -cp "$LIB/*" "$main" "${args[@]}" \
         >>"$RUN/logs/$name.log" 2>&1 </dev/null 9>&- &
     disown 2>/dev/null || true
     local i
@@ -222,14 +252,14 @@ start_proxy() { # [extra admin ops run in the same JVM as the registration wait]
     local deadline=$((SECONDS + START_TIMEOUT))
     if ! live_pid proxy >/dev/null; then
         local p
-        for p in $GRPC_PORT $REMOTING_PORT $BROKER_PORT; do
+        for p in $GRPC_PORT $REMOTING_PORT $BROKER_PORT $METRICS_PORT; do
             port_open $p && die "port $p is in use by a process not started from $RUN"
         done
         launch proxy org.apache.rocketmq.proxy.ProxyStartup \
             -Xms512m -Xmx512m -XX:MaxDirectMemorySize=512m -XX:+UseG1GC ${RMQ_PROXY_JVM_OPTS:-} \
             -- -pm local -bc "$RUN/conf/broker.conf" -pc "$RUN/conf/rmq-proxy.json" -n $NAMESRV_ADDR
     fi
-    wait_ports proxy $deadline $BROKER_PORT $GRPC_PORT $REMOTING_PORT
+    wait_ports proxy $deadline $BROKER_PORT $GRPC_PORT $REMOTING_PORT $METRICS_PORT
     # broker registered in the name server (topic routes resolvable), then the extra ops
     admin "wait:$((deadline - SECONDS > 5 ? deadline - SECONDS : 5))@127.0.0.1:$BROKER_PORT" "$@" >&2 \
         || fail_start proxy "broker not registered in the name server, or admin operation failed: $*"
@@ -333,7 +363,7 @@ with_lock() {
 
 all_up() {
     live_pid namesrv >/dev/null && live_pid proxy >/dev/null && port_open $NAMESRV_PORT \
-        && port_open $BROKER_PORT && port_open $GRPC_PORT && port_open $REMOTING_PORT
+        && port_open $BROKER_PORT && port_open $GRPC_PORT && port_open $REMOTING_PORT && port_open $METRICS_PORT
 }
 
 cmd_start() {
@@ -343,12 +373,14 @@ cmd_start() {
     ensure_lib
     JAVA="$(find_java)"
     prepare_run_dir
+    ensure_shim
     ensure_admin || true
     start_namesrv
     log "name server up on 127.0.0.1:$NAMESRV_PORT ($((SECONDS - t0)) s)"
     start_proxy "topic:$DEFAULT_TOPIC" "fifo-topic:$DEFAULT_FIFO_TOPIC" "fifo-group:$DEFAULT_FIFO_GROUP"
     log "ready in $((SECONDS - t0)) s: gRPC proxy 127.0.0.1:$GRPC_PORT, remoting proxy 127.0.0.1:$REMOTING_PORT," \
-        "name server 127.0.0.1:$NAMESRV_PORT, broker 127.0.0.1:$BROKER_PORT (run dir $RUN)"
+        "name server 127.0.0.1:$NAMESRV_PORT, broker 127.0.0.1:$BROKER_PORT," \
+        "broker metrics http://127.0.0.1:$METRICS_PORT/metrics (run dir $RUN)"
 }
 
 cmd_stop() { # [kill]
@@ -385,7 +417,8 @@ cmd_status() {
         fi
     done
     local p
-    for p in "namesrv:$NAMESRV_PORT" "broker:$BROKER_PORT" "grpc:$GRPC_PORT" "remoting:$REMOTING_PORT"; do
+    for p in "namesrv:$NAMESRV_PORT" "broker:$BROKER_PORT" "grpc:$GRPC_PORT" "remoting:$REMOTING_PORT" \
+             "metrics:$METRICS_PORT"; do
         if port_open "${p#*:}"; then printf '%-8s port %-5s open\n' "${p%%:*}" "${p#*:}"
         else printf '%-8s port %-5s closed\n' "${p%%:*}" "${p#*:}"; fi
     done
@@ -400,6 +433,7 @@ cmd_restart_proxy() {
     stop_one proxy
     JAVA="$(find_java)"
     prepare_run_dir
+    ensure_shim
     start_proxy
     log "proxy restarted in $((SECONDS - t0)) s"
 }
@@ -415,6 +449,7 @@ cmd_start_proxy() {
     local t0=$SECONDS
     JAVA="$(find_java)"
     prepare_run_dir
+    ensure_shim
     start_proxy
     log "proxy started in $((SECONDS - t0)) s"
 }
@@ -449,7 +484,7 @@ main() {
         start-proxy) cmd_start_proxy ;;
         logs) tail -n "${1:-40}" "$RUN"/logs/*.log ;;
         clean) cmd_stop; rm -rf "$RUN"; log "removed $RUN" ;;
-        lib) ensure_lib; JAVA="$(find_java)"; ensure_admin; log "lib: $LIB" ;;
+        lib) ensure_lib; JAVA="$(find_java)"; ensure_admin; ensure_shim; log "lib: $LIB" ;;
         *) sed -n '2,/^set -euo/p' "${BASH_SOURCE[0]}" | sed -e '$d' -e 's/^# \{0,1\}//'
            [[ -z "$cmd" || "$cmd" == -h || "$cmd" == help ]] ;;
     esac
