@@ -2,7 +2,8 @@
 # The rmqtrace stack on loopback, without Docker, for your own application: up | down | status
 #
 #   services/stack.sh up       RocketMQ (rmq.sh), Jaeger (jaeger.sh), Prometheus (prom.sh) scraping
-#                              127.0.0.1:$RMQTRACE_METRICS_PORT with dashboards/prometheus/rmqtrace-alerts.yml
+#                              127.0.0.1:$RMQTRACE_METRICS_PORT and the broker's exporter 127.0.0.1:5557
+#                              with dashboards/prometheus/rmqtrace-alerts.yml and rmqtrace-broker.yml
 #   services/stack.sh status   one line per service; exit 0 all up, 3 all down, 1 partly up
 #   services/stack.sh down     stop all three (each even if another fails)
 #
@@ -15,12 +16,14 @@ set -euo pipefail
 
 HERE="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
 REPO="$(cd "$HERE/.." && pwd)"
-RULES="$REPO/dashboards/prometheus/rmqtrace-alerts.yml"
+RULES="$REPO/dashboards/prometheus/rmqtrace-alerts.yml,$REPO/dashboards/prometheus/rmqtrace-broker.yml"
+BROKER_METRICS="127.0.0.1:5557"  # metricsPromExporterPort in services/rocketmq/conf/broker.conf
 METRICS_PORT="${RMQTRACE_METRICS_PORT:-9464}"
 
 export PROM_PORT="${PROM_PORT:-19090}"
 export PROM_STATE_DIR="${PROM_STATE_DIR:-$REPO/.cache/stack/prometheus}"
 export PROM_TARGETS="127.0.0.1:$METRICS_PORT"
+export PROM_BROKER_TARGETS="$BROKER_METRICS"
 export PROM_RULE_FILES="$RULES"
 export PROM_SCRAPE_INTERVAL="${PROM_SCRAPE_INTERVAL:-5s}"
 export PROM_EVAL_INTERVAL="${PROM_EVAL_INTERVAL:-5s}"
@@ -37,14 +40,15 @@ cmd_up() {
     bash "$RMQ" start
     log "starting Jaeger (first run builds it with Go: minutes)"
     bash "$JAEGER" start
-    log "starting Prometheus on 127.0.0.1:$PROM_PORT, scraping $PROM_TARGETS"
+    log "starting Prometheus on 127.0.0.1:$PROM_PORT, scraping $PROM_TARGETS and the broker's $BROKER_METRICS"
     bash "$PROM" start
     cat <<TXT
 
 rmqtrace stack is up:
-  RocketMQ   gRPC proxy 127.0.0.1:8081, name server 127.0.0.1:9876 (topic rmqtrace-test exists)
+  RocketMQ   gRPC proxy 127.0.0.1:8081, name server 127.0.0.1:9876 (topic rmqtrace-test exists),
+             broker metrics http://$BROKER_METRICS/metrics (scraped as job rocketmq-broker)
   Jaeger     OTLP http://127.0.0.1:4318 (gRPC :4317), query API http://127.0.0.1:16686/api/services
-  Prometheus http://127.0.0.1:$PROM_PORT  (alerts: /alerts, rules: $RULES)
+  Prometheus http://127.0.0.1:$PROM_PORT  (alerts: /alerts, rules: ${RULES//,/ })
 
 Run your application with:
   export RMQTRACE_METRICS_PORT=$METRICS_PORT OTEL_EXPORTER_OTLP_ENDPOINT=http://127.0.0.1:4318 RMQ_ENDPOINT=127.0.0.1:8081

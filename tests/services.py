@@ -161,13 +161,16 @@ class Prometheus:
             return ""
 
 
-def start_prometheus(targets: list[str], rule_files: list[Path], *, state_dir: Path) -> Prometheus:
-    """Start our own Prometheus (free port, own state dir) scraping ``targets`` every second."""
+def start_prometheus(targets: list[str], rule_files: list[Path], *, state_dir: Path,
+                     broker_targets: list[str] | None = None, alertmanagers: list[str] | None = None) -> Prometheus:
+    """Start our own Prometheus (free port, own state dir) scraping ``targets`` (job rmqtrace) and
+    ``broker_targets`` (job rocketmq-broker) every second, alerting to ``alertmanagers``."""
     if shutil.which("prometheus") is None:
         ensure_promtool()  # installs prometheus too
     port = free_port()
     env = dict(os.environ, PROM_PORT=str(port), PROM_STATE_DIR=str(state_dir),
                PROM_TARGETS=",".join(targets), PROM_RULE_FILES=",".join(str(p) for p in rule_files),
+               PROM_BROKER_TARGETS=",".join(broker_targets or []), PROM_ALERTMANAGERS=",".join(alertmanagers or []),
                PROM_SCRAPE_INTERVAL="1s", PROM_EVAL_INTERVAL="1s", PROM_START_TIMEOUT="30")
     proc = subprocess.run(["bash", str(PROM_SH), "start"], env=env, capture_output=True, text=True, timeout=120)
     prom = Prometheus(port, env, state_dir)

@@ -4,6 +4,9 @@
 # Env:
 #   PROM_PORT            listen port on 127.0.0.1 (default 19090)
 #   PROM_TARGETS         comma-separated scrape targets host:port (default 127.0.0.1:9464)
+#   PROM_BROKER_TARGETS  comma-separated RocketMQ broker exporters host:port, scraped as job
+#                        rocketmq-broker (default none; the local broker's is 127.0.0.1:5557)
+#   PROM_ALERTMANAGERS   comma-separated Alertmanagers host:port to send alerts to (default none)
 #   PROM_RULE_FILES      comma-separated rule files (relative paths are resolved against $PWD)
 #   PROM_JOB             scrape job name (default rmqtrace)
 #   PROM_SCRAPE_INTERVAL scrape interval (default 1s); PROM_EVAL_INTERVAL (default 1s)
@@ -100,13 +103,15 @@ yaml_list() {
 
 render() {
     mkdir -p "$STATE"
-    local targets rules tmp
+    local targets rules tmp brokers ams
     targets="$(yaml_list "${PROM_TARGETS:-127.0.0.1:9464}")"
+    brokers="$(yaml_list "${PROM_BROKER_TARGETS:-}")"
+    ams="$(yaml_list "${PROM_ALERTMANAGERS:-}")"
     rules="$(yaml_list "${PROM_RULE_FILES:-}" 1)"
     tmp="$CONFIG.tmp.$$"
     # awk instead of sed: values may contain '/', '&' ...
     awk -v si="${PROM_SCRAPE_INTERVAL:-1s}" -v ei="${PROM_EVAL_INTERVAL:-1s}" \
-        -v job="${PROM_JOB:-rmqtrace}" -v tg="$targets" -v rf="$rules" '
+        -v job="${PROM_JOB:-rmqtrace}" -v tg="$targets" -v rf="$rules" -v bt="$brokers" -v am="$ams" '
         function rep(s, k, v,   i) {
             while ((i = index(s, k)) > 0) s = substr(s, 1, i - 1) v substr(s, i + length(k))
             return s
@@ -114,6 +119,7 @@ render() {
         { l = $0
           l = rep(l, "@@SCRAPE_INTERVAL@@", si); l = rep(l, "@@EVAL_INTERVAL@@", ei)
           l = rep(l, "@@JOB@@", job); l = rep(l, "@@TARGETS@@", tg); l = rep(l, "@@RULE_FILES@@", rf)
+          l = rep(l, "@@BROKER_TARGETS@@", bt); l = rep(l, "@@ALERTMANAGERS@@", am)
           print l }' "$TEMPLATE" >"$tmp"
     if ! promtool check config "$tmp" >"$STATE/check.log" 2>&1; then
         cat "$STATE/check.log" >&2
@@ -127,7 +133,7 @@ render() {
 wait_scraped() {
     [[ "${PROM_WAIT_SCRAPE:-1}" == 1 ]] || return 0
     local want deadline=$((SECONDS + ${PROM_START_TIMEOUT:-30}))
-    want="$(yaml_list "${PROM_TARGETS:-127.0.0.1:9464}")"
+    want="$(yaml_list "${PROM_TARGETS:-127.0.0.1:9464}${PROM_BROKER_TARGETS:+,$PROM_BROKER_TARGETS}")"
     while ((SECONDS < deadline)); do
         if curl -fsS -m 2 "$URL/api/v1/targets?state=active" 2>/dev/null | python3 -c '
 import json, sys
