@@ -1,4 +1,5 @@
-"""promtool on the shipped rules (rmqtrace-alerts.yml and the fleet's rmqtrace-fleet.yml): `check
+"""promtool on the shipped rules (rmqtrace-alerts.yml, rmqtrace-fleet.yml, rmqtrace-probe.yml and the
+broker side's rmqtrace-broker.yml): `check
 rules`, the unit tests in dashboards/prometheus/tests, and that every alert has a firing, a pending
 and a not-firing case there.
 
@@ -29,7 +30,8 @@ from services import (
 
 FLEET_RULES = RULES.parent / "rmqtrace-fleet.yml"
 PROBE_RULES = RULES.parent / "rmqtrace-probe.yml"
-RULE_FILES = (RULES, FLEET_RULES, PROBE_RULES)
+BROKER_RULES = RULES.parent / "rmqtrace-broker.yml"
+RULE_FILES = (RULES, FLEET_RULES, PROBE_RULES, BROKER_RULES)
 
 
 def all_rules() -> list[dict[str, object]]:
@@ -86,6 +88,17 @@ def test_a_variant_can_change_one_threshold() -> None:
 
 def test_the_fleet_rules_have_a_variant_too() -> None:
     _check_variant({"RmqtraceFleetHeadOfLineBlocking": 0.05}, FLEET_RULES)
+
+
+def test_the_broker_rules_have_a_variant_too() -> None:
+    _check_variant({"RmqtraceBrokerLagLatencyHigh": 4.0}, BROKER_RULES)
+
+
+def test_broker_alerts_name_the_topic_and_the_group() -> None:
+    for rule in load_rules(BROKER_RULES):
+        if "alert" in rule:
+            text = str(rule["annotations"]["summary"])
+            assert "$labels.topic" in text and "$labels.consumer_group" in text, rule["alert"]
 
 
 def test_fleet_alerts_name_the_instance_and_the_group() -> None:
