@@ -17,6 +17,7 @@ query of the main dashboard's broker row must return data from this run.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import re
 import shutil
@@ -29,16 +30,18 @@ from typing import Any, Iterator
 
 import pytest
 from prometheus_client import CollectorRegistry, start_http_server
-from rmq_real import ensure_broker, fresh_group, fresh_topic, message, quietly, start_producer, start_simple
+from rmq_real import ENDPOINT, ensure_broker, fresh_group, fresh_topic, message, quietly, start_producer, start_simple
 from test_alertmanager_e2e import AM_SH, _Receiver, _start_alertmanager
 from waiting import wait_until
 
 from services import REPO, RULES, Prometheus, free_port, load_rules, render_rule_variant, start_prometheus
 from tracer.clients.consume import ConsumeLoop
 from tracer.dispatch import DispatchMetrics
+from tracer.report.broker_side import fetch_backlog
 from tracer.telemetry.metrics import TracerMetrics
 from tracer.telemetry.occupancy import OccupancyMetrics
 from tracer.telemetry.tracer import MessageTracer
+from tracer.tools.cli import main as cli_main
 
 pytestmark = pytest.mark.integration
 
@@ -220,3 +223,45 @@ def test_every_broker_row_query_returns_data(incidents: dict[str, Any]) -> None:
         assert "$" not in q, q
         # a range selector over the run: some series (the drain time) exist only while a rate is > 0
         assert prom.query(f"max_over_time(({q})[5m:1s])"), f"{title} [{ref}]: no data for {q}"
+
+
+def test_fetch_backlog_reads_the_real_broker_through_prometheus(incidents: dict[str, Any]) -> None:
+    prom: Prometheus = incidents["prom"]
+    t_none, g_none = incidents["none"]
+    t_wedge, g_wedge = incidents["wedged"]
+    (gone,) = fetch_backlog(prom.url, [t_none])
+    assert (gone.topic, gone.consumer_group, gone.ready_messages, gone.consumers) == (t_none, g_none, 5, 0)
+    assert gone.oldest_ready_s and gone.oldest_ready_s > 1 and gone.oldest_unconsumed_s
+    (wedged,) = fetch_backlog(prom.url, [t_wedge], [g_wedge])
+    assert wedged.consumers >= 1 and (wedged.oldest_unconsumed_s or 0) > LAG_THRESHOLD_S
+    assert fetch_backlog(prom.url, [t_none], ["no-such-group"]) == []
+
+
+def test_probe_says_a_backlog_waits_on_the_broker(incidents: dict[str, Any], capsys: pytest.CaptureFixture[str]) -> None:
+    prom: Prometheus = incidents["prom"]
+    t_none, g_none = incidents["none"]
+    assert cli_main(["probe", "--endpoint", ENDPOINT, "--topic", t_none, "--count", "1", "--interval", "0.2",
+                     "--prometheus", prom.url]) == 0
+    out = capsys.readouterr().out
+    before = out.split("broker side (before the first probe", 1)[1].splitlines()[1]
+    assert before.startswith(f"  {g_none} on {t_none}: 5 ready (oldest "), out
+    assert "0 consumers connected — nothing pulls them" in before
+    assert "broker side (after the last probe" in out and "1 probes sent, 0 failed" in out
+
+
+def test_report_adds_the_broker_side_for_its_groups(incidents: dict[str, Any], tmp_path: Path,
+                                                   capsys: pytest.CaptureFixture[str]) -> None:
+    from report_helpers import KNOWN, write_scenario_with_tracer
+
+    prom: Prometheus = incidents["prom"]
+    t_none, g_none = incidents["none"]
+    rows = tuple(dataclasses.replace(r, group=g_none) for r in KNOWN)
+    spans = write_scenario_with_tracer(tmp_path / "spans.jsonl", rows, topic=t_none)
+    assert cli_main(["report", str(spans), "--prometheus", prom.url]) == 0
+    out = capsys.readouterr().out
+    assert f"broker side, now ({prom.url}):" in out
+    assert f"  {g_none} on {t_none}: 5 ready" in out
+    assert cli_main(["report", str(spans), "--json", "--prometheus", prom.url]) == 0
+    out, err = capsys.readouterr()
+    json.loads(out)  # still one JSON document; the broker lines went to stderr
+    assert f"{g_none} on {t_none}: 5 ready" in err

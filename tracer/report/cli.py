@@ -81,6 +81,10 @@ def add_cli(subparsers: Any) -> argparse.ArgumentParser:
     out.add_argument("--html", metavar="FILE", help="write the self-contained HTML report here")
     out.add_argument("--png", metavar="FILE", help="write a screenshot of the HTML report (headless Chromium)")
     out.add_argument("--json", action="store_true", help="print the report as one JSON object instead of tables")
+    from .broker_side import prometheus_url
+    out.add_argument("--prometheus", type=prometheus_url, metavar="URL",
+                     help="also print the broker's ready backlog and its age for the report's topics and groups, "
+                          "from this Prometheus scraping the broker's exporter (to stderr with --json)")
     p.set_defaults(func=cmd_report)
     return p
 
@@ -178,6 +182,10 @@ def cmd_report(args: argparse.Namespace) -> int:
         if left_out:
             print(f"rmqtrace report: warning: {left_out}", file=sys.stderr)
         _write(report, args)
+        if args.prometheus:
+            from .broker_side import print_for_report
+            if not print_for_report(report, args.prometheus, sys.stderr if args.json else sys.stdout):
+                return 1
     except _Stop as stop:
         return _fail(str(stop), stop.code)
     return 0

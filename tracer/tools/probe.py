@@ -3,6 +3,10 @@ of the topic shows the wait a new message would meet inside it right now (``rmqt
 
 ``--embedded`` runs the whole thing in one process for a look: an embedded broker, the probe
 sender and a consume loop whose handler counts its calls (it is never called for a probe).
+
+``--prometheus URL`` (a Prometheus scraping the broker's own exporter) prints, before the first
+probe and after the last, what waits for each consumer group of the topic on the broker: the ready
+backlog and the age of its oldest message, so a probe that is slow because of a backlog says so.
 """
 
 from __future__ import annotations
@@ -15,6 +19,7 @@ import sys
 import threading
 from typing import Any, Callable
 
+from ..report.broker_side import prometheus_url
 from .argtypes import interval, port, whole_at_least
 
 __all__ = ["PROG", "add_cli", "cmd_probe"]
@@ -68,6 +73,11 @@ def add_cli(subparsers: Any) -> argparse.ArgumentParser:
     p.add_argument("--tag", default=None, help="message tag, when the consumers subscribe with a tag filter")
     p.add_argument("--metrics-port", type=port, default=None, metavar="PORT",
                    help="serve the sender's /metrics (rmqtrace_probe_sent_total, ..._last_sent_timestamp_seconds)")
+    p.add_argument("--prometheus", type=prometheus_url, default=None, metavar="URL",
+                   help="a Prometheus scraping the broker's exporter: print the broker's ready backlog and its "
+                        "age for the topic's consumer groups before the first probe and after the last")
+    p.add_argument("--group", action="append", default=None, metavar="G",
+                   help="with --prometheus: only this consumer group (repeatable; default every group of the topic)")
     p.add_argument("--embedded", action="store_true",
                    help="demo in one process: embedded broker, probe sender and a traced consume loop")
     p.set_defaults(func=cmd_probe)
@@ -80,6 +90,12 @@ def cmd_probe(args: argparse.Namespace) -> int:
     from ..config import Settings, serve_metrics
     from ..telemetry.probe_metrics import ProbeMetrics
 
+    if args.group and not args.prometheus:
+        return _fail("--group needs --prometheus")
+    if args.prometheus and args.embedded:
+        return _fail("--prometheus reads a real broker's exporter; it does not apply to --embedded")
+    if args.prometheus and not _print_backlog(args, "before the first probe"):
+        return 2
     registry = CollectorRegistry()
     metrics = ProbeMetrics(registry)
     if args.metrics_port is not None:
@@ -127,7 +143,31 @@ def _real(args: argparse.Namespace, metrics: Any) -> int:
     finally:
         producer.shutdown()
     print(f"{sender.sent} probes sent, {sender.failed} failed")
+    if args.prometheus and not _print_backlog(args, "after the last probe"):
+        return 2
     return 0 if sender.sent else 1
+
+
+def _print_backlog(args: argparse.Namespace, when: str) -> bool:
+    """The broker's backlog for the probed topic's groups; False (after one error line) when
+    Prometheus cannot be asked."""
+    from ..report.broker_side import PrometheusError, fetch_backlog
+
+    try:
+        backlog = fetch_backlog(args.prometheus, [args.topic], args.group)
+    except PrometheusError as exc:
+        _fail(f"--prometheus {exc}")
+        return False
+    if not backlog:
+        which = f" for group {', '.join(args.group)}" if args.group else ""
+        print(f"broker side ({when}): no rocketmq_consumer_* series for topic {args.topic!r}{which} in "
+              f"{args.prometheus} (is the broker's exporter scraped? a group shows once a consumer connected)",
+              flush=True)
+        return True
+    print(f"broker side ({when}, {args.prometheus}):", flush=True)
+    for b in backlog:
+        print(f"  {b.describe()}", flush=True)
+    return True
 
 
 def _embedded(args: argparse.Namespace, registry: Any, metrics: Any) -> int:
