@@ -50,8 +50,12 @@ def test_services_images_and_ports() -> None:
     assert {8080, 8081} <= ports(s["proxy"])
     assert {16686, 4317, 4318} <= ports(s["jaeger"])
     assert 9090 in ports(s["prometheus"]) and 3000 in ports(s["grafana"])
-    published = [str(p).split(":")[0] for svc in s.values() for p in svc.get("ports", [])]
+    published = [str(p).split(":")[-2] for svc in s.values() for p in svc.get("ports", [])]
     assert len(published) == len(set(published)), "a host port is published twice"
+    # issue 24's sibling: every published port is on the host's loopback only ("IP:HOST:CONTAINER")
+    exposed = [str(p) for svc in s.values() for p in svc.get("ports", []) if str(p).count(":") != 2
+               or not str(p).startswith("127.0.0.1:")]
+    assert exposed == [], f"published on every host interface: {exposed}"
     for svc in s.values():
         for dep in svc.get("depends_on", []):
             assert dep in s
