@@ -161,6 +161,7 @@ def test_a_wedged_consumer_raises_the_broker_lag_alert(incidents: dict[str, Any]
     topic, group = incidents["wedged"]
     got = _alerts_for(incidents["receiver"], group)
     lag = [a for a in got if a["labels"]["alertname"] == "RmqtraceBrokerLagLatencyHigh"]
+    assert got[0]["labels"]["alertname"] == "RmqtraceBrokerLagLatencyHigh", got  # the first to arrive
     assert lag and lag[0]["labels"]["topic"] == topic and lag[0]["labels"]["severity"] == "warning"
     assert group in lag[0]["annotations"]["summary"]
     # it was wedged: two finished, the rest hang; the consumer side saw exactly two messages
@@ -199,7 +200,7 @@ def test_every_broker_rule_is_recorded_from_the_real_broker(incidents: dict[str,
         if "record" in rule:
             assert prom.query(rule["record"]), f"{rule['record']} was never recorded"
     ready = {s["metric"]["consumer_group"]: float(s["value"][1]) for s in prom.query("rmqtrace:broker_ready_messages")}
-    assert ready[g_none] == 5
+    assert ready[g_none] in (5, 6)  # 5 late messages (+ the probe test's probe when it ran first)
     consumers = {s["metric"]["consumer_group"]: float(s["value"][1]) for s in prom.query("rmqtrace:broker_consumers")}
     assert consumers[g_none] == 0 and consumers[g_wedge] >= 1
     # the joins: the wedged group finished two, so a drain time; the gone one finished none here
@@ -230,7 +231,7 @@ def test_fetch_backlog_reads_the_real_broker_through_prometheus(incidents: dict[
     t_none, g_none = incidents["none"]
     t_wedge, g_wedge = incidents["wedged"]
     (gone,) = fetch_backlog(prom.url, [t_none])
-    assert (gone.topic, gone.consumer_group, gone.ready_messages, gone.consumers) == (t_none, g_none, 5, 0)
+    assert (gone.topic, gone.consumer_group, gone.consumers) == (t_none, g_none, 0) and gone.ready_messages in (5, 6)
     assert gone.oldest_ready_s and gone.oldest_ready_s > 1 and gone.oldest_unconsumed_s
     (wedged,) = fetch_backlog(prom.url, [t_wedge], [g_wedge])
     assert wedged.consumers >= 1 and (wedged.oldest_unconsumed_s or 0) > LAG_THRESHOLD_S
@@ -244,7 +245,8 @@ def test_probe_says_a_backlog_waits_on_the_broker(incidents: dict[str, Any], cap
                      "--prometheus", prom.url]) == 0
     out = capsys.readouterr().out
     before = out.split("broker side (before the first probe", 1)[1].splitlines()[1]
-    assert before.startswith(f"  {g_none} on {t_none}: 5 ready (oldest "), out
+    # 5 late messages, plus the probe of another test if it ran first
+    assert re.match(rf"  {g_none} on {t_none}: [56] ready \(oldest [\d.]+ s\)", before), out
     assert "0 consumers connected — nothing pulls them" in before
     assert "broker side (after the last probe" in out and "1 probes sent, 0 failed" in out
 
@@ -260,8 +262,9 @@ def test_report_adds_the_broker_side_for_its_groups(incidents: dict[str, Any], t
     assert cli_main(["report", str(spans), "--prometheus", prom.url]) == 0
     out = capsys.readouterr().out
     assert f"broker side, now ({prom.url}):" in out
-    assert f"  {g_none} on {t_none}: 5 ready" in out
+    line = rf"  {g_none} on {t_none}: [56] ready \(oldest [\d.]+ s\).*0 consumers connected — nothing pulls them"
+    assert re.search(line, out), out  # 5 late messages, plus the probe test's probe if it ran first
     assert cli_main(["report", str(spans), "--json", "--prometheus", prom.url]) == 0
     out, err = capsys.readouterr()
     json.loads(out)  # still one JSON document; the broker lines went to stderr
-    assert f"{g_none} on {t_none}: 5 ready" in err
+    assert re.search(line, err), err
