@@ -5,13 +5,17 @@ the real Alertmanager (am.sh, the shipped config with the receiver URL swapped) 
 * **Wedged consumer**: a ``ConsumeLoop`` (2 workers) whose handler finishes two messages, then
   hangs on every call. Nothing else finishes, so rmqtrace's histograms stop; the broker's lag
   latency keeps growing and RmqtraceBrokerLagLatencyHigh arrives at the webhook.
+* **Wedged push consumer** (the official ``PushConsumer``, 2 threads, its cache watched): both
+  threads hang, the rest of the batch waits unstarted in its cache, and RmqtraceConsumerStalled
+  (rmqtrace's oldest unstarted age) arrives. The broker sees no lag here: it counts the cached
+  (received, unacked) messages as consumed until their invisible time ends.
 * **No consumer**: a group consumed (and acked) a few messages, then its consumer went away; new
   messages are ready and nothing pulls them. RmqtraceBrokerNoConsumer arrives; no rmqtrace
   consumer-side series of that group exists to raise anything.
 
 Rules: the shipped rmqtrace-broker.yml, rmqtrace-alerts.yml, rmqtrace-fleet.yml and
-rmqtrace-probe.yml with every `for:` at 1 s and the broker lag-latency threshold at 4 s (a run of
-seconds, not minutes); expressions otherwise as shipped. Every broker recording rule and every
+rmqtrace-probe.yml with every `for:` at 1 s, the broker lag-latency threshold at 4 s and the stalled
+threshold at 3 s (a run of seconds, not minutes); expressions otherwise as shipped. Every broker recording rule and every
 query of the main dashboard's broker row must return data from this run.
 """
 
@@ -30,12 +34,25 @@ from typing import Any, Iterator
 
 import pytest
 from prometheus_client import CollectorRegistry, start_http_server
-from rmq_real import ENDPOINT, ensure_broker, fresh_group, fresh_topic, message, quietly, start_producer, start_simple
+from rmq_real import (
+    ENDPOINT,
+    client,
+    configuration,
+    ensure_broker,
+    fresh_group,
+    fresh_topic,
+    message,
+    quietly,
+    start_producer,
+    start_simple,
+)
 from test_alertmanager_e2e import AM_SH, _Receiver, _start_alertmanager
 from waiting import wait_until
 
 from services import REPO, RULES, Prometheus, free_port, load_rules, render_rule_variant, start_prometheus
 from tracer.clients.consume import ConsumeLoop
+from tracer.clients.official import TracedListener
+from tracer.clients.pushcache import watch_push_cache
 from tracer.dispatch import DispatchMetrics
 from tracer.report.broker_side import fetch_backlog
 from tracer.telemetry.metrics import TracerMetrics
@@ -51,6 +68,7 @@ CONSUMER_RULES = (RULES, PROM_DIR / "rmqtrace-fleet.yml", PROM_DIR / "rmqtrace-p
 DASHBOARD = REPO / "dashboards" / "grafana" / "rmqtrace-dashboard.json"
 BROKER_EXPORTER = "127.0.0.1:5557"  # metricsPromExporterPort in services/rocketmq/conf/broker.conf
 LAG_THRESHOLD_S = 4.0
+STALLED = {"RmqtraceConsumerStalled": 3.0}
 WORKERS = 2
 
 
@@ -71,7 +89,9 @@ def incidents() -> Iterator[dict[str, Any]]:
         am_port, am_env = _start_alertmanager(tmp / "alertmanager", receiver.url)
         rules = [render_rule_variant(tmp / "broker.test.yml", for_="1s", src=BROKER_RULES,
                                      thresholds={"RmqtraceBrokerLagLatencyHigh": LAG_THRESHOLD_S})]
-        rules += [render_rule_variant(tmp / f"{src.stem}.test.yml", for_="1s", src=src) for src in CONSUMER_RULES]
+        rules += [render_rule_variant(tmp / f"{src.stem}.test.yml", for_="1s", src=src,
+                                      thresholds=STALLED if src.name == "rmqtrace-fleet.yml" else None)
+                  for src in CONSUMER_RULES]
         registry = CollectorRegistry()
         app_port = free_port()
         server, _ = start_http_server(app_port, addr="127.0.0.1", registry=registry)
@@ -100,7 +120,8 @@ def incidents() -> Iterator[dict[str, Any]]:
         # -- wedged: a ConsumeLoop whose handler finishes two messages, then hangs --------------
         t_wedge, g_wedge = fresh_topic("bs-wedge"), fresh_group("bs-wedge")
         metrics, dispatch_metrics = TracerMetrics(registry), DispatchMetrics(registry)
-        occupancy = OccupancyMetrics(registry).track(g_wedge, WORKERS)
+        occupancy_metrics = OccupancyMetrics(registry)
+        occupancy = occupancy_metrics.track(g_wedge, WORKERS)
         tracer = MessageTracer(consumer_group=g_wedge, metrics=metrics, occupancy=occupancy)
         calls = [0]
         calls_lock = threading.Lock()
@@ -127,18 +148,42 @@ def incidents() -> Iterator[dict[str, Any]]:
             quietly(consumer.shutdown)
 
         closers.append(stop_loop)
+        # -- wedged push consumer: both threads hang, the rest waits in its cache ------------------
+        t_push, g_push = fresh_topic("bs-push"), fresh_group("bs-push")
+        rmq = client()
+        push_occupancy = occupancy_metrics.track(g_push, WORKERS)
+        push_tracer = MessageTracer(consumer_group=g_push, metrics=metrics, occupancy=push_occupancy)
+
+        class Hang(rmq.MessageListener):  # type: ignore[misc,name-defined]
+            def consume(self, _message: Any) -> Any:
+                release.wait()
+                return rmq.ConsumeResult.SUCCESS
+
+        push = rmq.PushConsumer(configuration(), g_push, TracedListener(Hang(), push_tracer),
+                                {t_push: rmq.FilterExpression()}, consumption_thread_count=WORKERS)
+        watch_push_cache(push, push_occupancy)
+        push.startup()
+        closers.append(lambda: quietly(push.shutdown))  # after release (set first in finally)
+
         wedge_producer = start_producer(t_wedge)
         closers.append(lambda: quietly(wedge_producer.shutdown))
+        push_producer = start_producer(t_push)
+        closers.append(lambda: quietly(push_producer.shutdown))
         for i in range(12):
             wedge_producer.send(message(t_wedge, f"w-{i}"))
+            push_producer.send(message(t_push, f"p-{i}"))
         t0 = time.time()
 
+        def arrived(group: str, alert: str) -> bool:
+            return any(a["labels"]["alertname"] == alert for a in _alerts_for(receiver, group))
+
         def delivered() -> bool:
-            return (any(a["labels"]["alertname"] == "RmqtraceBrokerLagLatencyHigh" for a in _alerts_for(receiver, g_wedge))
-                    and any(a["labels"]["alertname"] == "RmqtraceBrokerNoConsumer" for a in _alerts_for(receiver, g_none)))
+            return (arrived(g_wedge, "RmqtraceBrokerLagLatencyHigh") and arrived(g_none, "RmqtraceBrokerNoConsumer")
+                    and arrived(g_push, "RmqtraceConsumerStalled"))
 
         wait_until(delivered, timeout=75, interval=0.5, what="both broker-side alerts at the webhook")
         yield {"prom": prom, "receiver": receiver, "wedged": (t_wedge, g_wedge), "none": (t_none, g_none),
+               "push": (t_push, g_push),
                "t0": t0, "arrived": time.time(), "calls": calls[0], "loop": loop}
     finally:
         release.set()
@@ -176,6 +221,26 @@ def test_a_wedged_consumer_raises_the_broker_lag_alert(incidents: dict[str, Any]
     # it, so the consumer-side wait and occupancy alerts have nothing to measure.
     assert not fired & {"RmqtraceConsumerWaitHigh", "RmqtraceDispatchShareHigh", "RmqtraceHeadOfLineBlocking",
                         "RmqtraceConsumerHeadOfLineBlocking", "RmqtraceFleetHeadOfLineBlocking"}, fired
+
+
+def test_a_wedged_push_consumer_raises_the_stalled_alert(incidents: dict[str, Any]) -> None:
+    topic, group = incidents["push"]
+    got = _alerts_for(incidents["receiver"], group)
+    stalled = [a for a in got if a["labels"]["alertname"] == "RmqtraceConsumerStalled"]
+    assert stalled and stalled[0]["labels"]["instance"] and group in stalled[0]["annotations"]["summary"]
+    prom: Prometheus = incidents["prom"]
+    unstarted = prom.query(f'max_over_time(rmqtrace_consumer_unstarted_messages{{consumer_group="{group}"}}[5m])')
+    assert unstarted and float(unstarted[0]["value"][1]) >= 1  # the cache held what the hung threads could not start
+    fired = _fired(prom, group)
+    print(f"wedged push consumer: webhook got {sorted({a['labels']['alertname'] for a in got})}; "
+          f"Prometheus had {sorted(fired)}")
+    # Not asserted either way: the broker counts what a 5.x (pop) consumer received as consumed
+    # until its invisible time ends, so a push consumer that cached the whole backlog shows no
+    # broker lag at first (measured: ready, lag and in-flight all 0 with 12 cached messages).
+    backlog = fetch_backlog(prom.url, [topic], [group])
+    print(f"  broker's view of {group}: {[b.describe() for b in backlog]}")
+    # every thread is busy: no idle worker, so neither head-of-line alert
+    assert not fired & {"RmqtraceConsumerHeadOfLineBlocking", "RmqtraceFleetHeadOfLineBlocking"}, fired
 
 
 def test_no_consumer_raises_the_broker_no_consumer_alert(incidents: dict[str, Any]) -> None:
