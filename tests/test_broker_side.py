@@ -104,5 +104,5 @@ def test_a_refused_query_is_a_prometheus_error() -> None:
 
 
 def test_describe_a_healthy_group() -> None:
-    b = Backlog("t", "g", ready_messages=0, inflight_messages=3, oldest_unconsumed_s=0.4, consumers=2)
-    assert b.describe() == "g on t: 0 ready, 3 in flight, oldest unconsumed 0.4 s, 2 consumers connected"
+    b = Backlog("t", "g", ready_messages=0, inflight_messages=3, lag_latency_s=0.4, consumers=2)
+    assert b.describe() == "g on t: 0 ready, 3 in flight, lag latency 0.4 s, 2 consumers connected"

@@ -1,10 +1,12 @@
 """The broker's side of the wait, read from a Prometheus that scrapes a RocketMQ broker's exporter.
 
 RocketMQ 5.x brokers export, per (topic, consumer group), the messages ready for the group (not yet
-handed to any consumer), in flight (handed out, not acked) and not yet consumed, and the age of the
-oldest ready and oldest unconsumed message (``rocketmq_consumer_*``; broker.conf
-``metricsExporterType=PROM``). rmqtrace's own series see a message only once a consumer pulled
-it; these say what waits before that. :func:`fetch_backlog` asks Prometheus for them (the raw
+handed to any consumer), in flight and lagging (past the group's consume offset), and the age of the
+oldest ready message (queueing latency) and of the oldest lagging one (lag latency)
+(``rocketmq_consumer_*``; broker.conf ``metricsExporterType=PROM``). Measured on 5.5 with 5.x (pop)
+consumers: a message a consumer received but has not acked counts as consumed until its invisible
+time ends, so these say what waits for the group *before* any consumer took it — the part rmqtrace's
+own series, which see a message only once a consumer pulled it, cannot. :func:`fetch_backlog` asks Prometheus for them (the raw
 broker series, so it works without rmqtrace's recording rules); ``rmqtrace probe --prometheus``
 and ``rmqtrace report --prometheus`` print them.
 """
@@ -31,7 +33,7 @@ _QUERIES = {
     "inflight_messages": "sum by (topic, consumer_group) (rocketmq_consumer_inflight_messages{{{sel}}})",
     "lag_messages": "sum by (topic, consumer_group) (rocketmq_consumer_lag_messages{{{sel}}})",
     "oldest_ready_s": "max by (topic, consumer_group) (rocketmq_consumer_queueing_latency_milliseconds{{{sel}}} >= 0) / 1000",
-    "oldest_unconsumed_s": "max by (topic, consumer_group) (rocketmq_consumer_lag_latency_milliseconds{{{sel}}} >= 0) / 1000",
+    "lag_latency_s": "max by (topic, consumer_group) (rocketmq_consumer_lag_latency_milliseconds{{{sel}}} >= 0) / 1000",
 }
 _CONSUMERS = 'sum by (consumer_group) (rocketmq_consumer_connections{{consumer_group=~"{groups}"}})'
 
@@ -50,7 +52,7 @@ class Backlog:
     inflight_messages: float | None = None
     lag_messages: float | None = None
     oldest_ready_s: float | None = None
-    oldest_unconsumed_s: float | None = None
+    lag_latency_s: float | None = None
     consumers: float = 0.0
 
     def describe(self) -> str:
@@ -59,8 +61,8 @@ class Backlog:
         parts = [f"{ready} ready" + (f" (oldest {self.oldest_ready_s:.1f} s)" if ready and self.oldest_ready_s else "")]
         if self.inflight_messages:
             parts.append(f"{int(self.inflight_messages)} in flight")
-        if self.oldest_unconsumed_s:
-            parts.append(f"oldest unconsumed {self.oldest_unconsumed_s:.1f} s")
+        if self.lag_latency_s:
+            parts.append(f"lag latency {self.lag_latency_s:.1f} s")
         n = int(self.consumers)
         parts.append(f"{n} consumer{'' if n == 1 else 's'} connected")
         line = f"{self.consumer_group} on {self.topic}: " + ", ".join(parts)
@@ -73,7 +75,7 @@ class Backlog:
     def as_dict(self) -> dict[str, Any]:
         return {"topic": self.topic, "consumer_group": self.consumer_group, "ready_messages": self.ready_messages,
                 "inflight_messages": self.inflight_messages, "lag_messages": self.lag_messages,
-                "oldest_ready_s": self.oldest_ready_s, "oldest_unconsumed_s": self.oldest_unconsumed_s,
+                "oldest_ready_s": self.oldest_ready_s, "lag_latency_s": self.lag_latency_s,
                 "consumers": self.consumers}
 
 
