@@ -41,14 +41,17 @@ def test_bad_counts_fail_loudly() -> None:
 
 def test_the_demo_command_runs_a_fleet(tmp_path: Path) -> None:
     out = subprocess.run([sys.executable, "-m", "tracer", "demo", "--consumers", "3", "--groups", "40",
-                          "--workers", "2", "--case-ms", "1", "--out", str(tmp_path), "--json"],
-                         capture_output=True, text=True, timeout=120,
-                         env={"PATH": "/usr/bin:/bin", "OTEL_TRACES_EXPORTER": "none"})
+                          "--workers", "2", "--case-ms", "1", "--out", "out", "--json"],
+                         capture_output=True, text=True, timeout=120, cwd=tmp_path,
+                         env={"PATH": "/usr/bin:/bin", "OTEL_TRACES_EXPORTER": "none",
+                              "PYTHONPATH": str(Path(__file__).resolve().parents[1])})
     assert out.returncode == 0, out.stderr[-2000:]
-    summary = json.loads(out.stdout.strip().splitlines()[-1])
+    summary = json.loads(out.stdout)  # stdout is the one JSON document; the tables went to stderr
     assert [m["mode"] for m in summary] == ["prefetch", "demand_driven"]
     assert [c["consumer"] for c in summary[0]["per_consumer"]] == ["consumer-0", "consumer-1", "consumer-2"]
-    assert "fleet.html" in out.stdout and (tmp_path / "fleet.json").is_file()
+    # the path as given, like the single-consumer demo (not a file:// URL)
+    assert "report: open out/fleet.html" in out.stderr and (tmp_path / "out" / "fleet.json").is_file()
+    tmp_path = tmp_path / "out"
     page = (tmp_path / "fleet.html").read_text()
     # one lane group per consumer instance in each mode, a bar per handled message
     assert page.count("consumer-2</text>") == 2 and page.count("<rect ") >= 2 * 40

@@ -543,6 +543,10 @@ def job_stats(group: str, job_id: str, records: Sequence[MessageRecord], workers
 
 
 # -- the sentences both the demo and the report print ------------------------------------------
+# A job within 10% of its lower bound: the wait inside the consumer, however large its share, did not lengthen it.
+NEAR_LOWER_BOUND = 1.10
+
+
 def where_time_went_line(name: str, shares: Mapping[str, float], over_lb: float | None, busy: float | None) -> str:
     """Where a consumer group's (a demo policy's) time went, in one line led by the headline gap.
 
@@ -558,6 +562,9 @@ def where_time_went_line(name: str, shares: Mapping[str, float], over_lb: float 
         line += f", workers busy {busy:.0%} of the time"
     broker = shares.get("send", 0.0) + shares.get("broker_wait", 0.0)
     handler = shares.get("handler", 0.0)
+    if wait >= max(broker, handler) and over_lb and over_lb < NEAR_LOWER_BOUND:
+        return line + (f" — messages waited inside the consumer, yet the job finished within {over_lb - 1:.0%} of its "
+                       "lower bound: here the wait did not make it longer")
     if wait >= max(broker, handler):
         return line + " — messages queued inside the consumer, where no other consumer could take them"
     if broker >= handler:

@@ -283,7 +283,7 @@ def cli_fleet_demo(args: Any, settings: Any, registry: CollectorRegistry, consol
     out = Path(args.out) / "fleet.json"
     write_fleet_json(runs, out)
     page = write_fleet_html(runs, Path(args.out) / "fleet.html")
-    console.print(f"report: open {page.resolve().as_uri()}")
+    console.print(f"report: open {page}")  # as the single-consumer demo says it: the path as given
     console.print(f"summary: {out}")
     if getattr(args, "json", False):
         print(json.dumps([r.as_dict() for r in runs]))
