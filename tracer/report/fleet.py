@@ -113,12 +113,15 @@ class FleetJob:
     inprocess_idle_while_held_s: float
     critical: dict[str, Any]
     section: FleetSection | None = field(default=None, repr=False)  # what the HTML lanes draw
+    # consumer_wait and the parts avoidable inside the instance / elsewhere in the fleet (tracer.report.blame)
+    avoidable: dict[str, float] = field(default_factory=dict)
 
     def as_dict(self) -> dict[str, Any]:
         return {"job": self.job, "messages": self.messages, "completion_s": round(self.completion_s, 3),
                 "idle_worker_seconds_while_held_elsewhere": round(self.idle_while_held_s, 3),
                 "idle_worker_seconds_while_held_inside": round(self.inprocess_idle_while_held_s, 3),
                 "critical_path": self.critical,
+                "avoidable_wait": {k: round(v, 6) for k, v in self.avoidable.items()},
                 "instances": [{k: (round(v, 3) if isinstance(v, float) else v) for k, v in vars(i).items()}
                               for i in self.instances]}
 
@@ -219,7 +222,24 @@ class FleetCollector:
             FleetInstance(self.instances[i], count[i], busy[i], busy[i] / total if total else 0.0, workers[i],
                           inferred[i], waits["max_held"][i], waits["caused_s"][i])
             for i in range(n)], waits["fleet_idle_while_held_s"], waits["inprocess_idle_while_held_s"],
-            critical, section)
+            critical, section, fleet_blame(recs, n, workers))
+
+
+def fleet_blame(recs: Sequence[_Rec], instances: int, workers: Sequence[int]) -> dict[str, float]:
+    """How much of the job's consumer_wait was avoidable inside its instance and in the fleet
+    (:func:`tracer.report.blame.fleet_avoidable`); an instance without worker ids gets packed lanes."""
+    from .blame import Run, fleet_avoidable, pack_lanes
+
+    per: list[list[_Rec]] = [[] for _ in range(instances)]
+    for r in recs:
+        per[r.instance].append(r)
+    runs: list[list[Run]] = []
+    for mine in per:
+        lanes = pack_lanes([(r.start_ns, r.end_ns) for r in mine]) if any(r.worker < 0 for r in mine) else None
+        runs.append([Run("", "", lanes[k] if lanes else r.worker, min(r.pull_ns, r.start_ns), r.start_ns, r.end_ns)
+                     for k, r in enumerate(mine)])
+    counts = [max(w, len({x.worker for x in rs}), 1) for w, rs in zip(workers, runs)]
+    return fleet_avoidable(runs, counts)
 
 
 def _max_overlap(recs: Sequence[_Rec]) -> int:
@@ -293,6 +313,11 @@ def fleet_lines(jobs: Iterable[FleetJob]) -> list[str]:
         out.append(f"  critical path: the last message ended on {c['instance']} at +{c['ended_s']:.2f} s — "
                    f"received +{c['received_s']:.2f} s, waited {c['waited_unstarted_s']:.2f} s unstarted there, "
                    f"handler {c['handler_s']:.2f} s")
+        a = j.avoidable
+        if a.get("consumer_wait_s"):
+            out.append(f"  avoidable: {a['fleet_share']:.0%} of {a['consumer_wait_s']:.1f} s consumer_wait was spent while "
+                       f"a worker of the fleet was free — {a['elsewhere_share']:.0%} while another instance had one, "
+                       f"{a['inside_share']:.0%} while its own instance had one")
         width = max(len(i.name) for i in j.instances)
         out.append(f"  {'instance':<{width}}  messages   busy  workers  most held  held while others idled")
         for i in sorted(j.instances, key=lambda i: -i.held_while_others_idled_s):

@@ -25,6 +25,7 @@ from typing import Sequence
 
 from ..path.stages import GAP_BY_NAME, GAPS, HEADLINE_GAP, PATH_GAPS
 from ..path.stamps import timeline
+from .blame import GRACE_NS
 from .model import (
     PRODUCED_LATE,
     SPLIT_PARTS,
@@ -519,6 +520,33 @@ def _occupancy(report: Report, width: int) -> str:
             "sat idle next to queued work.</p><div class=\"cols\">" + "".join(cards) + "</div></section>")
 
 
+# -- who blocked whom -------------------------------------------------------------------------
+def _blame(report: Report, top: int = 5) -> str:
+    """Per group: the avoidable share of consumer_wait and the messages that held others up."""
+    cards = []
+    for g in report.groups:
+        b = g.blame
+        if b is None:
+            continue
+        rows = "".join(
+            f"<tr><td class='l'><span class='mono'>{escape(x.label)}</span><br><span class='note mono'>"
+            f"{escape(x.message_id)}</span></td><td>{x.worker}</td><td>{fmt_s(x.handler_s)}</td>"
+            f"<td>{fmt_s(x.held_up_s)}</td><td>{x.victims}</td></tr>" for x in b.top[:top])
+        table = ('<table class="wide"><tr><th class="l">blocker</th><th>worker</th><th>handler</th><th>held up</th>'
+                 f"<th>victims</th></tr>{rows}</table>") if rows else (
+            "<p class='note'>No blocker named: the worker ids were inferred.</p>" if not b.blockers_known
+            and b.avoidable_s > 0 else "<p class='note'>Nobody waited while a worker was free.</p>")
+        cards.append(f'<div class="card" data-group="{escape(g.group)}"><h3>{escape(g.group)}</h3>'
+                     f"<p><b>{b.avoidable_share:.0%}</b> of consumer_wait was avoidable ({fmt_s(b.avoidable_s)} of "
+                     f"{fmt_s(b.wait_s)}); {b.head_of_line} head-of-line, {b.capacity} capacity waits</p>{table}</div>")
+    return ('<section id="blame"><h2>Who blocked whom</h2><p class="help">Avoidable: the part of a message\'s '
+            f"consumer_wait during which another worker of its consumer was free (the first {GRACE_NS / 1e6:g} ms of a "
+            "wait and of "
+            "an idle spell are the hand-over, not blamed). A blocker ran on the worker its victims waited for; "
+            "held up is the avoidable wait it caused.</p>"
+            '<div class="cols">' + "".join(cards) + "</div></section>")
+
+
 # -- slowest ---------------------------------------------------------------------------------
 def _slowest(report: Report) -> str:
     cards = []
@@ -560,7 +588,8 @@ def render_html(report: Report, *, title: str = "rmqtrace report", max_rows: int
         f"<header><h1>{escape(title)}</h1><p class='meta'>"
         + " · ".join(x for x in (escape(report.source), f"{report.messages} messages in {len(report.groups)} "
                                  f"consumer group(s): {groups}", f"generated {when}") if x) + "</p>",
-        '<nav><a href="#job-view">Job view</a><a href="#stages">Stage gaps</a><a href="#waterfall">Waterfall</a>'
+        '<nav><a href="#job-view">Job view</a><a href="#stages">Stage gaps</a><a href="#blame">Who blocked whom</a>'
+        '<a href="#waterfall">Waterfall</a>'
         '<a href="#heatmap">Heatmap</a><a href="#occupancy">Occupancy</a><a href="#slowest">Slowest</a></nav>'
         + _legend() + "</header>",
     ]
@@ -569,7 +598,7 @@ def render_html(report: Report, *, title: str = "rmqtrace report", max_rows: int
                     "</p></section>")
     else:
         w = chart_width(len(report.groups))
-        body += [_job_view(report, w), _stages(report), _waterfall(report, max_rows, w), _heatmap(report, w),
+        body += [_job_view(report, w), _stages(report), _blame(report), _waterfall(report, max_rows, w), _heatmap(report, w),
                  _occupancy(report, w), _slowest(report)]
     caveats = "".join(f"<p>{escape(n.removeprefix('* '))}</p>" for n in notes(report))
     body.append(f"<footer>{caveats}<p>All charts of a section share one time axis: seconds after each group's first "

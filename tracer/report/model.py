@@ -40,6 +40,7 @@ from ..path import names
 from ..path.stages import GAP_BY_NAME, GAPS, HEADLINE_GAP, PATH_GAPS, Stage
 from ..path.stamps import MISSING, GapValue, Stamps, compute_gaps, timeline
 from ..telemetry.spanfile import SpanRecord
+from .blame import Blame, Run, blame
 
 NO_JOB = "(no job id)"
 NO_GROUP = "(no group)"
@@ -55,6 +56,7 @@ GAP_SPANS: dict[str, tuple[Stage, Stage]] = {
 # Stamps must agree with the process span's end this closely; beyond it they are not trusted.
 # Jaeger keeps µs: start and duration are each truncated, so 2 µs is the honest slack.
 STAMP_TOLERANCE_NS = 5_000
+BLAME_TOP = 10  # blockers ranked per group (independent of --top, the slowest table's length)
 PERCENTILES: tuple[tuple[str, float], ...] = (("p50", 0.50), ("p95", 0.95), ("p99", 0.99), ("max", 1.0))
 # The critical path split: what happened before the message existed, then the path gaps.
 PRODUCED_LATE = "produced_late"
@@ -609,6 +611,7 @@ class GroupStats:
     slowest: list[MessageRecord]
     occupancy: Occupancy | None = None
     heatmaps: dict[str, Heatmap] = field(default_factory=dict)
+    blame: Blame | None = None  # who blocked whom (tracer.report.blame)
 
     @property
     def duration_s(self) -> float:
@@ -628,6 +631,7 @@ class GroupStats:
             "slowest": [r.as_dict() for r in self.slowest],
             "occupancy": self.occupancy.as_dict() if self.occupancy else None,
             "heatmaps": {k: v.as_dict() for k, v in self.heatmaps.items()},
+            "blame": self.blame.as_dict() if self.blame else None,
         }
 
 
@@ -667,7 +671,26 @@ def build_group(group: str, records: list[MessageRecord], *, top: int = 10, work
     job_list.sort(key=lambda j: j.start_ns)
     slowest = sorted(records, key=lambda r: (-r.total_s, r.start_ns))[:max(0, top)]
     return GroupStats(group, records, workers, source, min(r.start_ns for r in records),
-                      max(r.end_ns for r in records), stage_stats(records), job_list, slowest)
+                      max(r.end_ns for r in records), stage_stats(records), job_list, slowest,
+                      blame=group_blame(records, workers, source))
+
+
+def group_blame(records: Sequence[MessageRecord], workers: int, workers_source: str, *, top: int = BLAME_TOP) -> Blame | None:
+    """Who blocked whom in one group (:mod:`tracer.report.blame`); blockers are named only when the
+    worker ids are the spans' own. None when no message was handled."""
+    runs: list[Run] = []
+    for r in records:
+        if not r.handled or r.worker is None:
+            continue
+        start = r.t(Stage.HANDLER_START)
+        waited = next((ns for ns in (r.t(Stage.CLIENT_PULL), r.t(Stage.DISPATCH_ENQUEUE)) if ns != MISSING), start)
+        runs.append(Run(r.message_id, r.keys or r.message_id, r.worker, min(waited, start), start,
+                        r.t(Stage.HANDLER_END)))
+    if not runs:
+        return None
+    ids = len({r.worker for r in runs})
+    return blame(runs, max(workers, ids), blockers_known=workers_source != "inferred" and not any(
+        r.worker_inferred for r in records), top=top)
 
 
 HEATMAP_GAPS: tuple[str, ...] = (HEADLINE_GAP.name,)
@@ -701,7 +724,7 @@ def build_report(spans: Iterable[SpanRecord], *, group: str | None = None, job: 
 __all__ = [
     "HEATMAP_GAPS", "NO_GROUP", "NO_JOB", "PERCENTILES", "PRODUCED_LATE", "SPLIT_PARTS", "WAITING_PARTS",
     "CriticalPath", "GroupStats", "Heatmap", "JobStats", "MessageRecord", "Occupancy", "Report", "StageStats",
-    "build_group", "build_report", "format_seconds", "group_line", "heatmap", "infer_workers", "is_process_span",
+    "build_group", "build_report", "format_seconds", "group_blame", "group_line", "heatmap", "infer_workers", "is_process_span",
     "mean_busy",
     "messages_from_spans", "notes", "occupancy", "percentile", "stage_stats", "step_means", "wait_edges",
     "where_time_went_line",

@@ -80,6 +80,29 @@ def critical_lines(report: Report) -> list[Any]:
     return lines
 
 
+def blame_table(report: Report, top: int = 5) -> Any:
+    """Who blocked whom: per group the avoidable share, then its worst blockers by the wait they caused."""
+    t = _table("Who blocked whom: consumer_wait while another worker was free (avoidable), and the messages "
+               "that ran in front of it, by the avoidable wait they caused")
+    for col in ("group", "avoidable", "hol/cap", "blocker", "ran", "held up", "victims"):
+        t.add_column(col, justify="left" if col in ("group", "blocker") else "right", no_wrap=True)
+    names = short_names([g.group for g in report.groups])
+    for name, g in zip(names, report.groups):
+        b = g.blame
+        if b is None:
+            continue
+        head = [name, f"{b.avoidable_share:.0%}", f"{b.head_of_line}/{b.capacity}"]
+        blockers = list(b.top[:top])
+        if not blockers:
+            why = "— (worker ids inferred)" if not b.blockers_known and b.avoidable_s > 0 else "—"
+            t.add_row(*head, why, "", "", "", end_section=True)
+            continue
+        for i, x in enumerate(blockers):
+            t.add_row(*(head if i == 0 else [""] * len(head)), x.label, seconds(x.handler_s),
+                      seconds(x.held_up_s), str(x.victims), end_section=i == len(blockers) - 1)
+    return t
+
+
 def short_names(names: list[str]) -> list[str]:
     """Group names without the prefix they all share up to a ``-``, ``.`` or ``_`` (``demo-``)."""
     if len(names) < 2:
@@ -137,6 +160,8 @@ def render(report: Report, console: Any, *, top: int = 10) -> None:
     for line in critical_lines(report):
         console.print(line)
     console.print()
+    if any(g.blame for g in report.groups):
+        console.print(blame_table(report))
     console.print(stage_table(report))
     if top > 0:
         for g in report.groups:
@@ -147,4 +172,4 @@ def render(report: Report, console: Any, *, top: int = 10) -> None:
     console.print(f"[dim]stages:[/] {legend}")
 
 
-__all__ = ["job_table", "render", "seconds", "slowest_table", "stage_table"]
+__all__ = ["blame_table", "job_table", "render", "seconds", "slowest_table", "stage_table"]
