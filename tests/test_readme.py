@@ -91,7 +91,8 @@ def test_the_copyable_handler_example_runs(tmp_path: Path) -> None:
 
 def test_the_readme_names_what_it_documents() -> None:
     text = README.read_text(encoding="utf-8")
-    for needle in ("pip install -e '/path/to/rmqtrace[rocketmq]'", "make dist", "consumer.startup()", "tracer.testing", "examples/my_handler.py",
+    for needle in ("pip install -e '/path/to/rmqtrace[rocketmq]'", "make dist",
+                   "consumer.startup()", "tracer.testing", "examples/my_handler.py",
                    "consumer_wait", "rmqtrace_clock_skew_bound_seconds"):
         assert needle in text, needle
 
