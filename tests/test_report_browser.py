@@ -153,3 +153,53 @@ def test_cli_png(browser: str, demo_report: Path, tmp_path: Path, capsys: pytest
     assert code == 0 and f"png: {tmp_path / 'one.png'}" in " ".join(out.split())
     width, height = png_size(tmp_path / "one.png")
     assert width == 1600 and height > 1500
+
+
+# -- what a reader sees at 1280 and 1920 px: unbroken tokens, a heatmap that spreads, fleet axes --------
+FIT_WIDTHS = (1280, 1920)
+# Appended to a scratch copy: a token broken over two lines has two client rects; one past its card is cut.
+TOKENS_PROBE = """<pre id="tokens-probe"></pre><script>
+window.addEventListener("load", () => {
+  const out = {wrapped: [], outside: [], tokens: 0, heatColumns: {}};
+  for (const e of document.querySelectorAll("#slowest .mono, #slowest .stage")) {
+    out.tokens++;
+    const card = e.closest(".card").getBoundingClientRect(), box = e.getBoundingClientRect();
+    if (e.getClientRects().length > 1) out.wrapped.push(e.textContent);
+    if (box.right > card.right + 0.5 || box.left < card.left - 0.5) out.outside.push(e.textContent);
+  }
+  for (const card of document.querySelectorAll("#heatmap .card")) {
+    const xs = new Set([...card.querySelectorAll("rect[data-count]")].map(r => r.getAttribute("x")));
+    out.heatColumns[card.dataset.group] = xs.size;
+  }
+  document.getElementById("tokens-probe").textContent = JSON.stringify(out);
+});
+</script>"""
+
+
+def _probe(browser: str, html: Path, script: str, marker: str, width: int, workdir: Path) -> dict[str, object]:
+    page = html.read_text(encoding="utf-8")
+    cut = page.rfind("</body>")
+    probe = workdir / f"{marker}-{width}.html"
+    probe.write_text((page[:cut] + script + page[cut:]) if cut >= 0 else page + script, encoding="utf-8")
+    dom = dump_dom(browser, probe.as_uri(), workdir / f"profile-{marker}-{width}", width=width)
+    m = re.search(rf'<pre id="{marker}">(.*?)</pre>', dom, re.S)
+    assert m and m.group(1).strip(), dom[-800:]
+    return dict(json.loads(m.group(1)))
+
+
+@pytest.mark.parametrize("width", FIT_WIDTHS)
+def test_slowest_messages_keep_ids_and_stage_names_whole(browser: str, demo_report3: Path, tmp_path: Path,
+                                                         width: int) -> None:
+    seen = _probe(browser, demo_report3, TOKENS_PROBE, "tokens-probe", width, tmp_path)
+    assert int(seen["tokens"]) >= 2 * 3 * 10  # type: ignore[call-overload]  # an id and a stage per row
+    assert seen["wrapped"] == [], seen["wrapped"]  # e.g. "client_buff" / "er", an id over two lines
+    assert seen["outside"] == [], seen["outside"]
+
+
+@pytest.mark.parametrize("width", FIT_WIDTHS)
+def test_the_round_robin_heatmap_spreads_over_the_run(browser: str, demo_report3: Path, tmp_path: Path,
+                                                      width: int) -> None:
+    columns = _probe(browser, demo_report3, TOKENS_PROBE, "tokens-probe", width, tmp_path)["heatColumns"]
+    assert isinstance(columns, dict)
+    # a prefetching consumer pulls every message at t=0: counted by pull time it was one column at x=0
+    assert columns["demo-round_robin"] >= 8, columns

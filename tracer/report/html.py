@@ -82,6 +82,10 @@ table.wide { width: 100%; } table.wide th { white-space: normal; } table.wide td
 table.stages tr.gs td { border-top: 2px solid #c4c7cc; }
 .headline { margin: 0 0 10px; padding: 6px 10px; border-left: 4px solid #b3261e; background: #fff; }
 .mono { font-family: ui-monospace, "DejaVu Sans Mono", monospace; font-size: 12px; overflow-wrap: anywhere; }
+/* Slowest messages: a message id or a stage name is one token, never broken; wider cards (two per
+   row at 1280 px, three at 1920) leave room for a 32-character id next to the other columns. */
+#slowest .cols { grid-template-columns: repeat(auto-fit, minmax(min(580px, 100%), 1fr)); }
+#slowest .mono, #slowest .stage { white-space: nowrap; overflow-wrap: normal; }
 svg text { font: 12px system-ui, "DejaVu Sans", sans-serif; fill: #3c4043; }
 svg .axis line, svg .grid { stroke: #c4c7cc; stroke-width: 0.6; }
 svg .mark { stroke-width: 1.2; }
@@ -456,11 +460,12 @@ def _heatmap_block(report: Report, gap: str, width: int) -> str:
 
 def _heatmap(report: Report, width: int) -> str:
     name = HEADLINE_GAP.name
-    return (f'<section id="heatmap"><h2>Consumer-wait heatmap</h2><p class="help">Messages counted by when they '
-            "reached the consumer (x, seconds after the group's first produce) and how long they then waited inside "
-            f"it before their handler started (y, log scale): {name} = client_buffer (in the client's local cache) + "
-            "dispatch_wait (for a free worker). A dark band high up means messages queued behind busy workers; "
-            "compare it with the occupancy below to see whether other workers sat idle meanwhile.</p>"
+    return (f'<section id="heatmap"><h2>Consumer-wait heatmap</h2><p class="help">Messages counted by when their '
+            "wait inside the consumer ended — their handler started (x, seconds after the group's first produce) — and "
+            f"how long that wait was (y, log scale): {name} = client_buffer (in the client's local cache) + "
+            "dispatch_wait (for a free worker). A band rising to the right means messages were taken in early and "
+            "queued behind busy workers; compare it with the occupancy below to see whether other workers sat idle "
+            "meanwhile.</p>"
             + _heatmap_block(report, name, width) + "</section>")
 
 
@@ -559,7 +564,8 @@ def _slowest(report: Report) -> str:
             job = f"<br><span class='note'>job {escape(r.job_id)}</span>" if len(g.jobs) > 1 else ""
             rows.append(f"<tr><td>{i}</td><td class='l'><span class='mono'>{escape(r.message_id)}</span>{keys}{job}"
                         f"</td><td>{'—' if r.worker is None else r.worker}</td><td>{fmt_s(r.total_s)}</td>"
-                        f"<td class='l'>{sw}{crit}<br><span class='note'>{fmt_s(r.gap_s(crit))}</span></td></tr>")
+                        f"<td class='l'>{sw}<span class='stage'>{crit}</span><br>"
+                        f"<span class='note'>{fmt_s(r.gap_s(crit))}</span></td></tr>")
         cards.append(f'<div class="card" data-group="{escape(g.group)}"><h3>{escape(g.group)}</h3>'
                      '<table class="wide"><tr><th>#</th><th class="l">message · keys</th>'
                      f'<th>worker</th><th>end to end</th><th class="l">largest stage</th></tr>{"".join(rows)}'

@@ -419,7 +419,10 @@ def bucket_index(edges: Sequence[float], value: float) -> int:
 
 @dataclass
 class Heatmap:
-    """Counts of messages by when their wait began (x) and how long it lasted (y, log buckets)."""
+    """Counts of messages by when their wait ended (x) and how long it lasted (y, log buckets).
+
+    x is the gap's end (handler start for consumer_wait), not its start: a prefetching consumer takes
+    every message in at once, and by its start the map would be one column at x=0."""
 
     gap: str
     bucket_s: float  # time bucket width; bucket i covers [i·w, (i+1)·w) after the group start
@@ -436,14 +439,14 @@ class Heatmap:
 
 def heatmap(records: Sequence[MessageRecord], gap: str, t0_ns: int, axis_s: float, buckets: int,
             edges: Sequence[float]) -> Heatmap:
-    start_stage = GAP_BY_NAME[gap].start
+    end_stage = GAP_BY_NAME[gap].end
     counts = [[0] * buckets for _ in edges]
     width = axis_s / buckets if buckets and axis_s > 0 else 1.0
     for r in records:
         g = r.gaps.get(gap)
         if g is None:
             continue
-        t = (r.t(start_stage) - t0_ns) / 1e9
+        t = (r.t(end_stage) - t0_ns) / 1e9
         i = min(buckets - 1, max(0, int(t / width)))
         counts[bucket_index(edges, g.seconds)][i] += 1
     return Heatmap(gap, width, list(edges), counts)
