@@ -321,6 +321,9 @@ def cmd_bench(args: argparse.Namespace) -> int:
     if args.which == "fleet":
         from .bench.fleet import run_cli as run_fleet_cli
         return run_fleet_cli(args)
+    if args.which == "report":
+        from .bench.report import run_cli as run_report_cli
+        return run_report_cli(args)
     console = _console()
     if args.which == "overhead":
         from .bench.overhead import format_overhead_bench, run_overhead_bench
@@ -365,17 +368,25 @@ def build_parser() -> argparse.ArgumentParser:
 
     b = sub.add_parser("bench", help="benchmarks behind BENCHMARKS.md (ratios against a baseline in the same run)")
     # nargs="?": a missing benchmark gets our sentence (cmd_bench), not argparse's "required: which".
-    which = b.add_argument("which", nargs="?", metavar="BENCHMARK", choices=["overhead", "dispatch", "broker", "fleet"],
+    which = b.add_argument("which", nargs="?", metavar="BENCHMARK", choices=["overhead", "dispatch", "broker", "fleet",
+                                                                                 "report"],
                    help="overhead: tracing cost per message vs one SDK span; dispatch: policies vs lower bound and "
                         "the dispatcher vs ThreadPoolExecutor; broker: traced vs untraced throughput on the local "
                         "RocketMQ (services/rocketmq/rmq.sh start); fleet: one long-tailed job over 3 consumer "
-                        "processes on the local RocketMQ, push consumer vs prefetch vs demand-driven")
+                        "processes on the local RocketMQ, push consumer vs prefetch vs demand-driven; report: "
+                        "reading 10^4/10^5 messages from a span file and from Jaeger (report --fleet)")
     b.add_argument("--json", action="store_true", help="print one JSON object instead of a table")
     b.add_argument("--messages", type=whole_at_least(1), default=30_000,
                    help="overhead: messages per loop in all (default 30000)")
     b.add_argument("--rounds", type=whole_at_least(1), default=7, help="overhead: interleaved rounds (default 7)")
     b.add_argument("--seeds", type=whole_at_least(1), default=5, help="dispatch: job seeds (default 5)")
     b.add_argument("--quick", action="store_true", help="dispatch, fleet: smaller runs for CI")
+    b.add_argument("--sizes", default="10000,100000", help="report: messages per size, comma-separated")
+    b.add_argument("--jaeger", default="http://127.0.0.1:16686", help="report: Jaeger query HTTP URL")
+    b.add_argument("--jaeger-grpc", metavar="HOST:PORT", help="report: Jaeger api_v3 gRPC (default: --jaeger host:16685)")
+    b.add_argument("--otlp", default="http://127.0.0.1:4318", help="report: OTLP HTTP endpoint the spans are loaded through")
+    b.add_argument("--http-max", type=whole_at_least(1), default=10_000,
+                   help="report: time the /api/traces baseline up to this size (default 10000)")
     b.set_defaults(func=cmd_bench, benchmarks=tuple(which.choices or ()))
 
     from ..report import add_cli as add_report_cli
