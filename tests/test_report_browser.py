@@ -203,3 +203,46 @@ def test_the_round_robin_heatmap_spreads_over_the_run(browser: str, demo_report3
     assert isinstance(columns, dict)
     # a prefetching consumer pulls every message at t=0: counted by pull time it was one column at x=0
     assert columns["demo-round_robin"] >= 8, columns
+
+
+FLEET_PROBE = """<pre id="fleet-probe"></pre><script>
+window.addEventListener("load", () => {
+  const doc = document.documentElement;
+  const out = {clientWidth: doc.clientWidth, scrollWidth: doc.scrollWidth, svgs: [],
+               legend: (document.querySelector(".legend") || {}).textContent || ""};
+  for (const svg of document.querySelectorAll("svg")) {
+    const ticks = [...svg.querySelectorAll("g.axis text")].filter(t => /^[\\d.]+ s$/.test(t.textContent));
+    out.svgs.push({width: svg.getBoundingClientRect().width,
+                   ticks: ticks.map(t => t.textContent),
+                   tickHeights: ticks.map(t => t.getBoundingClientRect().height),
+                   heldScales: [...svg.querySelectorAll("g.held-scale")].map(g => g.querySelectorAll("text").length),
+                   instances: svg.querySelectorAll("g.held-scale").length});
+  }
+  document.getElementById("fleet-probe").textContent = JSON.stringify(out);
+});
+</script>"""
+
+
+@pytest.fixture(scope="module")
+def fleet_report(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """`rmqtrace demo --consumers 3` writes fleet.html: per mode, one lane group per consumer."""
+    out = tmp_path_factory.mktemp("fleet")
+    assert main(["demo", "--consumers", "3", "--groups", "60", "--workers", "2", "--case-ms", "1",
+                 "--out", str(out)]) == 0
+    return out / "fleet.html"
+
+
+@pytest.mark.parametrize("width", FIT_WIDTHS)
+def test_the_fleet_page_has_axes_a_legend_and_follows_the_window(browser: str, fleet_report: Path, tmp_path: Path,
+                                                                  width: int) -> None:
+    seen = _probe(browser, fleet_report, FLEET_PROBE, "fleet-probe", width, tmp_path)
+    assert int(seen["scrollWidth"]) <= int(seen["clientWidth"]), seen  # type: ignore[call-overload]
+    assert "held" in str(seen["legend"]) and "handler" in str(seen["legend"]), seen["legend"]
+    svgs = seen["svgs"]
+    assert isinstance(svgs, list) and len(svgs) == 2  # prefetch and demand_driven
+    room = int(seen["clientWidth"]) - 2 * 24  # type: ignore[call-overload]  # body margins
+    for svg in svgs:
+        assert svg["width"] >= 0.95 * room, (width, svg["width"], room)  # not a fixed ~850 px at 1920
+        assert len(svg["ticks"]) >= 4, svg["ticks"]  # labelled ticks, not only 0 and the end
+        assert min(svg["tickHeights"]) >= 11, svg["tickHeights"]  # readable, not ~9 px
+        assert svg["instances"] == 3 and svg["heldScales"] == [2, 2, 2], svg  # 0 and the peak per held line
