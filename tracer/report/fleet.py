@@ -521,10 +521,10 @@ def _lanes_svg(sec: FleetSection, span: int, width: int = VIEW_W) -> str:
         y += n_lanes * lane_h + gap
     axis = ['<g class="axis" font-size="12" fill="#444" text-anchor="middle">',
             f'<line x1="{left}" y1="{y}" x2="{left + plot_w}" y2="{y}" stroke="#888"/>']
-    for t in nice_ticks(span / 1e9):
-        px = left + t * 1e9 * scale
-        axis.append(f'<line class="grid" x1="{px:.1f}" y1="4" x2="{px:.1f}" y2="{y + 4}" stroke="#d5d8dc" '
-                    f'stroke-width="0.8"/><text x="{px:.1f}" y="{y + 18}">{t:g} s</text>')
+    for tick in nice_ticks(span / 1e9):
+        at = left + tick * 1e9 * scale
+        axis.append(f'<line class="grid" x1="{at:.1f}" y1="4" x2="{at:.1f}" y2="{y + 4}" stroke="#d5d8dc" '
+                    f'stroke-width="0.8"/><text x="{at:.1f}" y="{y + 18}">{tick:g} s</text>')
     axis.append(f'<text x="{left + plot_w}" y="{y + 34}" text-anchor="end">seconds after the first pull</text></g>')
     height = y + 42
     return (f'<svg xmlns="http://www.w3.org/2000/svg" viewBox="0 0 {width} {height}" width="{width}" height="{height}" '
