@@ -191,7 +191,7 @@ def test_demo_output_reads_well_when_piped(tmp_path, capsys: pytest.CaptureFixtu
     assert where and where[0].startswith("  • ") and all(w.startswith(("  • ", "    ")) for w in where), where
     closing = " ".join(out.split("Next:")[1].split())
     assert "round_robin" in closing and 'ConsumeLoop(consumer, handler, policy="aggressive")' in closing
-    assert "docs/dispatch.md" in closing
+    assert "docs/dispatch.md" in closing and "tracer.clients.demandpush.DemandPushConsumer" in closing
 
 
 def test_ctrl_c_in_the_demo_says_the_spans_file_is_partial(tmp_path, monkeypatch: pytest.MonkeyPatch,

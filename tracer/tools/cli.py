@@ -205,6 +205,7 @@ def gap_table(runs: Sequence[PolicyRun]) -> Any:
 POLICY_TABLE_KEY = ("× LB = job time / LB: 1.00 is as fast as any schedule can be. busy = the workers' time "
                     "in handlers, total handler time / (workers × job time).")
 FIX = 'ConsumeLoop(consumer, handler, policy="aggressive")'
+PUSH_FIX = "tracer.clients.demandpush.DemandPushConsumer"
 BASELINES = ("round_robin", "random")
 
 
@@ -215,7 +216,7 @@ def next_step(runs: Sequence[PolicyRun]) -> str:
 
     more = "read more: README \"The dispatcher\", docs/dispatch.md, and report.html"
     fix = (f"the fix in your consumer is {FIX}: every worker holds at most one message and whichever is free "
-           f"takes the next")
+           f"takes the next (a PushConsumer: {PUSH_FIX}, same constructor)")
     incident = max((r for r in runs if r.policy in BASELINES), key=lambda r: r.over_lb, default=None)
     if incident is None:
         return (f"none of these runs is the incident (round_robin: a buffer per worker); run --policies "
