@@ -25,6 +25,8 @@ Definitions (also in ``docs/report.md``):
   message that ran on its worker during the largest part of its avoidable wait. The ranking credits every
   such run with that overlap: ``held_up_s`` is the avoidable wait it caused, ``victims`` how many
   messages it caused some of.
+* the live counterpart, fed by a dispatcher as messages start: :class:`tracer.path.blocking.BlameTracker`
+  (same definitions, same numbers).
 * **across a fleet** (:func:`fleet_avoidable`): a wait is avoidable in the fleet when some worker of
   another instance was available meanwhile (waiting in one process while another idled).
 """
@@ -35,15 +37,11 @@ import bisect
 from dataclasses import dataclass
 from typing import Any, Iterable, NamedTuple, Sequence
 
+from ..path.blocking import CAPACITY, GRACE_NS, HEAD_OF_LINE, NO_WAIT  # one definition, live and offline
+
 __all__ = ["GRACE_NS", "HEAD_OF_LINE", "CAPACITY", "NO_WAIT", "Blame", "Blocker", "IntervalSet", "MessageBlame",
            "Run", "all_busy", "blame", "fleet_avoidable", "pack_lanes"]
 
-# The hand-over allowance: 2 ms is well above a dispatcher's hand-off on an idle machine (tens of µs)
-# and well below the handlers whose waits are worth blaming.
-GRACE_NS = 2_000_000
-HEAD_OF_LINE = "head_of_line"
-CAPACITY = "capacity"
-NO_WAIT = "none"
 
 
 def _s(seconds: float) -> str:
