@@ -225,3 +225,18 @@ def test_demo_blockers_really_ran_in_front_of_their_victims(tmp_path) -> None:  
         assert [x["message_id"] for x in summary[policy]["top_blockers"]] == [x.message_id for x in b.top]
     rr = report.group("demo-round_robin").blame
     assert rr is not None and rr.avoidable_share > 0.2 and rr.top
+
+
+def test_terminal_and_html_show_who_blocked_whom() -> None:
+    from rich.console import Console
+
+    from tracer.report.html import render_html
+    from tracer.report.terminal import render
+
+    report = build_report(scenario_spans(KNOWN))
+    page = render_html(report)
+    assert 'id="blame"' in page and "<b>80%</b> of consumer_wait was avoidable" in page and ">m1<" in page
+    console = Console(width=100, record=True, highlight=False)
+    render(report, console, top=0)  # --top 0 hides the slowest table, not the blockers
+    text = console.export_text()
+    assert "Who blocked whom" in text and "m1" in text.split("Who blocked whom", 1)[1]
