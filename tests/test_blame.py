@@ -194,6 +194,7 @@ def test_fleet_view_gives_the_share_avoidable_elsewhere() -> None:
     assert a["fleet_share"] == pytest.approx(0.88)
     assert job.as_dict()["avoidable_wait"]["elsewhere_share"] == pytest.approx(0.88)
     assert any("88% of 0.1 s consumer_wait" in line for line in fleet_lines([job]))
+    assert job.section is not None and "88% of consumer_wait avoidable in the fleet" in job.section.subtitle
 
 
 # -- the demo: blockers against the stamps the spans carry ---------------------------------------

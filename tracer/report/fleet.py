@@ -263,15 +263,18 @@ class FleetCollector:
             "ended_s": round((last.end_ns - t0) / 1e9, 3),
         }
         lanes = [Handled(r.worker, r.instance, r.pull_ns, r.start_ns, r.end_ns) for r in recs]
+        avoidable = fleet_blame(recs, n, workers)
         section = FleetSection(
             f"job {job}", f"{len(recs)} messages, completed in {(last.end_ns - t0) / 1e9:.2f} s; "
-            f"{waits['fleet_idle_while_held_s']:.1f} idle worker-s while another instance held unstarted messages",
+            f"{waits['fleet_idle_while_held_s']:.1f} idle worker-s while another instance held unstarted messages; "
+            f"{avoidable['fleet_share']:.0%} of consumer_wait avoidable in the fleet "
+            f"({avoidable['elsewhere_share']:.0%} while another instance had a free worker)",
             list(self.instances), workers, lanes, waits["max_held"], by_worker=True)
         return FleetJob(job, len(recs), (last.end_ns - t0) / 1e9, [
             FleetInstance(self.instances[i], count[i], busy[i], busy[i] / total if total else 0.0, workers[i],
                           inferred[i], waits["max_held"][i], waits["caused_s"][i])
             for i in range(n)], waits["fleet_idle_while_held_s"], waits["inprocess_idle_while_held_s"],
-            critical, section, fleet_blame(recs, n, workers))
+            critical, section, avoidable)
 
 
 def fleet_blame(recs: Sequence[_Rec], instances: int, workers: Sequence[int]) -> dict[str, float]:
