@@ -29,7 +29,7 @@ def _replay(runs: list[Run], workers: int, grace: int, bound: list[bool]) -> lis
             if bound[k]:
                 tracker.bound(r.message_id, r.worker, t)
         elif kind == 2:
-            verdicts[k] = tracker.started(r.message_id, r.worker, t)
+            verdicts[k] = tracker.started(r.message_id, r.worker, t, ref=("span", k))
         else:
             tracker.ended(r.message_id, r.worker, t)
     s = tracker.statistics()
@@ -51,6 +51,8 @@ def test_live_verdicts_equal_the_offline_blame(case: tuple[list[Run], int, int],
         assert round(v.wait_s * 1e9) == round(m.wait_s * 1e9)
         # invariant: a bound message names the offline blocker; an unbound one (aggressive) none
         assert v.blocker == (m.blocker_id if b else None)
+        # invariant: the blocker's ref is the one passed with the blocker's own start (for the span link)
+        assert v.blocker_ref == (("span", int(str(v.blocker)[1:])) if v.blocker is not None else None)
 
 
 class TrackerMachine(RuleBasedStateMachine):
@@ -122,7 +124,7 @@ class TrackerMachine(RuleBasedStateMachine):
             assert (v.reason == NO_WAIT) == (v.wait_s <= 2e-9)
             if v.blocker is not None:
                 # the blocker ran on the worker the message was bound to, before it started
-                assert bound >= 0 and self.ran_on[v.blocker] == bound and v.avoidable_s > 0
+                assert bound >= 0 and self.ran_on[str(v.blocker)] == bound and v.avoidable_s > 0
 
 
 TestTrackerMachine = TrackerMachine.TestCase
@@ -142,7 +144,7 @@ def test_a_clock_that_steps_back_is_counted_not_believed() -> None:
 
 def test_unknown_messages_and_bad_workers() -> None:
     t = BlameTracker(2)
-    assert t.started("never-arrived", 0, 5) == Verdict(NO_WAIT, 0.0, 0.0, None)
+    assert t.started("never-arrived", 0, 5) == Verdict(NO_WAIT, 0.0, 0.0, None, None)
     t.ended("someone-else", 0, 6)
     assert t.statistics().unknown == 2
     with pytest.raises(ValueError, match="worker 2"):

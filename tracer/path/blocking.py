@@ -28,7 +28,7 @@ import heapq
 import math
 import threading
 from dataclasses import dataclass
-from typing import NamedTuple
+from typing import Hashable, NamedTuple
 
 __all__ = ["CAPACITY", "GRACE_NS", "HEAD_OF_LINE", "NO_WAIT", "BlameStatistics", "BlameTracker", "Verdict"]
 
@@ -46,7 +46,8 @@ class Verdict(NamedTuple):
     reason: str  # HEAD_OF_LINE, CAPACITY or NO_WAIT
     wait_s: float
     avoidable_s: float
-    blocker: str | None  # the message id that ran on its worker while it waited avoidably
+    blocker: Hashable | None  # the delivery that ran on its worker while it waited avoidably
+    blocker_ref: object = None  # what the caller passed with the blocker's start (its handler span context)
 
 
 @dataclass(frozen=True, slots=True)
@@ -62,11 +63,12 @@ class BlameStatistics:
 
 
 class _Run:
-    __slots__ = ("message", "a_start", "a_end")
+    __slots__ = ("message", "a_start", "a_end", "ref")
 
-    def __init__(self, message: str, a_start: float) -> None:
+    def __init__(self, message: Hashable, a_start: float, ref: object) -> None:
         self.message = message
         self.a_start = a_start
+        self.ref = ref
         self.a_end: float | None = None  # None while it runs
 
 
@@ -97,19 +99,20 @@ class BlameTracker:
         self._lock = threading.Lock()
         self._t: int | None = None  # the latest stamp seen
         self._a = 0.0  # A(_t), in ns
-        self._running: list[str | None] = [None] * workers
+        self._running: list[Hashable | None] = [None] * workers
         self._free_from: list[float] = [-math.inf] * workers  # available from (end + grace) when idle
         self._idle_since: list[tuple[float, int]] = [(-math.inf, w) for w in range(workers)]  # heap, lazy
         self._log: list[list[_Run]] = [[] for _ in range(workers)]
         self._log_base = [0] * workers  # runs trimmed off the front of each log
-        self._waiting: dict[str, _Waiting] = {}
-        self._marks: list[tuple[int, str]] = []  # (pull + grace, message): A to be taken there
-        self._started = self._hol = self._cap = self._ooo = self._unknown = 0
+        self._waiting: dict[Hashable, _Waiting] = {}
+        self._marks: list[tuple[int, int, Hashable]] = []  # (pull + grace, arrival no., delivery): A taken there
+        self._started = self._hol = self._cap = self._ooo = self._unknown = self._arrivals = 0
         self._wait_ns = self._avoid_ns = 0.0
 
     # -- events ----------------------------------------------------------------------------------
-    def arrived(self, message: str, ns: int) -> None:
-        """The message entered the consumer (client pull)."""
+    def arrived(self, message: Hashable, ns: int) -> None:
+        """The message entered the consumer (client pull). ``message``: any key unique per delivery
+        (a redelivered message id is a new delivery: pass e.g. ``(message_id, attempt)``)."""
         with self._lock:
             ns = self._advance(ns)
             w = _Waiting(ns)
@@ -117,9 +120,10 @@ class BlameTracker:
             if self.grace_ns == 0:
                 w.a_mark = self._a
             else:
-                heapq.heappush(self._marks, (ns + self.grace_ns, message))
+                self._arrivals += 1
+                heapq.heappush(self._marks, (ns + self.grace_ns, self._arrivals, message))
 
-    def bound(self, message: str, worker: int, ns: int) -> None:
+    def bound(self, message: Hashable, worker: int, ns: int) -> None:
         """The message was put in ``worker``'s own buffer: only that worker can run it now."""
         with self._lock:
             self._check(worker)
@@ -133,8 +137,10 @@ class BlameTracker:
             log = self._log[worker]
             w.first_run = self._log_base[worker] + len(log) - (1 if self._running[worker] is not None else 0)
 
-    def started(self, message: str, worker: int, ns: int) -> Verdict:
-        """A handler started: the message's verdict (what its wait span carries)."""
+    def started(self, message: Hashable, worker: int, ns: int, ref: object = None) -> Verdict:
+        """A handler started: the message's verdict (what its wait span carries). ``ref`` is handed
+        back as ``blocker_ref`` to the messages this run holds up (the handler span's context, for
+        the link from the victim's wait span)."""
         with self._lock:
             self._check(worker)
             ns = self._advance(ns)
@@ -147,12 +153,12 @@ class BlameTracker:
             if self._running[worker] is not None:
                 self._unknown += 1  # a second start on a busy worker: take the new one as running
             self._running[worker] = message
-            self._log[worker].append(_Run(message, self._a))
+            self._log[worker].append(_Run(message, self._a, ref))
             self._started += 1
             self._trim(worker)
             return verdict
 
-    def ended(self, message: str, worker: int, ns: int) -> None:
+    def ended(self, message: Hashable, worker: int, ns: int) -> None:
         with self._lock:
             self._check(worker)
             ns = self._advance(ns)
@@ -164,7 +170,7 @@ class BlameTracker:
             self._free_from[worker] = ns + self.grace_ns
             heapq.heappush(self._idle_since, (ns + self.grace_ns, worker))
 
-    def forget(self, message: str) -> None:
+    def forget(self, message: Hashable) -> None:
         """The message left without running (given back, expired): it is no longer waiting."""
         with self._lock:
             self._waiting.pop(message, None)
@@ -202,7 +208,7 @@ class BlameTracker:
         since = self._available_from()
         t = self._t
         while self._marks and self._marks[0][0] <= ns:
-            at, message = heapq.heappop(self._marks)
+            at, _n, message = heapq.heappop(self._marks)
             at = max(at, t)
             self._a += self._grow(t, at, since)
             t = at
@@ -220,7 +226,7 @@ class BlameTracker:
             self._wait_ns += wait
             return Verdict(NO_WAIT, wait / 1e9, 0.0, None)
         avoid = self._a - w.a_mark
-        blocker: str | None = None
+        blocker: _Run | None = None
         if avoid > 0 and w.worker is not None:
             best = 0.0
             log, base = self._log[w.worker], self._log_base[w.worker]
@@ -228,13 +234,15 @@ class BlameTracker:
                 end = self._a if run.a_end is None else run.a_end
                 part = min(self._a, end) - max(w.a_mark, run.a_start)
                 if part > best:
-                    best, blocker = part, run.message
+                    best, blocker = part, run
         reason = HEAD_OF_LINE if avoid > 0 and 2 * avoid >= blameable else CAPACITY
         self._hol += reason == HEAD_OF_LINE
         self._cap += reason == CAPACITY
         self._wait_ns += wait
         self._avoid_ns += avoid
-        return Verdict(reason, wait / 1e9, avoid / 1e9, blocker)
+        if blocker is None:
+            return Verdict(reason, wait / 1e9, avoid / 1e9, None)
+        return Verdict(reason, wait / 1e9, avoid / 1e9, blocker.message, blocker.ref)
 
     def _trim(self, worker: int) -> None:
         """Drop runs no bound waiting message can still be held up by (keeps the log short)."""
