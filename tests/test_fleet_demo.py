@@ -26,6 +26,10 @@ def test_prefetching_consumers_hoard_and_demand_driven_ones_share() -> None:
     assert dd.fleet_idle_while_held_s < prefetch.fleet_idle_while_held_s
     # prefetch: one consumer's cache held far more than its workers
     assert max(prefetch.max_held) > 2 * 2
+    # blame across the fleet: prefetch waited while another consumer had a free worker; demand-driven hardly
+    assert prefetch.avoidable["consumer_wait_s"] > 0
+    assert prefetch.avoidable["avoidable_elsewhere_s"] > dd.avoidable["avoidable_elsewhere_s"]
+    assert prefetch.as_dict()["avoidable_wait"]["fleet_share"] == pytest.approx(prefetch.avoidable["fleet_share"], abs=1e-6)
     # the occupancy series of every consumer reached the registry, per group
     workers = reg.get_sample_value("rmqtrace_consumer_workers", {"consumer_group": "demo-fleet-prefetch"})
     assert workers == 0  # closed trackers stop counting; their totals stay
