@@ -207,3 +207,29 @@ def test_ctrl_c_in_the_demo_says_the_spans_file_is_partial(tmp_path, monkeypatch
     err = capsys.readouterr().err.strip()
     assert len(err.splitlines()) == 1 and "interrupted" in err and str(tmp_path / "spans.jsonl") in err, err
     assert "partial" in err
+
+
+def test_a_real_ctrl_c_mid_run_ends_at_once_and_says_so(tmp_path) -> None:
+    """SIGINT as a terminal sends it, while messages are being handled: exit 130 promptly, one line."""
+    import os
+    import signal
+    import time
+
+    spans = tmp_path / "spans.jsonl"
+    proc = subprocess.Popen([sys.executable, "-m", "tracer", "demo", "--groups", "300", "--out", str(tmp_path)],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            env={k: v for k, v in os.environ.items() if not k.startswith(("OTEL_", "RMQTRACE_"))},
+                            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))  # a shell's & ignores it
+    try:
+        deadline = time.monotonic() + 60
+        while not (spans.exists() and spans.stat().st_size > 0) and time.monotonic() < deadline:
+            time.sleep(0.1)  # real-time: the run has started handling messages
+        assert proc.poll() is None, proc.communicate()
+        proc.send_signal(signal.SIGINT)
+        _out, err = proc.communicate(timeout=20)
+    finally:
+        proc.kill()
+    assert proc.returncode == 130, err[-2000:]
+    lines = err.strip().splitlines()
+    assert "Traceback" not in err and "interrupted" in lines[-1] and str(spans) in lines[-1], err[-2000:]
+    assert not (tmp_path / "summary.json").exists()
