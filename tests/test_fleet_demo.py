@@ -55,6 +55,8 @@ def test_the_demo_command_runs_a_fleet(tmp_path: Path) -> None:
     assert [c["consumer"] for c in summary[0]["per_consumer"]] == ["consumer-0", "consumer-1", "consumer-2"]
     # the path as given, like the single-consumer demo (not a file:// URL)
     assert "report: open out/fleet.html" in out.stderr and (tmp_path / "out" / "fleet.json").is_file()
+    bullets = out.stderr.split("• ", 1)[1].split("report: open")[0].splitlines()[1:]
+    assert all(w.startswith(("  • ", "    ")) for w in bullets), bullets  # wrapped lines stay indented (a pipe)
     tmp_path = tmp_path / "out"
     page = (tmp_path / "fleet.html").read_text()
     # one lane group per consumer instance in each mode, a bar per handled message

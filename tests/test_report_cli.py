@@ -206,3 +206,11 @@ def test_some_garbage_lines_are_counted_and_the_rest_reported(spans_file: Path, 
     code, out, err = run(capsys, str(mixed), "--top", "0")
     assert code == 0 and "Job view" in out
     assert "warning: 2 of " in err and "lines could not be parsed as spans" in err, err
+
+
+def test_where_the_time_went_bullets_stay_indented_when_piped(spans_file: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """The report's lines, like the demo's (tests/test_cli.py): wrapped lines start under the text."""
+    code, out, _ = run(capsys, str(spans_file), "--top", "0")
+    assert code == 0
+    head = out.split("Job view")[0].splitlines()[1:]
+    assert head and head[0].startswith("  • ") and all(w.startswith(("  • ", "    ")) for w in head), head

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import os
-from typing import Any
+from typing import Any, Sequence
 
 from ..path.stages import GAPS, HEADLINE_GAP
 from .model import PRODUCED_LATE, SPLIT_PARTS, GroupStats, Report, format_seconds, group_line, notes
@@ -13,6 +13,19 @@ STAGE_STYLE = {PRODUCED_LATE: "grey50", "send": "grey62", "broker_wait": "sky_bl
 
 
 seconds = format_seconds
+
+
+def hanging(console: Any, label: str, lines: Sequence[str]) -> None:
+    """``label`` then each line, wrapped lines indented under their text: a grid, so the indent holds
+    when piped too (rich wraps a plain print at column 0)."""
+    from rich.table import Table
+
+    grid = Table.grid(padding=(0, 1))
+    grid.add_column(no_wrap=True)
+    grid.add_column()
+    for line in lines:
+        grid.add_row(label, line)
+    console.print(grid)
 
 
 def _split_bar(split: dict[str, float], width: int = 40) -> Any:
@@ -154,8 +167,7 @@ def slowest_table(g: GroupStats, width: int = 120) -> Any:
 def render(report: Report, console: Any, *, top: int = 10) -> None:
     console.print(f"[bold]rmqtrace report[/] — {report.source}: {report.messages} messages in "
                   f"{len(report.groups)} consumer group(s), {report.spans} spans", soft_wrap=True)
-    for g in report.groups:
-        console.print(f"  • {group_line(g)}")
+    hanging(console, "  •", [group_line(g) for g in report.groups])
     console.print(job_table(report))
     for line in critical_lines(report):
         console.print(line)
@@ -172,4 +184,4 @@ def render(report: Report, console: Any, *, top: int = 10) -> None:
     console.print(f"[dim]stages:[/] {legend}")
 
 
-__all__ = ["blame_table", "job_table", "render", "seconds", "slowest_table", "stage_table"]
+__all__ = ["blame_table", "hanging", "job_table", "render", "seconds", "slowest_table", "stage_table"]

@@ -230,33 +230,22 @@ def next_step(runs: Sequence[PolicyRun]) -> str:
             f"({numbers}); {fix}; {more}.")
 
 
-def _hanging(console: Any, label: str, lines: Sequence[str]) -> None:
-    """``label`` then each line, wrapped lines indented under their text (a grid, so also when piped)."""
-    from rich.table import Table
-
-    grid = Table.grid(padding=(0, 1))
-    grid.add_column(no_wrap=True)
-    grid.add_column()
-    for line in lines:
-        grid.add_row(label, line)
-    console.print(grid)
-
-
 def print_results(console: Any, runs: Sequence[PolicyRun]) -> None:
+    from ..report.terminal import hanging
     from .demo import blame_line, keep_line, where_time_went
 
     console.print(policy_table(runs))
-    _hanging(console, " ", [POLICY_TABLE_KEY])
+    hanging(console, " ", [POLICY_TABLE_KEY])
     console.print(gap_table(runs))
     console.print("[bold]Where the time went[/]")
-    _hanging(console, "  •", [where_time_went(r) for r in runs])
+    hanging(console, "  •", [where_time_went(r) for r in runs])
     blamed = [line for line in (blame_line(r) for r in runs) if line]
     if blamed:
-        _hanging(console, "  •", blamed)
+        hanging(console, "  •", blamed)
     kept = [line for line in (keep_line(r) for r in runs) if line]
     if kept:
         console.print("[bold]Traces kept[/]")
-        _hanging(console, "  •", kept)
+        hanging(console, "  •", kept)
 
 
 def cmd_demo(args: argparse.Namespace) -> int:
@@ -295,7 +284,8 @@ def cmd_demo(args: argparse.Namespace) -> int:
     if report:
         console.print(f"report: open {report}")
     console.print(f"summary: {out / 'summary.json'}")
-    _hanging(console, "[bold]Next:[/]", [next_step(runs)])
+    from ..report.terminal import hanging
+    hanging(console, "[bold]Next:[/]", [next_step(runs)])
     if args.json:
         print(json.dumps([r.as_dict() for r in runs]))
     return 0

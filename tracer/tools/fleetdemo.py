@@ -287,11 +287,13 @@ def cli_fleet_demo(args: Any, settings: Any, registry: CollectorRegistry, consol
         if p is not None:
             p.force_flush()
     console.print(fleet_table(runs))
-    for r in runs:
-        console.print(f"  • {r.mode}: job {r.makespan_s:.2f} s = {r.makespan_s / r.greedy_s:.2f}x the fleet's greedy "
-                      f"schedule; {r.fleet_idle_while_held_s:.1f} idle worker-s while another consumer held work; "
-                      f"{r.avoidable.get('fleet_share', 0.0):.0%} of consumer_wait avoidable in the fleet "
-                      f"({r.avoidable.get('elsewhere_share', 0.0):.0%} while another consumer had a free worker)")
+    from ..report.terminal import hanging
+
+    hanging(console, "  •", [f"{r.mode}: job {r.makespan_s:.2f} s = {r.makespan_s / r.greedy_s:.2f}x the fleet's greedy "
+                             f"schedule; {r.fleet_idle_while_held_s:.1f} idle worker-s while another consumer held work; "
+                             f"{r.avoidable.get('fleet_share', 0.0):.0%} of consumer_wait avoidable in the fleet "
+                             f"({r.avoidable.get('elsewhere_share', 0.0):.0%} while another consumer had a free worker)"
+                             for r in runs])
     out = Path(args.out) / "fleet.json"
     write_fleet_json(runs, out)
     page = write_fleet_html(runs, Path(args.out) / "fleet.html")
