@@ -30,7 +30,7 @@ def _offline(runs: list[Run], workers: int, grace: int) -> tuple[list[int], dict
     for k, r in enumerate(runs):
         cells = [t for t in range(r.wait_start_ns + grace, r.start_ns) if _some_free(runs, workers, t, grace)]
         avoid.append(len(cells))
-        parts = {j: sum(1 for t in cells if o.start_ns <= t < o.end_ns)
+        parts = {j: sum(1 for t in cells if o.start_ns <= t < o.end_ns and t >= (r.bound_ns or 0))
                  for j, o in enumerate(runs) if j != k and o.worker == r.worker}
         parts = {j: n for j, n in parts.items() if n}
         for j, n in parts.items():
@@ -52,7 +52,8 @@ def schedules(draw: st.DrawFn) -> tuple[list[Run], int, int]:
             t += draw(st.integers(0, 4))  # idle before it
             dur = draw(st.integers(1, 8))
             wait = draw(st.integers(0, 15))
-            runs.append(Run(f"m{len(runs)}", f"k{len(runs)}", w, t - wait, t, t + dur))
+            bound = draw(st.one_of(st.none(), st.integers(t - wait, t)))  # put in the worker's buffer then
+            runs.append(Run(f"m{len(runs)}", f"k{len(runs)}", w, t - wait, t, t + dur, bound))
             t += dur
     return runs, workers, draw(st.integers(0, 3))
 

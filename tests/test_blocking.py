@@ -15,10 +15,12 @@ from tracer.report.blame import Run, blame
 
 
 def _replay(runs: list[Run], workers: int, grace: int, bound: list[bool]) -> list[Verdict]:
-    """Feed the schedule's events in time order: ends, then arrivals (and binds), then starts."""
+    """Feed the schedule's events in time order: ends, then arrivals, binds, starts."""
     events: list[tuple[int, int, int]] = []
     for k, r in enumerate(runs):
-        events += [(r.wait_start_ns, 1, k), (r.start_ns, 2, k), (r.end_ns, 0, k)]
+        events += [(r.wait_start_ns, 1, k), (r.start_ns, 3, k), (r.end_ns, 0, k)]
+        if bound[k]:
+            events.append((r.wait_start_ns if r.bound_ns is None else r.bound_ns, 2, k))
     events.sort()
     tracker = BlameTracker(workers, grace_ns=grace)
     verdicts: dict[int, Verdict] = {}
@@ -26,9 +28,9 @@ def _replay(runs: list[Run], workers: int, grace: int, bound: list[bool]) -> lis
         r = runs[k]
         if kind == 1:
             tracker.arrived(r.message_id, t)
-            if bound[k]:
-                tracker.bound(r.message_id, r.worker, t)
         elif kind == 2:
+            tracker.bound(r.message_id, r.worker, t)
+        elif kind == 3:
             verdicts[k] = tracker.started(r.message_id, r.worker, t, ref=("span", k))
         else:
             tracker.ended(r.message_id, r.worker, t)

@@ -13,7 +13,7 @@ The definitions are the report's: a worker is *available* from ``grace`` after i
 *avoidable* is the blameable wait during which some worker of the consumer was available;
 ``head_of_line`` when that is at least half of the blameable wait, ``capacity`` when less, ``none``
 for a wait no longer than the grace; the *blocker* is the message that ran on the bound worker
-during the largest part of the avoidable wait (a message never bound has none).
+during the largest part of the avoidable wait after it was bound (a message never bound has none).
 
 How it stays cheap: one running integral ``A(t)`` = time up to ``t`` during which some worker was
 available. A message's avoidable wait is ``A(start) − A(pull + grace)``; a run's part of it is
@@ -73,13 +73,14 @@ class _Run:
 
 
 class _Waiting:
-    __slots__ = ("pull_ns", "a_mark", "worker", "first_run")
+    __slots__ = ("pull_ns", "a_mark", "worker", "first_run", "a_bound")
 
     def __init__(self, pull_ns: int) -> None:
         self.pull_ns = pull_ns
         self.a_mark: float | None = None  # A(pull + grace), once time got there
         self.worker: int | None = None
         self.first_run = 0  # index into that worker's run log: the run current when it was bound
+        self.a_bound = 0.0  # A(when it was bound): runs are credited from then on only
 
 
 class BlameTracker:
@@ -133,6 +134,7 @@ class BlameTracker:
                 self._unknown += 1
                 return
             w.worker = worker
+            w.a_bound = self._a
             # the run going on now (if any) is the first that can hold it up
             log = self._log[worker]
             w.first_run = self._log_base[worker] + len(log) - (1 if self._running[worker] is not None else 0)
@@ -232,7 +234,7 @@ class BlameTracker:
             log, base = self._log[w.worker], self._log_base[w.worker]
             for run in log[max(0, w.first_run - base):]:
                 end = self._a if run.a_end is None else run.a_end
-                part = min(self._a, end) - max(w.a_mark, run.a_start)
+                part = min(self._a, end) - max(w.a_mark, run.a_start, w.a_bound)
                 if part > best:
                     best, blocker = part, run
         reason = HEAD_OF_LINE if avoid > 0 and 2 * avoid >= blameable else CAPACITY

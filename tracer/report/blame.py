@@ -22,7 +22,9 @@ Definitions (also in ``docs/report.md``):
   spent while every worker was busy (the price of the worker count, not of the policy), ``none``
   when it waited no longer than the grace.
 * **blocker**: for a message with avoidable wait, when the worker ids are real (not inferred), the
-  message that ran on its worker during the largest part of its avoidable wait. The ranking credits every
+  message that ran on its worker during the largest part of its avoidable wait *after it was bound
+  to that worker* (dispatch enqueue: from then on only that worker could run it; before, in a
+  client cache or the loop's backlog, it waited where any worker could take it). The ranking credits every
   such run with that overlap: ``held_up_s`` is the avoidable wait it caused, ``victims`` how many
   messages it caused some of.
 * the live counterpart, fed by a dispatcher as messages start: :class:`tracer.path.blocking.BlameTracker`
@@ -62,6 +64,9 @@ class Run(NamedTuple):
     wait_start_ns: int  # client pull
     start_ns: int  # handler start
     end_ns: int  # handler end
+    # when it was put in its worker's own buffer (dispatch enqueue); before that it waited where any
+    # worker could take it, so nobody's run held it up. None: from wait_start_ns on.
+    bound_ns: int | None = None
 
 
 class IntervalSet:
@@ -239,7 +244,7 @@ def blame(runs: Sequence[Run], workers: int, *, grace_ns: int = GRACE_NS, blocke
                     break
                 if j == k:
                     continue
-                lo, hi = max(a, o.start_ns), min(b, o.end_ns)
+                lo, hi = max(a, o.start_ns, r.bound_ns or 0), min(b, o.end_ns)
                 part = (hi - lo) - busy.covered(lo, hi) if hi > lo else 0
                 if part > 0:
                     credit[j] = credit.get(j, 0.0) + part / 1e9

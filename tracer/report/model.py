@@ -687,8 +687,9 @@ def group_blame(records: Sequence[MessageRecord], workers: int, workers_source: 
             continue
         start = r.t(Stage.HANDLER_START)
         waited = next((ns for ns in (r.t(Stage.CLIENT_PULL), r.t(Stage.DISPATCH_ENQUEUE)) if ns != MISSING), start)
+        enqueued = r.t(Stage.DISPATCH_ENQUEUE)  # put in a worker's buffer (or the shared queue) then
         runs.append(Run(r.message_id, r.keys or r.message_id, r.worker, min(waited, start), start,
-                        r.t(Stage.HANDLER_END)))
+                        r.t(Stage.HANDLER_END), enqueued if enqueued != MISSING else None))
     if not runs:
         return None
     ids = len({r.worker for r in runs})

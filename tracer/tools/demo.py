@@ -125,7 +125,7 @@ def run_policy(policy: str, job: Sequence[JobItem], opts: DemoOptions, *,
                 mid = trace.info.message_id or ""
                 runs.append(Run(mid, ",".join(trace.info.keys) or mid, trace.worker,
                                 min(t[Stage.CLIENT_PULL] or t[Stage.HANDLER_START], t[Stage.HANDLER_START]),
-                                t[Stage.HANDLER_START], t[Stage.HANDLER_END]))
+                                t[Stage.HANDLER_START], t[Stage.HANDLER_END], t[Stage.DISPATCH_ENQUEUE] or None))
             if len(finished) >= len(job):
                 done.set()
         on_message()
