@@ -124,7 +124,7 @@ def test_shutdown_drains_the_running_message_then_the_listener_is_not_called(bac
     c = _consumer(backend, listener, shutdown_timeout=30)
     c.startup()
     backend.send("slow")
-    wait_until(lambda: listener.calls, timeout=30, what="the slow message started")
+    wait_until(lambda: bool(listener.calls), timeout=30, what="the slow message started")
     stopping = threading.Thread(target=c.shutdown)
     stopping.start()
     time.sleep(0.3)  # real-time: shutdown must wait for the running handler, not return now
@@ -173,6 +173,7 @@ def test_lifecycle_is_start_once_stop_once() -> None:
     ({"consumer_group": ""}, ValueError),
     ({"consumption_thread_count": 0}, ValueError),
     ({"shutdown_timeout": -1}, ValueError),
+    ({"startup_timeout": 0}, ValueError),
 ])
 def test_bad_arguments_are_loud(kwargs: dict[str, Any], error: type[Exception]) -> None:
     args: dict[str, Any] = {"client_configuration": EmbeddedBroker(), "consumer_group": "g",
@@ -214,3 +215,33 @@ def test_traced_by_the_instrumentor_once_per_message(backend: Backend, spans: An
     assert sorted(x.attributes["messaging.message.id"] for x in process) == ids
     assert registry.get_sample_value("rmqtrace_messages_total", {
         "topic": backend.topic, "consumer_group": backend.group, "outcome": "success"}) == 3
+
+
+def test_a_proxy_that_never_answers_fails_startup_loudly_and_it_can_be_retried() -> None:
+    # the 5.1.2 client's startup() returns at once against a dead port; without the proxy's
+    # settings every receive would fail for ever, so startup says so instead
+    cfg = rmq.ClientConfiguration("127.0.0.1:1", rmq.Credentials())
+    c = DemandPushConsumer(cfg, "g", Listener(), {"t": rmq.FilterExpression()}, startup_timeout=0.5)
+    with pytest.raises(ConnectionError, match="no settings from the RocketMQ proxy within 0.5 s"):
+        c.startup()
+    assert not c.running
+    with pytest.raises(ConnectionError):
+        c.startup()  # still "created": a second try is allowed, and fails the same way
+
+
+def test_a_hung_listener_gives_its_message_back_after_handler_timeout() -> None:
+    b = _embedded()
+    gate = threading.Event()
+    listener = Listener(answers={("hangs", 1): lambda: gate.wait(20) and rmq.ConsumeResult.SUCCESS})
+    c = _consumer(b, listener, handler_timeout=0.3)
+    c.startup()
+    try:
+        b.send("hangs")
+        # invariant: the hung first delivery is given back, the second (on the other worker) acked
+        wait_until(lambda: c.statistics().acked >= 1, timeout=30, what="the redelivered message acked")
+    finally:
+        gate.set()
+        c.shutdown()
+    assert [(body, attempt) for body, _m, attempt in listener.calls] == [("hangs", 1), ("hangs", 2)]
+    s = c.statistics()
+    assert s.failed == 1 and s.acked == 1

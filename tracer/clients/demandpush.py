@@ -71,7 +71,7 @@ class DemandPushConsumer:
                  tls_enable: bool = False, *, tracer: MessageTracer | None = None,
                  invisible_duration: float = 60.0, handler_timeout: float | None = None,
                  retry_backoff: Callable[[int], float] = exponential_backoff,
-                 shutdown_timeout: float = 30.0) -> None:
+                 startup_timeout: float = 15.0, shutdown_timeout: float = 30.0) -> None:
         if not callable(getattr(message_listener, "consume", None)):
             raise TypeError(f"message_listener must have a consume(message) method, got {message_listener!r}")
         if not subscription:
@@ -80,8 +80,10 @@ class DemandPushConsumer:
             raise ValueError("consumer_group must not be empty")
         if consumption_thread_count < 1:
             raise ValueError(f"consumption_thread_count must be >= 1, got {consumption_thread_count}")
-        if shutdown_timeout < 0:
-            raise ValueError(f"shutdown_timeout must be >= 0 seconds, got {shutdown_timeout}")
+        if shutdown_timeout < 0 or not startup_timeout > 0:
+            raise ValueError(f"startup_timeout must be > 0 and shutdown_timeout >= 0 seconds, got "
+                             f"{startup_timeout} and {shutdown_timeout}")
+        self.startup_timeout = startup_timeout
         self.consumer_group = consumer_group
         self.message_listener = message_listener
         self.subscription = dict(subscription)
@@ -105,6 +107,8 @@ class DemandPushConsumer:
 
         Raises:
             RuntimeError: started before, or shut down.
+            ConnectionError: the proxy sent no settings within ``startup_timeout`` (unreachable, or
+                not a RocketMQ proxy); the client is shut down and ``startup()`` may be called again.
         """
         with self._lock:
             if self._state != "created":
@@ -112,13 +116,19 @@ class DemandPushConsumer:
             consumer = self._simple_consumer()
             consumer.startup()
             try:
-                settled = getattr(consumer, "_init_settings_event", None)  # 5.1.2: startup() does not wait
-                if settled is not None:
-                    settled.wait(15)
+                # 5.1.2: startup() returns before the proxy's settings, and without them every receive
+                # fails ("settings is null"); against a dead endpoint it returns at once and never gets them
+                settled = getattr(consumer, "_init_settings_event", None)
+                if settled is not None and not settled.wait(self.startup_timeout):
+                    raise ConnectionError(f"no settings from the RocketMQ proxy within {self.startup_timeout:g} s "
+                                          f"(consumer group {self.consumer_group!r}): is it reachable?")
                 loop = ConsumeLoop(consumer, self._handle, tracer=self.tracer, policy="aggressive",
                                    workers=self.workers, key=_message_group, prefetch=0, **self._loop_options)
             except BaseException:
-                consumer.shutdown()
+                try:
+                    consumer.shutdown()
+                except Exception as exc:  # noqa: BLE001 - the startup error is the one to raise
+                    log.debug("rmqtrace: shutting down a client that failed to start", exc_info=exc)
                 raise
             self.consumer, self.loop = consumer, loop
             self._runner = threading.Thread(target=self._run, name=f"demand-push-{self.consumer_group}", daemon=True)
