@@ -199,7 +199,7 @@ def test_fleet_view_gives_the_share_avoidable_elsewhere() -> None:
 
 
 # -- the demo: blockers against the stamps the spans carry ---------------------------------------
-def test_demo_blockers_really_ran_in_front_of_their_victims(tmp_path) -> None:  # type: ignore[no-untyped-def]
+def test_demo_blockers_really_ran_in_front_of_their_victims(tmp_path, capsys) -> None:  # type: ignore[no-untyped-def]
     import json
 
     from tracer.report.sources import read_jsonl
@@ -227,6 +227,11 @@ def test_demo_blockers_really_ran_in_front_of_their_victims(tmp_path) -> None:  
         assert [x["message_id"] for x in summary[policy]["top_blockers"]] == [x.message_id for x in b.top]
     rr = report.group("demo-round_robin").blame
     assert rr is not None and rr.avoidable_share > 0.2 and rr.top
+    # one sentence: the demo's blame line per policy is the report's per consumer group
+    demo_out = " ".join(capsys.readouterr().err.split())  # with --json the lines go to stderr
+    for g in report.groups:
+        assert g.blame is not None
+        assert g.blame.line(g.group.removeprefix("demo-")) in demo_out
 
 
 def test_terminal_and_html_show_who_blocked_whom() -> None:
@@ -242,3 +247,4 @@ def test_terminal_and_html_show_who_blocked_whom() -> None:
     render(report, console, top=0)  # --top 0 hides the slowest table, not the blockers
     text = console.export_text()
     assert "Who blocked whom" in text and "m1" in text.split("Who blocked whom", 1)[1]
+    assert "g-rr: 80% of consumer_wait was avoidable" in " ".join(text.split())

@@ -168,6 +168,8 @@ def render(report: Report, console: Any, *, top: int = 10) -> None:
     console.print(f"[bold]rmqtrace report[/] — {report.source}: {report.messages} messages in "
                   f"{len(report.groups)} consumer group(s), {report.spans} spans", soft_wrap=True)
     hanging(console, "  •", [group_line(g) for g in report.groups])
+    # who blocked whom in one sentence per group: the demo prints the same one
+    hanging(console, "  •", [g.blame.line(g.group) for g in report.groups if g.blame is not None])
     console.print(job_table(report))
     for line in critical_lines(report):
         console.print(line)
