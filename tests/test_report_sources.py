@@ -352,21 +352,23 @@ def test_fleet_collector_reads_otlp_once_per_trace_and_span() -> None:
                  kv("rmqtrace.stamp.handler_end_ns", pull + 9), kv("rmqtrace.worker", 1), kv("rmqtrace.job.id", "J"),
                  kv("messaging.operation.type", "process")]
         process = Span(trace_id=tid.to_bytes(16, "big"), span_id=(tid * 2).to_bytes(8, "big"), name="process t",
-                       attributes=attrs)
-        child = Span(trace_id=tid.to_bytes(16, "big"), span_id=(tid * 2 + 1).to_bytes(8, "big"), name="handler")
+                       attributes=attrs, start_time_unix_nano=pull)
+        child = Span(trace_id=tid.to_bytes(16, "big"), span_id=(tid * 2 + 1).to_bytes(8, "big"), name="handler",
+                     start_time_unix_nano=pull - 7)
         resource = Resource(attributes=[kv("service.name", "svc"), kv("service.instance.id", instance)])
         return TracesData(resource_spans=[ResourceSpans(resource=resource, scope_spans=[
             ScopeSpans(spans=[process, child, process])])])  # the process span twice: exported twice
 
     c = FleetCollector()
     seen: set[bytes] = set()
-    page: set[bytes] = set()
+    page: dict[bytes, int] = {}
     c.add_otlp_trace(trace(1, "b", T0), seen, page)
     c.add_otlp_trace(trace(2, "a", T0 + 100), seen, page)
-    seen |= page
-    page2: set[bytes] = set()
+    assert page == {(1).to_bytes(16, "big"): T0 - 7, (2).to_bytes(16, "big"): T0 + 93}  # earliest span start
+    seen.update(page)
+    page2: dict[bytes, int] = {}
     c.add_otlp_trace(trace(1, "b", T0), seen, page2)  # read again in a later page: skipped
-    assert page2 == {(1).to_bytes(16, "big")} and c.traces == 2 and c.spans == 6  # counted in its page, not read
+    assert list(page2) == [(1).to_bytes(16, "big")] and c.traces == 2 and c.spans == 6  # counted in its page, not read
     (job,) = c.job_views()
     assert job.messages == 2 and [i.name for i in job.instances] == ["a", "b"]  # by name, not by arrival
     assert job.critical["instance"] == "a" and {i.workers for i in job.instances} == {1}

@@ -36,6 +36,7 @@ from typing import Any, Callable, Iterable, Iterator, NamedTuple, Sequence
 
 from ..path import names
 from ..path.stages import Stage
+from .sources import any_value
 
 __all__ = ["FleetCollector", "FleetInstance", "FleetJob", "FleetSection", "Handled", "cli_fleet", "fleet_lines",
            "fleet_page", "read_jaeger_fleet", "sweep_waits"]
@@ -170,23 +171,25 @@ class FleetCollector:
                     tags = {t.get("key"): t.get("value") for t in span.get("tags") or ()}
                     self.add(_instance_of(processes.get(str(span.get("processID"))) or {}), tags)
 
-    def add_otlp_trace(self, traces_data: Any, seen: set[bytes], page: set[bytes]) -> None:
+    def add_otlp_trace(self, traces_data: Any, seen: set[bytes], page: dict[bytes, int]) -> None:
         """One ``TracesData`` of api_v3 ``FindTraces`` (read raw, without Jaeger's adjusters): all
-        its trace ids go into ``page``; spans of traces in ``seen`` (read in an earlier page) are
-        skipped, and so is a process span whose id this trace already had (a span exported twice,
-        which Jaeger's de-duplicating adjuster would have dropped)."""
-        from .sources import any_value
-
+        its trace ids go into ``page``, each with its earliest span start; spans of traces in
+        ``seen`` (read in an earlier page) are skipped, and so is a process span whose id this
+        trace already had (a span exported twice, which Jaeger's de-duplicating adjuster drops)."""
         prefix = names.PROCESS + " "
         for rs in traces_data.resource_spans:
             instance: str | None = None
             for ss in rs.scope_spans:
                 for span in ss.spans:
                     tid = span.trace_id
-                    if tid not in page:
-                        page.add(tid)  # every trace of the answer: a full page must look full
+                    start = span.start_time_unix_nano
+                    first = page.get(tid)
+                    if first is None:  # every trace of the answer: a full page must look full
+                        page[tid] = start
                         if tid not in seen:
                             self.traces += 1
+                    elif start < first:
+                        page[tid] = start
                     if tid in seen:
                         continue
                     self.spans += 1
@@ -384,14 +387,16 @@ def _read_fleet(base_url: str, service: str, *, start_s: float | None, end_s: fl
 def _read_v3(collector: FleetCollector, target: str, service: str, start_ns: int, end_ns: int, depth: int,
              timeout: float) -> None:
     """Windows of at most ``depth`` traces, streamed into ``collector``. A full page is kept (its
-    traces are complete) and its window read again in halves, where those traces are skipped."""
+    traces are complete) and its window read again in two parts, where those traces are skipped:
+    split at the median start of the page's traces, not at the window's middle, since a job's
+    traces crowd a few seconds of an hour's window (a midpoint split re-read all 10⁵ six times)."""
     from .sources import SearchDepthTooLarge, find_traces_v3
 
     seen: set[bytes] = set()
     windows = [(start_ns, end_ns)]
     while windows:
         a, b = windows.pop()
-        page: set[bytes] = set()
+        page: dict[bytes, int] = {}
         try:
             for traces_data in find_traces_v3(target, service, a, b, depth=depth, timeout=timeout, raw=True):
                 collector.add_otlp_trace(traces_data, seen, page)
@@ -402,9 +407,12 @@ def _read_v3(collector: FleetCollector, target: str, service: str, start_ns: int
             windows.append((a, b))
             continue
         collector.pages += 1
-        seen |= page
+        seen.update(page)
         if len(page) >= depth and b - a > 1:
-            mid = (a + b) // 2
+            starts = sorted(page.values())
+            mid = starts[len(starts) // 2]
+            if not a < mid < b:
+                mid = (a + b) // 2
             windows += [(mid, b), (a, mid)]
 
 

@@ -1,15 +1,16 @@
 """Reading traces at fleet scale: ``report`` over a span file, ``report --fleet`` over a real Jaeger.
 
 Per size N (default 10⁴ and 10⁵ messages) the bench writes one long job of N messages through
-the real :class:`~tracer.telemetry.tracer.MessageTracer` (a set clock: N messages over 3
-instances × 4 workers, each instance its own ``service.instance.id``; a ``send`` span and the
+the real :class:`~tracer.telemetry.tracer.MessageTracer` (N messages produced as fast as the
+tracer writes them, handled on a set clock by 3 instances × 4 workers, each instance its own
+``service.instance.id``; a ``send`` span and the
 consumer's ``process`` span with its four stage spans per message, as the tracer writes them) into
 a JSON-lines file and, over OTLP HTTP, into Jaeger under a service name of its own, waits until
 Jaeger holds all N traces, then times, each in a fresh child process:
 
-- ``file``: what ``rmqtrace report FILE --json`` does (read the file, build the report, JSON);
-- ``jaeger``: what ``rmqtrace report --jaeger URL --fleet --json`` does, on the default read path
-  (api_v3 gRPC, streamed OTLP protobuf);
+- ``file``: ``rmqtrace report FILE --json`` itself (read the file, build the report, JSON);
+- ``jaeger``: what ``rmqtrace report --jaeger URL --fleet --json`` does (read, views, JSON) on its
+  default read path (api_v3 gRPC, streamed OTLP protobuf), over the job's own time window;
 - ``jaeger_http`` (the baseline, sizes up to ``--http-max``): the same over ``/api/traces``, the
   path ``report --fleet`` used before.
 
@@ -26,6 +27,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import io
 import json
 import os
 import platform
@@ -82,23 +84,25 @@ class _Collect:
         return True
 
 
-def _schedule(n: int, seed: int, t0_ns: int) -> list[tuple[int, int, int, int, int, int]]:
-    """(instance, worker, produce, pull, handler start, handler end) per message: a long-tailed
-    job handed out round-robin, each instance's free workers taking their messages in order."""
-    rng = random.Random(seed)
-    free = [[t0_ns] * WORKERS for _ in range(INSTANCES)]
-    out = []
-    for i in range(n):
-        inst = i % INSTANCES
-        produce = t0_ns + i * 50_000  # one message every 50 µs
-        pull = produce + rng.randint(200_000, 2_000_000)
-        w = min(range(WORKERS), key=free[inst].__getitem__)
-        start = max(pull + 20_000, free[inst][w])
-        ms = rng.choice((1, 1, 1, 2, 2, 3, 5, 8, 40))
-        end = start + ms * 1_000_000 + rng.randint(0, 999_999)
-        free[inst][w] = end
-        out.append((inst, w, produce, pull, start, end))
-    return out
+class _Schedule:
+    """A long-tailed job handed out round-robin over the instances, each instance's first free
+    worker taking the next message: (instance, worker, pull, handler start, handler end)."""
+
+    def __init__(self, seed: int) -> None:
+        self.rng = random.Random(seed)
+        self.free = [[0] * WORKERS for _ in range(INSTANCES)]
+        self.i = 0
+
+    def next(self, produce_ns: int) -> tuple[int, int, int, int, int]:
+        rng, inst = self.rng, self.i % INSTANCES
+        self.i += 1
+        pull = produce_ns + rng.randint(200_000, 2_000_000)
+        free = self.free[inst]
+        w = min(range(WORKERS), key=free.__getitem__)
+        start = max(pull + 20_000, free[w])
+        end = start + rng.choice((1, 1, 1, 2, 2, 3, 5, 8, 40)) * 1_000_000 + rng.randint(0, 999_999)
+        free[w] = end
+        return inst, w, pull, start, end
 
 
 def load_job(n: int, *, otlp: str | None, directory: Path, seed: int = 7, batch: int = 500) -> LoadedJob:
@@ -137,7 +141,10 @@ def load_job(n: int, *, otlp: str | None, directory: Path, seed: int = 7, batch:
     producer = MessageTracer(tracer_provider=provider("bench-producer"), clock=clock)
     consumers = [MessageTracer(consumer_group="bench-report", tracer_provider=provider(f"bench-{k}"), clock=clock)
                  for k in range(INSTANCES)]
-    schedule = _schedule(n, seed, time.time_ns() - (n * 50_000 + 120_000_000_000))  # ends ~2 min ago at most
+    # Produce times are the wall clock's: the SDK starts the send span on it, and a trace whose
+    # spans lay far apart would match many windows of the fleet reader's split search.
+    schedule = _Schedule(seed)
+    first_ns, last_ns = time.time_ns(), 0
 
     def flush() -> None:
         if not collect.spans:
@@ -149,10 +156,12 @@ def load_job(n: int, *, otlp: str | None, directory: Path, seed: int = 7, batch:
                 raise RuntimeError(f"OTLP export to {otlp} failed")
         collect.spans.clear()
 
-    for i, (inst, worker, produce, pull, start, end) in enumerate(schedule):
+    for i in range(n):
         props: dict[str, str] = {}
         key = f"bench-{i:06d}"
-        clock.t = produce
+        produce = clock.t = time.time_ns()
+        inst, worker, pull, start, end = schedule.next(produce)
+        last_ns = max(last_ns, end)
         producer.start_send("bench-report", props.__setitem__, keys=[key], job_id="job-1").end(f"ID-{key}")
         info = MessageInfo(topic="bench-report", message_id=f"ID-{key}", keys=(key,), properties=props,
                            store_ms=(produce + 100_000) // 1_000_000, delivery_attempt=1)
@@ -168,9 +177,7 @@ def load_job(n: int, *, otlp: str | None, directory: Path, seed: int = 7, batch:
             flush()
     flush()
     file_out.shutdown()
-    start_s = schedule[0][2] / 1e9 - 1.0
-    end_s = max(s[5] for s in schedule) / 1e9 + 1.0
-    return LoadedJob(n, spans_file, service, start_s, end_s)
+    return LoadedJob(n, spans_file, service, first_ns / 1e9 - 1.0, last_ns / 1e9 + 1.0)
 
 
 def wait_in_jaeger(job: LoadedJob, grpc_target: str, *, timeout: float = 300.0) -> int:
@@ -191,17 +198,23 @@ def wait_in_jaeger(job: LoadedJob, grpc_target: str, *, timeout: float = 300.0) 
 # -- the timed children ----------------------------------------------------------------------
 def _child_work(kind: str, params: dict[str, Any]) -> dict[str, Any]:
     """Runs in the child: import, note the resident set, do the work once, time it."""
+    from ...report import fleet, model, sources  # noqa: F401 - imported before the clock starts
     from ...report.fleet import read_jaeger_fleet
-    from ...report.model import build_report
-    from ...report.sources import read_jsonl_counted
+    from ..cli import build_parser
+    from ..cli import main as main_cli
+
+    build_parser()  # the commands' imports, before the clock starts
 
     base_kib = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
     t0 = time.perf_counter()
-    if kind == "file":
-        spans, _lines, _bad = read_jsonl_counted(params["path"])
-        report = build_report(spans, source=f"spans file {params['path']}")
-        text = json.dumps(report.as_dict(), default=str)
-        messages = report.messages
+    if kind == "file":  # the command itself, its JSON caught
+        out = io.StringIO()
+        with contextlib.redirect_stdout(out):
+            code = main_cli(["report", params["path"], "--json"])
+        if code != 0:
+            raise RuntimeError(f"rmqtrace report {params['path']} --json exited {code}")
+        text = out.getvalue()
+        messages = json.loads(text)["messages"]
         answer: Any = None
     else:
         collector = read_jaeger_fleet(params["jaeger"], params["service"], start_s=params["start_s"],
