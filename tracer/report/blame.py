@@ -22,9 +22,11 @@ Definitions (also in ``docs/report.md``):
   spent while every worker was busy (the price of the worker count, not of the policy), ``none``
   when it waited no longer than the grace.
 * **blocker**: for a message with avoidable wait, when the worker ids are real (not inferred), the
-  message that ran on its worker during the largest part of its avoidable wait *after it was bound
-  to that worker* (dispatch enqueue: from then on only that worker could run it; before, in a
-  client cache or the loop's backlog, it waited where any worker could take it). The ranking credits every
+  message whose run held up the largest part of its avoidable wait. In its worker's own buffer
+  (from dispatch enqueue on, only that worker could run it) that is the run on its worker. Before,
+  in the client's backlog (cache, receive buffer), which hands messages on in arrival order, it
+  waited behind the backlog's oldest message, itself waiting for room on *its* worker: the run
+  there held up the whole backlog. The ranking credits every
   such run with that overlap: ``held_up_s`` is the avoidable wait it caused, ``victims`` how many
   messages it caused some of.
 * the live counterpart, fed by a dispatcher as messages start: :class:`tracer.path.blocking.BlameTracker`
@@ -36,6 +38,7 @@ Definitions (also in ``docs/report.md``):
 from __future__ import annotations
 
 import bisect
+import heapq
 from dataclasses import dataclass
 from typing import Any, Iterable, NamedTuple, Sequence
 
@@ -199,6 +202,53 @@ class Blame:
                 "top_blockers": [b.as_dict() for b in self.top[:top]]}
 
 
+def _backlog_pieces(runs: Sequence[Run], on_worker: dict[int, list[int]]) -> list[tuple[int, int, int]]:
+    """Who held up the client's backlog, over time: ``(from, to, run)`` pieces, sorted, disjoint.
+
+    A backlog (the client cache, the loop's receive buffer) hands messages on in the order they
+    arrived, so while its oldest message waits for room in one worker's buffer every message behind
+    it waits too: the run going on in that worker then holds up the whole backlog.
+    """
+    events: list[tuple[int, int, int]] = []  # (time, 0 leave / 1 join, run)
+    for k, r in enumerate(runs):
+        if r.bound_ns is not None and r.bound_ns > r.wait_start_ns:
+            events += [(r.wait_start_ns, 1, k), (r.bound_ns, 0, k)]
+    if not events:
+        return []
+    events.sort()
+    # the backlog, oldest first; a batch arrives at one instant and is handed on in enqueue order
+    heap: list[tuple[int, int, str, int]] = []
+    gone: set[int] = set()
+    segments: list[tuple[int, int, int]] = []  # (from, to, head)
+    for i, (t, kind, k) in enumerate(events):
+        if kind:
+            r = runs[k]
+            heapq.heappush(heap, (r.wait_start_ns, r.bound_ns or 0, r.message_id, k))
+        else:
+            gone.add(k)
+        while heap and heap[0][3] in gone:
+            heapq.heappop(heap)
+        nxt = events[i + 1][0] if i + 1 < len(events) else t
+        if heap and nxt > t:
+            segments.append((t, nxt, heap[0][3]))
+    starts = {w: [runs[j].start_ns for j in ks] for w, ks in on_worker.items()}
+    pieces: list[tuple[int, int, int]] = []
+    for lo, hi, head in segments:
+        w = runs[head].worker
+        ks = on_worker.get(w, [])
+        for j in ks[max(0, bisect.bisect_right(starts.get(w, []), lo) - 1):]:
+            o = runs[j]
+            if o.start_ns >= hi:
+                break
+            a, b = max(lo, o.start_ns), min(hi, o.end_ns)
+            if b > a:
+                if pieces and pieces[-1][2] == j and pieces[-1][1] == a:
+                    pieces[-1] = (pieces[-1][0], b, j)  # the head changed, its worker's run did not
+                else:
+                    pieces.append((a, b, j))
+    return pieces
+
+
 def blame(runs: Sequence[Run], workers: int, *, grace_ns: int = GRACE_NS, blockers_known: bool = True,
           top: int = 10) -> Blame:
     """Blame every run of one consumer with ``workers`` workers.
@@ -225,7 +275,10 @@ def blame(runs: Sequence[Run], workers: int, *, grace_ns: int = GRACE_NS, blocke
             top_end = max(top_end, runs[k].end_ns)
             row.append(top_end)
         reach[w] = row
-    credit: dict[int, float] = {}
+    backlog = _backlog_pieces(runs, on_worker) if blockers_known else []
+    backlog_ends = [p[1] for p in backlog]
+    weight = [(hi - lo) - busy.covered(lo, hi) for lo, hi, _j in backlog]  # available time in each piece
+    credit: dict[int, int] = {}
     victims: dict[int, int] = {}
     out: list[MessageBlame] = []
     wait_total = avoidable_total = 0.0
@@ -236,21 +289,38 @@ def blame(runs: Sequence[Run], workers: int, *, grace_ns: int = GRACE_NS, blocke
         avoid = (b - a) - busy.covered(a, b) if b > a else 0
         blocker: int | None = None
         if avoid > 0 and blockers_known:
-            ks = on_worker[r.worker]
-            best = 0
-            for j in ks[bisect.bisect_right(reach[r.worker], a):]:
+            parts: dict[int, int] = {}
+            bound = max(a, r.bound_ns if r.bound_ns is not None else 0)
+            # waiting in its worker's own buffer: the runs there held it up
+            for j in on_worker[r.worker][bisect.bisect_right(reach[r.worker], bound):]:
                 o = runs[j]
                 if o.start_ns >= b:
                     break
-                if j == k:
-                    continue
-                lo, hi = max(a, o.start_ns, r.bound_ns or 0), min(b, o.end_ns)
-                part = (hi - lo) - busy.covered(lo, hi) if hi > lo else 0
+                lo, hi = max(bound, o.start_ns), min(b, o.end_ns)
+                if j != k and hi > lo:
+                    parts[j] = parts.get(j, 0) + (hi - lo) - busy.covered(lo, hi)
+            # waiting in the backlog before that: whatever held up the backlog's head
+            if bound > a:
+                i = bisect.bisect_right(backlog_ends, a)
+                while i < len(backlog):
+                    lo0, hi0, j = backlog[i]
+                    if lo0 >= bound:
+                        break
+                    if j != k:
+                        if a <= lo0 and hi0 <= bound:
+                            parts[j] = parts.get(j, 0) + weight[i]  # inside the window: precomputed
+                        else:
+                            lo, hi = max(a, lo0), min(bound, hi0)
+                            parts[j] = parts.get(j, 0) + (hi - lo) - busy.covered(lo, hi)
+                    i += 1
+            best: tuple[int, int, str] | None = None  # (-part, start, id): the largest part, then the earliest
+            for j, part in parts.items():
                 if part > 0:
-                    credit[j] = credit.get(j, 0.0) + part / 1e9
+                    credit[j] = credit.get(j, 0) + part  # integer ns: sums that do not depend on the order
                     victims[j] = victims.get(j, 0) + 1
-                    if part > best:
-                        best, blocker = part, j
+                    key = (-part, runs[j].start_ns, runs[j].message_id)
+                    if best is None or key < best:
+                        best, blocker = key, j
         reason = HEAD_OF_LINE if avoid > 0 and 2 * avoid >= b - a else CAPACITY if wait > grace_ns else NO_WAIT
         hol += reason == HEAD_OF_LINE
         cap += reason == CAPACITY
@@ -258,10 +328,10 @@ def blame(runs: Sequence[Run], workers: int, *, grace_ns: int = GRACE_NS, blocke
         avoidable_total += max(0, avoid) / 1e9
         out.append(MessageBlame(r.message_id, wait / 1e9, max(0, avoid) / 1e9, reason,
                                 runs[blocker].message_id if blocker is not None else None))
-    ranked = sorted(credit, key=lambda j: (-credit[j], runs[j].start_ns))[:max(0, top)]
+    ranked = sorted(credit, key=lambda j: (-credit[j], runs[j].start_ns, runs[j].message_id))[:max(0, top)]
     return Blame(workers, wait_total, avoidable_total, hol, cap, blockers_known, tuple(out), tuple(
         Blocker(runs[j].message_id, runs[j].label, runs[j].worker, (runs[j].end_ns - runs[j].start_ns) / 1e9,
-                victims[j], credit[j]) for j in ranked))
+                victims[j], credit[j] / 1e9) for j in ranked))
 
 
 def fleet_avoidable(instances: Sequence[Sequence[Run]], workers: Sequence[int], *,
