@@ -218,7 +218,7 @@ def test_demo_blockers_really_ran_in_front_of_their_victims(tmp_path, capsys) ->
     from tracer.tools.cli import main
 
     assert main(["demo", "--groups", "60", "--workers", "3", "--case-ms", "1", "--policies",
-                 "round_robin,aggressive", "--out", str(tmp_path), "--json"]) == 0
+                 "round_robin,random,aggressive,cost_aware", "--out", str(tmp_path), "--json"]) == 0
     report = build_report(read_jsonl(tmp_path / "spans.jsonl"))
     summary = {s["policy"]: s for s in json.loads((tmp_path / "summary.json").read_text())}
     for g in report.groups:
