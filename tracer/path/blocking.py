@@ -20,6 +20,27 @@ available. A message's avoidable wait is ``A(start) − A(pull + grace)``; a run
 ``min(A(start), A(run end)) − max(A(pull + grace), A(run start))`` (``A`` never decreases). Each
 event costs O(log n) plus, at a start, one step per run its worker made while the message waited
 (at most its place in that worker's buffer).
+
+**Not wired yet.** Where the calls belong (one tracker per dispatcher, ``workers`` = its pool):
+
+* ``arrived(key, client_pull_ns)`` — where the consumer takes ownership: ``ConsumeLoop._hold`` (the
+  ``pulled_ns`` it stamps), the push seam's cache announcement (``watch_push_cache``);
+* ``bound(key, worker, dispatch_enqueue_ns)`` — where a per-worker-buffer policy (round_robin,
+  random, a busy key's parking) puts the entry in worker ``r``'s own queue (the scheduler's admit
+  answering a worker); never for the aggressive shared queue;
+* ``started(key, worker, handler_start_ns, ref=handler_span_context)`` — ``Core.begin``; the
+  verdict goes on the trace, which writes ``rmqtrace.blame.reason``,
+  ``rmqtrace.blame.avoidable_wait`` (s) and ``rmqtrace.blame.blocker.message.id`` on its
+  ``consumer_wait`` gap spans and a span link to ``verdict.blocker_ref`` (names to be added to
+  :mod:`tracer.path.names` and docs/semconv.md), and adds ``verdict.avoidable_s`` to
+  ``rmqtrace_consumer_avoidable_wait_seconds_total{topic, consumer_group, policy}`` and its OTel
+  counter ``rmqtrace.consumer.avoidable_wait`` (unit ``s``);
+* ``ended(key, worker, handler_end_ns)`` — where the worker reports the outcome;
+* ``forget(key)`` — a message given back or expired without running.
+
+``key`` must be unique per delivery (``(message_id, delivery_attempt)``). The backlog rule of the
+offline view (a message still in the client's backlog is held up by whatever holds up the
+backlog's oldest message) needs one more event the loop has: which worker its feeder waits for.
 """
 
 from __future__ import annotations
