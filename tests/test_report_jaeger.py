@@ -8,7 +8,6 @@ Skips when Jaeger is not reachable, fails instead under ``RMQTRACE_REQUIRE_SERVI
 
 from __future__ import annotations
 
-import argparse
 import json
 import os
 import urllib.request
@@ -20,7 +19,7 @@ import pytest
 from conftest import unavailable
 from waiting import wait_until
 
-from tracer.report.fleet import FleetCollector, cli_fleet, read_jaeger_fleet
+from tracer.report.fleet import FleetCollector, read_jaeger_fleet
 from tracer.report.model import build_report, is_process_span, messages_from_spans
 from tracer.report.sources import read_jaeger, read_jsonl
 from tracer.tools.bench.report import LoadedJob
@@ -177,9 +176,10 @@ def test_fleet_api_v3_reads_what_the_http_json_reader_reads(jaeger: str, fleet_j
 
 def test_report_fleet_cli_takes_the_v3_path(jaeger: str, fleet_job: LoadedJob,
                                              capsys: pytest.CaptureFixture[str]) -> None:
-    args = argparse.Namespace(jaeger=jaeger, service=fleet_job.service, lookback="1h",
-                              timeout=30.0, job=None, json=True, html=None, jaeger_grpc=f"127.0.0.1:{GRPC}")
-    assert cli_fleet(args) == 0
+    from tracer.tools.cli import main
+
+    assert main(["report", "--jaeger", jaeger, "--service", fleet_job.service, "--fleet", "--json",
+                 "--jaeger-grpc", f"127.0.0.1:{GRPC}"]) == 0
     out = json.loads(capsys.readouterr().out)
     assert out["api"].startswith("api_v3 gRPC") and out["traces"] == FLEET_MESSAGES
     assert out["jobs"][0]["messages"] == FLEET_MESSAGES

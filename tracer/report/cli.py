@@ -74,6 +74,9 @@ def add_cli(subparsers: Any) -> argparse.ArgumentParser:
     src.add_argument("--lookback", default=None, help="how far back to search: 30m, 1h, 2d … (default 1h)")
     src.add_argument("--timeout", type=interval, default=None, metavar="SECONDS",
                      help="HTTP timeout in seconds, > 0 (default 30)")
+    src.add_argument("--jaeger-grpc", metavar="HOST:PORT",
+                     help="--fleet: Jaeger's api_v3 gRPC query service (default: the --jaeger host on 16685 when "
+                          "--jaeger is on 16686); without it --fleet reads the slower HTTP /api/traces")
     src.add_argument("--fleet", action="store_true",
                      help="the fleet view: every trace in --lookback, paged (bounded memory), per job across "
                           "instances (service.instance.id): completion, critical path, occupancy, who held the work")
