@@ -372,3 +372,22 @@ def test_fleet_collector_reads_otlp_once_per_trace_and_span() -> None:
     (job,) = c.job_views()
     assert job.messages == 2 and [i.name for i in job.instances] == ["a", "b"]  # by name, not by arrival
     assert job.critical["instance"] == "a" and {i.workers for i in job.instances} == {1}
+
+
+def test_paused_gc_restores_what_it_found() -> None:
+    import gc
+
+    from tracer.report.sources import paused_gc
+
+    assert gc.isenabled()
+    with pytest.raises(RuntimeError), paused_gc():
+        assert not gc.isenabled()
+        raise RuntimeError("a reader failing mid-way")
+    assert gc.isenabled()
+    gc.disable()
+    try:
+        with paused_gc():
+            pass
+        assert not gc.isenabled()  # the caller's choice stands
+    finally:
+        gc.enable()
