@@ -6,7 +6,7 @@ BIN := $(VENV)/bin
 PIP := $(BIN)/python -m pip
 export PIP_DISABLE_PIP_VERSION_CHECK := 1
 
-.PHONY: demo test test-unit bench lint services-up services-down stack stack-down clean help
+.PHONY: demo test test-unit bench lint dist services-up services-down stack stack-down clean help
 
 help:
 	@echo "make demo         the incident and its fix on the embedded broker (no Java, no Go)"
@@ -15,6 +15,7 @@ help:
 	@echo "make bench        the benchmarks behind BENCHMARKS.md"
 	@echo "make stack        RocketMQ + Jaeger + Prometheus on loopback for your own app (stack-down stops it)"
 	@echo "make lint         ruff + mypy --strict"
+	@echo "make dist         build dist/rmqtrace-VERSION.tar.gz and the wheel, twine check them"
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -73,5 +74,15 @@ lint: $(VENV)/.installed-test
 	$(BIN)/ruff check tracer tests
 	$(BIN)/mypy
 
+# build (isolated: a fresh setuptools from the build-system table) and twine come from the `dist` extra.
+$(VENV)/.installed-dist: pyproject.toml | $(BIN)/python
+	$(PIP) install -qq -e '.[dist]'
+	@touch $@ $(VENV)/.installed
+
+dist: $(VENV)/.installed-dist
+	rm -rf dist
+	$(BIN)/python -m build -q --outdir dist .
+	$(BIN)/twine check --strict dist/*
+
 clean:
-	rm -rf $(VENV) rmqtrace-out .pytest_cache .mypy_cache
+	rm -rf $(VENV) rmqtrace-out dist build .pytest_cache .mypy_cache

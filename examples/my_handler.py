@@ -49,7 +49,10 @@ def main() -> None:
     producer.shutdown()
 
     print(f"handled {stats.succeeded}, failed {stats.failed}, acked {stats.acked}")
-    for gap in ("consumer_wait", "handler", "end_to_end"):  # consumer_wait: waiting inside the consumer
+    # The parts add up: end_to_end = send + broker_wait + consumer_wait (waiting inside the consumer:
+    # client_buffer + dispatch_wait) + handler. Here broker_wait is large: every message was sent
+    # before the consumer started, so they waited in the broker (where any consumer can take them).
+    for gap in ("send", "broker_wait", "consumer_wait", "handler", "end_to_end"):
         labels = {"stage": gap, "topic": TOPIC, "consumer_group": GROUP}
         n = registry.get_sample_value("rmqtrace_stage_duration_seconds_count", labels) or 0
         total = registry.get_sample_value("rmqtrace_stage_duration_seconds_sum", labels) or 0.0

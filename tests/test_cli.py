@@ -1,6 +1,7 @@
 import json
 import subprocess
 import sys
+from pathlib import Path
 
 from tracer.tools.cli import build_parser, main
 
@@ -58,6 +59,8 @@ BAD_DEMO = [
     (["--metrics-port", "70000"], "--metrics-port"),
     (["--metrics-port", "http"], "--metrics-port"),
     (["--bogus"], "--bogus"),
+    (["--seed", "abc"], "--seed: expected a whole number, got 'abc'"),
+    (["--seed", "-1"], "--seed"),
 ]
 
 
@@ -146,3 +149,87 @@ def test_demo_rejects_a_malformed_environment_variable_in_one_line(tmp_path, mon
     monkeypatch.setenv("RMQTRACE_METRICS_PORT", "abc")
     line = _runtime_error(["demo", "--groups", "5", "--out", str(tmp_path / "out")], capsys)
     assert "RMQTRACE_METRICS_PORT" in line and not (tmp_path / "out").exists()
+
+
+def test_bench_without_a_benchmark_names_them(capsys: pytest.CaptureFixture[str]) -> None:
+    line = _one_error_line(["bench"], capsys)
+    assert line.startswith("rmqtrace bench: error: give a benchmark: overhead, dispatch") and "which" not in line, line
+
+
+def test_buffer_help_says_what_zero_means(capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit):
+        main(["demo", "--help"])
+    out = " ".join(capsys.readouterr().out.split())
+    assert "0: no slot, the next message blocks until its own worker is free" in out
+
+
+# -- the demo's output: one JSON document with --json; units, key, indented bullets, the next step -------
+DEMO_SMALL = ["demo", "--groups", "40", "--workers", "3", "--case-ms", "0.5", "--policies", "round_robin,aggressive"]
+
+
+def test_demo_json_is_exactly_one_document_on_stdout(tmp_path, capsys: pytest.CaptureFixture[str]) -> None:
+    assert main([*DEMO_SMALL, "--json", "--out", str(tmp_path)]) == 0
+    out, err = capsys.readouterr()
+    runs = json.loads(out)  # the whole of stdout, as `| jq` reads it
+    assert [r["policy"] for r in runs] == ["round_robin", "aggressive"]
+    assert "Job completion per policy" in err and "Where the time went" in err
+
+
+def test_demo_output_reads_well_when_piped(tmp_path, capsys: pytest.CaptureFixture[str]) -> None:
+    import re
+
+    assert main([*DEMO_SMALL, "--out", str(tmp_path)]) == 0
+    out = capsys.readouterr().out
+    lines = out.splitlines()
+    gaps = out.split("Stage gaps")[1].split("Where the time went")[0]
+    assert re.search(r"\d (µs|ms|s)\b", gaps) and not re.search(r"\b0\.\d{3}\b", gaps), gaps  # report's units
+    flat = " ".join(out.split())
+    assert "× LB = job time / LB" in flat and "busy = the workers' time in handlers" in flat
+    assert all(len(line) <= 80 for line in lines), max(lines, key=len)
+    # bullets keep their indentation: every wrapped line of "Where the time went" starts under the text
+    where = out.split("Where the time went")[1].split("spans:")[0].splitlines()[1:]
+    assert where and where[0].startswith("  • ") and all(w.startswith(("  • ", "    ")) for w in where), where
+    closing = " ".join(out.split("Next:")[1].split())
+    assert "round_robin" in closing and 'ConsumeLoop(consumer, handler, policy="aggressive")' in closing
+    assert "docs/dispatch.md" in closing and "tracer.clients.demandpush.DemandPushConsumer" in closing
+
+
+def test_ctrl_c_in_the_demo_says_the_spans_file_is_partial(tmp_path, monkeypatch: pytest.MonkeyPatch,
+                                                         capsys: pytest.CaptureFixture[str]) -> None:
+    from tracer.tools import cli
+
+    def interrupted(args, settings, registry, console):  # type: ignore[no-untyped-def]
+        Path(settings.spans_file).write_text("{}\n")
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(cli, "run_demo_job", interrupted)
+    assert main(["demo", "--groups", "5", "--out", str(tmp_path)]) == 130
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and "interrupted" in err and str(tmp_path / "spans.jsonl") in err, err
+    assert "partial" in err
+
+
+def test_a_real_ctrl_c_mid_run_ends_at_once_and_says_so(tmp_path) -> None:
+    """SIGINT as a terminal sends it, while messages are being handled: exit 130 promptly, one line."""
+    import os
+    import signal
+    import time
+
+    spans = tmp_path / "spans.jsonl"
+    proc = subprocess.Popen([sys.executable, "-m", "tracer", "demo", "--groups", "300", "--out", str(tmp_path)],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            env={k: v for k, v in os.environ.items() if not k.startswith(("OTEL_", "RMQTRACE_"))},
+                            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))  # a shell's & ignores it
+    try:
+        deadline = time.monotonic() + 60
+        while not (spans.exists() and spans.stat().st_size > 0) and time.monotonic() < deadline:
+            time.sleep(0.1)  # real-time: the run has started handling messages
+        assert proc.poll() is None, proc.communicate()
+        proc.send_signal(signal.SIGINT)
+        _out, err = proc.communicate(timeout=20)
+    finally:
+        proc.kill()
+    assert proc.returncode == 130, err[-2000:]
+    lines = err.strip().splitlines()
+    assert "Traceback" not in err and "interrupted" in lines[-1] and str(spans) in lines[-1], err[-2000:]
+    assert not (tmp_path / "summary.json").exists()

@@ -47,3 +47,14 @@ def test_demo_reads_the_cost_through_the_propagation_constant():
     from tracer.tools import demo
 
     assert '"rmqtrace_cost"' not in inspect.getsource(demo)
+
+
+def test_the_verdict_fits_the_numbers():
+    """A large wait share is the incident only when it made the job longer than its lower bound."""
+    from tracer.report.model import where_time_went_line
+
+    shares = {"consumer_wait": 0.65, "client_buffer": 0.02, "dispatch_wait": 0.63, "handler": 0.24, "broker_wait": 0.11}
+    near = where_time_went_line("cost_aware", shares, 1.03, 0.25)
+    assert "where no other consumer could take them" not in near and "within 3% of its lower bound" in near
+    far = where_time_went_line("round_robin", shares, 2.01, 0.5)
+    assert far.endswith("messages queued inside the consumer, where no other consumer could take them")

@@ -26,6 +26,10 @@ def test_prefetching_consumers_hoard_and_demand_driven_ones_share() -> None:
     assert dd.fleet_idle_while_held_s < prefetch.fleet_idle_while_held_s
     # prefetch: one consumer's cache held far more than its workers
     assert max(prefetch.max_held) > 2 * 2
+    # blame across the fleet: prefetch waited while another consumer had a free worker; demand-driven hardly
+    assert prefetch.avoidable["consumer_wait_s"] > 0
+    assert prefetch.avoidable["avoidable_elsewhere_s"] > dd.avoidable["avoidable_elsewhere_s"]
+    assert prefetch.as_dict()["avoidable_wait"]["fleet_share"] == pytest.approx(prefetch.avoidable["fleet_share"], abs=1e-6)
     # the occupancy series of every consumer reached the registry, per group
     workers = reg.get_sample_value("rmqtrace_consumer_workers", {"consumer_group": "demo-fleet-prefetch"})
     assert workers == 0  # closed trackers stop counting; their totals stay
@@ -41,14 +45,19 @@ def test_bad_counts_fail_loudly() -> None:
 
 def test_the_demo_command_runs_a_fleet(tmp_path: Path) -> None:
     out = subprocess.run([sys.executable, "-m", "tracer", "demo", "--consumers", "3", "--groups", "40",
-                          "--workers", "2", "--case-ms", "1", "--out", str(tmp_path), "--json"],
-                         capture_output=True, text=True, timeout=120,
-                         env={"PATH": "/usr/bin:/bin", "OTEL_TRACES_EXPORTER": "none"})
+                          "--workers", "2", "--case-ms", "1", "--out", "out", "--json"],
+                         capture_output=True, text=True, timeout=120, cwd=tmp_path,
+                         env={"PATH": "/usr/bin:/bin", "OTEL_TRACES_EXPORTER": "none",
+                              "PYTHONPATH": str(Path(__file__).resolve().parents[1])})
     assert out.returncode == 0, out.stderr[-2000:]
-    summary = json.loads(out.stdout.strip().splitlines()[-1])
+    summary = json.loads(out.stdout)  # stdout is the one JSON document; the tables went to stderr
     assert [m["mode"] for m in summary] == ["prefetch", "demand_driven"]
     assert [c["consumer"] for c in summary[0]["per_consumer"]] == ["consumer-0", "consumer-1", "consumer-2"]
-    assert "fleet.html" in out.stdout and (tmp_path / "fleet.json").is_file()
+    # the path as given, like the single-consumer demo (not a file:// URL)
+    assert "report: open out/fleet.html" in out.stderr and (tmp_path / "out" / "fleet.json").is_file()
+    bullets = out.stderr.split("• ", 1)[1].split("report: open")[0].splitlines()[1:]
+    assert all(w.startswith(("  • ", "    ")) for w in bullets), bullets  # wrapped lines stay indented (a pipe)
+    tmp_path = tmp_path / "out"
     page = (tmp_path / "fleet.html").read_text()
     # one lane group per consumer instance in each mode, a bar per handled message
     assert page.count("consumer-2</text>") == 2 and page.count("<rect ") >= 2 * 40

@@ -82,11 +82,17 @@ def test_the_copyable_handler_example_runs(tmp_path: Path) -> None:
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert "handled 40, failed 0, acked 40" in proc.stdout
     assert re.search(r"consumer_wait: 40 messages, mean [\d.]+ ms", proc.stdout), proc.stdout
+    means = {g: float(m) for g, m in re.findall(r"(\w+): 40 messages, mean ([\d.]+) ms", proc.stdout)}
+    parts = ("send", "broker_wait", "consumer_wait", "handler")
+    assert set(parts) < set(means), proc.stdout  # every part of end_to_end is printed ...
+    # ... and they add up, to the broker store time's 1 ms resolution (a negative send is reported as 0)
+    assert sum(means[p] for p in parts) == pytest.approx(means["end_to_end"], abs=1.0), means
 
 
 def test_the_readme_names_what_it_documents() -> None:
     text = README.read_text(encoding="utf-8")
-    for needle in ("pip install 'rmqtrace[rocketmq]'", "consumer.startup()", "tracer.testing", "examples/my_handler.py",
+    for needle in ("pip install -e '/path/to/rmqtrace[rocketmq]'", "make dist",
+                   "consumer.startup()", "tracer.testing", "examples/my_handler.py",
                    "consumer_wait", "rmqtrace_clock_skew_bound_seconds"):
         assert needle in text, needle
 
@@ -104,3 +110,30 @@ def test_the_readme_sample_output_agrees_with_itself() -> None:
                          r"the lower bound, workers busy (\d+)%", lines)
         if said:
             assert said.groups() == (wait, ratio, busy), policy
+
+
+def test_the_readme_leads_with_an_install_that_works_today() -> None:
+    """The package is not on PyPI: the first install the README shows is the clone's, and the PyPI
+    form is said to be future."""
+    text = README.read_text(encoding="utf-8")
+    first_sh = re.search(r"^```sh\n(.*?)^```", text, re.S | re.M)
+    assert first_sh and "make demo" in first_sh.group(1) and "not on PyPI yet" in text.split("```sh")[0]
+    using = text.split("## Using it")[1].split("```python")[0]
+    first_pip = re.search(r"^pip install (.*)$", using, re.M)
+    assert first_pip and "/path/to/rmqtrace" in first_pip.group(1), first_pip
+    assert "is not yet" in using
+
+
+def test_every_variable_the_code_reads_is_in_the_settings_table() -> None:
+    """Discovered from the source: every RMQTRACE_* / RMQ_* name in tracer/ (a name ending in _ is a
+    prefix, named as PREFIX*) has a row in the README's settings table."""
+    names = set()
+    for path in [*(REPO / "tracer").rglob("*.py"), REPO / "examples" / "_env.py"]:
+        names |= set(re.findall(r"[\"'](RMQ(?:TRACE)?_[A-Z_]+)[\"']", path.read_text(encoding="utf-8")))
+    settings = README.read_text(encoding="utf-8").split("### Settings")[1].split("\n### ")[0]
+    rows = set(re.findall(r"^\| `(RMQ[A-Z_]*\*?)`", settings, re.M))
+    missing = sorted(n for n in names if n not in rows and not any(r.endswith("*") and n.startswith(r[:-1]) for r in rows)
+                     and n.removesuffix("_") + "_*" not in rows)
+    missing = [n for n in missing if n not in ("RMQ_TOPIC", "RMQ_GROUP") or n not in settings]
+    assert not missing, f"read by the code, not in README's settings table: {missing}"
+    assert {"RMQTRACE_OUT", "RMQTRACE_CHROMIUM", "RMQ_ENDPOINT"} <= rows

@@ -153,3 +153,96 @@ def test_cli_png(browser: str, demo_report: Path, tmp_path: Path, capsys: pytest
     assert code == 0 and f"png: {tmp_path / 'one.png'}" in " ".join(out.split())
     width, height = png_size(tmp_path / "one.png")
     assert width == 1600 and height > 1500
+
+
+# -- what a reader sees at 1280 and 1920 px: unbroken tokens, a heatmap that spreads, fleet axes --------
+FIT_WIDTHS = (1280, 1920)
+# Appended to a scratch copy: a token broken over two lines has two client rects; one past its card is cut.
+TOKENS_PROBE = """<pre id="tokens-probe"></pre><script>
+window.addEventListener("load", () => {
+  const out = {wrapped: [], outside: [], tokens: 0, heatColumns: {}};
+  for (const e of document.querySelectorAll("#slowest .mono, #slowest .stage")) {
+    out.tokens++;
+    const card = e.closest(".card").getBoundingClientRect(), box = e.getBoundingClientRect();
+    if (e.getClientRects().length > 1) out.wrapped.push(e.textContent);
+    if (box.right > card.right + 0.5 || box.left < card.left - 0.5) out.outside.push(e.textContent);
+  }
+  for (const card of document.querySelectorAll("#heatmap .card")) {
+    const xs = new Set([...card.querySelectorAll("rect[data-count]")].map(r => r.getAttribute("x")));
+    out.heatColumns[card.dataset.group] = xs.size;
+  }
+  document.getElementById("tokens-probe").textContent = JSON.stringify(out);
+});
+</script>"""
+
+
+def _probe(browser: str, html: Path, script: str, marker: str, width: int, workdir: Path) -> dict[str, object]:
+    page = html.read_text(encoding="utf-8")
+    cut = page.rfind("</body>")
+    probe = workdir / f"{marker}-{width}.html"
+    probe.write_text((page[:cut] + script + page[cut:]) if cut >= 0 else page + script, encoding="utf-8")
+    dom = dump_dom(browser, probe.as_uri(), workdir / f"profile-{marker}-{width}", width=width)
+    m = re.search(rf'<pre id="{marker}">(.*?)</pre>', dom, re.S)
+    assert m and m.group(1).strip(), dom[-800:]
+    return dict(json.loads(m.group(1)))
+
+
+@pytest.mark.parametrize("width", FIT_WIDTHS)
+def test_slowest_messages_keep_ids_and_stage_names_whole(browser: str, demo_report3: Path, tmp_path: Path,
+                                                         width: int) -> None:
+    seen = _probe(browser, demo_report3, TOKENS_PROBE, "tokens-probe", width, tmp_path)
+    assert int(seen["tokens"]) >= 2 * 3 * 10  # type: ignore[call-overload]  # an id and a stage per row
+    assert seen["wrapped"] == [], seen["wrapped"]  # e.g. "client_buff" / "er", an id over two lines
+    assert seen["outside"] == [], seen["outside"]
+
+
+@pytest.mark.parametrize("width", FIT_WIDTHS)
+def test_the_round_robin_heatmap_spreads_over_the_run(browser: str, demo_report3: Path, tmp_path: Path,
+                                                      width: int) -> None:
+    columns = _probe(browser, demo_report3, TOKENS_PROBE, "tokens-probe", width, tmp_path)["heatColumns"]
+    assert isinstance(columns, dict)
+    # a prefetching consumer pulls every message at t=0: counted by pull time it was one column at x=0
+    assert columns["demo-round_robin"] >= 8, columns
+
+
+FLEET_PROBE = """<pre id="fleet-probe"></pre><script>
+window.addEventListener("load", () => {
+  const doc = document.documentElement;
+  const out = {clientWidth: doc.clientWidth, scrollWidth: doc.scrollWidth, svgs: [],
+               legend: (document.querySelector(".legend") || {}).textContent || ""};
+  for (const svg of document.querySelectorAll("svg")) {
+    const ticks = [...svg.querySelectorAll("g.axis text")].filter(t => /^[\\d.]+ s$/.test(t.textContent));
+    out.svgs.push({width: svg.getBoundingClientRect().width,
+                   ticks: ticks.map(t => t.textContent),
+                   tickHeights: ticks.map(t => t.getBoundingClientRect().height),
+                   heldScales: [...svg.querySelectorAll("g.held-scale")].map(g => g.querySelectorAll("text").length),
+                   instances: svg.querySelectorAll("g.held-scale").length});
+  }
+  document.getElementById("fleet-probe").textContent = JSON.stringify(out);
+});
+</script>"""
+
+
+@pytest.fixture(scope="module")
+def fleet_report(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """`rmqtrace demo --consumers 3` writes fleet.html: per mode, one lane group per consumer."""
+    out = tmp_path_factory.mktemp("fleet")
+    assert main(["demo", "--consumers", "3", "--groups", "60", "--workers", "2", "--case-ms", "1",
+                 "--out", str(out)]) == 0
+    return out / "fleet.html"
+
+
+@pytest.mark.parametrize("width", FIT_WIDTHS)
+def test_the_fleet_page_has_axes_a_legend_and_follows_the_window(browser: str, fleet_report: Path, tmp_path: Path,
+                                                                  width: int) -> None:
+    seen = _probe(browser, fleet_report, FLEET_PROBE, "fleet-probe", width, tmp_path)
+    assert int(seen["scrollWidth"]) <= int(seen["clientWidth"]), seen  # type: ignore[call-overload]
+    assert "held" in str(seen["legend"]) and "handler" in str(seen["legend"]), seen["legend"]
+    svgs = seen["svgs"]
+    assert isinstance(svgs, list) and len(svgs) == 2  # prefetch and demand_driven
+    room = int(seen["clientWidth"]) - 2 * 24  # type: ignore[call-overload]  # body margins
+    for svg in svgs:
+        assert svg["width"] >= 0.95 * room, (width, svg["width"], room)  # not a fixed ~850 px at 1920
+        assert len(svg["ticks"]) >= 4, svg["ticks"]  # labelled ticks, not only 0 and the end
+        assert min(svg["tickHeights"]) >= 11, svg["tickHeights"]  # readable, not ~9 px
+        assert svg["instances"] == 3 and svg["heldScales"] == [2, 2, 2], svg  # 0 and the peak per held line

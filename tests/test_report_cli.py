@@ -108,8 +108,49 @@ def test_errors_are_clear(tmp_path: Path, capsys: pytest.CaptureFixture[str], sp
     code, _, err = run(capsys, str(empty))
     assert code == 1 and "no consumer spans" in err
     monkeypatch.setenv("RMQTRACE_CHROMIUM", str(tmp_path / "no-such-browser"))
-    code, _, err = run(capsys, str(spans_file), "--png", str(tmp_path / "r.png"), "--html", str(tmp_path / "r.html"))
-    assert code == 1 and "needs Chromium" in err and (tmp_path / "r.html").exists()
+    code, out, err = run(capsys, str(spans_file), "--png", str(tmp_path / "r.png"), "--html", str(tmp_path / "r.html"))
+    assert code == 1 and "needs Chromium" in err and len(err.strip().splitlines()) == 1, err
+    assert out == "" and not (tmp_path / "r.html").exists()  # found out before the work, not after the tables
+
+
+# -- every bad argument or output: one line, exit 2 (1 for a failure of the run), checked before the work --
+# (argv with {spans} and {tmp}, exit status, words the line must hold)
+BAD_REPORT = [
+    (["{spans}", "--html", "{tmp}"], 2, "is a folder"),
+    (["{spans}", "--html", "{tmp}/a-file/r.html"], 2, "is not a folder"),
+    (["{spans}", "--png", "{tmp}"], 2, "is a folder"),
+    (["{spans}", "--png", "{tmp}/a-file/r.png"], 2, "is not a folder"),
+    (["--jaeger", "http://127.0.0.1:1", "--timeout", "-5"], 2, "--timeout"),
+    (["--jaeger", "http://127.0.0.1:1", "--timeout", "soon"], 2, "--timeout"),
+    (["--jaeger", "notaurl"], 2, "http(s) URL"),
+    (["--jaeger", "http://"], 2, "http(s) URL"),
+    (["{spans}", "--lookback", "2h"], 2, "--lookback only apply to --jaeger"),
+    (["{spans}", "--limit", "5", "--timeout", "3"], 2, "--limit, --timeout only apply to --jaeger"),
+    (["{spans}", "--top", "-1"], 2, "--top"),
+    (["{tmp}/missing.jsonl"], 1, "no spans file at"),
+    (["--jaeger", "http://127.0.0.1:1", "--timeout", "2"], 1, "127.0.0.1:1"),
+]
+
+
+@pytest.mark.parametrize(("argv", "status", "words"), BAD_REPORT, ids=[" ".join(a) for a, _, _ in BAD_REPORT])
+def test_each_bad_argument_is_one_line_before_the_work(argv: list[str], status: int, words: str, spans_file: Path,
+                                                       tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    (tmp_path / "a-file").write_text("")
+    argv = [a.format(spans=spans_file, tmp=tmp_path) for a in argv]
+    try:
+        code = main(["report", *argv])
+    except SystemExit as exc:  # argparse's own refusals (a type that does not parse)
+        code = int(exc.code or 0)
+    out, err = capsys.readouterr()
+    assert code == status, err
+    assert out == "", out  # nothing printed before the refusal
+    lines = err.strip().splitlines()
+    assert len(lines) == 1 and "Traceback" not in err and words in lines[0], err
+
+
+def test_html_and_png_make_missing_folders(spans_file: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    code, out, err = run(capsys, str(spans_file), "--html", str(tmp_path / "new" / "deeper" / "r.html"), "--top", "0")
+    assert code == 0 and (tmp_path / "new" / "deeper" / "r.html").exists(), err
 
 
 def test_default_spans_file_from_env(spans_file: Path, capsys: pytest.CaptureFixture[str],
@@ -165,3 +206,11 @@ def test_some_garbage_lines_are_counted_and_the_rest_reported(spans_file: Path, 
     code, out, err = run(capsys, str(mixed), "--top", "0")
     assert code == 0 and "Job view" in out
     assert "warning: 2 of " in err and "lines could not be parsed as spans" in err, err
+
+
+def test_where_the_time_went_bullets_stay_indented_when_piped(spans_file: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """The report's lines, like the demo's (tests/test_cli.py): wrapped lines start under the text."""
+    code, out, _ = run(capsys, str(spans_file), "--top", "0")
+    assert code == 0
+    head = out.split("Job view")[0].splitlines()[1:]
+    assert head and head[0].startswith("  • ") and all(w.startswith(("  • ", "    ")) for w in head), head

@@ -153,7 +153,7 @@ def test_a_fleet_demo_in_jaeger_reads_back_per_instance(tmp_path: Path, capsys: 
     assert proc.returncode == 0, proc.stderr[-2000:]
     deadline = time.monotonic() + 60
     while True:
-        c = read_jaeger_fleet(query, service, start_s=started - 5, end_s=time.time() + 5, page_limit=50)
+        c = read_jaeger_fleet(query, service, start_s=started - 5, end_s=time.time() + 5, page_limit=50, api="http")
         jobs = {j.job: j for j in c.job_views()}
         if sum(j.messages for j in jobs.values()) >= 120 or time.monotonic() > deadline:
             break

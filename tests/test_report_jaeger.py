@@ -13,13 +13,16 @@ import os
 import urllib.request
 import uuid
 from pathlib import Path
+from typing import Any
 
 import pytest
 from conftest import unavailable
 from waiting import wait_until
 
+from tracer.report.fleet import FleetCollector, read_jaeger_fleet
 from tracer.report.model import build_report, is_process_span, messages_from_spans
 from tracer.report.sources import read_jaeger, read_jsonl
+from tracer.tools.bench.report import LoadedJob
 
 pytestmark = pytest.mark.integration
 
@@ -132,3 +135,82 @@ def test_cli_reads_jaeger(jaeger: str, run: tuple[str, Path], capsys: pytest.Cap
         assert g["jobs"][0]["completion_s"] == fg.jobs[0].completion_s
         assert g["jobs"][0]["lower_bound_s"] == fg.jobs[0].lower_bound_s
     assert 'id="waterfall"' in html.read_text()
+
+
+# -- the fleet read paths, and `bench report`, on the real Jaeger --------------------------------
+GRPC = os.environ.get("JAEGER_QUERY_GRPC_PORT", "16685")
+FLEET_MESSAGES = 1000
+
+
+@pytest.fixture(scope="module")
+def fleet_job(jaeger: str, tmp_path_factory: pytest.TempPathFactory) -> LoadedJob:
+    """The bench's job of 10³ messages over 3 instances, through the real tracer into Jaeger."""
+    from tracer.tools.bench.report import load_job, wait_in_jaeger
+
+    job = load_job(FLEET_MESSAGES, otlp=OTLP, directory=tmp_path_factory.mktemp("fleet-read"))
+    wait_in_jaeger(job, f"127.0.0.1:{GRPC}", timeout=60)
+    return job
+
+
+def _fleet_views(jaeger: str, job: LoadedJob, **kw: Any) -> tuple[FleetCollector, list[dict[str, Any]]]:
+    c = read_jaeger_fleet(jaeger, job.service, start_s=job.start_s, end_s=job.end_s, grpc_target=f"127.0.0.1:{GRPC}",
+                          **kw)
+    return c, [j.as_dict() for j in c.job_views()]
+
+
+def test_fleet_api_v3_reads_what_the_http_json_reader_reads(jaeger: str, fleet_job: LoadedJob) -> None:
+    """The same traces through api_v3 (one page; and small pages that split the window) and through
+    /api/traces (the reader report --fleet used before): the same fleet answer, every message once."""
+    v3, views_v3 = _fleet_views(jaeger, fleet_job, api="v3")
+    split, views_split = _fleet_views(jaeger, fleet_job, api="v3", depth=64)
+    http, views_http = _fleet_views(jaeger, fleet_job, api="http", page_limit=100)
+    assert v3.api.startswith("api_v3") and http.api.startswith("HTTP JSON")
+    assert v3.pages == 1 and split.pages > FLEET_MESSAGES // 64
+    assert v3.traces == split.traces == http.traces == FLEET_MESSAGES
+    assert views_v3 == views_split == views_http
+    [job] = views_v3
+    assert job["messages"] == FLEET_MESSAGES
+    assert [i["name"] for i in job["instances"]] == ["bench-0", "bench-1", "bench-2"]
+    assert all(i["workers"] == 4 for i in job["instances"])
+
+
+def test_report_fleet_cli_takes_the_v3_path(jaeger: str, fleet_job: LoadedJob,
+                                             capsys: pytest.CaptureFixture[str]) -> None:
+    from tracer.tools.cli import main
+
+    assert main(["report", "--jaeger", jaeger, "--service", fleet_job.service, "--fleet", "--json",
+                 "--jaeger-grpc", f"127.0.0.1:{GRPC}"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    assert out["api"].startswith("api_v3 gRPC") and out["traces"] == FLEET_MESSAGES
+    assert out["jobs"][0]["messages"] == FLEET_MESSAGES
+
+
+def test_fleet_auto_falls_back_to_http_when_no_v3_answers(jaeger: str, fleet_job: LoadedJob) -> None:
+    import socket
+
+    with socket.socket() as s:  # nobody listens here
+        s.bind(("127.0.0.1", 0))
+        dead = f"127.0.0.1:{s.getsockname()[1]}"
+    from tracer.report.sources import SourceError
+
+    c = read_jaeger_fleet(jaeger, fleet_job.service, start_s=fleet_job.start_s,
+                          end_s=fleet_job.end_s, grpc_target=dead, timeout=5)
+    assert c.api.startswith("HTTP JSON") and c.traces == FLEET_MESSAGES
+    with pytest.raises(SourceError, match="cannot reach"):
+        read_jaeger_fleet(jaeger, fleet_job.service, start_s=fleet_job.start_s,
+                          end_s=fleet_job.end_s, grpc_target=dead, timeout=5, api="v3")
+
+
+def test_bench_report_small_gives_its_json_shape(jaeger: str, tmp_path: Path) -> None:
+    """`rmqtrace bench report` at 10³ messages: shape and correctness, not speed."""
+    from tracer.tools.bench.report import run_report_bench
+
+    r = run_report_bench((FLEET_MESSAGES,), jaeger=jaeger, otlp=OTLP, grpc_target=f"127.0.0.1:{GRPC}", runs=1,
+                         http_max=FLEET_MESSAGES, directory=tmp_path)
+    for key in ("messages_per_s", "seconds", "peak_mib"):
+        assert r["jaeger"][key] > 0 and r["file"][key] > 0, key
+    assert r["jaeger"]["messages"] == r["file"]["messages"] == FLEET_MESSAGES
+    size = r["sizes"][str(FLEET_MESSAGES)]
+    assert size["fleet_answers_identical"] is True and size["jaeger_http"]["messages"] == FLEET_MESSAGES
+    assert r["largest_messages"] == FLEET_MESSAGES and len(r["loadavg"]["before"]) == 3
+    json.dumps(r)  # one JSON document

@@ -129,13 +129,13 @@ def test_heatmap_bucket_counts() -> None:
     hm = heatmap(records, "dispatch_wait", T0, 1.0, 4, edges)
     assert hm.bucket_s == 0.25 and hm.total == 7
     exact = {(j, i): c for j, row in enumerate(hm.counts) for i, c in enumerate(row) if c}
-    assert exact == {
+    assert exact == {  # x is when the wait ended (the handler started), not when it began
         (0, 0): 1,  # 0.05 ms wait, enqueued at 0 ms
-        (2, 0): 2,  # 1.5 ms and 1.0 ms waits, enqueued at 10 and 20 ms
-        (4, 1): 1,  # 150 ms wait, enqueued at 300 ms
-        (4, 2): 1,  # 900 ms wait, enqueued at 600 ms
-        (0, 3): 1,  # no wait, enqueued at 999 ms
-        (3, 3): 1,  # 3 ms wait, enqueued at 1500 ms: past the axis, counted in the last bucket
+        (2, 0): 2,  # 1.5 ms and 1.0 ms waits, ended at 11.5 and 21 ms
+        (4, 1): 1,  # 150 ms wait, ended at 450 ms
+        (4, 3): 1,  # 900 ms wait, enqueued at 600 ms, ended at 1500 ms: past the axis, in the last bucket
+        (0, 3): 1,  # no wait, at 999 ms
+        (3, 3): 1,  # 3 ms wait, ended at 1503 ms: the last bucket
     }
 
 
@@ -155,7 +155,8 @@ def test_report_carries_heatmaps_and_occupancy_on_the_shared_axis() -> None:
     assert list(g.heatmaps) == ["consumer_wait"]  # the headline gap: client_buffer + dispatch_wait
     hm = g.heatmaps["consumer_wait"]
     assert hm.bucket_s == approx(1.103 / 4) and hm.total == 3
-    assert hm.counts[2][0] == 2 and hm.counts[10][0] == 1  # 1 ms (×2) and 991 ms, all enqueued by 12 ms
+    # 1 ms (×2), ended by 12 ms; 991 ms, ended at 1003 ms (x is when the wait ended)
+    assert hm.counts[2][0] == 2 and hm.counts[10][3] == 1
     assert g.occupancy is not None and g.occupancy.workers == 2
     assert sum(m * g.occupancy.bucket_s for m in g.occupancy.mean_busy) == approx(1.3)  # = total handler time
 

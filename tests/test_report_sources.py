@@ -261,3 +261,133 @@ def test_a_parent_jaeger_folded_into_follows_from_is_still_the_parent() -> None:
     assert jaeger_span(folded, {}).parent_span_id == "0000000000001234"
     foreign = dict(folded, references=[{"refType": "FOLLOWS_FROM", "traceID": "ab" * 16, "spanID": "1234"}])
     assert jaeger_span(foreign, {}).parent_span_id is None
+
+
+# -- Jaeger api_v3 (gRPC, OTLP) ------------------------------------------------------------------
+def _v3_classes() -> tuple[Any, Any]:
+    """TraceQueryParameters and FindTracesRequest built from jaeger-idl's api_v3 field numbers and
+    types, independently of the hand encoder under test."""
+    from google.protobuf import descriptor_pb2, descriptor_pool, message_factory, timestamp_pb2
+
+    f = descriptor_pb2.FileDescriptorProto(name="rmqtrace_test_api_v3.proto", package="rmqtrace_test.api_v3",
+                                           syntax="proto3", dependency=["google/protobuf/timestamp.proto"])
+    T = descriptor_pb2.FieldDescriptorProto
+    q = f.message_type.add(name="TraceQueryParameters")
+    for number, name, kind, type_name in ((1, "service_name", T.TYPE_STRING, ""), (2, "operation_name", T.TYPE_STRING, ""),
+                                          (4, "start_time_min", T.TYPE_MESSAGE, ".google.protobuf.Timestamp"),
+                                          (5, "start_time_max", T.TYPE_MESSAGE, ".google.protobuf.Timestamp"),
+                                          (8, "search_depth", T.TYPE_INT32, ""), (9, "raw_traces", T.TYPE_BOOL, "")):
+        q.field.add(name=name, number=number, type=kind, label=T.LABEL_OPTIONAL, type_name=type_name or None)
+    r = f.message_type.add(name="FindTracesRequest")
+    r.field.add(name="query", number=1, type=T.TYPE_MESSAGE, label=T.LABEL_OPTIONAL,
+                type_name=".rmqtrace_test.api_v3.TraceQueryParameters")
+    pool = descriptor_pool.DescriptorPool()
+    pool.Add(descriptor_pb2.FileDescriptorProto.FromString(
+        timestamp_pb2.DESCRIPTOR.serialized_pb))  # type: ignore[attr-defined]
+    pool.Add(f)
+    return (message_factory.GetMessageClass(pool.FindMessageTypeByName("rmqtrace_test.api_v3.TraceQueryParameters")),
+            message_factory.GetMessageClass(pool.FindMessageTypeByName("rmqtrace_test.api_v3.FindTracesRequest")))
+
+
+@pytest.mark.parametrize("raw", [False, True])
+def test_find_traces_request_means_what_jaeger_reads(raw: bool) -> None:
+    from tracer.report.sources import find_traces_request
+
+    _, request_class = _v3_classes()
+    start, end = 1_795_978_749_000_000_001, 1_795_978_800_123_456_789
+    req = request_class.FromString(find_traces_request("rmqtrace-ü", start, end, 100_000, raw=raw))
+    q = req.query
+    assert q.service_name == "rmqtrace-ü" and q.operation_name == "" and q.search_depth == 100_000
+    assert q.raw_traces is raw
+    assert (q.start_time_min.seconds, q.start_time_min.nanos) == divmod(start, 10**9)
+    assert (q.start_time_max.seconds, q.start_time_max.nanos) == divmod(end, 10**9)
+    whole = request_class.FromString(find_traces_request("s", 2 * 10**18, 3 * 10**18, 1))
+    assert whole.query.start_time_min.nanos == 0 and whole.query.start_time_max.seconds == 3 * 10**9
+    with pytest.raises(ValueError, match="depth"):
+        find_traces_request("s", 1, 2, 0)
+
+
+def test_any_value_keeps_every_otlp_kind() -> None:
+    from opentelemetry.proto.common.v1.common_pb2 import AnyValue, ArrayValue, KeyValue, KeyValueList
+
+    from tracer.report.sources import any_value
+
+    big = 1_795_978_750_071_042_343
+    assert any_value(AnyValue(int_value=big)) == big and type(any_value(AnyValue(int_value=big))) is int
+    assert any_value(AnyValue(string_value="x")) == "x"
+    assert any_value(AnyValue(bool_value=False)) is False
+    assert any_value(AnyValue(double_value=2.5)) == 2.5
+    assert any_value(AnyValue(bytes_value=b"\x00")) == b"\x00"
+    assert any_value(AnyValue(array_value=ArrayValue(values=[AnyValue(string_value="k1"), AnyValue(int_value=2)]))) \
+        == ["k1", 2]
+    assert any_value(AnyValue(kvlist_value=KeyValueList(values=[KeyValue(key="a", value=AnyValue(int_value=1))]))) \
+        == {"a": 1}
+    assert any_value(AnyValue()) is None
+
+
+def test_v3_target_only_where_jaeger_defaults_say() -> None:
+    from tracer.report.sources import v3_target
+
+    assert v3_target("http://127.0.0.1:16686") == "127.0.0.1:16685"
+    assert v3_target("https://jaeger.example:16686/") == "jaeger.example:16685"
+    assert v3_target("http://[::1]:16686") == "[::1]:16685"
+    assert v3_target("http://127.0.0.1:8080") is None  # moved: its gRPC port is unknown
+    assert v3_target("http://127.0.0.1:8080", "127.0.0.1:9999") == "127.0.0.1:9999"
+
+
+def test_fleet_collector_reads_otlp_once_per_trace_and_span() -> None:
+    """A trace of an earlier page and a process span exported twice count once, as over /api/traces."""
+    from opentelemetry.proto.common.v1.common_pb2 import AnyValue, KeyValue
+    from opentelemetry.proto.resource.v1.resource_pb2 import Resource
+    from opentelemetry.proto.trace.v1.trace_pb2 import ResourceSpans, ScopeSpans, Span, TracesData
+
+    from tracer.report.fleet import FleetCollector
+
+    def kv(key: str, value: Any) -> KeyValue:
+        v = AnyValue(int_value=value) if isinstance(value, int) else AnyValue(string_value=value)
+        return KeyValue(key=key, value=v)
+
+    def trace(tid: int, instance: str, pull: int) -> TracesData:
+        attrs = [kv("rmqtrace.stamp.client_pull_ns", pull), kv("rmqtrace.stamp.handler_start_ns", pull + 5),
+                 kv("rmqtrace.stamp.handler_end_ns", pull + 9), kv("rmqtrace.worker", 1), kv("rmqtrace.job.id", "J"),
+                 kv("messaging.operation.type", "process")]
+        process = Span(trace_id=tid.to_bytes(16, "big"), span_id=(tid * 2).to_bytes(8, "big"), name="process t",
+                       attributes=attrs, start_time_unix_nano=pull)
+        child = Span(trace_id=tid.to_bytes(16, "big"), span_id=(tid * 2 + 1).to_bytes(8, "big"), name="handler",
+                     start_time_unix_nano=pull - 7)
+        resource = Resource(attributes=[kv("service.name", "svc"), kv("service.instance.id", instance)])
+        return TracesData(resource_spans=[ResourceSpans(resource=resource, scope_spans=[
+            ScopeSpans(spans=[process, child, process])])])  # the process span twice: exported twice
+
+    c = FleetCollector()
+    seen: set[bytes] = set()
+    page: dict[bytes, int] = {}
+    c.add_otlp_trace(trace(1, "b", T0), seen, page)
+    c.add_otlp_trace(trace(2, "a", T0 + 100), seen, page)
+    assert page == {(1).to_bytes(16, "big"): T0 - 7, (2).to_bytes(16, "big"): T0 + 93}  # earliest span start
+    seen.update(page)
+    page2: dict[bytes, int] = {}
+    c.add_otlp_trace(trace(1, "b", T0), seen, page2)  # read again in a later page: skipped
+    assert list(page2) == [(1).to_bytes(16, "big")] and c.traces == 2 and c.spans == 6  # counted in its page, not read
+    (job,) = c.job_views()
+    assert job.messages == 2 and [i.name for i in job.instances] == ["a", "b"]  # by name, not by arrival
+    assert job.critical["instance"] == "a" and {i.workers for i in job.instances} == {1}
+
+
+def test_paused_gc_restores_what_it_found() -> None:
+    import gc
+
+    from tracer.report.sources import paused_gc
+
+    assert gc.isenabled()
+    with pytest.raises(RuntimeError), paused_gc():
+        assert not gc.isenabled()
+        raise RuntimeError("a reader failing mid-way")
+    assert gc.isenabled()
+    gc.disable()
+    try:
+        with paused_gc():
+            pass
+        assert not gc.isenabled()  # the caller's choice stands
+    finally:
+        gc.enable()

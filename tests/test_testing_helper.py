@@ -77,3 +77,57 @@ def test_the_pipeline_is_a_pytest_fixture_too(pipe: Pipeline) -> None:
 def pipe():  # type: ignore[no-untyped-def]
     with traced_pipeline(lambda message: None) as p:
         yield p
+
+
+# -- why a handler failed: on the delivery, in a timed-out wait, on stderr (pytest shows it) ------------
+def _always_fails(message) -> None:  # type: ignore[no-untyped-def]
+    assert message.body.startswith(b"order"), f"not an order: {message.body!r}"
+
+
+def test_a_failed_delivery_carries_its_error_type_and_message(capsys: pytest.CaptureFixture[str]) -> None:
+    with traced_pipeline(_always_fails, retry_backoff=lambda attempt: 0.0) as pipe:
+        pipe.send("order-1", keys="k1")
+        pipe.send("refund-2", keys="k2")
+        done = pipe.wait(3)
+    bad = [d for d in done if d.outcome == "failure"]
+    assert bad and all(d.keys == ("k2",) for d in bad)
+    assert bad[0].error_type == "AssertionError" and "not an order: b'refund-2'" in (bad[0].error_message or "")
+    assert [d.error_type for d in done if d.outcome == "success"] == [None]
+    assert pipe.failures[0] == bad[0]
+    err = capsys.readouterr().err
+    assert "k2" in err and "AssertionError: not an order: b'refund-2'" in err  # what pytest prints for a failing test
+
+
+def test_a_timed_out_wait_says_which_delivery_failed_and_why() -> None:
+    with traced_pipeline(_always_fails, retry_backoff=lambda attempt: 0.05) as pipe:
+        mid = pipe.send("refund-2", keys="k2")
+        with pytest.raises(TimeoutError) as e:
+            pipe.wait(100, timeout=0.5)
+    text = str(e.value)
+    assert "failed" in text and mid in text and "k2" in text and "AssertionError: not an order" in text, text
+
+
+def test_a_timeout_is_described_too() -> None:
+    release = threading.Event()
+
+    def hangs(message) -> None:  # type: ignore[no-untyped-def]
+        release.wait(5)
+
+    with traced_pipeline(hangs, handler_timeout=0.1, retry_backoff=lambda attempt: 10.0) as pipe:
+        pipe.send("x")
+        [d] = pipe.wait(1)
+        release.set()
+    assert d.outcome == "timeout" and d.error_type == "HandlerTimeout" and "handler_timeout=0.1 s" in (d.error_message or "")
+
+
+@pytest.fixture
+def failing_pipe():  # type: ignore[no-untyped-def]
+    with traced_pipeline(_always_fails, retry_backoff=lambda attempt: 0.0) as p:
+        yield p
+
+
+def test_the_fixture_form_prints_the_failure(failing_pipe: Pipeline, capsys: pytest.CaptureFixture[str]) -> None:
+    failing_pipe.send("refund-9", keys="k9")
+    [d] = failing_pipe.wait(1)
+    assert d.outcome == "failure"
+    assert "AssertionError: not an order: b'refund-9'" in capsys.readouterr().err

@@ -22,11 +22,16 @@ read back. As a pytest fixture::
             yield p
 
 A handler that raises is a failed delivery: the message comes back after the loop's retry backoff
-(``retry_backoff=``, 1 s first by default) with ``attempt`` + 1, as from a real broker.
+(``retry_backoff=``, 1 s first by default) with ``attempt`` + 1, as from a real broker. The failed
+:class:`Delivery` carries the exception's type and message (``error_type``, ``error_message``), the
+failure is printed to stderr as it happens (pytest shows it under "Captured stderr" of the failing
+test, fixture form included), and a :meth:`Pipeline.wait` that times out names the failed deliveries.
 """
 
 from __future__ import annotations
 
+import functools
+import sys
 import threading
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -59,13 +64,24 @@ class Delivery:
     attempt: int
     outcome: str  # "success", "failure", "timeout", "skipped" (:class:`~tracer.Outcome` values)
     gaps: dict[str, float] = field(default_factory=dict)  # seconds per gap name, e.g. "consumer_wait"
+    error_type: str | None = None  # the exception's class, e.g. "AssertionError"; None when it succeeded
+    error_message: str | None = None  # str() of the exception ("" when it had no text)
+
+    def describe(self) -> str:
+        """One line: which delivery, and why it failed (its outcome when it did not)."""
+        keys = f" (keys {', '.join(self.keys)})" if self.keys else ""
+        what = f"{self.message_id or '?'}{keys} attempt {self.attempt}"
+        if self.error_type is None:
+            return f"{what}: {self.outcome}"
+        return f"{what}: {self.outcome}: {self.error_type}: {self.error_message}"
 
 
 class Pipeline:
     """What :func:`traced_pipeline` yields: send messages, wait for them, read their gaps."""
 
     def __init__(self, broker: EmbeddedBroker, topic: str, producer: TracedProducer, loop: ConsumeLoop,
-                 registry: CollectorRegistry, exporter: InMemorySpanExporter) -> None:
+                 registry: CollectorRegistry, exporter: InMemorySpanExporter,
+                 errors: _Errors | None = None, handler_timeout: float | None = None) -> None:
         self.broker = broker
         self.topic = topic
         self.producer = producer
@@ -74,6 +90,8 @@ class Pipeline:
         self._exporter = exporter
         self._done: list[Delivery] = []
         self._cond = threading.Condition()
+        self._errors = errors if errors is not None else _Errors()
+        self._handler_timeout = handler_timeout
 
     def send(self, body: bytes | str, *, tag: str | None = None, keys: str | None = None,
              properties: dict[str, str] | None = None, job_id: str | None = None,
@@ -94,12 +112,21 @@ class Pipeline:
         """The first ``n`` finished deliveries, waiting up to ``timeout`` seconds for them.
 
         Raises:
-            TimeoutError: fewer than ``n`` finished in time (the message says how many did).
+            TimeoutError: fewer than ``n`` finished in time (the message says how many did, and
+                which of them failed and why).
         """
         with self._cond:
             if not self._cond.wait_for(lambda: len(self._done) >= n, timeout):
-                raise TimeoutError(f"{len(self._done)} of {n} deliveries finished within {timeout:g} s")
+                failed = [d for d in self._done if d.outcome != Outcome.SUCCESS.value]
+                why = f"; {len(failed)} failed: " + "; ".join(d.describe() for d in failed[-5:]) if failed else ""
+                raise TimeoutError(f"{len(self._done)} of {n} deliveries finished within {timeout:g} s{why}")
             return list(self._done[:n])
+
+    @property
+    def failures(self) -> list[Delivery]:
+        """Every delivery finished so far that did not succeed, in order, each with its reason."""
+        with self._cond:
+            return [d for d in self._done if d.outcome != Outcome.SUCCESS.value]
 
     @property
     def deliveries(self) -> list[Delivery]:
@@ -118,11 +145,47 @@ class Pipeline:
 
     def _finished(self, trace: MessageTrace, outcome: Outcome) -> None:
         info = trace.info
-        d = Delivery(str(info.message_id or ""), tuple(info.keys), info.delivery_attempt or 1,
-                     outcome.value, {g.gap.name: g.seconds for g in compute_gaps(trace.stamps)})
+        message_id, attempt = str(info.message_id or ""), info.delivery_attempt or 1
+        error = self._errors.pop(message_id, attempt)
+        error_type = error_message = None
+        if outcome is Outcome.TIMEOUT:
+            limit = f"={self._handler_timeout:g} s" if self._handler_timeout is not None else ""
+            error_type, error_message = "HandlerTimeout", f"the handler ran longer than handler_timeout{limit}"
+        elif error is not None:
+            error_type, error_message = type(error).__qualname__, str(error)
+        elif outcome is not Outcome.SUCCESS:
+            error_type, error_message = outcome.value, "the loop reported it without an exception from the handler"
+        d = Delivery(message_id, tuple(info.keys), attempt, outcome.value,
+                     {g.gap.name: g.seconds for g in compute_gaps(trace.stamps)}, error_type, error_message)
+        if error_type is not None:
+            print(f"rmqtrace.testing: delivery {d.describe()}", file=sys.stderr)
         with self._cond:
             self._done.append(d)
             self._cond.notify_all()
+
+
+class _Errors:
+    """The exception each delivery's handler raised, by (message id, attempt), until it is read."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._by_delivery: dict[tuple[str, int], BaseException] = {}
+
+    def wrap(self, handler: Callable[[Any], object]) -> Callable[[Any], object]:
+        @functools.wraps(handler)
+        def run(message: Any) -> object:
+            try:
+                return handler(message)
+            except BaseException as exc:
+                key = (str(getattr(message, "message_id", "") or ""), getattr(message, "delivery_attempt", None) or 1)
+                with self._lock:
+                    self._by_delivery[key] = exc
+                raise
+        return run
+
+    def pop(self, message_id: str, attempt: int) -> BaseException | None:
+        with self._lock:
+            return self._by_delivery.pop((message_id, attempt), None)
 
 
 @contextmanager
@@ -149,9 +212,12 @@ def traced_pipeline(handler: Callable[[Any], object], *, topic: str = "test-topi
     consumer.startup()
     producer.startup()
     tracer = MessageTracer(consumer_group=group, tracer_provider=provider, metrics=metrics)
-    loop = ConsumeLoop(consumer, handler, tracer=tracer, policy=policy, workers=workers,
+    errors = _Errors()
+    # Not callable: unwrapped, so ConsumeLoop refuses it in its own words.
+    run = errors.wrap(handler) if callable(handler) else handler
+    loop = ConsumeLoop(consumer, run, tracer=tracer, policy=policy, workers=workers,
                        dispatch_metrics=DispatchMetrics(registry), **loop_options)
-    pipe = Pipeline(broker, topic, producer, loop, registry, exporter)
+    pipe = Pipeline(broker, topic, producer, loop, registry, exporter, errors, loop_options.get("handler_timeout"))
     tracer.listeners.append(pipe._finished)
     runner = threading.Thread(target=loop.run, name=f"rmqtrace-testing-{group}", daemon=True)
     runner.start()

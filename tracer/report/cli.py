@@ -8,6 +8,7 @@ import os
 import shutil
 import sys
 import tempfile
+import urllib.parse
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -50,8 +51,12 @@ exit status: 0 report written; 1 no spans or the source failed; 2 bad arguments.
 """
 
 
+JAEGER_DEFAULTS = {"limit": 2000, "lookback": "1h", "timeout": 30.0}  # options that only --jaeger reads
+
+
 def add_cli(subparsers: Any) -> argparse.ArgumentParser:
     """Register ``report`` on the ``rmqtrace`` parser's subparsers."""
+    from ..tools.argtypes import interval
     from .sources import DEFAULT_JAEGER, DEFAULT_SERVICE
 
     p: argparse.ArgumentParser = subparsers.add_parser(
@@ -64,9 +69,14 @@ def add_cli(subparsers: Any) -> argparse.ArgumentParser:
                      help=f"Jaeger query service (HTTP API), e.g. {DEFAULT_JAEGER}")
     src.add_argument("--service", default=os.environ.get("OTEL_SERVICE_NAME") or DEFAULT_SERVICE,
                      help=f"service whose traces to read (default $OTEL_SERVICE_NAME or {DEFAULT_SERVICE})")
-    src.add_argument("--limit", type=int, default=2000, help="at most this many traces (default 2000; one per message)")
-    src.add_argument("--lookback", default="1h", help="how far back to search: 30m, 1h, 2d … (default 1h)")
-    src.add_argument("--timeout", type=float, default=30.0, help="HTTP timeout in seconds (default 30)")
+    # Defaults applied in _check_args, so that one given with a spans file can be refused by name.
+    src.add_argument("--limit", type=int, default=None, help="at most this many traces (default 2000; one per message)")
+    src.add_argument("--lookback", default=None, help="how far back to search: 30m, 1h, 2d … (default 1h)")
+    src.add_argument("--timeout", type=interval, default=None, metavar="SECONDS",
+                     help="HTTP timeout in seconds, > 0 (default 30)")
+    src.add_argument("--jaeger-grpc", metavar="HOST:PORT",
+                     help="--fleet: Jaeger's api_v3 gRPC query service (default: the --jaeger host on 16685 when "
+                          "--jaeger is on 16686); without it --fleet reads the slower HTTP /api/traces")
     src.add_argument("--fleet", action="store_true",
                      help="the fleet view: every trace in --lookback, paged (bounded memory), per job across "
                           "instances (service.instance.id): completion, critical path, occupancy, who held the work")
@@ -103,23 +113,61 @@ class _Stop(Exception):
 
 
 def _check_args(args: argparse.Namespace) -> None:
+    from .sources import DEFAULT_JAEGER, parse_duration
+
     if args.spans and args.jaeger:
         raise _Stop("give either a spans file or --jaeger, not both", 2)
+    if not args.jaeger:
+        given = [f"--{name}" for name in JAEGER_DEFAULTS if getattr(args, name) is not None]
+        if given:
+            raise _Stop(f"{', '.join(given)} only apply to --jaeger; a spans file is read whole", 2)
+    for name, default in JAEGER_DEFAULTS.items():
+        if getattr(args, name) is None:
+            setattr(args, name, default)
     if args.top < 0 or args.limit < 1 or (args.workers is not None and args.workers < 1):
         raise _Stop("--top must be >= 0, --limit and --workers >= 1", 2)
+    if args.jaeger:
+        url = urllib.parse.urlsplit(args.jaeger)
+        if url.scheme not in ("http", "https") or not url.netloc:
+            raise _Stop(f"--jaeger wants an http(s) URL like {DEFAULT_JAEGER}, got {args.jaeger!r}", 2)
+        try:
+            args.lookback_s = parse_duration(args.lookback)
+        except ValueError as exc:
+            raise _Stop(str(exc), 2) from exc
+    for flag in ("html", "png"):
+        why = _unwritable(getattr(args, flag))
+        if why:
+            raise _Stop(f"--{flag} {getattr(args, flag)}: {why}", 2)
+    if args.png:
+        from .png import find_chromium, no_chromium_message
+        if find_chromium() is None:  # before the work: the report is not printed only to fail after it
+            raise _Stop(no_chromium_message())
+
+
+def _unwritable(target: str | None) -> str | None:
+    """Why a file cannot be written at ``target`` (its missing folders are made), or None."""
+    if not target:
+        return None
+    path = Path(target)
+    if path.is_dir():
+        return "is a folder; give a file name in it"
+    folder = path.parent
+    while not folder.exists():  # the nearest folder that exists: missing ones below it are made
+        folder = folder.parent
+    if not folder.is_dir():
+        return f"{folder} is not a folder"
+    if not os.access(folder, os.W_OK | os.X_OK) or (path.exists() and not os.access(path, os.W_OK)):
+        return "cannot write there (permission denied)"
+    return None
 
 
 def _read(args: argparse.Namespace) -> tuple[list[SpanRecord], str, str]:
     """The spans, where they came from, and why some of the source was not used ("" when all was)."""
-    from .sources import SourceError, parse_duration, read_jaeger, read_jsonl_counted
+    from .sources import SourceError, read_jaeger, read_jsonl_counted
 
     try:
         if args.jaeger:
-            try:
-                lookback = parse_duration(args.lookback)
-            except ValueError as exc:
-                raise _Stop(str(exc), 2) from exc
-            spans = read_jaeger(args.jaeger, args.service, limit=args.limit, lookback_s=lookback,
+            spans = read_jaeger(args.jaeger, args.service, limit=args.limit, lookback_s=args.lookback_s,
                                 timeout=args.timeout)
             traces = len({s.trace_id for s in spans})
             left_out = (f"Jaeger returned --limit {args.limit} traces; there may be more (raise --limit or narrow "
@@ -140,7 +188,10 @@ def _write(report: Report, args: argparse.Namespace) -> None:
         html_path = Path(tempfile.mkdtemp(prefix="rmqtrace-report-")) / "report.html"
     if html_path is not None:
         from .html import write_html
-        write_html(report, html_path)
+        try:
+            write_html(report, html_path)
+        except OSError as exc:  # checked before the work; the disk can still fill or a folder vanish
+            raise _Stop(f"--html {html_path}: {exc.strerror or exc}") from exc
     if args.json:
         print(json.dumps(report.as_dict(), default=str))
     else:
@@ -173,8 +224,10 @@ def cmd_report(args: argparse.Namespace) -> int:
             from .fleet import cli_fleet
             return cli_fleet(args)
         spans, source, left_out = _read(args)
-        report = build_report(spans, group=args.group, job=args.job, top=args.top, workers=args.workers,
-                              source=source)
+        from .sources import paused_gc
+        with paused_gc():  # a third of the build at 10⁵ messages was collections walking the spans
+            report = build_report(spans, group=args.group, job=args.job, top=args.top, workers=args.workers,
+                                  source=source)
         if not report.groups:
             what = " and ".join(f"{k} {v!r}" for k, v in (("group", args.group), ("job", args.job)) if v)
             raise _Stop(f"no consumer spans (`process …`) among {len(spans)} spans from {source}"

@@ -14,9 +14,13 @@ From the records, per job:
 * **where the job waited**: the exact sweep of the stamps, ∫ min(idle workers of instances holding
   nothing, messages held unstarted elsewhere) dt, and per holding instance its part of that.
 
-:func:`read_jaeger_fleet` pages through Jaeger's ``/api/traces``: windows of time, each at most
-``page_limit`` traces; a full page means the window may hold more, so it is split in halves and
-read again. Traces seen twice (a trace whose spans straddle two windows) are skipped by id.
+:func:`read_jaeger_fleet` reads windows of time, each at most a page of traces; a full page means
+the window may hold more, so it is split in halves and read again. Traces seen twice (a trace
+whose spans straddle two windows, or one of a full page read again in a half) are skipped by id.
+Two read paths: Jaeger's ``api_v3`` gRPC ``FindTraces`` (OTLP protobuf streamed one trace at a
+time, so a page can be the whole window: default when ``grpcio`` is installed and the service
+answers), else the HTTP JSON ``/api/traces`` the UI uses (``page_limit`` traces per page, each
+page parsed whole). BENCHMARKS.md ("bench report") has the numbers behind the choice.
 """
 
 from __future__ import annotations
@@ -32,6 +36,7 @@ from typing import Any, Callable, Iterable, Iterator, NamedTuple, Sequence
 
 from ..path import names
 from ..path.stages import Stage
+from .sources import any_value
 
 __all__ = ["FleetCollector", "FleetInstance", "FleetJob", "FleetSection", "Handled", "cli_fleet", "fleet_lines",
            "fleet_page", "read_jaeger_fleet", "sweep_waits"]
@@ -39,6 +44,7 @@ __all__ = ["FleetCollector", "FleetInstance", "FleetJob", "FleetSection", "Handl
 INSTANCE_KEY = "service.instance.id"
 _PULL, _START, _END = (names.STAMP_ATTRS[s] for s in (Stage.CLIENT_PULL, Stage.HANDLER_START, Stage.HANDLER_END))
 _PRODUCE = names.STAMP_ATTRS[Stage.PRODUCE]
+_RECORD_KEYS = frozenset((_PULL, _START, _END, _PRODUCE, names.WORKER, names.JOB_ID))  # what :meth:`FleetCollector.add` reads
 
 
 class Handled(NamedTuple):
@@ -113,12 +119,15 @@ class FleetJob:
     inprocess_idle_while_held_s: float
     critical: dict[str, Any]
     section: FleetSection | None = field(default=None, repr=False)  # what the HTML lanes draw
+    # consumer_wait and the parts avoidable inside the instance / elsewhere in the fleet (tracer.report.blame)
+    avoidable: dict[str, float] = field(default_factory=dict)
 
     def as_dict(self) -> dict[str, Any]:
         return {"job": self.job, "messages": self.messages, "completion_s": round(self.completion_s, 3),
                 "idle_worker_seconds_while_held_elsewhere": round(self.idle_while_held_s, 3),
                 "idle_worker_seconds_while_held_inside": round(self.inprocess_idle_while_held_s, 3),
                 "critical_path": self.critical,
+                "avoidable_wait": {k: round(v, 6) for k, v in self.avoidable.items()},
                 "instances": [{k: (round(v, 3) if isinstance(v, float) else v) for k, v in vars(i).items()}
                               for i in self.instances]}
 
@@ -141,8 +150,10 @@ class FleetCollector:
     traces: int = 0
     spans: int = 0
     pages: int = 0
+    api: str = ""
     _index: dict[str, int] = field(default_factory=dict)
     _seen: set[str] = field(default_factory=set)
+    _process_ids: set[bytes] = field(default_factory=set)
 
     def add_jaeger_page(self, payload: dict[str, Any]) -> None:
         """One ``/api/traces`` answer; traces already added are skipped."""
@@ -159,6 +170,38 @@ class FleetCollector:
                 if str(span.get("operationName", "")).startswith(names.PROCESS + " "):
                     tags = {t.get("key"): t.get("value") for t in span.get("tags") or ()}
                     self.add(_instance_of(processes.get(str(span.get("processID"))) or {}), tags)
+
+    def add_otlp_trace(self, traces_data: Any, seen: set[bytes], page: dict[bytes, int]) -> None:
+        """One ``TracesData`` of api_v3 ``FindTraces`` (read raw, without Jaeger's adjusters): all
+        its trace ids go into ``page``, each with its earliest span start; spans of traces in
+        ``seen`` (read in an earlier page) are skipped, and so is a process span whose id this
+        trace already had (a span exported twice, which Jaeger's de-duplicating adjuster drops)."""
+        prefix = names.PROCESS + " "
+        for rs in traces_data.resource_spans:
+            instance: str | None = None
+            for ss in rs.scope_spans:
+                for span in ss.spans:
+                    tid = span.trace_id
+                    start = span.start_time_unix_nano
+                    first = page.get(tid)
+                    if first is None:  # every trace of the answer: a full page must look full
+                        page[tid] = start
+                        if tid not in seen:
+                            self.traces += 1
+                    elif start < first:
+                        page[tid] = start
+                    if tid in seen:
+                        continue
+                    self.spans += 1
+                    if span.name.startswith(prefix):
+                        key = tid + span.span_id
+                        if key in self._process_ids:
+                            continue
+                        self._process_ids.add(key)
+                        if instance is None:
+                            instance = _instance_of_resource(rs.resource)
+                        self.add(instance, {kv.key: any_value(kv.value) for kv in span.attributes
+                                            if kv.key in _RECORD_KEYS})
 
     def add(self, instance: str, attrs: dict[str, Any]) -> None:
         """One process span's attributes (its stamps, job, worker) on ``instance``."""
@@ -179,6 +222,7 @@ class FleetCollector:
         """One view per job. Every instance seen in the window counts as up for every job (an idle
         instance writes no spans, so a job it took no part in still shows it, with 0 messages);
         its workers are counted over all its spans."""
+        self._canonical()
         n = len(self.instances)
         seen: list[set[int]] = [set() for _ in range(n)]
         mine: list[list[_Rec]] = [[] for _ in range(n)]
@@ -190,6 +234,17 @@ class FleetCollector:
         workers = [len(seen[i]) if seen[i] else _max_overlap(mine[i]) for i in range(n)]
         inferred = [not seen[i] for i in range(n)]
         return [self._view(job, recs, workers, inferred) for job, recs in sorted(self.jobs.items())]
+
+    def _canonical(self) -> None:
+        """Instances by name and each job's records by time: the views must not depend on the order
+        a store returned the traces in (api_v3 and /api/traces page differently)."""
+        order = sorted(range(len(self.instances)), key=self.instances.__getitem__)
+        new_index = {old: new for new, old in enumerate(order)}
+        self.instances = [self.instances[i] for i in order]
+        self._index = {name: i for i, name in enumerate(self.instances)}
+        for job, recs in self.jobs.items():
+            self.jobs[job] = sorted((r._replace(instance=new_index[r.instance]) for r in recs),
+                                    key=lambda r: (r.pull_ns, r.start_ns, r.end_ns, r.instance, r.worker, r.produce_ns))
 
     def _view(self, job: str, recs: list[_Rec], workers: list[int], inferred: list[bool]) -> FleetJob:
         n = len(self.instances)
@@ -211,15 +266,35 @@ class FleetCollector:
             "ended_s": round((last.end_ns - t0) / 1e9, 3),
         }
         lanes = [Handled(r.worker, r.instance, r.pull_ns, r.start_ns, r.end_ns) for r in recs]
+        avoidable = fleet_blame(recs, n, workers)
         section = FleetSection(
             f"job {job}", f"{len(recs)} messages, completed in {(last.end_ns - t0) / 1e9:.2f} s; "
-            f"{waits['fleet_idle_while_held_s']:.1f} idle worker-s while another instance held unstarted messages",
+            f"{waits['fleet_idle_while_held_s']:.1f} idle worker-s while another instance held unstarted messages; "
+            f"{avoidable['fleet_share']:.0%} of consumer_wait avoidable in the fleet "
+            f"({avoidable['elsewhere_share']:.0%} while another instance had a free worker)",
             list(self.instances), workers, lanes, waits["max_held"], by_worker=True)
         return FleetJob(job, len(recs), (last.end_ns - t0) / 1e9, [
             FleetInstance(self.instances[i], count[i], busy[i], busy[i] / total if total else 0.0, workers[i],
                           inferred[i], waits["max_held"][i], waits["caused_s"][i])
             for i in range(n)], waits["fleet_idle_while_held_s"], waits["inprocess_idle_while_held_s"],
-            critical, section)
+            critical, section, avoidable)
+
+
+def fleet_blame(recs: Sequence[_Rec], instances: int, workers: Sequence[int]) -> dict[str, float]:
+    """How much of the job's consumer_wait was avoidable inside its instance and in the fleet
+    (:func:`tracer.report.blame.fleet_avoidable`); an instance without worker ids gets packed lanes."""
+    from .blame import Run, fleet_avoidable, pack_lanes
+
+    per: list[list[_Rec]] = [[] for _ in range(instances)]
+    for r in recs:
+        per[r.instance].append(r)
+    runs: list[list[Run]] = []
+    for mine in per:
+        lanes = pack_lanes([(r.start_ns, r.end_ns) for r in mine]) if any(r.worker < 0 for r in mine) else None
+        runs.append([Run("", "", lanes[k] if lanes else r.worker, min(r.pull_ns, r.start_ns), r.start_ns, r.end_ns)
+                     for k, r in enumerate(mine)])
+    counts = [max(w, len({x.worker for x in rs}), 1) for w, rs in zip(workers, runs)]
+    return fleet_avoidable(runs, counts)
 
 
 def _max_overlap(recs: Sequence[_Rec]) -> int:
@@ -236,27 +311,109 @@ def _instance_of(process: dict[str, Any]) -> str:
     return str(tags.get(INSTANCE_KEY) or tags.get("hostname") or process.get("serviceName") or "?")
 
 
+def _instance_of_resource(resource: Any) -> str:
+    """:func:`_instance_of` for an OTLP resource (Jaeger's process tags are its attributes)."""
+    found: dict[str, Any] = {}
+    for kv in resource.attributes:
+        if kv.key in (INSTANCE_KEY, "hostname", "service.name"):
+            found[kv.key] = kv.value.string_value or None
+    return str(found.get(INSTANCE_KEY) or found.get("hostname") or found.get("service.name") or "?")
+
+
+V3_DEPTH = 100_000  # traces per api_v3 page: streamed, so a page costs no memory; Jaeger's memory store caps it
+
+
 def read_jaeger_fleet(base_url: str, service: str, *, start_s: float | None = None, end_s: float | None = None,
                       lookback_s: float = 3600.0, page_limit: int = 500, timeout: float = 30.0,
-                      get: Callable[[str, float], dict[str, Any]] | None = None) -> FleetCollector:
-    """Every trace of ``service`` in [start, end] (default: the last ``lookback_s`` seconds), read in
-    pages of at most ``page_limit`` traces into a :class:`FleetCollector`.
+                      get: Callable[[str, float], dict[str, Any]] | None = None, api: str = "auto",
+                      grpc_target: str | None = None, depth: int = V3_DEPTH) -> FleetCollector:
+    """Every trace of ``service`` in [start, end] (default: the last ``lookback_s`` seconds) into a
+    :class:`FleetCollector`; ``collector.api`` says which read path was used.
+
+    ``api``: ``"v3"`` (api_v3 gRPC at ``grpc_target``, default: for a URL on port 16686 its host on
+    port 16685; pages of ``depth`` traces), ``"http"`` (``/api/traces``, pages of ``page_limit``
+    traces, fetched by ``get`` when given) or ``"auto"``: v3 unless ``get`` is given, no gRPC
+    address is known, grpcio is missing or nothing answers there; then http.
 
     Raises:
-        ValueError: ``page_limit`` < 2 or an empty window.
+        ValueError: ``page_limit`` or ``depth`` < 2, an empty window or an unknown ``api``.
+        SourceError: the v3 service failed after it had answered (``api="v3"``: also when it is
+            unreachable).
     """
-    if page_limit < 2:
-        raise ValueError(f"page_limit must be at least 2, got {page_limit}")
+    from .sources import paused_gc
+
+    with paused_gc():  # the collector's records: no cycles (see paused_gc)
+        return _read_fleet(base_url, service, start_s=start_s, end_s=end_s, lookback_s=lookback_s,
+                           page_limit=page_limit, timeout=timeout, get=get, api=api, grpc_target=grpc_target,
+                           depth=depth)
+
+
+def _read_fleet(base_url: str, service: str, *, start_s: float | None, end_s: float | None, lookback_s: float,
+                page_limit: int, timeout: float, get: Callable[[str, float], dict[str, Any]] | None, api: str,
+                grpc_target: str | None, depth: int) -> FleetCollector:
+    from .sources import SourceError, v3_target
+
+    if page_limit < 2 or depth < 2:
+        raise ValueError(f"page_limit and depth must be at least 2, got {page_limit} and {depth}")
+    if api not in ("auto", "v3", "http"):
+        raise ValueError(f"api must be auto, v3 or http, got {api!r}")
     end = time.time() if end_s is None else end_s
     start = end - lookback_s if start_s is None else start_s
     if end <= start:
         raise ValueError(f"empty time window: start {start} >= end {end}")
-    fetch = get or _get_json
     collector = FleetCollector()
     base = base_url.rstrip("/")
-    for payload in _pages(base, service, int(start * 1e6), int(end * 1e6), page_limit, timeout, fetch):
+    target = v3_target(base, grpc_target)
+    if api == "v3" and target is None:
+        raise ValueError(f"api v3: give grpc_target (host:port); {base_url} is not on Jaeger's default port 16686")
+    if target is not None and (api == "v3" or (api == "auto" and get is None)):
+        try:
+            _read_v3(collector, target, service, int(start * 1e9), int(end * 1e9), depth, timeout)
+            collector.api = f"api_v3 gRPC {target}"
+            return collector
+        except ImportError:
+            if api == "v3":
+                raise
+        except SourceError:
+            if api == "v3" or collector.pages or collector.traces:
+                raise
+        collector = FleetCollector()  # auto: nothing answered at the v3 port; read the HTTP API
+    for payload in _pages(base, service, int(start * 1e6), int(end * 1e6), page_limit, timeout, get or _get_json):
         collector.add_jaeger_page(payload)
+    collector.api = f"HTTP JSON {base}/api/traces"
     return collector
+
+
+def _read_v3(collector: FleetCollector, target: str, service: str, start_ns: int, end_ns: int, depth: int,
+             timeout: float) -> None:
+    """Windows of at most ``depth`` traces, streamed into ``collector``. A full page is kept (its
+    traces are complete) and its window read again in two parts, where those traces are skipped:
+    split at the median start of the page's traces, not at the window's middle, since a job's
+    traces crowd a few seconds of an hour's window (a midpoint split re-read all 10⁵ six times)."""
+    from .sources import SearchDepthTooLarge, find_traces_v3
+
+    seen: set[bytes] = set()
+    windows = [(start_ns, end_ns)]
+    while windows:
+        a, b = windows.pop()
+        page: dict[bytes, int] = {}
+        try:
+            for traces_data in find_traces_v3(target, service, a, b, depth=depth, timeout=timeout, raw=True):
+                collector.add_otlp_trace(traces_data, seen, page)
+        except SearchDepthTooLarge:
+            if page or depth <= 2:
+                raise
+            depth //= 2  # the store caps the depth (memory: max_traces): smaller pages, same window
+            windows.append((a, b))
+            continue
+        collector.pages += 1
+        seen.update(page)
+        if len(page) >= depth and b - a > 1:
+            starts = sorted(page.values())
+            mid = starts[len(starts) // 2]
+            if not a < mid < b:
+                mid = (a + b) // 2
+            windows += [(mid, b), (a, mid)]
 
 
 def _pages(base: str, service: str, start_us: int, end_us: int, limit: int, timeout: float,
@@ -293,6 +450,11 @@ def fleet_lines(jobs: Iterable[FleetJob]) -> list[str]:
         out.append(f"  critical path: the last message ended on {c['instance']} at +{c['ended_s']:.2f} s — "
                    f"received +{c['received_s']:.2f} s, waited {c['waited_unstarted_s']:.2f} s unstarted there, "
                    f"handler {c['handler_s']:.2f} s")
+        a = j.avoidable
+        if a.get("consumer_wait_s"):
+            out.append(f"  avoidable: {a['fleet_share']:.0%} of {a['consumer_wait_s']:.1f} s consumer_wait was spent while "
+                       f"a worker of the fleet was free — {a['elsewhere_share']:.0%} while another instance had one, "
+                       f"{a['inside_share']:.0%} while its own instance had one")
         width = max(len(i.name) for i in j.instances)
         out.append(f"  {'instance':<{width}}  messages   busy  workers  most held  held while others idled")
         for i in sorted(j.instances, key=lambda i: -i.held_while_others_idled_s):
@@ -318,13 +480,21 @@ class FleetSection:
     by_worker: bool = False
 
 
-def _lanes_svg(sec: FleetSection, span: int, width: int) -> str:
+HELD_COLOR, BAR_COLOR = "#c0392b", "#2e86c1"
+VIEW_W = 1200  # the drawing's own width; the page scales it to the window (width: 100%)
+
+
+def _lanes_svg(sec: FleetSection, span: int, width: int = VIEW_W) -> str:
+    """One section's lanes on the shared time axis: a labelled tick every nice step (gridlines through
+    every lane), per instance the held line over its own 0…peak scale, then one lane per worker."""
+    from .html import nice_ticks
+
     t0 = min(x.pull_ns for x in sec.records)
-    lane_h, held_h, gap, left = 9, 28, 14, 150
-    scale = (width - left - 10) / span
-    rows: list[str] = [f'<text x="{left}" y="11" font-size="9" fill="#666">0 s</text>'
-                       f'<text x="{width - 10}" y="11" font-size="9" fill="#666" text-anchor="end">{span / 1e9:.2f} s</text>']
-    y = 16
+    lane_h, held_h, gap, left, right = 10, 36, 16, 170, 16
+    plot_w = width - left - right
+    scale = plot_w / span
+    rows: list[str] = []
+    y = 8
     for i, name in enumerate(sec.instances):
         mine = sorted((x for x in sec.records if x.instance == i), key=lambda x: x.start_ns)
         ev = sorted([(min(x.pull_ns, x.start_ns), 1) for x in mine] + [(x.start_ns, -1) for x in mine])
@@ -335,10 +505,15 @@ def _lanes_svg(sec: FleetSection, span: int, width: int) -> str:
             pts.append(f"{px:.1f},{y + held_h - cur * held_h / peak:.1f}")
             cur += d
             pts.append(f"{px:.1f},{y + held_h - cur * held_h / peak:.1f}")
-        rows.append(f'<polyline fill="none" stroke="#c0392b" stroke-width="1.2" points="{" ".join(pts)}"/>')
-        rows.append(f'<text x="4" y="{y + 12}" font-size="11">{escape(name)}</text>'
-                    f'<text x="4" y="{y + 25}" font-size="9" fill="#c0392b">held ≤ {peak if mine else 0}</text>')
-        y += held_h + 3
+        rows.append(f'<polyline fill="none" stroke="{HELD_COLOR}" stroke-width="1.4" points="{" ".join(pts)}"/>')
+        # the held line's scale: 0 at the band's foot, the peak at its top
+        rows.append(f'<g class="held-scale" fill="{HELD_COLOR}" font-size="12" text-anchor="end">'
+                    f'<line x1="{left - 2}" y1="{y}" x2="{left - 2}" y2="{y + held_h}" stroke="{HELD_COLOR}"/>'
+                    f'<text x="{left - 6}" y="{y + 10}">{peak if mine else 0}</text>'
+                    f'<text x="{left - 6}" y="{y + held_h}">0</text></g>')
+        rows.append(f'<text x="4" y="{y + 14}" font-size="14" font-weight="600">{escape(name)}</text>'
+                    f'<text x="4" y="{y + 31}" font-size="12" fill="{HELD_COLOR}">held ≤ {peak if mine else 0}</text>')
+        y += held_h + 4
         n_lanes = max(1, sec.workers[i])
         lane_of: dict[int, int] = {}
         free = [0] * n_lanes  # packed lanes: a worker's bars never overlap
@@ -349,24 +524,46 @@ def _lanes_svg(sec: FleetSection, span: int, width: int) -> str:
                 lane = next((k for k, f in enumerate(free) if f <= x.start_ns), min(range(n_lanes), key=free.__getitem__))
                 free[lane] = x.end_ns
             rows.append(f'<rect x="{left + (x.start_ns - t0) * scale:.1f}" y="{y + lane * lane_h}" '
-                        f'width="{max(0.6, (x.end_ns - x.start_ns) * scale):.1f}" height="{lane_h - 2}" fill="#2e86c1">'
+                        f'width="{max(0.6, (x.end_ns - x.start_ns) * scale):.1f}" height="{lane_h - 2}" fill="{BAR_COLOR}">'
                         f'<title>waited {(x.start_ns - x.pull_ns) / 1e9:.3f} s unstarted, handler '
                         f'{(x.end_ns - x.start_ns) / 1e9:.3f} s</title></rect>')
+        rows.append(f'<text x="4" y="{y + min(n_lanes, 2) * lane_h - 1}" font-size="12" fill="#555">'
+                    f'{n_lanes} worker{"s" if n_lanes != 1 else ""}</text>')
         y += n_lanes * lane_h + gap
-    return f'<svg xmlns="http://www.w3.org/2000/svg" width="{width}" height="{y}" font-family="sans-serif">{"".join(rows)}</svg>'
+    axis = ['<g class="axis" font-size="12" fill="#444" text-anchor="middle">',
+            f'<line x1="{left}" y1="{y}" x2="{left + plot_w}" y2="{y}" stroke="#888"/>']
+    for tick in nice_ticks(span / 1e9):
+        at = left + tick * 1e9 * scale
+        axis.append(f'<line class="grid" x1="{at:.1f}" y1="4" x2="{at:.1f}" y2="{y + 4}" stroke="#d5d8dc" '
+                    f'stroke-width="0.8"/><text x="{at:.1f}" y="{y + 18}">{tick:g} s</text>')
+    axis.append(f'<text x="{left + plot_w}" y="{y + 34}" text-anchor="end">seconds after the first pull</text></g>')
+    height = y + 42
+    return (f'<svg xmlns="http://www.w3.org/2000/svg" viewBox="0 0 {width} {height}" width="{width}" height="{height}" '
+            f'font-family="system-ui, DejaVu Sans, sans-serif" role="img" aria-label="{escape(sec.title)}">'
+            f'{"".join(axis[:2])}{"".join(axis[2:])}{"".join(rows)}</svg>')
 
 
-def fleet_page(title: str, sections: Sequence[FleetSection], *, width: int = 1100) -> str:
+def fleet_page(title: str, sections: Sequence[FleetSection], *, width: int = VIEW_W) -> str:
     """A self-contained HTML page: per section, one lane group per instance — the messages it held
-    received but not started (red step line) over one lane per worker, a bar per handler. All
-    sections share one time axis, so a longer job draws longer."""
+    received but not started (red step line, on its own 0…peak scale) over one lane per worker, a bar
+    per handler. All sections share one time axis, so a longer job draws longer; the drawing is
+    ``width`` units wide and scales to the window."""
     drawn = [s for s in sections if s.records]
     span = max([1] + [max(x.end_ns for x in s.records) - min(x.pull_ns for x in s.records) for s in drawn])
-    parts = [f"<!doctype html><meta charset='utf-8'><title>{escape(title)}</title>",
-             "<style>body{font-family:sans-serif;margin:24px;max-width:1200px}h2{margin-bottom:2px}"
-             "p{margin-top:2px;color:#444}</style>", f"<h1>{escape(title)}</h1>",
-             "<p>Per instance: the red line is how many messages it held received but not started; below it one "
-             "lane per worker, one bar per handler (hover for its wait).</p>"]
+    legend = (f'<div class="legend"><span><span class="sw" style="background:{BAR_COLOR}"></span>a handler running '
+              f'(one lane per worker; hover a bar for its wait)</span><span><span class="sw" style="background:'
+              f'{HELD_COLOR}"></span>held: messages the consumer had received but not started, on the scale at the '
+              "left of its band (0 at the foot, its peak at the top)</span></div>")
+    parts = [f"<!doctype html><meta charset='utf-8'><meta name='viewport' content='width=device-width, initial-scale=1'>"
+             f"<title>{escape(title)}</title>",
+             "<style>body{font-family:system-ui,'DejaVu Sans',sans-serif;margin:24px;font-size:15px}"
+             "h2{margin-bottom:2px}p{margin-top:2px;color:#444;max-width:1100px}"
+             "svg{display:block;width:100%;height:auto;margin:8px 0 18px}"
+             ".legend{display:flex;flex-wrap:wrap;gap:6px 22px;margin:8px 0 12px}"
+             ".sw{display:inline-block;width:14px;height:10px;margin-right:6px;vertical-align:0}</style>",
+             f"<h1>{escape(title)}</h1>",
+             "<p>Per consumer instance: the red line is how many messages it held received but not started; below it "
+             "one lane per worker, one bar per handler. Every section shares one time axis.</p>", legend]
     for sec in drawn:
         parts.append(f"<h2>{escape(sec.title)}</h2><p>{escape(sec.subtitle)}</p>{_lanes_svg(sec, span, width)}")
     return "".join(parts)
@@ -378,7 +575,7 @@ def cli_fleet(args: Any) -> int:
     import sys
     from pathlib import Path
 
-    from .sources import parse_duration
+    from .sources import SourceError, parse_duration
 
     if not args.jaeger:
         print("rmqtrace report: --fleet reads Jaeger: give --jaeger URL", file=sys.stderr)
@@ -389,8 +586,9 @@ def cli_fleet(args: Any) -> int:
         print(f"rmqtrace report: {exc}", file=sys.stderr)
         return 2
     try:
-        collector = read_jaeger_fleet(args.jaeger, args.service, lookback_s=lookback, timeout=args.timeout)
-    except (OSError, ValueError) as exc:
+        collector = read_jaeger_fleet(args.jaeger, args.service, lookback_s=lookback, timeout=args.timeout,
+                                      grpc_target=getattr(args, "jaeger_grpc", None))
+    except (OSError, ValueError, SourceError) as exc:
         print(f"rmqtrace report: reading Jaeger at {args.jaeger}: {exc}", file=sys.stderr)
         return 1
     jobs = [j for j in collector.job_views() if not args.job or j.job == args.job]
@@ -399,10 +597,11 @@ def cli_fleet(args: Any) -> int:
               f"({collector.traces} traces read)", file=sys.stderr)
         return 1
     if args.json:
-        print(json.dumps({"traces": collector.traces, "pages": collector.pages, "jobs": [j.as_dict() for j in jobs]}))
+        print(json.dumps({"traces": collector.traces, "pages": collector.pages, "api": collector.api,
+                          "jobs": [j.as_dict() for j in jobs]}))
     else:
         print("\n".join(fleet_lines(jobs)))
-        print(f"read {collector.traces} traces in {collector.pages} pages from {args.jaeger}")
+        print(f"read {collector.traces} traces in {collector.pages} pages from {args.jaeger} ({collector.api})")
     if args.html:
         page = Path(args.html)
         page.parent.mkdir(parents=True, exist_ok=True)

@@ -25,6 +25,7 @@ from typing import Sequence
 
 from ..path.stages import GAP_BY_NAME, GAPS, HEADLINE_GAP, PATH_GAPS
 from ..path.stamps import timeline
+from .blame import GRACE_NS
 from .model import (
     PRODUCED_LATE,
     SPLIT_PARTS,
@@ -81,6 +82,10 @@ table.wide { width: 100%; } table.wide th { white-space: normal; } table.wide td
 table.stages tr.gs td { border-top: 2px solid #c4c7cc; }
 .headline { margin: 0 0 10px; padding: 6px 10px; border-left: 4px solid #b3261e; background: #fff; }
 .mono { font-family: ui-monospace, "DejaVu Sans Mono", monospace; font-size: 12px; overflow-wrap: anywhere; }
+/* Slowest messages: a message id or a stage name is one token, never broken; wider cards (two per
+   row at 1280 px, three at 1920) leave room for a 32-character id next to the other columns. */
+#slowest .cols { grid-template-columns: repeat(auto-fit, minmax(min(580px, 100%), 1fr)); }
+#slowest .mono, #slowest .stage { white-space: nowrap; overflow-wrap: normal; }
 svg text { font: 12px system-ui, "DejaVu Sans", sans-serif; fill: #3c4043; }
 svg .axis line, svg .grid { stroke: #c4c7cc; stroke-width: 0.6; }
 svg .mark { stroke-width: 1.2; }
@@ -455,11 +460,12 @@ def _heatmap_block(report: Report, gap: str, width: int) -> str:
 
 def _heatmap(report: Report, width: int) -> str:
     name = HEADLINE_GAP.name
-    return (f'<section id="heatmap"><h2>Consumer-wait heatmap</h2><p class="help">Messages counted by when they '
-            "reached the consumer (x, seconds after the group's first produce) and how long they then waited inside "
-            f"it before their handler started (y, log scale): {name} = client_buffer (in the client's local cache) + "
-            "dispatch_wait (for a free worker). A dark band high up means messages queued behind busy workers; "
-            "compare it with the occupancy below to see whether other workers sat idle meanwhile.</p>"
+    return (f'<section id="heatmap"><h2>Consumer-wait heatmap</h2><p class="help">Messages counted by when their '
+            "wait inside the consumer ended — their handler started (x, seconds after the group's first produce) — and "
+            f"how long that wait was (y, log scale): {name} = client_buffer (in the client's local cache) + "
+            "dispatch_wait (for a free worker). A band rising to the right means messages were taken in early and "
+            "queued behind busy workers; compare it with the occupancy below to see whether other workers sat idle "
+            "meanwhile.</p>"
             + _heatmap_block(report, name, width) + "</section>")
 
 
@@ -519,6 +525,33 @@ def _occupancy(report: Report, width: int) -> str:
             "sat idle next to queued work.</p><div class=\"cols\">" + "".join(cards) + "</div></section>")
 
 
+# -- who blocked whom -------------------------------------------------------------------------
+def _blame(report: Report, top: int = 5) -> str:
+    """Per group: the avoidable share of consumer_wait and the messages that held others up."""
+    cards = []
+    for g in report.groups:
+        b = g.blame
+        if b is None:
+            continue
+        rows = "".join(
+            f"<tr><td class='l'><span class='mono'>{escape(x.label)}</span><br><span class='note mono'>"
+            f"{escape(x.message_id)}</span></td><td>{x.worker}</td><td>{fmt_s(x.handler_s)}</td>"
+            f"<td>{fmt_s(x.held_up_s)}</td><td>{x.victims}</td></tr>" for x in b.top[:top])
+        table = ('<table class="wide"><tr><th class="l">blocker</th><th>worker</th><th>handler</th><th>held up</th>'
+                 f"<th>victims</th></tr>{rows}</table>") if rows else (
+            "<p class='note'>No blocker named: the worker ids were inferred.</p>" if not b.blockers_known
+            and b.avoidable_s > 0 else "<p class='note'>Nobody waited while a worker was free.</p>")
+        cards.append(f'<div class="card" data-group="{escape(g.group)}"><h3>{escape(g.group)}</h3>'
+                     f"<p><b>{b.avoidable_share:.0%}</b> of consumer_wait was avoidable ({fmt_s(b.avoidable_s)} of "
+                     f"{fmt_s(b.wait_s)}); {b.head_of_line} head-of-line, {b.capacity} capacity waits</p>{table}</div>")
+    return ('<section id="blame"><h2>Who blocked whom</h2><p class="help">Avoidable: the part of a message\'s '
+            f"consumer_wait during which another worker of its consumer was free (the first {GRACE_NS / 1e6:g} ms of a "
+            "wait and of "
+            "an idle spell are the hand-over, not blamed). A blocker ran on the worker its victims waited for; "
+            "held up is the avoidable wait it caused.</p>"
+            '<div class="cols">' + "".join(cards) + "</div></section>")
+
+
 # -- slowest ---------------------------------------------------------------------------------
 def _slowest(report: Report) -> str:
     cards = []
@@ -531,7 +564,8 @@ def _slowest(report: Report) -> str:
             job = f"<br><span class='note'>job {escape(r.job_id)}</span>" if len(g.jobs) > 1 else ""
             rows.append(f"<tr><td>{i}</td><td class='l'><span class='mono'>{escape(r.message_id)}</span>{keys}{job}"
                         f"</td><td>{'—' if r.worker is None else r.worker}</td><td>{fmt_s(r.total_s)}</td>"
-                        f"<td class='l'>{sw}{crit}<br><span class='note'>{fmt_s(r.gap_s(crit))}</span></td></tr>")
+                        f"<td class='l'>{sw}<span class='stage'>{crit}</span><br>"
+                        f"<span class='note'>{fmt_s(r.gap_s(crit))}</span></td></tr>")
         cards.append(f'<div class="card" data-group="{escape(g.group)}"><h3>{escape(g.group)}</h3>'
                      '<table class="wide"><tr><th>#</th><th class="l">message · keys</th>'
                      f'<th>worker</th><th>end to end</th><th class="l">largest stage</th></tr>{"".join(rows)}'
@@ -560,7 +594,8 @@ def render_html(report: Report, *, title: str = "rmqtrace report", max_rows: int
         f"<header><h1>{escape(title)}</h1><p class='meta'>"
         + " · ".join(x for x in (escape(report.source), f"{report.messages} messages in {len(report.groups)} "
                                  f"consumer group(s): {groups}", f"generated {when}") if x) + "</p>",
-        '<nav><a href="#job-view">Job view</a><a href="#stages">Stage gaps</a><a href="#waterfall">Waterfall</a>'
+        '<nav><a href="#job-view">Job view</a><a href="#stages">Stage gaps</a><a href="#blame">Who blocked whom</a>'
+        '<a href="#waterfall">Waterfall</a>'
         '<a href="#heatmap">Heatmap</a><a href="#occupancy">Occupancy</a><a href="#slowest">Slowest</a></nav>'
         + _legend() + "</header>",
     ]
@@ -569,7 +604,7 @@ def render_html(report: Report, *, title: str = "rmqtrace report", max_rows: int
                     "</p></section>")
     else:
         w = chart_width(len(report.groups))
-        body += [_job_view(report, w), _stages(report), _waterfall(report, max_rows, w), _heatmap(report, w),
+        body += [_job_view(report, w), _stages(report), _blame(report), _waterfall(report, max_rows, w), _heatmap(report, w),
                  _occupancy(report, w), _slowest(report)]
     caveats = "".join(f"<p>{escape(n.removeprefix('* '))}</p>" for n in notes(report))
     body.append(f"<footer>{caveats}<p>All charts of a section share one time axis: seconds after each group's first "

@@ -40,6 +40,7 @@ from ..path import names
 from ..path.stages import GAP_BY_NAME, GAPS, HEADLINE_GAP, PATH_GAPS, Stage
 from ..path.stamps import MISSING, GapValue, Stamps, compute_gaps, timeline
 from ..telemetry.spanfile import SpanRecord
+from .blame import Blame, Run, blame
 
 NO_JOB = "(no job id)"
 NO_GROUP = "(no group)"
@@ -55,6 +56,7 @@ GAP_SPANS: dict[str, tuple[Stage, Stage]] = {
 # Stamps must agree with the process span's end this closely; beyond it they are not trusted.
 # Jaeger keeps µs: start and duration are each truncated, so 2 µs is the honest slack.
 STAMP_TOLERANCE_NS = 5_000
+BLAME_TOP = 10  # blockers ranked per group (independent of --top, the slowest table's length)
 PERCENTILES: tuple[tuple[str, float], ...] = (("p50", 0.50), ("p95", 0.95), ("p99", 0.99), ("max", 1.0))
 # The critical path split: what happened before the message existed, then the path gaps.
 PRODUCED_LATE = "produced_late"
@@ -417,7 +419,10 @@ def bucket_index(edges: Sequence[float], value: float) -> int:
 
 @dataclass
 class Heatmap:
-    """Counts of messages by when their wait began (x) and how long it lasted (y, log buckets)."""
+    """Counts of messages by when their wait ended (x) and how long it lasted (y, log buckets).
+
+    x is the gap's end (handler start for consumer_wait), not its start: a prefetching consumer takes
+    every message in at once, and by its start the map would be one column at x=0."""
 
     gap: str
     bucket_s: float  # time bucket width; bucket i covers [i·w, (i+1)·w) after the group start
@@ -434,14 +439,14 @@ class Heatmap:
 
 def heatmap(records: Sequence[MessageRecord], gap: str, t0_ns: int, axis_s: float, buckets: int,
             edges: Sequence[float]) -> Heatmap:
-    start_stage = GAP_BY_NAME[gap].start
+    end_stage = GAP_BY_NAME[gap].end
     counts = [[0] * buckets for _ in edges]
     width = axis_s / buckets if buckets and axis_s > 0 else 1.0
     for r in records:
         g = r.gaps.get(gap)
         if g is None:
             continue
-        t = (r.t(start_stage) - t0_ns) / 1e9
+        t = (r.t(end_stage) - t0_ns) / 1e9
         i = min(buckets - 1, max(0, int(t / width)))
         counts[bucket_index(edges, g.seconds)][i] += 1
     return Heatmap(gap, width, list(edges), counts)
@@ -543,6 +548,10 @@ def job_stats(group: str, job_id: str, records: Sequence[MessageRecord], workers
 
 
 # -- the sentences both the demo and the report print ------------------------------------------
+# A job within 10% of its lower bound: the wait inside the consumer, however large its share, did not lengthen it.
+NEAR_LOWER_BOUND = 1.10
+
+
 def where_time_went_line(name: str, shares: Mapping[str, float], over_lb: float | None, busy: float | None) -> str:
     """Where a consumer group's (a demo policy's) time went, in one line led by the headline gap.
 
@@ -558,6 +567,9 @@ def where_time_went_line(name: str, shares: Mapping[str, float], over_lb: float 
         line += f", workers busy {busy:.0%} of the time"
     broker = shares.get("send", 0.0) + shares.get("broker_wait", 0.0)
     handler = shares.get("handler", 0.0)
+    if wait >= max(broker, handler) and over_lb and over_lb < NEAR_LOWER_BOUND:
+        return line + (f" — messages waited inside the consumer, yet the job finished within {over_lb - 1:.0%} of its "
+                       "lower bound: here the wait did not make it longer")
     if wait >= max(broker, handler):
         return line + " — messages queued inside the consumer, where no other consumer could take them"
     if broker >= handler:
@@ -602,6 +614,7 @@ class GroupStats:
     slowest: list[MessageRecord]
     occupancy: Occupancy | None = None
     heatmaps: dict[str, Heatmap] = field(default_factory=dict)
+    blame: Blame | None = None  # who blocked whom (tracer.report.blame)
 
     @property
     def duration_s(self) -> float:
@@ -621,6 +634,7 @@ class GroupStats:
             "slowest": [r.as_dict() for r in self.slowest],
             "occupancy": self.occupancy.as_dict() if self.occupancy else None,
             "heatmaps": {k: v.as_dict() for k, v in self.heatmaps.items()},
+            "blame": self.blame.as_dict() if self.blame else None,
         }
 
 
@@ -660,7 +674,27 @@ def build_group(group: str, records: list[MessageRecord], *, top: int = 10, work
     job_list.sort(key=lambda j: j.start_ns)
     slowest = sorted(records, key=lambda r: (-r.total_s, r.start_ns))[:max(0, top)]
     return GroupStats(group, records, workers, source, min(r.start_ns for r in records),
-                      max(r.end_ns for r in records), stage_stats(records), job_list, slowest)
+                      max(r.end_ns for r in records), stage_stats(records), job_list, slowest,
+                      blame=group_blame(records, workers, source))
+
+
+def group_blame(records: Sequence[MessageRecord], workers: int, workers_source: str, *, top: int = BLAME_TOP) -> Blame | None:
+    """Who blocked whom in one group (:mod:`tracer.report.blame`); blockers are named only when the
+    worker ids are the spans' own. None when no message was handled."""
+    runs: list[Run] = []
+    for r in records:
+        if not r.handled or r.worker is None:
+            continue
+        start = r.t(Stage.HANDLER_START)
+        waited = next((ns for ns in (r.t(Stage.CLIENT_PULL), r.t(Stage.DISPATCH_ENQUEUE)) if ns != MISSING), start)
+        enqueued = r.t(Stage.DISPATCH_ENQUEUE)  # put in a worker's buffer (or the shared queue) then
+        runs.append(Run(r.message_id, r.keys or r.message_id, r.worker, min(waited, start), start,
+                        r.t(Stage.HANDLER_END), enqueued if enqueued != MISSING else None))
+    if not runs:
+        return None
+    ids = len({r.worker for r in runs})
+    return blame(runs, max(workers, ids), blockers_known=workers_source != "inferred" and not any(
+        r.worker_inferred for r in records), top=top)
 
 
 HEATMAP_GAPS: tuple[str, ...] = (HEADLINE_GAP.name,)
@@ -694,7 +728,7 @@ def build_report(spans: Iterable[SpanRecord], *, group: str | None = None, job: 
 __all__ = [
     "HEATMAP_GAPS", "NO_GROUP", "NO_JOB", "PERCENTILES", "PRODUCED_LATE", "SPLIT_PARTS", "WAITING_PARTS",
     "CriticalPath", "GroupStats", "Heatmap", "JobStats", "MessageRecord", "Occupancy", "Report", "StageStats",
-    "build_group", "build_report", "format_seconds", "group_line", "heatmap", "infer_workers", "is_process_span",
+    "build_group", "build_report", "format_seconds", "group_blame", "group_line", "heatmap", "infer_workers", "is_process_span",
     "mean_busy",
     "messages_from_spans", "notes", "occupancy", "percentile", "stage_stats", "step_means", "wait_edges",
     "where_time_went_line",

@@ -41,6 +41,11 @@ def find_chromium() -> str | None:
     return "/usr/bin/chromium" if Path("/usr/bin/chromium").exists() else None
 
 
+def no_chromium_message() -> str:
+    return ("--png needs Chromium or Chrome, and none was found (Debian/Ubuntu: `apt-get install chromium`; "
+            "or set RMQTRACE_CHROMIUM to the browser's path). The HTML report does not need it.")
+
+
 def chromium_command(browser: str, user_data_dir: str | Path, *extra: str) -> list[str]:
     return [browser, *HEADLESS_FLAGS, f"--user-data-dir={user_data_dir}", *extra]
 
@@ -81,9 +86,7 @@ def screenshot(html_path: str | Path, png_path: str | Path, *, width: int = 1600
     """
     browser = browser or find_chromium()
     if not browser:
-        raise PngError("--png needs Chromium or Chrome, and none was found (Debian/Ubuntu: "
-                       "`apt-get install chromium`; or set RMQTRACE_CHROMIUM to the browser's path). "
-                       "The HTML report does not need it.")
+        raise PngError(no_chromium_message())
     src = Path(html_path).resolve()
     out = Path(png_path).resolve()
     out.parent.mkdir(parents=True, exist_ok=True)
@@ -99,4 +102,4 @@ def screenshot(html_path: str | Path, png_path: str | Path, *, width: int = 1600
     return out
 
 
-__all__ = ["PngError", "chromium_command", "find_chromium", "page_height", "screenshot"]
+__all__ = ["PngError", "chromium_command", "find_chromium", "no_chromium_message", "page_height", "screenshot"]

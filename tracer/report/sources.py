@@ -1,7 +1,9 @@
 """Where spans come from: the embedded mode's JSON-lines file, or a Jaeger query service.
 
 Both yield :class:`~tracer.spanfile.SpanRecord`. The Jaeger reader speaks the HTTP JSON API the
-Jaeger UI uses (``/api/traces``), with the standard library only.
+Jaeger UI uses (``/api/traces``), with the standard library only. For reading a whole fleet there
+is also :func:`find_traces_v3`: Jaeger's ``api_v3`` gRPC query service, which streams OTLP
+protobuf one trace at a time (see BENCHMARKS.md, "bench report", for why it is the fast path).
 
 Precision: stamps are ns since the epoch (~1.8e18), beyond the 2^53 a double holds exactly.
 Jaeger (v1.76, ``/api/traces``) keeps ``int64`` tags as integers and writes those beyond 2^53 as
@@ -14,6 +16,8 @@ times instead (µs resolution) and the report counts such messages.
 
 from __future__ import annotations
 
+import contextlib
+import gc
 import json
 import re
 import time
@@ -33,6 +37,24 @@ class SourceError(Exception):
     """The spans could not be read; the message says why and what to try."""
 
 
+@contextlib.contextmanager
+def paused_gc() -> Iterator[None]:
+    """The cyclic garbage collector off while a reader builds its objects, as it was afterwards.
+
+    Parsing spans allocates millions of objects and no cycles; every allocation burst triggers a
+    collection that walks all that was parsed so far: 43 % of reading a 10⁵-message span file
+    (9.1 s → 5.2 s, BENCHMARKS.md "bench report"). Nothing to collect is missed: cycles made
+    meanwhile are collected at the next collection after it.
+    """
+    was = gc.isenabled()
+    gc.disable()
+    try:
+        yield
+    finally:
+        if was:
+            gc.enable()
+
+
 # -- JSON lines ------------------------------------------------------------------------------
 def read_jsonl(path: str | Path) -> list[SpanRecord]:
     p = Path(path)
@@ -41,7 +63,8 @@ def read_jsonl(path: str | Path) -> list[SpanRecord]:
     if p.is_dir():
         raise SourceError(f"{p} is a directory; give the spans.jsonl file inside it")
     try:
-        return list(read_spans(p))
+        with paused_gc():
+            return list(read_spans(p))
     except OSError as exc:
         raise SourceError(f"cannot read {p}: {exc}") from exc
 
@@ -193,7 +216,8 @@ def read_jaeger(base_url: str = DEFAULT_JAEGER, service: str = DEFAULT_SERVICE, 
     query = urllib.parse.urlencode({"service": service, "limit": limit,
                                     "start": end_us - int(lookback_s * 1e6), "end": end_us})
     payload = _get_json(f"{base}/api/traces?{query}", timeout)
-    spans = list(spans_from_jaeger_json(payload))
+    with paused_gc():
+        spans = list(spans_from_jaeger_json(payload))
     if not spans:
         services = _get_json(f"{base}/api/services", timeout).get("data") or []
         hint = f"services known: {', '.join(sorted(services))}" if services else "Jaeger knows no services yet"
@@ -205,10 +229,118 @@ def read_jaeger_trace(base_url: str, trace_id: str, *, timeout: float = 30.0) ->
     return list(spans_from_jaeger_json(_get_json(f"{base_url.rstrip('/')}/api/traces/{trace_id}", timeout)))
 
 
+# -- Jaeger api_v3 (gRPC, OTLP protobuf, streamed) ----------------------------------------------
+V3_FIND_TRACES = "/jaeger.api_v3.QueryService/FindTraces"
+DEFAULT_V3_PORT = 16685  # jaeger_query's default gRPC endpoint …
+DEFAULT_HTTP_PORT = 16686  # … beside its default HTTP one
+
+
+class SearchDepthTooLarge(SourceError):
+    """The store refused the search depth (Jaeger's memory store: more than its ``max_traces``)."""
+
+
+def v3_target(base_url: str, grpc_target: str | None = None) -> str | None:
+    """``host:port`` of the api_v3 gRPC service: ``grpc_target`` if given; else, when ``base_url``
+    is on Jaeger's default HTTP port 16686, the same host on its default gRPC port 16685; else
+    None (a Jaeger moved to other ports says nothing of where its gRPC went)."""
+    if grpc_target:
+        return grpc_target
+    url = urllib.parse.urlsplit(base_url)
+    if url.port != DEFAULT_HTTP_PORT:
+        return None
+    host = url.hostname or "127.0.0.1"
+    return f"[{host}]:{DEFAULT_V3_PORT}" if ":" in host else f"{host}:{DEFAULT_V3_PORT}"
+
+
+def _varint(n: int) -> bytes:
+    out = bytearray()
+    while True:
+        b, n = n & 0x7F, n >> 7
+        out.append(b | 0x80 if n else b)
+        if not n:
+            return bytes(out)
+
+
+def _field(number: int, payload: bytes) -> bytes:  # wire type 2: length-delimited
+    return _varint(number << 3 | 2) + _varint(len(payload)) + payload
+
+
+def _timestamp(ns: int) -> bytes:  # google.protobuf.Timestamp {1: seconds, 2: nanos}
+    seconds, nanos = divmod(ns, 1_000_000_000)
+    return _varint(1 << 3) + _varint(seconds) + (_varint(2 << 3) + _varint(nanos) if nanos else b"")
+
+
+def find_traces_request(service: str, start_ns: int, end_ns: int, depth: int, *, raw: bool = False) -> bytes:
+    """``api_v3.FindTracesRequest`` as protobuf bytes. Hand-encoded (five fields) so that no
+    generated Jaeger stubs are needed; field numbers from jaeger-idl ``api_v3/query_service.proto``:
+    TraceQueryParameters {1 service_name, 4 start_time_min, 5 start_time_max, 8 search_depth,
+    9 raw_traces}, FindTracesRequest {1 query}."""
+    if depth < 1:
+        raise ValueError(f"search depth must be >= 1, got {depth}")
+    query = (_field(1, service.encode()) + _field(4, _timestamp(start_ns)) + _field(5, _timestamp(end_ns))
+             + _varint(8 << 3) + _varint(depth) + (_varint(9 << 3) + _varint(1) if raw else b""))
+    return _field(1, query)
+
+
+def find_traces_v3(target: str, service: str, start_ns: int, end_ns: int, *, depth: int,
+                   timeout: float = 30.0, raw: bool = False) -> Iterator[Any]:
+    """Stream ``opentelemetry.proto.trace.v1.TracesData`` messages (Jaeger sends one per trace)
+    for the traces of ``service`` with a span starting in [start, end], at most ``depth`` traces.
+    ``raw=False`` runs Jaeger's adjusters (clock skew, span de-duplication, attribute sorting …) on
+    every trace, as ``/api/traces`` always does; ``raw=True`` skips them (most of Jaeger's CPU time
+    for a large read).
+
+    Needs ``grpcio`` (the ``grpc`` or ``rocketmq`` extra). Raises :class:`SourceError` (and
+    :class:`SearchDepthTooLarge` when the store refuses ``depth``); ImportError without grpcio.
+    """
+    import grpc  # type: ignore[import-untyped]
+    import grpc.experimental  # type: ignore[import-untyped]
+    from opentelemetry.proto.trace.v1.trace_pb2 import TracesData
+
+    request = find_traces_request(service, start_ns, end_ns, depth, raw=raw)
+    # Single-threaded streaming: each message is read on the caller's thread instead of being
+    # handed over from the channel's spin thread (a wake-up per trace; half the read in profiles).
+    options = [(grpc.experimental.ChannelOptions.SingleThreadedUnaryStream, 1)]
+    with grpc.insecure_channel(target, options=options) as channel:
+        call = channel.unary_stream(V3_FIND_TRACES, request_serializer=None,
+                                    response_deserializer=TracesData.FromString)
+        try:
+            yield from call(request, timeout=timeout)
+        except grpc.RpcError as exc:
+            code, detail = exc.code(), exc.details() or ""  # type: ignore[attr-defined]
+            if "search depth" in detail:
+                raise SearchDepthTooLarge(f"Jaeger at {target} refused search depth {depth}: {detail}") from exc
+            if code == grpc.StatusCode.UNAVAILABLE:
+                raise SourceError(f"cannot reach Jaeger's api_v3 gRPC service at {target}: {detail}") from exc
+            raise SourceError(f"Jaeger api_v3 at {target} answered {code.name}: {detail}") from exc
+
+
+def any_value(v: Any) -> Any:
+    """An OTLP ``AnyValue`` as the attribute the SDK wrote (int64 stays an exact int)."""
+    kind = v.WhichOneof("value")
+    if kind == "string_value":
+        return v.string_value
+    if kind == "int_value":
+        return v.int_value
+    if kind == "bool_value":
+        return v.bool_value
+    if kind == "double_value":
+        return v.double_value
+    if kind == "array_value":
+        return [any_value(x) for x in v.array_value.values]
+    if kind == "bytes_value":
+        return v.bytes_value
+    if kind == "kvlist_value":
+        return {kv.key: any_value(kv.value) for kv in v.kvlist_value.values}
+    return None
+
+
 def count_processes(spans: Iterable[SpanRecord]) -> int:
     from .model import is_process_span
     return sum(1 for s in spans if is_process_span(s))
 
 
-__all__ = ["DEFAULT_JAEGER", "DEFAULT_SERVICE", "SourceError", "count_processes", "jaeger_span", "parse_duration",
-           "read_jaeger", "read_jaeger_trace", "read_jsonl", "read_jsonl_counted", "spans_from_jaeger_json"]
+__all__ = ["DEFAULT_JAEGER", "DEFAULT_SERVICE", "DEFAULT_V3_PORT", "SearchDepthTooLarge", "SourceError", "any_value",
+           "count_processes", "find_traces_request", "find_traces_v3", "jaeger_span", "parse_duration", "paused_gc",
+           "read_jaeger",
+           "read_jaeger_trace", "read_jsonl", "read_jsonl_counted", "spans_from_jaeger_json", "v3_target"]

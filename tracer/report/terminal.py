@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import os
-from typing import Any
+from typing import Any, Sequence
 
 from ..path.stages import GAPS, HEADLINE_GAP
 from .model import PRODUCED_LATE, SPLIT_PARTS, GroupStats, Report, format_seconds, group_line, notes
@@ -13,6 +13,19 @@ STAGE_STYLE = {PRODUCED_LATE: "grey50", "send": "grey62", "broker_wait": "sky_bl
 
 
 seconds = format_seconds
+
+
+def hanging(console: Any, label: str, lines: Sequence[str]) -> None:
+    """``label`` then each line, wrapped lines indented under their text: a grid, so the indent holds
+    when piped too (rich wraps a plain print at column 0)."""
+    from rich.table import Table
+
+    grid = Table.grid(padding=(0, 1))
+    grid.add_column(no_wrap=True)
+    grid.add_column()
+    for line in lines:
+        grid.add_row(label, line)
+    console.print(grid)
 
 
 def _split_bar(split: dict[str, float], width: int = 40) -> Any:
@@ -80,6 +93,29 @@ def critical_lines(report: Report) -> list[Any]:
     return lines
 
 
+def blame_table(report: Report, top: int = 5) -> Any:
+    """Who blocked whom: per group the avoidable share, then its worst blockers by the wait they caused."""
+    t = _table("Who blocked whom: consumer_wait while another worker was free (avoidable), and the messages "
+               "that ran in front of it, by the avoidable wait they caused")
+    for col in ("group", "avoidable", "hol/cap", "blocker", "ran", "held up", "victims"):
+        t.add_column(col, justify="left" if col in ("group", "blocker") else "right", no_wrap=True)
+    names = short_names([g.group for g in report.groups])
+    for name, g in zip(names, report.groups):
+        b = g.blame
+        if b is None:
+            continue
+        head = [name, f"{b.avoidable_share:.0%}", f"{b.head_of_line}/{b.capacity}"]
+        blockers = list(b.top[:top])
+        if not blockers:
+            why = "— (worker ids inferred)" if not b.blockers_known and b.avoidable_s > 0 else "—"
+            t.add_row(*head, why, "", "", "", end_section=True)
+            continue
+        for i, x in enumerate(blockers):
+            t.add_row(*(head if i == 0 else [""] * len(head)), x.label, seconds(x.handler_s),
+                      seconds(x.held_up_s), str(x.victims), end_section=i == len(blockers) - 1)
+    return t
+
+
 def short_names(names: list[str]) -> list[str]:
     """Group names without the prefix they all share up to a ``-``, ``.`` or ``_`` (``demo-``)."""
     if len(names) < 2:
@@ -131,12 +167,15 @@ def slowest_table(g: GroupStats, width: int = 120) -> Any:
 def render(report: Report, console: Any, *, top: int = 10) -> None:
     console.print(f"[bold]rmqtrace report[/] — {report.source}: {report.messages} messages in "
                   f"{len(report.groups)} consumer group(s), {report.spans} spans", soft_wrap=True)
-    for g in report.groups:
-        console.print(f"  • {group_line(g)}")
+    hanging(console, "  •", [group_line(g) for g in report.groups])
+    # who blocked whom in one sentence per group: the demo prints the same one
+    hanging(console, "  •", [g.blame.line(g.group) for g in report.groups if g.blame is not None])
     console.print(job_table(report))
     for line in critical_lines(report):
         console.print(line)
     console.print()
+    if any(g.blame for g in report.groups):
+        console.print(blame_table(report))
     console.print(stage_table(report))
     if top > 0:
         for g in report.groups:
@@ -147,4 +186,4 @@ def render(report: Report, console: Any, *, top: int = 10) -> None:
     console.print(f"[dim]stages:[/] {legend}")
 
 
-__all__ = ["job_table", "render", "seconds", "slowest_table", "stage_table"]
+__all__ = ["blame_table", "hanging", "job_table", "render", "seconds", "slowest_table", "stage_table"]

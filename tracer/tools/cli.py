@@ -61,9 +61,10 @@ def _policies(text: str) -> tuple[str, ...]:
     return names
 
 
-def _console() -> Any:
+def _console(stderr: bool = False) -> Any:
+    """The human output; on stderr when stdout carries the one ``--json`` document."""
     from rich.console import Console
-    return Console(stderr=False, highlight=False)
+    return Console(stderr=stderr, highlight=False)
 
 
 def _progress(console: Any) -> Any:
@@ -83,12 +84,14 @@ def add_demo_arguments(d: argparse.ArgumentParser) -> None:
     d.add_argument("--workers", type=whole_at_least(1), default=8, help="handler workers (default 8)")
     d.add_argument("--case-ms", type=positive_number, default=10.0, metavar="MS",
                    help="milliseconds one test case takes (default 10)")
-    d.add_argument("--buffer", type=whole_at_least(0), default=10,
-                   help="per-worker buffer of the baseline policies round_robin and random (default 10)")
+    d.add_argument("--buffer", type=whole_at_least(0), default=10, metavar="K",
+                   help="round_robin and random only: waiting slots per worker; each message is dealt to one worker "
+                        "and waits in its buffer even while others idle. 0: no slot, the next message blocks until "
+                        "its own worker is free (still head-of-line). aggressive and cost_aware ignore it (default 10)")
     d.add_argument("--policies", type=_policies, default=("round_robin", "aggressive", "cost_aware"),
                    metavar="LIST", help="comma-separated, each once: round_robin, random, aggressive, cost_aware "
                                         "(default round_robin,aggressive,cost_aware)")
-    d.add_argument("--seed", type=int, default=7, help="seed of the job's size distribution (default 7)")
+    d.add_argument("--seed", type=whole_at_least(0), default=7, help="seed of the job's size distribution (default 7)")
     d.add_argument("--consumers", type=whole_at_least(1), default=1, metavar="C",
                    help="C > 1: the job over C consumers of one group (each --workers workers), prefetching "
                         "vs demand-driven, per consumer (default 1: the policies on one consumer)")
@@ -97,7 +100,8 @@ def add_demo_arguments(d: argparse.ArgumentParser) -> None:
                         "$RMQTRACE_METRICS_PORT also works)")
     d.add_argument("--out", default=os.environ.get("RMQTRACE_OUT", "rmqtrace-out"), metavar="DIR",
                    help="output folder (default $RMQTRACE_OUT or rmqtrace-out)")
-    d.add_argument("--json", action="store_true", help="also print the per-policy summary as JSON")
+    d.add_argument("--json", action="store_true",
+                   help="print the per-policy summary as one JSON document on stdout; tables and progress go to stderr")
     d.add_argument("--trace-sampling", type=probability, default=None, metavar="P",
                    help="keep traces by the in-process keep policy: producers sample nothing; failures, slow "
                         "messages and each job's critical path are kept, other messages with probability P")
@@ -177,36 +181,71 @@ def policy_table(runs: Sequence[PolicyRun]) -> Any:
 
 
 def gap_table(runs: Sequence[PolicyRun]) -> Any:
-    """Percentiles of every gap, the headline first, one row per gap and policy (fits 80 columns)."""
+    """Percentiles of every gap, the headline first, one row per gap and policy (fits 80 columns),
+    in the report's units (µs, ms, s)."""
+    from rich import box
     from rich.table import Table
 
     from ..path.stages import GAPS, HEADLINE_GAP
+    from ..report.model import format_seconds
 
-    gaps = Table(title="Stage gaps in seconds (share = of all end-to-end time)")
+    # No vertical rules: with the report's units (up to "655.6 ms") the table still fits 80 columns.
+    gaps = Table(title="Stage gaps (share = of all end-to-end time)", box=box.SIMPLE_HEAD, show_edge=False, pad_edge=False)
     for col in ("gap", "policy", "p50", "p95", "p99", "max", "share"):
-        gaps.add_column(col, justify="left" if col in ("gap", "policy") else "right")
+        gaps.add_column(col, justify="left" if col in ("gap", "policy") else "right", no_wrap=True)
     for g in (HEADLINE_GAP, *(g for g in GAPS if g is not HEADLINE_GAP)):
         for i, r in enumerate(runs):
             share = f"{r.share(g.name):.0%}" if g.name != "end_to_end" else ""
             gaps.add_row(g.name if i == 0 else "", r.policy,
-                         *[f"{r.percentile(g.name, q):.3f}" for q in (.5, .95, .99, 1.0)], share,
+                         *[format_seconds(r.percentile(g.name, q)) for q in (.5, .95, .99, 1.0)], share,
                          end_section=i == len(runs) - 1)
     return gaps
 
 
+POLICY_TABLE_KEY = ("× LB = job time / LB: 1.00 is as fast as any schedule can be. busy = the workers' time "
+                    "in handlers, total handler time / (workers × job time).")
+FIX = 'ConsumeLoop(consumer, handler, policy="aggressive")'
+PUSH_FIX = "tracer.clients.demandpush.DemandPushConsumer"
+BASELINES = ("round_robin", "random")
+
+
+def next_step(runs: Sequence[PolicyRun]) -> str:
+    """The closing line: which run is the incident, the fix, where to read more."""
+    from ..path.stages import HEADLINE_GAP
+    from ..report.model import NEAR_LOWER_BOUND
+
+    more = "read more: README \"The dispatcher\", docs/dispatch.md, and report.html"
+    fix = (f"the fix in your consumer is {FIX}: every worker holds at most one message and whichever is free "
+           f"takes the next (a PushConsumer: {PUSH_FIX}, same constructor)")
+    incident = max((r for r in runs if r.policy in BASELINES), key=lambda r: r.over_lb, default=None)
+    if incident is None:
+        return (f"none of these runs is the incident (round_robin: a buffer per worker); run --policies "
+                f"round_robin,aggressive to see it next to the fix, {FIX}; {more}.")
+    numbers = f"{HEADLINE_GAP.name} {incident.share(HEADLINE_GAP.name):.0%}, {incident.over_lb:.2f}× LB"
+    if incident.over_lb < NEAR_LOWER_BOUND:
+        return (f"{incident.policy} is the incident's dispatch, but in this job its wait did not make the job longer "
+                f"({numbers}): the longest message set the pace. With many groups (the default 500) it does; "
+                f"{fix}; {more}.")
+    return (f"{incident.policy} is the incident: each worker's own buffer held messages behind a long one "
+            f"({numbers}); {fix}; {more}.")
+
+
 def print_results(console: Any, runs: Sequence[PolicyRun]) -> None:
-    from .demo import keep_line, where_time_went
+    from ..report.terminal import hanging
+    from .demo import blame_line, keep_line, where_time_went
 
     console.print(policy_table(runs))
+    hanging(console, " ", [POLICY_TABLE_KEY])
     console.print(gap_table(runs))
     console.print("[bold]Where the time went[/]")
-    for r in runs:
-        console.print(f"  • {where_time_went(r)}")
+    hanging(console, "  •", [where_time_went(r) for r in runs])
+    blamed = [line for line in (blame_line(r) for r in runs) if line]
+    if blamed:
+        hanging(console, "  •", blamed)
     kept = [line for line in (keep_line(r) for r in runs) if line]
     if kept:
         console.print("[bold]Traces kept[/]")
-        for line in kept:
-            console.print(f"  • {line}")
+        hanging(console, "  •", kept)
 
 
 def cmd_demo(args: argparse.Namespace) -> int:
@@ -224,13 +263,20 @@ def cmd_demo(args: argparse.Namespace) -> int:
     why = _writable(out)
     if why:
         return _fail(DEMO_PROG, f"--out {out}: cannot write there ({why})")
-    console = _console()
+    console = _console(stderr=args.json)
     if server is not None:
         console.print(f"serving /metrics on http://{settings.metrics_addr}:{settings.metrics_port}/metrics")
-    if args.consumers > 1:
-        from .fleetdemo import cli_fleet_demo
-        return cli_fleet_demo(args, settings, registry, console, _progress(console))
-    runs = run_demo_job(args, settings, registry, console)
+    try:
+        if args.consumers > 1:
+            from .fleetdemo import cli_fleet_demo
+            return cli_fleet_demo(args, settings, registry, console, _progress(console))
+        runs = run_demo_job(args, settings, registry, console)
+    except KeyboardInterrupt:
+        left = f"{settings.spans_file} holds only the messages finished so far" if settings.spans_file else \
+            "spans sent so far were exported"
+        print(f"{DEMO_PROG}: interrupted; {left} (a partial run: no summary.json or report.html was written "
+              "by it)", file=sys.stderr)
+        return 130
     print_results(console, runs)
     if settings.spans_file:
         console.print(f"spans: {settings.spans_file}")
@@ -238,6 +284,8 @@ def cmd_demo(args: argparse.Namespace) -> int:
     if report:
         console.print(f"report: open {report}")
     console.print(f"summary: {out / 'summary.json'}")
+    from ..report.terminal import hanging
+    hanging(console, "[bold]Next:[/]", [next_step(runs)])
     if args.json:
         print(json.dumps([r.as_dict() for r in runs]))
     return 0
@@ -255,12 +303,18 @@ def _maybe_report(out: Path, spans_file: str | None) -> str | None:
 
 # -- bench -----------------------------------------------------------------------------------
 def cmd_bench(args: argparse.Namespace) -> int:
+    if args.which is None:
+        names = list(args.benchmarks)
+        Parser(prog="rmqtrace bench").error(f"give a benchmark: {', '.join(names[:-1])} or {names[-1]}")
     if args.which == "broker":
         from .bench.broker import run_cli
         return run_cli(args)
     if args.which == "fleet":
         from .bench.fleet import run_cli as run_fleet_cli
         return run_fleet_cli(args)
+    if args.which == "report":
+        from .bench.report import run_cli as run_report_cli
+        return run_report_cli(args)
     console = _console()
     if args.which == "overhead":
         from .bench.overhead import format_overhead_bench, run_overhead_bench
@@ -304,18 +358,27 @@ def build_parser() -> argparse.ArgumentParser:
     d.set_defaults(func=cmd_demo)
 
     b = sub.add_parser("bench", help="benchmarks behind BENCHMARKS.md (ratios against a baseline in the same run)")
-    b.add_argument("which", choices=["overhead", "dispatch", "broker", "fleet"],
+    # nargs="?": a missing benchmark gets our sentence (cmd_bench), not argparse's "required: which".
+    which = b.add_argument("which", nargs="?", metavar="BENCHMARK", choices=["overhead", "dispatch", "broker", "fleet",
+                                                                                 "report"],
                    help="overhead: tracing cost per message vs one SDK span; dispatch: policies vs lower bound and "
                         "the dispatcher vs ThreadPoolExecutor; broker: traced vs untraced throughput on the local "
                         "RocketMQ (services/rocketmq/rmq.sh start); fleet: one long-tailed job over 3 consumer "
-                        "processes on the local RocketMQ, push consumer vs prefetch vs demand-driven")
+                        "processes on the local RocketMQ, push consumer vs prefetch vs demand-driven; report: "
+                        "reading 10^4/10^5 messages from a span file and from Jaeger (report --fleet)")
     b.add_argument("--json", action="store_true", help="print one JSON object instead of a table")
     b.add_argument("--messages", type=whole_at_least(1), default=30_000,
                    help="overhead: messages per loop in all (default 30000)")
     b.add_argument("--rounds", type=whole_at_least(1), default=7, help="overhead: interleaved rounds (default 7)")
     b.add_argument("--seeds", type=whole_at_least(1), default=5, help="dispatch: job seeds (default 5)")
     b.add_argument("--quick", action="store_true", help="dispatch, fleet: smaller runs for CI")
-    b.set_defaults(func=cmd_bench)
+    b.add_argument("--sizes", default="10000,100000", help="report: messages per size, comma-separated")
+    b.add_argument("--jaeger", default="http://127.0.0.1:16686", help="report: Jaeger query HTTP URL")
+    b.add_argument("--jaeger-grpc", metavar="HOST:PORT", help="report: Jaeger api_v3 gRPC (default: --jaeger host:16685)")
+    b.add_argument("--otlp", default="http://127.0.0.1:4318", help="report: OTLP HTTP endpoint the spans are loaded through")
+    b.add_argument("--http-max", type=whole_at_least(1), default=10_000,
+                   help="report: time the /api/traces baseline up to this size (default 10000)")
+    b.set_defaults(func=cmd_bench, benchmarks=tuple(which.choices or ()))
 
     from ..report import add_cli as add_report_cli
 

@@ -30,14 +30,15 @@ from ..embedded import EmbeddedBroker, Message, Producer, SimpleConsumer
 from ..path.propagation import COST
 from ..path.stages import GAPS, PATH_GAPS, Outcome, Stage
 from ..path.stamps import Stamps, compute_gaps
-from ..report.model import percentile, where_time_went_line
+from ..report.blame import Blame, Run, blame
+from ..report.model import BLAME_TOP, percentile, where_time_went_line
 from ..telemetry.hold import HoldingSpanProcessor
 from ..telemetry.keep import KeepPolicy
 from ..telemetry.metrics import TracerMetrics
 from ..telemetry.tracer import MessageTrace, MessageTracer
 from .workload import JobItem, make_job
 
-__all__ = ["SLOW_CONSUMER_WAIT_S", "TOPIC", "DemoOptions", "PolicyRun", "keep_line", "run_demo", "run_policy",
+__all__ = ["SLOW_CONSUMER_WAIT_S", "TOPIC", "DemoOptions", "PolicyRun", "blame_line", "keep_line", "run_demo", "run_policy",
            "summary_json", "where_time_went"]
 
 TOPIC = "testcase-groups"
@@ -72,6 +73,7 @@ class PolicyRun:
     gaps: dict[str, list[float]] = field(default_factory=dict)
     handler_s: list[float] = field(default_factory=list)
     keep: dict[str, Any] | None = None  # what the keep policy kept (with --trace-sampling)
+    blame: Blame | None = None  # who blocked whom, from the run's stamps (tracer.report.blame)
 
     @property
     def over_lb(self) -> float:
@@ -95,6 +97,8 @@ class PolicyRun:
             "gaps": {g.name: {"p50": self.percentile(g.name, .5), "p95": self.percentile(g.name, .95),
                               "p99": self.percentile(g.name, .99), "max": self.percentile(g.name, 1.0),
                               "share": self.share(g.name)} for g in GAPS},
+            "avoidable_wait_share": self.blame.avoidable_share if self.blame else None,
+            "top_blockers": [b.as_dict() for b in self.blame.top[:BLAME_TOP]] if self.blame else [],
             **(self.keep or {}),  # with --trace-sampling: messages, traces_kept, slow_messages, ...
         }
 
@@ -108,6 +112,7 @@ def run_policy(policy: str, job: Sequence[JobItem], opts: DemoOptions, *,
     group = f"demo-{policy}"
     finished: list[tuple[list[int], float | None]] = []
     ids: list[str] = []
+    runs: list[Run] = []
     done = threading.Event()
     lock = threading.Lock()
 
@@ -115,6 +120,12 @@ def run_policy(policy: str, job: Sequence[JobItem], opts: DemoOptions, *,
         with lock:
             finished.append((list(trace.stamps.times), trace.carried.cost))
             ids.append(trace.info.message_id or "")
+            t = trace.stamps.times
+            if trace.worker is not None and t[Stage.HANDLER_START] and t[Stage.HANDLER_END]:
+                mid = trace.info.message_id or ""
+                runs.append(Run(mid, ",".join(trace.info.keys) or mid, trace.worker,
+                                min(t[Stage.CLIENT_PULL] or t[Stage.HANDLER_START], t[Stage.HANDLER_START]),
+                                t[Stage.HANDLER_START], t[Stage.HANDLER_END], t[Stage.DISPATCH_ENQUEUE] or None))
             if len(finished) >= len(job):
                 done.set()
         on_message()
@@ -157,6 +168,8 @@ def run_policy(policy: str, job: Sequence[JobItem], opts: DemoOptions, *,
     consumer.shutdown()
     producer.shutdown()
     run = _summarise(policy, opts, finished, loop.stats.failed)
+    if runs:
+        run.blame = blame(runs, max(opts.workers, len({r.worker for r in runs})), top=BLAME_TOP)
     if keeping is not None:
         run.keep = keeping.summary(finished, ids)
     return run
@@ -229,6 +242,11 @@ def where_time_went(run: PolicyRun) -> str:
     """One line: the headline share first, then the job against its lower bound (as the report says it)."""
     shares = {g.name: run.share(g.name) for g in GAPS}
     return where_time_went_line(run.policy, shares, run.over_lb or None, run.occupancy())
+
+
+def blame_line(run: PolicyRun) -> str | None:
+    """Who blocked whom in one line, numbers from the run: the avoidable share and the worst blocker."""
+    return run.blame.line(run.policy) if run.blame else None
 
 
 def run_demo(opts: DemoOptions, *, tracer_provider: TracerProvider | None,

@@ -33,6 +33,7 @@ from ..clients.producer import TracedProducer
 from ..dispatch.simulate import lower_bound
 from ..embedded import EmbeddedBroker, Message, Producer, SimpleConsumer
 from ..path.stages import Outcome, Stage
+from ..report.blame import Run, fleet_avoidable
 from ..report.fleet import FleetSection, Handled, fleet_page
 from ..telemetry.occupancy import OccupancyMetrics, OccupancySnapshot
 from ..telemetry.tracer import MessageTrace, MessageTracer
@@ -77,6 +78,8 @@ class FleetModeRun:
     hol_s: list[float]  # exact, per consumer
     fleet_idle_while_held_s: float
     records: list[Handled] = field(default_factory=list, repr=False)
+    # consumer_wait and its parts avoidable inside a consumer / elsewhere in the fleet (tracer.report.blame)
+    avoidable: dict[str, float] = field(default_factory=dict)
 
     def as_dict(self) -> dict[str, Any]:
         return {
@@ -90,6 +93,7 @@ class FleetModeRun:
                  "max_held_unstarted": self.max_held[i], "hol_idle_worker_seconds": round(self.hol_s[i], 3)}
                 for i in range(self.consumers)],
             "fleet_idle_worker_seconds_while_held": round(self.fleet_idle_while_held_s, 3),
+            "avoidable_wait": {k: round(v, 6) for k, v in self.avoidable.items()},
         }
 
 
@@ -114,6 +118,7 @@ def _run_mode(mode: str, opts: FleetDemoOptions, *, tracer_provider: TracerProvi
 
     occupancy = OccupancyMetrics(registry=registry or CollectorRegistry())
     records: list[Handled] = []
+    runs: list[list[Run]] = [[] for _ in range(opts.consumers)]
     lock = threading.Lock()
     done = threading.Event()
     seen: set[int] = set()
@@ -131,6 +136,9 @@ def _run_mode(mode: str, opts: FleetDemoOptions, *, tracer_provider: TracerProvi
             with lock:
                 i = index[keys[0]]
                 records.append(Handled(i, instance, t[Stage.CLIENT_PULL], t[Stage.HANDLER_START], t[Stage.HANDLER_END]))
+                if trace.worker is not None:
+                    runs[instance].append(Run(keys[0], keys[0], trace.worker, t[Stage.CLIENT_PULL],
+                                              t[Stage.HANDLER_START], t[Stage.HANDLER_END]))
                 seen.add(i)
                 if len(seen) >= len(job):
                     done.set()
@@ -172,7 +180,9 @@ def _run_mode(mode: str, opts: FleetDemoOptions, *, tracer_provider: TracerProvi
     for occ in trackers:
         occ.close()
         snaps.append(occ.snapshot())
-    return _summarise(mode, opts, records, snaps, t0)
+    run = _summarise(mode, opts, records, snaps, t0)
+    run.avoidable = fleet_avoidable(runs, [opts.workers] * opts.consumers)
+    return run
 
 
 def _summarise(mode: str, opts: FleetDemoOptions, records: list[Handled], snaps: Sequence[OccupancySnapshot],
@@ -277,13 +287,17 @@ def cli_fleet_demo(args: Any, settings: Any, registry: CollectorRegistry, consol
         if p is not None:
             p.force_flush()
     console.print(fleet_table(runs))
-    for r in runs:
-        console.print(f"  • {r.mode}: job {r.makespan_s:.2f} s = {r.makespan_s / r.greedy_s:.2f}x the fleet's greedy "
-                      f"schedule; {r.fleet_idle_while_held_s:.1f} idle worker-s while another consumer held work")
+    from ..report.terminal import hanging
+
+    hanging(console, "  •", [f"{r.mode}: job {r.makespan_s:.2f} s = {r.makespan_s / r.greedy_s:.2f}x the fleet's greedy "
+                             f"schedule; {r.fleet_idle_while_held_s:.1f} idle worker-s while another consumer held work; "
+                             f"{r.avoidable.get('fleet_share', 0.0):.0%} of consumer_wait avoidable in the fleet "
+                             f"({r.avoidable.get('elsewhere_share', 0.0):.0%} while another consumer had a free worker)"
+                             for r in runs])
     out = Path(args.out) / "fleet.json"
     write_fleet_json(runs, out)
     page = write_fleet_html(runs, Path(args.out) / "fleet.html")
-    console.print(f"report: open {page.resolve().as_uri()}")
+    console.print(f"report: open {page}")  # as the single-consumer demo says it: the path as given
     console.print(f"summary: {out}")
     if getattr(args, "json", False):
         print(json.dumps([r.as_dict() for r in runs]))
@@ -294,7 +308,8 @@ def write_fleet_html(runs: Sequence[FleetModeRun], path: Path) -> Path:
     """The fleet page (:func:`tracer.report.fleet.fleet_page`): per mode, one lane group per consumer."""
     sections = [FleetSection(
         r.mode, f"job {r.makespan_s:.2f} s = {r.makespan_s / r.greedy_s:.2f}× the fleet's greedy schedule; "
-        f"{r.fleet_idle_while_held_s:.1f} idle worker-s while another consumer held work; messages per consumer "
+        f"{r.fleet_idle_while_held_s:.1f} idle worker-s while another consumer held work; "
+        f"{r.avoidable.get('fleet_share', 0.0):.0%} of consumer_wait avoidable in the fleet; messages per consumer "
         f"{' / '.join(map(str, r.messages))}", [f"consumer-{i}" for i in range(r.consumers)],
         [r.workers] * r.consumers, r.records, r.max_held) for r in runs]
     path.parent.mkdir(parents=True, exist_ok=True)

@@ -1,0 +1,225 @@
+"""The 5.x ``PushConsumer`` fix in one line: same constructor and lifecycle, demand-driven underneath.
+
+The stock ``PushConsumer`` receives ahead into a cache of up to 1024 messages per queue and hands
+them to a thread pool; a message cached behind a long one waits there while other consumers of the
+group (and, with a key-bound pool, other threads) sit idle. :class:`DemandPushConsumer` takes the
+same arguments — ``(client_configuration, consumer_group, message_listener, subscription, …)`` —
+and the same ``startup()`` / ``shutdown()``, but runs a
+:class:`~tracer.clients.consume.ConsumeLoop` over a ``SimpleConsumer`` with the ``aggressive``
+dispatcher: it receives only as many messages as it has free workers, every worker holds at most
+one message, and the rest stays in the broker where any member of the group can take it.
+
+The listener's answer is honoured as the stock client honours it: ``ConsumeResult.SUCCESS`` acks;
+``FAILURE``, an exception, or anything else gives the message back (it returns after the loop's
+retry backoff, ``delivery_attempt + 1``). ``shutdown()`` stops receiving, lets the messages already
+held run and be acked (at most ``shutdown_timeout`` seconds; messages still held then return to the
+broker when their lease runs out), and then shuts the client down.
+
+``client_configuration`` is a ``rocketmq.ClientConfiguration`` (the real proxy) or an
+:class:`~tracer.embedded.EmbeddedBroker` (the same code on the embedded broker). Messages are
+traced by a :class:`~tracer.telemetry.tracer.MessageTracer` for the group (``tracer=`` to pass
+your own): under ``opentelemetry-instrument`` (the instrumentor active) the instrumentor's own
+tracer for that group — its provider and metrics, as for every consumer it traces — else one on
+the global tracer provider. Same spans, stamps and metrics as every other rmqtrace seam; the loop
+suppresses the instrumentor's ``SimpleConsumer`` patches, so nothing is traced twice.
+
+What differs from the stock class, on purpose: ``max_cache_message_count`` and
+``max_cache_message_size`` are accepted and ignored (there is no cache: that is the fix);
+``consumption_thread_count`` is the number of workers; a failed message comes back after
+``retry_backoff(delivery_attempt)`` seconds (1, 2, 4 … 60) where the stock client uses the
+broker's retry policy. Messages of one message group (FIFO
+topics) run one at a time in order within this consumer (the dispatcher's key), but a failed FIFO
+message does not block its group's later messages as the stock FIFO consumer does.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from typing import Any, Callable, Mapping
+
+from ..telemetry.tracer import MessageTracer
+from .consume import ConsumeLoop, ConsumeStats, exponential_backoff
+
+__all__ = ["ConsumeFailed", "DemandPushConsumer"]
+
+log = logging.getLogger(__name__)
+
+# Seconds a long-poll receive waits: short, so shutdown is prompt. An int: the 5.x client puts it
+# into a protobuf Duration's seconds, and a float fails every route query.
+AWAIT_DURATION_S = 1
+
+class ConsumeFailed(Exception):
+    """The listener answered something other than ``ConsumeResult.SUCCESS``: the message goes back."""
+
+def _succeeded(result: object) -> bool:
+    # ConsumeResult.SUCCESS of the 5.x client (an Enum), without importing the client here: the
+    # embedded broker needs none. Anything else — FAILURE, None, True — is a failure, as in the client.
+    return getattr(result, "name", None) == "SUCCESS" and type(result).__name__ == "ConsumeResult"
+
+class DemandPushConsumer:
+    """Drop-in for ``rocketmq.PushConsumer``: ``startup()``, ``shutdown()``, a ``MessageListener``.
+
+    Raises:
+        TypeError: ``message_listener`` has no callable ``consume``.
+        ValueError: an empty ``subscription``, ``consumption_thread_count`` < 1, or a bad loop option.
+    """
+
+    def __init__(self, client_configuration: Any, consumer_group: str, message_listener: Any,
+                 subscription: Mapping[str, Any], max_cache_message_count: int = 1024,
+                 max_cache_message_size: int = 64 * 1024 * 1024, consumption_thread_count: int = 20,
+                 tls_enable: bool = False, *, tracer: MessageTracer | None = None,
+                 invisible_duration: float = 60.0, handler_timeout: float | None = None,
+                 retry_backoff: Callable[[int], float] = exponential_backoff,
+                 startup_timeout: float = 15.0, shutdown_timeout: float = 30.0) -> None:
+        if not callable(getattr(message_listener, "consume", None)):
+            raise TypeError(f"message_listener must have a consume(message) method, got {message_listener!r}")
+        if not subscription:
+            raise ValueError("subscription must name at least one topic: {topic: FilterExpression}")
+        if not consumer_group:
+            raise ValueError("consumer_group must not be empty")
+        if consumption_thread_count < 1:
+            raise ValueError(f"consumption_thread_count must be >= 1, got {consumption_thread_count}")
+        if shutdown_timeout < 0 or not startup_timeout > 0:
+            raise ValueError(f"startup_timeout must be > 0 and shutdown_timeout >= 0 seconds, got "
+                             f"{startup_timeout} and {shutdown_timeout}")
+        self.startup_timeout = startup_timeout
+        self.consumer_group = consumer_group
+        self.message_listener = message_listener
+        self.subscription = dict(subscription)
+        self.workers = consumption_thread_count
+        self.shutdown_timeout = shutdown_timeout
+        self._configuration = client_configuration
+        self._tls = tls_enable
+        self.tracer = tracer if tracer is not None else _default_tracer(consumer_group)
+        self._loop_options: dict[str, Any] = {"invisible_duration": invisible_duration,
+                                              "handler_timeout": handler_timeout, "retry_backoff": retry_backoff}
+        self.consumer: Any = None
+        self.loop: ConsumeLoop | None = None
+        self._runner: threading.Thread | None = None
+        self._state = "created"  # created → running → stopped
+        self._lock = threading.Lock()
+        self._warned = False
+
+    # -- lifecycle ------------------------------------------------------------------------------
+    def startup(self) -> None:
+        """Connect and start consuming.
+
+        Raises:
+            RuntimeError: started before, or shut down.
+            ConnectionError: the proxy sent no settings within ``startup_timeout`` (unreachable, or
+                not a RocketMQ proxy); the client is shut down and ``startup()`` may be called again.
+        """
+        with self._lock:
+            if self._state != "created":
+                raise RuntimeError(f"DemandPushConsumer of {self.consumer_group!r} is {self._state}: start it once")
+            consumer = self._simple_consumer()
+            consumer.startup()
+            try:
+                # 5.1.2: startup() returns before the proxy's settings, and without them every receive
+                # fails ("settings is null"); against a dead endpoint it returns at once and never gets them
+                settled = getattr(consumer, "_init_settings_event", None)
+                if settled is not None and not settled.wait(self.startup_timeout):
+                    raise ConnectionError(f"no settings from the RocketMQ proxy within {self.startup_timeout:g} s "
+                                          f"(consumer group {self.consumer_group!r}): is it reachable?")
+                loop = ConsumeLoop(consumer, self._handle, tracer=self.tracer, policy="aggressive",
+                                   workers=self.workers, key=_message_group, prefetch=0, **self._loop_options)
+            except BaseException:
+                try:
+                    consumer.shutdown()
+                except Exception as exc:  # noqa: BLE001 - the startup error is the one to raise
+                    log.debug("rmqtrace: shutting down a client that failed to start", exc_info=exc)
+                raise
+            self.consumer, self.loop = consumer, loop
+            self._runner = threading.Thread(target=self._run, name=f"demand-push-{self.consumer_group}", daemon=True)
+            self._state = "running"
+            self._runner.start()
+
+    def shutdown(self) -> None:
+        """Stop receiving, drain what is held (at most ``shutdown_timeout`` s), close the client.
+
+        Raises:
+            RuntimeError: never started, or shut down already (as the stock client).
+        """
+        with self._lock:
+            if self._state != "running":
+                raise RuntimeError(f"DemandPushConsumer of {self.consumer_group!r} is {self._state}, not running")
+            self._state = "stopped"
+            loop, runner, consumer = self.loop, self._runner, self.consumer
+        assert loop is not None and runner is not None
+        try:
+            loop.stop(timeout=self.shutdown_timeout)
+            runner.join(self.shutdown_timeout + 5)
+        finally:
+            consumer.shutdown()
+
+    @property
+    def running(self) -> bool:
+        return self._state == "running"
+
+    def statistics(self) -> ConsumeStats:
+        """The loop's counters (received, acked, failed, retry_scheduled …); zeros before startup."""
+        loop = self.loop
+        return ConsumeStats() if loop is None else loop.stats
+
+    # -- inside ---------------------------------------------------------------------------------
+    def _simple_consumer(self) -> Any:
+        from ..embedded import EmbeddedBroker, FilterExpression
+        from ..embedded import SimpleConsumer as EmbeddedSimpleConsumer
+
+        if isinstance(self._configuration, EmbeddedBroker):
+            # the same subscription dict works on both: the client's tag expressions become the broker's
+            filters = {t: f if isinstance(f, FilterExpression) or f is None else _embedded_filter(f)
+                       for t, f in self.subscription.items()}
+            return EmbeddedSimpleConsumer(self._configuration, self.consumer_group, filters,
+                                          await_duration=AWAIT_DURATION_S)
+        from rocketmq import SimpleConsumer
+
+        return SimpleConsumer(self._configuration, self.consumer_group, self.subscription,
+                              await_duration=AWAIT_DURATION_S, tls_enable=self._tls)
+
+    def _run(self) -> None:
+        assert self.loop is not None
+        try:
+            self.loop.run()
+        except Exception:  # a refused lease: nothing can be received; say so once, loudly
+            log.exception("rmqtrace: DemandPushConsumer of %r stopped", self.consumer_group)
+
+    def _handle(self, message: Any) -> None:
+        result = self.message_listener.consume(message)
+        if _succeeded(result):
+            return
+        if not self._warned and getattr(result, "name", None) != "FAILURE":
+            self._warned = True
+            log.warning("rmqtrace: the listener of %r returned %r, not a ConsumeResult: taken as FAILURE",
+                        self.consumer_group, result)
+        raise ConsumeFailed(f"listener returned {getattr(result, 'name', result)!r}")
+
+def _default_tracer(group: str) -> MessageTracer:
+    """The instrumentor's tracer for the group when ``opentelemetry-instrument`` (or
+    ``RocketMQInstrumentor().instrument()``) is active — its provider and metrics, as for every
+    other consumer it traces — else one on the global provider."""
+    try:
+        from .instrumentor import RocketMQInstrumentor
+
+        inst = RocketMQInstrumentor()  # a singleton (BaseInstrumentor)
+        if inst.is_instrumented_by_opentelemetry:
+            return inst._traces_for(group).tracer  # type: ignore[no-any-return]
+    except Exception as exc:  # noqa: BLE001 - tracing must not stop the consumer from being built
+        log.debug("rmqtrace: no instrumentor tracer for %r", group, exc_info=exc)
+    return MessageTracer(consumer_group=group)
+
+
+def _embedded_filter(expression: Any) -> Any:
+    """A 5.x ``FilterExpression`` as the embedded broker's (tags only; SQL92 is refused loudly)."""
+    from ..embedded import FilterExpression
+
+    kind = getattr(getattr(expression, "filter_type", None), "name", "TAG")
+    if kind != "TAG":
+        raise ValueError(f"the embedded broker filters by tag only, got a {kind} expression")
+    return FilterExpression(str(getattr(expression, "expression", "*") or "*"))
+
+
+def _message_group(message: Any) -> str | None:
+    group = getattr(message, "message_group", None)
+    return str(group) if group else None

@@ -1,0 +1,280 @@
+"""Live blame: why a message waited inside its consumer, decided the moment its handler starts.
+
+A :class:`BlameTracker` per consumer is fed the events its dispatcher already sees — a message
+arrived (client pull), it was bound to one worker's buffer (round_robin, random, a key; never
+under aggressive), a handler started, a handler ended — each with its nanosecond stamp, and
+answers at every start a :class:`Verdict`: the reason, the avoidable seconds and the blocker. Pure
+and clock-free (the caller passes the stamps), so the numbers are the report's numbers
+(:mod:`tracer.report.blame` computes the same offline from a span file; the tests hold the two
+equal on random schedules).
+
+The definitions are the report's: a worker is *available* from ``grace`` after its handler ended
+(from the start if it has not run); a wait is blameable from ``grace`` after it began;
+*avoidable* is the blameable wait during which some worker of the consumer was available;
+``head_of_line`` when that is at least half of the blameable wait, ``capacity`` when less, ``none``
+for a wait no longer than the grace; the *blocker* is the message that ran on the bound worker
+during the largest part of the avoidable wait after it was bound (a message never bound has none).
+
+How it stays cheap: one running integral ``A(t)`` = time up to ``t`` during which some worker was
+available. A message's avoidable wait is ``A(start) − A(pull + grace)``; a run's part of it is
+``min(A(start), A(run end)) − max(A(pull + grace), A(run start))`` (``A`` never decreases). Each
+event costs O(log n) plus, at a start, one step per run its worker made while the message waited
+(at most its place in that worker's buffer).
+
+**Not wired yet.** Where the calls belong (one tracker per dispatcher, ``workers`` = its pool):
+
+* ``arrived(key, client_pull_ns)`` — where the consumer takes ownership: ``ConsumeLoop._hold`` (the
+  ``pulled_ns`` it stamps), the push seam's cache announcement (``watch_push_cache``);
+* ``bound(key, worker, dispatch_enqueue_ns)`` — where a per-worker-buffer policy (round_robin,
+  random, a busy key's parking) puts the entry in worker ``r``'s own queue (the scheduler's admit
+  answering a worker); never for the aggressive shared queue;
+* ``started(key, worker, handler_start_ns, ref=handler_span_context)`` — ``Core.begin``; the
+  verdict goes on the trace, which writes ``rmqtrace.blame.reason``,
+  ``rmqtrace.blame.avoidable_wait`` (s) and ``rmqtrace.blame.blocker.message.id`` on its
+  ``consumer_wait`` gap spans and a span link to ``verdict.blocker_ref`` (names to be added to
+  :mod:`tracer.path.names` and docs/semconv.md), and adds ``verdict.avoidable_s`` to
+  ``rmqtrace_consumer_avoidable_wait_seconds_total{topic, consumer_group, policy}`` and its OTel
+  counter ``rmqtrace.consumer.avoidable_wait`` (unit ``s``);
+* ``ended(key, worker, handler_end_ns)`` — where the worker reports the outcome;
+* ``forget(key)`` — a message given back or expired without running.
+
+``key`` must be unique per delivery (``(message_id, delivery_attempt)``). The backlog rule of the
+offline view (a message still in the client's backlog is held up by whatever holds up the
+backlog's oldest message) needs one more event the loop has: which worker its feeder waits for.
+"""
+
+from __future__ import annotations
+
+import heapq
+import math
+import threading
+from dataclasses import dataclass
+from typing import Hashable, NamedTuple
+
+__all__ = ["CAPACITY", "GRACE_NS", "HEAD_OF_LINE", "NO_WAIT", "BlameStatistics", "BlameTracker", "Verdict"]
+
+# The hand-over allowance: 2 ms is well above a dispatcher's hand-off on an idle machine (tens of µs)
+# and well below the handlers whose waits are worth blaming.
+GRACE_NS = 2_000_000
+HEAD_OF_LINE = "head_of_line"
+CAPACITY = "capacity"
+NO_WAIT = "none"
+
+
+class Verdict(NamedTuple):
+    """Why one message waited: what its wait span should carry."""
+
+    reason: str  # HEAD_OF_LINE, CAPACITY or NO_WAIT
+    wait_s: float
+    avoidable_s: float
+    blocker: Hashable | None  # the delivery that ran on its worker while it waited avoidably
+    blocker_ref: object = None  # what the caller passed with the blocker's start (its handler span context)
+
+
+@dataclass(frozen=True, slots=True)
+class BlameStatistics:
+    started: int
+    waiting: int  # arrived, not started
+    wait_s: float
+    avoidable_s: float
+    head_of_line: int
+    capacity: int
+    out_of_order: int  # events stamped before the previous one (taken as at the previous one)
+    unknown: int  # starts or ends of a message or worker the tracker was not told about
+
+
+class _Run:
+    __slots__ = ("message", "a_start", "a_end", "ref")
+
+    def __init__(self, message: Hashable, a_start: float, ref: object) -> None:
+        self.message = message
+        self.a_start = a_start
+        self.ref = ref
+        self.a_end: float | None = None  # None while it runs
+
+
+class _Waiting:
+    __slots__ = ("pull_ns", "a_mark", "worker", "first_run", "a_bound")
+
+    def __init__(self, pull_ns: int) -> None:
+        self.pull_ns = pull_ns
+        self.a_mark: float | None = None  # A(pull + grace), once time got there
+        self.worker: int | None = None
+        self.first_run = 0  # index into that worker's run log: the run current when it was bound
+        self.a_bound = 0.0  # A(when it was bound): runs are credited from then on only
+
+
+class BlameTracker:
+    """One consumer's live blame. Thread-safe: one lock, held for O(log n) per event.
+
+    Raises:
+        ValueError: ``workers`` < 1, a negative grace, or a worker id outside ``0 … workers-1``.
+    """
+
+    def __init__(self, workers: int, *, grace_ns: int = GRACE_NS) -> None:
+        if workers < 1:
+            raise ValueError(f"workers must be at least 1, got {workers}")
+        if grace_ns < 0:
+            raise ValueError(f"grace_ns must be >= 0, got {grace_ns}")
+        self.workers = workers
+        self.grace_ns = grace_ns
+        self._lock = threading.Lock()
+        self._t: int | None = None  # the latest stamp seen
+        self._a = 0.0  # A(_t), in ns
+        self._running: list[Hashable | None] = [None] * workers
+        self._free_from: list[float] = [-math.inf] * workers  # available from (end + grace) when idle
+        self._idle_since: list[tuple[float, int]] = [(-math.inf, w) for w in range(workers)]  # heap, lazy
+        self._log: list[list[_Run]] = [[] for _ in range(workers)]
+        self._log_base = [0] * workers  # runs trimmed off the front of each log
+        self._waiting: dict[Hashable, _Waiting] = {}
+        self._marks: list[tuple[int, int, Hashable]] = []  # (pull + grace, arrival no., delivery): A taken there
+        self._started = self._hol = self._cap = self._ooo = self._unknown = self._arrivals = 0
+        self._wait_ns = self._avoid_ns = 0.0
+
+    # -- events ----------------------------------------------------------------------------------
+    def arrived(self, message: Hashable, ns: int) -> None:
+        """The message entered the consumer (client pull). ``message``: any key unique per delivery
+        (a redelivered message id is a new delivery: pass e.g. ``(message_id, attempt)``)."""
+        with self._lock:
+            ns = self._advance(ns)
+            w = _Waiting(ns)
+            self._waiting[message] = w
+            if self.grace_ns == 0:
+                w.a_mark = self._a
+            else:
+                self._arrivals += 1
+                heapq.heappush(self._marks, (ns + self.grace_ns, self._arrivals, message))
+
+    def bound(self, message: Hashable, worker: int, ns: int) -> None:
+        """The message was put in ``worker``'s own buffer: only that worker can run it now."""
+        with self._lock:
+            self._check(worker)
+            self._advance(ns)
+            w = self._waiting.get(message)
+            if w is None:
+                self._unknown += 1
+                return
+            w.worker = worker
+            w.a_bound = self._a
+            # the run going on now (if any) is the first that can hold it up
+            log = self._log[worker]
+            w.first_run = self._log_base[worker] + len(log) - (1 if self._running[worker] is not None else 0)
+
+    def started(self, message: Hashable, worker: int, ns: int, ref: object = None) -> Verdict:
+        """A handler started: the message's verdict (what its wait span carries). ``ref`` is handed
+        back as ``blocker_ref`` to the messages this run holds up (the handler span's context, for
+        the link from the victim's wait span)."""
+        with self._lock:
+            self._check(worker)
+            ns = self._advance(ns)
+            w = self._waiting.pop(message, None)
+            verdict = Verdict(NO_WAIT, 0.0, 0.0, None)
+            if w is None:
+                self._unknown += 1
+            else:
+                verdict = self._verdict(w, ns)
+            if self._running[worker] is not None:
+                self._unknown += 1  # a second start on a busy worker: take the new one as running
+            self._running[worker] = message
+            self._log[worker].append(_Run(message, self._a, ref))
+            self._started += 1
+            self._trim(worker)
+            return verdict
+
+    def ended(self, message: Hashable, worker: int, ns: int) -> None:
+        with self._lock:
+            self._check(worker)
+            ns = self._advance(ns)
+            if self._running[worker] != message:
+                self._unknown += 1
+                return
+            self._running[worker] = None
+            self._log[worker][-1].a_end = self._a
+            self._free_from[worker] = ns + self.grace_ns
+            heapq.heappush(self._idle_since, (ns + self.grace_ns, worker))
+
+    def forget(self, message: Hashable) -> None:
+        """The message left without running (given back, expired): it is no longer waiting."""
+        with self._lock:
+            self._waiting.pop(message, None)
+
+    def statistics(self) -> BlameStatistics:
+        with self._lock:
+            return BlameStatistics(self._started, len(self._waiting), self._wait_ns / 1e9, self._avoid_ns / 1e9,
+                                   self._hol, self._cap, self._ooo, self._unknown)
+
+    # -- inside ------------------------------------------------------------------------------------
+    def _check(self, worker: int) -> None:
+        if not 0 <= worker < self.workers:
+            raise ValueError(f"worker {worker} outside 0 … {self.workers - 1}")
+
+    def _available_from(self) -> float:
+        """When some idle worker became available (inf: every worker runs)."""
+        heap = self._idle_since
+        while heap:
+            at, w = heap[0]
+            if self._running[w] is None and self._free_from[w] == at:
+                return at
+            heapq.heappop(heap)  # stale: the worker started again, or ended again later
+        return math.inf
+
+    def _grow(self, t0: int, t1: int, since: float) -> float:
+        return max(0.0, t1 - max(float(t0), since))
+
+    def _advance(self, ns: int) -> int:
+        """Move A to ``ns`` (taking the marks on the way); returns the stamp used."""
+        if self._t is None:
+            self._t = ns
+        if ns < self._t:
+            self._ooo += 1
+            ns = self._t
+        since = self._available_from()
+        t = self._t
+        while self._marks and self._marks[0][0] <= ns:
+            at, _n, message = heapq.heappop(self._marks)
+            at = max(at, t)
+            self._a += self._grow(t, at, since)
+            t = at
+            w = self._waiting.get(message)
+            if w is not None and w.a_mark is None:
+                w.a_mark = self._a
+        self._a += self._grow(t, ns, since)
+        self._t = ns
+        return ns
+
+    def _verdict(self, w: _Waiting, ns: int) -> Verdict:
+        wait = max(0, ns - w.pull_ns)
+        blameable = wait - self.grace_ns
+        if blameable <= 0 or w.a_mark is None:
+            self._wait_ns += wait
+            return Verdict(NO_WAIT, wait / 1e9, 0.0, None)
+        avoid = self._a - w.a_mark
+        blocker: _Run | None = None
+        if avoid > 0 and w.worker is not None:
+            best = 0.0
+            log, base = self._log[w.worker], self._log_base[w.worker]
+            for run in log[max(0, w.first_run - base):]:
+                end = self._a if run.a_end is None else run.a_end
+                part = min(self._a, end) - max(w.a_mark, run.a_start, w.a_bound)
+                if part > best:
+                    best, blocker = part, run
+        reason = HEAD_OF_LINE if avoid > 0 and 2 * avoid >= blameable else CAPACITY
+        self._hol += reason == HEAD_OF_LINE
+        self._cap += reason == CAPACITY
+        self._wait_ns += wait
+        self._avoid_ns += avoid
+        if blocker is None:
+            return Verdict(reason, wait / 1e9, avoid / 1e9, None)
+        return Verdict(reason, wait / 1e9, avoid / 1e9, blocker.message, blocker.ref)
+
+    def _trim(self, worker: int) -> None:
+        """Drop runs no bound waiting message can still be held up by (keeps the log short)."""
+        log = self._log[worker]
+        if len(log) < 64 or len(log) % 32:
+            return  # now and then: the scan below walks the waiting messages
+        oldest = min((w.first_run for w in self._waiting.values() if w.worker == worker),
+                     default=self._log_base[worker] + len(log) - 1)
+        cut = min(oldest - self._log_base[worker], len(log) - 1)
+        if cut > 0:
+            del log[:cut]
+            self._log_base[worker] += cut

@@ -1,0 +1,387 @@
+"""Who blocked whom: why each message waited inside its consumer, and how much of that was avoidable.
+
+Pure functions over handler runs (where a message waited and on which worker it then ran); no I/O,
+no clock. The report feeds them from a span file (the stamps and ``rmqtrace.worker`` are on every
+``process`` span, so old recordings work too), the demo from its own stamps, the fleet view from
+the compact records it keeps per instance.
+
+Definitions (also in ``docs/report.md``):
+
+* **wait**: client pull → handler start (``consumer_wait``), the time a message sat inside the
+  consumer.
+* **idle worker**: a worker of the same consumer that runs no handler. Handing a message over takes
+  a moment, so the first :data:`GRACE_NS` of a worker's idle spell and of a message's wait are not
+  blamed: a worker becomes *available* ``grace`` after its handler ended (or from the start when it
+  has not run yet), a wait becomes *blameable* ``grace`` after it began.
+* **avoidable wait**: the part of a message's blameable wait during which at least one worker of
+  its consumer was available — a dispatcher that gives every message to a free worker would not
+  have let it wait then. A consumer with more workers than ever ran (``workers`` larger than the
+  worker ids seen) has a worker that is always available.
+* **reason**: ``head_of_line`` when at least half of its blameable wait was avoidable (it sat
+  behind a message on one worker while another worker was free), ``capacity`` when most of it was
+  spent while every worker was busy (the price of the worker count, not of the policy), ``none``
+  when it waited no longer than the grace.
+* **blocker**: for a message with avoidable wait, when the worker ids are real (not inferred), the
+  message whose run held up the largest part of its avoidable wait. In its worker's own buffer
+  (from dispatch enqueue on, only that worker could run it) that is the run on its worker. Before,
+  in the client's backlog (cache, receive buffer), which hands messages on in arrival order, it
+  waited behind the backlog's oldest message, itself waiting for room on *its* worker: the run
+  there held up the whole backlog. The ranking credits every
+  such run with that overlap: ``held_up_s`` is the avoidable wait it caused, ``victims`` how many
+  messages it caused some of.
+* the live counterpart, fed by a dispatcher as messages start: :class:`tracer.path.blocking.BlameTracker`
+  (same definitions, same numbers).
+* **across a fleet** (:func:`fleet_avoidable`): a wait is avoidable in the fleet when some worker of
+  another instance was available meanwhile (waiting in one process while another idled).
+"""
+
+from __future__ import annotations
+
+import bisect
+import heapq
+from dataclasses import dataclass
+from typing import Any, Iterable, NamedTuple, Sequence
+
+from ..path.blocking import CAPACITY, GRACE_NS, HEAD_OF_LINE, NO_WAIT  # one definition, live and offline
+
+__all__ = ["GRACE_NS", "HEAD_OF_LINE", "CAPACITY", "NO_WAIT", "Blame", "Blocker", "IntervalSet", "MessageBlame",
+           "Run", "all_busy", "blame", "fleet_avoidable", "pack_lanes"]
+
+
+
+def _s(seconds: float) -> str:
+    """Seconds for a sentence: 38.2 s, 412 ms, 85 µs."""
+    if seconds >= 1 or seconds == 0:
+        return f"{seconds:.1f} s"
+    if seconds >= 1e-3:
+        return f"{seconds * 1e3:.0f} ms"
+    return f"{seconds * 1e6:.0f} µs"
+
+
+class Run(NamedTuple):
+    """One handled delivery: which message, where it ran, its wait and handler stamps (ns)."""
+
+    message_id: str
+    label: str  # what to print: its keys (a test-case group) or the message id
+    worker: int
+    wait_start_ns: int  # client pull
+    start_ns: int  # handler start
+    end_ns: int  # handler end
+    # when it was put in its worker's own buffer (dispatch enqueue); before that it waited where any
+    # worker could take it, so nobody's run held it up. None: from wait_start_ns on.
+    bound_ns: int | None = None
+
+
+class IntervalSet:
+    """Sorted disjoint half-open intervals, with the covered length of any window in O(log n)."""
+
+    __slots__ = ("_starts", "_ends", "_before")
+
+    def __init__(self, intervals: Iterable[tuple[int, int]]) -> None:
+        merged: list[tuple[int, int]] = []
+        for a, b in sorted(iv for iv in intervals if iv[1] > iv[0]):
+            if merged and a <= merged[-1][1]:
+                merged[-1] = (merged[-1][0], max(merged[-1][1], b))
+            else:
+                merged.append((a, b))
+        self._starts = [a for a, _ in merged]
+        self._ends = [b for _, b in merged]
+        self._before = [0]  # covered length before interval i
+        for a, b in merged:
+            self._before.append(self._before[-1] + b - a)
+
+    @property
+    def intervals(self) -> list[tuple[int, int]]:
+        return list(zip(self._starts, self._ends))
+
+    def _upto(self, x: int) -> int:
+        i = bisect.bisect_right(self._starts, x) - 1
+        if i < 0:
+            return 0
+        return self._before[i] + min(x, self._ends[i]) - self._starts[i]
+
+    def covered(self, a: int, b: int) -> int:
+        """Length of ``[a, b)`` inside the set."""
+        return self._upto(b) - self._upto(a) if b > a else 0
+
+
+def _intersection(sets: Sequence[IntervalSet]) -> IntervalSet:
+    """Where every set covers (a sweep over all their edges)."""
+    if not sets:
+        return IntervalSet(())
+    events: list[tuple[int, int]] = []
+    for s in sets:
+        for a, b in s.intervals:
+            events += [(a, 1), (b, -1)]
+    events.sort(key=lambda e: (e[0], e[1]))  # an end before a start at one instant: half-open
+    out: list[tuple[int, int]] = []
+    depth, since = 0, 0
+    for t, d in events:
+        if d > 0:
+            depth += 1
+            if depth == len(sets):
+                since = t
+        else:
+            if depth == len(sets):
+                out.append((since, t))
+            depth -= 1
+    return IntervalSet(out)
+
+
+def all_busy(runs: Sequence[Run], workers: int, grace_ns: int = GRACE_NS) -> IntervalSet:
+    """When no worker of the consumer was available: each worker is unavailable from a handler's
+    start until ``grace`` after its end; with more workers than ids seen, never."""
+    by_worker: dict[int, list[tuple[int, int]]] = {}
+    for r in runs:
+        by_worker.setdefault(r.worker, []).append((r.start_ns, r.end_ns + grace_ns))
+    if not by_worker or workers > len(by_worker):
+        return IntervalSet(())
+    return _intersection([IntervalSet(ivs) for ivs in by_worker.values()])
+
+
+@dataclass(frozen=True, slots=True)
+class MessageBlame:
+    message_id: str
+    wait_s: float
+    avoidable_s: float
+    reason: str  # HEAD_OF_LINE, CAPACITY or NO_WAIT
+    blocker_id: str | None  # the message that ran on its worker while it waited avoidably
+
+    def as_dict(self) -> dict[str, Any]:
+        return {"message_id": self.message_id, "wait_s": self.wait_s, "avoidable_s": self.avoidable_s,
+                "reason": self.reason, "blocker": self.blocker_id}
+
+
+@dataclass(frozen=True, slots=True)
+class Blocker:
+    message_id: str
+    label: str
+    worker: int
+    handler_s: float
+    victims: int
+    held_up_s: float  # avoidable wait it caused
+
+    def as_dict(self) -> dict[str, Any]:
+        return {"message_id": self.message_id, "label": self.label, "worker": self.worker,
+                "handler_s": round(self.handler_s, 6), "victims": self.victims, "held_up_s": round(self.held_up_s, 6)}
+
+
+@dataclass(frozen=True, slots=True)
+class Blame:
+    """One consumer's blame: totals, the per-message verdicts (in input order) and the ranking."""
+
+    workers: int
+    wait_s: float  # all consumer_wait
+    avoidable_s: float
+    head_of_line: int
+    capacity: int
+    blockers_known: bool  # False when worker ids were inferred: no blocker is named
+    messages: tuple[MessageBlame, ...]
+    top: tuple[Blocker, ...]  # by held_up_s, largest first
+
+    @property
+    def avoidable_share(self) -> float:
+        return self.avoidable_s / self.wait_s if self.wait_s > 0 else 0.0
+
+    def line(self, name: str) -> str:
+        """One sentence: the avoidable share and the worst blocker, numbers from the run."""
+        text = (f"{name}: {self.avoidable_share:.0%} of consumer_wait was avoidable "
+                f"({_s(self.avoidable_s)} of {_s(self.wait_s)} waited while a worker was free)")
+        if self.top:
+            b = self.top[0]
+            text += f"; {b.label} (handler {_s(b.handler_s)}) held up {b.victims} messages for {_s(b.held_up_s)}"
+        elif self.avoidable_s > 0 and not self.blockers_known:
+            text += "; no blocker named: worker ids were inferred"
+        return text
+
+    def as_dict(self, top: int | None = None) -> dict[str, Any]:
+        return {"workers": self.workers, "consumer_wait_s": round(self.wait_s, 6),
+                "avoidable_wait_s": round(self.avoidable_s, 6), "avoidable_wait_share": self.avoidable_share,
+                "head_of_line": self.head_of_line, "capacity": self.capacity,
+                "blockers_known": self.blockers_known,
+                "top_blockers": [b.as_dict() for b in self.top[:top]]}
+
+
+def _backlog_pieces(runs: Sequence[Run], on_worker: dict[int, list[int]]) -> list[tuple[int, int, int]]:
+    """Who held up the client's backlog, over time: ``(from, to, run)`` pieces, sorted, disjoint.
+
+    A backlog (the client cache, the loop's receive buffer) hands messages on in the order they
+    arrived, so while its oldest message waits for room in one worker's buffer every message behind
+    it waits too: the run going on in that worker then holds up the whole backlog.
+    """
+    events: list[tuple[int, int, int]] = []  # (time, 0 leave / 1 join, run)
+    for k, r in enumerate(runs):
+        if r.bound_ns is not None and r.bound_ns > r.wait_start_ns:
+            events += [(r.wait_start_ns, 1, k), (r.bound_ns, 0, k)]
+    if not events:
+        return []
+    events.sort()
+    # the backlog, oldest first; a batch arrives at one instant and is handed on in enqueue order
+    heap: list[tuple[int, int, str, int]] = []
+    gone: set[int] = set()
+    segments: list[tuple[int, int, int]] = []  # (from, to, head)
+    for i, (t, kind, k) in enumerate(events):
+        if kind:
+            r = runs[k]
+            heapq.heappush(heap, (r.wait_start_ns, r.bound_ns or 0, r.message_id, k))
+        else:
+            gone.add(k)
+        while heap and heap[0][3] in gone:
+            heapq.heappop(heap)
+        nxt = events[i + 1][0] if i + 1 < len(events) else t
+        if heap and nxt > t:
+            segments.append((t, nxt, heap[0][3]))
+    starts = {w: [runs[j].start_ns for j in ks] for w, ks in on_worker.items()}
+    pieces: list[tuple[int, int, int]] = []
+    for lo, hi, head in segments:
+        w = runs[head].worker
+        ks = on_worker.get(w, [])
+        for j in ks[max(0, bisect.bisect_right(starts.get(w, []), lo) - 1):]:
+            o = runs[j]
+            if o.start_ns >= hi:
+                break
+            a, b = max(lo, o.start_ns), min(hi, o.end_ns)
+            if b > a:
+                if pieces and pieces[-1][2] == j and pieces[-1][1] == a:
+                    pieces[-1] = (pieces[-1][0], b, j)  # the head changed, its worker's run did not
+                else:
+                    pieces.append((a, b, j))
+    return pieces
+
+
+def blame(runs: Sequence[Run], workers: int, *, grace_ns: int = GRACE_NS, blockers_known: bool = True,
+          top: int = 10) -> Blame:
+    """Blame every run of one consumer with ``workers`` workers.
+
+    Raises:
+        ValueError: ``workers`` < 1, a negative ``grace_ns``, or more distinct worker ids than ``workers``.
+    """
+    if workers < 1:
+        raise ValueError(f"workers must be at least 1, got {workers}")
+    if grace_ns < 0:
+        raise ValueError(f"grace_ns must be >= 0, got {grace_ns}")
+    ids = {r.worker for r in runs}
+    if len(ids) > workers:
+        raise ValueError(f"{len(ids)} distinct worker ids but workers={workers}")
+    busy = all_busy(runs, workers, grace_ns)
+    on_worker: dict[int, list[int]] = {}
+    for k in sorted(range(len(runs)), key=lambda k: runs[k].start_ns):
+        on_worker.setdefault(runs[k].worker, []).append(k)
+    # the latest end so far, per worker: monotone even if a worker's runs overlap (ids that collide)
+    reach: dict[int, list[int]] = {}
+    for w, ks in on_worker.items():
+        top_end, row = 0, []
+        for k in ks:
+            top_end = max(top_end, runs[k].end_ns)
+            row.append(top_end)
+        reach[w] = row
+    backlog = _backlog_pieces(runs, on_worker) if blockers_known else []
+    backlog_ends = [p[1] for p in backlog]
+    weight = [(hi - lo) - busy.covered(lo, hi) for lo, hi, _j in backlog]  # available time in each piece
+    credit: dict[int, int] = {}
+    victims: dict[int, int] = {}
+    out: list[MessageBlame] = []
+    wait_total = avoidable_total = 0.0
+    hol = cap = 0
+    for k, r in enumerate(runs):
+        wait = max(0, r.start_ns - r.wait_start_ns)
+        a, b = r.wait_start_ns + grace_ns, r.start_ns
+        avoid = (b - a) - busy.covered(a, b) if b > a else 0
+        blocker: int | None = None
+        if avoid > 0 and blockers_known:
+            parts: dict[int, int] = {}
+            bound = max(a, r.bound_ns if r.bound_ns is not None else 0)
+            # waiting in its worker's own buffer: the runs there held it up
+            for j in on_worker[r.worker][bisect.bisect_right(reach[r.worker], bound):]:
+                o = runs[j]
+                if o.start_ns >= b:
+                    break
+                lo, hi = max(bound, o.start_ns), min(b, o.end_ns)
+                if j != k and hi > lo:
+                    parts[j] = parts.get(j, 0) + (hi - lo) - busy.covered(lo, hi)
+            # waiting in the backlog before that: whatever held up the backlog's head
+            if bound > a:
+                i = bisect.bisect_right(backlog_ends, a)
+                while i < len(backlog):
+                    lo0, hi0, j = backlog[i]
+                    if lo0 >= bound:
+                        break
+                    if j != k:
+                        if a <= lo0 and hi0 <= bound:
+                            parts[j] = parts.get(j, 0) + weight[i]  # inside the window: precomputed
+                        else:
+                            lo, hi = max(a, lo0), min(bound, hi0)
+                            parts[j] = parts.get(j, 0) + (hi - lo) - busy.covered(lo, hi)
+                    i += 1
+            best: tuple[int, int, str] | None = None  # (-part, start, id): the largest part, then the earliest
+            for j, part in parts.items():
+                if part > 0:
+                    credit[j] = credit.get(j, 0) + part  # integer ns: sums that do not depend on the order
+                    victims[j] = victims.get(j, 0) + 1
+                    key = (-part, runs[j].start_ns, runs[j].message_id)
+                    if best is None or key < best:
+                        best, blocker = key, j
+        reason = HEAD_OF_LINE if avoid > 0 and 2 * avoid >= b - a else CAPACITY if wait > grace_ns else NO_WAIT
+        hol += reason == HEAD_OF_LINE
+        cap += reason == CAPACITY
+        wait_total += wait / 1e9
+        avoidable_total += max(0, avoid) / 1e9
+        out.append(MessageBlame(r.message_id, wait / 1e9, max(0, avoid) / 1e9, reason,
+                                runs[blocker].message_id if blocker is not None else None))
+    ranked = sorted(credit, key=lambda j: (-credit[j], runs[j].start_ns, runs[j].message_id))[:max(0, top)]
+    return Blame(workers, wait_total, avoidable_total, hol, cap, blockers_known, tuple(out), tuple(
+        Blocker(runs[j].message_id, runs[j].label, runs[j].worker, (runs[j].end_ns - runs[j].start_ns) / 1e9,
+                victims[j], credit[j] / 1e9) for j in ranked))
+
+
+def fleet_avoidable(instances: Sequence[Sequence[Run]], workers: Sequence[int], *,
+                    grace_ns: int = GRACE_NS) -> dict[str, float]:
+    """Across instances: consumer_wait, the part avoidable inside the message's own instance, and the
+    part during which another instance had an available worker (``elsewhere``), in seconds; shares of
+    consumer_wait for both, and for either (``fleet``).
+
+    Raises:
+        ValueError: ``instances`` and ``workers`` differ in length.
+    """
+    if len(instances) != len(workers):
+        raise ValueError(f"{len(instances)} instances but {len(workers)} worker counts")
+    busy = [all_busy(rs, max(1, w), grace_ns) for rs, w in zip(instances, workers)]
+    everyone = _intersection(busy)
+    wait = inside = elsewhere = either = 0
+    for i, rs in enumerate(instances):
+        others = _intersection([busy[j] for j in range(len(busy)) if j != i]) if len(busy) > 1 else None
+        for r in rs:
+            wait += max(0, r.start_ns - r.wait_start_ns)
+            a, b = r.wait_start_ns + grace_ns, r.start_ns
+            if b <= a:
+                continue
+            inside += (b - a) - busy[i].covered(a, b)
+            if others is not None:
+                elsewhere += (b - a) - others.covered(a, b)
+                either += (b - a) - everyone.covered(a, b)
+            else:
+                either += (b - a) - busy[i].covered(a, b)
+
+    def share(x: int) -> float:
+        return x / wait if wait else 0.0
+
+    return {"consumer_wait_s": wait / 1e9, "avoidable_inside_s": inside / 1e9, "avoidable_elsewhere_s": elsewhere / 1e9,
+            "avoidable_fleet_s": either / 1e9, "inside_share": share(inside), "elsewhere_share": share(elsewhere),
+            "fleet_share": share(either)}
+
+
+def pack_lanes(spans: Sequence[tuple[int, int]]) -> list[int]:
+    """Greedy lanes for handler intervals without worker ids: by start, each into the lowest lane
+    free at that moment (the report's inference, so both agree)."""
+    order = sorted(range(len(spans)), key=lambda k: spans[k])
+    free: list[int] = []
+    lane = [0] * len(spans)
+    for k in order:
+        s, e = spans[k]
+        pick = next((i for i, f in enumerate(free) if f <= s), len(free))
+        if pick == len(free):
+            free.append(e)
+        else:
+            free[pick] = e
+        lane[k] = pick
+    return lane
