@@ -389,3 +389,59 @@ class HoldModel(RuleBasedStateMachine):
 
 HoldModel.TestCase.settings = settings(max_examples=300 if LONG else 40, stateful_step_count=40, deadline=None)
 TestHoldModel = HoldModel.TestCase
+
+
+# -- issue 19: a timed-out message, its hung handler and the spans it ends late -------------------------
+def test_a_timed_out_message_is_measured_and_kept_whole_and_its_late_handler_spans_join_it() -> None:
+    """The watchdog reports TIMEOUT while the handler still runs; the handler returns later."""
+    from opentelemetry.sdk.metrics import MeterProvider
+    from opentelemetry.sdk.metrics.export import InMemoryMetricReader
+    from prometheus_client import CollectorRegistry
+
+    from tracer.path.clock import ManualClock
+    from tracer.path.stages import Outcome, Stage
+    from tracer.telemetry.keep import KeepPolicy
+    from tracer.telemetry.metrics import TracerMetrics
+    from tracer.telemetry.otel_metrics import MessagingMeters
+
+    clock = ManualClock()
+    policy = KeepPolicy({"dispatch_wait": 10.0})
+    mt, provider, memory, hold = _consumer(policy, clock)
+    registry = CollectorRegistry()
+    mt.metrics = TracerMetrics(registry)
+    reader = InMemoryMetricReader()
+    mt.meters = MessagingMeters(MeterProvider(metric_readers=[reader]))
+    user = provider.get_tracer("user")
+    t = mt.start_message(_unsampled_message(7, clock))
+    t.mark(Stage.DISPATCH_ENQUEUE)
+    scope = t.handler_scope()
+    scope.__enter__()
+    with user.start_as_current_span("user-before"):
+        pass
+    hung = user.start_span("user-hung")  # under the handler span, still open at the timeout
+    clock.advance_s(5.0)
+    t.finish(Outcome.TIMEOUT, TimeoutError("handler ran longer than 5 s"))  # the watchdog's thread
+    assert hold.stats().held_traces == 0  # decided at the timeout: kept like a failure
+    names = {s.name for s in memory.get_finished_spans()}
+    assert {"process jobs", "user-before"} <= names and "handler" not in names  # the handler still runs
+    clock.advance_s(3.0)
+    hung.end()  # the hung handler returns: its span and the handler span join the kept trace
+    scope.__exit__(None, None, None)
+    spans = {s.name: s for s in memory.get_finished_spans()}
+    assert {"process jobs", "handler", "user-before", "user-hung", "dispatch_wait"} <= set(spans)
+    assert len({s.context.trace_id for s in spans.values()}) == 1
+    ids = {s.context.span_id for s in spans.values()}
+    assert all(s.parent is None or s.parent.span_id in ids for s in spans.values())  # no orphan
+    handler, process = spans["handler"], spans["process jobs"]
+    assert handler.end_time - process.end_time == 3_000_000_000  # the real end, after the timeout
+    assert process.attributes["rmqtrace.outcome"] == "timeout"
+    assert policy.stats().by_reason["failure"] == 1
+    # measured: one observation each in handler and end_to_end, and in messaging.process.duration
+    for stage in ("handler", "end_to_end"):
+        assert registry.get_sample_value("rmqtrace_stage_duration_seconds_count",
+                                         {"topic": "jobs", "consumer_group": "g", "stage": stage}) == 1
+    data = reader.get_metrics_data()
+    points = [p for rm in data.resource_metrics for sm in rm.scope_metrics for m in sm.metrics
+              if m.name == "messaging.process.duration" for p in m.data.data_points]
+    assert sum(p.count for p in points) == 1 and points[0].sum == pytest.approx(5.0, abs=0.01)
+    assert points[0].attributes["error.type"] == "TimeoutError"

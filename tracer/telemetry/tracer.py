@@ -140,6 +140,8 @@ class MessageTracer:
         self.listeners: list[Callable[[MessageTrace, Outcome], None]] = list(listeners)
         self._hook_failures: set[str] = set()
         self._hook_lock = threading.Lock()
+        # Orders a handler's end (worker thread) against a watchdog's finish (another thread).
+        self._end_lock = threading.Lock()
 
     def describe_client(self, facts: ClientFacts) -> None:
         """Fill what was not given at construction from a client's own facts (the wrappers call
@@ -291,7 +293,7 @@ class MessageTrace:
     """Stamps of one received message and, while its handler runs, its live handler span."""
 
     __slots__ = ("_tracer", "info", "_carried", "_parent", "_parsed", "stamps", "worker", "body", "_ctx", "_process",
-                 "_handler", "_token", "_done", "_scope_start", "_held")
+                 "_handler", "_token", "_done", "_scope_start", "_held", "_overrun", "_late_end", "_open_handler")
 
     def __init__(self, tracer: MessageTracer, info: MessageInfo, carried: Carried) -> None:
         self._tracer = tracer
@@ -310,6 +312,11 @@ class MessageTrace:
         self._done = False
         self._scope_start: int | None = None
         self._held = False  # a keep policy's trace, undecided until finish
+        # Finished (a watchdog's timeout) while the handler still ran: handler_end was stamped at the
+        # finish; the handler span ends when the handler really returns, at _late_end.
+        self._overrun = False
+        self._late_end = 0
+        self._open_handler: DeferredSpan | None = None  # written, waiting for the late handler end
 
     @property
     def carried(self) -> Carried:
@@ -404,7 +411,20 @@ class MessageTrace:
         return trace.set_span_in_context(handler, current)
 
     def _end_handler(self) -> None:
-        self.stamps.times[Stage.HANDLER_END] = self._tracer.clock.now_ns()
+        now = self._tracer.clock.now_ns()
+        handler: DeferredSpan | None = None
+        with self._tracer._end_lock:
+            late = self._overrun  # finished already: the stamps are the finish's, the span waits for us
+            if late:
+                self._late_end = now
+                handler, self._open_handler = self._open_handler, None
+            else:
+                self.stamps.times[Stage.HANDLER_END] = now
+        if late and handler is not None:
+            try:
+                handler.end(end_time=now)  # joins its trace, kept at the finish
+            except Exception as exc:  # noqa: BLE001
+                self._tracer.hook_failed("ending a late handler span", exc)
         if self._tracer.occupancy is not None:
             self._tracer.occupancy.ended()
         if self._token is not None:
@@ -419,9 +439,18 @@ class MessageTrace:
         if self._done:
             return
         self._done = True
+        times = self.stamps.times
         occupancy = self._tracer.occupancy
-        if occupancy is not None and self.stamps.times[Stage.HANDLER_START] == MISSING:
-            occupancy.discarded(self.stamps.times[Stage.CLIENT_PULL])
+        if occupancy is not None and times[Stage.HANDLER_START] == MISSING:
+            occupancy.discarded(times[Stage.CLIENT_PULL])
+        if times[Stage.HANDLER_START] != MISSING and times[Stage.HANDLER_END] == MISSING:
+            # A watchdog reports a timeout while the handler still runs: it ran at least until
+            # now, so the message is measured (handler, end_to_end, process duration) and judged.
+            now = self._tracer.clock.now_ns()
+            with self._tracer._end_lock:
+                if times[Stage.HANDLER_END] == MISSING:
+                    times[Stage.HANDLER_END] = now
+                    self._overrun = True
         try:
             self._finish(outcome, error)
         except Exception as exc:  # noqa: BLE001
@@ -499,7 +528,12 @@ class MessageTrace:
                 handler.record_exception(error)
                 handler.set_status(Status(StatusCode.ERROR, type(error).__name__))
                 handler.put_attributes({n.ERROR_TYPE: error_type})
-            handler.end(end_time=end_ns)
+            with self._tracer._end_lock:
+                still_running = self._overrun and not self._late_end
+                if still_running:
+                    self._open_handler = handler  # _end_handler ends it when the handler returns
+            if not still_running:
+                handler.end(end_time=self._late_end or end_ns)
         for name, a, b, gap_attrs in _GAP_SPANS:
             if a in fixed and b in fixed:
                 writer.emit(name, writer.child_context(ctx), ctx, fixed[a], fixed[b], attributes=gap_attrs)
