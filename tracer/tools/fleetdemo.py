@@ -112,7 +112,8 @@ def _run_mode(mode: str, opts: FleetDemoOptions, *, tracer_provider: TracerProvi
         producer.send(msg, job_id=f"{opts.job_id}-{mode}", cost=float(item.cases))
     producer.shutdown()
 
-    occupancy = OccupancyMetrics(registry=registry or CollectorRegistry())
+    # both modes run on one registry: its one OccupancyMetrics, a tracker per instance and mode
+    occupancy = OccupancyMetrics.shared(registry) if registry is not None else OccupancyMetrics(CollectorRegistry())
     records: list[Handled] = []
     lock = threading.Lock()
     done = threading.Event()
