@@ -108,6 +108,8 @@ class MessageTracer:
         # Head-dropped messages get a held trace of their own, kept or dropped at finish (keep.py).
         self.keep = keep
         self.hold = hold
+        if keep is not None and hold is not None:
+            hold.attach(keep)  # settled by time and at the provider's force_flush/shutdown
         if server_port is not None and not (isinstance(server_port, int) and 0 < server_port < 65536):
             raise ValueError(f"server_port must be a TCP port (1..65535), not {server_port!r}")
         self.consumer_group = consumer_group
