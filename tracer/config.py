@@ -27,7 +27,8 @@ from opentelemetry.sdk.resources import Resource
 from opentelemetry.sdk.trace import ReadableSpan, Span, SpanProcessor, TracerProvider
 from opentelemetry.sdk.trace.export import BatchSpanProcessor, SpanExporter, SpanExportResult
 
-from .telemetry.hold import HoldingSpanProcessor, install_for_global_provider
+from .telemetry.adopt import install, keep_for
+from .telemetry.hold import HoldingSpanProcessor
 from .telemetry.keep import KeepPolicy
 from .telemetry.metrics import TracerMetrics, multiprocess_dir
 
@@ -269,6 +270,7 @@ def configure_tracing(settings: Settings, *, set_global: bool = True,
         return None
     current = trace.get_tracer_provider()
     if isinstance(current, TracerProvider):
+        keep_for(current)  # RMQTRACE_KEEP_* still applies, in front of the processors it has
         return current
     # Resource.create reads OTEL_RESOURCE_ATTRIBUTES and OTEL_SERVICE_NAME and falls back to
     # "unknown_service:<executable>"; only an explicit name is passed on top.
@@ -284,8 +286,7 @@ def configure_tracing(settings: Settings, *, set_global: bool = True,
     if keep is not None:
         hold = HoldingSpanProcessor.from_env(processors)
         provider.add_span_processor(hold)
-        if set_global:
-            install_for_global_provider(keep, hold)
+        install(provider, keep, hold)  # a MessageTracer writing into this provider picks them up
     else:
         for processor in processors:
             provider.add_span_processor(processor)

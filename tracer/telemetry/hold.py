@@ -58,10 +58,7 @@ from opentelemetry.trace import SpanContext, TraceFlags, TraceState
 
 from ..path.clock import Clock, default_clock
 
-__all__ = [
-    "DROP_REASONS", "HoldStats", "HoldingSpanProcessor", "install_for_global_provider",
-    "installed_for_global_provider",
-]
+__all__ = ["DROP_REASONS", "HoldStats", "HoldingSpanProcessor"]
 
 log = logging.getLogger(__name__)
 
@@ -454,18 +451,3 @@ def _without_orphans(spans: list[ReadableSpan], lost: set[int]) -> tuple[list[Re
         if len(nxt) == len(keep):
             return nxt, len(spans) - len(nxt)
         keep = nxt
-
-
-# The keep policy and hold that ``tracer.config.configure_tracing`` built from ``RMQTRACE_KEEP_*``
-# for the global provider: a MessageTracer on the global provider picks them up, so the
-# environment alone turns latency-aware keeping on (like OTEL_TRACES_SAMPLER does for the head).
-_installed: tuple[Any, HoldingSpanProcessor] | None = None
-
-
-def install_for_global_provider(keep: Any, hold: HoldingSpanProcessor) -> None:
-    global _installed
-    _installed = (keep, hold)
-
-
-def installed_for_global_provider() -> tuple[Any, HoldingSpanProcessor] | None:
-    return _installed

@@ -41,7 +41,8 @@ from ..path.propagation import Carried, PropagationErrors, extract, inject, plau
 from ..path.stages import CROSS_CLOCK_GAPS, Outcome, Stage
 from ..path.stamps import MISSING, SkewTracker, Stamps, timeline
 from ..version import __version__
-from .hold import HoldingSpanProcessor, installed_for_global_provider
+from .adopt import keep_for
+from .hold import HoldingSpanProcessor
 from .keep import PENDING, KeepPolicy
 from .metrics import TracerMetrics
 from .occupancy import Occupancy
@@ -98,10 +99,16 @@ class MessageTracer:
         keep: KeepPolicy | None = None,
         hold: HoldingSpanProcessor | None = None,
     ) -> None:
-        if keep is None and hold is None and tracer_provider is None:
-            installed = installed_for_global_provider()  # RMQTRACE_KEEP_* through configure_tracing
-            if installed is not None:
-                keep, hold = installed
+        # No keep=/hold=: RMQTRACE_KEEP_* decides, for the provider we write into (the one
+        # configure_tracing built, or one opentelemetry-instrument set up: see telemetry.adopt).
+        self._keep_from_env = keep is None and hold is None
+        if self._keep_from_env:
+            provider = tracer_provider if tracer_provider is not None else trace.get_tracer_provider()
+            if not isinstance(provider, trace.ProxyTracerProvider):  # else once the real one is set
+                self._keep_from_env = False
+                found = keep_for(provider)
+                if found is not None:
+                    keep, hold = found
         if keep is not None and hold is None:
             raise ValueError("keep= needs hold=, the HoldingSpanProcessor on the tracer provider: without it "
                              "the handler's spans of dropped messages would still be exported")
@@ -253,6 +260,16 @@ class MessageTracer:
         provider = self._provider or trace.get_tracer_provider()
         self._writer = span_writer(provider.get_tracer("rmqtrace", __version__))
         self._writer_resolved = not isinstance(provider, trace.ProxyTracerProvider)
+        if self._writer_resolved and self._keep_from_env:
+            self._keep_from_env = False
+            try:
+                found = keep_for(provider)
+            except ValueError as exc:  # a bad RMQTRACE_KEEP_* found this late: say it, trace on
+                self.hook_failed("reading RMQTRACE_KEEP_*", exc)
+                found = None
+            if found is not None:
+                self.keep, self.hold = found
+                found[1].attach(found[0])
         self.foreign_provider = self._writer is None and not isinstance(
             provider, (trace.NoOpTracerProvider, trace.ProxyTracerProvider))
         return self._writer
