@@ -6,7 +6,9 @@ public methods only, each wrap with its unwrap:
 
 - ``Producer.send`` / ``Producer.send_async``: ``send {topic}`` span, trace context and produce stamp;
 - ``SimpleConsumer.receive`` / ``SimpleConsumer.ack``: ``client_pull`` stamp on receive, trace
-  finished on ack (the time between is taken as the handler);
+  finished on ack (the time between is taken as the handler); with
+  ``SimpleConsumer.change_invisible_duration`` these are also client operations (``receive``
+  span, settle spans with ``instrument(settle_spans=True)``, ``messaging.client.operation.duration``);
 - ``PushConsumer.__init__``: the user's listener is wrapped in :class:`~tracer.clients.official.TracedListener`.
 
 With the legacy ``rocketmq-client-python`` 2.x installed instead (same import name ``rocketmq``; the two
@@ -23,6 +25,7 @@ from __future__ import annotations
 
 import logging
 import threading
+import weakref
 from importlib.metadata import PackageNotFoundError, version
 from typing import Any, Collection
 
@@ -31,7 +34,9 @@ from opentelemetry.instrumentation.utils import is_instrumentation_enabled, unwr
 from wrapt import wrap_function_wrapper
 
 from ..config import Settings, serve_metrics
+from ..path.names import ACK, CHANGE_INVISIBLE_DURATION
 from ..telemetry.metrics import TracerMetrics
+from ..telemetry.operations import ConsumerOperations
 from ..telemetry.tracer import MessageTracer
 from .legacy import traced_callback, traced_legacy_send
 from .official import ReceivedTraces, TracedListener
@@ -69,6 +74,9 @@ class RocketMQInstrumentor(BaseInstrumentor):  # type: ignore[misc]
     ``CollectorRegistry``; default the global one) or ready-made ``metrics``
     (:class:`~tracer.telemetry.metrics.TracerMetrics`; else the registry's shared one).
 
+    ``settle_spans=True`` adds a span per ``ack`` / ``change_invisible_duration`` (the histogram
+    records them either way).
+
     ``RMQTRACE_METRICS_PORT`` serves ``/metrics`` of that registry from ``instrument()`` until
     ``uninstrument()``, so the two can alternate on one port.
     """
@@ -95,6 +103,8 @@ class RocketMQInstrumentor(BaseInstrumentor):  # type: ignore[misc]
         self._provider = provider
         self.metrics = metrics
         self._default_group = settings.consumer_group
+        self._settle_spans = bool(kwargs.get("settle_spans", False))
+        self._operations: weakref.WeakKeyDictionary[Any, ConsumerOperations] = weakref.WeakKeyDictionary()
 
         self._legacy = _legacy_only()
         if self._legacy:
@@ -107,6 +117,7 @@ class RocketMQInstrumentor(BaseInstrumentor):  # type: ignore[misc]
         wrap_function_wrapper(_PRODUCER, "Producer.send_async", self._send_async)
         wrap_function_wrapper(_SIMPLE, "SimpleConsumer.receive", self._receive)
         wrap_function_wrapper(_SIMPLE, "SimpleConsumer.ack", self._ack)
+        wrap_function_wrapper(_SIMPLE, "SimpleConsumer.change_invisible_duration", self._change_invisible)
         wrap_function_wrapper(_PUSH, "PushConsumer.__init__", self._push_init)
 
     def _uninstrument(self, **kwargs: Any) -> None:
@@ -130,6 +141,7 @@ class RocketMQInstrumentor(BaseInstrumentor):  # type: ignore[misc]
         unwrap(producer.Producer, "send_async")
         unwrap(simple.SimpleConsumer, "receive")
         unwrap(simple.SimpleConsumer, "ack")
+        unwrap(simple.SimpleConsumer, "change_invisible_duration")
         unwrap(push.PushConsumer, "__init__")
 
     # -- per consumer group ------------------------------------------------------------
@@ -153,19 +165,39 @@ class RocketMQInstrumentor(BaseInstrumentor):  # type: ignore[misc]
             return wrapped(*args, **kwargs)
         return traced_send_async(self._producer_tracer, wrapped, *args, **kwargs)
 
+    def _operations_for(self, consumer: Any, traces: ReceivedTraces) -> ConsumerOperations:
+        """One ConsumerOperations per SimpleConsumer (its facts read once)."""
+        try:
+            with self._lock:
+                found = self._operations.get(consumer)
+                if found is None:
+                    found = self._operations[consumer] = ConsumerOperations(
+                        traces.tracer, consumer, settle_spans=self._settle_spans)
+                return found
+        except TypeError:  # not weakly referenceable: a fresh one (facts read again)
+            return ConsumerOperations(traces.tracer, consumer, settle_spans=self._settle_spans)
+
     def _receive(self, wrapped: Any, instance: Any, args: Any, kwargs: Any) -> Any:
-        messages = wrapped(*args, **kwargs)
-        if is_instrumentation_enabled():
-            traces = self._traces_for(_group_of(instance))
-            traces.received(messages)
-            return settle_received(traces, instance, messages)  # probes acked here, not returned
-        return messages
+        if not is_instrumentation_enabled():
+            return wrapped(*args, **kwargs)
+        traces = self._traces_for(_group_of(instance))
+        messages = self._operations_for(instance, traces).receive(lambda: wrapped(*args, **kwargs), traces.received)
+        return settle_received(traces, instance, messages)  # probes acked here, not returned
 
     def _ack(self, wrapped: Any, instance: Any, args: Any, kwargs: Any) -> Any:
-        result = wrapped(*args, **kwargs)
-        if is_instrumentation_enabled() and args:
-            self._traces_for(_group_of(instance)).acked(args[0])
+        if not is_instrumentation_enabled() or not args:
+            return wrapped(*args, **kwargs)
+        traces = self._traces_for(_group_of(instance))
+        result = self._operations_for(instance, traces).settle(ACK, args[0], lambda: wrapped(*args, **kwargs))
+        traces.acked(args[0])
         return result
+
+    def _change_invisible(self, wrapped: Any, instance: Any, args: Any, kwargs: Any) -> Any:
+        if not is_instrumentation_enabled() or not args:
+            return wrapped(*args, **kwargs)
+        traces = self._traces_for(_group_of(instance))
+        return self._operations_for(instance, traces).settle(CHANGE_INVISIBLE_DURATION, args[0],
+                                                             lambda: wrapped(*args, **kwargs))
 
     def _push_init(self, wrapped: Any, instance: Any, args: Any, kwargs: Any) -> Any:
         # PushConsumer(client_configuration, consumer_group, message_listener, subscription, ...)

@@ -21,6 +21,8 @@ __all__ = [
     "OPERATION_TYPE", "OUTCOME", "PROBE_PROPERTY", "PROCESS", "PRODUCE_NS_PROPERTY", "SCHEMA_URL", "SEND", "SERVER_ADDRESS",
     "SERVER_PORT", "STAGE", "STAMP_ATTRS", "SYSTEM", "SYSTEM_VALUE", "TRACEPARENT", "TRACESTATE",
     "WORKER", "process_span_name", "send_span_name",
+    # client operations of a pull consumer (tracer.telemetry.operations)
+    "ACK", "BATCH_MESSAGE_COUNT", "CHANGE_INVISIBLE_DURATION", "RECEIVE", "SETTLE", "operation_span_name",
 ]
 
 # The semantic-conventions release whose names we emit (the RocketMQ attributes still live under
@@ -41,6 +43,19 @@ def process_span_name(topic: str) -> str:
     return f"{PROCESS} {topic}"
 
 
+# A pull consumer's other operations: ``messaging.operation.type`` receive / settle, and the
+# client's own operation names (``messaging.operation.name``) for its two settle calls.
+RECEIVE = "receive"
+SETTLE = "settle"
+ACK = "ack"
+CHANGE_INVISIBLE_DURATION = "change_invisible_duration"
+
+
+def operation_span_name(operation: str, topic: str | None) -> str:
+    """``{messaging.operation.name} {destination}``, the destination omitted when unknown."""
+    return f"{operation} {topic}" if topic else operation
+
+
 # -- OpenTelemetry semantic-convention attributes ------------------------------------------------
 SYSTEM = "messaging.system"
 SYSTEM_VALUE = "rocketmq"
@@ -49,6 +64,7 @@ OPERATION_TYPE = "messaging.operation.type"
 DESTINATION = "messaging.destination.name"
 CONSUMER_GROUP = "messaging.consumer.group.name"
 CLIENT_ID = "messaging.client.id"
+BATCH_MESSAGE_COUNT = "messaging.batch.message_count"  # receive: how many messages the call returned
 MESSAGE_ID = "messaging.message.id"
 BODY_SIZE = "messaging.message.body.size"  # opt-in in the spec
 NAMESPACE = "messaging.rocketmq.namespace"
