@@ -119,3 +119,15 @@ def test_a_collector_that_describes_nothing_is_refused() -> None:
 
     with pytest.raises(TypeError, match="describes no series"):
         Bad(CollectorRegistry())
+
+
+def test_unregister_stops_a_multiprocess_refresher(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from tracer.telemetry.occupancy import OccupancyMetrics
+
+    monkeypatch.setenv("PROMETHEUS_MULTIPROC_DIR", str(tmp_path))
+    m = OccupancyMetrics(CollectorRegistry(), refresh_interval=0.01)
+    thread = m._refresher._thread  # type: ignore[union-attr]
+    assert thread is not None and thread.is_alive()
+    m.unregister()
+    thread.join(5)
+    assert not thread.is_alive()

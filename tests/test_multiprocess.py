@@ -12,7 +12,6 @@ import os
 import subprocess
 import sys
 import textwrap
-from pathlib import Path
 from typing import Iterator
 
 import pytest
@@ -22,7 +21,9 @@ from prometheus_client.multiprocess import MultiProcessCollector
 LIMIT = 4  # the joint label cap of the stage series
 
 _WORKER = textwrap.dedent("""
-    import sys, threading
+    import sys, threading, time
+    from tracer.path.stages import GAPS
+    from tracer.telemetry.probe_metrics import ProbeMetrics
     from prometheus_client import CollectorRegistry
     from tracer.dispatch import Dispatcher, DispatchMetrics
     from tracer.path.clock import ManualClock
@@ -48,16 +49,25 @@ _WORKER = textwrap.dedent("""
     clock.advance_s(2)
     occupancy.flush()  # the refresher would within a second; the test does not wait for it
     dispatcher = Dispatcher(lambda item: None, workers=workers, metrics=DispatchMetrics(registry))
+    # every other series once, so the aggregate can be checked family by family
+    dispatcher.submit("x")
+    assert dispatcher.wait_idle(30)
+    metrics.clamped(next(g.name for g in GAPS if g.crosses_clocks))
+    metrics.skew_bound.labels("broker").set(-0.001)
+    metrics.count_propagation_error("malformed_traceparent")
+    probes = ProbeMetrics(registry, label_limit=limit)
+    now = time.time_ns()
+    probes.record(f"{name}p", "g", [now - 3_000_000, now - 2_000_000, now - 1_000_000, now, now, 0], now)
+    probes.sent_one(f"{name}p", True, now)
     print("ready", flush=True)
     sys.stdin.readline()  # alive until the test has read the aggregate
     dispatcher.close()
 """)
 
 
-@pytest.fixture
-def two_live_workers(tmp_path: Path) -> Iterator[CollectorRegistry]:
-    mp = tmp_path / "multiproc"
-    mp.mkdir()
+@pytest.fixture(scope="module")
+def two_live_workers(tmp_path_factory: pytest.TempPathFactory) -> Iterator[CollectorRegistry]:
+    mp = tmp_path_factory.mktemp("multiproc")
     env = dict(os.environ, PROMETHEUS_MULTIPROC_DIR=str(mp))
     procs = [subprocess.Popen([sys.executable, "-c", _WORKER, name, str(n), str(LIMIT)], env=env,
                               stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
@@ -104,3 +114,19 @@ def test_the_joint_label_cap_holds_in_the_aggregate(two_live_workers: CollectorR
     total = sum(s.value for m in two_live_workers.collect() if m.name == "rmqtrace_messages"
                 for s in m.samples if s.name == "rmqtrace_messages_total")
     assert total == 2 * 2 * LIMIT  # nothing lost to the cap: overflow goes to `other`
+
+
+def _described_families() -> set[str]:
+    """Every family rmqtrace's collectors describe (found as test_collectors finds them)."""
+    from test_collectors import COLLECTORS
+
+    names: set[str] = set()
+    for cls in COLLECTORS:
+        names |= {m.name for c in cls(CollectorRegistry())._collectors for m in c.describe()}
+    return names
+
+
+def test_every_series_is_in_the_aggregate(two_live_workers: CollectorRegistry) -> None:
+    aggregate = {m.name for m in two_live_workers.collect() if m.samples}
+    missing = _described_families() - aggregate
+    assert not missing, f"series lost in multiprocess mode: {sorted(missing)}"

@@ -102,7 +102,11 @@ class OnePerRegistry:
             return found  # type: ignore[no-any-return]
 
     def unregister(self) -> None:
-        """Take these series off the registry (e.g. before building another set on it)."""
+        """Take these series off the registry (e.g. before building another set on it); a
+        multiprocess refresher stops writing them."""
+        refresher = getattr(self, "_refresher", None)
+        if isinstance(refresher, Refresher):
+            refresher.stop()
         for c in self._collectors:
             try:
                 self.registry.unregister(c)
