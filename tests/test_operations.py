@@ -193,3 +193,67 @@ def test_receive_and_settle_on_the_real_proxy(seam: str) -> None:
     assert with_messages and all(s.name == f"receive {topic}" for s in with_messages)
     settles = sorted(s.name for s in finished if s.attributes.get("messaging.operation.type") == "settle")
     assert settles == [f"ack {topic}", f"change_invisible_duration {topic}"]
+
+
+@pytest.mark.integration
+def test_instrumented_consumers_of_one_group_each_carry_their_own_client_id() -> None:
+    from prometheus_client import CollectorRegistry
+    from rmq_real import (client, configuration, ensure_broker, fresh_group, fresh_topic, message, quietly,
+                          start_producer, start_simple)
+    from waiting import wait_until
+
+    from tracer.clients.instrumentor import RocketMQInstrumentor
+
+    ensure_broker()
+    rmq = client()
+    exporter = InMemorySpanExporter()
+    provider = TracerProvider()
+    provider.add_span_processor(SimpleSpanProcessor(exporter))
+    topic, group, push_group = fresh_topic("rt-cid"), fresh_group("rt-cid"), fresh_group("rt-cid-push")
+    producer = start_producer(topic)
+    inst = RocketMQInstrumentor()
+    inst.instrument(tracer_provider=provider, registry=CollectorRegistry())
+    simple = [start_simple(group, topic), start_simple(group, topic)]
+
+    class Listener(rmq.MessageListener):
+        def consume(self, msg: Any) -> Any:
+            return rmq.ConsumeResult.SUCCESS
+
+    push = rmq.PushConsumer(configuration(), push_group, Listener(), {topic: rmq.FilterExpression()})
+    try:
+        push.startup()
+        for i in range(6):
+            producer.send(message(topic, f"m{i}"))
+        got: dict[int, list[Any]] = {0: [], 1: []}
+
+        def receive_some() -> bool:
+            for i, c in enumerate(simple):
+                if len(got[i]) < 1:
+                    for m in c.receive(1, 15):  # one each: a batch could take them all
+                        got[i].append(m)
+                        c.ack(m)
+            return all(got.values())
+
+        wait_until(receive_some, timeout=60, what="a message on each of two consumers of one group")
+        wait_until(lambda: any(s.attributes.get("messaging.consumer.group.name") == push_group
+                               for s in exporter.get_finished_spans() if s.name == f"process {topic}"),
+                   timeout=60, what="a message through the push consumer")
+    finally:
+        inst.uninstrument()
+        for c in [*simple, push]:
+            quietly(c.shutdown)
+        quietly(producer.shutdown)
+    ids = {c.client_id for c in simple}
+    assert len(ids) == 2  # two clients, two ids
+    finished = exporter.get_finished_spans()
+    by_message = {m.message_id: c.client_id for i, c in enumerate(simple) for m in got[i]}
+    for span in finished:
+        mid = span.attributes.get("messaging.message.id")
+        if span.name == f"process {topic}" and mid in by_message \
+                and span.attributes["messaging.consumer.group.name"] == group:  # the push group has them too
+            assert span.attributes["messaging.client.id"] == by_message[mid]  # its own consumer's, not the first's
+    receive_ids = {s.attributes["messaging.client.id"] for s in finished if s.attributes.get("messaging.operation.type") == "receive"}
+    assert receive_ids == ids
+    push_process = [s for s in finished if s.name == f"process {topic}"
+                    and s.attributes.get("messaging.consumer.group.name") == push_group]
+    assert push_process and all(s.attributes["messaging.client.id"] == push.client_id for s in push_process)

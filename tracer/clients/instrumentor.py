@@ -11,6 +11,9 @@ public methods only, each wrap with its unwrap:
   span, settle spans with ``instrument(settle_spans=True)``, ``messaging.client.operation.duration``);
 - ``PushConsumer.__init__``: the user's listener is wrapped in :class:`~tracer.clients.official.TracedListener`.
 
+Each consumer object gets a tracer of its own (all recording into one ``TracerMetrics``), so its
+spans carry its own ``messaging.client.id``.
+
 With the legacy ``rocketmq-client-python`` 2.x installed instead (same import name ``rocketmq``; the two
 never share an environment) it patches ``rocketmq.client``: ``Producer.send_sync`` /
 ``send_orderly_with_sharding_key`` / ``send_oneway`` and ``PushConsumer.subscribe`` (the callback is
@@ -27,13 +30,14 @@ import logging
 import threading
 import weakref
 from importlib.metadata import PackageNotFoundError, version
-from typing import Any, Collection
+from typing import Any, Collection, NamedTuple
 
 from opentelemetry.instrumentation.instrumentor import BaseInstrumentor  # type: ignore[attr-defined]
 from opentelemetry.instrumentation.utils import is_instrumentation_enabled, unwrap
 from wrapt import wrap_function_wrapper
 
 from ..config import Settings, serve_metrics
+from ..path.message import client_facts
 from ..path.names import ACK, CHANGE_INVISIBLE_DURATION
 from ..telemetry.metrics import TracerMetrics
 from ..telemetry.operations import ConsumerOperations
@@ -45,6 +49,13 @@ from .probe import settle_received
 from .producer import traced_send, traced_send_async
 
 __all__ = ["RocketMQInstrumentor"]
+
+
+class _Seam(NamedTuple):
+    """What the patched methods of one consumer object share."""
+
+    traces: ReceivedTraces
+    operations: ConsumerOperations
 
 log = logging.getLogger(__name__)
 
@@ -98,13 +109,13 @@ class RocketMQInstrumentor(BaseInstrumentor):  # type: ignore[misc]
         if settings.metrics_port is not None:
             self._server = serve_metrics(settings, metrics.registry)
         self._producer_tracer = MessageTracer(tracer_provider=provider)
-        self._group_traces: dict[str, ReceivedTraces] = {}
+        self._seams: weakref.WeakKeyDictionary[Any, _Seam] = weakref.WeakKeyDictionary()
+        self._group_seams: dict[str, _Seam] = {}  # consumers that cannot be weakly referenced
         self._lock = threading.Lock()
         self._provider = provider
         self.metrics = metrics
         self._default_group = settings.consumer_group
         self._settle_spans = bool(kwargs.get("settle_spans", False))
-        self._operations: weakref.WeakKeyDictionary[Any, ConsumerOperations] = weakref.WeakKeyDictionary()
 
         self._legacy = _legacy_only()
         if self._legacy:
@@ -144,14 +155,26 @@ class RocketMQInstrumentor(BaseInstrumentor):  # type: ignore[misc]
         unwrap(simple.SimpleConsumer, "change_invisible_duration")
         unwrap(push.PushConsumer, "__init__")
 
-    # -- per consumer group ------------------------------------------------------------
-    def _traces_for(self, group: str | None) -> ReceivedTraces:
-        g = group or self._default_group
+    # -- per consumer --------------------------------------------------------------------
+    def _seam_for(self, consumer: Any, group: str | None) -> _Seam:
+        """The tracer, received traces and operations of one consumer object: its own
+        ``messaging.client.id`` (two consumers of one group have two), its facts read once."""
         with self._lock:
-            found = self._group_traces.get(g)
+            try:
+                found = self._seams.get(consumer)
+            except TypeError:  # not weakly referenceable: one per group instead
+                found, consumer_key = self._group_seams.get(group or self._default_group), None
+            else:
+                consumer_key = consumer
             if found is None:
-                found = self._group_traces[g] = ReceivedTraces(
-                    MessageTracer(consumer_group=g, tracer_provider=self._provider, metrics=self.metrics))
+                tracer = MessageTracer(consumer_group=group or self._default_group, tracer_provider=self._provider,
+                                       metrics=self.metrics)
+                found = _Seam(ReceivedTraces(tracer),
+                              ConsumerOperations(tracer, consumer, settle_spans=self._settle_spans))
+                if consumer_key is not None:
+                    self._seams[consumer_key] = found
+                else:
+                    self._group_seams[group or self._default_group] = found
             return found
 
     # -- wrappers (wrapt signature: wrapped, instance, args, kwargs) ------------------------
@@ -165,53 +188,44 @@ class RocketMQInstrumentor(BaseInstrumentor):  # type: ignore[misc]
             return wrapped(*args, **kwargs)
         return traced_send_async(self._producer_tracer, wrapped, *args, **kwargs)
 
-    def _operations_for(self, consumer: Any, traces: ReceivedTraces) -> ConsumerOperations:
-        """One ConsumerOperations per SimpleConsumer (its facts read once)."""
-        try:
-            with self._lock:
-                found = self._operations.get(consumer)
-                if found is None:
-                    found = self._operations[consumer] = ConsumerOperations(
-                        traces.tracer, consumer, settle_spans=self._settle_spans)
-                return found
-        except TypeError:  # not weakly referenceable: a fresh one (facts read again)
-            return ConsumerOperations(traces.tracer, consumer, settle_spans=self._settle_spans)
-
     def _receive(self, wrapped: Any, instance: Any, args: Any, kwargs: Any) -> Any:
         if not is_instrumentation_enabled():
             return wrapped(*args, **kwargs)
-        traces = self._traces_for(_group_of(instance))
-        messages = self._operations_for(instance, traces).receive(lambda: wrapped(*args, **kwargs), traces.received)
-        return settle_received(traces, instance, messages)  # probes acked here, not returned
+        seam = self._seam_for(instance, _group_of(instance))
+        messages = seam.operations.receive(lambda: wrapped(*args, **kwargs), seam.traces.received)
+        return settle_received(seam.traces, instance, messages)  # probes acked here, not returned
 
     def _ack(self, wrapped: Any, instance: Any, args: Any, kwargs: Any) -> Any:
         if not is_instrumentation_enabled() or not args:
             return wrapped(*args, **kwargs)
-        traces = self._traces_for(_group_of(instance))
-        result = self._operations_for(instance, traces).settle(ACK, args[0], lambda: wrapped(*args, **kwargs))
-        traces.acked(args[0])
+        seam = self._seam_for(instance, _group_of(instance))
+        result = seam.operations.settle(ACK, args[0], lambda: wrapped(*args, **kwargs))
+        seam.traces.acked(args[0])
         return result
 
     def _change_invisible(self, wrapped: Any, instance: Any, args: Any, kwargs: Any) -> Any:
         if not is_instrumentation_enabled() or not args:
             return wrapped(*args, **kwargs)
-        traces = self._traces_for(_group_of(instance))
-        return self._operations_for(instance, traces).settle(CHANGE_INVISIBLE_DURATION, args[0],
-                                                             lambda: wrapped(*args, **kwargs))
+        return self._seam_for(instance, _group_of(instance)).operations.settle(
+            CHANGE_INVISIBLE_DURATION, args[0], lambda: wrapped(*args, **kwargs))
 
     def _push_init(self, wrapped: Any, instance: Any, args: Any, kwargs: Any) -> Any:
         # PushConsumer(client_configuration, consumer_group, message_listener, subscription, ...)
+        tracer: MessageTracer | None = None
         try:
             args = list(args)
             group = kwargs.get("consumer_group", args[1] if len(args) > 1 else None)
-            tracer = self._traces_for(group).tracer
+            tracer = self._seam_for(instance, group).traces.tracer
             if "message_listener" in kwargs:
                 kwargs["message_listener"] = _wrap_listener(kwargs["message_listener"], tracer)
             elif len(args) > 2:
                 args[2] = _wrap_listener(args[2], tracer)
         except Exception as exc:  # noqa: BLE001 - construct the consumer untraced rather than fail
             log.error("rmqtrace: could not wrap the PushConsumer listener", exc_info=exc)
-        return wrapped(*args, **kwargs)
+        result = wrapped(*args, **kwargs)
+        if tracer is not None:  # the client id exists only once the consumer is built
+            tracer.describe_client(client_facts(instance))
+        return result
 
 
     # -- legacy 2.x client ----------------------------------------------------------------------
@@ -234,7 +248,7 @@ class RocketMQInstrumentor(BaseInstrumentor):  # type: ignore[misc]
         # subscribe(topic, callback, expression='*')
         try:
             args = list(args)
-            tracer = self._traces_for(getattr(instance, _LEGACY_GROUP_ATTR, None)).tracer
+            tracer = self._seam_for(instance, getattr(instance, _LEGACY_GROUP_ATTR, None)).traces.tracer
             if "callback" in kwargs:
                 kwargs["callback"] = traced_callback(kwargs["callback"], tracer)
             elif len(args) > 1:
