@@ -6,16 +6,17 @@ collects the six stamps as the message moves, and on :meth:`MessageTrace.finish`
 into spans and one histogram observation per gap. The tree (docs/semconv.md)::
 
     send {topic}            PRODUCER  producer: the send call
-    └─ process {topic}      CONSUMER  client_pull ─────────────────────── handler_end
-       ├─ broker_wait                 broker_store ─ client_pull   (ends where process starts)
+    └─ process {topic}      CONSUMER  broker_store ────────────────────── handler_end
+       ├─ broker_wait                 broker_store ─ client_pull
        ├─ client_buffer               client_pull ─ dispatch_enqueue
        ├─ dispatch_wait               dispatch_enqueue ─ handler_start
        └─ handler                     handler_start ─ handler_end
           └─ the user's spans
 
-``process`` also links to the creation (send) context. It covers the consumer side only, from
-the moment the client handed the message over to the end of the handler, so its duration is the
-consumer's processing time; the time in the broker stays visible as ``broker_wait``.
+``process`` also links to the creation (send) context. It starts at the broker's store time (the
+pull when there is none), so every child lies inside it and no span of ours starts before its
+parent (Jaeger's clock-skew check); ``messaging.process.duration`` is still measured from the pull,
+the consumer's processing time (docs/semconv.md tables the difference).
 
 Two spans are live while the message is handled — ``process`` and ``handler``, so that spans the
 user's handler starts nest under it; the gap spans are written after the fact with explicit start
@@ -39,7 +40,7 @@ from ..path.clock import Clock, default_clock
 from ..path.message import ClientFacts, MessageInfo, message_type
 from ..path.propagation import Carried, PropagationErrors, extract, inject, plausible_ns, resolve_parent
 from ..path.stages import CROSS_CLOCK_GAPS, Outcome, Stage
-from ..path.stamps import MISSING, SkewTracker, Stamps, timeline
+from ..path.stamps import MISSING, SkewTracker, Stamps, causal, store_stamp, timeline
 from ..version import __version__
 from .adopt import keep_for
 from .hold import HoldingSpanProcessor
@@ -189,8 +190,11 @@ class MessageTracer:
             attrs[n.DELIVERY_TIMESTAMP] = delivery_ms
         if job_id:
             attrs[n.JOB_ID] = job_id
-        span = self.tracer.start_span(n.send_span_name(topic), kind=SpanKind.PRODUCER, attributes=attrs)
+        # One clock for the send span and the produce stamp: the consumer's spans are drawn from
+        # the stamps, and broker_wait (a child of send) must not start before it.
         produce_ns = self.clock.now_ns()
+        span = self.tracer.start_span(n.send_span_name(topic), kind=SpanKind.PRODUCER, attributes=attrs,
+                                      start_time=produce_ns)
         try:
             inject(set_property, produce_ns, trace.set_span_in_context(span), job_id=job_id, cost=cost)
         except Exception as exc:  # noqa: BLE001 - a read-only message must not fail the send
@@ -212,16 +216,16 @@ class MessageTracer:
         t = MessageTrace(self, info, carried)
         times = t.stamps.times
         times[Stage.PRODUCE] = carried.produce_ns
-        if info.store_ms:
-            store_ns = info.store_ms * 1_000_000
-            if plausible_ns(store_ns, now):
-                times[Stage.BROKER_STORE] = store_ns
-            else:
-                self.errors.count("timestamp_out_of_range", f"store_ms={info.store_ms}")
         if pulled_ns and not plausible_ns(pulled_ns, now):
             self.errors.count("timestamp_out_of_range", f"pulled_ns={pulled_ns}")
             pulled_ns = None
-        times[Stage.CLIENT_PULL] = pulled_ns if pulled_ns else now
+        pulled = times[Stage.CLIENT_PULL] = pulled_ns if pulled_ns else now
+        if info.store_ms:
+            if plausible_ns(info.store_ms * 1_000_000, now):
+                # millisecond resolution: placed within its millisecond (tracer.path.stamps)
+                times[Stage.BROKER_STORE] = store_stamp(info.store_ms, times[Stage.PRODUCE], pulled)
+            else:
+                self.errors.count("timestamp_out_of_range", f"store_ms={info.store_ms}")
         if self.occupancy is not None:
             self.occupancy.received(times[Stage.CLIENT_PULL])
         if self.capture_body and isinstance(body, (bytes, bytearray, str)):
@@ -303,9 +307,13 @@ class SendTrace:
                 span.record_exception(error)
                 span.set_status(Status(StatusCode.ERROR, type(error).__name__))
                 span.set_attribute(n.ERROR_TYPE, type(error).__qualname__)
-        span.end()
-        if self._tracer is not None:
-            self._tracer.meters.sent(self._topic, self._tracer.clock.now_ns() - self.produce_ns, error)
+        mt = self._tracer
+        if mt is None:
+            span.end()
+            return
+        now = mt.clock.now_ns()
+        span.end(end_time=now)
+        mt.meters.sent(self._topic, now - self.produce_ns, error)
 
 
 class MessageTrace:
@@ -394,8 +402,10 @@ class MessageTrace:
                     self._token = otel_context.attach(trace.set_span_in_context(NonRecordingSpan(found)))
             return
         try:
-            self._token = otel_context.attach(self._open_spans(writer, times[Stage.CLIENT_PULL],
-                                                               times[Stage.HANDLER_START]))
+            # process starts at the broker's store (else the pull): broker_wait is its first child
+            self._token = otel_context.attach(self._open_spans(
+                writer, min(times[Stage.BROKER_STORE] or times[Stage.CLIENT_PULL], times[Stage.CLIENT_PULL]),
+                times[Stage.HANDLER_START]))
         except Exception as exc:  # noqa: BLE001
             self._tracer.hook_failed("starting the handler span", exc)
 
@@ -484,8 +494,10 @@ class MessageTrace:
             ctx = self._decide(mt.keep, outcome, error)  # None: not kept (yet); no exemplar, no spans
         if metrics is not None:
             exemplar = {"trace_id": f"{ctx.trace_id:032x}"} if ctx is not None and ctx.trace_flags.sampled else None
-            metrics.observe(self.info.topic, mt.consumer_group, times, outcome, exemplar)
-        mt.meters.finished(self.info.topic, mt.consumer_group, times, outcome, error)
+        consistent = causal(times)  # the parts fit the whole (tracer.path.stamps); skew is read raw below
+        if metrics is not None:
+            metrics.observe(self.info.topic, mt.consumer_group, consistent, outcome, exemplar)
+        mt.meters.finished(self.info.topic, mt.consumer_group, consistent, outcome, error)
         for gap in CROSS_CLOCK_GAPS:
             a, b = times[gap.start], times[gap.end]
             if a == MISSING or b == MISSING:
@@ -561,9 +573,9 @@ class MessageTrace:
             process.set_status(Status(StatusCode.ERROR, outcome.value))
             # the exception's class; without one (a failure result, a timeout) the outcome
             process.put_attributes({n.ERROR_TYPE: error_type or outcome.value})
-        pulled = fixed.get(Stage.CLIENT_PULL)
-        if pulled is not None:
-            process.move_start(pulled)  # the clamped timeline's, so broker_wait ends where process starts
+        start = fixed.get(Stage.BROKER_STORE) or fixed.get(Stage.CLIENT_PULL)
+        if start is not None:
+            process.move_start(start)  # the causal timeline's: every child inside, none before it
         process.end(end_time=end_ns)
 
     def _process_attributes(self, outcome: Outcome) -> dict[str, Any]:
