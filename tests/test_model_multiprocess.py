@@ -127,7 +127,7 @@ class OccupancyFlush(RuleBasedStateMachine):
             for key, value in acc.items():
                 name = _SERIES_NAMES[key]
                 got = self.registry.get_sample_value(name, {"consumer_group": group})
-                assert got == pytest.approx(value, abs=1e-6), (key, group)
+                assert got is not None and got == pytest.approx(value, abs=1e-6), (key, group)
                 if name.endswith("_total"):
                     assert got >= self.last.get((key, group), 0.0), "a counter went down"
                     self.last[(key, group)] = got
