@@ -130,3 +130,11 @@ def test_every_series_is_in_the_aggregate(two_live_workers: CollectorRegistry) -
     aggregate = {m.name for m in two_live_workers.collect() if m.samples}
     missing = _described_families() - aggregate
     assert not missing, f"series lost in multiprocess mode: {sorted(missing)}"
+
+
+def test_a_shared_cap_whose_directory_is_gone_still_caps_per_process(tmp_path, caplog) -> None:
+    from tracer.telemetry.registration import SharedAdmission
+
+    admit = SharedAdmission(str(tmp_path / "gone"), "x", 2)
+    assert [admit(k) for k in "abca"] == [True, True, False, True]
+    assert "holds per process" in caplog.text

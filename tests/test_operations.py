@@ -143,6 +143,28 @@ def test_the_process_span_carries_the_consumers_client_id() -> None:
         assert span.attributes["messaging.client.id"] == "from-the-client"
 
 
+
+def test_a_broken_tracer_provider_never_stops_receive_or_ack(caplog: pytest.LogCaptureFixture) -> None:
+    class Broken(TracerProvider):
+        def get_tracer(self, *a: Any, **k: Any) -> Any:
+            class T:
+                def start_span(self, *a: Any, **k: Any) -> Any:
+                    raise RuntimeError("vendor SDK bug")
+            return T()
+
+    broker = EmbeddedBroker()
+    broker.create_topic("T")
+    producer = Producer(broker)
+    producer.startup()
+    raw = SimpleConsumer(broker, "G", {"T": None}, await_duration=0)
+    raw.startup()
+    consumer = TracedSimpleConsumer(raw, MessageTracer(consumer_group="G", tracer_provider=Broken()), settle_spans=True)
+    _send(producer)
+    (msg,) = consumer.receive(1, 30)
+    consumer.ack(msg)
+    assert "starting the receive span failed" in caplog.text and "starting a settle span failed" in caplog.text
+
+
 # -- the real proxy ----------------------------------------------------------------------------
 @pytest.mark.integration
 @pytest.mark.parametrize("seam", ["wrapper", "instrumentor"])
@@ -198,8 +220,17 @@ def test_receive_and_settle_on_the_real_proxy(seam: str) -> None:
 @pytest.mark.integration
 def test_instrumented_consumers_of_one_group_each_carry_their_own_client_id() -> None:
     from prometheus_client import CollectorRegistry
-    from rmq_real import (client, configuration, ensure_broker, fresh_group, fresh_topic, message, quietly,
-                          start_producer, start_simple)
+    from rmq_real import (
+        client,
+        configuration,
+        ensure_broker,
+        fresh_group,
+        fresh_topic,
+        message,
+        quietly,
+        start_producer,
+        start_simple,
+    )
     from waiting import wait_until
 
     from tracer.clients.instrumentor import RocketMQInstrumentor
@@ -252,7 +283,8 @@ def test_instrumented_consumers_of_one_group_each_carry_their_own_client_id() ->
         if span.name == f"process {topic}" and mid in by_message \
                 and span.attributes["messaging.consumer.group.name"] == group:  # the push group has them too
             assert span.attributes["messaging.client.id"] == by_message[mid]  # its own consumer's, not the first's
-    receive_ids = {s.attributes["messaging.client.id"] for s in finished if s.attributes.get("messaging.operation.type") == "receive"}
+    receive_ids = {s.attributes["messaging.client.id"] for s in finished
+                   if s.attributes.get("messaging.operation.type") == "receive"}
     assert receive_ids == ids
     push_process = [s for s in finished if s.name == f"process {topic}"
                     and s.attributes.get("messaging.consumer.group.name") == push_group]

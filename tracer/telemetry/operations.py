@@ -70,9 +70,13 @@ class ConsumerOperations:
         returns the traces it started for the messages: the span links to their creation contexts."""
         mt = self.tracer
         t0 = mt.clock.now_ns()
-        span = mt.tracer.start_span(n.RECEIVE, kind=SpanKind.CLIENT, start_time=t0,
-                                    attributes={**self._start, n.OPERATION_NAME: n.RECEIVE,
-                                                n.OPERATION_TYPE: n.RECEIVE})
+        try:
+            span = mt.tracer.start_span(n.RECEIVE, kind=SpanKind.CLIENT, start_time=t0,
+                                        attributes={**self._start, n.OPERATION_NAME: n.RECEIVE,
+                                                    n.OPERATION_TYPE: n.RECEIVE})
+        except Exception as exc:  # noqa: BLE001 - a broken provider must not stop the receive
+            mt.hook_failed("starting the receive span", exc)
+            span = trace.INVALID_SPAN
         try:
             with trace.use_span(span, end_on_exit=False, record_exception=False, set_status_on_exception=False):
                 result = call()
@@ -105,13 +109,16 @@ class ConsumerOperations:
         mt = self.tracer
         topic = str(getattr(message, "topic", "") or "") or None
         t0 = mt.clock.now_ns()
-        span = None
+        span: Any = None
         if self.settle_spans:
             attrs = {**self._start, n.OPERATION_NAME: operation, n.OPERATION_TYPE: n.SETTLE}
             if topic:
                 attrs[n.DESTINATION] = topic
-            span = mt.tracer.start_span(n.operation_span_name(operation, topic), kind=SpanKind.CLIENT,
-                                        start_time=t0, attributes=attrs)
+            try:
+                span = mt.tracer.start_span(n.operation_span_name(operation, topic), kind=SpanKind.CLIENT,
+                                            start_time=t0, attributes=attrs)
+            except Exception as exc:  # noqa: BLE001 - a broken provider must not stop the settle
+                mt.hook_failed("starting a settle span", exc)
         try:
             result = call()
         except BaseException as exc:

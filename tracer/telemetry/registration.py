@@ -17,6 +17,7 @@ that grow with time) into stock multiprocess metrics every ``interval`` seconds,
 from __future__ import annotations
 
 import fcntl
+import logging
 import os
 import threading
 import weakref
@@ -26,6 +27,8 @@ from prometheus_client import REGISTRY as DEFAULT_REGISTRY
 from prometheus_client import CollectorRegistry
 
 __all__ = ["OnePerRegistry", "Refresher", "SharedAdmission", "multiprocess_dir"]
+
+log = logging.getLogger(__name__)
 
 _shared_lock = threading.Lock()
 
@@ -170,6 +173,7 @@ class SharedAdmission:
         self.limit = limit
         self._admitted: set[str] = set()  # at most `limit` keys: refusals are not remembered
         self._full = False  # the file holds `limit` keys: it never changes again
+        self._warned = False
         self._lock = threading.Lock()
 
     def __call__(self, key: str) -> bool:
@@ -179,7 +183,18 @@ class SharedAdmission:
         if self._full:
             return False
         with self._lock:
-            return self._ask(line)
+            try:
+                return self._ask(line)
+            except OSError as exc:
+                # the directory is gone or read-only: the cap still holds, per process
+                if not self._warned:
+                    self._warned = True
+                    log.warning("rmqtrace: cannot share a label cap through %s (%s); it now holds per process",
+                                self.path, exc)
+                if len(self._admitted) >= self.limit:
+                    return False
+                self._admitted.add(line)
+                return True
 
     def _ask(self, line: str) -> bool:
         with open(self.path, "a+", encoding="utf-8") as f:
