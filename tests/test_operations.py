@@ -218,7 +218,7 @@ def test_receive_and_settle_on_the_real_proxy(seam: str) -> None:
 
 
 @pytest.mark.integration
-def test_instrumented_consumers_of_one_group_each_carry_their_own_client_id() -> None:
+def test_instrumented_clients_each_carry_their_own_client_id() -> None:
     from prometheus_client import CollectorRegistry
     from rmq_real import (
         client,
@@ -289,3 +289,5 @@ def test_instrumented_consumers_of_one_group_each_carry_their_own_client_id() ->
     push_process = [s for s in finished if s.name == f"process {topic}"
                     and s.attributes.get("messaging.consumer.group.name") == push_group]
     assert push_process and all(s.attributes["messaging.client.id"] == push.client_id for s in push_process)
+    sends = [s for s in finished if s.name == f"send {topic}"]
+    assert sends and all(s.attributes["messaging.client.id"] == producer.client_id for s in sends)

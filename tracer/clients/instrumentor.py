@@ -11,8 +11,8 @@ public methods only, each wrap with its unwrap:
   span, settle spans with ``instrument(settle_spans=True)``, ``messaging.client.operation.duration``);
 - ``PushConsumer.__init__``: the user's listener is wrapped in :class:`~tracer.clients.official.TracedListener`.
 
-Each consumer object gets a tracer of its own (all recording into one ``TracerMetrics``), so its
-spans carry its own ``messaging.client.id``.
+Each producer and consumer object gets a tracer of its own (the consumers' all recording into one
+``TracerMetrics``), so its spans carry its own ``messaging.client.id``.
 
 With the legacy ``rocketmq-client-python`` 2.x installed instead (same import name ``rocketmq``; the two
 never share an environment) it patches ``rocketmq.client``: ``Producer.send_sync`` /
@@ -108,7 +108,8 @@ class RocketMQInstrumentor(BaseInstrumentor):  # type: ignore[misc]
             metrics = TracerMetrics.shared(kwargs.get("registry"))
         if settings.metrics_port is not None:
             self._server = serve_metrics(settings, metrics.registry)
-        self._producer_tracer = MessageTracer(tracer_provider=provider)
+        self._producer_tracer = MessageTracer(tracer_provider=provider)  # producers that cannot be weakly referenced
+        self._producers: weakref.WeakKeyDictionary[Any, MessageTracer] = weakref.WeakKeyDictionary()
         self._seams: weakref.WeakKeyDictionary[Any, _Seam] = weakref.WeakKeyDictionary()
         self._group_seams: dict[str, _Seam] = {}  # consumers that cannot be weakly referenced
         self._lock = threading.Lock()
@@ -177,16 +178,28 @@ class RocketMQInstrumentor(BaseInstrumentor):  # type: ignore[misc]
                     self._group_seams[group or self._default_group] = found
             return found
 
+    def _tracer_for_producer(self, producer: Any) -> MessageTracer:
+        """One tracer per producer object, described by its own facts (``messaging.client.id``)."""
+        with self._lock:
+            try:
+                found = self._producers.get(producer)
+            except TypeError:
+                return self._producer_tracer
+            if found is None:
+                found = self._producers[producer] = MessageTracer(tracer_provider=self._provider)
+                found.describe_client(client_facts(producer))
+            return found
+
     # -- wrappers (wrapt signature: wrapped, instance, args, kwargs) ------------------------
     def _send(self, wrapped: Any, instance: Any, args: Any, kwargs: Any) -> Any:
         if not is_instrumentation_enabled() or not args:
             return wrapped(*args, **kwargs)
-        return traced_send(self._producer_tracer, wrapped, *args, **kwargs)
+        return traced_send(self._tracer_for_producer(instance), wrapped, *args, **kwargs)
 
     def _send_async(self, wrapped: Any, instance: Any, args: Any, kwargs: Any) -> Any:
         if not is_instrumentation_enabled() or not args:
             return wrapped(*args, **kwargs)
-        return traced_send_async(self._producer_tracer, wrapped, *args, **kwargs)
+        return traced_send_async(self._tracer_for_producer(instance), wrapped, *args, **kwargs)
 
     def _receive(self, wrapped: Any, instance: Any, args: Any, kwargs: Any) -> Any:
         if not is_instrumentation_enabled():
@@ -232,7 +245,7 @@ class RocketMQInstrumentor(BaseInstrumentor):  # type: ignore[misc]
     def _legacy_send(self, wrapped: Any, instance: Any, args: Any, kwargs: Any) -> Any:
         if not is_instrumentation_enabled() or not args:
             return wrapped(*args, **kwargs)
-        return traced_legacy_send(self._producer_tracer, wrapped, *args, **kwargs)
+        return traced_legacy_send(self._tracer_for_producer(instance), wrapped, *args, **kwargs)
 
     def _legacy_push_init(self, wrapped: Any, instance: Any, args: Any, kwargs: Any) -> Any:
         # PushConsumer(group_id, orderly=False, message_model=...): the group lives only in C++
