@@ -39,7 +39,7 @@ _WORKER = textwrap.dedent("""
     occupancy = OccupancyMetrics(registry)
     clock = ManualClock()
     occ = occupancy.track("g", workers, clock=clock)
-    tracer = MessageTracer(consumer_group="g", metrics=metrics, occupancy=occ)
+    tracer = MessageTracer(consumer_group="g", metrics=metrics, occupancy=occ, clock=clock)
     for i in range(2 * limit):  # topics of this process only: 2 * limit of them
         t = tracer.start_message(MessageInfo(topic=f"{name}{i}"))
         with t.handler_scope():
