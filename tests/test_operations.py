@@ -144,6 +144,36 @@ def test_the_process_span_carries_the_consumers_client_id() -> None:
 
 
 
+
+def test_receive_async_ends_its_span_when_the_future_resolves_and_traces_the_messages() -> None:
+    from concurrent.futures import Future, ThreadPoolExecutor
+
+    producer, consumer, exporter, reader = _setup()
+    raw = consumer.wrapped
+    gate = ThreadPoolExecutor(1)
+    release: Future[None] = Future()
+
+    def receive_async(n: int, invisible: int) -> Future[Any]:  # the 5.x client's shape, on the embedded broker
+        def later() -> Any:
+            release.result(10)
+            return raw.receive(n, invisible)
+        return gate.submit(later)
+
+    raw.receive_async = receive_async
+    _send(producer)
+    fut = consumer.receive_async(8, 30)
+    assert not [s for s in exporter.get_finished_spans() if s.name.startswith("receive")]  # still open
+    release.set_result(None)
+    (msg,) = fut.result(10)
+    (span,) = [s for s in exporter.get_finished_spans() if s.name.startswith("receive")]
+    assert span.name == "receive T" and span.attributes["messaging.batch.message_count"] == 1
+    assert len(span.links) == 1
+    consumer.ack(msg)  # the message was traced: its process span ends at the ack
+    assert [s.name for s in exporter.get_finished_spans()].count("process T") == 1
+    assert _by_op(reader, "receive").count == 1
+    gate.shutdown()
+
+
 def test_a_broken_tracer_provider_never_stops_receive_or_ack(caplog: pytest.LogCaptureFixture) -> None:
     class Broken(TracerProvider):
         def get_tracer(self, *a: Any, **k: Any) -> Any:
@@ -195,6 +225,8 @@ def test_receive_and_settle_on_the_real_proxy(seam: str) -> None:
         for body in ("a", "b"):
             producer.send(message(topic, body))
         got: list[Any] = []
+        wait_until(lambda: got.extend(consumer.receive_async(1, 15).result(30)) or len(got) >= 1, timeout=30,
+                   what="a message through receive_async")
         wait_until(lambda: got.extend(consumer.receive(16, 15)) or len(got) >= 2, timeout=30, what="two messages")
         consumer.ack(got[0])
         consumer.change_invisible_duration(got[1], 10)

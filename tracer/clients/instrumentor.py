@@ -5,7 +5,7 @@ Registered under the ``opentelemetry_instrumentor`` entry point, so
 public methods only, each wrap with its unwrap:
 
 - ``Producer.send`` / ``Producer.send_async``: ``send {topic}`` span, trace context and produce stamp;
-- ``SimpleConsumer.receive`` / ``SimpleConsumer.ack``: ``client_pull`` stamp on receive, trace
+- ``SimpleConsumer.receive`` (and ``receive_async``) / ``SimpleConsumer.ack``: ``client_pull`` stamp on receive, trace
   finished on ack (the time between is taken as the handler); with
   ``SimpleConsumer.change_invisible_duration`` these are also client operations (``receive``
   span, settle spans with ``instrument(settle_spans=True)``, ``messaging.client.operation.duration``);
@@ -128,6 +128,7 @@ class RocketMQInstrumentor(BaseInstrumentor):  # type: ignore[misc]
         wrap_function_wrapper(_PRODUCER, "Producer.send", self._send)
         wrap_function_wrapper(_PRODUCER, "Producer.send_async", self._send_async)
         wrap_function_wrapper(_SIMPLE, "SimpleConsumer.receive", self._receive)
+        wrap_function_wrapper(_SIMPLE, "SimpleConsumer.receive_async", self._receive_async)
         wrap_function_wrapper(_SIMPLE, "SimpleConsumer.ack", self._ack)
         wrap_function_wrapper(_SIMPLE, "SimpleConsumer.change_invisible_duration", self._change_invisible)
         wrap_function_wrapper(_PUSH, "PushConsumer.__init__", self._push_init)
@@ -152,6 +153,7 @@ class RocketMQInstrumentor(BaseInstrumentor):  # type: ignore[misc]
         unwrap(producer.Producer, "send")
         unwrap(producer.Producer, "send_async")
         unwrap(simple.SimpleConsumer, "receive")
+        unwrap(simple.SimpleConsumer, "receive_async")
         unwrap(simple.SimpleConsumer, "ack")
         unwrap(simple.SimpleConsumer, "change_invisible_duration")
         unwrap(push.PushConsumer, "__init__")
@@ -207,6 +209,13 @@ class RocketMQInstrumentor(BaseInstrumentor):  # type: ignore[misc]
         seam = self._seam_for(instance, _group_of(instance))
         messages = seam.operations.receive(lambda: wrapped(*args, **kwargs), seam.traces.received)
         return settle_received(seam.traces, instance, messages)  # probes acked here, not returned
+
+    def _receive_async(self, wrapped: Any, instance: Any, args: Any, kwargs: Any) -> Any:
+        if not is_instrumentation_enabled():
+            return wrapped(*args, **kwargs)
+        seam = self._seam_for(instance, _group_of(instance))
+        return seam.operations.receive_async(lambda: wrapped(*args, **kwargs), seam.traces.received,
+                                             lambda messages: settle_received(seam.traces, instance, messages))
 
     def _ack(self, wrapped: Any, instance: Any, args: Any, kwargs: Any) -> Any:
         if not is_instrumentation_enabled() or not args:

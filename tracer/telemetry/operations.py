@@ -22,6 +22,7 @@ rest of the sampling-relevant attributes at start.
 
 from __future__ import annotations
 
+from concurrent.futures import Future
 from typing import TYPE_CHECKING, Any, Callable, TypeVar
 
 from opentelemetry import trace
@@ -70,22 +71,65 @@ class ConsumerOperations:
         returns the traces it started for the messages: the span links to their creation contexts."""
         mt = self.tracer
         t0 = mt.clock.now_ns()
-        try:
-            span = mt.tracer.start_span(n.RECEIVE, kind=SpanKind.CLIENT, start_time=t0,
-                                        attributes={**self._start, n.OPERATION_NAME: n.RECEIVE,
-                                                    n.OPERATION_TYPE: n.RECEIVE})
-        except Exception as exc:  # noqa: BLE001 - a broken provider must not stop the receive
-            mt.hook_failed("starting the receive span", exc)
-            span = trace.INVALID_SPAN
+        span = self._start_receive(t0)
         try:
             with trace.use_span(span, end_on_exit=False, record_exception=False, set_status_on_exception=False):
                 result = call()
         except BaseException as exc:
             self._end(span, n.RECEIVE, n.RECEIVE, None, t0, exc)
             raise
+        self._received(span, t0, result, traces)
+        return result
+
+    def receive_async(self, call: Callable[[], Future[Any]],
+                      traces: Callable[[Any], list[MessageTrace]] | None = None,
+                      then: Callable[[Any], Any] | None = None) -> Future[Any]:
+        """``call()`` (the client's ``receive_async``) as one ``receive`` operation that ends when
+        its future does. Returns a future of the result, passed through ``then`` (e.g. to take
+        probes out) when given; the client's exception passes through it."""
+        mt = self.tracer
+        t0 = mt.clock.now_ns()
+        span = self._start_receive(t0)
+        try:
+            inner = call()
+        except BaseException as exc:
+            self._end(span, n.RECEIVE, n.RECEIVE, None, t0, exc)
+            raise
+        outer: Future[Any] = Future()
+
+        def done(f: Future[Any]) -> None:
+            error = f.exception()
+            if error is not None:
+                self._end(span, n.RECEIVE, n.RECEIVE, None, t0, error)
+                outer.set_exception(error)
+                return
+            result = f.result()
+            self._received(span, t0, result, traces)
+            if then is not None:
+                try:
+                    result = then(result)
+                except Exception as exc:  # noqa: BLE001 - the messages still reach the caller
+                    mt.hook_failed("settling probes of an async receive", exc)
+            outer.set_result(result)
+
+        inner.add_done_callback(done)
+        return outer
+
+    def _start_receive(self, t0: int) -> Any:
+        try:
+            return self.tracer.tracer.start_span(n.RECEIVE, kind=SpanKind.CLIENT, start_time=t0,
+                                                 attributes={**self._start, n.OPERATION_NAME: n.RECEIVE,
+                                                             n.OPERATION_TYPE: n.RECEIVE})
+        except Exception as exc:  # noqa: BLE001 - a broken provider must not stop the receive
+            self.tracer.hook_failed("starting the receive span", exc)
+            return trace.INVALID_SPAN
+
+    def _received(self, span: Any, t0: int, result: Any,
+                  traces: Callable[[Any], list[MessageTrace]] | None) -> None:
+        """Traces for the received messages, the span described and ended, the duration recorded."""
         topic: str | None = None
         try:
-            messages: list[Any] = list(result or ()) if not isinstance(result, (str, bytes)) else []  # type: ignore[call-overload,arg-type]
+            messages: list[Any] = list(result or ()) if not isinstance(result, (str, bytes)) else []
             topics = {str(getattr(m, "topic", "") or "") for m in messages}
             topic = topics.pop() if len(topics) == 1 else None
             started = traces(result) if traces is not None else []
@@ -99,9 +143,8 @@ class ConsumerOperations:
                     if parent is not None and parent.is_valid:
                         span.add_link(parent)
         except Exception as exc:  # noqa: BLE001 - tracing never fails the receive
-            mt.hook_failed("describing a receive", exc)
+            self.tracer.hook_failed("describing a receive", exc)
         self._end(span, n.RECEIVE, n.RECEIVE, topic or None, t0, None)
-        return result
 
     def settle(self, operation: str, message: Any, call: Callable[[], T]) -> T:
         """``call()`` (the client's ``ack`` or ``change_invisible_duration`` of ``message``) as one
