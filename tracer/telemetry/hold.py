@@ -93,6 +93,7 @@ class HoldStats(NamedTuple):
     forwarded: int  # held spans handed on when their trace was kept
     dropped_by_reason: Mapping[str, int] = {}  # spans, by DROP_REASONS
     traces_evicted: Mapping[str, int] = {}  # undecided traces lost to max_spans, max_traces, max_age, shutdown
+    oldest_held_s: float = 0.0  # age of the oldest undecided trace (by the hold's clock)
 
 
 class _Held:
@@ -271,10 +272,12 @@ class HoldingSpanProcessor(SpanProcessor):
             return busy or bool(self._held)
 
     def statistics(self) -> HoldStats:
+        now = self.clock.now_ns()
         with self._lock:
             drops = dict(self._drops)
+            oldest = (now - next(iter(self._held.values())).since) / 1e9 if self._held else 0.0
             return HoldStats(self._n_spans, len(self._held), sum(drops.values()), self.forwarded, drops,
-                             dict(self._evictions))
+                             dict(self._evictions), oldest)
 
     stats = statistics
 

@@ -230,6 +230,7 @@ class KeepPolicy:
         self._drops = {r: 0 for r in DROP_REASONS}
         self._slow = 0
         self._pending = 0
+        self._latest_ns = 0
 
     @classmethod
     def from_env(cls, env: Mapping[str, str] | None = None, rng: random.Random | None = None) -> KeepPolicy | None:
@@ -333,7 +334,11 @@ class KeepPolicy:
             job.first_produce = produce
             if reason is None:
                 reason = "job_start"
-        job.seen_ns = now
+        # Idle is measured from the latest handler end seen by then (monotone in the jobs' order,
+        # so a sweep stops at the first busy job correctly even when a late finish has old stamps).
+        if now > self._latest_ns:
+            self._latest_ns = now
+        job.seen_ns = self._latest_ns
         jobs[job_id] = job
         if now < job.last_end:
             return reason  # finished before the job's latest: not on the critical path
@@ -382,8 +387,8 @@ class KeepPolicy:
         now = self.clock.now_ns() if now_ns is None else now_ns
         settled: list[tuple[Callable[[bool], None], bool]] = []
         with self._lock:
-            if self._pending:
-                self._sweep(now, settled)
+            if self._jobs:
+                self._sweep(now, settled)  # idle jobs retire by time, pending finisher or not
             pending = self._pending > 0
         for fn, keep in settled:
             fn(keep)

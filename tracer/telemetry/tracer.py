@@ -320,7 +320,8 @@ class MessageTrace:
     """Stamps of one received message and, while its handler runs, its live handler span."""
 
     __slots__ = ("_tracer", "info", "_carried", "_parent", "_parsed", "stamps", "worker", "body", "_ctx", "_process",
-                 "_handler", "_token", "_done", "_scope_start", "_held", "_overrun", "_late_end", "_open_handler")
+                 "_handler", "_token", "_done", "_scope_start", "_held", "_head_held", "_overrun", "_late_end",
+                 "_open_handler")
 
     def __init__(self, tracer: MessageTracer, info: MessageInfo, carried: Carried) -> None:
         self._tracer = tracer
@@ -339,6 +340,9 @@ class MessageTrace:
         self._done = False
         self._scope_start: int | None = None
         self._held = False  # a keep policy's trace, undecided until finish
+        # a head-sampled trace held too (kept at finish): a message never finished must not leave
+        # its handler's spans exported without ours; the hold's age limit drops them then
+        self._head_held = False
         # Finished (a watchdog's timeout) while the handler still ran: handler_end was stamped at the
         # finish; the handler span ends when the handler really returns, at _late_end.
         self._overrun = False
@@ -424,6 +428,9 @@ class MessageTrace:
             # child of the unrecorded send span would be an orphan; see tracer.telemetry.keep).
             assert self._tracer.hold is not None
             ctx, parent, start_attrs, self._held = self._tracer.hold.open_trace(writer.tracer.id_generator), None, attrs, True
+        elif start_attrs is not None and self._tracer.hold is not None and self._tracer.keep is not None:
+            self._tracer.hold.hold(ctx.trace_id)
+            self._head_held = True
         current = base if base is not None else otel_context.get_current()  # read once, used twice
         if start_attrs is None:
             # Dropped: the message's context stays current so the handler's spans share the
@@ -527,6 +534,9 @@ class MessageTrace:
         except Exception as exc:  # noqa: BLE001 - a broken policy must not cost the histograms
             self._tracer.hook_failed("the keep decision", exc)
             reason = "failure"  # err on keeping
+        if self._head_held and ctx is not None and hold is not None:
+            hold.release(ctx.trace_id, True)
+            return ctx
         if not self._held or ctx is None or hold is None:
             return ctx
         if reason is PENDING:
