@@ -447,3 +447,43 @@ def test_the_probes_parts_fit_the_whole_when_the_store_time_rounds_down(spans, r
         if s.parent is not None:
             parent = next(p for p in by_name.values() if p.context.span_id == s.parent.span_id)
             assert s.start_time >= parent.start_time, (s.name, parent.name)
+
+
+def test_message_tracer_takes_one_client_facts_object_and_the_loose_keywords_still_work(spans):
+    from tracer.path.message import ClientFacts
+
+    provider, exporter = spans
+    facts = ClientFacts("host@1@c", "ns", "broker.example", 8081)
+    one = MessageTracer(consumer_group="G", tracer_provider=provider, client=facts)
+    loose = MessageTracer(consumer_group="G", tracer_provider=provider, client_id="host@1@c", namespace="ns",
+                          server_address="broker.example", server_port=8081)
+    assert one.client == loose.client == facts and one.client_id == "host@1@c" and one.namespace == "ns"
+    mixed = MessageTracer(tracer_provider=provider, client=facts, client_id="other")
+    assert mixed.client == facts._replace(client_id="other")  # a loose keyword overrides its field
+    mixed.describe_client(ClientFacts("ignored", "ignored", "ignored", 1))  # given facts win
+    assert mixed.client == facts._replace(client_id="other")
+    with pytest.raises(ValueError, match="server_port"):
+        MessageTracer(tracer_provider=provider, client=ClientFacts(server_address="x", server_port=70000))
+    one.start_send("T", {}.__setitem__).end("M1")
+    (send,) = exporter.get_finished_spans()
+    assert send.attributes["messaging.client.id"] == "host@1@c" and send.attributes["server.port"] == 8081
+
+
+def test_statistics_is_a_frozen_snapshot_with_hook_failures_by_place(spans):
+    provider, _ = spans
+    clock = ManualClock()
+
+    def broken(trace, outcome):  # noqa: ANN001, ANN202
+        raise RuntimeError("listener bug")
+
+    cons = MessageTracer(consumer_group="G", tracer_provider=provider, clock=clock, listeners=[broken])
+    for _ in range(3):
+        run_one(cons, clock, {"traceparent": "00-zz-bad"})
+    s = cons.statistics()
+    assert s.hook_failures == {"a finish listener": 3}
+    assert s.propagation_errors and s.keep is None and s.hold is None
+    run_one(cons, clock, {})
+    assert s.hook_failures == {"a finish listener": 3}  # a snapshot: later failures do not change it
+    assert cons.statistics().hook_failures == {"a finish listener": 4}
+    with pytest.raises(AttributeError):
+        s.hook_failures = {}  # type: ignore[misc]

@@ -29,7 +29,7 @@ from __future__ import annotations
 
 import logging
 import threading
-from typing import Any, Callable, Sequence
+from typing import Any, Callable, Mapping, NamedTuple, Sequence
 
 from opentelemetry import context as otel_context
 from opentelemetry import trace
@@ -37,32 +37,38 @@ from opentelemetry.trace import Link, NonRecordingSpan, Span, SpanContext, SpanK
 
 from ..path import names as n
 from ..path.clock import Clock, default_clock
-from ..path.message import ClientFacts, MessageInfo, message_type
+from ..path.message import ClientFacts, MessageInfo
 from ..path.propagation import Carried, PropagationErrors, extract, inject, plausible_ns, resolve_parent
 from ..path.stages import CROSS_CLOCK_GAPS, Outcome, Stage
 from ..path.stamps import MISSING, SkewTracker, Stamps, causal, store_stamp, timeline
 from ..version import __version__
 from .adopt import keep_for
-from .hold import HoldingSpanProcessor
-from .keep import PENDING, KeepPolicy
+from .attributes import (  # noqa: F401 - re-exported
+    BODY_ATTR,
+    MAX_ATTR_CHARS,
+    MAX_KEYS,
+    body_preview,
+    cap,
+    process_attributes,
+    process_sampling_attributes,
+    send_attributes,
+    server_attributes,
+)
+from .hold import HoldingSpanProcessor, HoldStats
+from .keep import PENDING, KeepPolicy, KeepStats
 from .metrics import TracerMetrics
 from .occupancy import Occupancy
 from .otel_metrics import GLOBAL_METERS, MessagingMeters
 from .spans import DeferredSpan, SpanWriter, span_writer
 
-__all__ = ["BODY_ATTR", "MAX_ATTR_CHARS", "MAX_KEYS", "MessageTrace", "MessageTracer", "SendTrace", "body_preview"]
+__all__ = ["BODY_ATTR", "MAX_ATTR_CHARS", "MAX_KEYS", "MessageTrace", "MessageTracer", "SendTrace", "TracerStats",
+           "body_preview"]
 
 log = logging.getLogger(__name__)
 
 # The gap spans under `process`: (name, first stage, last stage, attributes), from names.GAP_SPANS.
 _GAP_SPANS: tuple[tuple[str, Stage, Stage, dict[str, Any]], ...] = tuple(
     (g.name, g.start, g.end, {n.STAGE: g.name}) for g in n.GAP_SPANS)
-_STAMP_ATTRS: tuple[tuple[int, str], ...] = tuple((int(s), key) for s, key in n.STAMP_ATTRS.items())
-BODY_ATTR = n.BODY
-# Message fields become span attributes and names: a hostile message must not make a span huge
-# (queued spans would hold it, and an export batch could outgrow what a backend takes).
-MAX_ATTR_CHARS = 256
-MAX_KEYS = 32
 
 
 class MessageTracer:
@@ -76,9 +82,11 @@ class MessageTracer:
     ``rmqtrace.message.body`` (UTF-8, undecodable bytes replaced). ``messaging.message.body.size``
     is opt-in in the conventions: recorded only with ``record_body_size=True``.
 
-    ``client_id`` (``messaging.client.id``), ``namespace`` (``messaging.rocketmq.namespace``) and
-    ``server_address``/``server_port`` describe the client this tracer serves; a received
-    message's own namespace and endpoint win over them.
+    ``client`` (a :class:`~tracer.path.message.ClientFacts`: ``messaging.client.id``,
+    ``messaging.rocketmq.namespace``, ``server.address``/``server.port``) describes the client this
+    tracer serves; a received message's own namespace and endpoint win over it. The loose
+    ``client_id=``, ``namespace=``, ``server_address=``, ``server_port=`` keywords still work and
+    override the matching field. :meth:`statistics` is a frozen snapshot of what happened.
     """
 
     def __init__(
@@ -92,6 +100,7 @@ class MessageTracer:
         listeners: Sequence[Callable[[MessageTrace, Outcome], None]] = (),
         capture_body: int = 0,
         occupancy: Occupancy | None = None,
+        client: ClientFacts | None = None,
         client_id: str | None = None,
         namespace: str | None = None,
         server_address: str | None = None,
@@ -118,17 +127,17 @@ class MessageTracer:
         self.hold = hold
         if keep is not None and hold is not None:
             hold.attach(keep)  # settled by time and at the provider's force_flush/shutdown
-        if server_port is not None and not (isinstance(server_port, int) and 0 < server_port < 65536):
-            raise ValueError(f"server_port must be a TCP port (1..65535), not {server_port!r}")
+        facts = client or ClientFacts()
+        facts = ClientFacts(client_id if client_id is not None else facts.client_id,
+                            namespace if namespace is not None else facts.namespace,
+                            server_address if server_address is not None else facts.server_address,
+                            server_port if server_port is not None else facts.server_port)
+        if facts.server_port is not None and not (
+                isinstance(facts.server_port, int) and 0 < facts.server_port < 65536):
+            raise ValueError(f"server_port must be a TCP port (1..65535), not {facts.server_port!r}")
         self.consumer_group = consumer_group
-        self.client_id = client_id
-        self.namespace = namespace
         self.record_body_size = bool(record_body_size)
-        self._server: dict[str, Any] = {}
-        if server_address:
-            self._server[n.SERVER_ADDRESS] = server_address
-            if server_port is not None:
-                self._server[n.SERVER_PORT] = server_port
+        self._set_client(facts)
         # Fed from the stamps: client_pull = received, handler start/end = a worker busy.
         self.occupancy = occupancy
         self.capture_body = max(0, int(capture_body))
@@ -148,23 +157,41 @@ class MessageTracer:
         self.worker_attr = worker_attr
         # Called after every finished message, e.g. by the demo to collect its stamps.
         self.listeners: list[Callable[[MessageTrace, Outcome], None]] = list(listeners)
-        self._hook_failures: set[str] = set()
+        self._hook_failures: dict[str, int] = {}
         self._hook_lock = threading.Lock()
         # Orders a handler's end (worker thread) against a watchdog's finish (another thread).
         self._end_lock = threading.Lock()
 
+    def _set_client(self, facts: ClientFacts) -> None:
+        self.client: ClientFacts = facts  # read by the attributes, and by telemetry.operations
+        self._server = server_attributes(facts)
+
+    @property
+    def client_id(self) -> str | None:
+        return self.client.client_id
+
+    @property
+    def namespace(self) -> str | None:
+        return self.client.namespace
+
     def describe_client(self, facts: ClientFacts) -> None:
         """Fill what was not given at construction from a client's own facts (the wrappers call
         this with :func:`tracer.path.message.client_facts` of the client they wrap)."""
-        if self.client_id is None and facts.client_id:
-            self.client_id = facts.client_id
-        if self.namespace is None and facts.namespace is not None:
-            self.namespace = facts.namespace
-        if not self._server and facts.server_address:
-            server: dict[str, Any] = {n.SERVER_ADDRESS: facts.server_address}
-            if facts.server_port is not None:
-                server[n.SERVER_PORT] = facts.server_port
-            self._server = server
+        c = self.client
+        has_server = bool(c.server_address)
+        self._set_client(ClientFacts(
+            c.client_id if c.client_id is not None or not facts.client_id else facts.client_id,
+            c.namespace if c.namespace is not None else facts.namespace,
+            c.server_address if has_server else facts.server_address,
+            c.server_port if has_server else facts.server_port))
+
+    def statistics(self) -> TracerStats:
+        """A frozen snapshot: our own failures by place, propagation errors, skew, keep and hold."""
+        with self._hook_lock:
+            hooks = dict(self._hook_failures)
+        return TracerStats(hooks, dict(self.errors.counts), self.skew.bounds(),
+                           self.keep.statistics() if self.keep is not None else None,
+                           self.hold.statistics() if self.hold is not None else None)
 
     # -- producer side -------------------------------------------------------------------
     def start_send(self, topic: str, set_property: Callable[[str, str], object], *,
@@ -175,21 +202,10 @@ class MessageTracer:
 
         Every attribute is known before the send, so all go to ``start_span``: the sampler sees
         them, as the conventions ask for the sampling-relevant ones."""
-        topic = _cap(topic)
-        attrs: dict[str, Any] = {
-            n.SYSTEM: n.SYSTEM_VALUE,
-            n.OPERATION_NAME: n.SEND,
-            n.OPERATION_TYPE: n.SEND,
-            n.DESTINATION: topic,
-            **self._server,
-        }
-        self._client_attrs(attrs, self.namespace)
-        _message_attrs(attrs, tag, keys, message_group, body_size if self.record_body_size else None)
-        attrs[n.MESSAGE_TYPE] = message_type(None, message_group, delivery_ms)
-        if delivery_ms:
-            attrs[n.DELIVERY_TIMESTAMP] = delivery_ms
-        if job_id:
-            attrs[n.JOB_ID] = job_id
+        topic = cap(topic)
+        attrs = send_attributes(topic, self.client, self._server, tag=tag, keys=keys, message_group=message_group,
+                                job_id=job_id, body_size=body_size if self.record_body_size else None,
+                                delivery_ms=delivery_ms)
         # One clock for the send span and the produce stamp: the consumer's spans are drawn from
         # the stamps, and broker_wait (a child of send) must not start before it.
         produce_ns = self.clock.now_ns()
@@ -232,29 +248,9 @@ class MessageTracer:
             t.body = body
         return t
 
-    def _client_attrs(self, attrs: dict[str, Any], namespace: str | None) -> None:
-        if namespace is not None:
-            attrs[n.NAMESPACE] = _cap(namespace)
-        if self.client_id:
-            attrs[n.CLIENT_ID] = self.client_id
-
     def process_sampling_attributes(self, info: MessageInfo) -> dict[str, Any]:
         """What the sampler sees when it decides a ``process`` span (the spec's sampling-relevant set)."""
-        attrs: dict[str, Any] = {
-            n.SYSTEM: n.SYSTEM_VALUE,
-            n.OPERATION_NAME: n.PROCESS,
-            n.OPERATION_TYPE: n.PROCESS,
-            n.DESTINATION: _cap(info.topic),
-        }
-        if self.consumer_group:
-            attrs[n.CONSUMER_GROUP] = self.consumer_group
-        if info.server_address:
-            attrs[n.SERVER_ADDRESS] = _cap(info.server_address)
-            if info.server_port:
-                attrs[n.SERVER_PORT] = info.server_port
-        elif self._server:
-            attrs.update(self._server)
-        return attrs
+        return process_sampling_attributes(info, self.consumer_group, self._server)
 
     def writer(self) -> SpanWriter | None:
         """The span writer for the SDK provider, resolved on first use (the global provider may
@@ -282,7 +278,7 @@ class MessageTracer:
         """Log a failure of our own code once per place; the user's message flow goes on."""
         with self._hook_lock:
             first = where not in self._hook_failures
-            self._hook_failures.add(where)
+            self._hook_failures[where] = self._hook_failures.get(where, 0) + 1
         if first:
             log.error("rmqtrace: %s failed; tracing for it is skipped (logged once)", where, exc_info=exc)
 
@@ -419,7 +415,7 @@ class MessageTrace:
         if parent is not None and not parent.is_valid:
             parent = None
         base = self._carried.context  # the extracted context (baggage), when there is more than `parent`
-        name = n.process_span_name(_cap(self.info.topic))
+        name = n.process_span_name(cap(self.info.topic))
         links = (Link(parent),) if parent is not None else ()  # the creation context, as the spec asks
         attrs = self._tracer.process_sampling_attributes(self.info)
         ctx, start_attrs = writer.decide(parent, base, name, SpanKind.CONSUMER, attrs, links)
@@ -590,53 +586,18 @@ class MessageTrace:
 
     def _process_attributes(self, outcome: Outcome) -> dict[str, Any]:
         """The ``process`` attributes not given to the sampler at its start."""
-        info = self.info
-        mt = self._tracer
-        times = self.stamps.times
-        attrs: dict[str, Any] = {n.OUTCOME: outcome.value}
-        mt._client_attrs(attrs, info.namespace if info.namespace is not None else mt.namespace)
-        if info.message_id:
-            attrs[n.MESSAGE_ID] = _cap(info.message_id)
-        if info.delivery_attempt and info.delivery_attempt < 2**31:  # the broker's is an int32
-            attrs[n.DELIVERY_ATTEMPT] = info.delivery_attempt
-        _message_attrs(attrs, info.tag, info.keys, info.message_group,
-                       info.body_size if mt.record_body_size else None)
-        attrs[n.MESSAGE_TYPE] = message_type(info.declared_type, info.message_group, info.delivery_ms)
-        if info.delivery_ms:
-            attrs[n.DELIVERY_TIMESTAMP] = info.delivery_ms
-        carried = self._carried
-        if carried.job_id:
-            attrs[n.JOB_ID] = carried.job_id
-        if carried.cost is not None:
-            attrs[n.COST] = carried.cost
-        if self.worker is not None and mt.worker_attr:
-            attrs[n.WORKER] = self.worker
-        for i, name in _STAMP_ATTRS:
-            if times[i] != MISSING:
-                attrs[name] = times[i]
-        if self.body is not None:
-            attrs[BODY_ATTR] = body_preview(self.body, self._tracer.capture_body)
-        return attrs
+        mt, carried = self._tracer, self._carried
+        return process_attributes(self.info, mt.client, outcome, self.stamps.times, job_id=carried.job_id,
+                                  cost=carried.cost, worker=self.worker if mt.worker_attr else None,
+                                  record_body_size=mt.record_body_size, body=self.body,
+                                  capture_body=mt.capture_body)
 
 
-def _cap(value: str) -> str:
-    return value if len(value) <= MAX_ATTR_CHARS else value[:MAX_ATTR_CHARS]
+class TracerStats(NamedTuple):
+    """What one :class:`MessageTracer` has seen (:meth:`MessageTracer.statistics`)."""
 
-
-def body_preview(body: bytes | bytearray | str, limit: int) -> str:
-    """The first ``limit`` bytes of a body as text: valid UTF-8 whatever the bytes were."""
-    raw = body[:limit].encode("utf-8", "replace") if isinstance(body, str) else bytes(body[:limit])
-    return raw[:limit].decode("utf-8", "replace")
-
-
-def _message_attrs(attrs: dict[str, Any], tag: str | None, keys: Sequence[str],
-                   group: str | None, body_size: int | None) -> None:
-    if tag:
-        attrs[n.MESSAGE_TAG] = _cap(tag)
-    if keys:
-        attrs[n.MESSAGE_KEYS] = [_cap(k) for k in keys[:MAX_KEYS]]
-    if group:
-        attrs[n.MESSAGE_GROUP] = _cap(group)
-    if body_size is not None:
-        attrs[n.BODY_SIZE] = body_size
-
+    hook_failures: Mapping[str, int]  # our own code's failures, by place (the first of each is logged)
+    propagation_errors: Mapping[str, int]  # bad trace context or stamps in received messages, by kind
+    skew_bounds_ns: Mapping[str, int]  # per clock pair, the smallest cross-clock gap seen
+    keep: KeepStats | None
+    hold: HoldStats | None
