@@ -18,8 +18,10 @@ Feeding: a seam calls :meth:`Occupancy.received` when a message enters the consu
 message is traced (the push consumer's receive, seen by ``announce``) announces it once; the
 next ``received`` calls consume the announcement instead of counting the message twice.
 
-:class:`OccupancyMetrics` is the Prometheus collector (``registry=`` as in prometheus-client);
-values are read at scrape time, so the hot path never touches a metric object:
+:class:`OccupancyMetrics` is the Prometheus collector (``registry=`` as in prometheus-client; one
+per registry, :meth:`OccupancyMetrics.shared`, one :meth:`~OccupancyMetrics.track` per consumer);
+values are read at scrape time, so the hot path never touches a metric object (multiprocess mode:
+see the class):
 
 ====================================================== ======= ==========================================
 series                                                 type    meaning

@@ -9,10 +9,11 @@ to each returned message's creation context) and a ``settle`` span per settlemen
 and the instrumentor's patched ``SimpleConsumer`` use it, and a consume loop can (see its
 :meth:`ConsumerOperations.receive` / :meth:`ConsumerOperations.settle`).
 
-Receive spans are on by default. Settle spans are opt-in (``settle_spans=True``): one more span
-per message, which doubles the span count of a consumer for an operation whose duration the
-histogram already has. The histogram records every operation either way (a counter increment
-without a meter provider). Span and histogram read one pair of clock readings, so they agree.
+Receive spans are on by default (``receive_async`` too: its span ends when the future does).
+Settle spans are opt-in (``settle_spans=True``): one more span per message, for an operation whose
+duration the histogram already has. The histogram records every operation either way (a counter
+increment without a meter provider). Span and histogram read one pair of clock readings, so they
+agree.
 
 The topic of a receive is known only afterwards (the 5.x client picks one of its subscriptions
 inside ``receive``): the span starts as ``receive`` and is renamed ``receive {topic}`` with
