@@ -165,7 +165,7 @@ class RocketMQInstrumentor(BaseInstrumentor):  # type: ignore[misc]
         with self._lock:
             try:
                 found = self._seams.get(consumer)
-            except TypeError:  # not weakly referenceable: one per group instead
+            except Exception:  # noqa: BLE001 - not weakly referenceable or hashable: one per group instead
                 found, consumer_key = self._group_seams.get(group or self._default_group), None
             else:
                 consumer_key = consumer
@@ -185,7 +185,7 @@ class RocketMQInstrumentor(BaseInstrumentor):  # type: ignore[misc]
         with self._lock:
             try:
                 found = self._producers.get(producer)
-            except TypeError:
+            except Exception:  # noqa: BLE001 - not weakly referenceable or hashable: the shared one
                 return self._producer_tracer
             if found is None:
                 found = self._producers[producer] = MessageTracer(tracer_provider=self._provider)
