@@ -30,7 +30,8 @@ from opentelemetry import trace
 from opentelemetry.trace import SpanKind, Status, StatusCode
 
 from ..path import names as n
-from ..path.message import ClientFacts, client_facts
+from ..path.message import client_facts
+from .attributes import cap, client_attributes, server_attributes
 
 if TYPE_CHECKING:
     from .tracer import MessageTrace, MessageTracer
@@ -47,24 +48,17 @@ class ConsumerOperations:
     def __init__(self, tracer: MessageTracer, consumer: Any = None, *, settle_spans: bool = False) -> None:
         self.tracer = tracer
         self.settle_spans = bool(settle_spans)
-        facts = client_facts(consumer) if consumer is not None else ClientFacts()
-        tracer.describe_client(facts)  # messaging.client.id etc. on this consumer's process spans too
+        if consumer is not None:
+            # fills what the tracer was not given: messaging.client.id etc. on its process spans too
+            tracer.describe_client(client_facts(consumer))
+        client = tracer.client
         attrs: dict[str, Any] = {n.SYSTEM: n.SYSTEM_VALUE}
         if tracer.consumer_group:
             attrs[n.CONSUMER_GROUP] = tracer.consumer_group
-        if facts.server_address:
-            attrs[n.SERVER_ADDRESS] = facts.server_address
-            if facts.server_port is not None:
-                attrs[n.SERVER_PORT] = facts.server_port
+        attrs.update(server_attributes(client))
         self._start = attrs  # what every operation span gives the sampler
-        after: dict[str, Any] = {}
-        client_id = tracer.client_id or facts.client_id
-        if client_id:
-            after[n.CLIENT_ID] = client_id
-        namespace = tracer.namespace if tracer.namespace is not None else facts.namespace
-        if namespace is not None:
-            after[n.NAMESPACE] = namespace
-        self._after = after
+        self._after: dict[str, Any] = {}
+        client_attributes(self._after, client, client.namespace)
 
     def receive(self, call: Callable[[], T], traces: Callable[[Any], list[MessageTrace]] | None = None) -> T:
         """``call()`` (the client's receive) as one ``receive`` operation; its result and its
@@ -132,7 +126,7 @@ class ConsumerOperations:
         try:
             messages: list[Any] = list(result or ()) if not isinstance(result, (str, bytes)) else []
             topics = {str(getattr(m, "topic", "") or "") for m in messages}
-            topic = topics.pop() if len(topics) == 1 else None
+            topic = cap(topics.pop()) if len(topics) == 1 else None
             started = traces(result) if traces is not None else []
             if span.is_recording():
                 span.set_attribute(n.BATCH_MESSAGE_COUNT, len(messages))
@@ -151,7 +145,7 @@ class ConsumerOperations:
         """``call()`` (the client's ``ack`` or ``change_invisible_duration`` of ``message``) as one
         ``settle`` operation named ``operation``; result and exceptions pass through."""
         mt = self.tracer
-        topic = str(getattr(message, "topic", "") or "") or None
+        topic = cap(str(getattr(message, "topic", "") or "")) or None
         t0 = mt.clock.now_ns()
         span: Any = None
         if self.settle_spans:
