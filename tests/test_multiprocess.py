@@ -8,6 +8,7 @@ gauge never reaches the files) and the joint (topic, group) cap held per process
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
@@ -138,3 +139,22 @@ def test_a_shared_cap_whose_directory_is_gone_still_caps_per_process(tmp_path, c
     admit = SharedAdmission(str(tmp_path / "gone"), "x", 2)
     assert [admit(k) for k in "abca"] == [True, True, False, True]
     assert "holds per process" in caplog.text
+
+
+_ADMITTER = textwrap.dedent("""
+    import json, sys
+    from tracer.telemetry.registration import SharedAdmission
+    directory, me = sys.argv[1], sys.argv[2]
+    admit = SharedAdmission(directory, "race", 10)
+    print(json.dumps([k for k in (f"{me}-{i}" for i in range(50)) if admit(k)]))
+""")
+
+
+def test_a_shared_cap_holds_when_processes_race_for_it(tmp_path) -> None:
+    procs = [subprocess.Popen([sys.executable, "-c", _ADMITTER, str(tmp_path), str(p)], stdout=subprocess.PIPE,
+                              text=True) for p in range(4)]
+    outs = [p.communicate(timeout=120)[0] for p in procs]
+    assert [p.returncode for p in procs] == [0, 0, 0, 0]
+    admitted = [k for out in outs for k in json.loads(out)]
+    lines = (tmp_path / "rmqtrace_race.admitted").read_text().splitlines()
+    assert len(lines) == 10 and sorted(admitted) == sorted(lines)  # ten in all, each admitted once
