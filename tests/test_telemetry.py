@@ -487,3 +487,28 @@ def test_statistics_is_a_frozen_snapshot_with_hook_failures_by_place(spans):
     assert cons.statistics().hook_failures == {"a finish listener": 4}
     with pytest.raises(AttributeError):
         s.hook_failures = {}  # type: ignore[misc]
+
+
+def test_the_compact_trace_is_one_process_span_with_every_gap_and_stamp_as_attributes(spans, monkeypatch):
+    """Issue 20: RMQTRACE_TRACE_SHAPE=compact (or trace_shape="compact"): the cost of one span."""
+    provider, exporter = spans
+    clock = ManualClock()
+    prod = MessageTracer(tracer_provider=provider, clock=clock)
+    monkeypatch.setenv("RMQTRACE_TRACE_SHAPE", "compact")
+    cons = MessageTracer(consumer_group="G", tracer_provider=provider, clock=clock)
+    assert cons.compact
+    user = provider.get_tracer("user")
+    run_one(cons, clock, produce(prod, clock), fail=True, inside=lambda: user.start_span("user-work").end())
+    by_name = {s.name: s for s in exporter.get_finished_spans()}
+    assert set(by_name) == {"send T", "process T", "user-work"}
+    process = by_name["process T"]
+    assert by_name["user-work"].parent.span_id == process.context.span_id  # the user's spans nest under it
+    attrs = process.attributes
+    for g in GAPS:
+        assert f"rmqtrace.gap.{g.name}_s" in attrs, g.name
+    assert attrs["rmqtrace.gap.dispatch_wait_s"] == pytest.approx(0.030)
+    assert attrs["rmqtrace.stamp.client_pull_ns"] == process.start_time  # the consumer's processing only
+    assert process.status.status_code is StatusCode.ERROR and [e.name for e in process.events] == ["exception"]
+    monkeypatch.setenv("RMQTRACE_TRACE_SHAPE", "tiny")
+    with pytest.raises(ValueError, match="RMQTRACE_TRACE_SHAPE"):
+        MessageTracer(tracer_provider=provider)

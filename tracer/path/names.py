@@ -11,10 +11,10 @@ The gap spans are derived from :data:`tracer.path.stages.PATH_GAPS`, not listed 
 
 from __future__ import annotations
 
-from .stages import PATH_GAPS, Gap, Stage
+from .stages import GAPS, PATH_GAPS, Gap, Stage
 
 __all__ = [
-    "BODY", "BODY_SIZE", "CLIENT_ID", "CONSUMER_GROUP", "DELIVERY_TIMESTAMP",
+    "BODY", "BODY_SIZE", "CLIENT_ID", "GAP_ATTRS", "TRACE_SHAPES", "CONSUMER_GROUP", "DELIVERY_TIMESTAMP",
     "COST", "COST_PROPERTY", "DELIVERY_ATTEMPT", "DESTINATION", "ERROR_TYPE", "GAP_SPANS",
     "HANDLER_SPAN", "JOB_ID", "JOB_ID_PROPERTY", "LEGACY_DELIVERY_ATTEMPT", "MESSAGE_GROUP",
     "MESSAGE_ID", "MESSAGE_KEYS", "MESSAGE_TAG", "MESSAGE_TYPE", "NAMESPACE", "OPERATION_NAME",
@@ -89,6 +89,9 @@ BODY = "rmqtrace.message.body"  # opt-in body preview
 DELIVERY_ATTEMPT = "rmqtrace.delivery_attempt"
 LEGACY_DELIVERY_ATTEMPT = "messaging.rocketmq.message.delivery_attempt"
 STAMP_ATTRS: dict[Stage, str] = {s: f"rmqtrace.stamp.{s.name.lower()}_ns" for s in Stage}
+# The compact trace (MessageTracer(trace_shape="compact")): every gap on `process`, in seconds.
+GAP_ATTRS: dict[str, str] = {g.name: f"rmqtrace.gap.{g.name}_s" for g in GAPS}
+TRACE_SHAPES: tuple[str, ...] = ("full", "compact")  # RMQTRACE_TRACE_SHAPE
 
 # -- message properties (what travels) -----------------------------------------------------------
 # W3C keys, as the OpenTelemetry Java agent's RocketMQ instrumentation writes them.

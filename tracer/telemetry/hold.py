@@ -324,7 +324,7 @@ class HoldingSpanProcessor(SpanProcessor):
 
     def _wake(self) -> None:
         """Start the ticker thread unless it runs (it stops itself when nothing is left)."""
-        if not self._ticker_on or self._closed:
+        if not self._ticker_on or self._closed or self._ticking:  # the common case, no lock
             return
         with self._lock:
             if self._ticking:

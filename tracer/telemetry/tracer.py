@@ -28,6 +28,7 @@ follow the same decision instead of starting traces of their own.
 from __future__ import annotations
 
 import logging
+import os
 import threading
 from typing import Any, Callable, Mapping, NamedTuple, Sequence
 
@@ -39,7 +40,7 @@ from ..path import names as n
 from ..path.clock import Clock, default_clock
 from ..path.message import ClientFacts, MessageInfo
 from ..path.propagation import Carried, PropagationErrors, extract, inject, plausible_ns, resolve_parent
-from ..path.stages import CROSS_CLOCK_GAPS, Outcome, Stage
+from ..path.stages import CROSS_CLOCK_GAPS, GAPS, Outcome, Stage
 from ..path.stamps import MISSING, SkewTracker, Stamps, causal, store_stamp, timeline
 from ..version import __version__
 from .adopt import keep_for
@@ -67,6 +68,7 @@ __all__ = ["BODY_ATTR", "MAX_ATTR_CHARS", "MAX_KEYS", "MessageTrace", "MessageTr
 log = logging.getLogger(__name__)
 
 # The gap spans under `process`: (name, first stage, last stage, attributes), from names.GAP_SPANS.
+_GAP_ATTRS = n.GAP_ATTRS
 _GAP_SPANS: tuple[tuple[str, Stage, Stage, dict[str, Any]], ...] = tuple(
     (g.name, g.start, g.end, {n.STAGE: g.name}) for g in n.GAP_SPANS)
 
@@ -106,6 +108,7 @@ class MessageTracer:
         server_address: str | None = None,
         server_port: int | None = None,
         record_body_size: bool = False,
+        trace_shape: str | None = None,
         keep: KeepPolicy | None = None,
         hold: HoldingSpanProcessor | None = None,
     ) -> None:
@@ -137,6 +140,14 @@ class MessageTracer:
             raise ValueError(f"server_port must be a TCP port (1..65535), not {facts.server_port!r}")
         self.consumer_group = consumer_group
         self.record_body_size = bool(record_body_size)
+        # "full": process + handler + gap spans (the waterfall); "compact": process alone, current
+        # while the handler runs, every gap and stamp as its attributes (RMQTRACE_TRACE_SHAPE).
+        shape = trace_shape if trace_shape is not None else (os.environ.get("RMQTRACE_TRACE_SHAPE") or "full")
+        shape = shape.strip().lower()
+        if shape not in n.TRACE_SHAPES:
+            raise ValueError(f"trace_shape (RMQTRACE_TRACE_SHAPE) must be one of {', '.join(n.TRACE_SHAPES)}, "
+                             f"got {shape!r}")
+        self.compact = shape == "compact"
         self._set_client(facts)
         # Fed from the stamps: client_pull = received, handler start/end = a worker busy.
         self.occupancy = occupancy
@@ -403,9 +414,9 @@ class MessageTrace:
             return
         try:
             # process starts at the broker's store (else the pull): broker_wait is its first child
-            self._token = otel_context.attach(self._open_spans(
-                writer, min(times[Stage.BROKER_STORE] or times[Stage.CLIENT_PULL], times[Stage.CLIENT_PULL]),
-                times[Stage.HANDLER_START]))
+            pulled = times[Stage.CLIENT_PULL]
+            start = pulled if self._tracer.compact else min(times[Stage.BROKER_STORE] or pulled, pulled)
+            self._token = otel_context.attach(self._open_spans(writer, start, times[Stage.HANDLER_START]))
         except Exception as exc:  # noqa: BLE001
             self._tracer.hook_failed("starting the handler span", exc)
 
@@ -437,6 +448,8 @@ class MessageTrace:
                                attributes=start_attrs, links=links)
         writer.started(process, base)
         self._process = process
+        if self._tracer.compact:
+            return trace.set_span_in_context(process, current)  # the user's spans nest under process
         handler = DeferredSpan(writer, n.HANDLER_SPAN, writer.child_context(ctx), ctx, start_ns)
         writer.started(handler, trace.set_span_in_context(process, current))
         self._handler = handler
@@ -571,17 +584,27 @@ class MessageTrace:
                     self._open_handler = handler  # _end_handler ends it when the handler returns
             if not still_running:
                 handler.end(end_time=self._late_end or end_ns)
-        for name, a, b, gap_attrs in _GAP_SPANS:
-            if a in fixed and b in fixed:
-                writer.emit(name, writer.child_context(ctx), ctx, fixed[a], fixed[b], attributes=gap_attrs)
+        compact = self._tracer.compact
+        if not compact:
+            for name, a, b, gap_attrs in _GAP_SPANS:
+                if a in fixed and b in fixed:
+                    writer.emit(name, writer.child_context(ctx), ctx, fixed[a], fixed[b], attributes=gap_attrs)
         process.put_attributes(self._process_attributes(outcome))
+        if compact:
+            if error is not None:
+                process.record_exception(error)
+            c = causal(self.stamps.times)
+            process.put_attributes({_GAP_ATTRS[g.name]: (c[g.end] - c[g.start]) / 1e9 for g in GAPS
+                                    if c[g.start] and c[g.end]})
         if outcome is not Outcome.SUCCESS:
             process.set_status(Status(StatusCode.ERROR, outcome.value))
             # the exception's class; without one (a failure result, a timeout) the outcome
             process.put_attributes({n.ERROR_TYPE: error_type or outcome.value})
-        start = fixed.get(Stage.BROKER_STORE) or fixed.get(Stage.CLIENT_PULL)
+        # the causal timeline's: every child inside, none before it (compact: no broker_wait child,
+        # so process is the consumer's processing alone, as messaging.process.duration)
+        start = (None if compact else fixed.get(Stage.BROKER_STORE)) or fixed.get(Stage.CLIENT_PULL)
         if start is not None:
-            process.move_start(start)  # the causal timeline's: every child inside, none before it
+            process.move_start(start)
         process.end(end_time=end_ns)
 
     def _process_attributes(self, outcome: Outcome) -> dict[str, Any]:
