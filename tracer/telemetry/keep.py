@@ -29,8 +29,11 @@ held spans uniquely when one producer trace sent many messages.
 
 Limits: until the decision the handler's context is sampled, so what the handler propagates
 (a message it sends, an HTTP call) is recorded downstream even when this trace is dropped — the
-downstream trace then has a parent that was never exported. Processors see ``on_start`` of held
-spans when they start and ``on_end`` only when kept.
+downstream trace then has a parent that was never exported. While the decision is pending,
+rmqtrace's own ``process``/``handler`` are not live spans: the handler runs under a sampled
+non-recording context carrying their pre-allocated ids, processors see no ``on_start`` for them
+(the user's spans get theirs as usual), and they are written, with those ids, only if the trace is
+kept. The user's spans are held and reach the processors' ``on_end`` only when kept.
 
 Environment (read by :meth:`KeepPolicy.from_env` at an entry point, never at import; no
 ``RMQTRACE_KEEP_*`` variable set means no policy):

@@ -328,7 +328,7 @@ class MessageTrace:
 
     __slots__ = ("_tracer", "info", "_carried", "_parent", "_parsed", "stamps", "worker", "body", "_ctx", "_process",
                  "_handler", "_token", "_done", "_scope_start", "_held", "_head_held", "_overrun", "_late_end",
-                 "_open_handler")
+                 "_open_handler", "_deferred")
 
     def __init__(self, tracer: MessageTracer, info: MessageInfo, carried: Carried) -> None:
         self._tracer = tracer
@@ -355,6 +355,8 @@ class MessageTrace:
         self._overrun = False
         self._late_end = 0
         self._open_handler: DeferredSpan | None = None  # written, waiting for the late handler end
+        # a held trace's process/handler, not yet spans: ids allocated, written only if kept
+        self._deferred: tuple[Any, ...] | None = None
 
     @property
     def carried(self) -> Carried:
@@ -439,6 +441,14 @@ class MessageTrace:
             self._tracer.hold.hold(ctx.trace_id)
             self._head_held = True
         current = base if base is not None else otel_context.get_current()  # read once, used twice
+        if self._held:
+            # Pending the keep decision: no live spans, no processor on_start. A sampled
+            # non-recording context with pre-allocated ids is current, so the user's spans are
+            # recorded (and held) under the handler id; ours are written at finish if kept.
+            self._ctx = ctx
+            inner = ctx if self._tracer.compact else writer.child_context(ctx)
+            self._deferred = (writer, name, parent, pulled_ns, start_attrs, links, inner, start_ns)
+            return trace.set_span_in_context(NonRecordingSpan(inner), current)
         if start_attrs is None:
             # Dropped: the message's context stays current so the handler's spans share the
             # decision instead of starting root traces of their own (as contrib does).
@@ -523,8 +533,8 @@ class MessageTrace:
                 metrics.skew_bound.labels(gap.peer).set(raw / 1e9)
             if -raw > gap.tolerance_ns and metrics is not None:
                 metrics.clamped(gap.name)
-        if ctx is not None and self._process is not None:
-            self._write_spans(ctx, self._process, outcome, error)
+        if ctx is not None and (self._process is not None or self._deferred is not None):
+            self._write_spans(ctx, outcome, error)
         for listener in mt.listeners:
             try:
                 listener(self, outcome)
@@ -559,16 +569,27 @@ class MessageTrace:
         if ctx is None or hold is None:
             return
         hold.release(ctx.trace_id, kept)
-        if kept and self._process is not None:
+        if kept and (self._process is not None or self._deferred is not None):
             try:
-                self._write_spans(ctx, self._process, outcome, error)
+                self._write_spans(ctx, outcome, error)
             except Exception as exc:  # noqa: BLE001
                 self._tracer.hook_failed("writing a kept trace", exc)
 
-    def _write_spans(self, ctx: SpanContext, process: DeferredSpan, outcome: Outcome,
-                     error: BaseException | None) -> None:
+    def _materialize(self) -> DeferredSpan:
+        """The process (and handler) span of a held trace, made now that it is kept."""
+        writer, name, parent, pulled_ns, attrs, links, inner, start_ns = self._deferred  # type: ignore[misc]
+        self._deferred = None
+        assert self._ctx is not None
+        process = self._process = DeferredSpan(writer, name, self._ctx, parent, pulled_ns, kind=SpanKind.CONSUMER,
+                                               attributes=attrs, links=links)
+        if not self._tracer.compact:
+            self._handler = DeferredSpan(writer, n.HANDLER_SPAN, inner, self._ctx, start_ns)
+        return process
+
+    def _write_spans(self, ctx: SpanContext, outcome: Outcome, error: BaseException | None) -> None:
         writer = self._tracer.writer()
         assert writer is not None
+        process = self._process if self._process is not None else self._materialize()
         fixed = dict(timeline(self.stamps))
         end_ns = fixed.get(Stage.HANDLER_END) or self._tracer.clock.now_ns()
         error_type = type(error).__qualname__ if error is not None else None
