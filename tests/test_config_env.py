@@ -131,3 +131,26 @@ def test_the_readme_names_the_extra_that_brings_opentelemetry_instrument() -> No
     readme = (root / "README.md").read_text()
     block = readme[readme.index("pip install -e '.[rocketmq,instrument]'"):]
     assert block.index("opentelemetry-instrument python") < 400
+
+
+def test_spans_the_hold_loses_count_in_the_same_drop_counter(env):
+    from tracer.config import DropCounter
+    from tracer.telemetry.hold import HoldingSpanProcessor
+
+    env.setenv("RMQTRACE_KEEP_CONSUMER_WAIT", "0.1")
+    env.setenv("OTEL_TRACES_EXPORTER", "none")
+    none = configure_tracing(Settings.from_env(), set_global=False)  # nothing exported: no hold, no error
+    assert none is not None
+    none.shutdown()
+    env.setenv("OTEL_TRACES_EXPORTER", "console")
+    drops = DropCounter()
+    provider = configure_tracing(Settings.from_env(), set_global=False, drops=drops)
+    assert provider is not None
+    (hold,) = [p for p in provider._active_span_processor._span_processors  # noqa: SLF001
+               if isinstance(p, HoldingSpanProcessor)]
+    tracer = provider.get_tracer("t")
+    root = tracer.start_span("undecided")
+    hold.hold(root.get_span_context().trace_id)
+    root.end()
+    provider.shutdown()  # never decided: lost at shutdown, and counted
+    assert drops.dropped == 1 and hold.statistics().dropped_by_reason["shutdown"] == 1

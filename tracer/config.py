@@ -306,8 +306,9 @@ def configure_tracing(settings: Settings, *, set_global: bool = True,
         for exporter in exporters
     ]
     keep = KeepPolicy.from_env()  # RMQTRACE_KEEP_*: decide again at handler end (telemetry.keep)
-    if keep is not None:
-        hold = HoldingSpanProcessor.from_env(processors)
+    if keep is not None and processors:  # OTEL_TRACES_EXPORTER=none: nothing exported, nothing to keep
+        # spans the hold loses (bounds, age, shutdown) count with the export losses
+        hold = HoldingSpanProcessor.from_env(processors, on_dropped=drops)
         provider.add_span_processor(hold)
         install(provider, keep, hold)  # a MessageTracer writing into this provider picks them up
     else:
