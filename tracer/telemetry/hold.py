@@ -81,6 +81,7 @@ class _Policy(Protocol):
     def tick(self, now_ns: int | None = None) -> bool: ...
     def flush(self) -> None: ...
     def tick_interval_s(self) -> float: ...
+    def busy(self) -> bool: ...
     wake: Callable[[], None] | None
 
 
@@ -349,9 +350,13 @@ class HoldingSpanProcessor(SpanProcessor):
                 more = True
             if not more:
                 with self._lock:
-                    if not self._held:  # rechecked under the lock: hold() may have just added one
-                        self._ticking = False
-                        return
+                    if self._held:  # rechecked under the lock: hold() may have just added one
+                        continue
+                    self._ticking = False
+                # a decision may have gone pending between the tick and now: its wake saw us running
+                if any(p.busy() for p in list(self._policies)):
+                    self._wake()
+                return
 
     # -- the SDK's side -----------------------------------------------------------------
     def on_start(self, span: Span, parent_context: Context | None = None) -> None:

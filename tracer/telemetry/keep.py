@@ -397,6 +397,10 @@ class KeepPolicy:
             fn(keep)
         return pending
 
+    def busy(self) -> bool:
+        """Whether a job's latest finisher waits to be settled (the ticker keeps running)."""
+        return self._pending > 0
+
     def tick_interval_s(self) -> float:
         """How often :meth:`tick` should run: a fraction of the idle time, at most a second."""
         return min(1.0, self.job_idle_ns / 4e9)
