@@ -38,7 +38,7 @@ def test_simple_consumer_processing_scope_gives_handler_span(spans, registry):
         pass
     consumer.ack(msg)
     names = sorted(s.name for s in exporter.get_finished_spans())
-    assert names == ["broker_wait", "client_buffer", "dispatch_wait", "handler", "process T", "send T"]
+    assert names == ["broker_wait", "client_buffer", "dispatch_wait", "handler", "process T", "receive T", "send T"]
     process = next(s for s in exporter.get_finished_spans() if s.name == "process T")
     assert process.attributes["rmqtrace.job.id"] == "J" and process.attributes["rmqtrace.cost"] == 3.0
 

@@ -85,3 +85,72 @@ def test_a_value_that_cannot_work_is_one_clear_error(variables, word):
         Settings.from_env(variables)
     message = str(info.value)
     assert word in message and "\n" not in message
+
+
+def test_with_no_endpoint_set_spans_go_to_the_sdk_default_and_start_up_says_so(env, caplog):
+    """Issue 23: the standard OTel behaviour (OTLP to localhost:4318), said once at start-up."""
+    import logging
+
+    with caplog.at_level(logging.INFO, logger="tracer.config"):
+        provider = configure_tracing(Settings.from_env(), set_global=False)
+    assert provider is not None
+    provider.shutdown()
+    lines = [r.getMessage() for r in caplog.records if r.name == "tracer.config"]
+    assert any("http://localhost:4318/v1/traces" in m and "OTEL_EXPORTER_OTLP_ENDPOINT is unset" in m for m in lines)
+
+
+def test_an_export_that_fails_names_the_endpoint_once(env, caplog):
+    import logging
+
+    from opentelemetry.sdk.trace.export import SpanExportResult
+
+    from tracer.config import CountingExporter, DropCounter
+
+    class Down(HttpExporter):
+        def export(self, spans):  # noqa: ANN001, ANN202 - what a collector that is not there gives
+            return SpanExportResult.FAILURE
+
+    drops = DropCounter()
+    exporter = CountingExporter(Down(endpoint="http://127.0.0.1:9/v1/traces"), drops)
+    with caplog.at_level(logging.WARNING, logger="tracer.config"):
+        for _ in range(3):
+            exporter.export([object(), object()])  # type: ignore[list-item]
+    warnings = [r.getMessage() for r in caplog.records if r.name == "tracer.config"]
+    assert len(warnings) == 1 and "http://127.0.0.1:9/v1/traces" in warnings[0]
+    assert drops.dropped == 6
+
+
+def test_the_readme_names_the_extra_that_brings_opentelemetry_instrument() -> None:
+    import pathlib
+
+    import tomllib
+
+    root = pathlib.Path(__file__).resolve().parents[1]
+    extras = tomllib.loads((root / "pyproject.toml").read_text())["project"]["optional-dependencies"]
+    assert any(d.startswith("opentelemetry-distro") for d in extras["instrument"])
+    readme = (root / "README.md").read_text()
+    block = readme[readme.index("pip install -e '.[rocketmq,instrument]'"):]
+    assert block.index("opentelemetry-instrument python") < 400
+
+
+def test_spans_the_hold_loses_count_in_the_same_drop_counter(env):
+    from tracer.config import DropCounter
+    from tracer.telemetry.hold import HoldingSpanProcessor
+
+    env.setenv("RMQTRACE_KEEP_CONSUMER_WAIT", "0.1")
+    env.setenv("OTEL_TRACES_EXPORTER", "none")
+    none = configure_tracing(Settings.from_env(), set_global=False)  # nothing exported: no hold, no error
+    assert none is not None
+    none.shutdown()
+    env.setenv("OTEL_TRACES_EXPORTER", "console")
+    drops = DropCounter()
+    provider = configure_tracing(Settings.from_env(), set_global=False, drops=drops)
+    assert provider is not None
+    (hold,) = [p for p in provider._active_span_processor._span_processors  # noqa: SLF001
+               if isinstance(p, HoldingSpanProcessor)]
+    tracer = provider.get_tracer("t")
+    root = tracer.start_span("undecided")
+    hold.hold(root.get_span_context().trace_id)
+    root.end()
+    provider.shutdown()  # never decided: lost at shutdown, and counted
+    assert drops.dropped == 1 and hold.statistics().dropped_by_reason["shutdown"] == 1

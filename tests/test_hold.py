@@ -100,9 +100,11 @@ def test_bounds_drop_and_count() -> None:
         for i in range(5):
             tracer.start_span(f"u{i}").end()
     assert hold.stats().held_spans == 3 and sum(counted) == 3  # u3, u4, then the root itself
+    assert hold.stats().dropped_by_reason["max_spans"] == 3
     hold.hold(roots[1].get_span_context().trace_id)
     hold.hold(roots[2].get_span_context().trace_id)  # the oldest undecided trace goes
     assert hold.stats().held_traces == 2 and hold.stats().held_spans == 0 and sum(counted) == 6
+    assert hold.stats().traces_evicted["max_traces"] == 1
     assert simple.get_finished_spans() == ()
 
 
@@ -328,20 +330,28 @@ class _Collect(SpanProcessor):
 
 
 class HoldModel(RuleBasedStateMachine):
-    """Held spans go out exactly when their trace is kept; the bounds drop the newest span or the
-    oldest undecided trace, and every drop is counted."""
+    """Held spans go out exactly when their trace is kept; a full span bound evicts the oldest
+    other undecided trace, a full trace bound the oldest; an evicted trace's later spans are
+    dropped; every lost span is counted."""
 
     MAX_SPANS, MAX_TRACES = 5, 3
 
     def __init__(self) -> None:
         super().__init__()
         self.out = _Collect()
-        self.hold = HoldingSpanProcessor([self.out], max_spans=self.MAX_SPANS, max_traces=self.MAX_TRACES)
+        self.hold = HoldingSpanProcessor([self.out], max_spans=self.MAX_SPANS, max_traces=self.MAX_TRACES,
+                                         ticker=False)
         self.held: dict[int, list[str]] = {}  # insertion order = oldest first
-        self.gone: set[int] = set()  # dropped traces: their late spans are dropped too
+        self.gone: set[int] = set()  # dropped or evicted traces: their late spans are dropped too
+        self.evicted: set[int] = set()  # evicted undecided, not yet released
         self.expected: list[str] = []
         self.dropped = 0
         self.n = 0
+
+    def _evict(self, tid: int) -> None:
+        self.dropped += len(self.held.pop(tid))
+        self.gone.add(tid)
+        self.evicted.add(tid)
 
     @rule(tid=st.integers(1, 6))
     def hold_trace(self, tid: int) -> None:
@@ -349,9 +359,9 @@ class HoldModel(RuleBasedStateMachine):
         if tid in self.held:
             return
         self.gone.discard(tid)
+        self.evicted.discard(tid)
         if len(self.held) >= self.MAX_TRACES:
-            oldest = next(iter(self.held))
-            self.dropped += len(self.held.pop(oldest)) or 1
+            self._evict(next(iter(self.held)))
         self.held[tid] = []
 
     @rule(tid=st.integers(1, 6))
@@ -360,9 +370,16 @@ class HoldModel(RuleBasedStateMachine):
         name = f"s{self.n}"
         self.hold.on_end(ReadableSpan(name, SpanContext(tid, self.n, False, TraceFlags(TraceFlags.SAMPLED))))
         if tid not in self.held:
-            if tid not in self.gone:
+            if tid in self.gone:
+                self.dropped += 1
+            else:
                 self.expected.append(name)
-        elif sum(len(v) for v in self.held.values()) < self.MAX_SPANS:
+            return
+        if sum(len(v) for v in self.held.values()) >= self.MAX_SPANS:
+            others = [t for t in self.held if t != tid]
+            if others:
+                self._evict(others[0])
+        if sum(len(v) for v in self.held.values()) < self.MAX_SPANS:
             self.held[tid].append(name)
         else:
             self.dropped += 1
@@ -371,6 +388,10 @@ class HoldModel(RuleBasedStateMachine):
     def release(self, tid: int, keep: bool) -> None:
         self.hold.release(tid, keep)
         if tid not in self.held:
+            if tid in self.evicted:
+                self.evicted.discard(tid)
+                if keep:  # kept after its eviction: later spans join (no lost span has children here)
+                    self.gone.discard(tid)
             return
         spans = self.held.pop(tid)
         if keep:
@@ -389,3 +410,247 @@ class HoldModel(RuleBasedStateMachine):
 
 HoldModel.TestCase.settings = settings(max_examples=300 if LONG else 40, stateful_step_count=40, deadline=None)
 TestHoldModel = HoldModel.TestCase
+
+
+# -- issue 19: a timed-out message, its hung handler and the spans it ends late -------------------------
+def test_a_timed_out_message_is_measured_and_kept_whole_and_its_late_handler_spans_join_it() -> None:
+    """The watchdog reports TIMEOUT while the handler still runs; the handler returns later."""
+    from opentelemetry.sdk.metrics import MeterProvider
+    from opentelemetry.sdk.metrics.export import InMemoryMetricReader
+    from prometheus_client import CollectorRegistry
+
+    from tracer.path.clock import ManualClock
+    from tracer.path.stages import Outcome, Stage
+    from tracer.telemetry.keep import KeepPolicy
+    from tracer.telemetry.metrics import TracerMetrics
+    from tracer.telemetry.otel_metrics import MessagingMeters
+
+    clock = ManualClock()
+    policy = KeepPolicy({"dispatch_wait": 10.0})
+    mt, provider, memory, hold = _consumer(policy, clock)
+    registry = CollectorRegistry()
+    mt.metrics = TracerMetrics(registry)
+    reader = InMemoryMetricReader()
+    mt.meters = MessagingMeters(MeterProvider(metric_readers=[reader]))
+    user = provider.get_tracer("user")
+    t = mt.start_message(_unsampled_message(7, clock))
+    t.mark(Stage.DISPATCH_ENQUEUE)
+    scope = t.handler_scope()
+    scope.__enter__()
+    with user.start_as_current_span("user-before"):
+        pass
+    hung = user.start_span("user-hung")  # under the handler span, still open at the timeout
+    clock.advance_s(5.0)
+    t.finish(Outcome.TIMEOUT, TimeoutError("handler ran longer than 5 s"))  # the watchdog's thread
+    assert hold.stats().held_traces == 0  # decided at the timeout: kept like a failure
+    names = {s.name for s in memory.get_finished_spans()}
+    assert {"process jobs", "user-before"} <= names and "handler" not in names  # the handler still runs
+    clock.advance_s(3.0)
+    hung.end()  # the hung handler returns: its span and the handler span join the kept trace
+    scope.__exit__(None, None, None)
+    spans = {s.name: s for s in memory.get_finished_spans()}
+    assert {"process jobs", "handler", "user-before", "user-hung", "dispatch_wait"} <= set(spans)
+    assert len({s.context.trace_id for s in spans.values()}) == 1
+    ids = {s.context.span_id for s in spans.values()}
+    assert all(s.parent is None or s.parent.span_id in ids for s in spans.values())  # no orphan
+    handler, process = spans["handler"], spans["process jobs"]
+    assert handler.end_time - process.end_time == 3_000_000_000  # the real end, after the timeout
+    assert process.attributes["rmqtrace.outcome"] == "timeout"
+    assert policy.stats().by_reason["failure"] == 1
+    # measured: one observation each in handler and end_to_end, and in messaging.process.duration
+    for stage in ("handler", "end_to_end"):
+        assert registry.get_sample_value("rmqtrace_stage_duration_seconds_count",
+                                         {"topic": "jobs", "consumer_group": "g", "stage": stage}) == 1
+    data = reader.get_metrics_data()
+    points = [p for rm in data.resource_metrics for sm in rm.scope_metrics for m in sm.metrics
+              if m.name == "messaging.process.duration" for p in m.data.data_points]
+    assert sum(p.count for p in points) == 1 and points[0].sum == pytest.approx(5.0, abs=0.01)
+    assert points[0].attributes["error.type"] == "TimeoutError"
+
+
+def _consumer_with(policy, clock, **hold_kwargs):  # noqa: ANN001, ANN202
+    from tracer.telemetry.tracer import MessageTracer
+
+    memory = InMemorySpanExporter()
+    hold = HoldingSpanProcessor([SimpleSpanProcessor(memory)], clock=clock, **hold_kwargs)
+    provider = TracerProvider()
+    provider.add_span_processor(hold)
+    return MessageTracer(consumer_group="g", tracer_provider=provider, clock=clock, keep=policy, hold=hold), \
+        provider, memory, hold
+
+
+def _kept_message_ids(memory: InMemorySpanExporter) -> set[str]:
+    return {str((s.attributes or {}).get("messaging.message.id")) for s in memory.get_finished_spans()
+            if s.name == "process jobs"}
+
+
+def test_a_jobs_critical_path_is_settled_by_time_when_traffic_stops() -> None:
+    """The latest finisher is kept once the job is idle, though no message follows (a timer)."""
+    from tracer.path.clock import ManualClock
+    from tracer.telemetry.keep import KeepPolicy
+
+    clock = ManualClock()
+    policy = KeepPolicy(job_idle_s=10.0, clock=clock)
+    mt, provider, memory, hold = _consumer_with(policy, clock, ticker=False)
+    for i in range(3):
+        _handle(mt, provider, clock, i, job="j")
+    assert _kept_message_ids(memory) == {"m0"} and policy.stats().pending == 1
+    clock.advance_s(11.0)
+    assert hold.tick() is False  # what the ticker thread runs: nothing left after it
+    assert _kept_message_ids(memory) == {"m0", "m2"}
+    assert {"user-2", "user-2-inner", "handler"} <= {s.name for s in memory.get_finished_spans()}
+    s = policy.stats()
+    assert s.by_reason["critical_path"] == 1 and s.dropped_by_reason["superseded"] == 1
+    assert s.messages == s.kept + s.dropped + s.pending == 3
+
+
+def test_the_ticker_thread_settles_an_idle_job_on_its_own() -> None:
+    from tests.waiting import wait_until
+    from tracer.path.clock import ManualClock
+    from tracer.telemetry.keep import KeepPolicy
+
+    clock = ManualClock()
+    policy = KeepPolicy(job_idle_s=0.04, clock=clock)  # the ticker wakes every 10 ms
+    mt, provider, memory, hold = _consumer_with(policy, clock)
+    _handle(mt, provider, clock, 0, job="j")
+    _handle(mt, provider, clock, 1, job="j")
+    assert _kept_message_ids(memory) == {"m0"}
+    clock.advance_s(1.0)  # the manual clock moves; the ticker thread reads it
+    wait_until(lambda: _kept_message_ids(memory) == {"m0", "m1"}, what="the idle job's latest finisher kept")
+    wait_until(lambda: not hold._ticking, what="the ticker stops when nothing is left")  # noqa: SLF001
+
+
+@pytest.mark.parametrize("end", ["shutdown", "force_flush"])
+def test_a_pending_critical_path_is_kept_at_the_providers_shutdown_and_flush(end: str) -> None:
+    from tracer.path.clock import ManualClock
+    from tracer.telemetry.keep import KeepPolicy
+
+    clock = ManualClock()
+    policy = KeepPolicy(job_idle_s=30.0, clock=clock)
+    mt, provider, memory, hold = _consumer_with(policy, clock, ticker=False)
+    for i in range(2):
+        _handle(mt, provider, clock, i, job="j")
+    getattr(provider, end)()
+    assert _kept_message_ids(memory) == {"m0", "m1"}
+    assert policy.stats().pending == 0 and policy.stats().by_reason["critical_path"] == 1
+
+
+def test_a_message_handled_but_never_acked_is_held_no_longer_than_the_age_limit() -> None:
+    """TracedSimpleConsumer: processing() without an ack never finishes the trace."""
+    from tracer.clients.official import TracedSimpleConsumer
+    from tracer.path.clock import ManualClock
+    from tracer.telemetry.keep import KeepPolicy
+
+    clock = ManualClock()
+    policy = KeepPolicy({"dispatch_wait": 10.0}, clock=clock)
+    mt, provider, memory, hold = _consumer_with(policy, clock, ticker=False, max_age_s=60.0, max_spans=20,
+                                                max_traces=1000)
+
+    class Msg:
+        def __init__(self, i: int) -> None:
+            self.topic, self.message_id, self.body = "jobs", f"m{i}", b""
+            self.properties = _unsampled_message(i, clock).properties
+
+    class Consumer:
+        def __init__(self) -> None:
+            self.batch: list[Msg] = []
+
+        def receive(self, n: int, invisible: object) -> list[Msg]:
+            out, self.batch = self.batch, []
+            return out
+
+        def ack(self, msg: Msg) -> None:
+            pass
+
+    raw = Consumer()
+    consumer = TracedSimpleConsumer(raw, mt)
+    user = provider.get_tracer("user")
+    raw.batch = [Msg(i) for i in range(20)]
+    for msg in consumer.receive(20, 30):
+        with consumer.processing(msg):  # handled; never acked
+            user.start_span(f"user-{msg.message_id}").end()
+    assert hold.stats().held_traces == 20 and hold.stats().held_spans == 20  # the span bound is full
+    clock.advance_s(61.0)
+    raw.batch = [Msg(99)]
+    (late,) = consumer.receive(1, 30)
+    try:
+        with consumer.processing(late):
+            user.start_span("user-failing").end()
+            raise RuntimeError("boom")
+    except RuntimeError:
+        pass
+    s = hold.stats()
+    assert s.traces_evicted["max_age"] == 20 and s.dropped_by_reason["max_age"] == 20
+    assert s.held_traces == 0
+    names = {sp.name for sp in memory.get_finished_spans()}
+    assert {"process jobs", "handler", "user-failing"} <= names  # the failure is whole
+    assert _kept_message_ids(memory) == {"m99"}
+
+
+def test_a_full_span_bound_never_costs_a_later_failure_its_spans() -> None:
+    """Undecided traces fill max_spans; a failure after them still goes out whole (the oldest
+    undecided trace is evicted and counted instead)."""
+    from tracer.path.clock import ManualClock
+    from tracer.path.stages import Outcome
+    from tracer.telemetry.keep import KeepPolicy
+
+    clock = ManualClock()
+    policy = KeepPolicy({"dispatch_wait": 10.0}, clock=clock)
+    mt, provider, memory, hold = _consumer_with(policy, clock, ticker=False, max_spans=20, max_traces=1000)
+    user = provider.get_tracer("user")
+    stuck = []
+    for i in range(20):
+        t = mt.start_message(_unsampled_message(i, clock))
+        with t.handler_scope():
+            user.start_span(f"user-{i}").end()
+        stuck.append(t)  # never finished
+    t = mt.start_message(_unsampled_message(50, clock))
+    with t.handler_scope():
+        with user.start_as_current_span("outer"):
+            user.start_span("inner").end()
+    t.finish(Outcome.FAILURE, RuntimeError("boom"))
+    spans = {s.name: s for s in memory.get_finished_spans()}
+    assert {"process jobs", "handler", "outer", "inner"} <= set(spans)
+    ids = {s.context.span_id for s in spans.values()}
+    assert all(s.parent is None or s.parent.span_id in ids for s in spans.values())
+    assert hold.stats().traces_evicted["max_spans"] == 2 and hold.stats().held_spans == 18  # counted
+
+
+def test_late_spans_of_dropped_or_evicted_traces_never_leave_as_orphans() -> None:
+    """Past 4096 later drops, and after a max_traces eviction, a late span stays with its trace."""
+    from opentelemetry import trace as api
+
+    from tracer.path.clock import ManualClock
+    from tracer.path.stages import Outcome, Stage
+    from tracer.telemetry.keep import KeepPolicy
+
+    clock = ManualClock()
+    policy = KeepPolicy({"dispatch_wait": 10.0}, clock=clock)
+    mt, provider, memory, hold = _consumer_with(policy, clock, ticker=False, max_traces=50)
+    user = provider.get_tracer("user")
+
+    def message_with_a_late_span(i: int) -> object:
+        t = mt.start_message(_unsampled_message(i, clock))
+        t.mark(Stage.DISPATCH_ENQUEUE)
+        with t.handler_scope():
+            late = user.start_span(f"late-{i}")  # a thread the handler started, still running
+        return t, late
+
+    first, first_late = message_with_a_late_span(0)
+    first.finish(Outcome.SUCCESS)  # dropped
+    for i in range(1, 5000):  # more drops than any table of dropped ids holds
+        t, late = message_with_a_late_span(i)
+        t.finish(Outcome.SUCCESS)
+        late.end()
+    first_late.end()
+    # evicted by max_traces while undecided, its span ending after the eviction
+    evicted, evicted_late = message_with_a_late_span(9000)
+    for i in range(9001, 9060):
+        message_with_a_late_span(i)  # undecided: pushes the first one out
+    evicted_late.end()
+    with api.use_span(evicted_late):
+        pass
+    assert memory.get_finished_spans() == ()  # nothing exported: every trace dropped or evicted
+    s = hold.stats()
+    assert s.traces_evicted["max_traces"] >= 10
+    assert s.dropped_by_reason["forgotten"] + s.dropped_by_reason["dropped_trace"] >= 5000

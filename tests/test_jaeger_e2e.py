@@ -4,9 +4,8 @@ back through Jaeger's HTTP query API (``/api/traces``; times in µs, parents as 
 One trace per message: the producer's ``send {topic}`` (service ``…-producer``) and the consumer's
 ``process {topic}`` (service ``…-consumer``, child of send and linked to it: Jaeger folds the link
 into the parent reference, which it then shows as FOLLOWS_FROM send)
-with ``broker_wait``, ``client_buffer``, ``dispatch_wait`` and ``handler`` (each CHILD_OF process)
-tiling the path in stage order. ``process`` covers the consumer side only: ``broker_wait`` is the
-bar just before it, ending where it starts; the other three lie inside it.
+with ``broker_wait``, ``client_buffer``, ``dispatch_wait`` and ``handler`` (each CHILD_OF process,
+inside it: process starts at the broker's store) tiling the path in stage order.
 """
 
 from __future__ import annotations
@@ -144,6 +143,10 @@ def test_one_trace_per_message_with_send_process_and_every_gap(pipeline):
         assert [(r["refType"], r["spanID"]) for r in process["references"]] == [("FOLLOWS_FROM", send["spanID"])]
         for name in CONSUMER_CHILDREN:
             assert _parent(by_name[name][0]) == process["spanID"], name
+        # no skew warning on our consumer spans (broker_wait used to start before its parent process);
+        # `process` may get one: an async child of another service's send that outlives it
+        assert not [(name, by_name[name][0].get("warnings")) for name in CONSUMER_CHILDREN
+                    if by_name[name][0].get("warnings")]
         mid = _tag(process, "messaging.message.id")
         assert mid and _tag(send, "messaging.message.id") == mid
         assert _tag(process, "messaging.rocketmq.message.type") == "normal"
@@ -153,28 +156,25 @@ def test_one_trace_per_message_with_send_process_and_every_gap(pipeline):
     assert len(message_ids) == N
 
 
-def test_consumer_spans_tile_the_path_and_process_covers_the_consumer_side(pipeline):
+def test_consumer_spans_tile_the_path_inside_process(pipeline):
     topic, _, _, traces, _ = pipeline
     for tr in traces:
         spans = {s["operationName"]: s for s in tr["spans"]}
         send, process = spans[f"send {topic}"], spans[f"process {topic}"]
         p_start, p_end = process["startTime"], process["startTime"] + process["duration"]
         broker_wait = spans["broker_wait"]
-        # the broker's part is its own bar before process (Jaeger keeps its times as written)
-        assert abs(broker_wait["startTime"] + broker_wait["duration"] - p_start) <= ROUNDING_US
         prev_end = None
         for name in CONSUMER_CHILDREN:
             c = spans[name]
             c_start, c_end = c["startTime"], c["startTime"] + c["duration"]
-            if name != "broker_wait":
-                assert p_start - ROUNDING_US <= c_start and c_end <= p_end + ROUNDING_US, (name, process, c)
+            # inside process: no span of ours starts before its parent
+            assert p_start - ROUNDING_US <= c_start and c_end <= p_end + ROUNDING_US, (name, process, c)
             assert c["duration"] >= 0
             if prev_end is not None:  # each gap starts where the one before ended
                 assert abs(c_start - prev_end) <= ROUNDING_US, (name, c_start, prev_end)
             prev_end = c_end
-        assert abs(spans["client_buffer"]["startTime"] - p_start) <= ROUNDING_US  # process starts at the pull
+        assert abs(broker_wait["startTime"] - p_start) <= ROUNDING_US  # process starts at the broker's store
         assert abs(prev_end - p_end) <= ROUNDING_US  # and ends with the handler
-        # the broker's part starts no earlier than the send began: the store time is clamped to
-        # the produce stamp, taken inside the send span (by rmqtrace's monotonic wall clock, which
-        # may drift from the SDK's wall clock by NTP slew: 1 ms of slack)
-        assert broker_wait["startTime"] >= send["startTime"] - 1000
+        # the broker's part starts no earlier than the send began: the store time is placed no
+        # earlier than the produce stamp, which now dates the send span too (one clock)
+        assert broker_wait["startTime"] >= send["startTime"]

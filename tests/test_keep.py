@@ -264,3 +264,67 @@ def test_the_environment_alone_turns_keeping_on(tmp_path) -> None:
     out = subprocess.run([sys.executable, "-c", _ENV_ONLY, str(spans)], env=env, capture_output=True,
                          text=True, timeout=60, check=True)
     assert json.loads(out.stdout.strip().splitlines()[-1]) == ["user-1", "user-3"], out.stderr
+
+
+_INSTRUMENTED = r'''
+import json, sys
+from opentelemetry import trace
+from tracer import MessageInfo, MessageTracer, Outcome, Stage
+
+# no configure_tracing: opentelemetry-instrument set the SDK provider up before this ran
+assert type(trace.get_tracer_provider()).__name__ == "TracerProvider", trace.get_tracer_provider()
+tracer = MessageTracer(consumer_group="g")   # no keep=/hold=: the environment decides
+for i, wait_ms in enumerate((1, 500, 2, 800)):
+    t = tracer.start_message(MessageInfo(topic="t", message_id=f"m{i}"), pulled_ns=10**18)
+    t.mark(Stage.DISPATCH_ENQUEUE, 10**18)
+    with t.handler_scope(10**18 + wait_ms * 10**6):
+        with trace.get_tracer("user").start_as_current_span(f"user-{i}"):
+            pass
+    t.mark(Stage.HANDLER_END, 10**18 + (wait_ms + 1) * 10**6)
+    t.finish(Outcome.SUCCESS)
+trace.get_tracer_provider().shutdown()
+'''
+
+
+def test_the_environment_turns_keeping_on_under_opentelemetry_instrument(tmp_path) -> None:
+    """The provider exists before rmqtrace runs (the distro built it): RMQTRACE_KEEP_* still applies."""
+    import os
+    import re
+    import shutil
+    import subprocess
+    import sys
+
+    instrument = shutil.which("opentelemetry-instrument", path=os.path.dirname(sys.executable))
+    if instrument is None:
+        pytest.skip("opentelemetry-distro is not installed (pip install 'rmqtrace[instrument]')")
+    script = tmp_path / "app.py"
+    script.write_text(_INSTRUMENTED)
+    env = dict(os.environ, OTEL_TRACES_EXPORTER="console", OTEL_METRICS_EXPORTER="none", OTEL_LOGS_EXPORTER="none",
+               OTEL_TRACES_SAMPLER="parentbased_always_off", RMQTRACE_KEEP_CONSUMER_WAIT="0.1",
+               OTEL_PYTHON_DISABLED_INSTRUMENTATIONS="rocketmq")
+    out = subprocess.run([instrument, sys.executable, str(script)], env=env, capture_output=True, text=True,
+                         timeout=120, check=True)
+    assert sorted(set(re.findall(r'"name": "(user-\d)"', out.stdout))) == ["user-1", "user-3"], out.stderr[-2000:]
+
+
+def test_a_provider_the_policy_cannot_apply_to_says_so_once(caplog) -> None:
+    import logging
+
+    from opentelemetry import trace
+
+    from tracer.telemetry.tracer import MessageTracer
+
+    class VendorProvider(trace.TracerProvider):
+        def get_tracer(self, *args: object, **kwargs: object) -> trace.Tracer:
+            return trace.NoOpTracer()
+
+    vendor = VendorProvider()
+    os.environ["RMQTRACE_KEEP_CONSUMER_WAIT"] = "0.1"
+    try:
+        with caplog.at_level(logging.WARNING, logger="tracer.telemetry.adopt"):
+            for _ in range(3):
+                assert MessageTracer(consumer_group="g", tracer_provider=vendor).keep is None
+    finally:
+        del os.environ["RMQTRACE_KEEP_CONSUMER_WAIT"]
+    warnings = [r for r in caplog.records if "RMQTRACE_KEEP_" in r.getMessage()]
+    assert len(warnings) == 1 and "VendorProvider" in warnings[0].getMessage()

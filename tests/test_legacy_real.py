@@ -100,8 +100,9 @@ def test_legacy_wrappers_trace_every_message_from_producer_to_handler(runs):
     _check_linked_traces(r, r["topic"])
     # the broker's store time is read from the received message (ms, not the born time)
     process = [s for s in r["spans"] if s["name"].startswith("process")]
-    stores = {h["store_timestamp"] * 1_000_000 for h in r["handled"]}
-    assert {p["attributes"]["rmqtrace.stamp.broker_store_ns"] for p in process} <= stores
+    # (placed within its millisecond: tracer.path.stamps.store_stamp)
+    stores = {h["store_timestamp"] for h in r["handled"]}
+    assert {p["attributes"]["rmqtrace.stamp.broker_store_ns"] // 1_000_000 for p in process} <= stores
     # histograms: one observation per delivery (readiness probes included) for every consumer gap
     counts = r["stage_counts"]
     assert counts["handler"] == counts["broker_wait"] == counts["dispatch_wait"] == r["deliveries"] >= N + 1

@@ -263,3 +263,19 @@ def test_the_message_tracer_feeds_it_from_its_stamps() -> None:
     assert (s.busy, s.unstarted) == (0, 0)
     # 0-1 s: 2 idle, 2 waiting; 1-3 s: 1 idle, the dropped one still waiting
     assert s.busy_s == pytest.approx(2) and s.hol_s == pytest.approx(2 + 2)
+
+
+def test_the_readme_snippet_for_two_consumers_on_one_registry_keeps_the_scrape_sound() -> None:
+    from prometheus_client.openmetrics.exposition import generate_latest as openmetrics
+    from prometheus_client.openmetrics.parser import text_string_to_metric_families
+
+    from tracer.telemetry.tracer import MessageTracer
+
+    reg = CollectorRegistry()
+    tracers = [MessageTracer(consumer_group="g", occupancy=OccupancyMetrics.shared(reg).track("g", 2))
+               for _ in range(2)]  # the README's per-tracer line, once per consumer
+    with pytest.raises(ValueError, match="OccupancyMetrics.shared"):
+        OccupancyMetrics(reg)  # before: accepted, and every scrape failed "Clashing name"
+    list(text_string_to_metric_families(openmetrics(reg).decode()))
+    assert reg.get_sample_value("rmqtrace_consumer_workers", {"consumer_group": "g"}) == 4
+    assert all(t.occupancy is not None for t in tracers)

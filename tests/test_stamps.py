@@ -73,3 +73,50 @@ def test_monotonic_wall_clock_never_goes_back():
     c = MonotonicWallClock()
     values = [c.now_ns() for _ in range(1000)]
     assert values == sorted(values)
+
+
+# -- issue 19 item 8: no part exceeds the whole ---------------------------------------------------------
+from hypothesis import given  # noqa: E402
+from hypothesis import strategies as st  # noqa: E402
+
+from tracer.path.stamps import causal, store_stamp  # noqa: E402
+
+_T0 = 1_700_000_000_000 * MS
+
+
+@given(st.lists(st.integers(-20 * MS, 20 * MS), min_size=6, max_size=6), st.integers(0, 5))
+def test_a_messages_parts_never_exceed_its_whole_whatever_the_clocks_did(offsets, missing) -> None:
+    """Consumer stamps in order (one monotonic clock); producer and broker stamps anywhere."""
+    s = Stamps()
+    consumer = sorted(abs(o) for o in offsets[2:])
+    s.set(Stage.PRODUCE, _T0 + offsets[0])
+    s.set(Stage.BROKER_STORE, _T0 + offsets[1])
+    for stage, o in zip((Stage.CLIENT_PULL, Stage.DISPATCH_ENQUEUE, Stage.HANDLER_START, Stage.HANDLER_END), consumer):
+        s.set(stage, _T0 + o)
+    if missing in (0, 1):
+        s.set(Stage(missing), 0)  # a message without a produce or a store stamp
+    gaps = {g.gap.name: g.seconds for g in compute_gaps(s)}
+    whole = gaps["end_to_end"] if "end_to_end" in gaps else None
+    for name, v in gaps.items():
+        assert v >= 0, (name, gaps)
+        if whole is not None:
+            assert v <= whole + 1e-12, (name, gaps)
+    if all(g.name in gaps for g in PATH_GAPS):
+        assert abs(sum(gaps[g.name] for g in PATH_GAPS) - whole) < 1e-9, gaps
+    # the consumer's own gaps are exact: never moved
+    c = causal(s.times)
+    for stage in (Stage.CLIENT_PULL, Stage.DISPATCH_ENQUEUE, Stage.HANDLER_START, Stage.HANDLER_END):
+        assert c[stage] == s.times[stage]
+    # spans are drawn from the same stamps: every stamp no earlier than the one before
+    drawn = [ns for _stage, ns in timeline(s)]
+    assert drawn == sorted(drawn)
+
+
+def test_the_brokers_millisecond_store_time_is_placed_within_its_millisecond() -> None:
+    ms = 1_700_000_000_123
+    floor = ms * MS
+    assert store_stamp(ms) == floor  # nothing known around it: the floor, as the broker wrote it
+    assert store_stamp(ms, produce_ns=floor + 700_000) == floor + 700_000  # not before the produce
+    assert store_stamp(ms, produce_ns=floor + 700_000, pull_ns=floor + 400_000) == floor + 400_000  # nor after the pull
+    assert store_stamp(ms, produce_ns=floor + 3 * MS) == floor + MS - 1  # skew beyond it: the millisecond's end
+    assert store_stamp(ms, produce_ns=floor - 5 * MS, pull_ns=floor - MS) == floor  # skew: the floor, reported

@@ -1,3 +1,4 @@
+import pytest
 from opentelemetry import trace
 from opentelemetry.sdk.trace import TracerProvider
 from opentelemetry.sdk.trace.export import SimpleSpanProcessor
@@ -59,9 +60,9 @@ def test_one_trace_from_producer_to_handler_with_gap_children(spans, registry):
     for name in ("broker_wait", "client_buffer", "dispatch_wait", "handler"):
         child = by_name[name]
         assert child.parent.span_id == process.context.span_id
-        # process covers the consumer side: broker_wait is the one child before its start
-        start = child.end_time if name == "broker_wait" else child.start_time
-        assert process.start_time <= start <= child.end_time <= process.end_time
+        # every child inside process: no span of ours starts before its parent (Jaeger's skew check)
+        assert process.start_time <= child.start_time <= child.end_time <= process.end_time
+    assert by_name["broker_wait"].start_time == process.start_time  # process starts at the broker's store
     assert by_name["user-work"].parent.span_id == by_name["handler"].context.span_id
     # children tile the consumer side in stage order
     order = [by_name[n] for n in ("broker_wait", "client_buffer", "dispatch_wait", "handler")]
@@ -235,7 +236,7 @@ def test_dropped_process_keeps_the_producers_context_current_in_the_handler():
     assert exporter.get_finished_spans() == ()
 
 
-def test_process_covers_the_consumer_side_and_broker_wait_stays_a_bar(spans):
+def test_process_starts_at_the_store_and_broker_wait_is_its_first_child(spans):
     provider, exporter = spans
     clock = ManualClock()
     prod = MessageTracer(tracer_provider=provider, clock=clock)
@@ -243,11 +244,12 @@ def test_process_covers_the_consumer_side_and_broker_wait_stays_a_bar(spans):
     run_one(cons, clock, produce(prod, clock))
     by_name = {s.name: s for s in exporter.get_finished_spans()}
     process, broker_wait = by_name["process T"], by_name["broker_wait"]
-    # pull -> 2 ms client buffer -> 30 ms dispatch wait -> 10 ms handler
-    assert process.end_time - process.start_time == 42 * MS
-    assert process.attributes["rmqtrace.stamp.client_pull_ns"] == process.start_time
+    # store -> broker wait -> pull -> 2 ms client buffer -> 30 ms dispatch wait -> 10 ms handler
+    pull = process.attributes["rmqtrace.stamp.client_pull_ns"]
+    assert process.end_time - pull == 42 * MS  # what messaging.process.duration records
+    assert process.attributes["rmqtrace.stamp.broker_store_ns"] == process.start_time == broker_wait.start_time
     assert broker_wait.parent.span_id == process.context.span_id
-    assert broker_wait.end_time == process.start_time and broker_wait.start_time < process.start_time
+    assert broker_wait.end_time == pull and broker_wait.start_time < pull
     assert broker_wait.attributes["rmqtrace.stage"] == "broker_wait"
 
 
@@ -410,3 +412,103 @@ def test_a_deferred_traceparent_still_parents_the_process_span(spans):
     assert process.parent.span_id == 0xB7AD6B7169203331
     assert process.context.trace_state.get("vendor") == "abc"
     assert sum(mt.errors.counts.values()) == 0
+
+
+def test_the_probes_parts_fit_the_whole_when_the_store_time_rounds_down(spans, registry):
+    """Issue 19: broker_wait 2.02 ms and consumer_wait 0.36 ms inside an end_to_end of 1.70 ms,
+    because the store time (1 ms resolution) rounded to before the produce stamp."""
+    provider, exporter = spans
+    clock = ManualClock(1_700_000_000_000_000_000 + 700_000)  # 0.7 ms into a millisecond
+    prod = MessageTracer(tracer_provider=provider, clock=clock)
+    cons = MessageTracer(consumer_group="G", tracer_provider=provider, metrics=TracerMetrics(registry), clock=clock)
+    props: dict[str, str] = {}
+    send = prod.start_send("T", props.__setitem__)
+    clock.advance(200_000)
+    store_ms = clock.now_ns() // MS  # stored 0.2 ms after the produce stamp; the broker says .000
+    send.end("M1")
+    clock.advance(1_100_000)
+    t = cons.start_message(MessageInfo(topic="T", message_id="M1", properties=props, store_ms=store_ms))
+    clock.advance(100_000)
+    with t.handler_scope():
+        clock.advance(300_000)
+    t.finish(Outcome.SUCCESS)
+
+    def total(stage: str) -> float:
+        return registry.get_sample_value("rmqtrace_stage_duration_seconds_sum",
+                                         {"topic": "T", "consumer_group": "G", "stage": stage})
+
+    whole = total("end_to_end")
+    assert whole == pytest.approx(0.0017)
+    for g in GAPS:
+        assert 0 <= total(g.name) <= whole + 1e-12, g.name
+    assert total("send") + total("broker_wait") + total("consumer_wait") + total("handler") == pytest.approx(whole)
+    by_name = {s.name: s for s in exporter.get_finished_spans()}
+    for s in by_name.values():  # no span of ours starts before its parent
+        if s.parent is not None:
+            parent = next(p for p in by_name.values() if p.context.span_id == s.parent.span_id)
+            assert s.start_time >= parent.start_time, (s.name, parent.name)
+
+
+def test_message_tracer_takes_one_client_facts_object_and_the_loose_keywords_still_work(spans):
+    from tracer.path.message import ClientFacts
+
+    provider, exporter = spans
+    facts = ClientFacts("host@1@c", "ns", "broker.example", 8081)
+    one = MessageTracer(consumer_group="G", tracer_provider=provider, client=facts)
+    loose = MessageTracer(consumer_group="G", tracer_provider=provider, client_id="host@1@c", namespace="ns",
+                          server_address="broker.example", server_port=8081)
+    assert one.client == loose.client == facts and one.client_id == "host@1@c" and one.namespace == "ns"
+    mixed = MessageTracer(tracer_provider=provider, client=facts, client_id="other")
+    assert mixed.client == facts._replace(client_id="other")  # a loose keyword overrides its field
+    mixed.describe_client(ClientFacts("ignored", "ignored", "ignored", 1))  # given facts win
+    assert mixed.client == facts._replace(client_id="other")
+    with pytest.raises(ValueError, match="server_port"):
+        MessageTracer(tracer_provider=provider, client=ClientFacts(server_address="x", server_port=70000))
+    one.start_send("T", {}.__setitem__).end("M1")
+    (send,) = exporter.get_finished_spans()
+    assert send.attributes["messaging.client.id"] == "host@1@c" and send.attributes["server.port"] == 8081
+
+
+def test_statistics_is_a_frozen_snapshot_with_hook_failures_by_place(spans):
+    provider, _ = spans
+    clock = ManualClock()
+
+    def broken(trace, outcome):  # noqa: ANN001, ANN202
+        raise RuntimeError("listener bug")
+
+    cons = MessageTracer(consumer_group="G", tracer_provider=provider, clock=clock, listeners=[broken])
+    for _ in range(3):
+        run_one(cons, clock, {"traceparent": "00-zz-bad"})
+    s = cons.statistics()
+    assert s.hook_failures == {"a finish listener": 3}
+    assert s.propagation_errors and s.keep is None and s.hold is None
+    run_one(cons, clock, {})
+    assert s.hook_failures == {"a finish listener": 3}  # a snapshot: later failures do not change it
+    assert cons.statistics().hook_failures == {"a finish listener": 4}
+    with pytest.raises(AttributeError):
+        s.hook_failures = {}  # type: ignore[misc]
+
+
+def test_the_compact_trace_is_one_process_span_with_every_gap_and_stamp_as_attributes(spans, monkeypatch):
+    """Issue 20: RMQTRACE_TRACE_SHAPE=compact (or trace_shape="compact"): the cost of one span."""
+    provider, exporter = spans
+    clock = ManualClock()
+    prod = MessageTracer(tracer_provider=provider, clock=clock)
+    monkeypatch.setenv("RMQTRACE_TRACE_SHAPE", "compact")
+    cons = MessageTracer(consumer_group="G", tracer_provider=provider, clock=clock)
+    assert cons.compact
+    user = provider.get_tracer("user")
+    run_one(cons, clock, produce(prod, clock), fail=True, inside=lambda: user.start_span("user-work").end())
+    by_name = {s.name: s for s in exporter.get_finished_spans()}
+    assert set(by_name) == {"send T", "process T", "user-work"}
+    process = by_name["process T"]
+    assert by_name["user-work"].parent.span_id == process.context.span_id  # the user's spans nest under it
+    attrs = process.attributes
+    for g in GAPS:
+        assert f"rmqtrace.gap.{g.name}_s" in attrs, g.name
+    assert attrs["rmqtrace.gap.dispatch_wait_s"] == pytest.approx(0.030)
+    assert attrs["rmqtrace.stamp.client_pull_ns"] == process.start_time  # the consumer's processing only
+    assert process.status.status_code is StatusCode.ERROR and [e.name for e in process.events] == ["exception"]
+    monkeypatch.setenv("RMQTRACE_TRACE_SHAPE", "tiny")
+    with pytest.raises(ValueError, match="RMQTRACE_TRACE_SHAPE"):
+        MessageTracer(tracer_provider=provider)

@@ -27,13 +27,14 @@ from opentelemetry.sdk.resources import Resource
 from opentelemetry.sdk.trace import ReadableSpan, Span, SpanProcessor, TracerProvider
 from opentelemetry.sdk.trace.export import BatchSpanProcessor, SpanExporter, SpanExportResult
 
-from .telemetry.hold import HoldingSpanProcessor, install_for_global_provider
+from .telemetry.adopt import install, keep_for
+from .telemetry.hold import HoldingSpanProcessor
 from .telemetry.keep import KeepPolicy
 from .telemetry.metrics import TracerMetrics, multiprocess_dir
 
 __all__ = [
     "EXPORTERS", "PROTOCOLS", "CountingExporter", "CountingSpanProcessor", "DropCounter", "Settings",
-    "configure_tracing", "default_instance_id", "make_exporters", "serve_metrics",
+    "configure_tracing", "default_instance_id", "exporter_endpoint", "make_exporters", "serve_metrics",
 ]
 
 log = logging.getLogger(__name__)
@@ -113,8 +114,15 @@ def _resource_attribute(env: Mapping[str, str], key: str) -> str | None:
     return None
 
 
+def exporter_endpoint(exporter: SpanExporter) -> str | None:
+    """Where an OTLP exporter sends (its resolved endpoint), for the lines that name it."""
+    endpoint = getattr(exporter, "_endpoint", None)
+    return str(endpoint) if endpoint else None
+
+
 class CountingExporter(SpanExporter):
-    """Counts spans the wrapped exporter failed to deliver, so a dead backend is visible.
+    """Counts spans the wrapped exporter failed to deliver, so a dead backend is visible, and says
+    once, naming the endpoint, that an export failed.
 
     ``on_taken(n)`` is told, before each export, how many spans left the processor's queue.
     """
@@ -124,6 +132,7 @@ class CountingExporter(SpanExporter):
         self.inner = inner
         self.on_dropped = on_dropped
         self.on_taken = on_taken
+        self._warned = False
 
     def export(self, spans: Sequence[ReadableSpan]) -> SpanExportResult:
         if self.on_taken is not None:
@@ -135,6 +144,12 @@ class CountingExporter(SpanExporter):
             result = SpanExportResult.FAILURE
         if result is not SpanExportResult.SUCCESS:
             self.on_dropped(len(spans))
+            if not self._warned:
+                self._warned = True
+                where = exporter_endpoint(self.inner) or type(self.inner).__name__
+                log.warning("rmqtrace: exporting %d span(s) to %s failed; is the collector there? (set "
+                            "OTEL_EXPORTER_OTLP_ENDPOINT, or OTEL_TRACES_EXPORTER=none; logged once, every lost "
+                            "span is counted)", len(spans), where)
         return result
 
     def shutdown(self) -> None:
@@ -269,6 +284,7 @@ def configure_tracing(settings: Settings, *, set_global: bool = True,
         return None
     current = trace.get_tracer_provider()
     if isinstance(current, TracerProvider):
+        keep_for(current)  # RMQTRACE_KEEP_* still applies, in front of the processors it has
         return current
     # Resource.create reads OTEL_RESOURCE_ATTRIBUTES and OTEL_SERVICE_NAME and falls back to
     # "unknown_service:<executable>"; only an explicit name is passed on top.
@@ -276,16 +292,25 @@ def configure_tracing(settings: Settings, *, set_global: bool = True,
     if settings.service_name:
         attrs["service.name"] = settings.service_name
     provider = TracerProvider(resource=Resource.create(attrs))
+    exporters = make_exporters(settings)
+    for exporter in exporters:
+        endpoint = exporter_endpoint(exporter)
+        if endpoint is not None:
+            # The standard OTel behaviour: OTLP by default, to the SDK's default endpoint when
+            # OTEL_EXPORTER_OTLP_ENDPOINT is unset. Said once, so a missing collector is no mystery.
+            log.info("rmqtrace: spans go by OTLP to %s%s", endpoint,
+                     "" if settings.otlp_endpoint else " (OTEL_EXPORTER_OTLP_ENDPOINT is unset: the SDK's default)")
     processors: list[SpanProcessor] = [
-        CountingSpanProcessor(exporter, drops) if drops is not None else BatchSpanProcessor(exporter)
-        for exporter in make_exporters(settings)
+        CountingSpanProcessor(exporter, drops) if drops is not None
+        else BatchSpanProcessor(CountingExporter(exporter, DropCounter()))
+        for exporter in exporters
     ]
     keep = KeepPolicy.from_env()  # RMQTRACE_KEEP_*: decide again at handler end (telemetry.keep)
-    if keep is not None:
-        hold = HoldingSpanProcessor.from_env(processors)
+    if keep is not None and processors:  # OTEL_TRACES_EXPORTER=none: nothing exported, nothing to keep
+        # spans the hold loses (bounds, age, shutdown) count with the export losses
+        hold = HoldingSpanProcessor.from_env(processors, on_dropped=drops)
         provider.add_span_processor(hold)
-        if set_global:
-            install_for_global_provider(keep, hold)
+        install(provider, keep, hold)  # a MessageTracer writing into this provider picks them up
     else:
         for processor in processors:
             provider.add_span_processor(processor)

@@ -5,9 +5,14 @@ Registered under the ``opentelemetry_instrumentor`` entry point, so
 public methods only, each wrap with its unwrap:
 
 - ``Producer.send`` / ``Producer.send_async``: ``send {topic}`` span, trace context and produce stamp;
-- ``SimpleConsumer.receive`` / ``SimpleConsumer.ack``: ``client_pull`` stamp on receive, trace
-  finished on ack (the time between is taken as the handler);
+- ``SimpleConsumer.receive`` (and ``receive_async``) / ``SimpleConsumer.ack``: ``client_pull`` stamp on receive, trace
+  finished on ack (the time between is taken as the handler); with
+  ``SimpleConsumer.change_invisible_duration`` these are also client operations (``receive``
+  span, settle spans with ``instrument(settle_spans=True)``, ``messaging.client.operation.duration``);
 - ``PushConsumer.__init__``: the user's listener is wrapped in :class:`~tracer.clients.official.TracedListener`.
+
+Each producer and consumer object gets a tracer of its own (the consumers' all recording into one
+``TracerMetrics``), so its spans carry its own ``messaging.client.id``.
 
 With the legacy ``rocketmq-client-python`` 2.x installed instead (same import name ``rocketmq``; the two
 never share an environment) it patches ``rocketmq.client``: ``Producer.send_sync`` /
@@ -23,15 +28,19 @@ from __future__ import annotations
 
 import logging
 import threading
+import weakref
 from importlib.metadata import PackageNotFoundError, version
-from typing import Any, Collection
+from typing import Any, Collection, NamedTuple
 
 from opentelemetry.instrumentation.instrumentor import BaseInstrumentor  # type: ignore[attr-defined]
 from opentelemetry.instrumentation.utils import is_instrumentation_enabled, unwrap
 from wrapt import wrap_function_wrapper
 
 from ..config import Settings, serve_metrics
+from ..path.message import client_facts
+from ..path.names import ACK, CHANGE_INVISIBLE_DURATION
 from ..telemetry.metrics import TracerMetrics
+from ..telemetry.operations import ConsumerOperations
 from ..telemetry.tracer import MessageTracer
 from .legacy import traced_callback, traced_legacy_send
 from .official import ReceivedTraces, TracedListener
@@ -40,6 +49,13 @@ from .probe import settle_received
 from .producer import traced_send, traced_send_async
 
 __all__ = ["RocketMQInstrumentor"]
+
+
+class _Seam(NamedTuple):
+    """What the patched methods of one consumer object share."""
+
+    traces: ReceivedTraces
+    operations: ConsumerOperations
 
 log = logging.getLogger(__name__)
 
@@ -69,6 +85,9 @@ class RocketMQInstrumentor(BaseInstrumentor):  # type: ignore[misc]
     ``CollectorRegistry``; default the global one) or ready-made ``metrics``
     (:class:`~tracer.telemetry.metrics.TracerMetrics`; else the registry's shared one).
 
+    ``settle_spans=True`` adds a span per ``ack`` / ``change_invisible_duration`` (the histogram
+    records them either way).
+
     ``RMQTRACE_METRICS_PORT`` serves ``/metrics`` of that registry from ``instrument()`` until
     ``uninstrument()``, so the two can alternate on one port.
     """
@@ -89,12 +108,15 @@ class RocketMQInstrumentor(BaseInstrumentor):  # type: ignore[misc]
             metrics = TracerMetrics.shared(kwargs.get("registry"))
         if settings.metrics_port is not None:
             self._server = serve_metrics(settings, metrics.registry)
-        self._producer_tracer = MessageTracer(tracer_provider=provider)
-        self._group_traces: dict[str, ReceivedTraces] = {}
+        self._producer_tracer = MessageTracer(tracer_provider=provider)  # producers that cannot be weakly referenced
+        self._producers: weakref.WeakKeyDictionary[Any, MessageTracer] = weakref.WeakKeyDictionary()
+        self._seams: weakref.WeakKeyDictionary[Any, _Seam] = weakref.WeakKeyDictionary()
+        self._group_seams: dict[str, _Seam] = {}  # consumers that cannot be weakly referenced
         self._lock = threading.Lock()
         self._provider = provider
         self.metrics = metrics
         self._default_group = settings.consumer_group
+        self._settle_spans = bool(kwargs.get("settle_spans", False))
 
         self._legacy = _legacy_only()
         if self._legacy:
@@ -106,7 +128,9 @@ class RocketMQInstrumentor(BaseInstrumentor):  # type: ignore[misc]
         wrap_function_wrapper(_PRODUCER, "Producer.send", self._send)
         wrap_function_wrapper(_PRODUCER, "Producer.send_async", self._send_async)
         wrap_function_wrapper(_SIMPLE, "SimpleConsumer.receive", self._receive)
+        wrap_function_wrapper(_SIMPLE, "SimpleConsumer.receive_async", self._receive_async)
         wrap_function_wrapper(_SIMPLE, "SimpleConsumer.ack", self._ack)
+        wrap_function_wrapper(_SIMPLE, "SimpleConsumer.change_invisible_duration", self._change_invisible)
         wrap_function_wrapper(_PUSH, "PushConsumer.__init__", self._push_init)
 
     def _uninstrument(self, **kwargs: Any) -> None:
@@ -129,64 +153,108 @@ class RocketMQInstrumentor(BaseInstrumentor):  # type: ignore[misc]
         unwrap(producer.Producer, "send")
         unwrap(producer.Producer, "send_async")
         unwrap(simple.SimpleConsumer, "receive")
+        unwrap(simple.SimpleConsumer, "receive_async")
         unwrap(simple.SimpleConsumer, "ack")
+        unwrap(simple.SimpleConsumer, "change_invisible_duration")
         unwrap(push.PushConsumer, "__init__")
 
-    # -- per consumer group ------------------------------------------------------------
-    def _traces_for(self, group: str | None) -> ReceivedTraces:
-        g = group or self._default_group
+    # -- per consumer --------------------------------------------------------------------
+    def _seam_for(self, consumer: Any, group: str | None) -> _Seam:
+        """The tracer, received traces and operations of one consumer object: its own
+        ``messaging.client.id`` (two consumers of one group have two), its facts read once."""
         with self._lock:
-            found = self._group_traces.get(g)
+            try:
+                found = self._seams.get(consumer)
+            except Exception:  # noqa: BLE001 - not weakly referenceable or hashable: one per group instead
+                found, consumer_key = self._group_seams.get(group or self._default_group), None
+            else:
+                consumer_key = consumer
             if found is None:
-                found = self._group_traces[g] = ReceivedTraces(
-                    MessageTracer(consumer_group=g, tracer_provider=self._provider, metrics=self.metrics))
+                tracer = MessageTracer(consumer_group=group or self._default_group, tracer_provider=self._provider,
+                                       metrics=self.metrics)
+                found = _Seam(ReceivedTraces(tracer),
+                              ConsumerOperations(tracer, consumer, settle_spans=self._settle_spans))
+                if consumer_key is not None:
+                    self._seams[consumer_key] = found
+                else:
+                    self._group_seams[group or self._default_group] = found
+            return found
+
+    def _tracer_for_producer(self, producer: Any) -> MessageTracer:
+        """One tracer per producer object, described by its own facts (``messaging.client.id``)."""
+        with self._lock:
+            try:
+                found = self._producers.get(producer)
+            except Exception:  # noqa: BLE001 - not weakly referenceable or hashable: the shared one
+                return self._producer_tracer
+            if found is None:
+                found = self._producers[producer] = MessageTracer(tracer_provider=self._provider)
+                found.describe_client(client_facts(producer))
             return found
 
     # -- wrappers (wrapt signature: wrapped, instance, args, kwargs) ------------------------
     def _send(self, wrapped: Any, instance: Any, args: Any, kwargs: Any) -> Any:
         if not is_instrumentation_enabled() or not args:
             return wrapped(*args, **kwargs)
-        return traced_send(self._producer_tracer, wrapped, *args, **kwargs)
+        return traced_send(self._tracer_for_producer(instance), wrapped, *args, **kwargs)
 
     def _send_async(self, wrapped: Any, instance: Any, args: Any, kwargs: Any) -> Any:
         if not is_instrumentation_enabled() or not args:
             return wrapped(*args, **kwargs)
-        return traced_send_async(self._producer_tracer, wrapped, *args, **kwargs)
+        return traced_send_async(self._tracer_for_producer(instance), wrapped, *args, **kwargs)
 
     def _receive(self, wrapped: Any, instance: Any, args: Any, kwargs: Any) -> Any:
-        messages = wrapped(*args, **kwargs)
-        if is_instrumentation_enabled():
-            traces = self._traces_for(_group_of(instance))
-            traces.received(messages)
-            return settle_received(traces, instance, messages)  # probes acked here, not returned
-        return messages
+        if not is_instrumentation_enabled():
+            return wrapped(*args, **kwargs)
+        seam = self._seam_for(instance, _group_of(instance))
+        messages = seam.operations.receive(lambda: wrapped(*args, **kwargs), seam.traces.received)
+        return settle_received(seam.traces, instance, messages)  # probes acked here, not returned
+
+    def _receive_async(self, wrapped: Any, instance: Any, args: Any, kwargs: Any) -> Any:
+        if not is_instrumentation_enabled():
+            return wrapped(*args, **kwargs)
+        seam = self._seam_for(instance, _group_of(instance))
+        return seam.operations.receive_async(lambda: wrapped(*args, **kwargs), seam.traces.received,
+                                             lambda messages: settle_received(seam.traces, instance, messages))
 
     def _ack(self, wrapped: Any, instance: Any, args: Any, kwargs: Any) -> Any:
-        result = wrapped(*args, **kwargs)
-        if is_instrumentation_enabled() and args:
-            self._traces_for(_group_of(instance)).acked(args[0])
+        if not is_instrumentation_enabled() or not args:
+            return wrapped(*args, **kwargs)
+        seam = self._seam_for(instance, _group_of(instance))
+        result = seam.operations.settle(ACK, args[0], lambda: wrapped(*args, **kwargs))
+        seam.traces.acked(args[0])
         return result
+
+    def _change_invisible(self, wrapped: Any, instance: Any, args: Any, kwargs: Any) -> Any:
+        if not is_instrumentation_enabled() or not args:
+            return wrapped(*args, **kwargs)
+        return self._seam_for(instance, _group_of(instance)).operations.settle(
+            CHANGE_INVISIBLE_DURATION, args[0], lambda: wrapped(*args, **kwargs))
 
     def _push_init(self, wrapped: Any, instance: Any, args: Any, kwargs: Any) -> Any:
         # PushConsumer(client_configuration, consumer_group, message_listener, subscription, ...)
+        tracer: MessageTracer | None = None
         try:
             args = list(args)
             group = kwargs.get("consumer_group", args[1] if len(args) > 1 else None)
-            tracer = self._traces_for(group).tracer
+            tracer = self._seam_for(instance, group).traces.tracer
             if "message_listener" in kwargs:
                 kwargs["message_listener"] = _wrap_listener(kwargs["message_listener"], tracer)
             elif len(args) > 2:
                 args[2] = _wrap_listener(args[2], tracer)
         except Exception as exc:  # noqa: BLE001 - construct the consumer untraced rather than fail
             log.error("rmqtrace: could not wrap the PushConsumer listener", exc_info=exc)
-        return wrapped(*args, **kwargs)
+        result = wrapped(*args, **kwargs)
+        if tracer is not None:  # the client id exists only once the consumer is built
+            tracer.describe_client(client_facts(instance))
+        return result
 
 
     # -- legacy 2.x client ----------------------------------------------------------------------
     def _legacy_send(self, wrapped: Any, instance: Any, args: Any, kwargs: Any) -> Any:
         if not is_instrumentation_enabled() or not args:
             return wrapped(*args, **kwargs)
-        return traced_legacy_send(self._producer_tracer, wrapped, *args, **kwargs)
+        return traced_legacy_send(self._tracer_for_producer(instance), wrapped, *args, **kwargs)
 
     def _legacy_push_init(self, wrapped: Any, instance: Any, args: Any, kwargs: Any) -> Any:
         # PushConsumer(group_id, orderly=False, message_model=...): the group lives only in C++
@@ -202,7 +270,7 @@ class RocketMQInstrumentor(BaseInstrumentor):  # type: ignore[misc]
         # subscribe(topic, callback, expression='*')
         try:
             args = list(args)
-            tracer = self._traces_for(getattr(instance, _LEGACY_GROUP_ATTR, None)).tracer
+            tracer = self._seam_for(instance, getattr(instance, _LEGACY_GROUP_ATTR, None)).traces.tracer
             if "callback" in kwargs:
                 kwargs["callback"] = traced_callback(kwargs["callback"], tracer)
             elif len(args) > 1:

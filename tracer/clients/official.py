@@ -14,17 +14,21 @@ such as :mod:`tracer.embedded`).
 
 The simple consumer and producer wrappers read the wrapped client's id, namespace and endpoint
 (:func:`tracer.path.message.client_facts`) into the tracer, for ``messaging.client.id``,
-``messaging.rocketmq.namespace`` and ``server.address``.
+``messaging.rocketmq.namespace`` and ``server.address``. The simple consumer's ``receive`` and
+settle calls are operations of their own (:mod:`tracer.telemetry.operations`).
 """
 
 from __future__ import annotations
 
 import threading
 import weakref
+from concurrent.futures import Future
 from typing import Any
 
-from ..path.message import MessageInfo, body_of, client_facts, describe
+from ..path import names as n
+from ..path.message import MessageInfo, body_of, describe
 from ..path.stages import Outcome, Stage
+from ..telemetry.operations import ConsumerOperations
 from ..telemetry.tracer import MessageTrace, MessageTracer
 from .listener import Seam, traced_consume
 from .probe import settle_received
@@ -76,7 +80,8 @@ class ReceivedTraces:
         self._traces: weakref.WeakKeyDictionary[Any, MessageTrace] = weakref.WeakKeyDictionary()
         self._lock = threading.Lock()
 
-    def received(self, messages: Any) -> None:
+    def received(self, messages: Any) -> list[MessageTrace]:
+        """Start a trace for each received message; returns them (the receive span links to them)."""
         try:
             pulled = self.tracer.clock.now_ns()
             started = [(m, self.tracer.start_message(describe(m), pulled, body_of(self.tracer, m)))
@@ -84,8 +89,10 @@ class ReceivedTraces:
             with self._lock:
                 for m, t in started:
                     self._traces[m] = t
+            return [t for _, t in started]
         except Exception as exc:  # noqa: BLE001
             self.tracer.hook_failed("stamping received messages", exc)
+            return []
 
     def get(self, message: Any) -> MessageTrace | None:
         with self._lock:
@@ -109,11 +116,18 @@ class ReceivedTraces:
 
 
 class TracedSimpleConsumer:
-    """A proxy around one simple consumer; unknown attributes pass through to it."""
+    """A proxy around one simple consumer; unknown attributes pass through to it.
 
-    def __init__(self, consumer: Any, tracer: MessageTracer) -> None:
+    ``receive``, ``ack`` and ``change_invisible_duration`` are client operations with a span
+    (``receive`` always, the two settle calls with ``settle_spans=True``) and
+    ``messaging.client.operation.duration`` (:mod:`tracer.telemetry.operations`), and so is
+    ``receive_async``. ``ack_async`` and ``change_invisible_duration_async`` pass through
+    untraced (the 5.1 client returns no future from them: there is no end to time).
+    """
+
+    def __init__(self, consumer: Any, tracer: MessageTracer, *, settle_spans: bool = False) -> None:
         self._consumer = consumer
-        tracer.describe_client(client_facts(consumer))
+        self.operations = ConsumerOperations(tracer, consumer, settle_spans=settle_spans)
         self.traces = ReceivedTraces(tracer)
 
     @property
@@ -121,9 +135,15 @@ class TracedSimpleConsumer:
         return self._consumer
 
     def receive(self, max_message_num: int, invisible_duration: Any) -> Any:
-        messages = self._consumer.receive(max_message_num, invisible_duration)
-        self.traces.received(messages)
+        messages = self.operations.receive(lambda: self._consumer.receive(max_message_num, invisible_duration),
+                                           self.traces.received)
         return settle_received(self.traces, self._consumer, messages)  # probes acked here, not returned
+
+    def receive_async(self, max_message_num: int, invisible_duration: Any) -> Future[Any]:
+        """``receive`` with the client's future: traces start, and the span ends, when it resolves."""
+        return self.operations.receive_async(
+            lambda: self._consumer.receive_async(max_message_num, invisible_duration), self.traces.received,
+            lambda messages: settle_received(self.traces, self._consumer, messages))
 
     def processing(self, message: Any) -> Processing:
         """``with consumer.processing(msg): handle(msg)`` — stamps and spans around the handler.
@@ -131,9 +151,14 @@ class TracedSimpleConsumer:
         return Processing(self.traces, message)
 
     def ack(self, message: Any) -> Any:
-        result = self._consumer.ack(message)
+        result = self.operations.settle(n.ACK, message, lambda: self._consumer.ack(message))
         self.traces.acked(message)
         return result
+
+    def change_invisible_duration(self, message: Any, invisible_duration: Any) -> Any:
+        """A lease change or a retry with backoff: a settle operation; the message's trace stays open."""
+        return self.operations.settle(n.CHANGE_INVISIBLE_DURATION, message,
+                                      lambda: self._consumer.change_invisible_duration(message, invisible_duration))
 
     def __getattr__(self, name: str) -> Any:
         return getattr(self._consumer, name)

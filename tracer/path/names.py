@@ -11,16 +11,18 @@ The gap spans are derived from :data:`tracer.path.stages.PATH_GAPS`, not listed 
 
 from __future__ import annotations
 
-from .stages import PATH_GAPS, Gap, Stage
+from .stages import GAPS, PATH_GAPS, Gap, Stage
 
 __all__ = [
-    "BODY", "BODY_SIZE", "CLIENT_ID", "CONSUMER_GROUP", "DELIVERY_TIMESTAMP",
+    "BODY", "BODY_SIZE", "CLIENT_ID", "GAP_ATTRS", "TRACE_SHAPES", "CONSUMER_GROUP", "DELIVERY_TIMESTAMP",
     "COST", "COST_PROPERTY", "DELIVERY_ATTEMPT", "DESTINATION", "ERROR_TYPE", "GAP_SPANS",
     "HANDLER_SPAN", "JOB_ID", "JOB_ID_PROPERTY", "LEGACY_DELIVERY_ATTEMPT", "MESSAGE_GROUP",
     "MESSAGE_ID", "MESSAGE_KEYS", "MESSAGE_TAG", "MESSAGE_TYPE", "NAMESPACE", "OPERATION_NAME",
     "OPERATION_TYPE", "OUTCOME", "PROBE_PROPERTY", "PROCESS", "PRODUCE_NS_PROPERTY", "SCHEMA_URL", "SEND", "SERVER_ADDRESS",
     "SERVER_PORT", "STAGE", "STAMP_ATTRS", "SYSTEM", "SYSTEM_VALUE", "TRACEPARENT", "TRACESTATE",
     "WORKER", "process_span_name", "send_span_name",
+    # client operations of a pull consumer (tracer.telemetry.operations)
+    "ACK", "BATCH_MESSAGE_COUNT", "CHANGE_INVISIBLE_DURATION", "RECEIVE", "SETTLE", "operation_span_name",
 ]
 
 # The semantic-conventions release whose names we emit (the RocketMQ attributes still live under
@@ -41,6 +43,19 @@ def process_span_name(topic: str) -> str:
     return f"{PROCESS} {topic}"
 
 
+# A pull consumer's other operations: ``messaging.operation.type`` receive / settle, and the
+# client's own operation names (``messaging.operation.name``) for its two settle calls.
+RECEIVE = "receive"
+SETTLE = "settle"
+ACK = "ack"
+CHANGE_INVISIBLE_DURATION = "change_invisible_duration"
+
+
+def operation_span_name(operation: str, topic: str | None) -> str:
+    """``{messaging.operation.name} {destination}``, the destination omitted when unknown."""
+    return f"{operation} {topic}" if topic else operation
+
+
 # -- OpenTelemetry semantic-convention attributes ------------------------------------------------
 SYSTEM = "messaging.system"
 SYSTEM_VALUE = "rocketmq"
@@ -49,6 +64,7 @@ OPERATION_TYPE = "messaging.operation.type"
 DESTINATION = "messaging.destination.name"
 CONSUMER_GROUP = "messaging.consumer.group.name"
 CLIENT_ID = "messaging.client.id"
+BATCH_MESSAGE_COUNT = "messaging.batch.message_count"  # receive: how many messages the call returned
 MESSAGE_ID = "messaging.message.id"
 BODY_SIZE = "messaging.message.body.size"  # opt-in in the spec
 NAMESPACE = "messaging.rocketmq.namespace"
@@ -73,6 +89,9 @@ BODY = "rmqtrace.message.body"  # opt-in body preview
 DELIVERY_ATTEMPT = "rmqtrace.delivery_attempt"
 LEGACY_DELIVERY_ATTEMPT = "messaging.rocketmq.message.delivery_attempt"
 STAMP_ATTRS: dict[Stage, str] = {s: f"rmqtrace.stamp.{s.name.lower()}_ns" for s in Stage}
+# The compact trace (MessageTracer(trace_shape="compact")): every gap on `process`, in seconds.
+GAP_ATTRS: dict[str, str] = {g.name: f"rmqtrace.gap.{g.name}_s" for g in GAPS}
+TRACE_SHAPES: tuple[str, ...] = ("full", "compact")  # RMQTRACE_TRACE_SHAPE
 
 # -- message properties (what travels) -----------------------------------------------------------
 # W3C keys, as the OpenTelemetry Java agent's RocketMQ instrumentation writes them.

@@ -5,17 +5,74 @@ broker→consumer, producer→consumer) include the clocks' offset; when that ma
 is clamped to zero and reported, and :class:`SkewTracker` keeps, per clock pair, the smallest gap
 ever seen — as in NTP, the true offset can be no larger than that, so it bounds how far any
 cross-clock gap can be trusted.
+
+**One message's gaps are consistent** (no part exceeds the whole, the path gaps add up to
+end_to_end): every number is computed on :func:`causal` stamps. The consumer's stamps are exact
+and never moved; a stamp of another clock later than the stamp after it is moved back to it
+(broker store to client pull, then produce to broker store), so skew shows as a zero gap, counted
+as clamped, never as a part longer than the whole. The broker's store time has millisecond
+resolution: :func:`store_stamp` places it within its millisecond at the earliest instant that is
+not before the produce stamp and not after the pull (the floor of the millisecond when that
+interval is empty), so rounding alone never makes ``send`` negative or ``broker_wait`` longer
+than the message's whole path.
 """
 
 from __future__ import annotations
 
 import threading
-from typing import Iterable, NamedTuple
+from typing import Iterable, NamedTuple, Sequence
 
 from .stages import GAPS, PATH_GAPS, STAGES, Gap, Stage
 
 MISSING = 0
 _N_STAGES = len(Stage)
+_PRODUCE, _STORE, _PULL = int(Stage.PRODUCE), int(Stage.BROKER_STORE), int(Stage.CLIENT_PULL)
+_MS = 1_000_000
+
+
+def store_stamp(store_ms: int, produce_ns: int = MISSING, pull_ns: int = MISSING) -> int:
+    """The broker's millisecond store time as ns: the earliest instant of that millisecond not
+    before ``produce_ns`` and not after ``pull_ns``; the millisecond's floor when none is."""
+    lo = store_ms * _MS
+    ns = produce_ns if produce_ns > lo else lo
+    hi = lo + _MS - 1
+    if ns > hi:
+        ns = hi
+    if pull_ns and ns > pull_ns:
+        ns = pull_ns
+    return ns if ns >= lo else lo
+
+
+def causal(times: Sequence[int]) -> Sequence[int]:
+    """The stamps every gap is computed on (see the module doc): ``times`` itself when already in
+    order, else a corrected copy — stamps of other clocks moved back to the stamp after them,
+    consumer stamps each moved forward to the one before."""
+    produce, store, pull = times[_PRODUCE], times[_STORE], times[_PULL]
+    last = MISSING
+    ordered = True
+    for ns in times:
+        if ns != MISSING:
+            if ns < last:
+                ordered = False
+                break
+            last = ns
+    if ordered:
+        return times
+    out = list(times)
+    if store and pull and store > pull:
+        out[_STORE] = store = pull
+    nxt = store or pull
+    if produce and nxt and produce > nxt:
+        out[_PRODUCE] = nxt
+    last = MISSING
+    for i in range(_PULL, _N_STAGES):
+        ns = out[i]
+        if ns == MISSING:
+            continue
+        if ns < last:
+            out[i] = ns = last
+        last = ns
+    return out
 
 
 class Stamps:
@@ -57,30 +114,33 @@ class GapValue(NamedTuple):  # a NamedTuple: built six times per message, far ch
 
 
 def compute_gaps(stamps: Stamps, gaps: Iterable[Gap] = GAPS) -> list[GapValue]:
-    """Every gap whose two stamps are present. Negative gaps are clamped to 0 and flagged."""
+    """Every gap whose two stamps are present, in seconds on the :func:`causal` stamps (so the
+    parts fit the whole); a gap negative on the raw stamps is flagged clamped."""
     t = stamps.times
+    c = causal(t)
     out: list[GapValue] = []
     for gap in gaps:
         a, b = t[gap.start], t[gap.end]
         if a == MISSING or b == MISSING:
             continue
         raw = b - a
+        seconds = (c[gap.end] - c[gap.start]) / 1e9
         if raw < 0:
-            out.append(GapValue(gap, 0.0, raw, True, -raw > gap.tolerance_ns))
+            out.append(GapValue(gap, max(0.0, seconds), raw, True, -raw > gap.tolerance_ns))
         else:
-            out.append(GapValue(gap, raw / 1e9, raw, False, False))
+            out.append(GapValue(gap, seconds, raw, False, False))
     return out
 
 
 def timeline(stamps: Stamps) -> list[tuple[Stage, int]]:
-    """Present stamps in stage order, each moved forward to be no earlier than the one before.
+    """Present :func:`causal` stamps in stage order, each no earlier than the one before.
 
     This is what spans are drawn from: children must nest inside their parent even when a
-    cross-clock stamp is behind its predecessor.
+    cross-clock stamp is out of order.
     """
     out: list[tuple[Stage, int]] = []
     last = MISSING
-    times = stamps.times
+    times = causal(stamps.times)
     for stage in STAGES:
         ns = times[stage]
         if ns == MISSING:
@@ -125,4 +185,5 @@ class SkewTracker:
             return dict(self._min)
 
 
-__all__ = ["MISSING", "Stamps", "GapValue", "compute_gaps", "timeline", "SkewTracker", "PATH_GAPS"]
+__all__ = ["MISSING", "PATH_GAPS", "GapValue", "SkewTracker", "Stamps", "causal", "compute_gaps", "store_stamp",
+           "timeline"]

@@ -2,14 +2,38 @@
 
 The user's handler opens spans under rmqtrace's ``handler`` span before anyone knows whether the
 message will be slow. :class:`HoldingSpanProcessor` wraps the span processors the user
-configured (batch, simple, several): spans of a trace that rmqtrace marked with :meth:`hold`
-are kept in memory when they end, and :meth:`release` either forwards them to every wrapped
-processor (the trace is kept, complete) or forgets them (the trace is dropped, and costs no
-export). Spans of any other trace pass straight through.
+configured (batch, simple, several): spans of a trace that rmqtrace opened with
+:meth:`open_trace` (or marked with :meth:`hold`) are kept in memory when they end, and
+:meth:`release` either forwards them to every wrapped processor (the trace is kept) or forgets
+them (the trace is dropped, and costs no export). Spans of any other trace pass straight through.
 
-Memory is bounded twice: at most ``max_spans`` held spans and ``max_traces`` undecided traces.
-Beyond either bound the newest span (or the oldest undecided trace) is dropped and counted in
-:attr:`dropped`, and ``on_dropped`` is told, so a kept trace that lost spans is visible.
+**Nothing leaves without its parent.** Every span lost from a held trace — to a bound, to the age
+limit, because its trace was dropped or evicted — is remembered by span id with its trace, and a
+span whose parent was lost is lost too (at release, and when it ends later). The trace ids
+:meth:`open_trace` makes carry a keyed check value in their low 32 bits, so a span ending after
+its trace was decided is recognised as one of ours however long ago that was: it joins its trace
+when the trace was kept (and its parent was not lost), and is dropped and counted otherwise — no
+table of dropped ids to outgrow. (A foreign trace id passes the check with probability 2⁻³²; such a
+span, ending outside any held trace, would be dropped.)
+
+**Bounds**, each counted by reason in :meth:`statistics` when hit:
+
+- ``max_spans`` held spans: when full, the oldest undecided trace is evicted to make room
+  (``max_spans``); the newest spans are the ones a later decision needs;
+- ``max_traces`` undecided traces: the oldest is evicted (``max_traces``);
+- ``max_age_s``: an undecided trace older than this is evicted (``max_age``) — a message handled
+  but never acked or finished (a ``TracedSimpleConsumer.processing()`` without an ack) must not
+  hold its spans forever. Checked when a trace is held and by the ticker.
+
+rmqtrace's own ``process``/``handler``/gap spans are written after the decision and never held, so
+a bound can cost a kept message the user's spans (counted), never its own.
+
+**Timer.** A ticker thread runs while anything is held or a policy has a pending decision: it
+expires old traces and calls the attached policy's :meth:`~tracer.telemetry.keep.KeepPolicy.tick`,
+so a job's latest finisher is settled when the job goes idle even if no message follows.
+``force_flush()`` and ``shutdown()`` first settle the attached policies (keeping every pending
+trace), then flush or shut down the wrapped processors; at shutdown what is still undecided is
+dropped and counted (``shutdown``).
 
 Install it in place of the processors it wraps::
 
@@ -20,23 +44,45 @@ Install it in place of the processors it wraps::
 
 from __future__ import annotations
 
+import logging
 import os
+import random
 import threading
-from typing import Any, Callable, Mapping, NamedTuple, Sequence
+from collections import OrderedDict
+from typing import Any, Callable, Iterable, Mapping, NamedTuple, Protocol, Sequence
 
 from opentelemetry.context import Context
 from opentelemetry.sdk.trace import ReadableSpan, Span, SpanProcessor
 from opentelemetry.sdk.trace.id_generator import IdGenerator
 from opentelemetry.trace import SpanContext, TraceFlags, TraceState
 
-__all__ = ["HoldStats", "HoldingSpanProcessor", "install_for_global_provider", "installed_for_global_provider"]
+from ..path.clock import Clock, default_clock
+
+__all__ = ["DROP_REASONS", "HoldStats", "HoldingSpanProcessor"]
+
+log = logging.getLogger(__name__)
 
 DEFAULT_MAX_SPANS = 20_000
 DEFAULT_MAX_TRACES = 20_000
-# Dropped traces remembered so a span ending after the decision (a thread the handler started)
-# is dropped with its trace instead of leaking out as an orphan.
-_RECENTLY_DROPPED = 4096
+DEFAULT_MAX_AGE_S = 600.0
+# Why spans were lost: a bound, the age limit, undecided at shutdown, their trace dropped (a span
+# ending after the decision), or their parent lost (exporting them would make orphans).
+DROP_REASONS: tuple[str, ...] = ("max_spans", "max_traces", "max_age", "shutdown", "dropped_trace", "parent_lost",
+                                 "forgotten")
 _SAMPLED = TraceFlags(TraceFlags.SAMPLED)
+_LOW32 = 0xFFFF_FFFF
+# Traces remembered after their decision: kept ones (their lost span ids, so late spans can join
+# without orphans) and evicted ones (so a late decision to keep still knows what was lost). Beyond
+# this a late span of one of our traces is dropped (counted), never exported blind.
+_REMEMBERED = 4096
+
+
+class _Policy(Protocol):
+    def tick(self, now_ns: int | None = None) -> bool: ...
+    def flush(self) -> None: ...
+    def tick_interval_s(self) -> float: ...
+    def busy(self) -> bool: ...
+    wake: Callable[[], None] | None
 
 
 class HoldStats(NamedTuple):
@@ -44,42 +90,74 @@ class HoldStats(NamedTuple):
 
     held_spans: int
     held_traces: int
-    dropped: int  # spans lost to a bound or never decided
+    dropped: int  # spans lost, every reason
     forwarded: int  # held spans handed on when their trace was kept
+    dropped_by_reason: Mapping[str, int] = {}  # spans, by DROP_REASONS
+    traces_evicted: Mapping[str, int] = {}  # undecided traces lost to max_spans, max_traces, max_age, shutdown
+    oldest_held_s: float = 0.0  # age of the oldest undecided trace (by the hold's clock)
+
+
+class _Held:
+    __slots__ = ("spans", "lost", "since")
+
+    def __init__(self, since: int) -> None:
+        self.spans: list[ReadableSpan] = []
+        self.lost: set[int] = set()
+        self.since = since
 
 
 class HoldingSpanProcessor(SpanProcessor):
-    """Forwards spans to ``processors``; holds those of traces marked by :meth:`hold`.
+    """Forwards spans to ``processors``; holds those of traces opened or marked here.
 
     Raises:
         ValueError: for an empty processor list or bounds below 1.
     """
 
     def __init__(self, processors: Sequence[SpanProcessor], *, max_spans: int = DEFAULT_MAX_SPANS,
-                 max_traces: int = DEFAULT_MAX_TRACES, on_dropped: Callable[[int], None] | None = None) -> None:
+                 max_traces: int = DEFAULT_MAX_TRACES, max_age_s: float = DEFAULT_MAX_AGE_S,
+                 on_dropped: Callable[[int], None] | None = None, clock: Clock | None = None,
+                 ticker: bool = True) -> None:
         if not processors:
             raise ValueError("HoldingSpanProcessor needs at least one span processor to forward to")
         if max_spans < 1 or max_traces < 1:
             raise ValueError("max_spans and max_traces must be at least 1")
+        if not max_age_s > 0:
+            raise ValueError(f"max_age_s must be > 0 seconds, got {max_age_s!r}")
         self.processors = tuple(processors)
         self.max_spans = max_spans
         self.max_traces = max_traces
+        self.max_age_ns = int(max_age_s * 1e9)
         self.on_dropped = on_dropped
+        self.clock: Clock = clock or default_clock()
+        self._salt = random.getrandbits(64)
         self._lock = threading.Lock()
         # trace id -> its held spans; insertion order = oldest undecided trace first
-        self._held: dict[int, list[ReadableSpan]] = {}
+        self._held: dict[int, _Held] = {}
         self._n_spans = 0
-        self._gone: dict[int, None] = {}  # recently dropped trace ids, oldest first
-        self.dropped = 0
+        self._kept: OrderedDict[int, set[int]] = OrderedDict()  # decided kept: lost span ids
+        self._evicted: OrderedDict[int, set[int]] = OrderedDict()  # lost undecided: their span ids
+        self._gone: OrderedDict[int, None] = OrderedDict()  # dropped ids of hold()-marked foreign traces
+        self._drops = {r: 0 for r in DROP_REASONS}
+        self._evictions = {r: 0 for r in ("max_spans", "max_traces", "max_age", "shutdown")}
         self.forwarded = 0
+        self._policies: list[_Policy] = []
+        self._ticker_on = ticker
+        self._ticking = False
+        self._closed = False
+
+    @property
+    def dropped(self) -> int:
+        with self._lock:
+            return sum(self._drops.values())
 
     @classmethod
     def from_env(cls, processors: Sequence[SpanProcessor], env: Mapping[str, str] | None = None,
                  on_dropped: Callable[[int], None] | None = None) -> HoldingSpanProcessor:
-        """Bounds from ``RMQTRACE_KEEP_HELD_SPANS`` (spans; undecided traces get the same bound).
+        """Bounds from ``RMQTRACE_KEEP_HELD_SPANS`` (spans; undecided traces get the same bound)
+        and ``RMQTRACE_KEEP_HELD_AGE`` (seconds).
 
         Raises:
-            ValueError: when the variable is not a positive integer.
+            ValueError: naming the variable whose value is not a positive number.
         """
         e = os.environ if env is None else env
         raw = e.get("RMQTRACE_KEEP_HELD_SPANS", "").strip()
@@ -87,59 +165,198 @@ class HoldingSpanProcessor(SpanProcessor):
             n = int(raw) if raw else DEFAULT_MAX_SPANS
         except ValueError:
             raise ValueError(f"RMQTRACE_KEEP_HELD_SPANS must be a positive integer, got {raw!r}") from None
-        return cls(processors, max_spans=n, max_traces=n, on_dropped=on_dropped)
+        raw_age = e.get("RMQTRACE_KEEP_HELD_AGE", "").strip()
+        try:
+            age = float(raw_age) if raw_age else DEFAULT_MAX_AGE_S
+        except ValueError:
+            raise ValueError(f"RMQTRACE_KEEP_HELD_AGE must be seconds > 0, got {raw_age!r}") from None
+        if not age > 0:
+            raise ValueError(f"RMQTRACE_KEEP_HELD_AGE must be seconds > 0, got {raw_age!r}")
+        return cls(processors, max_spans=n, max_traces=n, max_age_s=age, on_dropped=on_dropped)
 
     # -- rmqtrace's side ----------------------------------------------------------------
+    def attach(self, policy: _Policy) -> None:
+        """Settle ``policy`` by time (the ticker) and at ``force_flush``/``shutdown``. Idempotent."""
+        with self._lock:
+            if any(p is policy for p in self._policies):
+                return
+            self._policies.append(policy)
+        policy.wake = self._wake
+
+    def ours(self, trace_id: int) -> bool:
+        """Whether :meth:`open_trace` made this trace id (its low 32 bits check its high 96)."""
+        return trace_id & _LOW32 == hash((trace_id >> 32, self._salt)) & _LOW32
+
     def hold(self, trace_id: int) -> None:
         """Hold every span of ``trace_id`` that ends from now on, until :meth:`release`."""
-        evicted: list[ReadableSpan] | None = None
+        now = self.clock.now_ns()
+        lost: list[tuple[str, _Held]] = []
         with self._lock:
             if trace_id in self._held:
                 return
-            self._gone.pop(trace_id, None)
+            self._gone.pop(trace_id, None)  # held again: it starts afresh
+            self._kept.pop(trace_id, None)
+            self._evicted.pop(trace_id, None)
+            self._expire_locked(now, lost)
             if len(self._held) >= self.max_traces:
-                oldest = next(iter(self._held))
-                evicted = self._held.pop(oldest)
-                self._n_spans -= len(evicted)
-            self._held[trace_id] = []
-        if evicted is not None:
-            self._drop(len(evicted) or 1)  # an undecided trace lost, with whatever it held
+                self._evict_oldest_locked("max_traces", lost)
+            self._held[trace_id] = _Held(now)
+        self._count_lost(lost)
+        self._wake()
 
     def open_trace(self, ids: IdGenerator, trace_state: TraceState | None = None) -> SpanContext:
         """A new sampled root context, its trace held (the trace a keep policy decides later)."""
-        ctx = SpanContext(ids.generate_trace_id(), ids.generate_span_id(), is_remote=False,
-                          trace_flags=_SAMPLED, trace_state=trace_state)
+        high = ids.generate_trace_id() >> 32
+        trace_id = (high << 32) | (hash((high, self._salt)) & _LOW32)
+        ctx = SpanContext(trace_id, ids.generate_span_id(), is_remote=False, trace_flags=_SAMPLED,
+                          trace_state=trace_state)
         self.hold(ctx.trace_id)
         return ctx
 
-    def release(self, trace_id: int, keep: bool) -> None:
-        """Forward the trace's held spans (``keep``) or forget them; later spans pass through."""
+    def release(self, trace_id: int, keep: bool) -> bool:
+        """Forward the trace's held spans (``keep``) or forget them. Spans ending later join a
+        kept trace (unless their parent was lost) and are dropped with a dropped one.
+
+        Returns whether the trace was still held (False: evicted by a bound or the age limit, or
+        released before; its lost spans are counted and later spans of it stay consistent)."""
+        out: list[ReadableSpan] = []
+        orphans = 0
         with self._lock:
-            spans = self._held.pop(trace_id, None)
-            if spans is None:
+            held = self._held.pop(trace_id, None)
+            if held is None:
+                evicted = self._evicted.pop(trace_id, None)
+                if evicted is not None:
+                    if keep:  # what it lost stays lost; our own spans and the rest may join
+                        self._remember(self._kept, trace_id, evicted)
+                    elif not self.ours(trace_id):
+                        self._remember(self._gone, trace_id, None)
+                return False
+            self._n_spans -= len(held.spans)
+            if not keep:  # a decided drop is the policy's to count, not a loss
+                if not self.ours(trace_id):
+                    self._remember(self._gone, trace_id, None)
+                return True
+            lost = held.lost
+            if lost:
+                out, orphans = _without_orphans(held.spans, lost)
+            else:
+                out = held.spans
+            self._remember(self._kept, trace_id, lost)
+            self._drops["parent_lost"] += orphans
+            self.forwarded += len(out)
+        for span in out:
+            for p in self.processors:
+                p.on_end(span)
+        if orphans:
+            self._notify(orphans)
+        return True
+
+    def expire(self, now_ns: int | None = None) -> int:
+        """Evict undecided traces older than ``max_age_s``; how many."""
+        now = self.clock.now_ns() if now_ns is None else now_ns
+        lost: list[tuple[str, _Held]] = []
+        with self._lock:
+            self._expire_locked(now, lost)
+        self._count_lost(lost)
+        return len(lost)
+
+    def tick(self, now_ns: int | None = None) -> bool:
+        """One round of the ticker: expire old traces, settle idle jobs; True while work remains."""
+        self.expire(now_ns)
+        busy = False
+        for policy in list(self._policies):
+            try:
+                busy = policy.tick(now_ns) or busy
+            except Exception:  # noqa: BLE001 - a broken policy must not stop the ticker
+                log.exception("rmqtrace: the keep policy's tick failed")
+        with self._lock:
+            return busy or bool(self._held)
+
+    def statistics(self) -> HoldStats:
+        now = self.clock.now_ns()
+        with self._lock:
+            drops = dict(self._drops)
+            oldest = (now - next(iter(self._held.values())).since) / 1e9 if self._held else 0.0
+            return HoldStats(self._n_spans, len(self._held), sum(drops.values()), self.forwarded, drops,
+                             dict(self._evictions), oldest)
+
+    stats = statistics
+
+    # -- internals (under self._lock unless said) -----------------------------------------
+    def _remember(self, table: OrderedDict[int, Any], trace_id: int, value: Any) -> None:
+        table[trace_id] = value
+        if len(table) > _REMEMBERED:
+            table.popitem(last=False)
+
+    def _expire_locked(self, now: int, lost: list[tuple[str, _Held]]) -> None:
+        held = self._held
+        limit = now - self.max_age_ns
+        while held:
+            oldest = next(iter(held))
+            if held[oldest].since > limit:
                 return
-            self._n_spans -= len(spans)
-            if not keep:
-                gone = self._gone
-                gone[trace_id] = None
-                if len(gone) > _RECENTLY_DROPPED:
-                    del gone[next(iter(gone))]
-        if keep and spans:
-            for span in spans:
-                for p in self.processors:
-                    p.on_end(span)
-            with self._lock:
-                self.forwarded += len(spans)
+            self._evict_locked(oldest, "max_age", lost)
 
-    def stats(self) -> HoldStats:
-        with self._lock:
-            return HoldStats(self._n_spans, len(self._held), self.dropped, self.forwarded)
+    def _evict_oldest_locked(self, reason: str, lost: list[tuple[str, _Held]], spare: int = 0) -> bool:
+        for trace_id in self._held:
+            if trace_id != spare:
+                self._evict_locked(trace_id, reason, lost)
+                return True
+        return False
 
-    def _drop(self, n: int) -> None:
-        with self._lock:
-            self.dropped += n
+    def _evict_locked(self, trace_id: int, reason: str, lost: list[tuple[str, _Held]]) -> None:
+        held = self._held.pop(trace_id)
+        self._n_spans -= len(held.spans)
+        ids = held.lost
+        ids.update(s.context.span_id for s in held.spans if s.context is not None)
+        self._remember(self._evicted, trace_id, ids)
+        self._evictions[reason] += 1
+        self._drops[reason] += len(held.spans)
+        lost.append((reason, held))
+
+    def _count_lost(self, lost: Iterable[tuple[str, _Held]]) -> None:
+        n = sum(len(h.spans) for _r, h in lost)
+        if n:
+            self._notify(n)
+
+    def _notify(self, n: int) -> None:
         if self.on_dropped is not None:
             self.on_dropped(n)
+
+    def _wake(self) -> None:
+        """Start the ticker thread unless it runs (it stops itself when nothing is left)."""
+        if not self._ticker_on or self._closed or self._ticking:  # the common case, no lock
+            return
+        with self._lock:
+            if self._ticking:
+                return
+            self._ticking = True
+        threading.Thread(target=self._run_ticker, name="rmqtrace-hold-ticker", daemon=True).start()
+
+    def _interval_s(self) -> float:
+        period = min(1.0, self.max_age_ns / 4e9)
+        for p in self._policies:
+            period = min(period, p.tick_interval_s())
+        return max(period, 0.01)
+
+    def _run_ticker(self) -> None:
+        stop = threading.Event()
+        while not self._closed:
+            stop.wait(self._interval_s())
+            try:
+                more = self.tick()
+            except Exception:  # noqa: BLE001
+                log.exception("rmqtrace: the hold's ticker failed")
+                more = True
+            if not more:
+                with self._lock:
+                    if self._held:  # rechecked under the lock: hold() may have just added one
+                        continue
+                    self._ticking = False
+                # a decision may have gone pending between the tick and now: its wake saw us running
+                if any(p.busy() for p in list(self._policies)):
+                    self._wake()
+                return
 
     # -- the SDK's side -----------------------------------------------------------------
     def on_start(self, span: Span, parent_context: Context | None = None) -> None:
@@ -148,49 +365,97 @@ class HoldingSpanProcessor(SpanProcessor):
 
     def on_end(self, span: ReadableSpan) -> None:
         ctx = span.context
-        if ctx is not None and ctx.trace_id in self._held:  # unlocked peek; rechecked below
-            with self._lock:
-                spans = self._held.get(ctx.trace_id)
-                if spans is not None:
-                    if self._n_spans < self.max_spans:
-                        spans.append(span)
-                        self._n_spans += 1
-                        return
-                    full = True
+        if ctx is None:
+            return
+        trace_id = ctx.trace_id
+        parent = span.parent.span_id if span.parent is not None else 0
+        lost: list[tuple[str, _Held]] = []
+        with self._lock:
+            held = self._held.get(trace_id)
+            if held is not None:
+                if parent in held.lost:
+                    held.lost.add(ctx.span_id)
+                    self._drops["parent_lost"] += 1
+                    drop = 1
                 else:
-                    full = False  # released meanwhile: pass it on
-            if full:
-                self._drop(1)
-                return
-        if ctx is not None and ctx.trace_id in self._gone:
-            return  # its trace was dropped: a late span goes with it
-        for p in self.processors:
-            p.on_end(span)
+                    if self._n_spans >= self.max_spans:
+                        self._evict_oldest_locked("max_spans", lost, spare=trace_id)
+                    if self._n_spans < self.max_spans:
+                        held.spans.append(span)
+                        self._n_spans += 1
+                        drop = 0
+                    else:  # this trace alone fills the bound
+                        held.lost.add(ctx.span_id)
+                        self._drops["max_spans"] += 1
+                        drop = 1
+                passing = False
+            else:
+                drop, passing = self._late_locked(trace_id, ctx.span_id, parent)
+        if lost:
+            self._count_lost(lost)
+        if drop:
+            self._notify(drop)
+        if passing:
+            for p in self.processors:
+                p.on_end(span)
+
+    def _late_locked(self, trace_id: int, span_id: int, parent: int) -> tuple[int, bool]:
+        """A span of no held trace: (spans dropped, pass it on)."""
+        kept = self._kept.get(trace_id)
+        if kept is not None:
+            if parent in kept:
+                kept.add(span_id)
+                self._drops["parent_lost"] += 1
+                return 1, False
+            return 0, True
+        evicted = self._evicted.get(trace_id)
+        if evicted is not None:
+            evicted.add(span_id)
+            self._drops["dropped_trace"] += 1
+            return 1, False
+        if trace_id in self._gone:
+            self._drops["dropped_trace"] += 1  # its trace was dropped: a late span goes with it
+            return 1, False
+        if self.ours(trace_id):
+            # dropped, or decided so long ago that what it lost is forgotten: never exported blind
+            self._drops["forgotten"] += 1
+            return 1, False
+        return 0, True
+
+    def force_flush(self, timeout_millis: int = 30000) -> bool:
+        self._settle_policies()
+        return all(p.force_flush(timeout_millis) for p in self.processors)
 
     def shutdown(self) -> None:
+        self._settle_policies()
+        lost: list[tuple[str, _Held]] = []
         with self._lock:
-            left = self._n_spans
-            self._held.clear()
-            self._n_spans = 0
-        if left:
-            self._drop(left)  # never decided
+            self._closed = True
+            for trace_id in list(self._held):
+                self._evict_locked(trace_id, "shutdown", lost)
+        self._count_lost(lost)
         for p in self.processors:
             p.shutdown()
 
-    def force_flush(self, timeout_millis: int = 30000) -> bool:
-        return all(p.force_flush(timeout_millis) for p in self.processors)
+    def _settle_policies(self) -> None:
+        for policy in list(self._policies):
+            try:
+                policy.flush()
+            except Exception:  # noqa: BLE001
+                log.exception("rmqtrace: settling the keep policy failed")
 
 
-# The keep policy and hold that ``tracer.config.configure_tracing`` built from ``RMQTRACE_KEEP_*``
-# for the global provider: a MessageTracer on the global provider picks them up, so the
-# environment alone turns latency-aware keeping on (like OTEL_TRACES_SAMPLER does for the head).
-_installed: tuple[Any, HoldingSpanProcessor] | None = None
-
-
-def install_for_global_provider(keep: Any, hold: HoldingSpanProcessor) -> None:
-    global _installed
-    _installed = (keep, hold)
-
-
-def installed_for_global_provider() -> tuple[Any, HoldingSpanProcessor] | None:
-    return _installed
+def _without_orphans(spans: list[ReadableSpan], lost: set[int]) -> tuple[list[ReadableSpan], int]:
+    """The spans whose ancestry avoids ``lost`` (which grows by the others), and how many were not."""
+    keep = spans
+    while True:
+        nxt = []
+        for s in keep:
+            if s.parent is not None and s.parent.span_id in lost:
+                if s.context is not None:
+                    lost.add(s.context.span_id)
+            else:
+                nxt.append(s)
+        if len(nxt) == len(keep):
+            return nxt, len(spans) - len(nxt)
+        keep = nxt

@@ -29,8 +29,11 @@ held spans uniquely when one producer trace sent many messages.
 
 Limits: until the decision the handler's context is sampled, so what the handler propagates
 (a message it sends, an HTTP call) is recorded downstream even when this trace is dropped — the
-downstream trace then has a parent that was never exported. Processors see ``on_start`` of held
-spans when they start and ``on_end`` only when kept.
+downstream trace then has a parent that was never exported. While the decision is pending,
+rmqtrace's own ``process``/``handler`` are not live spans: the handler runs under a sampled
+non-recording context carrying their pre-allocated ids, processors see no ``on_start`` for them
+(the user's spans get theirs as usual), and they are written, with those ids, only if the trace is
+kept. The user's spans are held and reach the processors' ``on_end`` only when kept.
 
 Environment (read by :meth:`KeepPolicy.from_env` at an entry point, never at import; no
 ``RMQTRACE_KEEP_*`` variable set means no policy):
@@ -45,7 +48,19 @@ Environment (read by :meth:`KeepPolicy.from_env` at an entry point, never at imp
 - ``RMQTRACE_KEEP_MAX_JOBS``: jobs tracked at once (default 10000; the oldest is settled, kept,
   when a new one would exceed it);
 - ``RMQTRACE_KEEP_HELD_SPANS``: the most spans held undecided (read by
-  :meth:`tracer.telemetry.hold.HoldingSpanProcessor.from_env`, default 20000).
+  :meth:`tracer.telemetry.hold.HoldingSpanProcessor.from_env`, default 20000);
+- ``RMQTRACE_KEEP_HELD_AGE``: seconds an undecided trace may be held (default 600; a message
+  handled but never acked or finished is dropped then, counted as ``max_age``).
+
+**Settling by time.** A job's latest finisher is held until the job has been idle for
+``job_idle_s``; a timer (:meth:`KeepPolicy.tick`, run by the hold's ticker thread while anything
+is pending) settles it even when no further message arrives, and the provider's ``force_flush()``
+and ``shutdown()`` settle every pending one as kept (:meth:`KeepPolicy.flush`): the latest finisher
+*so far* — a job still running after a flush may keep a second, later one.
+
+**Counting.** Every message decided is kept (by reason), dropped (by reason: ``unremarkable``,
+``superseded`` — a later finisher of its job took its place, ``not_handled`` — finished without a
+handler run, so there was nothing to keep) or pending: ``messages = kept + dropped + pending``.
 """
 
 from __future__ import annotations
@@ -58,10 +73,11 @@ import threading
 from dataclasses import dataclass
 from typing import Callable, Mapping, NamedTuple, Sequence
 
+from ..path.clock import Clock, default_clock
 from ..path.stages import GAP_BY_NAME, Outcome, Stage
 
 __all__ = [
-    "KEEP_GAPS", "PENDING", "REASONS", "KeepPolicy", "KeepStats", "Slowest", "parse_threshold",
+    "DROP_REASONS", "KEEP_GAPS", "PENDING", "REASONS", "KeepPolicy", "KeepStats", "Slowest", "parse_threshold",
 ]
 
 # Gaps a threshold may be set on: the consumer-side waits and what the user feels.
@@ -69,6 +85,8 @@ KEEP_GAPS: tuple[str, ...] = ("dispatch_wait", "client_buffer", "consumer_wait",
 # Why a message was kept; PENDING means "held as its job's latest finisher, settled later".
 REASONS: tuple[str, ...] = ("head", "failure", "slow", "job_start", "critical_path", "background")
 PENDING = "pending"
+# Why a message was not kept.
+DROP_REASONS: tuple[str, ...] = ("unremarkable", "superseded", "not_handled")
 
 _ENV_GAPS = {f"RMQTRACE_KEEP_{g.upper()}": g for g in KEEP_GAPS}
 _SECONDS_RE = re.compile(r"^\s*([0-9]*\.?[0-9]+(?:[eE][-+]?[0-9]+)?)\s*(ms|s)?\s*$")
@@ -107,7 +125,8 @@ def parse_threshold(text: str) -> float | Slowest:
 
 
 class KeepStats(NamedTuple):
-    """A snapshot of what the policy decided (``kept`` counts settled keeps only)."""
+    """A snapshot of what the policy decided (``kept`` counts settled keeps only):
+    ``messages == kept + dropped + pending``."""
 
     messages: int
     kept: int
@@ -115,6 +134,7 @@ class KeepStats(NamedTuple):
     pending: int
     slow: int  # messages over a threshold (all of them kept)
     by_reason: Mapping[str, int]
+    dropped_by_reason: Mapping[str, int] = {}
 
 
 class _Estimate:
@@ -175,7 +195,7 @@ class KeepPolicy:
 
     def __init__(self, thresholds: Mapping[str, float | Slowest] | None = None, *, background: float = 0.0,
                  interval_s: float = 60.0, job_idle_s: float = 30.0, max_jobs: int = 10_000,
-                 rng: random.Random | None = None) -> None:
+                 rng: random.Random | None = None, clock: Clock | None = None) -> None:
         if not 0.0 <= background <= 1.0:
             raise ValueError(f"background must be a probability in [0, 1], got {background!r}")
         if interval_s <= 0 or job_idle_s <= 0 or max_jobs < 1:
@@ -184,6 +204,10 @@ class KeepPolicy:
         self.interval_ns = int(interval_s * 1e9)
         self.job_idle_ns = int(job_idle_s * 1e9)
         self.max_jobs = max_jobs
+        # The consumer's clock (the stamps' clock), read by tick(); the tracer's clock in tests.
+        self.clock: Clock = clock or default_clock()
+        # Called when a job's latest finisher becomes pending, so a timer will settle it (hold.py).
+        self.wake: Callable[[], None] | None = None
         self._random = (rng or random.Random()).random
         absolute: list[tuple[int, int, int]] = []
         estimates: list[tuple[int, int, _Estimate]] = []
@@ -206,8 +230,10 @@ class KeepPolicy:
         self._next_sweep = 0
         self._counts = {r: 0 for r in REASONS}
         self._messages = 0
-        self._dropped = 0
+        self._drops = {r: 0 for r in DROP_REASONS}
         self._slow = 0
+        self._pending = 0
+        self._latest_ns = 0
 
     @classmethod
     def from_env(cls, env: Mapping[str, str] | None = None, rng: random.Random | None = None) -> KeepPolicy | None:
@@ -249,7 +275,10 @@ class KeepPolicy:
         estimates, so thresholds and the critical path see every message."""
         now = times[Stage.HANDLER_END]
         if not now:
-            return None  # never handled: nothing was traced to keep, nothing to judge
+            with self._lock:  # never handled: nothing was traced to keep, nothing to judge
+                self._messages += 1
+                self._drops["not_handled"] += 1
+            return None
         if now >= self._interval_end:
             self._roll(now)
         slow = False
@@ -283,9 +312,11 @@ class KeepPolicy:
             if now >= self._next_sweep:
                 self._sweep(now, settled)
             if reason is None:
-                self._dropped += 1
+                self._drops["unremarkable"] += 1
             elif reason is not PENDING:
                 self._counts[reason] += 1
+        if reason is PENDING and self.wake is not None:
+            self.wake()
         for fn, keep in settled:
             fn(keep)
         return reason
@@ -306,7 +337,11 @@ class KeepPolicy:
             job.first_produce = produce
             if reason is None:
                 reason = "job_start"
-        job.seen_ns = now
+        # Idle is measured from the latest handler end seen by then (monotone in the jobs' order,
+        # so a sweep stops at the first busy job correctly even when a late finish has old stamps).
+        if now > self._latest_ns:
+            self._latest_ns = now
+        job.seen_ns = self._latest_ns
         jobs[job_id] = job
         if now < job.last_end:
             return reason  # finished before the job's latest: not on the critical path
@@ -314,9 +349,11 @@ class KeepPolicy:
         if job.pending is not None:
             settled.append((job.pending, False))  # a later finisher takes its place
             job.pending = None
-            self._dropped += 1
+            self._pending -= 1
+            self._drops["superseded"] += 1
         if reason is None and settle is not None:
             job.pending = settle
+            self._pending += 1
             return PENDING
         return reason
 
@@ -324,6 +361,7 @@ class KeepPolicy:
         job = self._jobs.pop(job_id)
         if job.pending is not None:
             settled.append((job.pending, True))
+            self._pending -= 1
             self._counts["critical_path"] += 1
 
     def _sweep(self, now: int, settled: list[tuple[Callable[[bool], None], bool]]) -> None:
@@ -345,6 +383,28 @@ class KeepPolicy:
                     est.roll()
             self._interval_end = now + self.interval_ns
 
+    def tick(self, now_ns: int | None = None) -> bool:
+        """Settle (keep) the latest finisher of every job idle for ``job_idle_s`` at ``now_ns``
+        (default: :attr:`clock`), whether or not another message finished; True while any is
+        still pending. The hold's ticker calls it; tests call it with their clock."""
+        now = self.clock.now_ns() if now_ns is None else now_ns
+        settled: list[tuple[Callable[[bool], None], bool]] = []
+        with self._lock:
+            if self._jobs:
+                self._sweep(now, settled)  # idle jobs retire by time, pending finisher or not
+            pending = self._pending > 0
+        for fn, keep in settled:
+            fn(keep)
+        return pending
+
+    def busy(self) -> bool:
+        """Whether a job's latest finisher waits to be settled (the ticker keeps running)."""
+        return self._pending > 0
+
+    def tick_interval_s(self) -> float:
+        """How often :meth:`tick` should run: a fraction of the idle time, at most a second."""
+        return min(1.0, self.job_idle_ns / 4e9)
+
     def flush(self) -> None:
         """Settle every job's held latest finisher as kept (at shutdown, or when a run ends)."""
         settled: list[tuple[Callable[[bool], None], bool]] = []
@@ -356,9 +416,11 @@ class KeepPolicy:
 
     def stats(self) -> KeepStats:
         with self._lock:
-            pending = sum(1 for j in self._jobs.values() if j.pending is not None)
-            counts = dict(self._counts)
-            return KeepStats(self._messages, sum(counts.values()), self._dropped, pending, self._slow, counts)
+            counts, drops = dict(self._counts), dict(self._drops)
+            return KeepStats(self._messages, sum(counts.values()), sum(drops.values()), self._pending, self._slow,
+                             counts, drops)
+
+    statistics = stats  # the house name for a frozen snapshot
 
     def slow_threshold_s(self, gap: str) -> float | None:
         """The threshold in force for ``gap`` (seconds): the absolute one, or the estimate from

@@ -5,8 +5,9 @@ groups come from configuration but are still capped, jointly, by :class:`PairLab
 that creates topics or groups on the fly cannot blow up the series count. Message ids never become
 labels — they reach Prometheus only as exemplar trace ids.
 
-A registry holds one :class:`TracerMetrics` (prometheus-client refuses duplicate series): build it
-once and share it, or use :meth:`TracerMetrics.shared`.
+A registry holds one :class:`TracerMetrics` (:class:`~tracer.telemetry.registration.OnePerRegistry`,
+the base of every rmqtrace collector, refuses a second): build it once and share it, or use
+:meth:`TracerMetrics.shared`.
 
 Prometheus multiprocess mode (``PROMETHEUS_MULTIPROC_DIR`` set, gunicorn-style workers) keeps
 values in files that a :class:`prometheus_client.multiprocess.MultiProcessCollector` reads; a
@@ -14,17 +15,18 @@ custom collector's in-memory series would be lost there, so the stage histogram 
 counter are then the stock ``Histogram`` and ``Counter``. Limits in that mode, all
 prometheus-client's: no exemplars, a little more cost per observation (a lock and a file write per
 gap), and the skew gauge keeps the minimum over live processes (``multiprocess_mode="livemin"``).
+The joint label cap is then shared by the directory's processes (``PairLabels(shared=)``), so it
+holds in the aggregate.
 """
 
 from __future__ import annotations
 
+import json
 import math
-import os
 import threading
 import time
-import weakref
 from bisect import bisect_left
-from typing import Any, Iterator, Sequence, TypeVar
+from typing import Any, Callable, Iterator, Sequence
 
 from prometheus_client import REGISTRY as DEFAULT_REGISTRY
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
@@ -33,6 +35,7 @@ from prometheus_client.samples import Exemplar
 from prometheus_client.utils import floatToGoString
 
 from ..path.stages import GAPS, Outcome
+from .registration import OnePerRegistry, SharedAdmission, multiprocess_dir
 
 __all__ = ["DEFAULT_BUCKETS", "OTHER", "BoundedLabel", "OnePerRegistry", "PairLabels", "TracerMetrics", "multiprocess_dir"]
 
@@ -50,11 +53,6 @@ _STAGE_HELP = ("Time a message spent in each stage gap (send, broker_wait, clien
 _MESSAGES_HELP = "Messages whose handling ended, by outcome."
 
 
-def multiprocess_dir() -> str | None:
-    """``PROMETHEUS_MULTIPROC_DIR`` (or the older lower-case spelling), as prometheus-client reads it."""
-    return os.environ.get("PROMETHEUS_MULTIPROC_DIR") or os.environ.get("prometheus_multiproc_dir") or None
-
-
 def _label_value(value: str | None) -> str:
     """A label value the exposition can write and a reader can use; anything else is ``other``."""
     v = value or ""
@@ -67,15 +65,26 @@ def _label_value(value: str | None) -> str:
     return v
 
 
-class BoundedLabel:
-    """Passes the first ``limit`` distinct values through, maps every later one to ``other``."""
+def _admission(shared: str | None, limit: int) -> Callable[[str], bool] | None:
+    """In multiprocess mode, a cap shared by every process of the directory (see SharedAdmission)."""
+    path = multiprocess_dir() if shared else None
+    return SharedAdmission(path, shared, limit) if path and shared else None
 
-    def __init__(self, limit: int = 64) -> None:
+
+class BoundedLabel:
+    """Passes the first ``limit`` distinct values through, maps every later one to ``other``.
+
+    ``shared``: a name for the cap; under ``PROMETHEUS_MULTIPROC_DIR`` the first ``limit`` values
+    are counted over every process writing to the directory, so the cap holds in the aggregate.
+    """
+
+    def __init__(self, limit: int = 64, *, shared: str | None = None) -> None:
         if limit < 1:
             raise ValueError(f"label limit must be at least 1, got {limit}")
         self.limit = limit
         self._seen: set[str] = set()
         self._lock = threading.Lock()
+        self._admit = _admission(shared, limit)
 
     def __call__(self, value: str | None) -> str:
         v = _label_value(value)
@@ -84,7 +93,12 @@ class BoundedLabel:
         with self._lock:
             if v in self._seen:
                 return v
-            if len(self._seen) >= self.limit or v == OTHER:
+            if v == OTHER:
+                return OTHER
+            if self._admit is not None:
+                if not self._admit(v):
+                    return OTHER
+            elif len(self._seen) >= self.limit:
                 return OTHER
             self._seen.add(v)
             return v
@@ -97,14 +111,18 @@ class PairLabels:
     :data:`MAX_LABEL_CHARS`, becomes ``other`` first). A later pair keeps its group, itself capped
     at ``limit`` distinct groups, and gets the topic ``other``: the overflow adds at most one pair
     per group, so there are never more than ``2 * limit + 1`` pairs whatever the names.
+
+    ``shared``: as for :class:`BoundedLabel`, both caps then hold over every process of a
+    Prometheus multiprocess directory.
     """
 
-    def __init__(self, limit: int = 64) -> None:
+    def __init__(self, limit: int = 64, *, shared: str | None = None) -> None:
         if limit < 1:
             raise ValueError(f"label limit must be at least 1, got {limit}")
         self.limit = limit
         self._direct: set[tuple[str, str]] = set()
-        self._overflow_groups = BoundedLabel(limit)
+        self._overflow_groups = BoundedLabel(limit, shared=f"{shared}_groups" if shared else None)
+        self._admit = _admission(f"{shared}_pairs" if shared else None, limit)
         self._lock = threading.Lock()
 
     def __call__(self, topic: str | None, group: str | None) -> tuple[str, str]:
@@ -115,7 +133,11 @@ class PairLabels:
             key = (_label_value(pair[0]), _label_value(pair[1]))
             if key in self._direct:
                 return key
-            if len(self._direct) < self.limit:
+            if self._admit is not None:
+                admitted = self._admit(json.dumps(key))
+            else:
+                admitted = len(self._direct) < self.limit
+            if admitted:
                 self._direct.add(key)
                 return key
         return (OTHER, self._overflow_groups(key[1]))
@@ -198,71 +220,6 @@ class _StockSeries:
         self.outcomes = {o: msgs.labels(topic, group, o.value) for o in Outcome}
 
 
-_shared_lock = threading.Lock()
-
-
-class OnePerRegistry:
-    """A set of series that a registry holds at most once: all-or-nothing registration,
-    :meth:`shared` (the registry's one instance) and :meth:`unregister`.
-
-    client_python refuses a second collector with a clashing name; registering a set half-way
-    would leave the registry unscrapable, so :meth:`_register` takes all of them or none.
-    """
-
-    registry: CollectorRegistry
-    _collectors: Sequence[Any]
-    _instances: weakref.WeakKeyDictionary[CollectorRegistry, Any]
-
-    def __init_subclass__(cls, **kwargs: Any) -> None:
-        super().__init_subclass__(**kwargs)
-        cls._instances = weakref.WeakKeyDictionary()
-
-    def _register(self, registry: CollectorRegistry, collectors: Sequence[Any]) -> None:
-        done: list[Any] = []
-        try:
-            for c in collectors:
-                registry.register(c)
-                done.append(c)
-        except ValueError as exc:
-            for c in done:
-                registry.unregister(c)
-            name = type(self).__name__
-            raise ValueError(f"this registry already holds rmqtrace's {name} series ({exc}); "
-                             f"build {name} once per registry or use {name}.shared(registry)") from exc
-        self.registry, self._collectors = registry, collectors
-        with _shared_lock:
-            type(self)._instances.setdefault(registry, self)
-
-    @classmethod
-    def shared(cls: type[_Self], registry: CollectorRegistry | None = None) -> _Self:
-        """The one instance of a registry: the first one built on it, or a new one (defaults)."""
-        reg = DEFAULT_REGISTRY if registry is None else registry
-        with _shared_lock:
-            found = cls._instances.get(reg)
-        if found is not None:
-            return found  # type: ignore[no-any-return]
-        try:
-            return cls(reg)  # type: ignore[call-arg]
-        except ValueError:
-            with _shared_lock:  # another thread built it meanwhile
-                found = cls._instances.get(reg)
-            if found is None:
-                raise
-            return found  # type: ignore[no-any-return]
-
-    def unregister(self) -> None:
-        """Take these series off the registry (e.g. before building another set on it)."""
-        for c in self._collectors:
-            try:
-                self.registry.unregister(c)
-            except KeyError:
-                pass
-        with _shared_lock:
-            if type(self)._instances.get(self.registry) is self:
-                del type(self)._instances[self.registry]
-
-
-_Self = TypeVar("_Self", bound=OnePerRegistry)
 
 
 class TracerMetrics(OnePerRegistry):
@@ -314,7 +271,7 @@ class TracerMetrics(OnePerRegistry):
             "rmqtrace_spans_dropped", "Spans the exporter could not deliver.", registry=None,
         )
         collectors += [self.skew_clamped, self.skew_bound, self.propagation_errors, self.spans_dropped]
-        self._pairs = PairLabels(label_limit)
+        self._pairs = PairLabels(label_limit, shared="stage")
         self._lock = threading.Lock()
         self._skew_clamped = {g.name: self.skew_clamped.labels(g.name) for g in GAPS if g.crosses_clocks}
         self._register(reg, collectors)

@@ -18,8 +18,10 @@ Feeding: a seam calls :meth:`Occupancy.received` when a message enters the consu
 message is traced (the push consumer's receive, seen by ``announce``) announces it once; the
 next ``received`` calls consume the announcement instead of counting the message twice.
 
-:class:`OccupancyMetrics` is the Prometheus collector (``registry=`` as in prometheus-client);
-values are read at scrape time, so the hot path never touches a metric object:
+:class:`OccupancyMetrics` is the Prometheus collector (``registry=`` as in prometheus-client; one
+per registry, :meth:`OccupancyMetrics.shared`, one :meth:`~OccupancyMetrics.track` per consumer);
+values are read at scrape time, so the hot path never touches a metric object (multiprocess mode:
+see the class):
 
 ====================================================== ======= ==========================================
 series                                                 type    meaning
@@ -44,14 +46,16 @@ import heapq
 import threading
 from collections import Counter
 from dataclasses import dataclass
-from typing import Iterator
+from typing import Any, Iterator
 
 from prometheus_client import REGISTRY as DEFAULT_REGISTRY
-from prometheus_client import CollectorRegistry
+from prometheus_client import CollectorRegistry, Gauge
+from prometheus_client import Counter as PromCounter
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 
 from ..path.clock import Clock, default_clock
 from .metrics import BoundedLabel
+from .registration import OnePerRegistry, Refresher, multiprocess_dir
 
 __all__ = ["Occupancy", "OccupancyMetrics", "OccupancySnapshot"]
 
@@ -217,20 +221,95 @@ def _check_workers(workers: int) -> None:
         raise ValueError(f"workers must be a non-negative int, got {workers!r}")
 
 
-class OccupancyMetrics:
-    """The ``rmqtrace_consumer_*`` series of every tracker made by :meth:`track`, read at scrape.
+# (key, name, help, kind); kind "gauge" is summed over trackers and processes, "max" takes the
+# maximum, "counter" is an integral (summed).
+_SERIES: tuple[tuple[str, str, str, str], ...] = (
+    ("workers", "rmqtrace_consumer_workers", "Workers the consumer runs handlers on.", "gauge"),
+    ("busy", "rmqtrace_consumer_busy_workers", "Workers running a handler.", "gauge"),
+    ("unstarted", "rmqtrace_consumer_unstarted_messages",
+     "Messages received by the consumer whose handler has not started.", "gauge"),
+    ("age", "rmqtrace_consumer_oldest_unstarted_age_seconds",
+     "Age of the oldest received, not started message (0 when there is none).", "max"),
+    ("busy_s", "rmqtrace_consumer_busy_worker_seconds", "Worker-seconds spent running handlers.", "counter"),
+    ("idle_s", "rmqtrace_consumer_idle_worker_seconds", "Worker-seconds spent idle.", "counter"),
+    ("hol_s", "rmqtrace_consumer_hol_idle_worker_seconds",
+     "Idle worker-seconds while received messages waited in the same consumer "
+     "(min(idle workers, unstarted messages) integrated over time): head-of-line blocking.", "counter"),
+    ("holding_s", "rmqtrace_consumer_holding_seconds",
+     "Seconds during which the consumer held at least one unstarted message.", "counter"),
+)
+_LABELS = ["consumer_group"]
 
-    ``registry=None`` registers on the global registry, like prometheus-client's metrics; one
-    ``OccupancyMetrics`` per registry (the series names are fixed).
+
+def _families() -> dict[str, GaugeMetricFamily | CounterMetricFamily]:
+    return {key: (CounterMetricFamily if kind == "counter" else GaugeMetricFamily)(name, help_, labels=_LABELS)
+            for key, name, help_, kind in _SERIES}
+
+
+class _Collector:
+    """The scrape-time collector of one :class:`OccupancyMetrics` (single-process mode)."""
+
+    def __init__(self, owner: OccupancyMetrics) -> None:
+        self._owner = owner
+
+    def describe(self) -> list[Metric]:
+        return list(_families().values())  # the real names: a registry refuses a clashing collector
+
+    def collect(self) -> Iterator[Metric]:
+        fams = _families()
+        for group, acc in self._owner.totals().items():
+            for key, fam in fams.items():
+                fam.add_metric([group], acc[key])
+        yield from fams.values()
+
+
+class OccupancyMetrics(OnePerRegistry):
+    """The ``rmqtrace_consumer_*`` series of every tracker made by :meth:`track`.
+
+    ``registry=None`` registers on the global registry, like prometheus-client's metrics. One
+    ``OccupancyMetrics`` per registry: a second is refused (use :meth:`shared`, and one
+    :meth:`track` per consumer).
+
+    Values are read at scrape time, so the hot path never touches a metric object. Under
+    ``PROMETHEUS_MULTIPROC_DIR`` a scrape reads the directory's files, not this process: the
+    values are then written into stock multiprocess metrics every ``refresh_interval`` seconds
+    (and by :meth:`flush`); the gauges are ``livesum`` (the oldest age ``livemax``), so a dead
+    process's gauges leave the aggregate and its counters stay in it. The group label's cap is
+    then shared by every process of the directory.
+
+    Raises:
+        ValueError: the registry already holds these series, or ``refresh_interval`` <= 0.
     """
 
-    def __init__(self, registry: CollectorRegistry | None = None, label_limit: int = 64) -> None:
-        self._label = BoundedLabel(label_limit)
+    def __init__(self, registry: CollectorRegistry | None = None, label_limit: int = 64,
+                 refresh_interval: float = 1.0) -> None:
+        self._label = BoundedLabel(label_limit, shared="occupancy_groups")
         self._lock = threading.Lock()
         self._trackers: list[tuple[str, Occupancy]] = []
         reg = DEFAULT_REGISTRY if registry is None else registry
         self.registry = reg
-        reg.register(self)  # type: ignore[arg-type]
+        self.multiprocess = multiprocess_dir() is not None
+        self._stock: dict[str, Gauge | PromCounter] = {}
+        self._written: dict[tuple[str, str], float] = {}  # counters: (key, group) -> total written
+        self._flush_lock = threading.Lock()
+        self._refresher: Refresher | None = None
+        collectors: list[Any]
+        if self.multiprocess:
+            for key, name, help_, kind in _SERIES:
+                if kind == "counter":
+                    self._stock[key] = PromCounter(name, help_, _LABELS, registry=None)
+                else:
+                    self._stock[key] = Gauge(name, help_, _LABELS, registry=None,
+                                             multiprocess_mode="livemax" if kind == "max" else "livesum")
+            collectors = list(self._stock.values())
+            self._refresher = Refresher(self, OccupancyMetrics.flush, refresh_interval)
+        else:
+            if not refresh_interval > 0:
+                raise ValueError(f"refresh interval must be positive, got {refresh_interval!r}")
+            collectors = [_Collector(self)]
+        self._register(reg, collectors)
+        if self._refresher is not None:
+            self._refresher.start()
 
     def track(self, consumer_group: str, workers: int, *, clock: Clock | None = None) -> Occupancy:
         """A new tracker whose values this collector exports under ``consumer_group``."""
@@ -239,40 +318,14 @@ class OccupancyMetrics:
             self._trackers.append((self._label(consumer_group), occ))
         return occ
 
-    def describe(self) -> list[Metric]:
-        return []
-
-    def collect(self) -> Iterator[Metric]:
-        labels = ["consumer_group"]
-        fams: dict[str, GaugeMetricFamily | CounterMetricFamily] = {
-            "workers": GaugeMetricFamily("rmqtrace_consumer_workers", "Workers the consumer runs handlers on.",
-                                         labels=labels),
-            "busy": GaugeMetricFamily("rmqtrace_consumer_busy_workers", "Workers running a handler.", labels=labels),
-            "unstarted": GaugeMetricFamily(
-                "rmqtrace_consumer_unstarted_messages",
-                "Messages received by the consumer whose handler has not started.", labels=labels),
-            "age": GaugeMetricFamily(
-                "rmqtrace_consumer_oldest_unstarted_age_seconds",
-                "Age of the oldest received, not started message (0 when there is none).", labels=labels),
-            "busy_s": CounterMetricFamily("rmqtrace_consumer_busy_worker_seconds",
-                                          "Worker-seconds spent running handlers.", labels=labels),
-            "idle_s": CounterMetricFamily("rmqtrace_consumer_idle_worker_seconds",
-                                          "Worker-seconds spent idle.", labels=labels),
-            "hol_s": CounterMetricFamily(
-                "rmqtrace_consumer_hol_idle_worker_seconds",
-                "Idle worker-seconds while received messages waited in the same consumer "
-                "(min(idle workers, unstarted messages) integrated over time): head-of-line blocking.",
-                labels=labels),
-            "holding_s": CounterMetricFamily(
-                "rmqtrace_consumer_holding_seconds",
-                "Seconds during which the consumer held at least one unstarted message.", labels=labels),
-        }
+    def totals(self) -> dict[str, dict[str, float]]:
+        """Every series' value per group label, brought up to now (what a scrape shows)."""
         with self._lock:
             trackers = list(self._trackers)
         sums: dict[str, dict[str, float]] = {}
         for group, occ in trackers:
             s = occ.snapshot()
-            acc = sums.setdefault(group, dict.fromkeys(fams, 0.0))
+            acc = sums.setdefault(group, {key: 0.0 for key, *_ in _SERIES})
             acc["workers"] += s.workers
             acc["busy"] += s.busy
             acc["unstarted"] += s.unstarted
@@ -281,7 +334,21 @@ class OccupancyMetrics:
             acc["idle_s"] += s.idle_s
             acc["hol_s"] += s.hol_s
             acc["holding_s"] += s.holding_s
-        for group, acc in sums.items():
-            for key, fam in fams.items():
-                fam.add_metric([group], acc[key])
-        yield from fams.values()
+        return sums
+
+    def flush(self) -> None:
+        """Multiprocess mode: write the current values to this process's files now (the refresher
+        does it every ``refresh_interval``). A no-op in single-process mode."""
+        if not self._stock:
+            return
+        with self._flush_lock:  # one writer at a time: the counter deltas must not be counted twice
+            for group, acc in self.totals().items():
+                for key, *_ in _SERIES:
+                    metric = self._stock[key].labels(group)
+                    if isinstance(metric, PromCounter):
+                        delta = acc[key] - self._written.get((key, group), 0.0)
+                        if delta > 0:
+                            metric.inc(delta)
+                            self._written[(key, group)] = acc[key]
+                    else:
+                        metric.set(acc[key])

@@ -9,7 +9,13 @@ instrument                              kind      unit         attributes
 ``messaging.client.operation.duration`` histogram ``s``        send: ``messaging.system``,
                                                                ``messaging.operation.name`` / ``.type``
                                                                (``send``), ``messaging.destination.name``,
-                                                               ``error.type`` when it failed
+                                                               ``error.type`` when it failed; a pull
+                                                               consumer's ``receive`` (type ``receive``),
+                                                               ``ack`` and ``change_invisible_duration``
+                                                               (type ``settle``): the same plus
+                                                               ``messaging.consumer.group.name``; receive
+                                                               names the topic only when every message
+                                                               of the batch had it
 ``messaging.client.sent.messages``      counter   ``{message}`` the same
 ``messaging.process.duration``          histogram ``s``        client pull → handler end (the ``process``
                                                                span): ``messaging.system``,
@@ -51,6 +57,7 @@ from .metrics import DEFAULT_BUCKETS, PairLabels
 __all__ = ["GLOBAL_METERS", "RECHECK_EVERY", "SEMCONV_BUCKETS", "MessagingMeters"]
 
 RECHECK_EVERY = 256  # a power of two
+_MAX_OP_ATTRS = 4096
 
 # The spec's advised boundaries for messaging.client.operation.duration and messaging.process.duration.
 SEMCONV_BUCKETS: tuple[float, ...] = (0.005, 0.01, 0.025, 0.05, 0.075, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5, 10.0)
@@ -91,6 +98,7 @@ class MessagingMeters:
         self._lock = threading.Lock()
         self._pairs = PairLabels(label_limit)
         self._attrs: dict[tuple[str, str], _PairAttrs] = {}
+        self._op_attrs: dict[tuple[str, str, str | None, str], dict[str, Any]] = {}
 
     @property
     def recording(self) -> bool:
@@ -154,6 +162,30 @@ class MessagingMeters:
             attrs = {**attrs, n.ERROR_TYPE: type(error).__qualname__}
         inst.operation.record(max(0, duration_ns) / 1e9, attrs)
         inst.sent.add(1, attrs)
+
+    def operation(self, name: str, kind: str, topic: str | None, group: str, duration_ns: int,
+                  error: BaseException | None = None) -> None:
+        """One consumer client operation (``receive``, or a settle: ``ack``,
+        ``change_invisible_duration``) into ``messaging.client.operation.duration``. ``topic``
+        None: the operation spanned several topics (no ``messaging.destination.name``)."""
+        inst = self._instruments or self._resolve()
+        if inst is None:
+            return
+        key = (name, kind, topic, group)
+        attrs = self._op_attrs.get(key)
+        if attrs is None:
+            t, g = self._pairs(topic or "", group)  # the same joint cap as every other series
+            attrs = {n.SYSTEM: n.SYSTEM_VALUE, n.OPERATION_NAME: name, n.OPERATION_TYPE: kind}
+            if topic is not None:
+                attrs[n.DESTINATION] = t
+            if g:
+                attrs[n.CONSUMER_GROUP] = g
+            with self._lock:
+                if len(self._op_attrs) < _MAX_OP_ATTRS:  # topics are capped; this bounds the cache too
+                    self._op_attrs[key] = attrs
+        if error is not None:
+            attrs = {**attrs, n.ERROR_TYPE: type(error).__qualname__}
+        inst.operation.record(max(0, duration_ns) / 1e9, attrs)
 
     def finished(self, topic: str, group: str, times: Sequence[int], outcome: Outcome,
                  error: BaseException | None = None) -> None:

@@ -78,8 +78,8 @@ class ProbeMetrics(OnePerRegistry):
                                "When the latest probe was sent successfully (Unix seconds, sender clock).",
                                ["topic"], registry=None, multiprocess_mode="max")
         self._collectors = (self.stage, self.last_stage, self.last_seen, self.received, self.sent, self.last_sent)
-        self._pairs = PairLabels(label_limit)
-        self._topics = BoundedLabel(label_limit)
+        self._pairs = PairLabels(label_limit, shared="probe")
+        self._topics = BoundedLabel(label_limit, shared="probe_sent_topics")
         self._latest: dict[tuple[str, str], ProbeReading] = {}
         self._lock = threading.Lock()
         self._register(reg, self._collectors)

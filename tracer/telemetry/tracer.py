@@ -6,16 +6,17 @@ collects the six stamps as the message moves, and on :meth:`MessageTrace.finish`
 into spans and one histogram observation per gap. The tree (docs/semconv.md)::
 
     send {topic}            PRODUCER  producer: the send call
-    └─ process {topic}      CONSUMER  client_pull ─────────────────────── handler_end
-       ├─ broker_wait                 broker_store ─ client_pull   (ends where process starts)
+    └─ process {topic}      CONSUMER  broker_store ────────────────────── handler_end
+       ├─ broker_wait                 broker_store ─ client_pull
        ├─ client_buffer               client_pull ─ dispatch_enqueue
        ├─ dispatch_wait               dispatch_enqueue ─ handler_start
        └─ handler                     handler_start ─ handler_end
           └─ the user's spans
 
-``process`` also links to the creation (send) context. It covers the consumer side only, from
-the moment the client handed the message over to the end of the handler, so its duration is the
-consumer's processing time; the time in the broker stays visible as ``broker_wait``.
+``process`` also links to the creation (send) context. It starts at the broker's store time (the
+pull when there is none), so every child lies inside it and no span of ours starts before its
+parent (Jaeger's clock-skew check); ``messaging.process.duration`` is still measured from the pull,
+the consumer's processing time (docs/semconv.md tables the difference).
 
 Two spans are live while the message is handled — ``process`` and ``handler``, so that spans the
 user's handler starts nest under it; the gap spans are written after the fact with explicit start
@@ -27,8 +28,9 @@ follow the same decision instead of starting traces of their own.
 from __future__ import annotations
 
 import logging
+import os
 import threading
-from typing import Any, Callable, Sequence
+from typing import Any, Callable, Mapping, NamedTuple, Sequence
 
 from opentelemetry import context as otel_context
 from opentelemetry import trace
@@ -36,31 +38,39 @@ from opentelemetry.trace import Link, NonRecordingSpan, Span, SpanContext, SpanK
 
 from ..path import names as n
 from ..path.clock import Clock, default_clock
-from ..path.message import ClientFacts, MessageInfo, message_type
+from ..path.message import ClientFacts, MessageInfo
 from ..path.propagation import Carried, PropagationErrors, extract, inject, plausible_ns, resolve_parent
-from ..path.stages import CROSS_CLOCK_GAPS, Outcome, Stage
-from ..path.stamps import MISSING, SkewTracker, Stamps, timeline
+from ..path.stages import CROSS_CLOCK_GAPS, GAPS, Outcome, Stage
+from ..path.stamps import MISSING, SkewTracker, Stamps, causal, store_stamp, timeline
 from ..version import __version__
-from .hold import HoldingSpanProcessor, installed_for_global_provider
-from .keep import PENDING, KeepPolicy
+from .adopt import keep_for
+from .attributes import (  # noqa: F401 - re-exported
+    BODY_ATTR,
+    MAX_ATTR_CHARS,
+    MAX_KEYS,
+    body_preview,
+    cap,
+    process_attributes,
+    process_sampling_attributes,
+    send_attributes,
+    server_attributes,
+)
+from .hold import HoldingSpanProcessor, HoldStats
+from .keep import PENDING, KeepPolicy, KeepStats
 from .metrics import TracerMetrics
 from .occupancy import Occupancy
 from .otel_metrics import GLOBAL_METERS, MessagingMeters
 from .spans import DeferredSpan, SpanWriter, span_writer
 
-__all__ = ["BODY_ATTR", "MAX_ATTR_CHARS", "MAX_KEYS", "MessageTrace", "MessageTracer", "SendTrace", "body_preview"]
+__all__ = ["BODY_ATTR", "MAX_ATTR_CHARS", "MAX_KEYS", "MessageTrace", "MessageTracer", "SendTrace", "TracerStats",
+           "body_preview"]
 
 log = logging.getLogger(__name__)
 
 # The gap spans under `process`: (name, first stage, last stage, attributes), from names.GAP_SPANS.
+_GAP_ATTRS = n.GAP_ATTRS
 _GAP_SPANS: tuple[tuple[str, Stage, Stage, dict[str, Any]], ...] = tuple(
     (g.name, g.start, g.end, {n.STAGE: g.name}) for g in n.GAP_SPANS)
-_STAMP_ATTRS: tuple[tuple[int, str], ...] = tuple((int(s), key) for s, key in n.STAMP_ATTRS.items())
-BODY_ATTR = n.BODY
-# Message fields become span attributes and names: a hostile message must not make a span huge
-# (queued spans would hold it, and an export batch could outgrow what a backend takes).
-MAX_ATTR_CHARS = 256
-MAX_KEYS = 32
 
 
 class MessageTracer:
@@ -74,9 +84,11 @@ class MessageTracer:
     ``rmqtrace.message.body`` (UTF-8, undecodable bytes replaced). ``messaging.message.body.size``
     is opt-in in the conventions: recorded only with ``record_body_size=True``.
 
-    ``client_id`` (``messaging.client.id``), ``namespace`` (``messaging.rocketmq.namespace``) and
-    ``server_address``/``server_port`` describe the client this tracer serves; a received
-    message's own namespace and endpoint win over them.
+    ``client`` (a :class:`~tracer.path.message.ClientFacts`: ``messaging.client.id``,
+    ``messaging.rocketmq.namespace``, ``server.address``/``server.port``) describes the client this
+    tracer serves; a received message's own namespace and endpoint win over it. The loose
+    ``client_id=``, ``namespace=``, ``server_address=``, ``server_port=`` keywords still work and
+    override the matching field. :meth:`statistics` is a frozen snapshot of what happened.
     """
 
     def __init__(
@@ -90,35 +102,53 @@ class MessageTracer:
         listeners: Sequence[Callable[[MessageTrace, Outcome], None]] = (),
         capture_body: int = 0,
         occupancy: Occupancy | None = None,
+        client: ClientFacts | None = None,
         client_id: str | None = None,
         namespace: str | None = None,
         server_address: str | None = None,
         server_port: int | None = None,
         record_body_size: bool = False,
+        trace_shape: str | None = None,
         keep: KeepPolicy | None = None,
         hold: HoldingSpanProcessor | None = None,
     ) -> None:
-        if keep is None and hold is None and tracer_provider is None:
-            installed = installed_for_global_provider()  # RMQTRACE_KEEP_* through configure_tracing
-            if installed is not None:
-                keep, hold = installed
+        # No keep=/hold=: RMQTRACE_KEEP_* decides, for the provider we write into (the one
+        # configure_tracing built, or one opentelemetry-instrument set up: see telemetry.adopt).
+        self._keep_from_env = keep is None and hold is None
+        if self._keep_from_env:
+            provider = tracer_provider if tracer_provider is not None else trace.get_tracer_provider()
+            if not isinstance(provider, trace.ProxyTracerProvider):  # else once the real one is set
+                self._keep_from_env = False
+                found = keep_for(provider)
+                if found is not None:
+                    keep, hold = found
         if keep is not None and hold is None:
             raise ValueError("keep= needs hold=, the HoldingSpanProcessor on the tracer provider: without it "
                              "the handler's spans of dropped messages would still be exported")
         # Head-dropped messages get a held trace of their own, kept or dropped at finish (keep.py).
         self.keep = keep
         self.hold = hold
-        if server_port is not None and not (isinstance(server_port, int) and 0 < server_port < 65536):
-            raise ValueError(f"server_port must be a TCP port (1..65535), not {server_port!r}")
+        if keep is not None and hold is not None:
+            hold.attach(keep)  # settled by time and at the provider's force_flush/shutdown
+        facts = client or ClientFacts()
+        facts = ClientFacts(client_id if client_id is not None else facts.client_id,
+                            namespace if namespace is not None else facts.namespace,
+                            server_address if server_address is not None else facts.server_address,
+                            server_port if server_port is not None else facts.server_port)
+        if facts.server_port is not None and not (
+                isinstance(facts.server_port, int) and 0 < facts.server_port < 65536):
+            raise ValueError(f"server_port must be a TCP port (1..65535), not {facts.server_port!r}")
         self.consumer_group = consumer_group
-        self.client_id = client_id
-        self.namespace = namespace
         self.record_body_size = bool(record_body_size)
-        self._server: dict[str, Any] = {}
-        if server_address:
-            self._server[n.SERVER_ADDRESS] = server_address
-            if server_port is not None:
-                self._server[n.SERVER_PORT] = server_port
+        # "full": process + handler + gap spans (the waterfall); "compact": process alone, current
+        # while the handler runs, every gap and stamp as its attributes (RMQTRACE_TRACE_SHAPE).
+        shape = trace_shape if trace_shape is not None else (os.environ.get("RMQTRACE_TRACE_SHAPE") or "full")
+        shape = shape.strip().lower()
+        if shape not in n.TRACE_SHAPES:
+            raise ValueError(f"trace_shape (RMQTRACE_TRACE_SHAPE) must be one of {', '.join(n.TRACE_SHAPES)}, "
+                             f"got {shape!r}")
+        self.compact = shape == "compact"
+        self._set_client(facts)
         # Fed from the stamps: client_pull = received, handler start/end = a worker busy.
         self.occupancy = occupancy
         self.capture_body = max(0, int(capture_body))
@@ -138,21 +168,41 @@ class MessageTracer:
         self.worker_attr = worker_attr
         # Called after every finished message, e.g. by the demo to collect its stamps.
         self.listeners: list[Callable[[MessageTrace, Outcome], None]] = list(listeners)
-        self._hook_failures: set[str] = set()
+        self._hook_failures: dict[str, int] = {}
         self._hook_lock = threading.Lock()
+        # Orders a handler's end (worker thread) against a watchdog's finish (another thread).
+        self._end_lock = threading.Lock()
+
+    def _set_client(self, facts: ClientFacts) -> None:
+        self.client: ClientFacts = facts  # read by the attributes, and by telemetry.operations
+        self._server = server_attributes(facts)
+
+    @property
+    def client_id(self) -> str | None:
+        return self.client.client_id
+
+    @property
+    def namespace(self) -> str | None:
+        return self.client.namespace
 
     def describe_client(self, facts: ClientFacts) -> None:
         """Fill what was not given at construction from a client's own facts (the wrappers call
         this with :func:`tracer.path.message.client_facts` of the client they wrap)."""
-        if self.client_id is None and facts.client_id:
-            self.client_id = facts.client_id
-        if self.namespace is None and facts.namespace is not None:
-            self.namespace = facts.namespace
-        if not self._server and facts.server_address:
-            server: dict[str, Any] = {n.SERVER_ADDRESS: facts.server_address}
-            if facts.server_port is not None:
-                server[n.SERVER_PORT] = facts.server_port
-            self._server = server
+        c = self.client
+        has_server = bool(c.server_address)
+        self._set_client(ClientFacts(
+            c.client_id if c.client_id is not None or not facts.client_id else facts.client_id,
+            c.namespace if c.namespace is not None else facts.namespace,
+            c.server_address if has_server else facts.server_address,
+            c.server_port if has_server else facts.server_port))
+
+    def statistics(self) -> TracerStats:
+        """A frozen snapshot: our own failures by place, propagation errors, skew, keep and hold."""
+        with self._hook_lock:
+            hooks = dict(self._hook_failures)
+        return TracerStats(hooks, dict(self.errors.counts), self.skew.bounds(),
+                           self.keep.statistics() if self.keep is not None else None,
+                           self.hold.statistics() if self.hold is not None else None)
 
     # -- producer side -------------------------------------------------------------------
     def start_send(self, topic: str, set_property: Callable[[str, str], object], *,
@@ -163,23 +213,15 @@ class MessageTracer:
 
         Every attribute is known before the send, so all go to ``start_span``: the sampler sees
         them, as the conventions ask for the sampling-relevant ones."""
-        topic = _cap(topic)
-        attrs: dict[str, Any] = {
-            n.SYSTEM: n.SYSTEM_VALUE,
-            n.OPERATION_NAME: n.SEND,
-            n.OPERATION_TYPE: n.SEND,
-            n.DESTINATION: topic,
-            **self._server,
-        }
-        self._client_attrs(attrs, self.namespace)
-        _message_attrs(attrs, tag, keys, message_group, body_size if self.record_body_size else None)
-        attrs[n.MESSAGE_TYPE] = message_type(None, message_group, delivery_ms)
-        if delivery_ms:
-            attrs[n.DELIVERY_TIMESTAMP] = delivery_ms
-        if job_id:
-            attrs[n.JOB_ID] = job_id
-        span = self.tracer.start_span(n.send_span_name(topic), kind=SpanKind.PRODUCER, attributes=attrs)
+        topic = cap(topic)
+        attrs = send_attributes(topic, self.client, self._server, tag=tag, keys=keys, message_group=message_group,
+                                job_id=job_id, body_size=body_size if self.record_body_size else None,
+                                delivery_ms=delivery_ms)
+        # One clock for the send span and the produce stamp: the consumer's spans are drawn from
+        # the stamps, and broker_wait (a child of send) must not start before it.
         produce_ns = self.clock.now_ns()
+        span = self.tracer.start_span(n.send_span_name(topic), kind=SpanKind.PRODUCER, attributes=attrs,
+                                      start_time=produce_ns)
         try:
             inject(set_property, produce_ns, trace.set_span_in_context(span), job_id=job_id, cost=cost)
         except Exception as exc:  # noqa: BLE001 - a read-only message must not fail the send
@@ -201,45 +243,25 @@ class MessageTracer:
         t = MessageTrace(self, info, carried)
         times = t.stamps.times
         times[Stage.PRODUCE] = carried.produce_ns
-        if info.store_ms:
-            store_ns = info.store_ms * 1_000_000
-            if plausible_ns(store_ns, now):
-                times[Stage.BROKER_STORE] = store_ns
-            else:
-                self.errors.count("timestamp_out_of_range", f"store_ms={info.store_ms}")
         if pulled_ns and not plausible_ns(pulled_ns, now):
             self.errors.count("timestamp_out_of_range", f"pulled_ns={pulled_ns}")
             pulled_ns = None
-        times[Stage.CLIENT_PULL] = pulled_ns if pulled_ns else now
+        pulled = times[Stage.CLIENT_PULL] = pulled_ns if pulled_ns else now
+        if info.store_ms:
+            if plausible_ns(info.store_ms * 1_000_000, now):
+                # millisecond resolution: placed within its millisecond (tracer.path.stamps)
+                times[Stage.BROKER_STORE] = store_stamp(info.store_ms, times[Stage.PRODUCE], pulled)
+            else:
+                self.errors.count("timestamp_out_of_range", f"store_ms={info.store_ms}")
         if self.occupancy is not None:
             self.occupancy.received(times[Stage.CLIENT_PULL])
         if self.capture_body and isinstance(body, (bytes, bytearray, str)):
             t.body = body
         return t
 
-    def _client_attrs(self, attrs: dict[str, Any], namespace: str | None) -> None:
-        if namespace is not None:
-            attrs[n.NAMESPACE] = _cap(namespace)
-        if self.client_id:
-            attrs[n.CLIENT_ID] = self.client_id
-
     def process_sampling_attributes(self, info: MessageInfo) -> dict[str, Any]:
         """What the sampler sees when it decides a ``process`` span (the spec's sampling-relevant set)."""
-        attrs: dict[str, Any] = {
-            n.SYSTEM: n.SYSTEM_VALUE,
-            n.OPERATION_NAME: n.PROCESS,
-            n.OPERATION_TYPE: n.PROCESS,
-            n.DESTINATION: _cap(info.topic),
-        }
-        if self.consumer_group:
-            attrs[n.CONSUMER_GROUP] = self.consumer_group
-        if info.server_address:
-            attrs[n.SERVER_ADDRESS] = _cap(info.server_address)
-            if info.server_port:
-                attrs[n.SERVER_PORT] = info.server_port
-        elif self._server:
-            attrs.update(self._server)
-        return attrs
+        return process_sampling_attributes(info, self.consumer_group, self._server)
 
     def writer(self) -> SpanWriter | None:
         """The span writer for the SDK provider, resolved on first use (the global provider may
@@ -249,6 +271,16 @@ class MessageTracer:
         provider = self._provider or trace.get_tracer_provider()
         self._writer = span_writer(provider.get_tracer("rmqtrace", __version__))
         self._writer_resolved = not isinstance(provider, trace.ProxyTracerProvider)
+        if self._writer_resolved and self._keep_from_env:
+            self._keep_from_env = False
+            try:
+                found = keep_for(provider)
+            except ValueError as exc:  # a bad RMQTRACE_KEEP_* found this late: say it, trace on
+                self.hook_failed("reading RMQTRACE_KEEP_*", exc)
+                found = None
+            if found is not None:
+                self.keep, self.hold = found
+                found[1].attach(found[0])
         self.foreign_provider = self._writer is None and not isinstance(
             provider, (trace.NoOpTracerProvider, trace.ProxyTracerProvider))
         return self._writer
@@ -257,7 +289,7 @@ class MessageTracer:
         """Log a failure of our own code once per place; the user's message flow goes on."""
         with self._hook_lock:
             first = where not in self._hook_failures
-            self._hook_failures.add(where)
+            self._hook_failures[where] = self._hook_failures.get(where, 0) + 1
         if first:
             log.error("rmqtrace: %s failed; tracing for it is skipped (logged once)", where, exc_info=exc)
 
@@ -282,16 +314,21 @@ class SendTrace:
                 span.record_exception(error)
                 span.set_status(Status(StatusCode.ERROR, type(error).__name__))
                 span.set_attribute(n.ERROR_TYPE, type(error).__qualname__)
-        span.end()
-        if self._tracer is not None:
-            self._tracer.meters.sent(self._topic, self._tracer.clock.now_ns() - self.produce_ns, error)
+        mt = self._tracer
+        if mt is None:
+            span.end()
+            return
+        now = mt.clock.now_ns()
+        span.end(end_time=now)
+        mt.meters.sent(self._topic, now - self.produce_ns, error)
 
 
 class MessageTrace:
     """Stamps of one received message and, while its handler runs, its live handler span."""
 
     __slots__ = ("_tracer", "info", "_carried", "_parent", "_parsed", "stamps", "worker", "body", "_ctx", "_process",
-                 "_handler", "_token", "_done", "_scope_start", "_held")
+                 "_handler", "_token", "_done", "_scope_start", "_held", "_head_held", "_overrun", "_late_end",
+                 "_open_handler", "_deferred")
 
     def __init__(self, tracer: MessageTracer, info: MessageInfo, carried: Carried) -> None:
         self._tracer = tracer
@@ -310,6 +347,16 @@ class MessageTrace:
         self._done = False
         self._scope_start: int | None = None
         self._held = False  # a keep policy's trace, undecided until finish
+        # a head-sampled trace held too (kept at finish): a message never finished must not leave
+        # its handler's spans exported without ours; the hold's age limit drops them then
+        self._head_held = False
+        # Finished (a watchdog's timeout) while the handler still ran: handler_end was stamped at the
+        # finish; the handler span ends when the handler really returns, at _late_end.
+        self._overrun = False
+        self._late_end = 0
+        self._open_handler: DeferredSpan | None = None  # written, waiting for the late handler end
+        # a held trace's process/handler, not yet spans: ids allocated, written only if kept
+        self._deferred: tuple[Any, ...] | None = None
 
     @property
     def carried(self) -> Carried:
@@ -368,8 +415,10 @@ class MessageTrace:
                     self._token = otel_context.attach(trace.set_span_in_context(NonRecordingSpan(found)))
             return
         try:
-            self._token = otel_context.attach(self._open_spans(writer, times[Stage.CLIENT_PULL],
-                                                               times[Stage.HANDLER_START]))
+            # process starts at the broker's store (else the pull): broker_wait is its first child
+            pulled = times[Stage.CLIENT_PULL]
+            start = pulled if self._tracer.compact else min(times[Stage.BROKER_STORE] or pulled, pulled)
+            self._token = otel_context.attach(self._open_spans(writer, start, times[Stage.HANDLER_START]))
         except Exception as exc:  # noqa: BLE001
             self._tracer.hook_failed("starting the handler span", exc)
 
@@ -379,7 +428,7 @@ class MessageTrace:
         if parent is not None and not parent.is_valid:
             parent = None
         base = self._carried.context  # the extracted context (baggage), when there is more than `parent`
-        name = n.process_span_name(_cap(self.info.topic))
+        name = n.process_span_name(cap(self.info.topic))
         links = (Link(parent),) if parent is not None else ()  # the creation context, as the spec asks
         attrs = self._tracer.process_sampling_attributes(self.info)
         ctx, start_attrs = writer.decide(parent, base, name, SpanKind.CONSUMER, attrs, links)
@@ -388,7 +437,18 @@ class MessageTrace:
             # child of the unrecorded send span would be an orphan; see tracer.telemetry.keep).
             assert self._tracer.hold is not None
             ctx, parent, start_attrs, self._held = self._tracer.hold.open_trace(writer.tracer.id_generator), None, attrs, True
+        elif start_attrs is not None and self._tracer.hold is not None and self._tracer.keep is not None:
+            self._tracer.hold.hold(ctx.trace_id)
+            self._head_held = True
         current = base if base is not None else otel_context.get_current()  # read once, used twice
+        if self._held:
+            # Pending the keep decision: no live spans, no processor on_start. A sampled
+            # non-recording context with pre-allocated ids is current, so the user's spans are
+            # recorded (and held) under the handler id; ours are written at finish if kept.
+            self._ctx = ctx
+            inner = ctx if self._tracer.compact else writer.child_context(ctx)
+            self._deferred = (writer, name, parent, pulled_ns, start_attrs, links, inner, start_ns)
+            return trace.set_span_in_context(NonRecordingSpan(inner), current)
         if start_attrs is None:
             # Dropped: the message's context stays current so the handler's spans share the
             # decision instead of starting root traces of their own (as contrib does).
@@ -398,13 +458,28 @@ class MessageTrace:
                                attributes=start_attrs, links=links)
         writer.started(process, base)
         self._process = process
+        if self._tracer.compact:
+            return trace.set_span_in_context(process, current)  # the user's spans nest under process
         handler = DeferredSpan(writer, n.HANDLER_SPAN, writer.child_context(ctx), ctx, start_ns)
         writer.started(handler, trace.set_span_in_context(process, current))
         self._handler = handler
         return trace.set_span_in_context(handler, current)
 
     def _end_handler(self) -> None:
-        self.stamps.times[Stage.HANDLER_END] = self._tracer.clock.now_ns()
+        now = self._tracer.clock.now_ns()
+        handler: DeferredSpan | None = None
+        with self._tracer._end_lock:
+            late = self._overrun  # finished already: the stamps are the finish's, the span waits for us
+            if late:
+                self._late_end = now
+                handler, self._open_handler = self._open_handler, None
+            else:
+                self.stamps.times[Stage.HANDLER_END] = now
+        if late and handler is not None:
+            try:
+                handler.end(end_time=now)  # joins its trace, kept at the finish
+            except Exception as exc:  # noqa: BLE001
+                self._tracer.hook_failed("ending a late handler span", exc)
         if self._tracer.occupancy is not None:
             self._tracer.occupancy.ended()
         if self._token is not None:
@@ -419,9 +494,18 @@ class MessageTrace:
         if self._done:
             return
         self._done = True
+        times = self.stamps.times
         occupancy = self._tracer.occupancy
-        if occupancy is not None and self.stamps.times[Stage.HANDLER_START] == MISSING:
-            occupancy.discarded(self.stamps.times[Stage.CLIENT_PULL])
+        if occupancy is not None and times[Stage.HANDLER_START] == MISSING:
+            occupancy.discarded(times[Stage.CLIENT_PULL])
+        if times[Stage.HANDLER_START] != MISSING and times[Stage.HANDLER_END] == MISSING:
+            # A watchdog reports a timeout while the handler still runs: it ran at least until
+            # now, so the message is measured (handler, end_to_end, process duration) and judged.
+            now = self._tracer.clock.now_ns()
+            with self._tracer._end_lock:
+                if times[Stage.HANDLER_END] == MISSING:
+                    times[Stage.HANDLER_END] = now
+                    self._overrun = True
         try:
             self._finish(outcome, error)
         except Exception as exc:  # noqa: BLE001
@@ -436,8 +520,10 @@ class MessageTrace:
             ctx = self._decide(mt.keep, outcome, error)  # None: not kept (yet); no exemplar, no spans
         if metrics is not None:
             exemplar = {"trace_id": f"{ctx.trace_id:032x}"} if ctx is not None and ctx.trace_flags.sampled else None
-            metrics.observe(self.info.topic, mt.consumer_group, times, outcome, exemplar)
-        mt.meters.finished(self.info.topic, mt.consumer_group, times, outcome, error)
+        consistent = causal(times)  # the parts fit the whole (tracer.path.stamps); skew is read raw below
+        if metrics is not None:
+            metrics.observe(self.info.topic, mt.consumer_group, consistent, outcome, exemplar)
+        mt.meters.finished(self.info.topic, mt.consumer_group, consistent, outcome, error)
         for gap in CROSS_CLOCK_GAPS:
             a, b = times[gap.start], times[gap.end]
             if a == MISSING or b == MISSING:
@@ -447,8 +533,8 @@ class MessageTrace:
                 metrics.skew_bound.labels(gap.peer).set(raw / 1e9)
             if -raw > gap.tolerance_ns and metrics is not None:
                 metrics.clamped(gap.name)
-        if ctx is not None and self._process is not None:
-            self._write_spans(ctx, self._process, outcome, error)
+        if ctx is not None and (self._process is not None or self._deferred is not None):
+            self._write_spans(ctx, outcome, error)
         for listener in mt.listeners:
             try:
                 listener(self, outcome)
@@ -467,6 +553,9 @@ class MessageTrace:
         except Exception as exc:  # noqa: BLE001 - a broken policy must not cost the histograms
             self._tracer.hook_failed("the keep decision", exc)
             reason = "failure"  # err on keeping
+        if self._head_held and ctx is not None and hold is not None:
+            hold.release(ctx.trace_id, True)
+            return ctx
         if not self._held or ctx is None or hold is None:
             return ctx
         if reason is PENDING:
@@ -480,16 +569,27 @@ class MessageTrace:
         if ctx is None or hold is None:
             return
         hold.release(ctx.trace_id, kept)
-        if kept and self._process is not None:
+        if kept and (self._process is not None or self._deferred is not None):
             try:
-                self._write_spans(ctx, self._process, outcome, error)
+                self._write_spans(ctx, outcome, error)
             except Exception as exc:  # noqa: BLE001
                 self._tracer.hook_failed("writing a kept trace", exc)
 
-    def _write_spans(self, ctx: SpanContext, process: DeferredSpan, outcome: Outcome,
-                     error: BaseException | None) -> None:
+    def _materialize(self) -> DeferredSpan:
+        """The process (and handler) span of a held trace, made now that it is kept."""
+        writer, name, parent, pulled_ns, attrs, links, inner, start_ns = self._deferred  # type: ignore[misc]
+        self._deferred = None
+        assert self._ctx is not None
+        process = self._process = DeferredSpan(writer, name, self._ctx, parent, pulled_ns, kind=SpanKind.CONSUMER,
+                                               attributes=attrs, links=links)
+        if not self._tracer.compact:
+            self._handler = DeferredSpan(writer, n.HANDLER_SPAN, inner, self._ctx, start_ns)
+        return process
+
+    def _write_spans(self, ctx: SpanContext, outcome: Outcome, error: BaseException | None) -> None:
         writer = self._tracer.writer()
         assert writer is not None
+        process = self._process if self._process is not None else self._materialize()
         fixed = dict(timeline(self.stamps))
         end_ns = fixed.get(Stage.HANDLER_END) or self._tracer.clock.now_ns()
         error_type = type(error).__qualname__ if error is not None else None
@@ -499,69 +599,49 @@ class MessageTrace:
                 handler.record_exception(error)
                 handler.set_status(Status(StatusCode.ERROR, type(error).__name__))
                 handler.put_attributes({n.ERROR_TYPE: error_type})
-            handler.end(end_time=end_ns)
-        for name, a, b, gap_attrs in _GAP_SPANS:
-            if a in fixed and b in fixed:
-                writer.emit(name, writer.child_context(ctx), ctx, fixed[a], fixed[b], attributes=gap_attrs)
+            with self._tracer._end_lock:
+                still_running = self._overrun and not self._late_end
+                if still_running:
+                    self._open_handler = handler  # _end_handler ends it when the handler returns
+            if not still_running:
+                handler.end(end_time=self._late_end or end_ns)
+        compact = self._tracer.compact
+        if not compact:
+            for name, a, b, gap_attrs in _GAP_SPANS:
+                if a in fixed and b in fixed:
+                    writer.emit(name, writer.child_context(ctx), ctx, fixed[a], fixed[b], attributes=gap_attrs)
         process.put_attributes(self._process_attributes(outcome))
+        if compact:
+            if error is not None:
+                process.record_exception(error)
+            c = causal(self.stamps.times)
+            process.put_attributes({_GAP_ATTRS[g.name]: (c[g.end] - c[g.start]) / 1e9 for g in GAPS
+                                    if c[g.start] and c[g.end]})
         if outcome is not Outcome.SUCCESS:
             process.set_status(Status(StatusCode.ERROR, outcome.value))
             # the exception's class; without one (a failure result, a timeout) the outcome
             process.put_attributes({n.ERROR_TYPE: error_type or outcome.value})
-        pulled = fixed.get(Stage.CLIENT_PULL)
-        if pulled is not None:
-            process.move_start(pulled)  # the clamped timeline's, so broker_wait ends where process starts
+        # the causal timeline's: every child inside, none before it (compact: no broker_wait child,
+        # so process is the consumer's processing alone, as messaging.process.duration)
+        start = (None if compact else fixed.get(Stage.BROKER_STORE)) or fixed.get(Stage.CLIENT_PULL)
+        if start is not None:
+            process.move_start(start)
         process.end(end_time=end_ns)
 
     def _process_attributes(self, outcome: Outcome) -> dict[str, Any]:
         """The ``process`` attributes not given to the sampler at its start."""
-        info = self.info
-        mt = self._tracer
-        times = self.stamps.times
-        attrs: dict[str, Any] = {n.OUTCOME: outcome.value}
-        mt._client_attrs(attrs, info.namespace if info.namespace is not None else mt.namespace)
-        if info.message_id:
-            attrs[n.MESSAGE_ID] = _cap(info.message_id)
-        if info.delivery_attempt and info.delivery_attempt < 2**31:  # the broker's is an int32
-            attrs[n.DELIVERY_ATTEMPT] = info.delivery_attempt
-        _message_attrs(attrs, info.tag, info.keys, info.message_group,
-                       info.body_size if mt.record_body_size else None)
-        attrs[n.MESSAGE_TYPE] = message_type(info.declared_type, info.message_group, info.delivery_ms)
-        if info.delivery_ms:
-            attrs[n.DELIVERY_TIMESTAMP] = info.delivery_ms
-        carried = self._carried
-        if carried.job_id:
-            attrs[n.JOB_ID] = carried.job_id
-        if carried.cost is not None:
-            attrs[n.COST] = carried.cost
-        if self.worker is not None and mt.worker_attr:
-            attrs[n.WORKER] = self.worker
-        for i, name in _STAMP_ATTRS:
-            if times[i] != MISSING:
-                attrs[name] = times[i]
-        if self.body is not None:
-            attrs[BODY_ATTR] = body_preview(self.body, self._tracer.capture_body)
-        return attrs
+        mt, carried = self._tracer, self._carried
+        return process_attributes(self.info, mt.client, outcome, self.stamps.times, job_id=carried.job_id,
+                                  cost=carried.cost, worker=self.worker if mt.worker_attr else None,
+                                  record_body_size=mt.record_body_size, body=self.body,
+                                  capture_body=mt.capture_body)
 
 
-def _cap(value: str) -> str:
-    return value if len(value) <= MAX_ATTR_CHARS else value[:MAX_ATTR_CHARS]
+class TracerStats(NamedTuple):
+    """What one :class:`MessageTracer` has seen (:meth:`MessageTracer.statistics`)."""
 
-
-def body_preview(body: bytes | bytearray | str, limit: int) -> str:
-    """The first ``limit`` bytes of a body as text: valid UTF-8 whatever the bytes were."""
-    raw = body[:limit].encode("utf-8", "replace") if isinstance(body, str) else bytes(body[:limit])
-    return raw[:limit].decode("utf-8", "replace")
-
-
-def _message_attrs(attrs: dict[str, Any], tag: str | None, keys: Sequence[str],
-                   group: str | None, body_size: int | None) -> None:
-    if tag:
-        attrs[n.MESSAGE_TAG] = _cap(tag)
-    if keys:
-        attrs[n.MESSAGE_KEYS] = [_cap(k) for k in keys[:MAX_KEYS]]
-    if group:
-        attrs[n.MESSAGE_GROUP] = _cap(group)
-    if body_size is not None:
-        attrs[n.BODY_SIZE] = body_size
-
+    hook_failures: Mapping[str, int]  # our own code's failures, by place (the first of each is logged)
+    propagation_errors: Mapping[str, int]  # bad trace context or stamps in received messages, by kind
+    skew_bounds_ns: Mapping[str, int]  # per clock pair, the smallest cross-clock gap seen
+    keep: KeepStats | None
+    hold: HoldStats | None

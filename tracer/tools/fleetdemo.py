@@ -116,7 +116,8 @@ def _run_mode(mode: str, opts: FleetDemoOptions, *, tracer_provider: TracerProvi
         producer.send(msg, job_id=f"{opts.job_id}-{mode}", cost=float(item.cases))
     producer.shutdown()
 
-    occupancy = OccupancyMetrics(registry=registry or CollectorRegistry())
+    # both modes run on one registry: its one OccupancyMetrics, a tracker per instance and mode
+    occupancy = OccupancyMetrics.shared(registry) if registry is not None else OccupancyMetrics(CollectorRegistry())
     records: list[Handled] = []
     runs: list[list[Run]] = [[] for _ in range(opts.consumers)]
     lock = threading.Lock()

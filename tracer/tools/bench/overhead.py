@@ -38,7 +38,8 @@ from . import DropExporter, loadavg
 
 __all__ = ["TARGETS", "format_overhead_bench", "run_overhead_bench"]
 
-TARGETS = {"stamps_metrics_over_span": 0.5, "full_trace_over_span": 3.0, "sampled_out_over_span": 0.6}
+TARGETS = {"stamps_metrics_over_span": 0.5, "full_trace_over_span": 3.0, "compact_trace_over_span": 1.5,
+           "sampled_out_over_span": 0.6}
 
 
 def _batch() -> BatchSpanProcessor:
@@ -65,7 +66,9 @@ def _loops(provider: TracerProvider, held_provider: TracerProvider, hold: Holdin
     metrics_only = MessageTracer(consumer_group="g", tracer_provider=trace.NoOpTracerProvider(),
                                  metrics=TracerMetrics(CollectorRegistry()))
     full = MessageTracer(consumer_group="g", tracer_provider=provider,
-                         metrics=TracerMetrics(CollectorRegistry()))
+                         metrics=TracerMetrics(CollectorRegistry()), trace_shape="full")
+    compact = MessageTracer(consumer_group="g", tracer_provider=provider,
+                            metrics=TracerMetrics(CollectorRegistry()), trace_shape="compact")
     sampled_out = MessageTracer(consumer_group="g", tracer_provider=held_provider,
                                 metrics=TracerMetrics(CollectorRegistry()), keep=policy, hold=hold)
     now = time.time_ns()
@@ -88,6 +91,7 @@ def _loops(provider: TracerProvider, held_provider: TracerProvider, hold: Holdin
         "span": span,
         "stamps_metrics": lambda n: one_message(metrics_only, n),
         "full_trace": lambda n: one_message(full, n),
+        "compact_trace": lambda n: one_message(compact, n),
         "sampled_out": lambda n: one_message(sampled_out, n, unsampled),
     }
 
@@ -123,6 +127,7 @@ def run_overhead_bench(messages: int = 20_000, rounds: int = 7,
     return {
         "stamps_metrics_over_span": med["stamps_metrics"] / med["span"],
         "full_trace_over_span": med["full_trace"] / med["span"],
+        "compact_trace_over_span": med["compact_trace"] / med["span"],
         "sampled_out_over_span": med["sampled_out"] / med["span"],
         "ns_per_message": med,
         "messages_per_round": batch,
@@ -146,6 +151,8 @@ def format_overhead_bench(result: dict[str, Any]) -> str:
         f"= {result['stamps_metrics_over_span']:.2f}×  (target ≤ {t['stamps_metrics_over_span']}×)",
         f"(b) full consumer trace:          {ns['full_trace'] / 1000:8.2f} µs  "
         f"= {result['full_trace_over_span']:.2f}×  (target ≤ {t['full_trace_over_span']}×)",
+        f"(b') compact trace (one span):    {ns['compact_trace'] / 1000:8.2f} µs  "
+        f"= {result['compact_trace_over_span']:.2f}×  (target ≤ {t['compact_trace_over_span']}×)",
         f"(c) sampled out, dropped:         {ns['sampled_out'] / 1000:8.2f} µs  "
         f"= {result['sampled_out_over_span']:.2f}×  (target ≤ {t['sampled_out_over_span']}×)",
         f"load average before/after: {result['loadavg']['before']} / {result['loadavg']['after']}",

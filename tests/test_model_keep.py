@@ -1,0 +1,299 @@
+"""A model of the keep policy and the hold, driven through MessageTracer (issue 19).
+
+Messages start (head-sampled or not, in a job or not, slow or not), their handlers open user spans
+(nested, some outliving the handler), finish with success or failure, or time out — the watchdog
+first, the handler returning later —, or are handled and never acked; late spans end, the clock
+advances (the hold's ticker runs), traffic stops, the provider is flushed or shut down, and the
+small bounds (spans, traces, age) are hit. After every step the promise holds:
+
+- ``kept_messages_are_whole``: every failed, timed-out, slow, head-sampled message is exported
+  with its own spans (process, handler once it returned, gaps) from its finish on, and every job's
+  latest finisher once the job has been idle for ``job_idle_s`` (or at a flush): the bounded wait;
+  a user span of such a message that ended and is not exported was counted as dropped by the hold;
+- ``nothing_exported_without_its_parent``: every exported span's parent is exported, or still
+  open (it will end), or remote (the producer's);
+- ``nothing_exported_twice``;
+- ``holds_stay_within_bounds``: held spans and traces within their bounds, nothing undecided
+  older than the age limit after a tick;
+- ``every_message_is_accounted``: started = kept + dropped + pending (the policy's decisions) +
+  unfinished, and each drop is counted by reason.
+"""
+
+from __future__ import annotations
+
+import contextvars
+import os
+from dataclasses import dataclass, field
+from typing import Any
+
+from hypothesis import settings
+from hypothesis import strategies as st
+from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
+from opentelemetry import trace
+from opentelemetry.sdk.trace import ReadableSpan, SpanProcessor, TracerProvider
+from opentelemetry.sdk.trace.sampling import ALWAYS_OFF, ParentBased
+
+from tracer.path.clock import ManualClock
+from tracer.path.message import MessageInfo
+from tracer.path.propagation import JOB_ID, PRODUCE_NS, TRACEPARENT
+from tracer.path.stages import Outcome, Stage
+from tracer.telemetry.hold import HoldingSpanProcessor
+from tracer.telemetry.keep import KeepPolicy
+from tracer.telemetry.tracer import MessageTrace, MessageTracer
+
+LONG = os.environ.get("RMQTRACE_LONG") == "1"
+S = 1_000_000_000
+JOB_IDLE_S, MAX_AGE_S, MAX_SPANS, MAX_TRACES = 10.0, 60.0, 12, 4
+SLOW_WAIT_S = 0.5  # over the 0.1 s dispatch_wait threshold
+
+
+class _Collect(SpanProcessor):
+    def __init__(self) -> None:
+        self.spans: list[ReadableSpan] = []
+        self.closed = False
+
+    def on_end(self, span: ReadableSpan) -> None:
+        if not self.closed:
+            self.spans.append(span)
+
+    def shutdown(self) -> None:
+        self.closed = True
+
+    def force_flush(self, timeout_millis: int = 30000) -> bool:
+        return True
+
+
+@dataclass
+class _Msg:
+    i: int
+    t: MessageTrace
+    ctx: contextvars.Context
+    job: str | None
+    sampled: bool
+    slow: bool
+    running: bool = True
+    finished: bool = False
+    outcome: Outcome | None = None
+    open: list[Any] = field(default_factory=list)  # the user's spans not yet ended
+    ended: list[int] = field(default_factory=list)  # span ids of the user's spans that ended
+    opened_ids: set[int] = field(default_factory=set)
+
+    @property
+    def must_keep(self) -> bool:
+        return self.finished and (self.sampled or self.slow or self.outcome in (Outcome.FAILURE, Outcome.TIMEOUT))
+
+
+class KeepHoldModel(RuleBasedStateMachine):
+    def __init__(self) -> None:
+        super().__init__()
+        self.clock = ManualClock()
+        self.out = _Collect()
+        self.hold = HoldingSpanProcessor([self.out], max_spans=MAX_SPANS, max_traces=MAX_TRACES, max_age_s=MAX_AGE_S,
+                                         clock=self.clock, ticker=False)
+        self.provider = TracerProvider(sampler=ParentBased(ALWAYS_OFF))
+        self.provider.add_span_processor(self.hold)
+        self.policy = KeepPolicy({"dispatch_wait": 0.1}, job_idle_s=JOB_IDLE_S, max_jobs=2, clock=self.clock)
+        self.mt = MessageTracer(consumer_group="g", tracer_provider=self.provider, clock=self.clock,
+                                keep=self.policy, hold=self.hold)
+        self.user = self.provider.get_tracer("user")
+        self.msgs: list[_Msg] = []
+        self.closed = False
+        self.flushed_at = -1  # clock when force_flush last settled every pending trace
+        # the policy's job bookkeeping, as it promises it: the latest finisher and when the job was last seen
+        self.jobs: dict[str, tuple[int, int, _Msg]] = {}  # job -> (last_end, seen, latest), least recent first
+        self.latest_end = 0
+        self.settled: set[int] = set()  # messages the critical-path promise covers now
+        self.ticked_at = self.clock.now_ns()
+
+    # -- helpers ------------------------------------------------------------------------------
+    def _live(self) -> list[_Msg]:
+        return [m for m in self.msgs if m.running]
+
+    def _decided(self, m: _Msg) -> None:
+        """Mirror the policy's job state for a finished message (to know the critical path)."""
+        end = m.t.stamps.times[Stage.HANDLER_END]
+        if not m.job or not end:
+            return
+        self.latest_end = max(self.latest_end, end)
+        prev = self.jobs.pop(m.job, None)
+        if prev is None and len(self.jobs) >= 2:
+            oldest = next(iter(self.jobs))
+            self.settled.add(self.jobs.pop(oldest)[2].i)  # retired: its latest finisher kept
+        last_end, latest = (prev[0], prev[2]) if prev else (0, m)
+        if end >= last_end:
+            last_end, latest = end, m
+        self.jobs[m.job] = (last_end, self.latest_end, latest)
+
+    def _tick(self) -> None:
+        self.hold.tick()
+        now = self.ticked_at = self.clock.now_ns()
+        for job in list(self.jobs):
+            _end, seen, latest = self.jobs[job]
+            if now - seen < JOB_IDLE_S * S:
+                break
+            self.settled.add(latest.i)
+            del self.jobs[job]
+
+    def _finish(self, m: _Msg, outcome: Outcome, error: BaseException | None) -> None:
+        m.t.finish(outcome, error)
+        m.finished, m.outcome = True, outcome
+        self._decided(m)
+
+    # -- rules --------------------------------------------------------------------------------
+    @precondition(lambda self: not self.closed and len(self.msgs) < 16)
+    # biased to ordinary messages of few jobs: those are the ones held for the critical path
+    @rule(job=st.sampled_from(["a", "a", "b", None, "c"]), sampled=st.sampled_from([False, False, False, True]),
+          slow=st.sampled_from([False, False, False, True]))
+    def start(self, job: str | None, sampled: bool, slow: bool) -> None:
+        i = len(self.msgs)
+        props = {TRACEPARENT: f"00-{i + 1:032x}-{i + 1:016x}-{'01' if sampled else '00'}",
+                 PRODUCE_NS: str(self.clock.now_ns() - 2_000_000)}
+        if job:
+            props[JOB_ID] = job
+        t = self.mt.start_message(MessageInfo(topic="jobs", message_id=f"m{i}", properties=props,
+                                              store_ms=self.clock.now_ns() // 1_000_000 - 1))
+        t.mark(Stage.DISPATCH_ENQUEUE)
+        self.clock.advance_s(SLOW_WAIT_S if slow else 0.001)
+        ctx = contextvars.copy_context()
+        ctx.run(t.__enter__)  # each handler in a context of its own, as on its own worker
+        self.msgs.append(_Msg(i, t, ctx, job, sampled, slow))
+
+    @precondition(lambda self: not self.closed and any(m.running for m in self.msgs))
+    @rule(data=st.data(), nested=st.booleans())
+    def open_user_span(self, data: st.DataObject, nested: bool) -> None:
+        m = data.draw(st.sampled_from(self._live()))
+        name = f"user-{m.i}-{len(m.opened_ids)}"
+        if nested and m.open:
+            parent = m.open[-1]
+            span = self.user.start_span(name, context=trace.set_span_in_context(parent))
+        else:
+            span = m.ctx.run(self.user.start_span, name)
+        m.open.append(span)
+        m.opened_ids.add(span.get_span_context().span_id)
+
+    @precondition(lambda self: any(m.open for m in self.msgs))
+    @rule(data=st.data())
+    def end_user_span(self, data: st.DataObject) -> None:
+        """Ends the newest open span of a message: while its handler runs, or late (a thread it started)."""
+        m = data.draw(st.sampled_from([m for m in self.msgs if m.open]))
+        span = m.open.pop()
+        span.end()
+        if not self.closed:
+            m.ended.append(span.get_span_context().span_id)
+
+    @precondition(lambda self: not self.closed and any(m.running for m in self.msgs))
+    @rule(data=st.data(), fail=st.sampled_from([False, False, True]), ack=st.sampled_from([True, True, True, False]))
+    def handler_returns(self, data: st.DataObject, fail: bool, ack: bool) -> None:
+        """The handler returns; its message is finished (acked) — or never, like processing() without an ack."""
+        m = data.draw(st.sampled_from(self._live()))
+        self.clock.advance_s(0.001)
+        error = RuntimeError("boom") if fail else None
+        m.ctx.run(m.t.__exit__, None if error is None else RuntimeError, error, None)
+        m.running = False
+        if m.finished:
+            return  # the watchdog reported it already: this is the hung handler coming back
+        if ack or fail:
+            self._finish(m, Outcome.FAILURE if fail else Outcome.SUCCESS, error)
+
+    @precondition(lambda self: not self.closed and any(m.running and not m.finished for m in self.msgs))
+    @rule(data=st.data())
+    def watchdog_times_out(self, data: st.DataObject) -> None:
+        m = data.draw(st.sampled_from([m for m in self.msgs if m.running and not m.finished]))
+        self.clock.advance_s(5.0)
+        self._finish(m, Outcome.TIMEOUT, TimeoutError("over 5 s"))
+
+    @precondition(lambda self: not self.closed and any(not m.running and not m.finished for m in self.msgs))
+    @rule(data=st.data())
+    def acked_late(self, data: st.DataObject) -> None:
+        """A message handled long ago is settled now (its trace may have aged out of the hold)."""
+        m = data.draw(st.sampled_from([m for m in self.msgs if not m.running and not m.finished]))
+        self._finish(m, Outcome.SUCCESS, None)
+
+    @rule(seconds=st.sampled_from([0.5, 3.0, 11.0, 61.0]))
+    def clock_advances(self, seconds: float) -> None:
+        """Time passes with no traffic; the hold's ticker runs."""
+        self.clock.advance_s(seconds)
+        self._tick()
+
+    @precondition(lambda self: not self.closed)
+    @rule()
+    def force_flush(self) -> None:
+        self.provider.force_flush()
+        for _end, _seen, latest in self.jobs.values():
+            self.settled.add(latest.i)
+        self.jobs.clear()
+
+    @precondition(lambda self: not self.closed)
+    @rule()
+    def shutdown(self) -> None:
+        # what is settled at shutdown goes out before the processors close
+        for _end, _seen, latest in self.jobs.values():
+            self.settled.add(latest.i)
+        self.jobs.clear()
+        self.provider.shutdown()
+        self.closed = True
+
+    # -- invariants ---------------------------------------------------------------------------
+    def _exported(self) -> dict[int, ReadableSpan]:
+        return {s.context.span_id: s for s in self.out.spans}
+
+    @invariant()
+    def nothing_exported_twice(self) -> None:
+        ids = [s.context.span_id for s in self.out.spans]
+        assert len(ids) == len(set(ids))
+
+    @invariant()
+    def nothing_exported_without_its_parent(self) -> None:
+        exported = self._exported()
+        still_open = {s.get_span_context().span_id for m in self.msgs for s in m.open}
+        running = {m.t._handler.get_span_context().span_id for m in self.msgs  # noqa: SLF001
+                   if m.running and m.t._handler is not None}  # noqa: SLF001
+        for s in exported.values():
+            if s.parent is None or s.parent.is_remote:
+                continue
+            assert s.parent.span_id in exported or s.parent.span_id in still_open | running, (
+                s.name, [x.name for x in exported.values()])
+
+    @invariant()
+    def kept_messages_are_whole(self) -> None:
+        exported = self._exported()
+        by_message: dict[str, list[ReadableSpan]] = {}
+        for s in exported.values():
+            if s.name == "process jobs":
+                by_message.setdefault(str(s.attributes["messaging.message.id"]), []).append(s)
+        missing_user = 0
+        for m in self.msgs:
+            if not (m.must_keep or (m.finished and m.i in self.settled)):
+                continue
+            (process,) = by_message.get(f"m{m.i}", [None])
+            assert process is not None, (f"m{m.i}", m)
+            ours = {s.name for s in exported.values() if s.parent is not None
+                    and s.parent.span_id == process.context.span_id}
+            assert {"client_buffer", "dispatch_wait", "broker_wait"} <= ours, (m.i, ours)
+            if not m.running:
+                assert "handler" in ours, (m.i, ours)
+            missing_user += sum(1 for sid in m.ended if sid not in exported)
+        assert missing_user <= self.hold.statistics().dropped, missing_user
+
+    @invariant()
+    def holds_stay_within_bounds(self) -> None:
+        s = self.hold.statistics()
+        assert s.held_spans <= MAX_SPANS and s.held_traces <= MAX_TRACES
+        # nothing undecided older than the limit as of the last tick (the clock moved on since)
+        assert s.oldest_held_s <= MAX_AGE_S + (self.clock.now_ns() - self.ticked_at) / S
+        assert sum(s.dropped_by_reason.values()) == s.dropped
+
+    @invariant()
+    def every_message_is_accounted(self) -> None:
+        k = self.policy.statistics()
+        finished = sum(1 for m in self.msgs if m.finished)
+        assert k.messages == finished
+        assert k.messages == k.kept + k.dropped + k.pending
+        assert len(self.msgs) == k.kept + k.dropped + k.pending + sum(1 for m in self.msgs if not m.finished)
+        assert k.dropped == sum(k.dropped_by_reason.values()) and k.kept == sum(k.by_reason.values())
+        assert k.pending <= 2  # at most one per tracked job
+
+
+KeepHoldModel.TestCase.settings = settings(max_examples=1500 if LONG else 300, stateful_step_count=40,
+                                           deadline=None)
+TestKeepHoldModel = KeepHoldModel.TestCase

@@ -1,0 +1,186 @@
+"""A pull consumer's client operations besides processing: ``receive`` and ``settle``.
+
+The messaging conventions ask a pull-based consumer for a ``receive`` span per receive call
+(kind ``CLIENT``, ``messaging.operation.type=receive``, ``messaging.batch.message_count``, a link
+to each returned message's creation context) and a ``settle`` span per settlement (kind
+``CLIENT``, ``messaging.operation.type=settle``, operation name ``ack`` or
+``change_invisible_duration``), and ``messaging.client.operation.duration`` for each. One
+:class:`ConsumerOperations` per consumer does both; :class:`~tracer.clients.official.TracedSimpleConsumer`
+and the instrumentor's patched ``SimpleConsumer`` use it, and a consume loop can (see its
+:meth:`ConsumerOperations.receive` / :meth:`ConsumerOperations.settle`).
+
+Receive spans are on by default (``receive_async`` too: its span ends when the future does).
+Settle spans are opt-in (``settle_spans=True``): one more span per message, for an operation whose
+duration the histogram already has. The histogram records every operation either way (a counter
+increment without a meter provider). Span and histogram read one pair of clock readings, so they
+agree.
+
+The topic of a receive is known only afterwards (the 5.x client picks one of its subscriptions
+inside ``receive``): the span starts as ``receive`` and is renamed ``receive {topic}`` with
+``messaging.destination.name`` when every returned message has that topic. The sampler sees the
+rest of the sampling-relevant attributes at start.
+"""
+
+from __future__ import annotations
+
+from concurrent.futures import Future
+from typing import TYPE_CHECKING, Any, Callable, TypeVar
+
+from opentelemetry import trace
+from opentelemetry.trace import SpanKind, Status, StatusCode
+
+from ..path import names as n
+from ..path.message import client_facts
+from .attributes import cap, client_attributes, server_attributes
+
+if TYPE_CHECKING:
+    from .tracer import MessageTrace, MessageTracer
+
+__all__ = ["ConsumerOperations"]
+
+T = TypeVar("T")
+
+
+class ConsumerOperations:
+    """``receive`` and ``settle`` of one pull consumer (``consumer``: the client object, read once
+    for its id, namespace and endpoint; the tracer's own values win when it has them)."""
+
+    def __init__(self, tracer: MessageTracer, consumer: Any = None, *, settle_spans: bool = False) -> None:
+        self.tracer = tracer
+        self.settle_spans = bool(settle_spans)
+        if consumer is not None:
+            # fills what the tracer was not given: messaging.client.id etc. on its process spans too
+            tracer.describe_client(client_facts(consumer))
+        client = tracer.client
+        attrs: dict[str, Any] = {n.SYSTEM: n.SYSTEM_VALUE}
+        if tracer.consumer_group:
+            attrs[n.CONSUMER_GROUP] = tracer.consumer_group
+        attrs.update(server_attributes(client))
+        self._start = attrs  # what every operation span gives the sampler
+        self._after: dict[str, Any] = {}
+        client_attributes(self._after, client, client.namespace)
+
+    def receive(self, call: Callable[[], T], traces: Callable[[Any], list[MessageTrace]] | None = None) -> T:
+        """``call()`` (the client's receive) as one ``receive`` operation; its result and its
+        exceptions pass through. ``traces(result)``, if given, is called with the result and
+        returns the traces it started for the messages: the span links to their creation contexts."""
+        mt = self.tracer
+        t0 = mt.clock.now_ns()
+        span = self._start_receive(t0)
+        try:
+            with trace.use_span(span, end_on_exit=False, record_exception=False, set_status_on_exception=False):
+                result = call()
+        except BaseException as exc:
+            self._end(span, n.RECEIVE, n.RECEIVE, None, t0, exc)
+            raise
+        self._received(span, t0, result, traces)
+        return result
+
+    def receive_async(self, call: Callable[[], Future[Any]],
+                      traces: Callable[[Any], list[MessageTrace]] | None = None,
+                      then: Callable[[Any], Any] | None = None) -> Future[Any]:
+        """``call()`` (the client's ``receive_async``) as one ``receive`` operation that ends when
+        its future does. Returns a future of the result, passed through ``then`` (e.g. to take
+        probes out) when given; the client's exception passes through it."""
+        mt = self.tracer
+        t0 = mt.clock.now_ns()
+        span = self._start_receive(t0)
+        try:
+            inner = call()
+        except BaseException as exc:
+            self._end(span, n.RECEIVE, n.RECEIVE, None, t0, exc)
+            raise
+        outer: Future[Any] = Future()
+
+        def done(f: Future[Any]) -> None:
+            error = f.exception()
+            if error is not None:
+                self._end(span, n.RECEIVE, n.RECEIVE, None, t0, error)
+                outer.set_exception(error)
+                return
+            result = f.result()
+            self._received(span, t0, result, traces)
+            if then is not None:
+                try:
+                    result = then(result)
+                except Exception as exc:  # noqa: BLE001 - the messages still reach the caller
+                    mt.hook_failed("settling probes of an async receive", exc)
+            outer.set_result(result)
+
+        inner.add_done_callback(done)
+        return outer
+
+    def _start_receive(self, t0: int) -> Any:
+        try:
+            return self.tracer.tracer.start_span(n.RECEIVE, kind=SpanKind.CLIENT, start_time=t0,
+                                                 attributes={**self._start, n.OPERATION_NAME: n.RECEIVE,
+                                                             n.OPERATION_TYPE: n.RECEIVE})
+        except Exception as exc:  # noqa: BLE001 - a broken provider must not stop the receive
+            self.tracer.hook_failed("starting the receive span", exc)
+            return trace.INVALID_SPAN
+
+    def _received(self, span: Any, t0: int, result: Any,
+                  traces: Callable[[Any], list[MessageTrace]] | None) -> None:
+        """Traces for the received messages, the span described and ended, the duration recorded."""
+        topic: str | None = None
+        try:
+            messages: list[Any] = list(result or ()) if not isinstance(result, (str, bytes)) else []
+            topics = {str(getattr(m, "topic", "") or "") for m in messages}
+            topic = cap(topics.pop()) if len(topics) == 1 else None
+            started = traces(result) if traces is not None else []
+            if span.is_recording():
+                span.set_attribute(n.BATCH_MESSAGE_COUNT, len(messages))
+                if topic:
+                    span.update_name(n.operation_span_name(n.RECEIVE, topic))
+                    span.set_attribute(n.DESTINATION, topic)
+                for t in started:
+                    parent = t.carried.parent  # parsed here, when a recording span needs it
+                    if parent is not None and parent.is_valid:
+                        span.add_link(parent)
+        except Exception as exc:  # noqa: BLE001 - tracing never fails the receive
+            self.tracer.hook_failed("describing a receive", exc)
+        self._end(span, n.RECEIVE, n.RECEIVE, topic or None, t0, None)
+
+    def settle(self, operation: str, message: Any, call: Callable[[], T]) -> T:
+        """``call()`` (the client's ``ack`` or ``change_invisible_duration`` of ``message``) as one
+        ``settle`` operation named ``operation``; result and exceptions pass through."""
+        mt = self.tracer
+        topic = cap(str(getattr(message, "topic", "") or "")) or None
+        t0 = mt.clock.now_ns()
+        span: Any = None
+        if self.settle_spans:
+            attrs = {**self._start, n.OPERATION_NAME: operation, n.OPERATION_TYPE: n.SETTLE}
+            if topic:
+                attrs[n.DESTINATION] = topic
+            try:
+                span = mt.tracer.start_span(n.operation_span_name(operation, topic), kind=SpanKind.CLIENT,
+                                            start_time=t0, attributes=attrs)
+            except Exception as exc:  # noqa: BLE001 - a broken provider must not stop the settle
+                mt.hook_failed("starting a settle span", exc)
+        try:
+            result = call()
+        except BaseException as exc:
+            self._end(span, operation, n.SETTLE, topic, t0, exc)
+            raise
+        if span is not None and span.is_recording():
+            message_id = getattr(message, "message_id", None)
+            if message_id:
+                span.set_attribute(n.MESSAGE_ID, str(message_id))
+        self._end(span, operation, n.SETTLE, topic, t0, None)
+        return result
+
+    def _end(self, span: Any, name: str, kind: str, topic: str | None, t0: int, error: BaseException | None) -> None:
+        mt = self.tracer
+        t1 = mt.clock.now_ns()
+        try:
+            if span is not None:
+                if span.is_recording():
+                    span.set_attributes(self._after)
+                    if error is not None:
+                        span.record_exception(error)
+                        span.set_status(Status(StatusCode.ERROR, type(error).__name__))
+                        span.set_attribute(n.ERROR_TYPE, type(error).__qualname__)
+                span.end(end_time=max(t0, t1))
+            mt.meters.operation(name, kind, topic, mt.consumer_group, t1 - t0, error)
+        except Exception as exc:  # noqa: BLE001
+            mt.hook_failed(f"ending a {kind} operation", exc)
