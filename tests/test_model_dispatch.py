@@ -3,19 +3,28 @@
 Random schedules of submits (unkeyed, keyed, a raising key, odd costs; non-blocking and blocking),
 handler successes, failures, interrupts, timeouts on a manual clock and hangs (every handler
 blocks on an event the test sets), close with and without drain and, for asyncio, cancellation
-of worker tasks (mid-handler and idle). After every step:
+of worker tasks (mid-handler and idle). The promise, as named invariants checked after every step
+(a failure says ``invariant <name>: ...``):
 
-* no entry runs twice, no two entries of one key run at once, no entry gets two outcomes;
-* the stats add up (``submitted == handled + failed + timed_out + skipped + in_flight + queued``)
-  and agree with the outcomes seen by ``on_done``, the blocked submitters and the cost errors;
-* the engine is alive unless closed; at close every accepted entry has exactly one outcome.
+* ``failure_never_success`` — a handler that raised or ran past its deadline is never SUCCESS;
+* ``one_copy_at_once`` — no message starts twice, none gets two outcomes;
+* ``key_order`` — a keyed message starts only after every earlier-accepted message of its key has
+  its outcome (so one key's messages start in arrival order and never overlap; a message given
+  back — TIMEOUT — releases its key, its parked successors are given back with it, SKIPPED);
+* ``skipped_never_ran`` — a SKIPPED message never started;
+* ``no_start_after_close`` — after ``close`` returned, no handler starts;
+* ``stats_add_up`` — the snapshot adds up and agrees with what ``on_done`` saw;
+* ``close_drains_or_gives_back`` — when ``close`` returns True every accepted message has its
+  outcome; when False, every one without an outcome is running.
 
-Default ~150 examples in all (``RMQTRACE_LONG=1``: ten times more).
+Costliest-first is checked on the pure scheduler (``tests/test_model_scheduler.py``), where the
+window's contents are exact. Default ~300 examples in all (``RMQTRACE_LONG=1``: ten times more).
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
 import threading
 import time
@@ -37,7 +46,7 @@ from tracer.dispatch import (
     RoundRobin,
 )
 from tracer.path.clock import ManualClock
-from tracer.path.stages import Outcome
+from tracer.path.stages import Outcome, Stage
 
 LONG = os.environ.get("RMQTRACE_LONG") == "1"
 WAIT = 10.0
@@ -70,6 +79,8 @@ class Item:
         self.returned = False
         self.expired = False  # reported TIMEOUT while it still ran
         self.accepted = False
+        self.accept_no: int | None = None  # its place in acceptance order (trace.mark, under the engine lock)
+        self.end_ns: int | None = None  # clock when its handler returned
         self.task: asyncio.Task[Any] | None = None
 
     def __repr__(self) -> str:
@@ -90,6 +101,28 @@ def cost_of(it: Item) -> Any:
     return it.cost
 
 
+def violated(name: str, detail: object) -> str:
+    return f"invariant {name}: {detail}"
+
+
+class ItemTrace:
+    """The trace the engines stamp: ``mark(DISPATCH_ENQUEUE)`` gives the true acceptance order."""
+
+    def __init__(self, h: Harness, it: Item) -> None:
+        self.h = h
+        self.it = it
+
+    def mark(self, stage: Stage) -> None:
+        if stage is Stage.DISPATCH_ENQUEUE:
+            self.h.accepted(self.it)
+
+    def handler_scope(self) -> Any:
+        return contextlib.nullcontext()
+
+    def finish(self, outcome: Outcome, error: BaseException | None) -> None:
+        pass
+
+
 class Harness:
     """What the handlers and on_done saw; ``cond`` is notified on every change."""
 
@@ -98,35 +131,54 @@ class Harness:
         self.cond = threading.Condition()
         self.violations: list[str] = []
         self.running: set[Item] = set()
-        self.running_keys: set[str] = set()
         self.outcomes: dict[Item, tuple[Outcome, BaseException | None]] = {}
         self.auto_release = False
         self.bg_alive = 0  # blocked submitters not returned yet
         self.blocked: set[Item] = set()  # their items
+        self.order: list[Item] = []  # accepted items, in acceptance order
+        self.closed_returned = False  # close() has returned
+
+    def accepted(self, it: Item) -> None:
+        with self.cond:
+            it.accept_no = len(self.order)
+            self.order.append(it)
 
     def started(self, it: Item) -> None:
-        it.starts += 1
-        if it.starts > 1:
-            self.violations.append(f"{it} ran twice")
-        if it.key is not None:
-            if it.key in self.running_keys:
-                self.violations.append(f"two of key {it.key} at once ({it})")
-            self.running_keys.add(it.key)
-        it.started_ns = self.clock.now_ns()
-        self.running.add(it)
+        with self.cond:
+            it.starts += 1
+            if it.starts > 1:
+                self.violations.append(violated("one_copy_at_once", f"{it} started twice"))
+            if self.closed_returned:
+                self.violations.append(violated("no_start_after_close", f"{it} started after close returned"))
+            if it.key is not None and it.accept_no is not None:
+                for other in self.order[: it.accept_no]:
+                    if other.key == it.key and other not in self.outcomes:
+                        self.violations.append(violated(
+                            "key_order", f"{it} started while {other}, earlier of key {it.key}, has no outcome"))  # fmt: skip
+            it.started_ns = self.clock.now_ns()
+            self.running.add(it)
 
     def returned(self, it: Item) -> None:
-        self.running.discard(it)
-        if it.key is not None:
-            self.running_keys.discard(it.key)
-        it.returned = True
+        with self.cond:
+            self.running.discard(it)
+            it.end_ns = self.clock.now_ns()
+            it.returned = True
 
     def on_done(self, it: Item, outcome: Outcome, error: BaseException | None) -> None:
         with self.cond:
             if it in self.outcomes:
-                self.violations.append(f"{it} got a second outcome {outcome}")
+                self.violations.append(violated("one_copy_at_once", f"{it} got a second outcome {outcome}"))
+            if outcome is Outcome.SUCCESS:
+                bad = not it.returned or it.action != "success" or it.started_ns is None or (
+                    it.end_ns is not None and it.end_ns - it.started_ns > self.timeout_ns)  # fmt: skip
+                if bad:
+                    self.violations.append(violated("failure_never_success", f"{it} ({it.action}) reported SUCCESS"))
+            if outcome is Outcome.SKIPPED and it.starts:
+                self.violations.append(violated("skipped_never_ran", f"{it} reported SKIPPED but it started"))
             self.outcomes[it] = (outcome, error)
             self.cond.notify_all()
+
+    timeout_ns = TIMEOUT_NS
 
     def counts(self) -> Counter[Outcome]:
         return Counter(o for o, _ in self.outcomes.values())
@@ -178,6 +230,14 @@ class _Model(RuleBasedStateMachine):
             self.cost_errors += 1
         return it
 
+    def delivered(self, s: Any) -> bool:
+        """Every outcome the engine counted has reached on_done (none is being reported now)."""
+        h = self.h
+        with h.cond:
+            pending = [it for it in h.order if it not in h.outcomes]
+        unstarted = sum(1 for it in pending if it.starts == 0)
+        return bool(unstarted == s.queued and len(pending) - unstarted == s.in_flight)
+
     def running_unreleased(self) -> list[Item]:
         return sorted((it for it in self.h.running if not it.released), key=lambda it: it.n)
 
@@ -189,31 +249,40 @@ class _Model(RuleBasedStateMachine):
 
     def check(self) -> None:
         h = self.h
-        assert not h.violations, h.violations
+        with h.cond:
+            assert not h.violations, "; ".join(h.violations)
         s = self.stats()
-        assert s.submitted == s.handled + s.failed + s.timed_out + s.skipped + s.in_flight + s.queued, s
+        inv = "stats_add_up"
+        assert s.submitted == s.handled + s.failed + s.timed_out + s.skipped + s.in_flight + s.queued, violated(inv, s)
         c = h.counts()
         assert (s.handled, s.failed, s.timed_out, s.skipped) == (
             c[Outcome.SUCCESS], c[Outcome.FAILURE], c[Outcome.TIMEOUT], c[Outcome.SKIPPED]
-        ), (s, c)  # fmt: skip
-        assert s.submitted == sum(it.accepted for it in self.items), s
-        assert all(it.accepted for it in h.outcomes), "an outcome for a message never accepted"
-        assert s.waiters == h.bg_alive, (s, h.bg_alive)
+        ), violated(inv, (s, c))  # fmt: skip
+        assert s.submitted == sum(it.accepted for it in self.items), violated(inv, s)
+        assert all(it.accepted for it in h.outcomes), violated(inv, "an outcome for a message never accepted")
+        assert s.waiters == h.bg_alive, violated(inv, (s, h.bg_alive))
         if any(it.key is None for it in h.blocked):
-            assert self.free_slots() == 0, "an unkeyed submitter is blocked while there is room"
+            assert self.free_slots() == 0, violated("no_idle_refusal", "an unkeyed submitter is blocked while there is room")
         self.steps += 1
         self.max_waiters = max(self.max_waiters, s.waiters)
-        assert s.cost_errors == self.cost_errors
+        assert s.cost_errors == self.cost_errors, violated(inv, s)
         for o, e in h.outcomes.values():
             if o is Outcome.TIMEOUT:
-                assert isinstance(e, HandlerTimeout)
+                assert isinstance(e, HandlerTimeout), violated("failure_never_success", e)
 
-    def check_closed(self) -> None:
+    def check_closed(self, settled: bool) -> None:
         h = self.h
+        inv = "close_drains_or_gives_back"
+        running = set(h.running)
         for it in self.items:
-            assert (it in h.outcomes) == it.accepted, f"{it}: accepted={it.accepted}, outcome={h.outcomes.get(it)}"
+            if it.accepted and it not in h.outcomes:
+                assert not settled and it in running, violated(inv, f"{it} accepted, no outcome, not running")
+            if not it.accepted:
+                assert it not in h.outcomes, violated(inv, f"{it} not accepted but has an outcome")
         s = self.stats()
-        assert s.in_flight == s.queued == s.waiters == 0, s
+        if settled:
+            assert s.in_flight == s.queued == s.waiters == 0, violated(inv, s)
+        assert s.queued == s.waiters == 0, violated(inv, s)
 
 
 # ----------------------------------------------------------------------------- thread engine
@@ -241,7 +310,7 @@ class ThreadEngineModel(_Model):
         raise_for(it)
 
     def stats(self) -> Any:
-        return self.d.stats
+        return self.d.statistics()
 
     def free_slots(self) -> int:
         return self.d.free_slots()
@@ -252,13 +321,13 @@ class ThreadEngineModel(_Model):
         with h.cond:
             while not pred():
                 assert not h.violations, h.violations
-                assert time.monotonic() < deadline, f"stuck waiting for {what}: {self.d.stats}"
+                assert time.monotonic() < deadline, f"stuck waiting for {what}: {self.d.statistics()}"
                 h.cond.wait(0.002)  # real-time: re-check for the worker's last step, which signals nothing
 
     def quiet(self) -> bool:
-        s = self.d.stats
+        s = self.d.statistics()
         h = self.h
-        if len(h.running) != s.in_flight + s.overrun or s.waiters != h.bg_alive:
+        if len(h.running) != s.in_flight + s.overrun or s.waiters != h.bg_alive or not self.delivered(s):
             return False
         return all(it.returned and (it.expired or it in h.outcomes) for it in self.items if it.released)
 
@@ -267,7 +336,7 @@ class ThreadEngineModel(_Model):
 
     def blocked_submit(self, it: Item) -> None:
         try:
-            ok = self.d.submit(it)
+            ok = self.d.submit(it, ItemTrace(self.h, it))
         except DispatcherClosed:
             ok = False
         with self.h.cond:
@@ -280,7 +349,7 @@ class ThreadEngineModel(_Model):
     @rule(kind=st.sampled_from(KINDS), block=st.booleans())
     def submit(self, kind: str, block: bool) -> None:
         it = self.new_item(kind)
-        if self.d.submit(it, timeout=0):
+        if self.d.submit(it, ItemTrace(self.h, it), timeout=0):
             it.accepted = True
             if kind in ("raise_key", "int_key"):
                 assert self.h.outcomes[it][0] is Outcome.FAILURE  # reported before submit returned
@@ -319,15 +388,14 @@ class ThreadEngineModel(_Model):
         for it in due:
             assert self.h.outcomes[it][0] is Outcome.TIMEOUT
             it.expired = True
-        assert self.d.stats.overrun == sum(it.expired and not it.returned for it in self.items)
-        assert len(self.d.overrun()) == self.d.stats.overrun
+        assert self.d.statistics().overrun == sum(it.expired and not it.returned for it in self.items)
+        assert len(self.d.overrun()) == self.d.statistics().overrun
         self.quiesce()
 
     @precondition(lambda self: self.close_allowed())
     @rule(drain=st.booleans())
     def close(self, drain: bool) -> None:
-        self.shut(drain)
-        self.check_closed()
+        self.check_closed(self.shut(drain))
 
     @precondition(lambda self: self.closed)
     @rule()
@@ -338,8 +406,15 @@ class ThreadEngineModel(_Model):
             return
         raise AssertionError("submit after close did not raise")
 
-    def shut(self, drain: bool) -> None:
-        closer = threading.Thread(target=self.d.close, kwargs={"drain": drain})
+    def shut(self, drain: bool) -> bool:
+        result: list[bool] = []
+
+        def close() -> None:
+            result.append(self.d.close(drain=drain))
+            with self.h.cond:
+                self.h.closed_returned = True
+
+        closer = threading.Thread(target=close)
         closer.start()
         with self.h.cond:
             self.h.auto_release = True
@@ -350,7 +425,8 @@ class ThreadEngineModel(_Model):
         for t in self.bg:
             t.join(WAIT)
         self.closed = True
-        self.await_(lambda: self.d.stats.live_workers == 0, "workers to exit")
+        self.await_(lambda: self.d.statistics().live_workers == 0, "workers to exit")
+        return result[0]
 
     @invariant()
     def consistent(self) -> None:
@@ -358,12 +434,11 @@ class ThreadEngineModel(_Model):
             return
         self.check()
         if not self.closed:
-            assert self.d.stats.live_workers == self.workers
+            assert self.d.statistics().live_workers == self.workers
 
     def teardown(self) -> None:
         if hasattr(self, "d") and not self.closed:
-            self.shut(True)
-            self.check_closed()
+            self.check_closed(self.shut(True))
         self.coverage()
 
 
@@ -390,6 +465,7 @@ class AsyncEngineModel(_Model):
         self.bg: list[asyncio.Task[None]] = []
         self.tasks: dict[asyncio.Task[Any], int] = {}  # worker tasks seen running a handler, numbered
         self.expected_timeout_ns = TIMEOUT_NS * 1000
+        self.h.timeout_ns = TIMEOUT_NS * 1000
 
     async def handler(self, it: Item) -> None:
         h = self.h
@@ -407,7 +483,7 @@ class AsyncEngineModel(_Model):
         raise_for(it)
 
     def stats(self) -> Any:
-        return self.d.stats
+        return self.d.statistics()
 
     def free_slots(self) -> int:
         return self.d.free_slots()
@@ -421,18 +497,18 @@ class AsyncEngineModel(_Model):
             if self.quiet():
                 return
             await asyncio.sleep(0)  # real-time: zero-length, only lets the loop run its ready tasks
-        raise AssertionError(f"stuck: {self.d.stats}")
+        raise AssertionError(f"stuck: {self.d.statistics()}")
 
     def quiet(self) -> bool:
-        s = self.d.stats
+        s = self.d.statistics()
         h = self.h
-        if len(h.running) != s.in_flight or s.waiters != h.bg_alive:
+        if len(h.running) != s.in_flight or s.waiters != h.bg_alive or not self.delivered(s):
             return False
         return all(it.returned and it in h.outcomes for it in self.items if it.released)
 
     async def blocked_submit(self, it: Item) -> None:
         try:
-            ok = await self.d.submit(it)
+            ok = await self.d.submit(it, ItemTrace(self.h, it))
         except DispatcherClosed:
             ok = False
         it.accepted = ok
@@ -449,7 +525,7 @@ class AsyncEngineModel(_Model):
     def submit(self, kind: str, block: bool) -> None:
         async def go() -> None:
             it = self.item(kind)
-            if await self.d.submit(it, timeout=0):
+            if await self.d.submit(it, ItemTrace(self.h, it), timeout=0):
                 it.accepted = True
                 if kind in ("raise_key", "int_key"):
                     assert self.h.outcomes[it][0] is Outcome.FAILURE
@@ -531,8 +607,7 @@ class AsyncEngineModel(_Model):
     @precondition(lambda self: self.close_allowed())
     @rule(drain=st.booleans())
     def close(self, drain: bool) -> None:
-        self.shut(drain)
-        self.check_closed()
+        self.check_closed(self.shut(drain))
 
     @precondition(lambda self: self.closed)
     @rule()
@@ -546,28 +621,31 @@ class AsyncEngineModel(_Model):
 
         self.run(go())
 
-    def shut(self, drain: bool) -> None:
-        async def go() -> None:
+    def shut(self, drain: bool) -> bool:
+        async def go() -> bool:
             closing = asyncio.ensure_future(self.d.close(drain=drain))
             await asyncio.sleep(0)  # real-time: zero-length, lets close begin before the releases
             self.h.auto_release = True
             for it in self.items:
                 if it.agate is not None:
                     it.agate.set()
-            await asyncio.wait_for(closing, WAIT)
+            settled = await asyncio.wait_for(closing, WAIT)
+            self.h.closed_returned = True
             if self.bg:
                 await asyncio.wait(self.bg, timeout=WAIT)
+            return bool(settled)
 
-        self.run(go())
+        settled = self.run(go())
         self.closed = True
-        assert self.d.stats.live_workers == 0
+        assert self.d.statistics().live_workers == 0
+        return bool(settled)
 
     @invariant()
     def consistent(self) -> None:
         if not hasattr(self, "d"):
             return
         self.check()
-        s = self.d.stats
+        s = self.d.statistics()
         if not self.closed:
             assert s.live_workers >= s.in_flight  # every held message has a live task to run it
 
@@ -576,8 +654,7 @@ class AsyncEngineModel(_Model):
             return
         try:
             if not self.closed:
-                self.shut(True)
-                self.check_closed()
+                self.check_closed(self.shut(True))
             self.coverage()
         finally:
             self.loop.close()
