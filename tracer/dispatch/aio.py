@@ -200,7 +200,7 @@ class AsyncDispatcher(EngineBase[T], Generic[T]):
         if e.error is not None:
             core.reject_locked(e)
             core.report(e, _FAILURE, e.error, on_worker=False)
-            core.delivered_locked(1)
+            core.reported_locked(1)
             core.observe_unblocked()
             return True
         try:
@@ -372,8 +372,8 @@ class AsyncDispatcher(EngineBase[T], Generic[T]):
         back = core.expire_locked(w.index, e)
         tns = cast(int, core.timeout_ns)
         core.report(e, Outcome.TIMEOUT, HandlerTimeout(max(tns, core.now() - t0) / 1e9, tns / 1e9))
-        core.deliver_skipped(back, on_worker=True)
-        core.delivered_locked(1 + len(back))
+        core.report_skipped(back, on_worker=True)
+        core.reported_locked(1 + len(back))
         if core.waiters:
             self._admit_waiters(-1, None)  # parking room may have freed
         self._notify()
@@ -452,9 +452,9 @@ class AsyncDispatcher(EngineBase[T], Generic[T]):
         if entries:
             entries.sort(key=lambda x: x.seq)
             try:
-                self._core.deliver_skipped(entries, on_worker=False)
+                self._core.report_skipped(entries, on_worker=False)
             finally:
-                self._core.delivered_locked(len(entries))
+                self._core.reported_locked(len(entries))
                 self._notify()
 
     async def __aenter__(self) -> AsyncDispatcher[T]:

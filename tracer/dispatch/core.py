@@ -216,7 +216,7 @@ class Core(Generic[T]):
         self.watchers = 0  # callers blocked in wait_for_free_slot / wait_idle / close
         self.overrun = 0  # workers held by a handler already reported TIMEOUT
         # outcomes counted but whose trace.finish/on_done has not returned yet: close waits for them
-        self.delivering = 0
+        self.reporting = 0
         self.abandoned = False  # close's timeout passed: nothing not yet started may start
         self.seq = 0
         self.submitted = 0
@@ -347,10 +347,10 @@ class Core(Generic[T]):
 
     def reject_locked(self, e: Entry[Any]) -> None:
         """Accept ``e`` as failed at once (its ``key=`` failed); :meth:`report` it after the lock,
-        then :meth:`delivered_locked` it."""
+        then :meth:`reported_locked` it."""
         self._accept(e)
         self.failed += 1
-        self.delivering += 1
+        self.reporting += 1
 
     # -------------------------------------------------------------------------------- running
     def begin(self, e: Entry[Any], worker: int) -> int:
@@ -451,45 +451,45 @@ class Core(Generic[T]):
 
     # ------------------------------------------------------------------------- state, closing
     def idle_locked(self) -> bool:
-        """Nothing queued, nothing in flight, no outcome being delivered (overrun handlers aside)."""
+        """Nothing queued, nothing in flight, no outcome being reported (overrun handlers aside)."""
         s = self.sched
-        return s.busy - self.overrun == 0 and s.queued == 0 and self.delivering == 0
+        return s.busy - self.overrun == 0 and s.queued == 0 and self.reporting == 0
 
     def quiet_locked(self) -> bool:
-        """No handler in flight and no outcome being delivered: what is still queued cannot start.
+        """No handler in flight and no outcome being reported: what is still queued cannot start.
 
         (Queued work with nothing in flight means every worker is held by an overrun handler.)
         """
-        return self.sched.busy - self.overrun == 0 and self.delivering == 0
+        return self.sched.busy - self.overrun == 0 and self.reporting == 0
 
     def give_back_locked(self, entries: list[Entry[Any]]) -> list[Entry[Any]]:
-        """Count ``entries`` (taken from the scheduler, unrun) SKIPPED; :meth:`deliver_skipped` them after the lock."""
+        """Count ``entries`` (taken from the scheduler, unrun) SKIPPED; :meth:`report_skipped` them after the lock."""
         self.skipped += len(entries)
-        self.delivering += len(entries)
+        self.reporting += len(entries)
         return entries
 
     def take_queued_locked(self) -> list[Entry[Any]]:
-        """Every queued entry leaves unrun, counted SKIPPED; :meth:`deliver_skipped` them after the lock."""
+        """Every queued entry leaves unrun, counted SKIPPED; :meth:`report_skipped` them after the lock."""
         return self.give_back_locked(self.sched.take_queued())
 
     def expire_locked(self, worker: int, e: Entry[Any]) -> list[Entry[Any]]:
         """``e`` on ``worker`` ran past its deadline: count it TIMEOUT (overrun) and release what waited behind it.
 
-        Returns the entries given back with it (counted SKIPPED). The caller delivers ``e``'s
-        TIMEOUT, then :meth:`deliver_skipped` the rest, then :meth:`delivered_locked` ``1 + len``.
+        Returns the entries given back with it (counted SKIPPED). The caller reports ``e``'s
+        TIMEOUT, then :meth:`report_skipped` the rest, then :meth:`reported_locked` ``1 + len``.
         """
         self.timed_out += 1
         self.overrun += 1
-        self.delivering += 1
+        self.reporting += 1
         return self.give_back_locked(self.sched.expire(worker, e))
 
-    def deliver_skipped(self, entries: list[Entry[Any]], *, on_worker: bool) -> None:
+    def report_skipped(self, entries: list[Entry[Any]], *, on_worker: bool) -> None:
         for e in entries:
             self.report(e, _SKIPPED, None, on_worker=on_worker)
 
-    def delivered_locked(self, n: int) -> None:
-        """``n`` outcomes counted under the lock earlier have been delivered (on_done returned)."""
-        self.delivering -= n
+    def reported_locked(self, n: int) -> None:
+        """``n`` outcomes counted under the lock earlier have been reported (on_done returned)."""
+        self.reporting -= n
 
     def free_slots_locked(self) -> int:
         return 0 if self.closed else self.sched.free_slots()

@@ -31,7 +31,7 @@ Life cycle:
   clocks). A handler that returns after its deadline before the watchdog saw it is reported
   TIMEOUT by its worker.
 * ``close``: see :meth:`Dispatcher.close` — it returns True only after every accepted message's
-  outcome was delivered (``on_done`` returned); after it returns no handler starts.
+  outcome was reported (``on_done`` returned); after it returns no handler starts.
 """
 
 from __future__ import annotations
@@ -181,7 +181,7 @@ class Dispatcher(EngineBase[T], Generic[T]):
         if e.error is not None:
             core.report(e, _FAILURE, e.error, on_worker=False)
             with self._lock:
-                core.delivered_locked(1)
+                core.reported_locked(1)
                 if core.watchers:
                     self._cond.notify_all()
         if core.m is not None:
@@ -381,10 +381,10 @@ class Dispatcher(EngineBase[T], Generic[T]):
         n = 0
         for e, elapsed, back in expired:
             core.report(e, _TIMEOUT, HandlerTimeout(elapsed / 1e9, tns / 1e9))
-            core.deliver_skipped(back, on_worker=True)
+            core.report_skipped(back, on_worker=True)
             n += 1 + len(back)
         with self._lock:
-            core.delivered_locked(n)
+            core.reported_locked(n)
             if core.waiters:  # parking room freed; admitted only now, after the reports above
                 self._admit_waiters_locked(-1, None)
             if core.watchers:
@@ -424,7 +424,7 @@ class Dispatcher(EngineBase[T], Generic[T]):
         lists them). Overrun handlers are never waited for (their daemon threads are left to end).
 
         Returns:
-            True when every accepted message's outcome has been delivered (its ``on_done``
+            True when every accepted message's outcome has been reported (its ``on_done``
             returned) and every worker has stopped; False when ``timeout`` passed first.
 
         Raises:
@@ -486,10 +486,10 @@ class Dispatcher(EngineBase[T], Generic[T]):
         if not entries:
             return
         try:
-            self._core.deliver_skipped(entries, on_worker=False)
+            self._core.report_skipped(entries, on_worker=False)
         finally:
             with self._lock:
-                self._core.delivered_locked(len(entries))
+                self._core.reported_locked(len(entries))
                 if self._core.watchers:
                     self._cond.notify_all()
 
