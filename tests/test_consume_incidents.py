@@ -221,3 +221,19 @@ def test_item8_options_that_cannot_work_are_refused_at_construction(bad):
 def test_item8_exponential_backoff_never_overflows():
     assert exponential_backoff(1025) == 60.0 and exponential_backoff(10**9) == 60.0
     assert [exponential_backoff(a) for a in (1, 2, 3)] == [1.0, 2.0, 4.0]
+
+
+async def _async_handler(m: Any) -> None:  # pragma: no cover - refused before it could run
+    return None
+
+
+def _generator_handler(m: Any) -> Any:  # pragma: no cover - refused before it could run
+    yield m
+
+
+@pytest.mark.parametrize("handler", [_async_handler, _generator_handler], ids=["async-def", "generator"])
+def test_item7_a_handler_of_the_wrong_kind_is_refused_at_construction(handler):
+    """Calling an async def only builds a coroutine: 10 of 10 were acked, none ran."""
+    broker, consumer = broker_with([])
+    with pytest.raises(TypeError, match="plain function"):
+        ConsumeLoop(consumer, handler)

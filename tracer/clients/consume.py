@@ -47,6 +47,7 @@ from typing import TYPE_CHECKING, Any, Callable
 from opentelemetry.instrumentation.utils import suppress_instrumentation
 
 from ..dispatch import Dispatcher, DispatcherClosed
+from ..dispatch.core import require_plain
 from ..logonce import OnceLogger
 from ..path.message import body_of, describe
 from ..path.stages import Outcome
@@ -197,9 +198,9 @@ class ConsumeLoop:
     ``delivery_attempt + 1``, possibly while the hung call is still running. Without
     ``handler_timeout`` a handler is never let go.
 
-    **A handler must not submit to this loop's dispatcher** (``loop.dispatcher``): when the pool
-    is full its submit blocks its own worker until another message ends (with one worker: for
-    ever). Hand such follow-up work to another dispatcher or a queue.
+    **A handler must not submit to this loop's dispatcher** (``loop.dispatcher``): it would wait
+    for its own worker. When the pool is full the dispatcher refuses it (``RuntimeError``, so that
+    message fails and is retried); hand such follow-up work to another dispatcher or a queue.
 
     ``monotonic``: the loop's clock in seconds (leases, renewals, handler ages); tests pass a
     manual one and drive the loop with :meth:`poll`, :meth:`renew_leases` and
@@ -208,7 +209,8 @@ class ConsumeLoop:
     Raises:
         ValueError: an option that cannot work, e.g. a lease shorter than the consumer's
             declared minimum (``consumer.min_receive_invisible``, the embedded broker's).
-        TypeError: an unknown keyword, or a handler that is not callable.
+        TypeError: an unknown keyword; a handler, ``key=``, ``cost=`` or ``retry_backoff=`` that
+            is not a plain callable (an ``async def`` or generator function is refused).
     """
 
     def __init__(
@@ -224,8 +226,7 @@ class ConsumeLoop:
         **keywords: Unpack[ConsumeKeywords],
     ) -> None:
         self.dispatch_options, self.lease, self.flow = resolve_options(dispatch, lease, flow, dict(keywords))
-        if not callable(handler):
-            raise TypeError(f"handler must be callable, got {type(handler).__name__}")
+        require_plain(handler, "handler")  # an async def would "succeed" without running
         self.consumer = consumer
         self.tracer = tracer
         self._invisible_s = whole_seconds(self.lease.invisible_duration)

@@ -15,6 +15,7 @@ from dataclasses import dataclass
 from typing import Any, Callable, TypedDict
 
 from ..dispatch import DispatchMetrics, Policy
+from ..dispatch.core import require_plain
 
 __all__ = [
     "MAX_BATCH",
@@ -55,8 +56,7 @@ def _finite_positive(name: str, value: object, *, allow_zero: bool = False) -> N
 
 
 def _callable_or_none(name: str, fn: object) -> None:
-    if fn is not None and not callable(fn):
-        raise TypeError(f"{name}= must be callable or None, got {type(fn).__name__}")
+    require_plain(fn, f"{name}=", optional=True)
 
 
 @dataclass(frozen=True)
@@ -154,8 +154,7 @@ class FlowOptions:
             raise ValueError(f"ack_threads must be >= 1, got {self.ack_threads}")
         if self.stop_timeout is not None:
             _finite_positive("stop_timeout", self.stop_timeout, allow_zero=True)
-        if not callable(self.retry_backoff):
-            raise TypeError(f"retry_backoff= must be callable, got {type(self.retry_backoff).__name__}")
+        require_plain(self.retry_backoff, "retry_backoff=")
 
 
 class ConsumeKeywords(TypedDict, total=False):
