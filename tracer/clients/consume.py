@@ -104,7 +104,7 @@ def _attempt(msg: Any) -> int:
 class ConsumeStats:
     """One consistent snapshot of the loop's counters (taken under its lock). Once the loop is idle::
 
-        received == acked + retry_scheduled + given_back + ack_errors + expired + (held now)
+        received == acked + retry_scheduled + given_back + ack_errors + expired + held
 
     ``expired`` messages (their lease lost or given up before they were settled) are left to the
     broker without a call. ``succeeded + failed`` count handlers that ran and ended (``failed``
@@ -132,10 +132,11 @@ class ConsumeStats:
     receive_errors: int = 0
     resyncs: int = 0  # settings re-announced after failed receives
     resync_errors: int = 0
+    held: int = 0  # now: received and not yet settled (as ConsumeState.held, in the same snapshot)
     errors_by_kind: Mapping[str, int] = field(default_factory=dict)
 
 
-_COUNTERS = tuple(f.name for f in dataclasses.fields(ConsumeStats) if f.name != "errors_by_kind")
+_COUNTERS = tuple(f.name for f in dataclasses.fields(ConsumeStats) if f.name not in ("errors_by_kind", "held"))
 
 _LOG_KIND = {  # counter -> what failed, as one OnceLogger kind
     "lease_errors": "lease renewal", "ack_errors": "ack or nack", "receive_errors": "receive",
@@ -286,7 +287,7 @@ class ConsumeLoop:
 
     def _snapshot_locked(self) -> ConsumeStats:
         n = self._n
-        return ConsumeStats(**{name: n[name] for name in _COUNTERS},
+        return ConsumeStats(**{name: n[name] for name in _COUNTERS}, held=len(self._held),
                             errors_by_kind=types.MappingProxyType(dict(self._errors)))
 
     def state(self) -> ConsumeState:
