@@ -38,7 +38,6 @@ import logging
 import signal
 import threading
 import time
-import types
 from collections import Counter, deque
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -288,7 +287,7 @@ class ConsumeLoop:
     def _snapshot_locked(self) -> ConsumeStats:
         n = self._n
         return ConsumeStats(**{name: n[name] for name in _COUNTERS}, held=len(self._held),
-                            errors_by_kind=types.MappingProxyType(dict(self._errors)))
+                            errors_by_kind=dict(self._errors))  # a copy: the snapshot shares nothing
 
     def state(self) -> ConsumeState:
         with self._lock:
