@@ -71,8 +71,11 @@ def test_item1_a_hung_key_with_a_full_parking_room_does_not_stop_other_keys():
         assert [b for b in ran if b.startswith("A")] == ["A1"]  # A's order: nothing overtook A1
         clock.advance(5.5)  # A1 past handler_timeout: TIMEOUT, given back; its successors follow it
         loop.dispatcher.check_timeouts()
-        wait_until(lambda: loop.statistics().retry_scheduled == 1 and loop.statistics().given_back == 3,
-                   what="A1 nacked and A2..A4 given back with it")
+        try:
+            wait_until(lambda: loop.statistics().retry_scheduled == 1 and loop.statistics().given_back == 3,
+                       what="A1 nacked and A2..A4 given back with it")
+        except AssertionError as exc:
+            raise AssertionError(f"{exc}: {loop.statistics()} {loop.state()} {loop.dispatcher.statistics()}, ran {ran}") from None
         assert [b for b in ran if b.startswith("A")] == ["A1"]
     finally:
         hang.set()

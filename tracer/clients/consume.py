@@ -475,10 +475,16 @@ class ConsumeLoop:
             if not self._backlog:
                 return 0
             offer = list(self._backlog)
+        # a key whose message was reported TIMEOUT and still runs is not offered: its successors
+        # follow the given-back message back to the broker
+        hung = self._hung_keys() if any(h.key is not None for h in offer) else set()
         refused_keys: set[str] = set()
         pool_full = False  # an unkeyed message was refused: the pool has no free worker
         taken = 0
         for h in offer:
+            if h.key is not None and h.key in hung:
+                taken += self._give_back_key(h.key)
+                continue
             if (h.key is None and pool_full) or (h.key is not None and h.key in refused_keys):
                 continue
             with self._lock:
@@ -511,6 +517,15 @@ class ConsumeLoop:
                 self._changed.notify_all()
         return taken
 
+    def _hung_keys(self) -> set[str]:
+        if self.dispatch_options.handler_timeout is None:
+            return set()
+        hung = self.dispatcher.overrun()
+        if not hung:
+            return set()
+        # from the item itself: the timed-out message is settled (no longer held) long before it returns
+        return {k for item, _ in hung if (k := self._key_of(item)) is not None}
+
     def _feed_loop(self) -> None:
         """Prefetch mode: move backlog messages into the dispatcher while it takes them."""
         tick = self._tick()
@@ -527,11 +542,17 @@ class ConsumeLoop:
 
     def _start_handler(self, msg: Any) -> object:
         """What each worker runs: the user's handler — only while the loop still holds the message's
-        lease, the stop deadline has not passed, and no other copy of the message runs in this
-        process (a hung first run's redelivery); else it does not start and is given back."""
+        lease, the stop deadline has not passed, no other copy of the message runs in this process
+        (a hung first run's redelivery), and no message of its key hangs past its TIMEOUT; else it
+        does not start and is given back."""
         mid = getattr(msg, "message_id", None)
         with self._lock:
             h = self._held.get(id(msg))
+        # the dispatcher frees a key at its message's TIMEOUT, before the loop hears of it: a
+        # successor must not start while that message is given back (it follows it instead)
+        if h is not None and h.key is not None and h.key in self._hung_keys():
+            raise _NotStarted("a message of its key timed out and still runs: it follows that one back")
+        with self._lock:
             if h is not None and (self._no_more_starts or not h.live(self._monotonic())):
                 raise _NotStarted("the lease is gone or the stop deadline passed")
             if mid is not None:
@@ -555,18 +576,20 @@ class ConsumeLoop:
         if outcome is Outcome.TIMEOUT and h.key is not None:
             self._give_back_key(h.key)
 
-    def _give_back_key(self, key: str) -> None:
+    def _give_back_key(self, key: str) -> int:
         """A message of ``key`` was given back after a timeout: its successors the loop still holds
-        unsubmitted follow it back to the broker (they must not overtake it here)."""
+        unsubmitted follow it back to the broker (they must not overtake it here). How many."""
         with self._lock:
             follow = [h for h in self._backlog if h.key == key and h.state == WAITING]
             if not follow:
-                return
+                return 0
             for h in follow:
                 h.state = SUBMITTED  # out of the feeder's reach
-            self._backlog = deque(h for h in self._backlog if h.state == WAITING)
+            gone = set(map(id, follow))  # not "state != WAITING": one being offered right now stays
+            self._backlog = deque(h for h in self._backlog if id(h) not in gone)
         for h in follow:
             self._report(h, Outcome.SKIPPED, ran=False)
+        return len(follow)
 
     def _report(self, h: Held, outcome: Outcome, *, ran: bool) -> None:
         """The message's outcome is known: queue its settle (or settle it here once the ack
