@@ -79,11 +79,14 @@ TIMEOUT, GRACE = 2.0, 1.0  # handler_timeout and hang_grace
 POISON = "poison"  # a key whose callable raises on a message's first delivery
 
 
-def key_of(m: Any) -> str | None:
+def key_of(m: Any, failed: set[int] | None = None) -> str | None:
     """The user's ``key=``: raises on the first delivery of a poison-keyed message, which must fail
-    that one message (nacked, back with attempt 2) and never stop the loop."""
+    that one message (nacked, back with attempt 2) and never stop the loop. ``failed`` collects
+    those deliveries (failed without their handler running)."""
     key = m.properties.get("key")
     if key == POISON and (m.delivery_attempt or 1) == 1:
+        if failed is not None:
+            failed.add(id(m))
         raise ValueError("the user's key callable failed")
     return key
 
@@ -188,14 +191,14 @@ class ConsumeModel(RuleBasedStateMachine):
         self.stopped = False
         self.deliveries: Counter[int] = Counter()  # id(message) -> handler runs
         self.succeeded: set[int] = set()  # id(message) of deliveries whose handler returned in time
-        self.failed: set[int] = set()  # id(message) of deliveries whose handler raised or overran
+        self.failed: set[int] = set()  # id(message) of deliveries whose handler raised or overran, or whose key= raised
         self.keep: list[Any] = []  # every delivered message object, so ids are never reused
         self.started_stale: list[str] = []  # message ids started after their lease had ended
         self.loop = ConsumeLoop(
             self.client, self.handler, monotonic=self.clock,
             dispatch=DispatchOptions(
                 policy=Aggressive(max_parked=1) if policy == "aggressive" else RoundRobin(buffer=1),
-                workers=workers, key=key_of, handler_timeout=TIMEOUT),
+                workers=workers, key=lambda m: key_of(m, self.failed), handler_timeout=TIMEOUT),
             lease=LeaseOptions(invisible_duration=LEASE, renew_margin=self.margin, hang_grace=GRACE),
             flow=FlowOptions(retry_backoff=lambda attempt: BACKOFF, ack_threads=2))
         self.run_thread: threading.Thread | None = None
@@ -206,7 +209,7 @@ class ConsumeModel(RuleBasedStateMachine):
     def handler(self, m: Any) -> None:
         call = Call(m, self.clock())
         with self.client.lock:
-            if self.client.lease_end.get(id(m), 0.0) <= call.started and not self.excused(m.message_id):
+            if self.client.lease_end.get(id(m), 0.0) <= call.started:  # no excuse: a stall is exactly this case
                 self.started_stale.append(m.message_id)
         with self.cond:
             self.deliveries[id(m)] += 1
@@ -346,6 +349,9 @@ class ConsumeModel(RuleBasedStateMachine):
     def stop(self, bounded: bool) -> None:
         if self.threaded and bounded:  # the drain is cut now: nothing more starts, the rest given back
             assert self.loop.stop(timeout=0.0) is True
+            # and once its ack threads are gone, what still runs is settled by whoever reports it
+            wait_until(lambda: not any(t.is_alive() for t in self.loop._ack_workers), timeout=10,
+                       what="the loop's ack threads to exit")
         elif self.threaded:
             self.loop.stop()  # asks; run() drains once the handlers it waits for are released
         else:
@@ -444,6 +450,12 @@ class ConsumeModel(RuleBasedStateMachine):
                         if i not in running and not self.excused(m.message_id)]
             assert not left, f"invariant run_stop_drains_or_gives_back: neither settled nor given back: {left}"
 
+    def check_promise(self) -> None:
+        for name in ("failed_or_timed_out_never_acked", "acked_only_after_success", "no_two_copies_at_once",
+                     "started_only_with_a_live_lease", "no_delivery_runs_twice", "held_leases_stay_renewed",
+                     "stats_add_up", "run_stop_drains_or_gives_back"):
+            getattr(self, name)()
+
     def loop_finished(self) -> bool:
         return self.run_thread is not None and not self.run_thread.is_alive()
 
@@ -461,6 +473,7 @@ class ConsumeModel(RuleBasedStateMachine):
                 self.quiesce()
                 if not self.threaded:
                     self.loop.settle_ready()
+                self.check_promise()  # the drain keeps the promise too
                 if self.broker.backlog("G", "T") == 0 or (self.stopped and self.loop.state().held == 0):
                     break
                 before = self.loop.statistics().received
