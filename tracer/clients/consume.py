@@ -16,8 +16,10 @@ pass a key whose parking room is full, and the loop keeps receiving while fewer 
 until one of them starts). A renewal never happens once a message's ack has begun (one lock per
 message): on the proxy, renewing an acked message brings it back.
 
-Verbs: the loop *settles* a message — acks it, or nacks it (gives it back to the broker with a
-backoff) — exactly once per delivery, or lets it *expire* (no broker call: its lease is gone).
+Verbs, one meaning each: the dispatcher *reports* a delivery's outcome; the loop then *settles*
+it — ends its hold on it, exactly once: *acks* it (its handler succeeded), *nacks* it (shortens
+its invisibility to a backoff: *gives it back*, "retry" when it ran and failed), or, its lease
+already gone, lets it *expire* (no broker call). *Renew* extends a held message's lease.
 
 Delivery is at-least-once: a message is acked only after its handler returned successfully, so a
 crash between the handler's end and the ack, an ack lost on the wire, or a lease that could not
@@ -105,7 +107,7 @@ class ConsumeStats:
 
         received == acked + retry_scheduled + given_back + ack_errors + expired + held
 
-    ``expired`` messages (their lease lost or given up before they were settled) are left to the
+    ``expired`` messages (their lease lost or given up before their ack or nack) are left to the
     broker without a call. ``succeeded + failed`` count handlers that ran and ended (``failed``
     includes TIMEOUT); ``not_started`` counts messages given back or expired without running
     (their lease was gone when a worker was about to start them, the stop deadline had passed, or
@@ -131,7 +133,7 @@ class ConsumeStats:
     receive_errors: int = 0
     resyncs: int = 0  # settings re-announced after failed receives
     resync_errors: int = 0
-    held: int = 0  # now: received and not yet settled (as ConsumeState.held, in the same snapshot)
+    held: int = 0  # now: received, not yet settled (as ConsumeState.held, but in this snapshot)
     errors_by_kind: Mapping[str, int] = field(default_factory=dict)
 
 
