@@ -74,7 +74,7 @@ from tracer.embedded import EmbeddedBroker, Message, Producer, SimpleConsumer
 
 LONG = os.environ.get("RMQTRACE_LONG") == "1"
 LEASE, BACKOFF = 3, 1  # seconds; renewals ask for LEASE, nacks for BACKOFF
-TIMEOUT, GRACE = 2.0, 1.0  # handler_timeout and hang_grace
+TIMEOUT, GRACE = 4.0, 1.0  # handler_timeout (longer than a stall past the lease) and hang_grace
 
 POISON = "poison"  # a key whose callable raises on a message's first delivery
 
@@ -337,6 +337,17 @@ class ConsumeModel(RuleBasedStateMachine):
         if call.fail or self.clock() - call.started > TIMEOUT:
             self.retried.add(call.message.message_id)
         call.gate.set()
+        self.quiesce()
+
+    @rule()
+    def hang(self) -> None:
+        """Whatever runs now hangs past handler_timeout (nothing released): TIMEOUT, given back
+        while the hung calls go on — their redeliveries may come back here while they run."""
+        self.taint_held()
+        self.clock.advance(TIMEOUT + 0.1)
+        with self.cond:
+            self.retried.update(c.message.message_id for c in self.running)
+        self.renew()
         self.quiesce()
 
     @rule(op=st.sampled_from(["receive", "ack", "nack", "renew"]), when=st.sampled_from(["before", "after"]))
