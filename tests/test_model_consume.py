@@ -240,7 +240,7 @@ class ConsumeModel(RuleBasedStateMachine):
                 released = any(c.gate.is_set() for c in self.running)
             ok = (not released and s.reported == ds.handled + ds.failed + ds.timed_out + ds.skipped
                   and ds.in_flight + ds.overrun == running)
-            if ok and self.threaded:  # and no broker call of the keeper or the ack side half counted
+            if ok and self.threaded and not self.loop_finished():  # no keeper or ack call half counted
                 fired = self.client.fired
                 ok = (state.settling == 0 and not self.due_and_untouched()
                       and s.ack_errors >= fired["ack"] + fired["nack"] and s.lease_errors >= fired["renew"])
@@ -374,6 +374,13 @@ class ConsumeModel(RuleBasedStateMachine):
             # and once its ack threads are gone, what still runs is settled by whoever reports it
             wait_until(lambda: not any(t.is_alive() for t in self.loop._ack_workers), timeout=10,
                        what="the loop's ack threads to exit")
+            with self.cond:  # what still ran at the cut ends now: its outcome comes after run()
+                for c in self.running:
+                    c.gate.set()
+            self.stopped = True
+            self.received_at_stop = self.loop.statistics().received
+            self.quiesce()
+            return
         elif self.threaded:
             self.loop.stop()  # asks; run() drains once the handlers it waits for are released
         else:
