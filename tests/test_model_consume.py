@@ -370,6 +370,11 @@ class ConsumeModel(RuleBasedStateMachine):
     @rule(bounded=st.booleans())
     def stop(self, bounded: bool) -> None:
         if self.threaded and bounded:  # the drain is cut now: nothing more starts, the rest given back
+            with self.cond:
+                idle = not self.running
+            if idle:  # cut the drain with a handler running: one unkeyed message, on a free worker
+                self.send(None, 1)
+                wait_until(lambda: bool(self.running), timeout=10, what="a handler to run before the cut")
             assert self.loop.stop(timeout=0.0) is True
             # and once its ack threads are gone, what still runs is settled by whoever reports it
             wait_until(lambda: not any(t.is_alive() for t in self.loop._ack_workers), timeout=10,
