@@ -13,12 +13,15 @@ of worker tasks (mid-handler and idle). The promise, as named invariants checked
   back — TIMEOUT — releases its key, its parked successors are given back with it, SKIPPED);
 * ``skipped_never_ran`` — a SKIPPED message never started;
 * ``no_start_after_close`` — after ``close`` returned, no handler starts;
+* ``deadline_kept`` — a handler past its deadline is reported TIMEOUT by the watchdog check;
+* ``successors_follow`` — what waited behind a message reported TIMEOUT is given back SKIPPED;
+* ``engine_alive`` — every worker thread lives until close;
 * ``stats_add_up`` — the snapshot adds up and agrees with what ``on_done`` saw;
 * ``close_drains_or_gives_back`` — when ``close`` returns True every accepted message has its
   outcome; when False, every one without an outcome is running.
 
 Costliest-first is checked on the pure scheduler (``tests/test_model_scheduler.py``), where the
-window's contents are exact. Default ~300 examples in all (``RMQTRACE_LONG=1``: ten times more).
+window's contents are exact. Default 350 examples (200 thread, 150 asyncio; ``RMQTRACE_LONG=1``: ten times more).
 """
 
 from __future__ import annotations
@@ -137,6 +140,7 @@ class Harness:
         self.blocked: set[Item] = set()  # their items
         self.order: list[Item] = []  # accepted items, in acceptance order
         self.closed_returned = False  # close() has returned
+        self.no_more_starts = False  # close(drain=False) began after quiescence: nothing may start
 
     def accepted(self, it: Item) -> None:
         with self.cond:
@@ -148,8 +152,9 @@ class Harness:
             it.starts += 1
             if it.starts > 1:
                 self.violations.append(violated("one_copy_at_once", f"{it} started twice"))
-            if self.closed_returned:
-                self.violations.append(violated("no_start_after_close", f"{it} started after close returned"))
+            if self.closed_returned or self.no_more_starts:
+                self.violations.append(violated("no_start_after_close", f"{it} started after close returned "
+                                                "or during close(drain=False)"))  # fmt: skip
             if it.key is not None and it.accept_no is not None:
                 for other in self.order[: it.accept_no]:
                     if other.key == it.key and other not in self.outcomes:
@@ -320,8 +325,10 @@ class ThreadEngineModel(_Model):
         deadline = time.monotonic() + WAIT
         with h.cond:
             while not pred():
-                assert not h.violations, h.violations
-                assert time.monotonic() < deadline, f"stuck waiting for {what}: {self.d.statistics()}"
+                assert not h.violations, "; ".join(h.violations)
+                s = self.d.statistics()
+                assert self.closed or s.live_workers == self.workers, violated("engine_alive", s)
+                assert time.monotonic() < deadline, f"stuck waiting for {what}: {s}"
                 h.cond.wait(0.002)  # real-time: re-check for the worker's last step, which signals nothing
 
     def quiet(self) -> bool:
@@ -375,22 +382,31 @@ class ThreadEngineModel(_Model):
         it.gate.set()
         self.quiesce()
         if want is not None:
-            assert self.h.outcomes[it][0] is want, (it, self.h.outcomes[it], want)
+            got = self.h.outcomes[it][0]
+            assert got is want, violated("failure_never_success" if got is Outcome.SUCCESS else "outcome_as_done",
+                                         (it, got, want))  # fmt: skip
 
     @precondition(lambda self: not self.closed)
     @rule(seconds=st.sampled_from([1.0, 2.5, 6.0]))
     def advance(self, seconds: float) -> None:
+        h = self.h
         now = self.clock.advance_s(seconds)
         due = [it for it in self.running_unreleased() if not it.expired and expected(it, now) is Outcome.TIMEOUT]
-        n = self.d.check_timeouts()
-        assert n <= len(due)  # the watchdog may have reported some itself
-        self.await_(lambda: all(it in self.h.outcomes for it in due), "timeouts reported")
-        for it in due:
-            assert self.h.outcomes[it][0] is Outcome.TIMEOUT
-            it.expired = True
-        assert self.d.statistics().overrun == sum(it.expired and not it.returned for it in self.items)
-        assert len(self.d.overrun()) == self.d.statistics().overrun
+        with h.cond:  # what waits behind each: it must follow its message when that is given back
+            behind = {it: [p for p in h.order if it.key is not None and p.key == it.key
+                           and p not in h.outcomes and p.starts == 0] for it in due}  # fmt: skip
+        self.d.check_timeouts()  # reports before it returns (the watchdog may have taken some itself)
         self.quiesce()
+        for it in due:
+            got = h.outcomes.get(it, (None, None))[0]
+            assert got is Outcome.TIMEOUT, violated("deadline_kept", f"{it} past its deadline, outcome {got}")
+            it.expired = True
+            for p in behind[it]:
+                pg = h.outcomes.get(p, (None, None))[0]
+                assert pg is Outcome.SKIPPED, violated("successors_follow", f"{p} behind {it} (TIMEOUT) got {pg}")
+        s = self.d.statistics()
+        assert s.overrun == sum(it.expired and not it.returned for it in self.items), violated("stats_add_up", s)
+        assert len(self.d.overrun()) == s.overrun, violated("stats_add_up", s)
 
     @precondition(lambda self: self.close_allowed())
     @rule(drain=st.booleans())
@@ -414,14 +430,19 @@ class ThreadEngineModel(_Model):
             with self.h.cond:
                 self.h.closed_returned = True
 
+        self.h.no_more_starts = not drain
         closer = threading.Thread(target=close)
         closer.start()
         with self.h.cond:
             self.h.auto_release = True
             for it in self.items:
                 it.gate.set()
-        closer.join(WAIT)
-        assert not closer.is_alive(), "close did not return"
+        deadline = time.monotonic() + WAIT
+        while closer.is_alive() and not self.h.violations and time.monotonic() < deadline:
+            closer.join(0.01)  # real-time: a violation seen while closing ends the example at once
+        with self.h.cond:
+            assert not self.h.violations, "; ".join(self.h.violations)
+        assert not closer.is_alive(), violated("close_drains_or_gives_back", "close did not return")
         for t in self.bg:
             t.join(WAIT)
         self.closed = True
@@ -434,16 +455,23 @@ class ThreadEngineModel(_Model):
             return
         self.check()
         if not self.closed:
-            assert self.d.statistics().live_workers == self.workers
+            s = self.d.statistics()
+            assert s.live_workers == self.workers, violated("engine_alive", s)
 
     def teardown(self) -> None:
         if hasattr(self, "d") and not self.closed:
+            if self.h.violations or self.d.statistics().live_workers < self.workers:  # failed already: end it
+                # without waiting on a broken engine
+                for it in self.items:
+                    it.gate.set()
+                self.d.close(timeout=0.1)
+                return
             self.check_closed(self.shut(True))
         self.coverage()
 
 
 ThreadEngineModel.TestCase.settings = settings(
-    max_examples=900 if LONG else 90, stateful_step_count=40, deadline=None,
+    max_examples=2000 if LONG else 200, stateful_step_count=40, deadline=None,
     suppress_health_check=[HealthCheck.too_slow],
 )  # fmt: skip
 test_thread_engine_model = ThreadEngineModel.TestCase
@@ -556,7 +584,9 @@ class AsyncEngineModel(_Model):
         assert it.agate is not None
         it.agate.set()
         self.run(self.quiesce())
-        assert self.h.outcomes[it][0] is want, (it, self.h.outcomes[it], want)
+        got = self.h.outcomes[it][0]
+        assert got is want, violated("failure_never_success" if got is Outcome.SUCCESS else "outcome_as_done",
+                                     (it, got, want))  # fmt: skip
 
     @precondition(lambda self: not self.closed)
     @rule(seconds=st.sampled_from([1000.0, 2500.0, 6000.0]))
@@ -623,6 +653,7 @@ class AsyncEngineModel(_Model):
 
     def shut(self, drain: bool) -> bool:
         async def go() -> bool:
+            self.h.no_more_starts = not drain
             closing = asyncio.ensure_future(self.d.close(drain=drain))
             await asyncio.sleep(0)  # real-time: zero-length, lets close begin before the releases
             self.h.auto_release = True
@@ -653,6 +684,8 @@ class AsyncEngineModel(_Model):
         if not hasattr(self, "d"):
             return
         try:
+            if not self.closed and self.h.violations:  # already failed: do not wait on a broken engine
+                return
             if not self.closed:
                 self.check_closed(self.shut(True))
             self.coverage()
@@ -661,7 +694,7 @@ class AsyncEngineModel(_Model):
 
 
 AsyncEngineModel.TestCase.settings = settings(
-    max_examples=600 if LONG else 60, stateful_step_count=40, deadline=None,
+    max_examples=1500 if LONG else 150, stateful_step_count=40, deadline=None,
     suppress_health_check=[HealthCheck.too_slow],
 )  # fmt: skip
 test_async_engine_model = AsyncEngineModel.TestCase
