@@ -6,7 +6,7 @@ BIN := $(VENV)/bin
 PIP := $(BIN)/python -m pip
 export PIP_DISABLE_PIP_VERSION_CHECK := 1
 
-.PHONY: demo test test-unit bench lint dist services-up services-down stack stack-down clean help
+.PHONY: demo test test-unit bench lint dist seeded mutation services-up services-down stack stack-down clean help
 
 help:
 	@echo "make demo         the incident and its fix on the embedded broker (no Java, no Go)"
@@ -63,6 +63,20 @@ services-down:
 bench: $(VENV)/.installed
 	$(BIN)/rmqtrace bench overhead
 	$(BIN)/rmqtrace bench dispatch
+
+# Not part of `make test`: hand-written seeded bugs, each must be caught by a named invariant
+seeded: $(VENV)/.installed-test
+	nice $(BIN)/python tests/mutation/run_seeded.py
+
+$(VENV)/.installed-mutation: pyproject.toml | $(VENV)/.installed-test
+	$(PIP) install -q -e '.[test,mutation]'
+	@touch $@
+
+# mutmut over the functions in tests/mutation/scope.txt, then the seeded bugs
+mutation: $(VENV)/.installed-mutation
+	RMQTRACE_SEEDED=1 nice $(BIN)/mutmut run $$(grep -v '^#' tests/mutation/scope.txt)
+	$(BIN)/mutmut results
+	$(MAKE) --no-print-directory seeded
 
 stack: $(VENV)/.installed
 	bash services/stack.sh up

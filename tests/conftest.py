@@ -16,6 +16,14 @@ from prometheus_client import CollectorRegistry
 
 sys.path.insert(0, str(Path(__file__).parent))  # helper modules beside the tests
 
+if os.environ.get("RMQTRACE_SEEDED") == "1":
+    # tests/mutation/run_seeded.py: only whether a bug is caught, and by which invariant, counts —
+    # no shrinking, no example database (loaded before the test modules build their settings)
+    from hypothesis import Phase, settings
+
+    settings.register_profile("seeded", phases=[Phase.explicit, Phase.generate], database=None)
+    settings.load_profile("seeded")
+
 REPO = Path(__file__).resolve().parent.parent
 
 

@@ -99,9 +99,9 @@ def test_long_handler_keeps_its_lease_and_is_not_redelivered():
         deliveries.append(m.delivery_attempt)
         release.wait(5)
 
-    broker, loop = pipeline(1, handler, invisible=0.3, renew_margin=0.2)
+    broker, loop = pipeline(1, handler, invisible=1, renew_margin=0.7)
     t = run_in_thread(loop)
-    wait_until(lambda: loop.stats.leases_extended >= 4, what="lease renewals past the first lease")
+    wait_until(lambda: loop.stats.leases_extended >= 3, what="lease renewals past the first lease")
     release.set()
     wait_until(lambda: loop.stats.acked == 1, what="ack")
     loop.stop()
@@ -259,8 +259,10 @@ def test_a_hung_handler_is_abandoned_after_timeout_plus_grace_and_stop_is_bounde
                        timeout=5, what="a keeper pass")
         wait_until(lambda: loop.stats.abandoned + loop.stats.retry_scheduled == 1, what="the hung one let go")
         clock.advance(1.0)  # its last lease (or the backoff) runs out: the broker hands it out again
-        wait_until(lambda: loop.stats.acked == 1, what="the second delivery acked")
-        assert attempts == [1, 2] and loop.stats.redelivered == 1 and not hang.is_set()
+        # ... but not to a second worker here while the hung call still runs: that copy is given
+        # back at once (a healthy peer would take it), one copy of a message runs per process
+        wait_until(lambda: loop.stats.given_back == 1, what="the second delivery given back unrun")
+        assert attempts == [1] and loop.stats.redelivered == 1 and loop.stats.not_started == 1
         t0 = time.monotonic()
         assert loop.stop(timeout=0.5) is True  # the hung call still runs
         assert time.monotonic() - t0 < 3

@@ -57,7 +57,7 @@ def test_one_message_per_worker_and_back_pressure() -> None:
         assert d.free_slots() == 0
         assert await d.submit("x", timeout=0) is False
         pending = asyncio.ensure_future(d.submit("c"))
-        await until(lambda: d.stats.waiters == 1)
+        await until(lambda: d.statistics().waiters == 1)
         assert not pending.done()
         g.open("a")
         assert await pending is True
@@ -65,7 +65,7 @@ def test_one_message_per_worker_and_back_pressure() -> None:
         assert g.tasks["c"] is g.tasks["a"]  # the freed worker took it
         g.open("b", "c")
         await d.close()
-        s = d.stats
+        s = d.statistics()
         assert s.submitted == 3 == s.handled and s.in_flight == 0
 
     run(main)
@@ -104,7 +104,7 @@ def test_cost_aware_and_exact_counts() -> None:
             g.open(it)
         await d.close()
         assert [n for n, _ in g.order] == ["first", "b", "c", "a"]
-        assert d.stats.handled == d.stats.submitted == 4 == len(got)
+        assert d.statistics().handled == d.statistics().submitted == 4 == len(got)
 
     run(main)
 
@@ -135,7 +135,7 @@ def test_failure_and_timeout_keep_workers_alive() -> None:
             (3, Outcome.SUCCESS),
         ]
         assert isinstance(got[1][2], HandlerTimeout)
-        s = d.stats
+        s = d.statistics()
         assert s.submitted == s.handled + s.failed + s.timed_out == 4
 
     run(main)
@@ -158,7 +158,7 @@ def test_close_without_drain_skips_queued_and_rejects_submit() -> None:
         g.open(0)
         await closing
         assert got == [(1, Outcome.SKIPPED), (2, Outcome.SKIPPED), (0, Outcome.SUCCESS)]
-        assert d.stats.live_workers == 0
+        assert d.statistics().live_workers == 0
 
     run(main)
 
@@ -201,7 +201,7 @@ def test_stamps_and_metrics() -> None:
             assert await d.wait_idle(WAIT)
         assert log[:5] == [("mark", Stage.DISPATCH_ENQUEUE), "start", "handler", "end", ("finish", Outcome.SUCCESS)]
         n = reg.get_sample_value("rmqtrace_dispatch_slot_wait_seconds_count", {"policy": "aggressive"})
-        assert n == d.stats.handled == 10
+        assert n == d.statistics().handled == 10
 
     run(main)
 
@@ -232,7 +232,7 @@ def test_submit_after_close_starts_nothing() -> None:
         await d.close()
         with pytest.raises(DispatcherClosed):
             await d.submit(1)
-        assert d.stats.live_workers == 0
+        assert d.statistics().live_workers == 0
 
     run(main)
 
@@ -257,7 +257,7 @@ def test_worker_cancelled_while_holding_a_message_does_not_drop_the_next() -> No
         await d.close(timeout=WAIT)
         assert [(i, o) for i, o, _ in got] == [("held", Outcome.FAILURE), ("next", Outcome.SUCCESS)]
         assert isinstance(got[0][2], asyncio.CancelledError)
-        s = d.stats
+        s = d.statistics()
         assert s.submitted == 2 == s.handled + s.failed and s.in_flight == s.queued == 0
 
     run(main)
@@ -275,7 +275,7 @@ def test_worker_cancelled_while_idle_still_gets_messages() -> None:
         assert task is not None
         task.cancel()  # idle, waiting for a hand-off
         await until(task.done)
-        assert d.stats.live_workers == 0
+        assert d.statistics().live_workers == 0
         await d.submit("later")
         await g.wait_started("later")
         await d.close(timeout=WAIT)
@@ -302,7 +302,7 @@ def test_handler_swallowing_the_timeout_and_overrunning_is_a_timeout() -> None:
         await d.close()
         assert [o for o, _ in got] == [Outcome.TIMEOUT]
         assert isinstance(got[0][1], HandlerTimeout)
-        assert d.stats.timed_out == 1 and d.stats.handled == 0
+        assert d.statistics().timed_out == 1 and d.statistics().handled == 0
 
     run(main)
 
@@ -364,12 +364,12 @@ def test_raising_key_and_bad_cost_fail_or_default_without_raising() -> None:
         nan = float("nan")  # one object: NaN != NaN, the gates find it by identity
         for it in (("a", 1), ("nan", nan), ("nokey", 3), ("b", 4)):
             assert await d.submit(it) is True
-        assert ("nokey", Outcome.FAILURE) in got and d.stats.cost_errors == 1
+        assert ("nokey", Outcome.FAILURE) in got and d.statistics().cost_errors == 1
         for it in (("first", 0), ("a", 1), ("nan", nan), ("b", 4)):
             g.open(it)
         await d.close()
         assert [n for n, _ in g.order] == ["first", "b", "a", "nan"]
-        assert d.stats.failed == 1 and d.stats.handled == 4
+        assert d.statistics().failed == 1 and d.statistics().handled == 4
 
     run(main)
 

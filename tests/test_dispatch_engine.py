@@ -29,7 +29,7 @@ WAIT = 10.0  # generous upper bound for anything that should happen "now"
 
 def submitter_blocked(d: Dispatcher[Any]) -> bool:
     """Someone waits inside the dispatcher: a blocked submitter, or a caller of wait_*/close."""
-    s = d.stats
+    s = d.statistics()
     return s.waiters > 0 or s.watchers > 0
 
 
@@ -114,10 +114,10 @@ def test_aggressive_at_most_one_message_per_worker() -> None:
     with Dispatcher(handler, workers=4) as d:
         for i in range(500):
             d.submit(i)
-            assert d.stats.in_flight + d.stats.queued <= 4
+            assert d.statistics().in_flight + d.statistics().queued <= 4
     assert worst_thread == 1
     assert worst_total <= 4
-    assert d.stats.handled == 500 and d.stats.queued == 0
+    assert d.statistics().handled == 500 and d.statistics().queued == 0
 
 
 def test_submit_blocks_when_all_slots_full_and_unblocks_when_one_frees() -> None:
@@ -142,7 +142,7 @@ def test_submit_blocks_when_all_slots_full_and_unblocks_when_one_frees() -> None
     assert not g.is_started("x")
     g.open("a", "c")
     d.close()
-    assert d.stats.submitted == 3 and d.stats.handled == 3
+    assert d.statistics().submitted == 3 and d.statistics().handled == 3
     t.join()
 
 
@@ -175,7 +175,7 @@ def test_blocked_submit_times_out_and_its_item_never_runs() -> None:
     g.open(2)
     d.close()
     assert g.order == [0, 2]
-    assert d.stats.submitted == 2 == d.stats.handled
+    assert d.statistics().submitted == 2 == d.statistics().handled
 
 
 def test_several_blocked_submitters_each_get_in_exactly_once() -> None:
@@ -187,14 +187,14 @@ def test_several_blocked_submitters_each_get_in_exactly_once() -> None:
     threads = [threading.Thread(target=lambda n=n: (d.submit(n), accepted.append(n))) for n in ("a", "b", "c")]
     for t in threads:
         t.start()
-    wait_until(lambda: d.stats.waiters == 3)
+    wait_until(lambda: d.statistics().waiters == 3)
     g.open("first", "a", "b", "c")
     for t in threads:
         t.join(WAIT)
     d.close()
     assert sorted(accepted) == ["a", "b", "c"]
     assert sorted(g.order) == ["a", "b", "c", "first"]
-    assert d.stats.submitted == 4 == d.stats.handled
+    assert d.statistics().submitted == 4 == d.statistics().handled
 
 
 @pytest.mark.parametrize("policy", [Aggressive(max_parked=2), CostAware(window=3), RoundRobin(buffer=1)])
@@ -219,7 +219,7 @@ def test_concurrent_submitters_nothing_lost_or_run_twice(policy: Any) -> None:
         t.join(WAIT)
     d.close()
     assert len(ran) == 1200 and set(ran.values()) == {1}
-    assert d.stats.submitted == 1200 == d.stats.handled
+    assert d.statistics().submitted == 1200 == d.statistics().handled
 
 
 def test_wait_for_free_slot_returns_when_a_worker_frees() -> None:
@@ -245,7 +245,7 @@ def test_same_key_never_concurrent_and_in_order_while_other_keys_pass() -> None:
     for item in ("A-1", "A-2", "A-3", "B-1", "B-2"):
         assert d.submit(item, timeout=WAIT)
     g.wait_started("A-1", "B-1")
-    assert d.stats.queued == 3  # A-2, A-3 behind A-1; B-2 behind B-1; none holds a worker
+    assert d.statistics().queued == 3  # A-2, A-3 behind A-1; B-2 behind B-1; none holds a worker
     assert d.free_slots() == 1
     g.open("B-1", "B-2")  # key B flows past the slow key A
     g.wait_started("B-2")
@@ -260,7 +260,7 @@ def test_same_key_never_concurrent_and_in_order_while_other_keys_pass() -> None:
     d.close()
     a_order = [x for x in g.order if x.startswith("A")]
     assert a_order == ["A-1", "A-2", "A-3"]
-    assert d.stats.handled == 6
+    assert d.statistics().handled == 6
 
 
 @pytest.mark.parametrize("policy", [Aggressive(), CostAware(window=8), RoundRobin(buffer=3)])
@@ -288,7 +288,7 @@ def test_key_exclusion_and_order_under_load(policy: Any) -> None:
     assert clashes == 0
     for k, seq in started.items():
         assert seq == sorted(seq), f"key {k} out of order"
-    assert d.stats.handled == 400
+    assert d.statistics().handled == 400
 
 
 def test_none_key_means_unordered() -> None:
@@ -310,7 +310,7 @@ def test_cost_aware_starts_most_expensive_waiting_first() -> None:
     waiting = [("a", 1), ("b", 5), ("c", 3), ("d", 9), ("e", 2), ("f", 5)]
     for it in waiting:
         assert d.submit(it, timeout=0)
-    assert d.stats.queued == 6 and d.free_slots() == 4
+    assert d.statistics().queued == 6 and d.free_slots() == 4
     for it in waiting:
         g.open(it)
     g.open(("first", 1))
@@ -344,13 +344,13 @@ def test_round_robin_keeps_the_incident_behaviour() -> None:
     g.wait_started(0, 1)
     g.open(1, 3, 5)
     d.wait_for_free_slot(0)
-    wait_until(lambda: d.stats.in_flight == 1)  # worker 1 went idle...
+    wait_until(lambda: d.statistics().in_flight == 1)  # worker 1 went idle...
     assert not g.is_started(2)  # ...while 2 and 4 still wait behind 0 on worker 0
     assert d.submit(6, timeout=0) is False  # and the next target is worker 0 again
     g.open(0, 2, 4, 6)
     assert d.submit(6, timeout=WAIT)
     d.close()
-    assert d.stats.handled == 7
+    assert d.statistics().handled == 7
 
 
 # ---------------------------------------------------------------------------------- life cycle
@@ -373,7 +373,7 @@ def test_exact_counts_with_failures_and_timeouts() -> None:
     with Dispatcher(handler, workers=3, on_done=on_done, handler_timeout=1.0, clock=clock) as d:
         for i in range(1, 141):
             d.submit(i)
-    s = d.stats
+    s = d.statistics()
     failed = sum(1 for i in range(1, 141) if i % 5 == 0)
     assert s.submitted == 140 == s.handled + s.failed + s.timed_out
     assert s.failed == failed and s.timed_out > 0
@@ -405,7 +405,7 @@ def test_failing_handler_leaves_the_worker_alive() -> None:
         (2, Outcome.SUCCESS, None),
     ]
     assert len(set(threads.values())) == 1
-    assert d.stats.failed == 2 and d.stats.handled == 1
+    assert d.statistics().failed == 2 and d.statistics().handled == 1
 
 
 def test_handler_timeout_marks_timeout_once_and_never_reruns() -> None:
@@ -429,7 +429,7 @@ def test_handler_timeout_marks_timeout_once_and_never_reruns() -> None:
     err1, err2 = got[0][1], got[1][1]
     assert isinstance(err1, HandlerTimeout) and err1.elapsed_s == pytest.approx(5.0) and err1.timeout_s == 1.5
     assert isinstance(err2, HandlerTimeout) and isinstance(err2.__cause__, KeyError)
-    assert d.stats.timed_out == 2 and d.stats.failed == 0
+    assert d.statistics().timed_out == 2 and d.statistics().failed == 0
 
 
 def test_close_drains_queued_and_in_flight() -> None:
@@ -448,7 +448,7 @@ def test_close_drains_queued_and_in_flight() -> None:
     closer.join(WAIT)
     assert not closer.is_alive()
     assert sorted(done) == list(range(6))
-    s = d.stats
+    s = d.statistics()
     assert s.handled == 6 and s.skipped == 0 and s.in_flight == s.queued == 0
     d.close()  # idempotent
 
@@ -471,7 +471,7 @@ def test_close_without_drain_skips_queued_and_finishes_in_flight() -> None:
     assert g.order == [0]
     assert ("1", "finish", Outcome.SKIPPED, None) in log
     assert not any(e[0] == "1" and e[1] == "start" for e in log)
-    s = d.stats
+    s = d.statistics()
     assert s.submitted == 4 and s.handled == 1 and s.skipped == 3
 
 
@@ -497,7 +497,7 @@ def test_close_wakes_a_blocked_submitter_with_dispatcher_closed() -> None:
     assert len(errors) == 1
     g.open(0)
     closer.join(WAIT)
-    assert d.stats.submitted == 1 and d.stats.handled == 1
+    assert d.statistics().submitted == 1 and d.statistics().handled == 1
 
 
 def test_close_timeout_returns_and_work_still_finishes() -> None:
@@ -507,7 +507,7 @@ def test_close_timeout_returns_and_work_still_finishes() -> None:
     d.submit(0)
     g.wait_started(0)
     d.close(timeout=0.01)  # returns although the handler is still running
-    assert d.stats.in_flight == 1
+    assert d.statistics().in_flight == 1
     g.open(0)
     assert d.wait_idle(WAIT)
     assert got == [Outcome.SUCCESS]
@@ -589,7 +589,7 @@ def test_trace_and_on_done_errors_are_logged_once_and_swallowed(caplog: pytest.L
             for i in range(10):
                 d.submit(i, BrokenTrace())
     assert sorted(ran) == list(range(10))
-    assert d.stats.handled == 10
+    assert d.statistics().handled == 10
     kinds = [r.getMessage() for r in caplog.records if r.levelno >= logging.ERROR]
     assert len(kinds) == 4  # mark, handler_scope enter, finish, on_done: once each
     assert all("failed" in k for k in kinds)
@@ -642,7 +642,7 @@ def test_raising_or_non_str_key_fails_that_message_only(caplog: pytest.LogCaptur
     assert len(got) == 5 and sorted(ran) == ["a", "b"]
     assert isinstance(next(e for i, _, e in got if i == "boom"), KeyError)
     assert isinstance(next(e for i, _, e in got if i == "int"), TypeError)
-    s = d.stats
+    s = d.statistics()
     assert s.submitted == 5 and s.failed == 3 and s.handled == 2 and s.live_workers == 0
     assert sum("key= callable" in r.getMessage() for r in caplog.records) == 1  # logged once
 
@@ -662,7 +662,7 @@ def test_bad_cost_takes_zero_and_keeps_cost_aware_order(bad: Any) -> None:
     waiting = [("a", 3), ("bad", bad), ("b", 5), ("c", 1), ("d", 4)]
     for it in waiting:
         assert d.submit(it, timeout=0)
-    assert d.stats.cost_errors == 1
+    assert d.statistics().cost_errors == 1
     for it in [("first", 1), *waiting]:
         g.open(it)
     d.close()
@@ -717,7 +717,7 @@ def test_hung_handler_is_reported_timeout_at_the_deadline_and_keeps_its_worker()
     assert d.check_timeouts() == 1
     assert got[-1][:2] == ("hung", Outcome.TIMEOUT) and isinstance(got[-1][2], HandlerTimeout)
     assert d.check_timeouts() == 0  # reported once
-    s = d.stats
+    s = d.statistics()
     assert s.timed_out == 1 and s.overrun == 1 and s.in_flight == 0
     assert d.running() == [] and d.overrun() == [("hung", pytest.approx(6.0))]
     assert d.free_slots() == 1  # the hung handler still holds its worker
@@ -726,7 +726,7 @@ def test_hung_handler_is_reported_timeout_at_the_deadline_and_keeps_its_worker()
     assert d.wait_for_free_slot(WAIT) and wait_for(lambda: d.free_slots() == 2)
     d.close()
     assert [(i, o) for i, o, _ in got] == [("ok", Outcome.SUCCESS), ("hung", Outcome.TIMEOUT)]
-    assert d.stats.overrun == 0 and d.stats.timed_out == 1
+    assert d.statistics().overrun == 0 and d.statistics().timed_out == 1
 
 
 def wait_for(cond: Any) -> bool:
@@ -749,14 +749,14 @@ def test_watchdog_reports_a_hung_handler_and_close_returns_without_it() -> None:
     d = Dispatcher(handler, workers=1, handler_timeout=0.05, on_done=on_done)  # real clock: the watchdog's own
     d.submit(1)
     assert reported.wait(WAIT)  # real-time: the watchdog fires 50 ms after the start, while the handler hangs
-    assert got == [Outcome.TIMEOUT] and d.stats.overrun == 1
+    assert got == [Outcome.TIMEOUT] and d.statistics().overrun == 1
     closer = threading.Thread(target=d.close)  # no timeout: it must not wait for the hung thread
     closer.start()
     closer.join(WAIT)
     assert not closer.is_alive()
-    assert d.stats.live_workers == 1  # the hung thread is left to finish on its own
+    assert d.statistics().live_workers == 1  # the hung thread is left to finish on its own
     hang.set()
-    wait_until(lambda: d.stats.live_workers == 0)
+    wait_until(lambda: d.statistics().live_workers == 0)
     assert got == [Outcome.TIMEOUT]
 
 
@@ -788,14 +788,14 @@ def test_waiters_count_blocked_submitters_and_they_get_in_oldest_first() -> None
         t = threading.Thread(target=d.submit, args=(name,))
         t.start()
         threads.append(t)
-        wait_until(lambda n=n: d.stats.waiters == n)  # arrival order is known
-    assert d.stats.watchers == 0
+        wait_until(lambda n=n: d.statistics().waiters == n)  # arrival order is known
+    assert d.statistics().watchers == 0
     g.open("first", "a", "b", "c")
     for t in threads:
         t.join(WAIT)
     d.close()
     assert g.order == ["first", "a", "b", "c"]
-    assert d.stats.waiters == 0
+    assert d.statistics().waiters == 0
 
 
 def test_a_newcomer_uses_room_no_blocked_submitter_can_use() -> None:
@@ -805,13 +805,13 @@ def test_a_newcomer_uses_room_no_blocked_submitter_can_use() -> None:
     g.wait_started("K1")
     t = threading.Thread(target=d.submit, args=("K2",))  # its key is busy and parking is full: blocks
     t.start()
-    wait_until(lambda: d.stats.waiters == 1)
+    wait_until(lambda: d.statistics().waiters == 1)
     assert d.submit("u1", timeout=0) is True  # the idle worker is of no use to K2
     g.wait_started("u1")
     g.open("u1", "K1", "K2")
     t.join(WAIT)
     d.close()
-    assert d.stats.handled == 3
+    assert d.statistics().handled == 3
 
 
 def test_time_blocked_in_submit_is_read_from_the_injected_clock() -> None:
@@ -827,7 +827,7 @@ def test_time_blocked_in_submit_is_read_from_the_injected_clock() -> None:
     g.wait_started(0)
     t = threading.Thread(target=d.submit, args=(1,))
     t.start()
-    wait_until(lambda: d.stats.waiters == 1)
+    wait_until(lambda: d.statistics().waiters == 1)
     clock.advance_s(2.0)
     g.open(0, 1)
     t.join(WAIT)

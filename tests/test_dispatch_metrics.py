@@ -34,7 +34,7 @@ def test_slot_wait_count_equals_messages_handled_and_outcomes_counted() -> None:
     with Dispatcher(handler, workers=3, metrics=m, on_done=lambda *a: None) as d:
         for i in range(100):
             d.submit(i)
-    s = d.stats
+    s = d.statistics()
     assert value(reg, "rmqtrace_dispatch_slot_wait_seconds_count", policy="aggressive") == 100
     assert value(reg, "rmqtrace_dispatch_submit_blocked_seconds_count", policy="aggressive") == 100
     assert value(reg, "rmqtrace_dispatch_messages_total", policy="aggressive", outcome="success") == s.handled == 75

@@ -3,19 +3,31 @@
 Random schedules of submits (unkeyed, keyed, a raising key, odd costs; non-blocking and blocking),
 handler successes, failures, interrupts, timeouts on a manual clock and hangs (every handler
 blocks on an event the test sets), close with and without drain and, for asyncio, cancellation
-of worker tasks (mid-handler and idle). After every step:
+of worker tasks (mid-handler and idle). The promise, as named invariants checked after every step
+(a failure says ``invariant <name>: ...``):
 
-* no entry runs twice, no two entries of one key run at once, no entry gets two outcomes;
-* the stats add up (``submitted == handled + failed + timed_out + skipped + in_flight + queued``)
-  and agree with the outcomes seen by ``on_done``, the blocked submitters and the cost errors;
-* the engine is alive unless closed; at close every accepted entry has exactly one outcome.
+* ``failure_never_success`` — a handler that raised or ran past its deadline is never SUCCESS;
+* ``one_copy_at_once`` — no message starts twice, none gets two outcomes;
+* ``key_order`` — a keyed message starts only after every earlier-accepted message of its key has
+  its outcome (so one key's messages start in arrival order and never overlap; a message given
+  back — TIMEOUT — releases its key, its parked successors are given back with it, SKIPPED);
+* ``skipped_never_ran`` — a SKIPPED message never started;
+* ``no_start_after_close`` — after ``close`` returned, no handler starts;
+* ``deadline_kept`` — a handler past its deadline is reported TIMEOUT by the watchdog check;
+* ``successors_follow`` — what waited behind a message reported TIMEOUT is given back SKIPPED;
+* ``engine_alive`` — every worker thread lives until close;
+* ``stats_add_up`` — the snapshot adds up and agrees with what ``on_done`` saw;
+* ``close_drains_or_gives_back`` — when ``close`` returns True every accepted message has its
+  outcome; when False, every one without an outcome is running.
 
-Default ~150 examples in all (``RMQTRACE_LONG=1``: ten times more).
+Costliest-first is checked on the pure scheduler (``tests/test_model_scheduler.py``), where the
+window's contents are exact. Default 350 examples (200 thread, 150 asyncio; ``RMQTRACE_LONG=1``: ten times more).
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
 import threading
 import time
@@ -37,7 +49,7 @@ from tracer.dispatch import (
     RoundRobin,
 )
 from tracer.path.clock import ManualClock
-from tracer.path.stages import Outcome
+from tracer.path.stages import Outcome, Stage
 
 LONG = os.environ.get("RMQTRACE_LONG") == "1"
 WAIT = 10.0
@@ -70,6 +82,8 @@ class Item:
         self.returned = False
         self.expired = False  # reported TIMEOUT while it still ran
         self.accepted = False
+        self.accept_no: int | None = None  # its place in acceptance order (trace.mark, under the engine lock)
+        self.end_ns: int | None = None  # clock when its handler returned
         self.task: asyncio.Task[Any] | None = None
 
     def __repr__(self) -> str:
@@ -90,6 +104,28 @@ def cost_of(it: Item) -> Any:
     return it.cost
 
 
+def violated(name: str, detail: object) -> str:
+    return f"invariant {name}: {detail}"
+
+
+class ItemTrace:
+    """The trace the engines stamp: ``mark(DISPATCH_ENQUEUE)`` gives the true acceptance order."""
+
+    def __init__(self, h: Harness, it: Item) -> None:
+        self.h = h
+        self.it = it
+
+    def mark(self, stage: Stage) -> None:
+        if stage is Stage.DISPATCH_ENQUEUE:
+            self.h.accepted(self.it)
+
+    def handler_scope(self) -> Any:
+        return contextlib.nullcontext()
+
+    def finish(self, outcome: Outcome, error: BaseException | None) -> None:
+        pass
+
+
 class Harness:
     """What the handlers and on_done saw; ``cond`` is notified on every change."""
 
@@ -98,35 +134,56 @@ class Harness:
         self.cond = threading.Condition()
         self.violations: list[str] = []
         self.running: set[Item] = set()
-        self.running_keys: set[str] = set()
         self.outcomes: dict[Item, tuple[Outcome, BaseException | None]] = {}
         self.auto_release = False
         self.bg_alive = 0  # blocked submitters not returned yet
         self.blocked: set[Item] = set()  # their items
+        self.order: list[Item] = []  # accepted items, in acceptance order
+        self.closed_returned = False  # close() has returned
+        self.no_more_starts = False  # close(drain=False) began after quiescence: nothing may start
+
+    def accepted(self, it: Item) -> None:
+        with self.cond:
+            it.accept_no = len(self.order)
+            self.order.append(it)
 
     def started(self, it: Item) -> None:
-        it.starts += 1
-        if it.starts > 1:
-            self.violations.append(f"{it} ran twice")
-        if it.key is not None:
-            if it.key in self.running_keys:
-                self.violations.append(f"two of key {it.key} at once ({it})")
-            self.running_keys.add(it.key)
-        it.started_ns = self.clock.now_ns()
-        self.running.add(it)
+        with self.cond:
+            it.starts += 1
+            if it.starts > 1:
+                self.violations.append(violated("one_copy_at_once", f"{it} started twice"))
+            if self.closed_returned or self.no_more_starts:
+                self.violations.append(violated("no_start_after_close", f"{it} started after close returned "
+                                                "or during close(drain=False)"))  # fmt: skip
+            if it.key is not None and it.accept_no is not None:
+                for other in self.order[: it.accept_no]:
+                    if other.key == it.key and other not in self.outcomes:
+                        self.violations.append(violated(
+                            "key_order", f"{it} started while {other}, earlier of key {it.key}, has no outcome"))  # fmt: skip
+            it.started_ns = self.clock.now_ns()
+            self.running.add(it)
 
     def returned(self, it: Item) -> None:
-        self.running.discard(it)
-        if it.key is not None:
-            self.running_keys.discard(it.key)
-        it.returned = True
+        with self.cond:
+            self.running.discard(it)
+            it.end_ns = self.clock.now_ns()
+            it.returned = True
 
     def on_done(self, it: Item, outcome: Outcome, error: BaseException | None) -> None:
         with self.cond:
             if it in self.outcomes:
-                self.violations.append(f"{it} got a second outcome {outcome}")
+                self.violations.append(violated("one_copy_at_once", f"{it} got a second outcome {outcome}"))
+            if outcome is Outcome.SUCCESS:
+                bad = not it.returned or it.action != "success" or it.started_ns is None or (
+                    it.end_ns is not None and it.end_ns - it.started_ns > self.timeout_ns)  # fmt: skip
+                if bad:
+                    self.violations.append(violated("failure_never_success", f"{it} ({it.action}) reported SUCCESS"))
+            if outcome is Outcome.SKIPPED and it.starts:
+                self.violations.append(violated("skipped_never_ran", f"{it} reported SKIPPED but it started"))
             self.outcomes[it] = (outcome, error)
             self.cond.notify_all()
+
+    timeout_ns = TIMEOUT_NS
 
     def counts(self) -> Counter[Outcome]:
         return Counter(o for o, _ in self.outcomes.values())
@@ -178,6 +235,14 @@ class _Model(RuleBasedStateMachine):
             self.cost_errors += 1
         return it
 
+    def delivered(self, s: Any) -> bool:
+        """Every outcome the engine counted has reached on_done (none is being reported now)."""
+        h = self.h
+        with h.cond:
+            pending = [it for it in h.order if it not in h.outcomes]
+        unstarted = sum(1 for it in pending if it.starts == 0)
+        return bool(unstarted == s.queued and len(pending) - unstarted == s.in_flight)
+
     def running_unreleased(self) -> list[Item]:
         return sorted((it for it in self.h.running if not it.released), key=lambda it: it.n)
 
@@ -189,31 +254,40 @@ class _Model(RuleBasedStateMachine):
 
     def check(self) -> None:
         h = self.h
-        assert not h.violations, h.violations
+        with h.cond:
+            assert not h.violations, "; ".join(h.violations)
         s = self.stats()
-        assert s.submitted == s.handled + s.failed + s.timed_out + s.skipped + s.in_flight + s.queued, s
+        inv = "stats_add_up"
+        assert s.submitted == s.handled + s.failed + s.timed_out + s.skipped + s.in_flight + s.queued, violated(inv, s)
         c = h.counts()
         assert (s.handled, s.failed, s.timed_out, s.skipped) == (
             c[Outcome.SUCCESS], c[Outcome.FAILURE], c[Outcome.TIMEOUT], c[Outcome.SKIPPED]
-        ), (s, c)  # fmt: skip
-        assert s.submitted == sum(it.accepted for it in self.items), s
-        assert all(it.accepted for it in h.outcomes), "an outcome for a message never accepted"
-        assert s.waiters == h.bg_alive, (s, h.bg_alive)
+        ), violated(inv, (s, c))  # fmt: skip
+        assert s.submitted == sum(it.accepted for it in self.items), violated(inv, s)
+        assert all(it.accepted for it in h.outcomes), violated(inv, "an outcome for a message never accepted")
+        assert s.waiters == h.bg_alive, violated(inv, (s, h.bg_alive))
         if any(it.key is None for it in h.blocked):
-            assert self.free_slots() == 0, "an unkeyed submitter is blocked while there is room"
+            assert self.free_slots() == 0, violated("no_idle_refusal", "an unkeyed submitter is blocked while there is room")
         self.steps += 1
         self.max_waiters = max(self.max_waiters, s.waiters)
-        assert s.cost_errors == self.cost_errors
+        assert s.cost_errors == self.cost_errors, violated(inv, s)
         for o, e in h.outcomes.values():
             if o is Outcome.TIMEOUT:
-                assert isinstance(e, HandlerTimeout)
+                assert isinstance(e, HandlerTimeout), violated("failure_never_success", e)
 
-    def check_closed(self) -> None:
+    def check_closed(self, settled: bool) -> None:
         h = self.h
+        inv = "close_drains_or_gives_back"
+        running = set(h.running)
         for it in self.items:
-            assert (it in h.outcomes) == it.accepted, f"{it}: accepted={it.accepted}, outcome={h.outcomes.get(it)}"
+            if it.accepted and it not in h.outcomes:
+                assert not settled and it in running, violated(inv, f"{it} accepted, no outcome, not running")
+            if not it.accepted:
+                assert it not in h.outcomes, violated(inv, f"{it} not accepted but has an outcome")
         s = self.stats()
-        assert s.in_flight == s.queued == s.waiters == 0, s
+        if settled:
+            assert s.in_flight == s.queued == s.waiters == 0, violated(inv, s)
+        assert s.queued == s.waiters == 0, violated(inv, s)
 
 
 # ----------------------------------------------------------------------------- thread engine
@@ -241,7 +315,7 @@ class ThreadEngineModel(_Model):
         raise_for(it)
 
     def stats(self) -> Any:
-        return self.d.stats
+        return self.d.statistics()
 
     def free_slots(self) -> int:
         return self.d.free_slots()
@@ -251,14 +325,16 @@ class ThreadEngineModel(_Model):
         deadline = time.monotonic() + WAIT
         with h.cond:
             while not pred():
-                assert not h.violations, h.violations
-                assert time.monotonic() < deadline, f"stuck waiting for {what}: {self.d.stats}"
+                assert not h.violations, "; ".join(h.violations)
+                s = self.d.statistics()
+                assert self.closed or s.live_workers == self.workers, violated("engine_alive", s)
+                assert time.monotonic() < deadline, f"stuck waiting for {what}: {s}"
                 h.cond.wait(0.002)  # real-time: re-check for the worker's last step, which signals nothing
 
     def quiet(self) -> bool:
-        s = self.d.stats
+        s = self.d.statistics()
         h = self.h
-        if len(h.running) != s.in_flight + s.overrun or s.waiters != h.bg_alive:
+        if len(h.running) != s.in_flight + s.overrun or s.waiters != h.bg_alive or not self.delivered(s):
             return False
         return all(it.returned and (it.expired or it in h.outcomes) for it in self.items if it.released)
 
@@ -267,7 +343,7 @@ class ThreadEngineModel(_Model):
 
     def blocked_submit(self, it: Item) -> None:
         try:
-            ok = self.d.submit(it)
+            ok = self.d.submit(it, ItemTrace(self.h, it))
         except DispatcherClosed:
             ok = False
         with self.h.cond:
@@ -280,7 +356,7 @@ class ThreadEngineModel(_Model):
     @rule(kind=st.sampled_from(KINDS), block=st.booleans())
     def submit(self, kind: str, block: bool) -> None:
         it = self.new_item(kind)
-        if self.d.submit(it, timeout=0):
+        if self.d.submit(it, ItemTrace(self.h, it), timeout=0):
             it.accepted = True
             if kind in ("raise_key", "int_key"):
                 assert self.h.outcomes[it][0] is Outcome.FAILURE  # reported before submit returned
@@ -306,28 +382,36 @@ class ThreadEngineModel(_Model):
         it.gate.set()
         self.quiesce()
         if want is not None:
-            assert self.h.outcomes[it][0] is want, (it, self.h.outcomes[it], want)
+            got = self.h.outcomes[it][0]
+            assert got is want, violated("failure_never_success" if got is Outcome.SUCCESS else "outcome_as_done",
+                                         (it, got, want))  # fmt: skip
 
     @precondition(lambda self: not self.closed)
     @rule(seconds=st.sampled_from([1.0, 2.5, 6.0]))
     def advance(self, seconds: float) -> None:
+        h = self.h
         now = self.clock.advance_s(seconds)
         due = [it for it in self.running_unreleased() if not it.expired and expected(it, now) is Outcome.TIMEOUT]
-        n = self.d.check_timeouts()
-        assert n <= len(due)  # the watchdog may have reported some itself
-        self.await_(lambda: all(it in self.h.outcomes for it in due), "timeouts reported")
-        for it in due:
-            assert self.h.outcomes[it][0] is Outcome.TIMEOUT
-            it.expired = True
-        assert self.d.stats.overrun == sum(it.expired and not it.returned for it in self.items)
-        assert len(self.d.overrun()) == self.d.stats.overrun
+        with h.cond:  # what waits behind each: it must follow its message when that is given back
+            behind = {it: [p for p in h.order if it.key is not None and p.key == it.key
+                           and p not in h.outcomes and p.starts == 0] for it in due}  # fmt: skip
+        self.d.check_timeouts()  # reports before it returns (the watchdog may have taken some itself)
         self.quiesce()
+        for it in due:
+            got = h.outcomes.get(it, (None, None))[0]
+            assert got is Outcome.TIMEOUT, violated("deadline_kept", f"{it} past its deadline, outcome {got}")
+            it.expired = True
+            for p in behind[it]:
+                pg = h.outcomes.get(p, (None, None))[0]
+                assert pg is Outcome.SKIPPED, violated("successors_follow", f"{p} behind {it} (TIMEOUT) got {pg}")
+        s = self.d.statistics()
+        assert s.overrun == sum(it.expired and not it.returned for it in self.items), violated("stats_add_up", s)
+        assert len(self.d.overrun()) == s.overrun, violated("stats_add_up", s)
 
     @precondition(lambda self: self.close_allowed())
     @rule(drain=st.booleans())
     def close(self, drain: bool) -> None:
-        self.shut(drain)
-        self.check_closed()
+        self.check_closed(self.shut(drain))
 
     @precondition(lambda self: self.closed)
     @rule()
@@ -338,19 +422,32 @@ class ThreadEngineModel(_Model):
             return
         raise AssertionError("submit after close did not raise")
 
-    def shut(self, drain: bool) -> None:
-        closer = threading.Thread(target=self.d.close, kwargs={"drain": drain})
+    def shut(self, drain: bool) -> bool:
+        result: list[bool] = []
+
+        def close() -> None:
+            result.append(self.d.close(drain=drain))
+            with self.h.cond:
+                self.h.closed_returned = True
+
+        self.h.no_more_starts = not drain
+        closer = threading.Thread(target=close)
         closer.start()
         with self.h.cond:
             self.h.auto_release = True
             for it in self.items:
                 it.gate.set()
-        closer.join(WAIT)
-        assert not closer.is_alive(), "close did not return"
+        deadline = time.monotonic() + WAIT
+        while closer.is_alive() and not self.h.violations and time.monotonic() < deadline:
+            closer.join(0.01)  # real-time: a violation seen while closing ends the example at once
+        with self.h.cond:
+            assert not self.h.violations, "; ".join(self.h.violations)
+        assert not closer.is_alive(), violated("close_drains_or_gives_back", "close did not return")
         for t in self.bg:
             t.join(WAIT)
         self.closed = True
-        self.await_(lambda: self.d.stats.live_workers == 0, "workers to exit")
+        self.await_(lambda: self.d.statistics().live_workers == 0, "workers to exit")
+        return result[0]
 
     @invariant()
     def consistent(self) -> None:
@@ -358,17 +455,23 @@ class ThreadEngineModel(_Model):
             return
         self.check()
         if not self.closed:
-            assert self.d.stats.live_workers == self.workers
+            s = self.d.statistics()
+            assert s.live_workers == self.workers, violated("engine_alive", s)
 
     def teardown(self) -> None:
         if hasattr(self, "d") and not self.closed:
-            self.shut(True)
-            self.check_closed()
+            if self.h.violations or self.d.statistics().live_workers < self.workers:  # failed already: end it
+                # without waiting on a broken engine
+                for it in self.items:
+                    it.gate.set()
+                self.d.close(timeout=0.1)
+                return
+            self.check_closed(self.shut(True))
         self.coverage()
 
 
 ThreadEngineModel.TestCase.settings = settings(
-    max_examples=900 if LONG else 90, stateful_step_count=40, deadline=None,
+    max_examples=2000 if LONG else 200, stateful_step_count=40, deadline=None,
     suppress_health_check=[HealthCheck.too_slow],
 )  # fmt: skip
 test_thread_engine_model = ThreadEngineModel.TestCase
@@ -390,6 +493,7 @@ class AsyncEngineModel(_Model):
         self.bg: list[asyncio.Task[None]] = []
         self.tasks: dict[asyncio.Task[Any], int] = {}  # worker tasks seen running a handler, numbered
         self.expected_timeout_ns = TIMEOUT_NS * 1000
+        self.h.timeout_ns = TIMEOUT_NS * 1000
 
     async def handler(self, it: Item) -> None:
         h = self.h
@@ -407,7 +511,7 @@ class AsyncEngineModel(_Model):
         raise_for(it)
 
     def stats(self) -> Any:
-        return self.d.stats
+        return self.d.statistics()
 
     def free_slots(self) -> int:
         return self.d.free_slots()
@@ -421,18 +525,18 @@ class AsyncEngineModel(_Model):
             if self.quiet():
                 return
             await asyncio.sleep(0)  # real-time: zero-length, only lets the loop run its ready tasks
-        raise AssertionError(f"stuck: {self.d.stats}")
+        raise AssertionError(f"stuck: {self.d.statistics()}")
 
     def quiet(self) -> bool:
-        s = self.d.stats
+        s = self.d.statistics()
         h = self.h
-        if len(h.running) != s.in_flight or s.waiters != h.bg_alive:
+        if len(h.running) != s.in_flight or s.waiters != h.bg_alive or not self.delivered(s):
             return False
         return all(it.returned and it in h.outcomes for it in self.items if it.released)
 
     async def blocked_submit(self, it: Item) -> None:
         try:
-            ok = await self.d.submit(it)
+            ok = await self.d.submit(it, ItemTrace(self.h, it))
         except DispatcherClosed:
             ok = False
         it.accepted = ok
@@ -449,7 +553,7 @@ class AsyncEngineModel(_Model):
     def submit(self, kind: str, block: bool) -> None:
         async def go() -> None:
             it = self.item(kind)
-            if await self.d.submit(it, timeout=0):
+            if await self.d.submit(it, ItemTrace(self.h, it), timeout=0):
                 it.accepted = True
                 if kind in ("raise_key", "int_key"):
                     assert self.h.outcomes[it][0] is Outcome.FAILURE
@@ -480,7 +584,9 @@ class AsyncEngineModel(_Model):
         assert it.agate is not None
         it.agate.set()
         self.run(self.quiesce())
-        assert self.h.outcomes[it][0] is want, (it, self.h.outcomes[it], want)
+        got = self.h.outcomes[it][0]
+        assert got is want, violated("failure_never_success" if got is Outcome.SUCCESS else "outcome_as_done",
+                                     (it, got, want))  # fmt: skip
 
     @precondition(lambda self: not self.closed)
     @rule(seconds=st.sampled_from([1000.0, 2500.0, 6000.0]))
@@ -531,8 +637,7 @@ class AsyncEngineModel(_Model):
     @precondition(lambda self: self.close_allowed())
     @rule(drain=st.booleans())
     def close(self, drain: bool) -> None:
-        self.shut(drain)
-        self.check_closed()
+        self.check_closed(self.shut(drain))
 
     @precondition(lambda self: self.closed)
     @rule()
@@ -546,28 +651,32 @@ class AsyncEngineModel(_Model):
 
         self.run(go())
 
-    def shut(self, drain: bool) -> None:
-        async def go() -> None:
+    def shut(self, drain: bool) -> bool:
+        async def go() -> bool:
+            self.h.no_more_starts = not drain
             closing = asyncio.ensure_future(self.d.close(drain=drain))
             await asyncio.sleep(0)  # real-time: zero-length, lets close begin before the releases
             self.h.auto_release = True
             for it in self.items:
                 if it.agate is not None:
                     it.agate.set()
-            await asyncio.wait_for(closing, WAIT)
+            settled = await asyncio.wait_for(closing, WAIT)
+            self.h.closed_returned = True
             if self.bg:
                 await asyncio.wait(self.bg, timeout=WAIT)
+            return bool(settled)
 
-        self.run(go())
+        settled = self.run(go())
         self.closed = True
-        assert self.d.stats.live_workers == 0
+        assert self.d.statistics().live_workers == 0
+        return bool(settled)
 
     @invariant()
     def consistent(self) -> None:
         if not hasattr(self, "d"):
             return
         self.check()
-        s = self.d.stats
+        s = self.d.statistics()
         if not self.closed:
             assert s.live_workers >= s.in_flight  # every held message has a live task to run it
 
@@ -575,16 +684,17 @@ class AsyncEngineModel(_Model):
         if not hasattr(self, "d"):
             return
         try:
+            if not self.closed and self.h.violations:  # already failed: do not wait on a broken engine
+                return
             if not self.closed:
-                self.shut(True)
-                self.check_closed()
+                self.check_closed(self.shut(True))
             self.coverage()
         finally:
             self.loop.close()
 
 
 AsyncEngineModel.TestCase.settings = settings(
-    max_examples=600 if LONG else 60, stateful_step_count=40, deadline=None,
+    max_examples=1500 if LONG else 150, stateful_step_count=40, deadline=None,
     suppress_health_check=[HealthCheck.too_slow],
 )  # fmt: skip
 test_async_engine_model = AsyncEngineModel.TestCase

@@ -161,7 +161,7 @@ def main(argv: list[str] | None = None) -> int:
 
     def sample() -> None:
         while not sampling.wait(0.05) and not loop.stopping:
-            alive.append(loop.dispatcher.stats.live_workers)
+            alive.append(loop.dispatcher.statistics().live_workers)
 
     threading.Thread(target=sample, daemon=True).start()
     log.write("READY")

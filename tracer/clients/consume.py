@@ -6,19 +6,27 @@ invisibility to a backoff so it comes back soon (with ``delivery_attempt + 1``).
 
 **The loop owns every message from the moment ``receive`` returns it until its ack or nack.**
 The whole batch is held at once — waiting for the dispatcher, running, or waiting for its ack —
-and every held message has its lease renewed before it runs out, so a message is never handed
-to a second consumer while this one still has it. Messages the dispatcher cannot take yet (a
-busy ordering key whose parking room is full, a full per-worker buffer) wait in the loop's own
-backlog, in order, renewed like the rest; the loop receives again only once that backlog is
-empty. A renewal never happens once a message's ack has begun (one lock per message): on the
-proxy, renewing an acked message brings it back.
+and every held message has its lease renewed before it runs out (:mod:`.lease`), so a message is
+never handed to a second consumer while this one still has it. A message whose lease is gone
+(a process stall longer than the lease, a broker unreachable) before a worker starts it never
+starts: its copy is the broker's again. Messages the dispatcher cannot take yet wait in the
+loop's own backlog, in arrival order per ordering key; messages of other keys (and unkeyed ones)
+pass a key whose parking room is full, and the loop keeps receiving while fewer than
+``max_batch`` messages wait in its backlog behind busy keys (at that bound it stops receiving
+until one of them starts). A renewal never happens once a message's ack has begun (one lock per
+message): on the proxy, renewing an acked message brings it back.
 
-Delivery is at-least-once: a message is acked only after its handler returned, so a crash
-between the handler's end and the ack, an ack lost on the wire, or a lease that could not be
-renewed (broker unreachable for longer than the lease) delivers it again. A handler that hangs
-past ``handler_timeout`` has its message let go on purpose, so the broker can hand it to a
-healthy consumer: that is a duplicate by design (see :class:`ConsumeLoop`).
-Handlers must be idempotent for those cases; the loop itself never runs one delivery twice.
+Verbs, one meaning each: the dispatcher *reports* a delivery's outcome; the loop then *settles*
+it — ends its hold on it, exactly once: *acks* it (its handler succeeded), *nacks* it (shortens
+its invisibility to a backoff: *gives it back*, "retry" when it ran and failed), or, its lease
+already gone, lets it *expire* (no broker call). *Renew* extends a held message's lease.
+
+Delivery is at-least-once: a message is acked only after its handler returned successfully, so a
+crash between the handler's end and the ack, an ack lost on the wire, or a lease that could not
+be renewed delivers it again. A handler that hangs past ``handler_timeout`` has its message given
+back on purpose, so the broker can hand it to a healthy consumer: that is a duplicate by design
+(see :class:`ConsumeLoop`). Handlers must be idempotent for those cases; the loop itself never
+runs one delivery twice.
 
 When receiving keeps failing, the loop re-announces the client's settings to the broker: the 5.x
 client sends them only at start-up and every five minutes, and a proxy that restarted meanwhile
@@ -27,23 +35,37 @@ refuses every receive ("settings is null") until it has them again.
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
 import logging
-import math
 import signal
 import threading
 import time
-from collections import deque
+from collections import Counter, deque
+from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Callable, TypedDict
+from typing import TYPE_CHECKING, Any, Callable
 
 from opentelemetry.instrumentation.utils import suppress_instrumentation
 
-from ..dispatch import Dispatcher, DispatcherClosed, DispatchMetrics, Policy
+from ..dispatch import Dispatcher, DispatcherClosed
+from ..dispatch.core import require_plain
+from ..logonce import OnceLogger
 from ..path.message import body_of, describe
 from ..path.stages import Outcome
-from ..telemetry.tracer import MessageTrace, MessageTracer
+from ..telemetry.tracer import MessageTracer
+from .consume_options import (
+    MAX_BATCH,
+    MAX_INVISIBLE_S,
+    MIN_INVISIBLE_S,
+    ConsumeKeywords,
+    DispatchOptions,
+    FlowOptions,
+    LeaseOptions,
+    exponential_backoff,
+    resolve_options,
+    whole_seconds,
+)
+from .lease import SETTLING, SUBMITTED, WAITING, Held, LeaseKeeper
 from .probe import probe_stage, skip_probes
 
 if TYPE_CHECKING:  # typing.Unpack is 3.11+; only the annotation needs it
@@ -52,6 +74,7 @@ if TYPE_CHECKING:  # typing.Unpack is 3.11+; only the annotation needs it
 __all__ = [
     "MAX_BATCH",
     "MAX_INVISIBLE_S",
+    "MIN_INVISIBLE_S",
     "ConsumeKeywords",
     "ConsumeLoop",
     "ConsumeState",
@@ -66,15 +89,6 @@ __all__ = [
 
 log = logging.getLogger(__name__)
 
-MAX_INVISIBLE_S = 12 * 3600.0  # the proxy's maxInvisibleTimeMills default: longer leases are refused
-MAX_BATCH = 32  # the proxy's grpcClientConsumerLongPollingBatchSize: a receive returns at most this many
-
-
-def whole_seconds(seconds: float) -> int:
-    """What the broker is told: RocketMQ counts invisibility in whole seconds, and the 5.x client
-    rejects anything but an ``int`` (a float fails every receive and every lease renewal)."""
-    return max(1, math.ceil(seconds))
-
 
 def _attempt(msg: Any) -> int:
     """The message's delivery attempt, 1 when it has none that makes sense; never raises (the
@@ -86,165 +100,50 @@ def _attempt(msg: Any) -> int:
     return attempt if attempt >= 1 else 1
 
 
-def exponential_backoff(attempt: int, base: float = 1.0, cap: float = 60.0) -> float:
-    """Seconds until a failed delivery comes back: 1, 2, 4 … capped."""
-    return float(min(cap, base * (2.0 ** max(0, attempt - 1))))
-
-
-# -- options: each group configures one part of the loop ---------------------------------------
-@dataclass(frozen=True)
-class DispatchOptions:
-    """How received messages run: passed to the loop's :class:`~tracer.dispatch.Dispatcher`."""
-
-    policy: Policy | str = "aggressive"
-    workers: int = 8
-    key: Callable[[Any], str | None] | None = None
-    cost: Callable[[Any], float] | None = None
-    metrics: DispatchMetrics | None = None
-    handler_timeout: float | None = None
-
-    def __post_init__(self) -> None:
-        if self.workers < 1:
-            raise ValueError(f"workers must be >= 1, got {self.workers}")
-        if self.handler_timeout is not None and not self.handler_timeout > 0:
-            raise ValueError(f"handler_timeout must be > 0 seconds, got {self.handler_timeout}")
-
-
-@dataclass(frozen=True)
-class LeaseOptions:
-    """How long the broker keeps a held message invisible, and when the loop renews or gives up.
-
-    ``invisible_duration``: seconds per lease (sent rounded up to whole seconds; the proxy
-    refuses receives below its ``minInvisibleTimeMillsForRecv``, 10 s by default, and leases
-    above 12 h). ``renew_margin``: renew when less than this is left (default a third of the
-    lease). ``hang_grace``: a handler still running ``handler_timeout + hang_grace`` seconds
-    after it started is abandoned — its lease is no longer renewed (default one lease).
-    """
-
-    invisible_duration: float = 30.0
-    renew_margin: float | None = None
-    hang_grace: float | None = None
-
-    def __post_init__(self) -> None:
-        if not 0 < self.invisible_duration <= MAX_INVISIBLE_S:
-            raise ValueError(f"invisible_duration must be in (0, {MAX_INVISIBLE_S:g}] seconds (the proxy "
-                             f"refuses longer leases), got {self.invisible_duration}")
-        if self.renew_margin is not None and not 0 < self.renew_margin < self.invisible_duration:
-            raise ValueError(f"renew_margin must be in (0, invisible_duration={self.invisible_duration:g}), "
-                             f"got {self.renew_margin}")
-        if self.hang_grace is not None and not self.hang_grace >= 0:
-            raise ValueError(f"hang_grace must be >= 0 seconds, got {self.hang_grace}")
-
-    @property
-    def margin(self) -> float:
-        return self.renew_margin if self.renew_margin is not None else self.invisible_duration / 3
-
-    @property
-    def grace(self) -> float:
-        return self.hang_grace if self.hang_grace is not None else self.invisible_duration
-
-
-@dataclass(frozen=True)
-class FlowOptions:
-    """How messages come in and go out: receive batches, prefetch, acks, retries, stop.
-
-    ``prefetch`` > 0 imitates a push consumer's local cache (the 5.x client keeps up to 1024
-    messages per queue): messages are received ahead and wait in the loop, unseen by other
-    consumers, until the dispatcher takes them (leases renewed all the while). Kept to reproduce
-    the incident; 0 (the default) receives only what the dispatcher can start now.
-    ``resync_after``: failed receives in a row before the client's settings are re-announced
-    (0: never). ``stop_timeout``: the longest :meth:`ConsumeLoop.run` drains after a stop
-    (None: until every held message is settled; :meth:`ConsumeLoop.stop` can shorten it).
-    """
-
-    max_batch: int = MAX_BATCH
-    prefetch: int = 0
-    retry_backoff: Callable[[int], float] = exponential_backoff
-    resync_after: int = 3
-    ack_threads: int = 4
-    stop_timeout: float | None = None
-
-    def __post_init__(self) -> None:
-        if not 1 <= self.max_batch <= MAX_BATCH:
-            raise ValueError(f"max_batch must be in [1, {MAX_BATCH}] (the proxy's batch limit), got {self.max_batch}")
-        if self.prefetch < 0 or self.resync_after < 0:
-            raise ValueError("prefetch and resync_after must be >= 0")
-        if self.ack_threads < 1:
-            raise ValueError(f"ack_threads must be >= 1, got {self.ack_threads}")
-        if self.stop_timeout is not None and self.stop_timeout < 0:
-            raise ValueError(f"stop_timeout must be >= 0 seconds, got {self.stop_timeout}")
-
-
-class ConsumeKeywords(TypedDict, total=False):
-    """The loop's flat keywords (each lands in one of the option groups)."""
-
-    policy: Policy | str
-    workers: int
-    key: Callable[[Any], str | None] | None
-    cost: Callable[[Any], float] | None
-    dispatch_metrics: DispatchMetrics | None
-    handler_timeout: float | None
-    invisible_duration: float
-    renew_margin: float | None
-    hang_grace: float | None
-    max_batch: int
-    prefetch: int
-    retry_backoff: Callable[[int], float]
-    resync_after: int
-    ack_threads: int
-    stop_timeout: float | None
-
-
-_KEYWORD_GROUP: dict[str, tuple[str, str]] = {  # keyword -> (option group, field)
-    "policy": ("dispatch", "policy"), "workers": ("dispatch", "workers"), "key": ("dispatch", "key"),
-    "cost": ("dispatch", "cost"), "dispatch_metrics": ("dispatch", "metrics"),
-    "handler_timeout": ("dispatch", "handler_timeout"),
-    "invisible_duration": ("lease", "invisible_duration"), "renew_margin": ("lease", "renew_margin"),
-    "hang_grace": ("lease", "hang_grace"),
-    "max_batch": ("flow", "max_batch"), "prefetch": ("flow", "prefetch"), "retry_backoff": ("flow", "retry_backoff"),
-    "resync_after": ("flow", "resync_after"), "ack_threads": ("flow", "ack_threads"),
-    "stop_timeout": ("flow", "stop_timeout"),
-}
-
-
-def _options(dispatch: DispatchOptions | None, lease: LeaseOptions | None, flow: FlowOptions | None,
-             keywords: dict[str, Any]) -> tuple[DispatchOptions, LeaseOptions, FlowOptions]:
-    unknown = sorted(set(keywords) - set(_KEYWORD_GROUP))
-    if unknown:
-        raise TypeError(f"ConsumeLoop got unexpected keyword(s): {', '.join(unknown)}")
-    changes: dict[str, dict[str, Any]] = {"dispatch": {}, "lease": {}, "flow": {}}
-    for name, value in keywords.items():
-        group, fname = _KEYWORD_GROUP[name]
-        changes[group][fname] = value
-    return (dataclasses.replace(dispatch or DispatchOptions(), **changes["dispatch"]),
-            dataclasses.replace(lease or LeaseOptions(), **changes["lease"]),
-            dataclasses.replace(flow or FlowOptions(), **changes["flow"]))
-
-
 # -- state ------------------------------------------------------------------------------------
-@dataclass
+@dataclass(frozen=True)
 class ConsumeStats:
-    """Counters, updated under the loop's lock. Once the loop is idle:
-    ``received == acked + retry_scheduled + ack_errors + expired + (held now)``, where
-    ``expired`` messages (lease lost or given up before their outcome) are left to the broker."""
+    """One consistent snapshot of the loop's counters (taken under its lock). Once the loop is idle::
+
+        received == acked + retry_scheduled + given_back + ack_errors + expired + held
+
+    ``expired`` messages (their lease lost or given up before their ack or nack) are left to the
+    broker without a call. ``succeeded + failed`` count handlers that ran and ended (``failed``
+    includes TIMEOUT); ``not_started`` counts messages given back or expired without running
+    (their lease was gone when a worker was about to start them, the stop deadline had passed, or
+    the dispatcher skipped them).
+    """
 
     received: int = 0
+    reported: int = 0  # outcomes the dispatcher reported (one per message it accepted)
     succeeded: int = 0
     failed: int = 0
+    not_started: int = 0
     acked: int = 0
     ack_errors: int = 0
-    retry_scheduled: int = 0
-    expired: int = 0  # settled without a broker call: the loop no longer held a lease for it
+    retry_scheduled: int = 0  # nacked after a handler failed or timed out
+    given_back: int = 0  # nacked without having run
+    expired: int = 0  # no broker call: the loop no longer held a lease for it
     leases_extended: int = 0
     lease_errors: int = 0
-    leases_lost: int = 0  # the lease ran out before it could be renewed (broker unreachable)
+    leases_lost: int = 0  # the lease ran out before it could be renewed (broker unreachable, a stall)
     abandoned: int = 0  # handlers past handler_timeout + hang_grace: lease given up on purpose
     submit_errors: int = 0  # the dispatcher refused one message (given back for a retry)
     redelivered: int = 0  # received with delivery_attempt > 1
     receive_errors: int = 0
     resyncs: int = 0  # settings re-announced after failed receives
     resync_errors: int = 0
-    errors_by_kind: dict[str, int] = field(default_factory=dict)
+    held: int = 0  # now: received, not yet settled (as ConsumeState.held, but in this snapshot)
+    errors_by_kind: Mapping[str, int] = field(default_factory=dict)
+
+
+_COUNTERS = tuple(f.name for f in dataclasses.fields(ConsumeStats) if f.name not in ("errors_by_kind", "held"))
+
+_LOG_KIND = {  # counter -> what failed, as one OnceLogger kind
+    "lease_errors": "lease renewal", "ack_errors": "ack or nack", "receive_errors": "receive",
+    "resync_errors": "settings resync", "submit_errors": "dispatcher submit",
+    "abandoned": "a hung handler's lease (given up)", "leases_lost": "a lease (ran out before renewal)",
+}
 
 
 @dataclass(frozen=True)
@@ -253,35 +152,19 @@ class ConsumeState:
 
     held: int  # every message received and not yet settled
     waiting: int  # received, not yet taken by the dispatcher
-    settling: int  # handled, ack or nack not yet done
+    settling: int  # outcome known, ack or nack not yet done
     stopping: bool
 
 
-_WAITING, _SUBMITTED, _SETTLING = 0, 1, 2
+class _NotStarted(Exception):
+    """Raised in place of the handler: this message must not start (its lease is gone, or the
+    stop deadline passed). Never reaches the user; the loop counts the message ``not_started``."""
 
 
-class _Held:
-    """One received message from ``receive`` until its ack/nack. ``lock`` serializes renewals
-    with the settle: once ``done`` is set no renewal may happen (it would revive an acked one)."""
-
-    __slots__ = ("message", "handle", "deadline", "trace", "state", "lock", "done", "given_up")
-
-    def __init__(self, message: Any, deadline: float) -> None:
-        self.message = message
-        # our own copy: the 5.1.2 client overwrites message.receipt_handle with the empty handle
-        # of a refused renewal, which would poison every later ack
-        self.handle: Any = getattr(message, "receipt_handle", None)
-        self.deadline = deadline  # on the loop's clock: when the broker will hand it out again
-        self.trace: MessageTrace | None = None
-        self.state = _WAITING
-        self.lock = threading.Lock()
-        self.done = False
-        self.given_up = False  # lease lost or abandoned: never renewed again
-
-    def restore_handle(self) -> None:
-        with contextlib.suppress(Exception):  # a message that refuses it keeps its own
-            if getattr(self.message, "receipt_handle", None) != self.handle:
-                self.message.receipt_handle = self.handle
+def _never_ran(outcome: Outcome, error: BaseException | None) -> bool:
+    if outcome is Outcome.SKIPPED:
+        return True
+    return isinstance(error, _NotStarted) or isinstance(getattr(error, "__cause__", None), _NotStarted)
 
 
 class _SecondsClock:
@@ -295,7 +178,7 @@ class _SecondsClock:
 
 
 class ConsumeLoop:
-    """Receive → dispatch → ack, with lease renewal and retry backoff. Stops on :meth:`stop`.
+    """Receive → dispatch → settle (ack or nack), with lease renewal and retry backoff.
 
     Options come in three groups (:class:`DispatchOptions`, :class:`LeaseOptions`,
     :class:`FlowOptions`), or as their flat keywords (``workers=``, ``invisible_duration=`` …,
@@ -307,13 +190,19 @@ class ConsumeLoop:
     **A hung handler.** A Python thread cannot be stopped. The thread dispatcher's watchdog
     reports a handler still running at ``handler_timeout`` as ``TIMEOUT`` at that deadline; the
     loop then gives the message back at once (``retry_backoff``, no more renewals), so the broker
-    hands it to a healthy consumer after the backoff. Should no outcome come, the loop's own
-    backstop applies: a handler still running ``handler_timeout + hang_grace`` seconds after it
-    started is *abandoned* — its lease is no longer renewed (``stats.abandoned``), and the broker
-    hands the message out again once that lease runs out, at most ``invisible_duration`` later.
-    Either way (plus the proxy's revive delay, 2–3 s) what you see is a **duplicate by design**:
-    the same ``message_id`` with ``delivery_attempt + 1``, possibly while the hung call is still
-    running. Without ``handler_timeout`` a handler is never let go.
+    hands it to a healthy consumer after the backoff; the later messages of its ordering key that
+    the loop still holds unstarted are given back with it (they follow it, instead of waiting for
+    the hung thread). Should no outcome come, the loop's own backstop applies: a handler still
+    running ``handler_timeout + hang_grace`` seconds after it started is *abandoned* — its lease
+    is no longer renewed (``abandoned``), and the broker hands the message out again once that
+    lease runs out, at most ``invisible_duration`` later. Either way (plus the proxy's revive
+    delay, 2–3 s) what you see is a **duplicate by design**: the same ``message_id`` with
+    ``delivery_attempt + 1``, possibly while the hung call is still running. Without
+    ``handler_timeout`` a handler is never let go.
+
+    **A handler must not submit to this loop's dispatcher** (``loop.dispatcher``): it would wait
+    for its own worker. When the pool is full the dispatcher refuses it (``RuntimeError``, so that
+    message fails and is retried); hand such follow-up work to another dispatcher or a queue.
 
     ``monotonic``: the loop's clock in seconds (leases, renewals, handler ages); tests pass a
     manual one and drive the loop with :meth:`poll`, :meth:`renew_leases` and
@@ -322,7 +211,8 @@ class ConsumeLoop:
     Raises:
         ValueError: an option that cannot work, e.g. a lease shorter than the consumer's
             declared minimum (``consumer.min_receive_invisible``, the embedded broker's).
-        TypeError: an unknown keyword.
+        TypeError: an unknown keyword; a handler, ``key=``, ``cost=`` or ``retry_backoff=`` that
+            is not a plain callable (an ``async def`` or generator function is refused).
     """
 
     def __init__(
@@ -337,7 +227,8 @@ class ConsumeLoop:
         monotonic: Callable[[], float] = time.monotonic,
         **keywords: Unpack[ConsumeKeywords],
     ) -> None:
-        self.dispatch_options, self.lease, self.flow = _options(dispatch, lease, flow, dict(keywords))
+        self.dispatch_options, self.lease, self.flow = resolve_options(dispatch, lease, flow, dict(keywords))
+        require_plain(handler, "handler")  # an async def would "succeed" without running
         self.consumer = consumer
         self.tracer = tracer
         self._invisible_s = whole_seconds(self.lease.invisible_duration)
@@ -346,19 +237,27 @@ class ConsumeLoop:
             raise ValueError(f"invisible_duration={self.lease.invisible_duration:g} s is below the broker's "
                              f"minimum receive invisible time ({minimum:g} s): every receive would be refused")
         self._monotonic = monotonic
-        self.stats = ConsumeStats()
+        self._n: Counter[str] = Counter()  # the counters; snapshots via statistics()
+        self._errors: Counter[str] = Counter()
+        self._log = OnceLogger("rmqtrace consume loop", log, logging.WARNING)
         d = self.dispatch_options
+        self._user_handler = skip_probes(handler)
         # probes (tracer.clients.probe) ride the dispatcher like any message but never reach the handler
         self.dispatcher: Dispatcher[Any] = Dispatcher(
-            skip_probes(handler), policy=d.policy, workers=d.workers, key=d.key, cost=d.cost, on_done=self._on_done,
-            metrics=d.metrics, handler_timeout=d.handler_timeout, clock=_SecondsClock(monotonic), name="consume")
-        # one lock for all of the loop's state and its stats: _room() and the stats are consistent
+            self._start_handler, policy=d.policy, workers=d.workers, key=d.key, cost=d.cost,
+            on_done=self._on_done, metrics=d.metrics, handler_timeout=d.handler_timeout,
+            clock=_SecondsClock(monotonic), name="consume")
+        self._keeper = LeaseKeeper(consumer, self.lease, monotonic, self._count, d.handler_timeout)
+        # one lock for all of the loop's state and its counters: _room() and snapshots are consistent
         self._lock = threading.Lock()
         self._changed = threading.Condition(self._lock)  # any state change: receive loop, waiters
-        self._held: dict[int, _Held] = {}
-        self._backlog: deque[_Held] = deque()  # received, not yet taken by the dispatcher (in order)
-        self._acks: deque[tuple[_Held, Outcome]] = deque()  # outcomes not yet taken by a settler
+        self._held: dict[int, Held] = {}
+        self._backlog: deque[Held] = deque()  # received, not yet taken by the dispatcher (in order)
+        self._acks: deque[tuple[Held, Outcome, bool]] = deque()  # (held, outcome, ran) not yet taken
         self._settling = 0  # outcomes reported and not yet settled (queued or being settled)
+        self._ack_side_open = True  # False once the ack threads stop taking: outcomes settle inline
+        self._no_more_starts = False  # the stop deadline passed: nothing held may start any more
+        self._running_ids: set[Any] = set()  # message ids whose handler runs now (hung ones included)
         self._stop = threading.Event()
         self._stop_deadline: float | None = None  # real monotonic seconds
         self._dispatch_closed = threading.Event()
@@ -366,8 +265,7 @@ class ConsumeLoop:
         self._started = False
         self._feeder: threading.Thread | None = None
         self._ack_workers: list[threading.Thread] = []
-        self._keeper: threading.Thread | None = None
-        self._logged: set[str] = set()
+        self._keeper_thread: threading.Thread | None = None
 
     # -- public state ------------------------------------------------------------------------
     @property
@@ -378,19 +276,34 @@ class ConsumeLoop:
     def stopping(self) -> bool:
         return self._stop.is_set()
 
+    def statistics(self) -> ConsumeStats:
+        """One frozen snapshot of the counters (see :class:`ConsumeStats`)."""
+        with self._lock:
+            return self._snapshot_locked()
+
+    @property
+    def stats(self) -> ConsumeStats:
+        """The same snapshot as :meth:`statistics` (a new one on every read)."""
+        return self.statistics()
+
+    def _snapshot_locked(self) -> ConsumeStats:
+        n = self._n
+        return ConsumeStats(**{name: n[name] for name in _COUNTERS}, held=len(self._held),
+                            errors_by_kind=dict(self._errors))  # a copy: the snapshot shares nothing
+
     def state(self) -> ConsumeState:
         with self._lock:
             return ConsumeState(len(self._held), len(self._backlog), self._settling, self._stop.is_set())
 
     def wait(self, predicate: Callable[[ConsumeStats], bool], timeout: float | None = None) -> bool:
-        """Block until ``predicate(stats)`` holds (True) or ``timeout`` passes (False); the
+        """Block until ``predicate(snapshot)`` holds (True) or ``timeout`` passes (False); the
         predicate is evaluated under the loop's lock after every change."""
         with self._changed:
-            return self._changed.wait_for(lambda: predicate(self.stats), timeout)
+            return self._changed.wait_for(lambda: predicate(self._snapshot_locked()), timeout)
 
     # -- the loop ----------------------------------------------------------------------------
     def run(self, until: Callable[[ConsumeStats], bool] | None = None) -> ConsumeStats:
-        """Consume until :meth:`stop` (or ``until(stats)`` is true), then drain and ack.
+        """Consume until :meth:`stop` (or ``until(snapshot)`` is true), then drain; the last snapshot.
 
         Raises:
             LeaseRefused: (a ValueError) the broker refused the lease length (the proxy's
@@ -404,7 +317,7 @@ class ConsumeLoop:
         tick = self._tick()
         try:
             while not self._stop.is_set():
-                if until is not None and until(self.stats):
+                if until is not None and until(self.statistics()):
                     break
                 try:
                     got = self.poll()
@@ -420,23 +333,24 @@ class ConsumeLoop:
                 if got is None:  # no room, or a backlog the dispatcher cannot take yet
                     with self._changed:
                         if not self._stop.is_set():
-                            self._changed.wait(tick)
+                            # a waiting backlog is offered again soon: room frees just after an outcome
+                            self._changed.wait(min(tick, 0.05) if self._backlog else tick)
                     continue
                 failures = 0
         finally:
             self._shutdown()
-        return self.stats
+        return self.statistics()
 
     def poll(self) -> int | None:
         """One step of the receive side, never blocking on the dispatcher: hand the backlog to
         the dispatcher as far as it takes it now, then receive once if there is room.
 
-        Returns how many messages were received, or None when there was no room to receive (or
-        the backlog is not empty). Receive errors propagate (``run`` counts them). With
-        ``prefetch`` > 0 the backlog is handed out by :meth:`run`'s feeder thread, not here.
+        Returns how many messages were received, or None when there was no room to receive.
+        Receive errors propagate (``run`` counts them). With ``prefetch`` > 0 the backlog is
+        handed out by :meth:`run`'s feeder thread, not here.
         """
         if self.flow.prefetch == 0:
-            self._feed(0)
+            self._feed()
         free = self._room()
         if free <= 0:
             return None
@@ -454,16 +368,19 @@ class ConsumeLoop:
         if batch:
             self._hold(batch)
             if self.flow.prefetch == 0:
-                self._feed(0)
+                self._feed()
         return len(batch)
 
     def stop(self, timeout: float | None = None) -> bool:
-        """Stop receiving; held messages are still handed out, run, and acked.
+        """Stop receiving; what the loop holds is still run and settled.
 
-        Without ``timeout`` this only asks (safe from a signal handler) and returns at once.
-        With ``timeout`` (seconds) the drain gets at most that long — messages still held then
-        are left to the broker (their leases stop being renewed; they come back once these run
-        out) — and this call waits for :meth:`run` to return. Returns whether it has.
+        Without ``timeout`` this only asks (safe from a signal handler) and returns at once;
+        :meth:`run` drains everything it holds (bounded by ``stop_timeout`` if set) and returns.
+        With ``timeout`` (seconds) the drain ends at most that long from now: at that point every
+        held message that has not started is given back to the broker (nacked, or left to its
+        lease) and **none starts afterwards**; handlers still running then go on (a thread cannot
+        be stopped), are settled when they end, and their leases are no longer renewed. This call
+        waits for :meth:`run` to return and says whether it has: True means nothing more starts.
         """
         if timeout is not None:
             deadline = time.monotonic() + max(0.0, timeout)
@@ -500,7 +417,7 @@ class ConsumeLoop:
             self._count("resync_errors", exc)
             return
         with self._lock:
-            self.stats.resyncs += 1
+            self._n["resyncs"] += 1
 
     def _room(self) -> int:
         # Everything held but not running counts against the room: a backlog the dispatcher
@@ -510,21 +427,36 @@ class ConsumeLoop:
             if self._stop.is_set():
                 return 0
             waiting, settling = len(self._backlog), self._settling
+            blocked_unkeyed = any(h.key is None for h in self._backlog)
         if self.flow.prefetch > 0:
             return self.flow.prefetch - waiting - settling
-        if waiting:
+        # Messages waiting behind busy keys do not stop receiving for other keys, up to a bound
+        # (each is held and renewed); an unkeyed one waiting means the pool itself is full.
+        if blocked_unkeyed or waiting >= self.flow.max_batch:
             return 0
-        return self.dispatcher.free_slots() - settling
+        return min(self.dispatcher.free_slots() - settling, self.flow.max_batch - waiting)
+
+    def _key_of(self, msg: Any) -> str | None:
+        """The message's ordering key for the backlog's per-key order; None when it has none, or
+        when ``key=`` fails (the dispatcher then fails that message at submit: it never waits)."""
+        fn = self.dispatch_options.key
+        if fn is None:
+            return None
+        try:
+            k = fn(msg)
+        except Exception:  # noqa: BLE001 - the dispatcher reports it
+            return None
+        return k if isinstance(k, str) else None
 
     def _hold(self, batch: list[Any]) -> None:
         """Own the whole batch at once: held (so renewed) before any of it is submitted."""
         deadline = self._monotonic() + self.lease.invisible_duration
-        held = [_Held(m, deadline) for m in batch]
+        held = [Held(m, deadline, self._key_of(m)) for m in batch]
         with self._lock:
             for h in held:
                 self._held[id(h.message)] = h
-            self.stats.received += len(held)
-            self.stats.redelivered += sum(1 for m in batch if _attempt(m) > 1)
+            self._n["received"] += len(held)
+            self._n["redelivered"] += sum(1 for m in batch if _attempt(m) > 1)
         if self.tracer is not None:
             pulled_ns = self.tracer.clock.now_ns()
             for h in held:
@@ -536,31 +468,68 @@ class ConsumeLoop:
             self._backlog.extend(held)
             self._changed.notify_all()
 
-    def _feed(self, block: float | None) -> None:
-        """Hand backlog messages to the dispatcher, in order, while it takes them (each submit
-        waits at most ``block`` seconds); stops at the first it does not take."""
-        while True:
+    def _feed(self) -> int:
+        """Offer the backlog to the dispatcher, oldest first, without blocking; returns how many it
+        took. A message it refuses keeps its place, and so does every later one of its key (the
+        key's order holds); later messages of other keys are still offered (they pass it).
+        Only one thread feeds (the receive loop, or the prefetch feeder)."""
+        with self._lock:
+            if not self._backlog:
+                return 0
+            offer = list(self._backlog)
+        # a key whose message was reported TIMEOUT and still runs is not offered: its successors
+        # follow the given-back message back to the broker
+        hung = self._hung_keys() if any(h.key is not None for h in offer) else set()
+        refused_keys: set[str] = set()
+        pool_full = False  # an unkeyed message was refused: the pool has no free worker
+        taken = 0
+        for h in offer:
+            if h.key is not None and h.key in hung:
+                taken += self._give_back_key(h.key)
+                continue
+            if (h.key is None and pool_full) or (h.key is not None and h.key in refused_keys):
+                continue
             with self._lock:
-                if not self._backlog:
-                    return
-                h = self._backlog.popleft()  # only the feeding thread takes from the head
-                h.state = _SUBMITTED
+                if h.state != WAITING:  # given back meanwhile (its key's head timed out)
+                    continue
+                h.state = SUBMITTED
             try:
-                accepted = self.dispatcher.submit(h.message, probe_stage(self.tracer, h.trace), timeout=block)
+                accepted = self.dispatcher.submit(h.message, probe_stage(self.tracer, h.trace), timeout=0)
             except DispatcherClosed:
-                accepted = False
+                with self._lock:
+                    h.state = WAITING
+                break
             except Exception as exc:  # noqa: BLE001 - one message the dispatcher refuses must not stop the loop
                 self._count("submit_errors", exc)
-                self._report(h, Outcome.FAILURE)
+                self._report(h, Outcome.FAILURE, ran=False)
+                taken += 1
                 continue
-            if not accepted:
-                with self._lock:
-                    h.state = _WAITING
-                    self._backlog.appendleft(h)
-                return
+            if accepted:
+                taken += 1
+                continue
+            with self._lock:
+                h.state = WAITING
+            if h.key is None:
+                pool_full = True
+            else:
+                refused_keys.add(h.key)
+        if taken:
+            with self._changed:
+                self._backlog = deque(h for h in self._backlog if h.state == WAITING)
+                self._changed.notify_all()
+        return taken
+
+    def _hung_keys(self) -> set[str]:
+        if self.dispatch_options.handler_timeout is None:
+            return set()
+        hung = self.dispatcher.overrun()
+        if not hung:
+            return set()
+        # from the item itself: the timed-out message is settled (no longer held) long before it returns
+        return {k for item, _ in hung if (k := self._key_of(item)) is not None}
 
     def _feed_loop(self) -> None:
-        """Prefetch mode: move backlog messages into the dispatcher, blocking when it is full."""
+        """Prefetch mode: move backlog messages into the dispatcher while it takes them."""
         tick = self._tick()
         while not self._dispatch_closed.is_set():
             with self._changed:
@@ -569,39 +538,94 @@ class ConsumeLoop:
                         return
                     self._changed.wait(tick)
                     continue
-            self._feed(tick)
+            if not self._feed():
+                with self._changed:
+                    self._changed.wait(min(tick, 0.05))  # room frees just after an outcome
+
+    def _start_handler(self, msg: Any) -> object:
+        """What each worker runs: the user's handler — only while the loop still holds the message's
+        lease, the stop deadline has not passed, no other copy of the message runs in this process
+        (a hung first run's redelivery), and no message of its key hangs past its TIMEOUT; else it
+        does not start and is given back."""
+        mid = getattr(msg, "message_id", None)
+        with self._lock:
+            h = self._held.get(id(msg))
+        # the dispatcher frees a key at its message's TIMEOUT, before the loop hears of it: a
+        # successor must not start while that message is given back (it follows it instead)
+        if h is not None and h.key is not None and h.key in self._hung_keys():
+            raise _NotStarted("a message of its key timed out and still runs: it follows that one back")
+        with self._lock:
+            if h is not None and (self._no_more_starts or not h.live(self._monotonic())):
+                raise _NotStarted("the lease is gone or the stop deadline passed")
+            if mid is not None:
+                if mid in self._running_ids:
+                    raise _NotStarted("another copy of this message still runs here")
+                self._running_ids.add(mid)
+        try:
+            return self._user_handler(msg)
+        finally:
+            if mid is not None:
+                with self._lock:
+                    self._running_ids.discard(mid)
 
     def _on_done(self, msg: Any, outcome: Outcome, error: BaseException | None) -> None:
         with self._lock:
+            self._n["reported"] += 1
             h = self._held.get(id(msg))
-        if h is not None:
-            self._report(h, outcome)
+        if h is None:
+            return
+        self._report(h, outcome, ran=not _never_ran(outcome, error))
+        if outcome is Outcome.TIMEOUT and h.key is not None:
+            self._give_back_key(h.key)
 
-    def _report(self, h: _Held, outcome: Outcome) -> None:
+    def _give_back_key(self, key: str) -> int:
+        """A message of ``key`` was given back after a timeout: its successors the loop still holds
+        unsubmitted follow it back to the broker (they must not overtake it here). How many."""
+        with self._lock:
+            follow = [h for h in self._backlog if h.key == key and h.state == WAITING]
+            if not follow:
+                return 0
+            for h in follow:
+                h.state = SUBMITTED  # out of the feeder's reach
+            gone = set(map(id, follow))  # not "state != WAITING": one being offered right now stays
+            self._backlog = deque(h for h in self._backlog if id(h) not in gone)
+        for h in follow:
+            self._report(h, Outcome.SKIPPED, ran=False)
+        return len(follow)
+
+    def _report(self, h: Held, outcome: Outcome, *, ran: bool) -> None:
+        """The message's outcome is known: queue its settle (or settle it here once the ack
+        threads have stopped taking, so no late outcome — a TIMEOUT after close — is left held)."""
         with self._changed:
-            if h.state == _SETTLING:
+            if h.state == SETTLING:
                 return  # one outcome per delivery
-            h.state = _SETTLING
-            if outcome is Outcome.SUCCESS:
-                self.stats.succeeded += 1
+            h.state = SETTLING
+            if not ran:
+                self._n["not_started"] += 1
+            elif outcome is Outcome.SUCCESS:
+                self._n["succeeded"] += 1
             else:
-                self.stats.failed += 1
+                self._n["failed"] += 1
             self._settling += 1
-            self._acks.append((h, outcome))
+            inline = not self._ack_side_open
+            if not inline:
+                self._acks.append((h, outcome, ran))
             self._changed.notify_all()
+        if inline:
+            self._settle(h, outcome, ran)
 
-    # -- acks and leases, off the workers' threads -----------------------------------------------
+    # -- settling and leases, off the workers' threads -------------------------------------------
     def _start_helpers(self) -> None:
         self._ack_workers = [threading.Thread(target=self._ack_worker, name=f"rmqtrace-ack-{i}", daemon=True)
                              for i in range(self.flow.ack_threads)]
-        self._keeper = threading.Thread(target=self._lease_keeper, name="rmqtrace-lease", daemon=True)
+        self._keeper_thread = threading.Thread(target=self._lease_keeper, name="rmqtrace-lease", daemon=True)
         if self.flow.prefetch > 0:
             self._feeder = threading.Thread(target=self._feed_loop, name="rmqtrace-feeder", daemon=True)
-        for t in (*self._ack_workers, self._keeper, self._feeder):
+        for t in (*self._ack_workers, self._keeper_thread, self._feeder):
             if t is not None:
                 t.start()
 
-    def _take_outcome(self, timeout: float | None) -> tuple[_Held, Outcome] | None:
+    def _take_outcome(self, timeout: float | None) -> tuple[Held, Outcome, bool] | None:
         with self._changed:
             if not self._acks and timeout:
                 self._changed.wait(timeout)
@@ -626,91 +650,50 @@ class ConsumeLoop:
             if item is not None:
                 self._settle(*item)
                 continue
-            if self._dispatch_closed.is_set() or self._past_stop_deadline():
-                with self._lock:
-                    if not self._acks:
-                        return
+            with self._lock:
+                if not self._ack_side_open and not self._acks:
+                    return
 
-    def _settle(self, h: _Held, outcome: Outcome) -> None:
+    def _settle(self, h: Held, outcome: Outcome, ran: bool) -> None:
+        """Ack a message whose handler succeeded; nack (give back with a backoff) any other; or
+        let it expire when the loop no longer holds its lease. Once per delivery."""
         what = "expired"
         with h.lock, suppress_instrumentation():
             h.done = True  # from here on no renewal: on the proxy it would revive an acked message
             msg = h.message
-            if not h.given_up and self._monotonic() < h.deadline:
+            if h.live(self._monotonic()):
                 h.restore_handle()
                 try:
-                    if outcome is Outcome.SUCCESS:
+                    if outcome is Outcome.SUCCESS and ran:
                         self.consumer.ack(msg)
                         what = "acked"
                     else:
                         backoff = whole_seconds(self.flow.retry_backoff(_attempt(msg)))
                         self.consumer.change_invisible_duration(msg, backoff)
-                        what = "retry_scheduled"
+                        what = "retry_scheduled" if ran else "given_back"
                 except Exception as exc:  # noqa: BLE001 - the broker redelivers after the lease
                     self._count("ack_errors", exc)
                     what = ""
         with self._changed:
             if what:
-                setattr(self.stats, what, getattr(self.stats, what) + 1)
+                self._n[what] += 1
             self._held.pop(id(h.message), None)
             self._settling -= 1
             self._changed.notify_all()
 
     def renew_leases(self) -> int:
         """One pass of the lease keeper: renew every held message whose lease ends within
-        ``renew_margin``; give up on hung handlers and on leases already lost. Returns renewals."""
+        ``renew_margin`` (side by side, at most ``renew_threads`` calls at once); give up on hung
+        handlers and on leases already lost. Returns how many were renewed."""
         now = self._monotonic()
-        margin = self.lease.margin
         with self._lock:
-            due = [h for h in self._held.values()
-                   if not h.done and not h.given_up and h.deadline - now <= margin]
+            due = self._keeper.due(list(self._held.values()), now)
         if not due:
             return 0
         ages: dict[int, float] = {}
-        if self.dispatch_options.handler_timeout is not None and any(h.state == _SUBMITTED for h in due):
+        if self.dispatch_options.handler_timeout is not None and any(h.state == SUBMITTED for h in due):
             ages = {id(item): age for item, age in self.dispatcher.running()}
-        renewed = 0
-        for h in due:
-            # a message whose ack is being sent is skipped, not waited for: one slow ack must not
-            # hold up every other renewal (and it is about to be settled anyway)
-            if not h.lock.acquire(blocking=False):
-                continue
-            try:
-                if self._renew_one(h, ages.get(id(h.message))):
-                    renewed += 1
-            finally:
-                h.lock.release()
-        return renewed
-
-    def _renew_one(self, h: _Held, age: float | None) -> bool:
-        """Renew ``h``'s lease (its lock held); False when given up, refused, or settled."""
-        if h.done or h.given_up:
-            return False
-        timeout = self.dispatch_options.handler_timeout
-        if timeout is not None and age is not None and age > timeout + self.lease.grace:
-            h.given_up = True
-            self._count_quietly("abandoned", "a handler ran past handler_timeout + hang_grace; "
-                                "its lease is given up and the broker will redeliver it")
-            return False
-        started = self._monotonic()
-        if started >= h.deadline:
-            h.given_up = True
-            self._count_quietly("leases_lost", "a lease ran out before it could be renewed")
-            return False
-        h.restore_handle()
-        try:
-            with suppress_instrumentation():
-                self.consumer.change_invisible_duration(h.message, self._invisible_s)
-        except Exception as exc:  # noqa: BLE001
-            h.restore_handle()
-            self._count("lease_errors", exc)
-            return False
-        h.handle = getattr(h.message, "receipt_handle", h.handle)
-        h.deadline = started + self.lease.invisible_duration
-        with self._changed:
-            self.stats.leases_extended += 1
-            self._changed.notify_all()
-        return True
+        return self._keeper.renew(due, ages)
 
     def _lease_keeper(self) -> None:
         tick = self._tick()
@@ -720,24 +703,18 @@ class ConsumeLoop:
             except Exception as exc:  # noqa: BLE001 - the keeper must outlive any one bug
                 self._count("lease_errors", exc)
 
-    def _count(self, what: str, exc: BaseException) -> None:
-        kind = f"{what}:{type(exc).__name__}"
+    def _count(self, what: str, exc: BaseException | None = None, why: str = "") -> None:
+        """Count one event; a failure (``what`` in the log kinds) is logged once per kind."""
         with self._changed:
-            setattr(self.stats, what, getattr(self.stats, what) + 1)
-            first = kind not in self.stats.errors_by_kind
-            self.stats.errors_by_kind[kind] = self.stats.errors_by_kind.get(kind, 0) + 1
+            self._n[what] += 1
+            if exc is not None:
+                self._errors[f"{what}:{type(exc).__name__}"] += 1
             self._changed.notify_all()
-        if first:
-            log.warning("rmqtrace consume loop: %s (%s); further ones are counted", what, exc)
-
-    def _count_quietly(self, what: str, why: str) -> None:
-        with self._changed:
-            setattr(self.stats, what, getattr(self.stats, what) + 1)
-            first = what not in self._logged
-            self._logged.add(what)
-            self._changed.notify_all()
-        if first:
-            log.warning("rmqtrace consume loop: %s; further ones are counted in stats.%s", why, what)
+        kind = _LOG_KIND.get(what)
+        if kind is not None:
+            self._log(kind if exc is None else f"{kind} ({type(exc).__name__})", exc,
+                      f"{why}; further ones are counted in statistics().{what}" if why else
+                      f"further ones are counted in statistics().{what}")
 
     # -- shutdown --------------------------------------------------------------------------------
     def _past_stop_deadline(self) -> bool:
@@ -764,17 +741,34 @@ class ConsumeLoop:
             self._feeder.join(self._left())
         else:
             while self.state().waiting and not self._past_stop_deadline():
-                left = self._left()
-                self._feed(self._tick() if left is None else min(self._tick(), left))
+                if not self._feed():
+                    left = self._left()
+                    with self._changed:
+                        self._changed.wait(0.05 if left is None else min(0.05, left))
         self.dispatcher.close(drain=True, timeout=self._left())
+        if self._past_stop_deadline():
+            self._cut_at_deadline()
         self._dispatch_closed.set()
         with self._changed:
+            self._ack_side_open = False  # the ack threads drain what is queued; later outcomes settle inline
             self._changed.notify_all()
         for t in self._ack_workers:
             t.join(self._left())
         self._finished.set()  # ends the lease keeper: whatever is still held now goes back to the broker
-        if self._keeper is not None:
-            self._keeper.join(1.0)
+        if self._keeper_thread is not None:
+            self._keeper_thread.join(1.0)
+
+    def _cut_at_deadline(self) -> None:
+        """The stop deadline passed: nothing held may start any more. The dispatcher's close has
+        reported what it had not started SKIPPED; the loop's backlog is given back the same way."""
+        with self._lock:
+            self._no_more_starts = True
+            rest = [h for h in self._backlog if h.state == WAITING]
+            for h in rest:
+                h.state = SUBMITTED
+            self._backlog.clear()
+        for h in rest:
+            self._report(h, Outcome.SKIPPED, ran=False)
 
 
 class LeaseRefused(ValueError):

@@ -9,10 +9,11 @@ no room waits on a future as a :class:`.core.Waiter`; whoever frees room admits 
 
 Differences from the thread engine (:class:`.engine.Dispatcher`):
 
-* ``handler_timeout`` *cancels* the handler (``asyncio.timeout``) at its deadline on the event
-  loop's clock; the message's outcome is ``Outcome.TIMEOUT`` with a :class:`.HandlerTimeout`,
-  also when the handler swallows the cancellation and returns later (it keeps its worker until
-  then), and when the injected clock says it overran.
+* ``handler_timeout``: at its deadline on the event loop's clock the message is reported
+  ``Outcome.TIMEOUT`` with a :class:`.HandlerTimeout` and given back — with what waited behind it,
+  reported ``SKIPPED``, exactly as in the thread engine — and then the handler is *cancelled*. A
+  handler that swallows the cancellation keeps its worker (``statistics().overrun``) until it
+  returns; its result is dropped. A handler the injected clock says overran is TIMEOUT too.
 * Worker tasks and cancellation: a worker task cancelled while it runs a handler reports that
   message ``FAILURE`` (the ``CancelledError`` is the error) and ends; the entry the policy gives
   it next, if any, runs on a fresh task for that worker. A worker task cancelled while idle
@@ -26,16 +27,15 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import sys
 from collections.abc import Awaitable, Callable
 from typing import Any, Generic, TypeVar, cast
 
 from ..path.clock import Clock
 from ..path.stages import Outcome
-from .core import Core, Waiter, WaitState, WouldBlock
+from .core import Core, EngineBase, Waiter, WaitState, WouldBlock, require_async
 from .metrics import DispatchMetrics
 from .policy import Policy
-from .protocol import DispatchStats, MessageTraceLike
+from .protocol import DispatchStats, HandlerTimeout, MessageTraceLike
 from .scheduler import Entry
 
 __all__ = ["AsyncDispatcher"]
@@ -46,37 +46,11 @@ logger = logging.getLogger("tracer.dispatch")
 
 _FAILURE = Outcome.FAILURE
 
-if sys.version_info >= (3, 11):
-    _timeout = asyncio.timeout
-else:  # pragma: no cover - Python 3.10
-
-    class _timeout:
-        """The part of 3.11's ``asyncio.timeout`` used here: cancel the task at the deadline."""
-
-        def __init__(self, delay: float) -> None:
-            self._delay = delay
-            self._expired = False
-            self._handle: asyncio.TimerHandle | None = None
-
-        def expired(self) -> bool:
-            return self._expired
-
-        async def __aenter__(self) -> _timeout:
-            task = asyncio.current_task()
-            assert task is not None
-
-            def fire() -> None:
-                self._expired = True
-                task.cancel()
-
-            self._handle = asyncio.get_running_loop().call_later(self._delay, fire)
-            return self
-
-        async def __aexit__(self, et: type[BaseException] | None, e: BaseException | None, tb: object) -> None:
-            if self._handle is not None:
-                self._handle.cancel()
-            if self._expired and et is asyncio.CancelledError:
-                raise asyncio.TimeoutError from e
+def _uncancel(task: asyncio.Task[Any] | None) -> None:
+    """Undo one cancel() of ours, so the task's own cancellation state stays its caller's (3.11+)."""
+    fn = getattr(task, "uncancel", None)
+    if fn is not None:
+        fn()
 
 
 def _being_cancelled(task: asyncio.Task[Any] | None) -> bool:
@@ -88,13 +62,14 @@ def _being_cancelled(task: asyncio.Task[Any] | None) -> bool:
 
 
 class _AioWorker:
-    __slots__ = ("entry", "event", "index", "running", "task")
+    __slots__ = ("entry", "event", "expired", "index", "running", "task")
 
     def __init__(self, index: int) -> None:
         self.index = index
         self.event = asyncio.Event()
         self.entry: Entry[Any] | None = None  # the hand-off box
         self.running: tuple[Entry[Any], int] | None = None  # (entry, start ns)
+        self.expired: Entry[Any] | None = None  # reported TIMEOUT at its deadline, handler still running
         self.task: asyncio.Task[None] | None = None
 
 
@@ -113,7 +88,7 @@ class _AioWaiter(Waiter):
             self.fut.set_result(None)
 
 
-class AsyncDispatcher(Generic[T]):
+class AsyncDispatcher(EngineBase[T], Generic[T]):
     """Run ``async handler(item)`` on ``workers`` tasks under a dispatch ``policy``.
 
     Same parameters, meaning and rules as :class:`.engine.Dispatcher`; create it anywhere, use it
@@ -121,7 +96,8 @@ class AsyncDispatcher(Generic[T]):
 
     Raises:
         ValueError: ``workers`` < 1, ``handler_timeout`` not a finite number > 0, unknown policy.
-        TypeError: ``handler``, ``key``, ``cost`` or ``on_done`` is not callable.
+        TypeError: ``handler`` is not an ``async def`` function (a plain one would block the
+            loop); ``key``, ``cost`` or ``on_done`` is not a plain callable.
     """
 
     def __init__(
@@ -138,9 +114,8 @@ class AsyncDispatcher(Generic[T]):
         clock: Clock | None = None,
         name: str = "rmqtrace",
     ) -> None:
-        if not callable(handler):
-            raise TypeError(f"handler must be callable, got {type(handler).__name__}")
-        self._core: Core[T] = Core(
+        require_async(handler, "handler")
+        self._core = Core(
             policy=policy, workers=workers, key=key, cost=cost, on_done=on_done, metrics=metrics,
             handler_timeout=handler_timeout, clock=clock, name=name, kind="async dispatcher",
         )  # fmt: skip
@@ -149,19 +124,7 @@ class AsyncDispatcher(Generic[T]):
         self._name = name
         self._n_workers = workers
         self._workers: list[_AioWorker] | None = None
-        self._watch_futs: list[asyncio.Future[None]] = []  # watchers (wait_until)
-
-    @property
-    def policy(self) -> Policy:
-        return self._core.policy
-
-    @property
-    def workers(self) -> int:
-        return self._n_workers
-
-    @property
-    def closed(self) -> bool:
-        return self._core.closed
+        self._watch_futs: set[asyncio.Future[None]] = set()  # watchers (wait_until)
 
     def _started(self) -> list[_AioWorker]:
         ws = self._workers
@@ -188,7 +151,7 @@ class AsyncDispatcher(Generic[T]):
     def _notify(self) -> None:
         futs = self._watch_futs
         if futs:
-            self._watch_futs = []
+            self._watch_futs = set()
             for f in futs:
                 if not f.done():
                     f.set_result(None)
@@ -203,10 +166,11 @@ class AsyncDispatcher(Generic[T]):
                 if left is not None and left <= 0:
                     return False
                 fut: asyncio.Future[None] = asyncio.get_running_loop().create_future()
-                self._watch_futs.append(fut)
+                self._watch_futs.add(fut)
                 try:
                     done, _ = await asyncio.wait({fut}, timeout=left)
                 finally:
+                    self._watch_futs.discard(fut)  # a timed-out wait leaves nothing behind
                     if not fut.done():
                         fut.cancel()
                 if not done:
@@ -224,17 +188,19 @@ class AsyncDispatcher(Generic[T]):
 
         Raises:
             DispatcherClosed: after :meth:`close` began, also in a ``submit`` waiting then.
+            RuntimeError: it would wait, awaited from this dispatcher's own handler (a worker
+                waiting for room that only workers free); there, use ``timeout=0``.
         """
         core = self._core
         if core.closed:
             raise core.closed_error()
         e = core.build(item, trace)
         self._started()
-        e.seq = core.seq  # unique: the cost heap breaks ties with it
-        core.seq += 1
+        core.number_locked(e)
         if e.error is not None:
             core.reject_locked(e)
             core.report(e, _FAILURE, e.error, on_worker=False)
+            core.reported_locked(1)
             core.observe_unblocked()
             return True
         try:
@@ -242,6 +208,11 @@ class AsyncDispatcher(Generic[T]):
         except WouldBlock:
             if timeout is not None and timeout <= 0:
                 return False
+            if self._on_worker():
+                raise RuntimeError(
+                    f"async dispatcher {self._name!r} is full and submit was awaited from its own worker, "
+                    "which would wait for itself; use submit(..., timeout=0)"
+                ) from None
             return await self._submit_blocked(e, timeout)
         if r is not None:
             self._hand(r, e)
@@ -264,12 +235,11 @@ class AsyncDispatcher(Generic[T]):
                 core.withdraw_locked(w)
                 if not w.fut.done():
                     w.fut.cancel()
-        if w.state is WaitState.CLOSED:
-            raise core.closed_error(blocked=True)
-        if w.state is WaitState.WAITING:
-            return False
-        core.observe_blocked(core.now() - t0)
-        return True
+        return core.waited(w)
+
+    def _on_worker(self) -> bool:
+        task = asyncio.current_task()
+        return task is not None and any(w.task is task for w in self._workers or ())
 
     def _admit_waiters(self, index: int, nxt: Entry[Any] | None) -> Entry[Any] | None:
         for wt in self._core.admit_waiters_locked():
@@ -295,20 +265,27 @@ class AsyncDispatcher(Generic[T]):
 
     async def wait_idle(self, timeout: float | None = None) -> bool:
         """Wait until nothing is queued or in flight (True), or ``timeout`` passes (False)."""
-        return await self._wait_until(self._core.settled_locked, timeout)
+        return await self._wait_until(self._core.idle_locked, timeout)
 
-    @property
-    def stats(self) -> DispatchStats:
+    def statistics(self) -> DispatchStats:
+        """One frozen, consistent snapshot of the counters (taken on the loop)."""
         live = sum(1 for w in self._workers or () if w.task is not None and not w.task.done())
         return self._core.stats_locked(live)
 
     def running(self) -> list[tuple[T, float]]:
-        """Items whose handler is running now, with seconds since it started (on ``clock``)."""
+        """Items whose handler is running and has no outcome yet, with seconds since it started."""
+        return self._ages(overrun=False)
+
+    def overrun(self) -> list[tuple[T, float]]:
+        """Items already reported TIMEOUT whose handler still runs, with seconds since it started."""
+        return self._ages(overrun=True)
+
+    def _ages(self, overrun: bool) -> list[tuple[T, float]]:
         now = self._core.now()
         return [
             (cast(T, r[0].item), max(0, now - r[1]) / 1e9)
             for w in (self._workers or ())
-            if (r := w.running) is not None
+            if (r := w.running) is not None and (w.expired is r[0]) is overrun
         ]
 
     # ----------------------------------------------------------------------------------- workers
@@ -355,37 +332,64 @@ class AsyncDispatcher(Generic[T]):
         w.running = (e, t0)
         scope = None if e.trace is None else core.enter_scope(e.trace)
         error: BaseException | None = None
-        expired = False
+        task = asyncio.current_task()
+        timer = None
+        if core.timeout_s is not None and task is not None:
+            timer = asyncio.get_running_loop().call_later(core.timeout_s, self._expire, w, e, t0, task)
         try:
-            if core.timeout_s is None:
-                await self._handler(cast(T, e.item))
-            else:
-                cm = _timeout(core.timeout_s)
-                try:
-                    async with cm:
-                        await self._handler(cast(T, e.item))
-                except (TimeoutError, asyncio.TimeoutError) as exc:
-                    if not cm.expired():
-                        raise
-                    error = exc
-                expired = cm.expired()  # also when the handler swallowed the cancellation
+            await self._handler(cast(T, e.item))
         except asyncio.CancelledError as exc:
-            if _being_cancelled(asyncio.current_task()):
+            ours = w.expired is e
+            if ours:
+                _uncancel(task)  # our own cancel, at the deadline
+            if (not ours or hasattr(task, "uncancel")) and _being_cancelled(task):
                 w.running = None
+                w.expired = None
+                if timer is not None:
+                    timer.cancel()
                 core.exit_scope(scope, exc)
                 raise
             error = exc
         except BaseException as exc:  # noqa: BLE001 - the handler's failure is the message's outcome
             error = exc
+            if w.expired is e:
+                _uncancel(task)  # it swallowed our cancel, then raised something else
+        else:
+            if w.expired is e:
+                _uncancel(task)  # it swallowed our cancel and returned
+        if timer is not None:
+            timer.cancel()
         core.exit_scope(scope, error)
-        return core.settle(error, t0, expired)
+        return core.outcome_of(error, t0)
+
+    def _expire(self, w: _AioWorker, e: Entry[Any], t0: int, task: asyncio.Task[Any]) -> None:
+        """The deadline of ``e``: report it TIMEOUT and give it back with what waits behind it; cancel it."""
+        r = w.running
+        if r is None or r[0] is not e or w.expired is e:
+            return
+        core = self._core
+        w.expired = e
+        back = core.expire_locked(w.index, e)
+        tns = cast(int, core.timeout_ns)
+        core.report(e, Outcome.TIMEOUT, HandlerTimeout(max(tns, core.now() - t0) / 1e9, tns / 1e9))
+        core.report_skipped(back, on_worker=True)
+        core.reported_locked(1 + len(back))
+        if core.waiters:
+            self._admit_waiters(-1, None)  # parking room may have freed
+        self._notify()
+        task.cancel()
 
     def _finish(self, w: _AioWorker, e: Entry[Any], outcome: Outcome, error: BaseException | None) -> Entry[Any] | None:
-        """Report ``e``, free the worker; the entry it runs next, or None."""
+        """Report ``e`` (unless its deadline did), free the worker; the entry it runs next, or None."""
         core = self._core
+        mine = w.expired is not e
         w.running = None
-        core.report(e, outcome, error)
-        core.count_locked(outcome)
+        w.expired = None
+        if mine:
+            core.report(e, outcome, error)
+            core.count_locked(outcome)
+        else:
+            core.overrun -= 1
         nxt = self._sched.done(w.index, e)
         if core.waiters:
             nxt = self._admit_waiters(w.index, nxt)
@@ -393,8 +397,14 @@ class AsyncDispatcher(Generic[T]):
         return nxt
 
     # ---------------------------------------------------------------------------------- shutdown
-    async def close(self, drain: bool = True, timeout: float | None = None) -> None:
-        """As :meth:`.engine.Dispatcher.close`. Idempotent; must not be awaited from a handler."""
+    async def close(self, drain: bool = True, timeout: float | None = None) -> bool:
+        """As :meth:`.engine.Dispatcher.close` (same meaning, same True/False). Idempotent.
+
+        Raises:
+            RuntimeError: awaited from one of this dispatcher's own handlers.
+        """
+        if self._on_worker():
+            raise RuntimeError("close() awaited from a dispatcher worker (a handler) would wait for itself")
         core = self._core
         deadline = core.deadline(timeout)
         core.closed = True
@@ -402,29 +412,50 @@ class AsyncDispatcher(Generic[T]):
             assert isinstance(wt, _AioWaiter)
             wt.wake()
         self._notify()
-        skipped = [] if drain else core.take_skipped_locked()
-        for e in skipped:
-            core.report(e, Outcome.SKIPPED, None, on_worker=False)
+        if not drain:
+            self._give_back(core.take_queued_locked())
         left = core.remaining(deadline)
-        settled = await self._wait_until(core.settled_locked, None if left is None else max(0.0, left))
+        quiet = await self._wait_until(core.quiet_locked, None if left is None else max(0.0, left))
         ws = self._workers or []
+        back = core.take_queued_locked()  # drain: what no worker can take; timeout: all not started
+        if not quiet:
+            core.abandoned = True
+            stolen = []
+            for w in ws:
+                e = w.entry
+                if e is not None:  # handed over, its task has not started it: it must not start now
+                    w.entry = None
+                    self._sched.done(w.index, e)
+                    stolen.append(e)
+            back.extend(core.give_back_locked(stolen))
+        self._give_back(back)
         if not core.stopping:
             core.stopping = True
-            for i in self._sched.idle_workers():
-                w = ws[i] if ws else None
-                if w is not None and w.task is not None and not w.task.done():
-                    w.entry = None
-                    w.event.set()
-        tasks = [w.task for w in ws if w.task is not None and not w.task.done()]
+            for i in self._sched.idle_workers() if ws else ():
+                iw = ws[i]
+                if iw.task is not None and not iw.task.done():
+                    iw.entry = None
+                    iw.event.set()
+        tasks = [w.task for w in ws if w.task is not None and not w.task.done() and w.expired is None]
         if tasks:
             left = core.remaining(deadline)
             await asyncio.wait(tasks, timeout=None if left is None else max(0.0, left))
+        settled = core.idle_locked()
         if core.m is not None and settled:
             core.m.unbind()
         if not settled:
-            s = self.stats
-            logger.warning("async dispatcher %r: close timed out with %d in flight, %d queued", self._name,
-                           s.in_flight, s.queued)  # fmt: skip
+            logger.warning("async dispatcher %r: close timed out with %d in flight", self._name,
+                           self.statistics().in_flight)  # fmt: skip
+        return settled
+
+    def _give_back(self, entries: list[Entry[Any]]) -> None:
+        if entries:
+            entries.sort(key=lambda x: x.seq)
+            try:
+                self._core.report_skipped(entries, on_worker=False)
+            finally:
+                self._core.reported_locked(len(entries))
+                self._notify()
 
     async def __aenter__(self) -> AsyncDispatcher[T]:
         return self

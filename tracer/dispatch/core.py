@@ -46,6 +46,7 @@ the deadlines of ``submit``/``wait_*``/``close`` timeouts — comes from the inj
 from __future__ import annotations
 
 import enum
+import inspect
 import logging
 import math
 import numbers
@@ -64,7 +65,7 @@ from .policy import Policy, resolve_policy
 from .protocol import DispatcherClosed, DispatchStats, HandlerTimeout, MessageTraceLike
 from .scheduler import Admission, Entry
 
-__all__ = ["Core", "WaitState", "Waiter", "WouldBlock", "exemplar_of"]
+__all__ = ["Core", "EngineBase", "WaitState", "Waiter", "WouldBlock", "exemplar_of", "require_async", "require_plain"]
 
 T = TypeVar("T")
 
@@ -74,6 +75,7 @@ _ENQUEUE = Stage.DISPATCH_ENQUEUE
 _FAILURE = Outcome.FAILURE
 _FULL = Admission.FULL
 _QUEUED = Admission.QUEUED
+_SKIPPED = Outcome.SKIPPED
 _OK: tuple[Outcome, BaseException | None] = (Outcome.SUCCESS, None)
 
 
@@ -113,6 +115,58 @@ def exemplar_of(trace: MessageTraceLike) -> Mapping[str, str] | None:
     return cast("Mapping[str, str] | None", fn())
 
 
+def _kind(fn: Callable[..., Any]) -> str:
+    """``"async"``, ``"generator"`` or ``"plain"``: what calling ``fn`` gives (``__wrapped__`` followed)."""
+    for f in (fn, inspect.unwrap(fn), getattr(type(fn), "__call__", None)):  # noqa: B004 - an object's __call__
+        if f is None:
+            continue
+        if inspect.iscoroutinefunction(f) or inspect.isasyncgenfunction(f):
+            return "async"
+        if inspect.isgeneratorfunction(f):
+            return "generator"
+    return "plain"
+
+
+def require_plain(fn: object, what: str, *, optional: bool = False) -> None:
+    """Refuse, with one line, a callable that is not a plain function (``async def``, a generator).
+
+    Calling one of those only builds a coroutine or a generator — it would "succeed" without
+    running. ``optional``: ``None`` is allowed.
+
+    Raises:
+        TypeError: ``fn`` is not callable, or calling it would not run it.
+    """
+    if fn is None and optional:
+        return
+    if not callable(fn):
+        raise TypeError(f"{what} must be callable, got {type(fn).__name__}")
+    kind = _kind(fn)
+    if kind != "plain":
+        raise TypeError(f"{what} must be a plain function, got an {kind} function {_name(fn)}"
+                        f"{'; use AsyncDispatcher for async handlers' if what == 'handler' else ''}")  # fmt: skip
+
+
+def require_async(fn: object, what: str) -> None:
+    """Refuse, with one line, a callable that is not an ``async def`` function (or has no async ``__call__``).
+
+    A plain function would run on the event loop and block it.
+
+    Raises:
+        TypeError: ``fn`` is not callable or not an ``async def`` function.
+    """
+    if not callable(fn):
+        raise TypeError(f"{what} must be callable, got {type(fn).__name__}")
+    kind = _kind(fn)
+    if kind != "async" or inspect.isasyncgenfunction(inspect.unwrap(fn)):
+        got = "an async generator" if kind == "async" else f"a {kind}"
+        raise TypeError(f"{what} must be an async def function, got {got} function {_name(fn)}"
+                        f"{'; use Dispatcher for plain handlers' if what == 'handler' else ''}")  # fmt: skip
+
+
+def _name(fn: object) -> str:
+    return repr(getattr(fn, "__qualname__", type(fn).__name__))
+
+
 def _valid_cost(c: object) -> bool:
     if not isinstance(c, numbers.Real) or isinstance(c, bool):
         return False
@@ -143,9 +197,8 @@ class Core(Generic[T]):
             isinstance(handler_timeout, (int, float)) and math.isfinite(handler_timeout) and handler_timeout > 0
         ):
             raise ValueError(f"handler_timeout must be a finite number of seconds > 0, got {handler_timeout!r}")
-        for what, fn in (("key", key), ("cost", cost), ("on_done", on_done)):
-            if fn is not None and not callable(fn):
-                raise TypeError(f"{what}= must be callable or None, got {type(fn).__name__}")
+        for what, fn in (("key=", key), ("cost=", cost), ("on_done=", on_done)):
+            require_plain(fn, what, optional=True)
         self.policy = resolve_policy(policy)
         self.sched = self.policy.scheduler(workers)
         self.key_fn = key
@@ -162,6 +215,9 @@ class Core(Generic[T]):
         self.waiters: deque[Waiter] = deque()  # blocked submitters, oldest first
         self.watchers = 0  # callers blocked in wait_for_free_slot / wait_idle / close
         self.overrun = 0  # workers held by a handler already reported TIMEOUT
+        # outcomes counted but whose trace.finish/on_done has not returned yet: close waits for them
+        self.reporting = 0
+        self.abandoned = False  # close's timeout passed: nothing not yet started may start
         self.seq = 0
         self.submitted = 0
         self.handled = 0
@@ -290,9 +346,11 @@ class Core(Generic[T]):
                 self.log("trace.mark", exc)
 
     def reject_locked(self, e: Entry[Any]) -> None:
-        """Accept ``e`` as failed at once (its ``key=`` failed); :meth:`report` it after the lock."""
+        """Accept ``e`` as failed at once (its ``key=`` failed); :meth:`report` it after the lock,
+        then :meth:`reported_locked` it."""
         self._accept(e)
         self.failed += 1
+        self.reporting += 1
 
     # -------------------------------------------------------------------------------- running
     def begin(self, e: Entry[Any], worker: int) -> int:
@@ -339,15 +397,12 @@ class Core(Generic[T]):
         except BaseException as exc:  # noqa: BLE001
             self.log("trace.handler_scope exit", exc)
 
-    def settle(self, error: BaseException | None, t0: int, expired: bool = False) -> tuple[Outcome, BaseException | None]:
-        """The outcome of a handler that started at ``t0`` and ended with ``error`` (the timeout rule).
-
-        ``expired``: the engine's own timer fired (asyncio) — TIMEOUT even if the clock disagrees.
-        """
+    def outcome_of(self, error: BaseException | None, t0: int) -> tuple[Outcome, BaseException | None]:
+        """The outcome of a handler that started at ``t0`` and ended with ``error`` (the timeout rule)."""
         tns = self.timeout_ns
         if tns is not None:
             elapsed = self.now() - t0
-            if expired or elapsed > tns:
+            if elapsed > tns:
                 timeout = HandlerTimeout(max(0, elapsed) / 1e9, tns / 1e9)
                 timeout.__cause__ = error
                 return Outcome.TIMEOUT, timeout
@@ -395,16 +450,46 @@ class Core(Generic[T]):
             m.submit_blocked.observe(0.0)
 
     # ------------------------------------------------------------------------- state, closing
-    def settled_locked(self) -> bool:
-        """Nothing queued and no held message without an outcome (overrun handlers aside)."""
+    def idle_locked(self) -> bool:
+        """Nothing queued, nothing in flight, no outcome being reported (overrun handlers aside)."""
         s = self.sched
-        return s.busy - self.overrun == 0 and s.queued == 0
+        return s.busy - self.overrun == 0 and s.queued == 0 and self.reporting == 0
 
-    def take_skipped_locked(self) -> list[Entry[Any]]:
-        """close(drain=False): every queued entry leaves unrun and counts as SKIPPED."""
-        out = self.sched.take_queued()
-        self.skipped += len(out)
-        return out
+    def quiet_locked(self) -> bool:
+        """No handler in flight and no outcome being reported: what is still queued cannot start.
+
+        (Queued work with nothing in flight means every worker is held by an overrun handler.)
+        """
+        return self.sched.busy - self.overrun == 0 and self.reporting == 0
+
+    def give_back_locked(self, entries: list[Entry[Any]]) -> list[Entry[Any]]:
+        """Count ``entries`` (taken from the scheduler, unrun) SKIPPED; :meth:`report_skipped` them after the lock."""
+        self.skipped += len(entries)
+        self.reporting += len(entries)
+        return entries
+
+    def take_queued_locked(self) -> list[Entry[Any]]:
+        """Every queued entry leaves unrun, counted SKIPPED; :meth:`report_skipped` them after the lock."""
+        return self.give_back_locked(self.sched.take_queued())
+
+    def expire_locked(self, worker: int, e: Entry[Any]) -> list[Entry[Any]]:
+        """``e`` on ``worker`` ran past its deadline: count it TIMEOUT (overrun) and release what waited behind it.
+
+        Returns the entries given back with it (counted SKIPPED). The caller reports ``e``'s
+        TIMEOUT, then :meth:`report_skipped` the rest, then :meth:`reported_locked` ``1 + len``.
+        """
+        self.timed_out += 1
+        self.overrun += 1
+        self.reporting += 1
+        return self.give_back_locked(self.sched.expire(worker, e))
+
+    def report_skipped(self, entries: list[Entry[Any]], *, on_worker: bool) -> None:
+        for e in entries:
+            self.report(e, _SKIPPED, None, on_worker=on_worker)
+
+    def reported_locked(self, n: int) -> None:
+        """``n`` outcomes counted under the lock earlier have been reported (on_done returned)."""
+        self.reporting -= n
 
     def free_slots_locked(self) -> int:
         return 0 if self.closed else self.sched.free_slots()
@@ -415,6 +500,24 @@ class Core(Generic[T]):
     def remaining(self, deadline: int | None) -> float | None:
         """Seconds left until ``deadline`` on the clock (None: no deadline; <= 0: passed)."""
         return None if deadline is None else (deadline - self.now()) / 1e9
+
+    def number_locked(self, e: Entry[Any]) -> None:
+        """Give ``e`` its arrival number: unique, increasing (the cost heap breaks ties with it)."""
+        e.seq = self.seq
+        self.seq += 1
+
+    def waited(self, w: Waiter) -> bool:
+        """The result of a blocked ``submit`` once its waiter is decided (or its wait ended).
+
+        Raises:
+            DispatcherClosed: close() began while it waited.
+        """
+        if w.state is WaitState.CLOSED:
+            raise self.closed_error(blocked=True)
+        if w.state is WaitState.WAITING:
+            return False  # timed out: the message was not taken
+        self.observe_blocked(self.now() - w.t0)
+        return True
 
     def stats_locked(self, live_workers: int) -> DispatchStats:
         s = self.sched
@@ -434,3 +537,29 @@ class Core(Generic[T]):
             live_workers=live_workers,
             cost_errors=self.cost_errors,
         )
+
+
+class EngineBase(Generic[T]):
+    """The properties both engines answer the same way, from their :class:`Core`."""
+
+    _core: Core[T]
+
+    @property
+    def policy(self) -> Policy:
+        """The dispatch policy this dispatcher was built with."""
+        return self._core.policy
+
+    @property
+    def workers(self) -> int:
+        """How many workers (threads or tasks) it runs."""
+        return self._core.sched.workers
+
+    @property
+    def closed(self) -> bool:
+        """True once :meth:`close` began (``submit`` raises ``DispatcherClosed``)."""
+        return self._core.closed
+
+    @property
+    def name(self) -> str:
+        """The ``name=`` given at construction (thread names, log lines)."""
+        return self._core.name

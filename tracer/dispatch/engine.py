@@ -20,18 +20,18 @@ Life cycle:
   still running at its deadline (on the injected clock) as ``Outcome.TIMEOUT`` *at the
   deadline* — ``trace.finish`` then ``on_done(item, TIMEOUT, HandlerTimeout)`` — so a consume
   loop stops renewing that message's lease and the broker can redeliver it to a healthy
-  consumer (a duplicate, by design). The worker stays held by the hung handler (``stats.overrun``;
-  no second copy of its key starts meanwhile); when the handler returns, its result is dropped
-  and the worker takes its next message. If it never returns the worker is lost for good.
+  consumer (a duplicate, by design). The message is given back, and what waited behind it goes
+  with it: the messages of its key parked behind it (round-robin/random: its worker's buffer) are
+  reported ``SKIPPED`` right after its TIMEOUT, in arrival order, unrun, and its key is free — a
+  key's successors follow the message given back, not the thread that hung. The worker stays
+  held by the hung handler (``statistics().overrun``); when the handler returns, its result is
+  dropped and the worker takes its next message. If it never returns the worker is lost for good.
   :meth:`Dispatcher.running` lists in-flight items (not overrun ones), :meth:`Dispatcher.overrun`
   the overrun ones, :meth:`Dispatcher.check_timeouts` runs the watchdog's check now (for manual
   clocks). A handler that returns after its deadline before the watchdog saw it is reported
   TIMEOUT by its worker.
-* ``close(drain=True)`` finishes queued and in-flight messages; ``close(drain=False)`` finishes
-  in-flight ones and reports every queued one as ``Outcome.SKIPPED`` (``trace.finish`` then
-  ``on_done``) without running it. Either way every accepted message gets exactly one outcome.
-  ``close`` waits for messages, not for overrun handlers: their threads (daemon) are left
-  running and exit when the handler returns. ``close(timeout=...)`` returns in bounded time.
+* ``close``: see :meth:`Dispatcher.close` — it returns True only after every accepted message's
+  outcome was reported (``on_done`` returned); after it returns no handler starts.
 """
 
 from __future__ import annotations
@@ -43,7 +43,7 @@ from typing import Any, Generic, TypeVar, cast
 
 from ..path.clock import Clock
 from ..path.stages import Outcome
-from .core import Core, Waiter, WaitState, WouldBlock
+from .core import Core, EngineBase, Waiter, WaitState, WouldBlock, require_plain
 from .metrics import DispatchMetrics
 from .policy import Policy
 from .protocol import DispatchStats, HandlerTimeout, MessageTraceLike
@@ -86,7 +86,7 @@ class _ThreadWaiter(Waiter):
 _STOP = object()  # _finish: the worker is idle and the dispatcher stops
 
 
-class Dispatcher(Generic[T]):
+class Dispatcher(EngineBase[T], Generic[T]):
     """Run ``handler`` on ``workers`` threads under a dispatch ``policy``.
 
     ``key``: ordering key (message group / sharding key), ``None`` for unordered messages.
@@ -98,7 +98,8 @@ class Dispatcher(Generic[T]):
 
     Raises:
         ValueError: ``workers`` < 1, ``handler_timeout`` not a finite number > 0, unknown policy.
-        TypeError: ``handler``, ``key``, ``cost`` or ``on_done`` is not callable.
+        TypeError: ``handler``, ``key``, ``cost`` or ``on_done`` is not callable, or is an
+            ``async def`` or generator function (calling one would not run it).
     """
 
     def __init__(
@@ -115,9 +116,8 @@ class Dispatcher(Generic[T]):
         clock: Clock | None = None,
         name: str = "rmqtrace",
     ) -> None:
-        if not callable(handler):
-            raise TypeError(f"handler must be callable, got {type(handler).__name__}")
-        self._core: Core[T] = Core(
+        require_plain(handler, "handler")
+        self._core = Core(
             policy=policy, workers=workers, key=key, cost=cost, on_done=on_done, metrics=metrics,
             handler_timeout=handler_timeout, clock=clock, name=name, kind="dispatcher",
         )  # fmt: skip
@@ -139,18 +139,6 @@ class Dispatcher(Generic[T]):
             self._watchdog = threading.Thread(target=self._watch_loop, name=f"{name}-dispatch-watchdog", daemon=True)
             self._watchdog.start()
 
-    @property
-    def policy(self) -> Policy:
-        return self._core.policy
-
-    @property
-    def workers(self) -> int:
-        return len(self._workers)
-
-    @property
-    def closed(self) -> bool:
-        return self._core.closed
-
     # ----------------------------------------------------------------------------------- submit
     def submit(self, item: T, trace: MessageTraceLike | None = None, *, timeout: float | None = None) -> bool:
         """Hand ``item`` to the policy; block while it has no room (back-pressure).
@@ -161,14 +149,16 @@ class Dispatcher(Generic[T]):
 
         Raises:
             DispatcherClosed: after :meth:`close` began, also in a ``submit`` blocked then.
+            RuntimeError: it would block, called from this dispatcher's own handler, ``on_done``
+                or watchdog (a worker waiting for room that only workers free can wait for
+                itself); from there submit with ``timeout=0`` and handle False.
         """
         core = self._core
         e = core.build(item, trace)  # user callables run outside the lock
         with self._lock:
             if core.closed:
                 raise core.closed_error()
-            e.seq = core.seq  # unique: the cost heap breaks ties with it
-            core.seq += 1
+            core.number_locked(e)
             if e.error is not None:
                 core.reject_locked(e)
             else:
@@ -177,6 +167,12 @@ class Dispatcher(Generic[T]):
                 except WouldBlock:
                     if timeout is not None and timeout <= 0:
                         return False
+                    me = threading.current_thread()
+                    if me in self._threads or me is self._watchdog:
+                        raise RuntimeError(
+                            f"dispatcher {self._name!r} is full and submit was called from its own worker, "
+                            "which would wait for itself; use submit(..., timeout=0)"
+                        ) from None
                     return self._submit_blocked(e, timeout)
                 if r is not None:
                     w = self._workers[r]
@@ -184,6 +180,10 @@ class Dispatcher(Generic[T]):
                     w.wake.release()
         if e.error is not None:
             core.report(e, _FAILURE, e.error, on_worker=False)
+            with self._lock:
+                core.reported_locked(1)
+                if core.watchers:
+                    self._cond.notify_all()
         if core.m is not None:
             core.observe_unblocked()
         return True
@@ -207,13 +207,7 @@ class Dispatcher(Generic[T]):
             lock.acquire()
             if w.state is WaitState.WAITING:  # timed out: withdraw it (it fit nowhere, so no one else gains)
                 core.withdraw_locked(w)
-        if w.state is WaitState.CLOSED:
-            raise core.closed_error(blocked=True)
-        if w.state is WaitState.WAITING:
-            return False
-        # ADMITTED: the admitter has already handed the entry to its worker.
-        core.observe_blocked(core.now() - t0)
-        return True
+        return core.waited(w)  # ADMITTED: the admitter has already handed the entry to its worker
 
     def _hand_locked(self, r: int, e: Entry[Any]) -> None:
         w = self._workers[r]
@@ -269,11 +263,11 @@ class Dispatcher(Generic[T]):
 
         Overrun handlers (already reported TIMEOUT) do not count as in flight.
         """
-        return self._wait_until(self._core.settled_locked, timeout)
+        return self._wait_until(self._core.idle_locked, timeout)
 
     # ------------------------------------------------------------------------------------ state
-    @property
-    def stats(self) -> DispatchStats:
+    def statistics(self) -> DispatchStats:
+        """One frozen, consistent snapshot of the counters (taken under the lock)."""
         with self._lock:
             return self._core.stats_locked(sum(t.is_alive() for t in self._threads))
 
@@ -301,12 +295,14 @@ class Dispatcher(Generic[T]):
         run = self._run
         finish = self._finish
         log = self._core.log
+        lock = self._lock
         while True:
             wake.acquire()
-            e: Any = w.entry
-            if e is None:
-                return
-            w.entry = None
+            with lock:  # claim the hand-off under the lock: close's timeout may have taken it back
+                e: Any = w.entry
+                if e is None:
+                    return
+                w.entry = None
             while e is not None:
                 try:
                     outcome, error = run(w, e)
@@ -331,7 +327,7 @@ class Dispatcher(Generic[T]):
             error = exc
         if scope is not None:
             core.exit_scope(scope, error)
-        return core.settle(error, t0)
+        return core.outcome_of(error, t0)
 
     def _finish(self, w: _Worker, e: Entry[Any], outcome: Outcome, error: BaseException | None) -> Any:
         """Report ``e`` (unless the watchdog did), free the worker; the entry it runs next, None or _STOP."""
@@ -371,7 +367,7 @@ class Dispatcher(Generic[T]):
         tns = core.timeout_ns
         if tns is None:
             return 0
-        expired: list[tuple[Entry[Any], int]] = []
+        expired: list[tuple[Entry[Any], int, list[Entry[Any]]]] = []
         with self._lock:
             now = core.now()
             for w in self._workers:
@@ -379,13 +375,20 @@ class Dispatcher(Generic[T]):
                 if r is None or w.expired is r[0] or now - r[1] <= tns:
                     continue
                 w.expired = r[0]
-                core.count_locked(_TIMEOUT)
-                core.overrun += 1
-                expired.append((r[0], now - r[1]))
-            if expired and core.watchers:
-                self._cond.notify_all()
-        for e, elapsed in expired:
+                expired.append((r[0], now - r[1], core.expire_locked(w.index, r[0])))
+        if not expired:
+            return 0
+        n = 0
+        for e, elapsed, back in expired:
             core.report(e, _TIMEOUT, HandlerTimeout(elapsed / 1e9, tns / 1e9))
+            core.report_skipped(back, on_worker=True)
+            n += 1 + len(back)
+        with self._lock:
+            core.reported_locked(n)
+            if core.waiters:  # parking room freed; admitted only now, after the reports above
+                self._admit_waiters_locked(-1, None)
+            if core.watchers:
+                self._cond.notify_all()
         return len(expired)
 
     def _watch_loop(self) -> None:
@@ -396,7 +399,7 @@ class Dispatcher(Generic[T]):
             self.check_timeouts()
             with self._lock:
                 starts = [r[1] for w in self._workers if (r := w.running) is not None and w.expired is not r[0]]
-                if core.stopping and core.settled_locked():
+                if core.stopping and core.idle_locked():
                     return
                 # A handler starting now has its deadline at least one timeout away: waking after
                 # one timeout when none runs cannot miss it.
@@ -405,13 +408,24 @@ class Dispatcher(Generic[T]):
                     self._watch.wait(wait_ns / 1e9)
 
     # -------------------------------------------------------------------------------- shutdown
-    def close(self, drain: bool = True, timeout: float | None = None) -> None:
-        """Stop accepting; finish work; stop the workers. Idempotent.
+    def close(self, drain: bool = True, timeout: float | None = None) -> bool:
+        """Stop accepting, finish or give back every accepted message, stop the workers. Idempotent.
 
-        ``drain=True`` runs everything queued and in flight; ``drain=False`` runs what is in
-        flight and reports each queued message as ``Outcome.SKIPPED`` (unrun). ``timeout`` bounds
-        the whole call: when it passes, close returns while workers finish what they hold and
-        then exit (daemon threads); nothing is dropped. Overrun handlers are not waited for.
+        ``submit`` raises ``DispatcherClosed`` from now on (also in a ``submit`` blocked now).
+        ``drain=True`` runs what is queued and in flight; ``drain=False`` runs what is in flight
+        and gives back each queued message at once (``Outcome.SKIPPED``: ``trace.finish`` then
+        ``on_done``, unrun). Queued messages no worker can ever take (every worker is held by an
+        overrun handler) are given back SKIPPED too, once nothing is in flight.
+
+        ``timeout`` (seconds on the clock) bounds the whole call. When it passes, every message
+        not started yet — queued, or handed to a worker that has not claimed it — is given back
+        SKIPPED before ``close`` returns, and from then on no handler starts; handlers already
+        running cannot be stopped: their outcomes arrive when they return (:meth:`running`
+        lists them). Overrun handlers are never waited for (their daemon threads are left to end).
+
+        Returns:
+            True when every accepted message's outcome has been reported (its ``on_done``
+            returned) and every worker has stopped; False when ``timeout`` passed first.
 
         Raises:
             RuntimeError: called from a handler or ``on_done`` on one of this dispatcher's threads.
@@ -428,29 +442,56 @@ class Dispatcher(Generic[T]):
                 wt.sig.release()
             if core.watchers:
                 self._cond.notify_all()
-            skipped = [] if drain else core.take_skipped_locked()
-        for e in skipped:
-            core.report(e, _SKIPPED, None, on_worker=False)
+            back = [] if drain else core.take_queued_locked()
+        self._give_back(back)
         left = core.remaining(deadline)
-        settled = self._wait_until(core.settled_locked, None if left is None else max(0.0, left))
+        quiet = self._wait_until(core.quiet_locked, None if left is None else max(0.0, left))
         with self._lock:
+            back = core.take_queued_locked()  # drain: what no worker can take; timeout: all not started
+            stolen: set[int] = set()
+            if not quiet:
+                core.abandoned = True
+                for w in self._workers:
+                    e = w.entry
+                    if e is not None:  # handed over, not claimed: it must not start after we return
+                        w.entry = None
+                        stolen.add(w.index)
+                        back.append(e)
+                        self._sched.done(w.index, e)
+                core.give_back_locked(back[len(back) - len(stolen):])
             if not core.stopping:
                 core.stopping = True
                 for i in self._sched.idle_workers():
-                    w = self._workers[i]
-                    w.entry = None
-                    w.wake.release()
+                    if i not in stolen:  # a stolen hand-off's wake is released already
+                        w = self._workers[i]
+                        w.entry = None
+                        w.wake.release()
             self._watch.notify_all()
             hung = {w.thread for w in self._workers if w.expired is not None}
+        self._give_back(back)
         for t in self._threads - hung:
             left = core.remaining(deadline)
             t.join(None if left is None else max(0.0, left))
+        with self._lock:
+            settled = core.idle_locked()
         if core.m is not None and settled:
             core.m.unbind()
         if not settled:
-            s = self.stats
-            logger.warning("dispatcher %r: close timed out with %d in flight, %d queued", self._name,
-                           s.in_flight, s.queued)  # fmt: skip
+            s = self.statistics()
+            logger.warning("dispatcher %r: close timed out with %d in flight", self._name, s.in_flight)
+        return settled
+
+    def _give_back(self, entries: list[Entry[Any]]) -> None:
+        """Deliver SKIPPED for ``entries`` (counted under the lock already), in the caller's thread."""
+        if not entries:
+            return
+        try:
+            self._core.report_skipped(entries, on_worker=False)
+        finally:
+            with self._lock:
+                self._core.reported_locked(len(entries))
+                if self._core.watchers:
+                    self._cond.notify_all()
 
     def __enter__(self) -> Dispatcher[T]:
         return self

@@ -11,6 +11,11 @@ Protocol, per message:
   or :attr:`Admission.FULL` (no room: nothing changed, the submitter waits and tries again).
 * :meth:`Scheduler.done` is called when a worker finished a message; it returns the next entry that
   worker must run right away, or ``None`` (the worker is idle now).
+* :meth:`Scheduler.expire` is called when a held message was reported ``TIMEOUT`` while its
+  handler still runs (the worker stays held until :meth:`Scheduler.done`): what waited behind that
+  message — its key's parked messages (pool) or its worker's buffer (buffered) — leaves with it
+  and is returned, to be given back unrun. The successors of a message follow the message that is
+  given back, not the thread that hung: no later message of its key waits for that thread.
 
 ``busy`` (workers holding a message) and ``queued`` (accepted, not held) are plain attributes so
 gauges and stats read them without a call.
@@ -45,7 +50,7 @@ FULL = Admission.FULL
 class Entry(Generic[T]):
     """One accepted message. Allocated once per ``submit``; slotted and mutable."""
 
-    __slots__ = ("cost", "error", "item", "key", "seq", "t_enq", "trace")
+    __slots__ = ("cost", "error", "expired", "item", "key", "seq", "t_enq", "trace")
 
     def __init__(self, item: T, trace: MessageTraceLike | None, key: str | None, cost: float) -> None:
         self.item = item
@@ -55,6 +60,7 @@ class Entry(Generic[T]):
         self.seq = 0
         self.t_enq = 0
         self.error: BaseException | None = None  # why it cannot be scheduled (its key= failed)
+        self.expired = False  # reported TIMEOUT while its handler runs: it no longer holds its key
 
     def __repr__(self) -> str:
         return f"Entry(seq={self.seq}, key={self.key!r}, cost={self.cost!r}, item={self.item!r})"
@@ -75,6 +81,13 @@ class Scheduler(ABC):
     @abstractmethod
     def done(self, worker: int, e: Entry[Any]) -> Entry[Any] | None:
         """``worker`` finished ``e``: the entry it runs next, or None (it is idle now)."""
+
+    @abstractmethod
+    def expire(self, worker: int, e: Entry[Any]) -> list[Entry[Any]]:
+        """``e``, held by ``worker``, timed out and is given back: remove and return what waited behind it.
+
+        ``worker`` stays held (busy) until :meth:`done`; the entries returned are no longer queued.
+        """
 
     @abstractmethod
     def free_slots(self) -> int:
@@ -150,7 +163,7 @@ class PoolScheduler(Scheduler):
 
     def done(self, worker: int, e: Entry[Any]) -> Entry[Any] | None:
         key = e.key
-        if key is not None:
+        if key is not None and not e.expired:  # an expired entry gave its key up already
             dq = self._active[key]
             if dq:
                 nxt = dq.popleft()
@@ -167,6 +180,19 @@ class PoolScheduler(Scheduler):
         self.busy -= 1
         self._idle.append(worker)
         return None
+
+    def expire(self, worker: int, e: Entry[Any]) -> list[Entry[Any]]:
+        e.expired = True
+        key = e.key
+        if key is None:
+            return []
+        dq = self._active.pop(key)  # e runs, so it is its key's head: the key was active by e
+        if not dq:
+            return []
+        out = list(dq)
+        self.parked -= len(out)
+        self.queued -= len(out)
+        return out
 
     def free_slots(self) -> int:
         return len(self._idle) + max(0, self._window - self.queued)
@@ -251,6 +277,14 @@ class BufferedScheduler(Scheduler):
         self._running[worker] = False
         self.busy -= 1
         return None
+
+    def expire(self, worker: int, e: Entry[Any]) -> list[Entry[Any]]:
+        e.expired = True
+        buf = self._bufs[worker]  # its worker's buffer waits behind e, in order
+        out = list(buf)
+        buf.clear()
+        self.queued -= len(out)
+        return out
 
     def free_slots(self) -> int:
         room = [self._k - len(b) + (0 if r else 1) for b, r in zip(self._bufs, self._running, strict=True)]

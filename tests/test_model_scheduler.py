@@ -1,0 +1,177 @@
+"""Model-based test of the policies' pure state machines (no threads: every step is exact).
+
+Random admits (keyed, unkeyed, costs), finishes, timeouts (``expire``) and a final
+``take_queued``, on the pool policies (aggressive, cost-aware) and the buffered ones, against a
+plain model of who holds what. Named invariants, checked after every step (a failure says
+``invariant <name>: ...``):
+
+* ``costliest_first`` — a freed cost-aware worker takes the most expensive message that may start
+  (ties: the oldest); aggressive hands a freed worker its key's next message or nothing;
+* ``key_order`` — a keyed message is handed out only when no message of its key is held and none
+  of its key waits that arrived earlier (pool policies; buffered: per worker, in order);
+* ``work_conserving`` — a pool worker is idle only when nothing queued may start;
+* ``expire_gives_back`` — ``expire`` returns exactly what waited behind the message, in order;
+* ``counts`` — ``busy``, ``queued``, ``free_slots()`` agree with the model;
+* ``take_all`` — ``take_queued`` returns every queued message, oldest first.
+
+Default 400 examples (``RMQTRACE_LONG=1``: ten times more); it runs in a few seconds.
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Any
+
+from hypothesis import settings
+from hypothesis import strategies as st
+from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule
+
+from tracer.dispatch import Aggressive, CostAware, Random, RoundRobin
+from tracer.dispatch.scheduler import FULL, QUEUED, BufferedScheduler, Entry, Scheduler
+
+LONG = os.environ.get("RMQTRACE_LONG") == "1"
+
+POLICIES = st.sampled_from([Aggressive(max_parked=2), Aggressive(max_parked=0), CostAware(window=1),
+                            CostAware(window=3), RoundRobin(buffer=1), Random(buffer=2, seed=1)])  # fmt: skip
+
+
+def violated(name: str, detail: object) -> str:
+    return f"invariant {name}: {detail}"
+
+
+class SchedulerModel(RuleBasedStateMachine):
+    @initialize(policy=POLICIES, workers=st.integers(1, 3))
+    def start(self, policy: Any, workers: int) -> None:
+        self.policy = policy
+        self.s: Scheduler = policy.scheduler(workers)
+        self.pool = not isinstance(self.s, BufferedScheduler)
+        self.window = policy.window if isinstance(policy, CostAware) else 0
+        self.seq = 0
+        self.held: dict[int, Entry[Any]] = {}  # worker -> entry it holds (expired ones too)
+        self.queued: list[Entry[Any]] = []  # accepted, not held, in arrival order
+        self.violations: list[str] = []
+
+    # ------------------------------------------------------------------------------ helpers
+    def live_keys(self) -> set[str]:
+        return {e.key for e in self.held.values() if e.key is not None and not e.expired}
+
+    def may_start(self) -> list[Entry[Any]]:
+        """Queued entries that may start now: unkeyed, or their key's oldest with the key not held."""
+        live = self.live_keys()
+        out: list[Entry[Any]] = []
+        seen: set[str] = set()
+        for e in self.queued:
+            if e.key is None:
+                out.append(e)
+            elif e.key not in seen:
+                seen.add(e.key)
+                if e.key not in live:
+                    out.append(e)
+        return out
+
+    def handed(self, worker: int, e: Entry[Any]) -> None:
+        if self.pool and e.key is not None:
+            if e.key in self.live_keys():
+                self.violations.append(violated("key_order", f"{e} handed out while its key is held"))
+            earlier = [q for q in self.queued if q.key == e.key and q.seq < e.seq]
+            if earlier:
+                self.violations.append(violated("key_order", f"{e} handed out before {earlier[0]}"))
+        if worker in self.held:
+            self.violations.append(violated("counts", f"worker {worker} handed {e} while holding {self.held[worker]}"))
+        self.held[worker] = e
+        if e in self.queued:
+            self.queued.remove(e)
+
+    # -------------------------------------------------------------------------------- rules
+    @rule(key=st.sampled_from([None, None, "a", "a", "b"]), cost=st.sampled_from([0.0, 1.0, 2.0, 5.0]))
+    def admit(self, key: str | None, cost: float) -> None:
+        e: Entry[Any] = Entry(self.seq, None, key, cost)
+        e.seq = self.seq
+        self.seq += 1
+        free_before = self.s.free_slots()
+        r = self.s.admit(e)
+        if r is FULL:
+            if key is None and free_before > 0:
+                self.violations.append(violated("counts", f"unkeyed {e} refused with free_slots()={free_before}"))
+            return
+        if r is QUEUED:
+            self.queued.append(e)
+        else:
+            assert isinstance(r, int)
+            self.handed(r, e)
+
+    @precondition(lambda self: bool(self.held))
+    @rule(pick=st.integers(0, 5))
+    def done(self, pick: int) -> None:
+        worker = sorted(self.held)[pick % len(self.held)]
+        e = self.held.pop(worker)
+        could = self.may_start()
+        buf = [] if self.pool else self.bufs_of(worker)
+        nxt = self.s.done(worker, e)
+        if nxt is None:
+            if buf:
+                self.violations.append(violated("work_conserving", f"buffered worker {worker} idle, {buf[0]} waits"))
+            if self.pool and could:
+                self.violations.append(violated("work_conserving", f"worker {worker} idle while {could[0]} may start"))
+            return
+        if self.pool:
+            if self.window:
+                best = min(could, key=lambda q: (-q.cost, q.seq)) if could else None
+                if nxt is not best:
+                    self.violations.append(violated("costliest_first", f"took {nxt}, the costliest was {best}"))
+            elif not (e.key is not None and not e.expired and nxt.key == e.key):
+                self.violations.append(violated("costliest_first", f"aggressive handed {nxt} after {e}"))
+        elif nxt is not buf[0]:
+            self.violations.append(violated("key_order", f"buffered worker {worker} took {nxt}, not {buf[0]}"))
+        self.handed(worker, nxt)
+
+    def bufs_of(self, worker: int) -> list[Entry[Any]]:
+        assert isinstance(self.s, BufferedScheduler)
+        return list(self.s._bufs[worker])  # the model cannot know the random routing: read it
+
+    @precondition(lambda self: any(not e.expired for e in self.held.values()))
+    @rule(pick=st.integers(0, 5))
+    def expire(self, pick: int) -> None:
+        workers = sorted(w for w, e in self.held.items() if not e.expired)
+        worker = workers[pick % len(workers)]
+        e = self.held[worker]
+        if self.pool:
+            want = [q for q in self.queued if e.key is not None and q.key == e.key]
+        else:
+            want = self.bufs_of(worker)
+        back = self.s.expire(worker, e)
+        if back != want:
+            self.violations.append(violated("expire_gives_back", f"expire({e}) gave back {back}, expected {want}"))
+        for q in back:
+            if q in self.queued:
+                self.queued.remove(q)
+
+    @rule()
+    def take_all(self) -> None:
+        got = self.s.take_queued()
+        if got != sorted(self.queued, key=lambda q: q.seq):
+            self.violations.append(violated("take_all", f"took {got}, queued {self.queued}"))
+        self.queued = []
+
+    # --------------------------------------------------------------------------- invariants
+    @invariant()
+    def no_violation(self) -> None:
+        if hasattr(self, "s"):
+            assert not self.violations, "; ".join(self.violations)
+
+    @invariant()
+    def counts(self) -> None:
+        if not hasattr(self, "s"):
+            return
+        s = self.s
+        assert s.busy == len(self.held), violated("counts", f"busy={s.busy}, held={self.held}")
+        assert s.queued == len(self.queued), violated("counts", f"queued={s.queued}, model={self.queued}")
+        if self.pool:
+            idle = s.workers - len(self.held)
+            assert s.free_slots() == idle + max(0, self.window - len(self.queued)), violated("counts", s.free_slots())
+
+
+SchedulerModel.TestCase.settings = settings(
+    max_examples=4000 if LONG else 400, stateful_step_count=30, deadline=None,
+)  # fmt: skip
+test_scheduler_model = SchedulerModel.TestCase
