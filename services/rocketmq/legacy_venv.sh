@@ -12,7 +12,7 @@
 #
 # Steps: python -m venv, pip install -e <repo> (rmqtrace WITHOUT the [rocketmq] extra, so no 5.x
 # client), then install_legacy_client.sh (which refuses an environment holding the 5.x client).
-# Idempotent: a stamp (sha256 of pyproject.toml + install_legacy_client.sh) skips the work when
+# Idempotent: a stamp (sha256 of the checkout path, pyproject.toml and install_legacy_client.sh) skips the work when
 # nothing changed (~0.05 s); the first run takes ~30-60 s (pip downloads).
 set -euo pipefail
 
@@ -25,7 +25,9 @@ STAMP="$VENV/.rmqtrace-legacy-stamp"
 
 log() { echo "legacy_venv: $*" >&2; }
 
-want="$(cat "$REPO/pyproject.toml" "$HERE/install_legacy_client.sh" | sha256sum | cut -d' ' -f1)"
+# The checkout's path is part of the stamp: the venv installs it editable, so a venv made from
+# another checkout (a worktree, a moved clone) would run that checkout's code.
+want="$( { echo "$REPO"; cat "$REPO/pyproject.toml" "$HERE/install_legacy_client.sh"; } | sha256sum | cut -d' ' -f1)"
 ready() {
     [[ -x "$PY" && -f "$STAMP" && "$(cat "$STAMP")" == "$want" ]] \
         && "$PY" -c 'import rocketmq.client, tracer' >/dev/null 2>&1
