@@ -410,7 +410,10 @@ class Core(Generic[T]):
     def ended(self, e: Entry[Any], worker: int) -> None:
         """The handler of ``e`` on ``worker`` returned (also one reported TIMEOUT earlier): the worker is free."""
         if self.blaming:
-            self.blame.ended(e, worker, self.now())
+            try:
+                self.blame.ended(e, worker, self.now())
+            except BaseException as exc:  # noqa: BLE001 - on a worker: never end it
+                self.log("live blame", exc)
 
     def enter_scope(self, trace: MessageTraceLike | None) -> AbstractContextManager[object] | None:
         if trace is None:
