@@ -176,3 +176,19 @@ def test_the_otel_counter_adds_the_same_seconds(spans, registry):
     assert [p.attributes[n.DISPATCH_POLICY] for p in points] == ["round_robin"]
     assert points[0].value == pytest.approx(total) and total > SLOW / 2
     assert _counter_total(registry) == pytest.approx(total)
+
+
+def test_the_dispatcher_snapshot_carries_the_blame_totals(spans, registry):
+    from tracer.dispatch import Dispatcher
+
+    provider, exporter = spans
+    tracer = MessageTracer(consumer_group="G", tracer_provider=provider)
+    d = Dispatcher(lambda body: time.sleep(SLOW if body == "slow" else FAST), policy=RoundRobin(buffer=4), workers=2)
+    assert d.statistics().blame is None  # nothing attached yet: no bookkeeping
+    for i, body in enumerate(["slow", "a", "b", "c"]):
+        d.submit(body, tracer.start_message(MessageInfo(topic="T", message_id=f"m{i}")))
+    assert d.close(timeout=30)
+    s = d.statistics().blame
+    waits = [sp for sp in exporter.get_finished_spans() if sp.name == n.BLAME_SPAN]
+    assert s is not None and s.started == 4 and s.waiting == 0 and s.head_of_line >= 1
+    assert s.avoidable_s == pytest.approx(sum(sp.attributes[n.BLAME_AVOIDABLE_WAIT] for sp in waits))

@@ -587,6 +587,7 @@ class Core(Generic[T]):
             overrun=self.overrun,
             live_workers=live_workers,
             cost_errors=self.cost_errors,
+            blame=self.blame.statistics() if self.blaming else None,
         )
 
 
