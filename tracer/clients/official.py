@@ -104,11 +104,12 @@ class ReceivedTraces:
     within ``max_age_s`` (the hold's ``max_age_s``, ``RMQTRACE_KEEP_HELD_AGE``, default 600 s) is let
     go, and so is the oldest when more than ``max_traces`` wait (the hold's ``max_traces``,
     ``RMQTRACE_KEEP_HELD_SPANS``, default 20000); both are counted in :meth:`statistics` by reason.
-    An unacked message is redelivered by the broker, so a let-go trace is finished as a failure
-    when it was handled in :meth:`TracedSimpleConsumer.processing` (kept by a keep policy like any
-    failure), as skipped when it never was, with a :class:`NotAcked` error either way; its
-    redelivery gets a trace of its own. Ages are checked whenever a message is received or acked (no timer:
-    a consumer that stopped receiving grows nothing).
+    An unacked message is redelivered by the broker (its redelivery gets a trace of its own): a
+    let-go trace of a message handled in :meth:`TracedSimpleConsumer.processing` is forgotten
+    unfinished (not measured; the hold drops its held spans at the same age, counted there as
+    ``max_age``), one never handled is finished as skipped with a :class:`NotAcked` error. Ages
+    are checked whenever a message is received or acked (no timer: a consumer that stopped
+    receiving grows nothing).
     """
 
     def __init__(self, tracer: MessageTracer, *, max_age_s: float | None = None,
@@ -211,8 +212,11 @@ class ReceivedTraces:
             self._log(f"an unacked message's trace ({reason})", None,
                       "a message received but never acked was let go (the broker redelivers it); "
                       "further ones are counted in statistics().evicted")
-            handled = trace.stamps.has(Stage.HANDLER_START)  # ran in processing(): a delivery that failed
-            trace.finish(Outcome.FAILURE if handled else Outcome.SKIPPED, NotAcked(f"not acked ({reason})"))
+            if not trace.stamps.has(Stage.HANDLER_START):
+                # never handled: finished as skipped (the keep policy drops it as not_handled)
+                trace.finish(Outcome.SKIPPED, NotAcked(f"not acked ({reason})"))
+            # handled but never acked: forgotten unfinished; the hold drops its held spans at
+            # its own age limit (counted there), so nothing is exported without its parent
 
 
 class NotAcked(Exception):
