@@ -72,10 +72,9 @@ $(VENV)/.installed-mutation: pyproject.toml | $(VENV)/.installed-test
 	$(PIP) install -q -e '.[test,mutation]'
 	@touch $@
 
-# mutmut over the functions in tests/mutation/scope.txt, then the seeded bugs
+# mutmut over the functions in tests/mutation/scope.txt, in a copy of the tree under /tmp, then the seeded bugs
 mutation: $(VENV)/.installed-mutation
-	RMQTRACE_SEEDED=1 nice $(BIN)/mutmut run $$(grep -v '^#' tests/mutation/scope.txt)
-	$(BIN)/mutmut results
+	bash tests/mutation/run_mutmut.sh
 	$(MAKE) --no-print-directory seeded
 
 stack: $(VENV)/.installed

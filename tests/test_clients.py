@@ -183,3 +183,77 @@ def test_a_delay_message_is_sent_as_type_delay(spans):
     (send,) = exporter.get_finished_spans()
     assert send.attributes["messaging.rocketmq.message.type"] == "delay"
     assert send.attributes["messaging.rocketmq.message.delivery_timestamp"] == due
+
+
+# -- ReceivedTraces is bounded (issue 19 item 4, the wrapper's own table) ------------------------
+def _unacked_setup(provider, **bounds):
+    from tracer.path.clock import ManualClock
+
+    broker = EmbeddedBroker()
+    producer = TracedProducer(Producer(broker, ["T"]), MessageTracer(tracer_provider=provider))
+    producer.startup()
+    raw = SimpleConsumer(broker, "G", {"T": None}, await_duration=0)
+    raw.startup()
+    clock = ManualClock()
+    hold = bounds.pop("hold", None)
+    consumer = TracedSimpleConsumer(raw, MessageTracer(consumer_group="G", tracer_provider=provider, clock=clock,
+                                                       hold=hold))
+    if bounds:
+        from tracer.clients.official import ReceivedTraces
+
+        consumer.traces = ReceivedTraces(consumer.traces.tracer, **bounds)
+    return producer, consumer, clock
+
+
+def test_messages_never_acked_are_let_go_after_the_holds_age_limit_and_counted(spans):
+    from opentelemetry.sdk.trace.export import SimpleSpanProcessor
+    from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+
+    from tracer.telemetry.hold import HoldingSpanProcessor
+
+    provider, exporter = spans
+    hold = HoldingSpanProcessor([SimpleSpanProcessor(InMemorySpanExporter())], max_age_s=5, ticker=False)
+    producer, consumer, clock = _unacked_setup(provider, hold=hold)  # the bound: the hold's age
+    for body in ("handled", "dropped"):
+        send(producer, body)
+    handled, dropped = consumer.receive(2, 30)
+    with consumer.processing(handled):
+        pass  # handled, never acked: the broker will redeliver it
+    clock.advance(6 * 10**9)
+    send(producer, "later")
+    (later,) = consumer.receive(1, 30)  # any receive (or ack) checks the ages
+    # the never-handled one finished as skipped (no handler: no spans); the handled one forgotten
+    assert [x for x in exporter.get_finished_spans() if x.name == "process T"] == []
+    assert consumer.traces.get(handled) is None and consumer.traces.get(dropped) is None
+    s = consumer.traces.statistics()
+    # invariant: tracked + evicted = received - acked; nothing older than the limit is tracked
+    assert s.tracked == 1 and s.evicted == {"max_age": 2, "max_traces": 0}
+    consumer.ack(later)
+    assert consumer.traces.statistics().tracked == 0
+
+
+def test_at_most_max_traces_unacked_messages_are_tracked_the_oldest_let_go(spans):
+    provider, _ = spans
+    producer, consumer, _clock = _unacked_setup(provider, max_traces=5)
+    kept = []  # the user still holds them (an entry of a message dropped by the user goes by itself)
+    for i in range(8):
+        send(producer, f"m{i}")
+        kept.extend(consumer.receive(1, 30))
+    s = consumer.traces.statistics()
+    assert s.tracked == 5 and s.evicted == {"max_age": 0, "max_traces": 3}
+
+
+def test_the_bounds_default_to_the_tracers_hold(spans):
+    from opentelemetry.sdk.trace.export import SimpleSpanProcessor
+    from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+
+    from tracer.clients.official import ReceivedTraces
+    from tracer.telemetry.hold import HoldingSpanProcessor
+
+    hold = HoldingSpanProcessor([SimpleSpanProcessor(InMemorySpanExporter())], max_age_s=7, max_traces=9,
+                                ticker=False)
+    tracer = MessageTracer(consumer_group="G", tracer_provider=spans[0], hold=hold)
+    assert ReceivedTraces(tracer).limits() == (7 * 10**9, 9)
+    assert ReceivedTraces(tracer, max_age_s=2).limits() == (2 * 10**9, 9)
+    with pytest.raises(ValueError, match="max_traces"):
+        ReceivedTraces(tracer, max_traces=0)

@@ -125,6 +125,21 @@ class SchedulerModel(RuleBasedStateMachine):
             self.violations.append(violated("key_order", f"buffered worker {worker} took {nxt}, not {buf[0]}"))
         self.handed(worker, nxt)
 
+    @rule(finish=st.booleans())
+    def burst_of_one_key(self, finish: bool) -> None:
+        """The exact precondition of the keyed bugs random search rarely reaches: three messages of one
+        key back to back (the first busy, its successors parked beside idle workers), then the busy one
+        ends (``finish``) or overruns its deadline."""
+        for _ in range(3):
+            self.admit("k", 1.0)
+        holders = [w for w, e in self.held.items() if e.key == "k" and not e.expired]
+        if not holders:
+            return
+        if finish:
+            self.done(sorted(self.held).index(holders[0]))
+        else:
+            self.expire(sorted(w for w, e in self.held.items() if not e.expired).index(holders[0]))
+
     def bufs_of(self, worker: int) -> list[Entry[Any]]:
         assert isinstance(self.s, BufferedScheduler)
         return list(self.s._bufs[worker])  # the model cannot know the random routing: read it

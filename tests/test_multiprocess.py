@@ -56,6 +56,7 @@ _WORKER = textwrap.dedent("""
     metrics.clamped(next(g.name for g in GAPS if g.crosses_clocks))
     metrics.skew_bound.labels("broker").set(-0.001)
     metrics.count_propagation_error("malformed_traceparent")
+    metrics.avoidable(f"{name}0", "g", "round_robin", 0.5)
     probes = ProbeMetrics(registry, label_limit=limit)
     now = time.time_ns()
     probes.record(f"{name}p", "g", [now - 3_000_000, now - 2_000_000, now - 1_000_000, now, now, 0], now)

@@ -88,12 +88,15 @@ class CountSpans(SpanProcessor):
 
     def __init__(self) -> None:
         self.ended = 0
+        self.operations = 0  # of them, the loop's receive (and settle) operation spans
         self.lock = threading.Lock()
 
     def on_end(self, span: Any) -> None:
         if span.context is not None and span.context.trace_flags.sampled:
+            operation = (span.attributes or {}).get("messaging.operation.type") in ("receive", "settle")
             with self.lock:
                 self.ended += 1
+                self.operations += operation
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -180,6 +183,7 @@ def main(argv: list[str] | None = None) -> int:
     if provider is not None:
         assert drops is not None and counter is not None and metrics is not None
         out["spans_ended"] = counter.ended
+        out["operation_spans"] = counter.operations
         out["spans_dropped_before_shutdown"] = drops.dropped
         t1 = time.monotonic()
         provider.shutdown()

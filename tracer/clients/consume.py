@@ -50,9 +50,11 @@ from opentelemetry.instrumentation.utils import suppress_instrumentation
 from ..dispatch import Dispatcher, DispatcherClosed
 from ..dispatch.core import require_plain
 from ..logonce import OnceLogger
+from ..path import names as n
 from ..path.message import body_of, describe
 from ..path.stages import Outcome
-from ..telemetry.tracer import MessageTracer
+from ..telemetry.operations import ConsumerOperations
+from ..telemetry.tracer import MessageTrace, MessageTracer
 from .consume_options import (
     MAX_BATCH,
     MAX_INVISIBLE_S,
@@ -199,6 +201,19 @@ class ConsumeLoop:
     delay, 2–3 s) what you see is a **duplicate by design**: the same ``message_id`` with
     ``delivery_attempt + 1``, possibly while the hung call is still running. Without
     ``handler_timeout`` a handler is never let go.
+    A redelivered copy never starts while an earlier copy of the same message still runs in this
+    process: it is given back at once, invisible for ``max(retry_backoff(attempt),
+    invisible_duration)`` — so, while the hung call lasts, the copy bounces between the broker and
+    this loop at most once per lease (a peer consumer may take it meanwhile).
+
+    **Tracing** (``tracer=``): every message gets a trace (``process``, ``handler`` and gap spans);
+    each ``receive`` call is a ``receive`` operation (span and ``messaging.client.operation.duration``),
+    each ack and nack a settle operation (``ack`` / ``change_invisible_duration``; the histogram
+    always, a span with ``settle_spans=True``); lease renewals are not operations. The consumer's
+    client id, namespace and endpoint go on the tracer (:func:`tracer.path.message.client_facts`).
+    A :class:`~tracer.clients.official.TracedSimpleConsumer` passed in is unwrapped (one trace per
+    message, not two): the loop uses its tracer when ``tracer=`` is not given, and its
+    ``settle_spans`` when ``settle_spans=`` is not; ``loop.consumer`` is the wrapped client.
 
     **A handler must not submit to this loop's dispatcher** (``loop.dispatcher``): it would wait
     for its own worker. When the pool is full the dispatcher refuses it (``RuntimeError``, so that
@@ -221,6 +236,7 @@ class ConsumeLoop:
         handler: Callable[[Any], object],
         *,
         tracer: MessageTracer | None = None,
+        settle_spans: bool | None = None,
         dispatch: DispatchOptions | None = None,
         lease: LeaseOptions | None = None,
         flow: FlowOptions | None = None,
@@ -229,6 +245,7 @@ class ConsumeLoop:
     ) -> None:
         self.dispatch_options, self.lease, self.flow = resolve_options(dispatch, lease, flow, dict(keywords))
         require_plain(handler, "handler")  # an async def would "succeed" without running
+        consumer, tracer, self._ops = _one_tracing_path(consumer, tracer, settle_spans)
         self.consumer = consumer
         self.tracer = tracer
         self._invisible_s = whole_seconds(self.lease.invisible_duration)
@@ -354,10 +371,17 @@ class ConsumeLoop:
         free = self._room()
         if free <= 0:
             return None
+        size = min(free, self.flow.max_batch)
+        started: list[tuple[Any, MessageTrace]] = []
         try:
             # the loop traces its messages itself: an instrumented client must not too
             with suppress_instrumentation():
-                messages = self.consumer.receive(min(free, self.flow.max_batch), self._invisible_s)
+                if self._ops is None:
+                    messages = self.consumer.receive(size, self._invisible_s)
+                else:
+                    # traces start inside the receive operation, so its span links to them
+                    messages = self._ops.receive(lambda: self.consumer.receive(size, self._invisible_s),
+                                                 lambda got: self._start_traces(got, started))
         except Exception as exc:
             if "invisibleTime is too small" in str(exc):
                 raise LeaseRefused(
@@ -366,7 +390,7 @@ class ConsumeLoop:
             raise
         batch = list(messages or ())
         if batch:
-            self._hold(batch)
+            self._hold(batch, dict((id(m), t) for m, t in started) if self._ops is not None else None)
             if self.flow.prefetch == 0:
                 self._feed()
         return len(batch)
@@ -448,8 +472,22 @@ class ConsumeLoop:
             return None
         return k if isinstance(k, str) else None
 
-    def _hold(self, batch: list[Any]) -> None:
-        """Own the whole batch at once: held (so renewed) before any of it is submitted."""
+    def _start_traces(self, messages: Any, into: list[tuple[Any, MessageTrace]]) -> list[MessageTrace]:
+        """A trace for each received message (appended to ``into``); returns the traces."""
+        tracer = self.tracer
+        if tracer is None or isinstance(messages, (str, bytes)):
+            return []
+        pulled_ns = tracer.clock.now_ns()
+        for m in list(messages or ()):
+            try:
+                into.append((m, tracer.start_message(describe(m), pulled_ns, body_of(tracer, m))))
+            except Exception as exc:  # noqa: BLE001
+                tracer.hook_failed("starting a message trace", exc)
+        return [t for _, t in into]
+
+    def _hold(self, batch: list[Any], traces: dict[int, MessageTrace] | None = None) -> None:
+        """Own the whole batch at once: held (so renewed) before any of it is submitted.
+        ``traces``: those the receive operation started, by ``id(message)`` (None: start them here)."""
         deadline = self._monotonic() + self.lease.invisible_duration
         held = [Held(m, deadline, self._key_of(m)) for m in batch]
         with self._lock:
@@ -458,12 +496,12 @@ class ConsumeLoop:
             self._n["received"] += len(held)
             self._n["redelivered"] += sum(1 for m in batch if _attempt(m) > 1)
         if self.tracer is not None:
-            pulled_ns = self.tracer.clock.now_ns()
+            if traces is None:
+                started: list[tuple[Any, MessageTrace]] = []
+                self._start_traces(batch, started)
+                traces = {id(m): t for m, t in started}
             for h in held:
-                try:
-                    h.trace = self.tracer.start_message(describe(h.message), pulled_ns, body_of(self.tracer, h.message))
-                except Exception as exc:  # noqa: BLE001
-                    self.tracer.hook_failed("starting a message trace", exc)
+                h.trace = traces.get(id(h.message))
         with self._changed:
             self._backlog.extend(held)
             self._changed.notify_all()
@@ -665,11 +703,12 @@ class ConsumeLoop:
                 h.restore_handle()
                 try:
                     if outcome is Outcome.SUCCESS and ran:
-                        self.consumer.ack(msg)
+                        self._call(n.ACK, msg, lambda: self.consumer.ack(msg))
                         what = "acked"
                     else:
-                        backoff = whole_seconds(self.flow.retry_backoff(_attempt(msg)))
-                        self.consumer.change_invisible_duration(msg, backoff)
+                        backoff = whole_seconds(self._nack_seconds(msg, ran))
+                        self._call(n.CHANGE_INVISIBLE_DURATION, msg,
+                                   lambda: self.consumer.change_invisible_duration(msg, backoff))
                         what = "retry_scheduled" if ran else "given_back"
                 except Exception as exc:  # noqa: BLE001 - the broker redelivers after the lease
                     self._count("ack_errors", exc)
@@ -680,6 +719,25 @@ class ConsumeLoop:
             self._held.pop(id(h.message), None)
             self._settling -= 1
             self._changed.notify_all()
+
+    def _call(self, operation: str, msg: Any, call: Callable[[], object]) -> None:
+        """An ack or nack of ``msg``: a settle operation when the loop traces (never a renewal)."""
+        if self._ops is None:
+            call()
+        else:
+            self._ops.settle(operation, msg, call)
+
+    def _nack_seconds(self, msg: Any, ran: bool) -> float:
+        """How long a given-back message stays invisible: ``retry_backoff(delivery_attempt)``; a
+        copy refused because another copy of it still runs here (a hung handler) at least one
+        lease, so it bounces between broker and loop at most once per ``invisible_duration``."""
+        backoff = self.flow.retry_backoff(_attempt(msg))
+        if not ran:
+            mid = getattr(msg, "message_id", None)
+            with self._lock:
+                if mid is not None and mid in self._running_ids:
+                    return max(backoff, self.lease.invisible_duration)
+        return backoff
 
     def renew_leases(self) -> int:
         """One pass of the lease keeper: renew every held message whose lease ends within
@@ -769,6 +827,30 @@ class ConsumeLoop:
             self._backlog.clear()
         for h in rest:
             self._report(h, Outcome.SKIPPED, ran=False)
+
+
+def _one_tracing_path(consumer: Any, tracer: MessageTracer | None, settle_spans: bool | None
+                      ) -> tuple[Any, MessageTracer | None, ConsumerOperations | None]:
+    """The client the loop calls, its tracer and its operations. A
+    :class:`~tracer.clients.official.TracedSimpleConsumer` traces what it receives itself; the loop
+    would trace each message a second time, so it calls the wrapped client and traces once, with
+    the wrapper's tracer (unless given one) and its ``settle_spans`` (unless given)."""
+    from .official import TracedSimpleConsumer  # official imports nothing of the loop; kept local anyway
+
+    ops: ConsumerOperations | None = None
+    if isinstance(consumer, TracedSimpleConsumer):
+        wrapper_ops = consumer.operations
+        consumer = consumer.wrapped
+        if settle_spans is None:
+            settle_spans = wrapper_ops.settle_spans
+        if tracer is None or tracer is wrapper_ops.tracer:
+            tracer = wrapper_ops.tracer
+            if settle_spans == wrapper_ops.settle_spans:
+                ops = wrapper_ops
+    if tracer is not None and ops is None:
+        # reads the client's id, namespace and endpoint into the tracer: its process spans get them
+        ops = ConsumerOperations(tracer, consumer, settle_spans=bool(settle_spans))
+    return consumer, tracer, ops
 
 
 class LeaseRefused(ValueError):

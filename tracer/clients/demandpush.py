@@ -18,10 +18,12 @@ broker when their lease runs out), and then shuts the client down.
 ``client_configuration`` is a ``rocketmq.ClientConfiguration`` (the real proxy) or an
 :class:`~tracer.embedded.EmbeddedBroker` (the same code on the embedded broker). Messages are
 traced by a :class:`~tracer.telemetry.tracer.MessageTracer` for the group (``tracer=`` to pass
-your own): under ``opentelemetry-instrument`` (the instrumentor active) the instrumentor's own
-tracer for that group — its provider and metrics, as for every consumer it traces — else one on
-the global tracer provider. Same spans, stamps and metrics as every other rmqtrace seam; the loop
-suppresses the instrumentor's ``SimpleConsumer`` patches, so nothing is traced twice.
+your own): under ``opentelemetry-instrument`` (the instrumentor active) one from
+:meth:`~tracer.clients.instrumentor.RocketMQInstrumentor.consumer_tracer` — its provider and
+metrics, as for every consumer it traces, and its ``settle_spans`` — else one on the global
+tracer provider. Same spans, stamps and metrics as every other rmqtrace seam, plus the loop's
+``receive`` and settle operations (``settle_spans=`` for settle spans); the loop suppresses the
+instrumentor's ``SimpleConsumer`` patches, so nothing is traced twice.
 
 What differs from the stock class, on purpose: ``max_cache_message_count`` and
 ``max_cache_message_size`` are accepted and ignored (there is no cache: that is the fix);
@@ -71,7 +73,8 @@ class DemandPushConsumer:
                  tls_enable: bool = False, *, tracer: MessageTracer | None = None,
                  invisible_duration: float = 60.0, handler_timeout: float | None = None,
                  retry_backoff: Callable[[int], float] = exponential_backoff,
-                 startup_timeout: float = 15.0, shutdown_timeout: float = 30.0) -> None:
+                 startup_timeout: float = 15.0, shutdown_timeout: float = 30.0,
+                 settle_spans: bool | None = None) -> None:
         if not callable(getattr(message_listener, "consume", None)):
             raise TypeError(f"message_listener must have a consume(message) method, got {message_listener!r}")
         if not subscription:
@@ -91,7 +94,12 @@ class DemandPushConsumer:
         self.shutdown_timeout = shutdown_timeout
         self._configuration = client_configuration
         self._tls = tls_enable
-        self.tracer = tracer if tracer is not None else _default_tracer(consumer_group)
+        if tracer is None:
+            tracer, default_settle = _default_tracer(consumer_group)
+        else:
+            default_settle = False
+        self.tracer = tracer
+        self.settle_spans = default_settle if settle_spans is None else bool(settle_spans)
         self._loop_options: dict[str, Any] = {"invisible_duration": invisible_duration,
                                               "handler_timeout": handler_timeout, "retry_backoff": retry_backoff}
         self.consumer: Any = None
@@ -122,7 +130,8 @@ class DemandPushConsumer:
                 if settled is not None and not settled.wait(self.startup_timeout):
                     raise ConnectionError(f"no settings from the RocketMQ proxy within {self.startup_timeout:g} s "
                                           f"(consumer group {self.consumer_group!r}): is it reachable?")
-                loop = ConsumeLoop(consumer, self._handle, tracer=self.tracer, policy="aggressive",
+                loop = ConsumeLoop(consumer, self._handle, tracer=self.tracer, settle_spans=self.settle_spans,
+                                   policy="aggressive",
                                    workers=self.workers, key=_message_group, prefetch=0, **self._loop_options)
             except BaseException:
                 try:
@@ -195,19 +204,20 @@ class DemandPushConsumer:
                         self.consumer_group, result)
         raise ConsumeFailed(f"listener returned {getattr(result, 'name', result)!r}")
 
-def _default_tracer(group: str) -> MessageTracer:
-    """The instrumentor's tracer for the group when ``opentelemetry-instrument`` (or
+def _default_tracer(group: str) -> tuple[MessageTracer, bool]:
+    """A tracer from the instrumentor when ``opentelemetry-instrument`` (or
     ``RocketMQInstrumentor().instrument()``) is active — its provider and metrics, as for every
-    other consumer it traces — else one on the global provider."""
+    other consumer it traces — else one on the global provider; and the instrumentor's
+    ``settle_spans`` (False without it)."""
     try:
         from .instrumentor import RocketMQInstrumentor
 
         inst = RocketMQInstrumentor()  # a singleton (BaseInstrumentor)
         if inst.is_instrumented_by_opentelemetry:
-            return inst._traces_for(group).tracer  # type: ignore[no-any-return]
-    except Exception as exc:  # noqa: BLE001 - tracing must not stop the consumer from being built
-        log.debug("rmqtrace: no instrumentor tracer for %r", group, exc_info=exc)
-    return MessageTracer(consumer_group=group)
+            return inst.consumer_tracer(group), inst.settle_spans
+    except ImportError:  # the instrumentor needs opentelemetry-instrumentation's extras
+        pass
+    return MessageTracer(consumer_group=group), False
 
 
 def _embedded_filter(expression: Any) -> Any:

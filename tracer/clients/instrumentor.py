@@ -159,6 +159,25 @@ class RocketMQInstrumentor(BaseInstrumentor):  # type: ignore[misc]
         unwrap(push.PushConsumer, "__init__")
 
     # -- per consumer --------------------------------------------------------------------
+    @property
+    def settle_spans(self) -> bool:
+        """Whether ``instrument(settle_spans=True)`` asked for a span per ack / change_invisible_duration."""
+        return bool(getattr(self, "_settle_spans", False))
+
+    def consumer_tracer(self, consumer_group: str) -> MessageTracer:
+        """A new tracer for one consumer of ``consumer_group`` that traces its messages itself (a
+        :class:`~tracer.clients.consume.ConsumeLoop`, the ``DemandPushConsumer``): this
+        instrumentor's tracer provider and metrics, as for the consumers it patches, and a tracer
+        of its own so that consumer carries its own ``messaging.client.id``.
+
+        Raises:
+            RuntimeError: the instrumentor is not active (``instrument()`` not called).
+        """
+        if not self.is_instrumented_by_opentelemetry:
+            raise RuntimeError("RocketMQInstrumentor.consumer_tracer() needs instrument() first")
+        return MessageTracer(consumer_group=consumer_group or self._default_group, tracer_provider=self._provider,
+                             metrics=self.metrics)
+
     def _seam_for(self, consumer: Any, group: str | None) -> _Seam:
         """The tracer, received traces and operations of one consumer object: its own
         ``messaging.client.id`` (two consumers of one group have two), its facts read once."""

@@ -20,20 +20,30 @@ settle calls are operations of their own (:mod:`tracer.telemetry.operations`).
 
 from __future__ import annotations
 
+import logging
 import threading
 import weakref
+from collections import deque
+from collections.abc import Mapping
 from concurrent.futures import Future
-from typing import Any
+from typing import Any, NamedTuple
 
+from opentelemetry.sdk.trace import SpanProcessor
+
+from ..logonce import OnceLogger
 from ..path import names as n
 from ..path.message import MessageInfo, body_of, describe
 from ..path.stages import Outcome, Stage
+from ..telemetry.hold import DEFAULT_MAX_AGE_S, DEFAULT_MAX_TRACES, HoldingSpanProcessor
 from ..telemetry.operations import ConsumerOperations
 from ..telemetry.tracer import MessageTrace, MessageTracer
 from .listener import Seam, traced_consume
 from .probe import settle_received
 
-__all__ = ["PUSH_SEAM", "Processing", "ReceivedTraces", "TracedListener", "TracedSimpleConsumer"]
+__all__ = ["PUSH_SEAM", "NotAcked", "Processing", "ReceivedStats", "ReceivedTraces", "TracedListener",
+           "TracedSimpleConsumer"]
+
+log = logging.getLogger(__name__)
 
 try:  # the listener must be a real MessageListener subclass for the client's type checks
     from rocketmq import ConsumeResult, MessageListener
@@ -68,17 +78,68 @@ class TracedListener(MessageListener):  # type: ignore[misc,valid-type]
         return traced_consume(self.tracer, PUSH_SEAM, self.listener.consume, message)
 
 
+class ReceivedStats(NamedTuple):
+    """A snapshot of :class:`ReceivedTraces`: traces waiting for their ack, and those let go."""
+
+    tracked: int  # received, not yet acked or failed
+    evicted: Mapping[str, int]  # never acked, let go: "max_age" (older than the limit), "max_traces" (room)
+
+
+class _Entry:
+    __slots__ = ("ref", "since")
+
+    def __init__(self, ref: weakref.ref[Any], since: int) -> None:
+        self.ref = ref
+        self.since = since
+
+
 class ReceivedTraces:
     """Traces of received, not yet acked messages of one consumer group.
 
     Weakly keyed by the message object, so a message the user drops without acking leaks
     nothing. Shared by :class:`TracedSimpleConsumer` and the instrumentor's patched methods.
+
+    **Bounded** like the hold that keeps such a trace's spans
+    (:class:`~tracer.telemetry.hold.HoldingSpanProcessor`): a message received but not acked
+    within ``max_age_s`` (the hold's ``max_age_s``, ``RMQTRACE_KEEP_HELD_AGE``, default 600 s) is let
+    go, and so is the oldest when more than ``max_traces`` wait (the hold's ``max_traces``,
+    ``RMQTRACE_KEEP_HELD_SPANS``, default 20000); both are counted in :meth:`statistics` by reason.
+    An unacked message is redelivered by the broker (its redelivery gets a trace of its own): a
+    let-go trace of a message handled in :meth:`TracedSimpleConsumer.processing` is forgotten
+    unfinished (not measured; the hold drops its held spans at the same age, counted there as
+    ``max_age``), one never handled is finished as skipped with a :class:`NotAcked` error. Ages
+    are checked whenever a message is received or acked (no timer: a consumer that stopped
+    receiving grows nothing).
     """
 
-    def __init__(self, tracer: MessageTracer) -> None:
+    def __init__(self, tracer: MessageTracer, *, max_age_s: float | None = None,
+                 max_traces: int | None = None) -> None:
+        if max_age_s is not None and not (isinstance(max_age_s, (int, float)) and max_age_s > 0):
+            raise ValueError(f"max_age_s must be seconds > 0, got {max_age_s!r}")
+        if max_traces is not None and not (isinstance(max_traces, int) and max_traces >= 1):
+            raise ValueError(f"max_traces must be an integer >= 1, got {max_traces!r}")
         self.tracer = tracer
-        self._traces: weakref.WeakKeyDictionary[Any, MessageTrace] = weakref.WeakKeyDictionary()
+        self._max_age_s = max_age_s
+        self._max_traces = max_traces
+        self._traces: weakref.WeakKeyDictionary[Any, tuple[MessageTrace, _Entry]] = weakref.WeakKeyDictionary()
+        self._order: deque[_Entry] = deque()  # arrival order; entries of acked messages are skipped
+        self._evicted = {"max_age": 0, "max_traces": 0}
         self._lock = threading.Lock()
+        self._log = OnceLogger("rmqtrace received traces", log, logging.WARNING)
+
+    def limits(self) -> tuple[int, int]:
+        """(max age in ns, max traces): given ones, else the tracer's hold's, else its defaults
+        from ``RMQTRACE_KEEP_HELD_AGE`` / ``RMQTRACE_KEEP_HELD_SPANS``."""
+        hold = self.tracer.hold
+        if hold is None and (self._max_age_s is None or self._max_traces is None):
+            hold = _env_hold()
+        age_ns = int(self._max_age_s * 1e9) if self._max_age_s is not None else hold.max_age_ns  # type: ignore[union-attr]
+        count = self._max_traces if self._max_traces is not None else hold.max_traces  # type: ignore[union-attr]
+        return age_ns, count
+
+    def statistics(self) -> ReceivedStats:
+        with self._lock:
+            return ReceivedStats(len(self._traces), dict(self._evicted))
 
     def received(self, messages: Any) -> list[MessageTrace]:
         """Start a trace for each received message; returns them (the receive span links to them)."""
@@ -88,7 +149,10 @@ class ReceivedTraces:
                        for m in messages or ()]
             with self._lock:
                 for m, t in started:
-                    self._traces[m] = t
+                    entry = _Entry(weakref.ref(m), pulled)
+                    self._traces[m] = (t, entry)
+                    self._order.append(entry)
+            self._evict(pulled)
             return [t for _, t in started]
         except Exception as exc:  # noqa: BLE001
             self.tracer.hook_failed("stamping received messages", exc)
@@ -96,14 +160,17 @@ class ReceivedTraces:
 
     def get(self, message: Any) -> MessageTrace | None:
         with self._lock:
-            return self._traces.get(message)
+            found = self._traces.get(message)
+        return found[0] if found is not None else None
 
     def pop(self, message: Any) -> MessageTrace | None:
         with self._lock:
-            return self._traces.pop(message, None)
+            found = self._traces.pop(message, None)
+        return found[0] if found is not None else None
 
     def acked(self, message: Any) -> None:
         trace = self.pop(message)
+        self._evict(self.tracer.clock.now_ns())
         if trace is None:
             return
         if not trace.stamps.has(Stage.HANDLER_START):
@@ -113,6 +180,58 @@ class ReceivedTraces:
             with trace.handler_scope(start_ns=pulled):
                 pass
         trace.finish(Outcome.SUCCESS)
+
+    def _evict(self, now_ns: int) -> None:
+        """Let go of what is too old, then of the oldest beyond the count; finish each as not acked."""
+        try:
+            age_ns, count = self.limits()
+        except ValueError as exc:  # a bad RMQTRACE_KEEP_HELD_*: the hold says so too; keep the defaults
+            self.tracer.hook_failed("reading RMQTRACE_KEEP_HELD_*", exc)
+            age_ns, count = int(DEFAULT_MAX_AGE_S * 1e9), DEFAULT_MAX_TRACES
+        gone: list[tuple[str, MessageTrace]] = []
+        with self._lock:
+            while self._order:
+                entry = self._order[0]
+                message = entry.ref()
+                found = self._traces.get(message) if message is not None else None
+                if found is None or found[1] is not entry:  # acked, failed, or dropped by the user
+                    self._order.popleft()
+                    continue
+                reason = ("max_age" if now_ns - entry.since >= age_ns else
+                          "max_traces" if len(self._traces) > count else None)
+                if reason is None:
+                    break
+                self._order.popleft()
+                del self._traces[message]
+                self._evicted[reason] += 1
+                gone.append((reason, found[0]))
+            if len(self._order) > 2 * max(len(self._traces), 64):  # acked ones behind a long-lived head
+                self._order = deque(e for e in self._order if (m := e.ref()) is not None
+                                    and (f := self._traces.get(m)) is not None and f[1] is e)
+        for reason, trace in gone:
+            self._log(f"an unacked message's trace ({reason})", None,
+                      "a message received but never acked was let go (the broker redelivers it); "
+                      "further ones are counted in statistics().evicted")
+            if not trace.stamps.has(Stage.HANDLER_START):
+                # never handled: finished as skipped (the keep policy drops it as not_handled)
+                trace.finish(Outcome.SKIPPED, NotAcked(f"not acked ({reason})"))
+            # handled but never acked: forgotten unfinished; the hold drops its held spans at
+            # its own age limit (counted there), so nothing is exported without its parent
+
+
+class NotAcked(Exception):
+    """Finishes the trace of a message received but never acked (see :class:`ReceivedTraces`)."""
+
+
+_ENV_HOLD: HoldingSpanProcessor | None = None
+
+
+def _env_hold() -> HoldingSpanProcessor:
+    """The hold's bounds as ``RMQTRACE_KEEP_HELD_*`` set them, read once (one parser: the hold's)."""
+    global _ENV_HOLD
+    if _ENV_HOLD is None:
+        _ENV_HOLD = HoldingSpanProcessor.from_env([SpanProcessor()])  # never installed: only its bounds are read
+    return _ENV_HOLD
 
 
 class TracedSimpleConsumer:

@@ -381,6 +381,7 @@ class AsyncDispatcher(EngineBase[T], Generic[T]):
 
     def _finish(self, w: _AioWorker, e: Entry[Any], outcome: Outcome, error: BaseException | None) -> Entry[Any] | None:
         """Report ``e`` (unless its deadline did), free the worker; the entry it runs next, or None."""
+        self._core.ended(e, w.index)  # the worker is free now, whoever reports the outcome
         core = self._core
         mine = w.expired is not e
         w.running = None

@@ -58,6 +58,7 @@ from contextlib import AbstractContextManager
 from typing import Any, Generic, TypeVar, cast
 
 from ..logonce import OnceLogger
+from ..path.blocking import BlameTracker, Verdict
 from ..path.clock import Clock
 from ..path.stages import Outcome, Stage
 from .metrics import BoundDispatchMetrics, DispatchMetrics
@@ -226,6 +227,10 @@ class Core(Generic[T]):
         self.skipped = 0
         self.cost_errors = 0
         self._cost_lock = threading.Lock()
+        # Live blame (tracer.path.blocking), fed from this dispatcher's own events on its clock.
+        # Off until a trace or metrics are attached: a bare dispatcher pays one test per event.
+        self.blame = BlameTracker(workers)
+        self.blaming = metrics is not None
 
     # ------------------------------------------------------------------------------- entries
     def build(self, item: T, trace: MessageTraceLike | None) -> Entry[Any]:
@@ -287,11 +292,17 @@ class Core(Generic[T]):
         has admitted each blocked submitter that fits, so what is left is room none of them can
         use (the fairness rule, stated in the module docstring).
         """
-        r = self.sched.admit(e)
+        sched = self.sched
+        r = sched.admit(e)
         if r is _FULL:
             raise WouldBlock
         self._accept(e)
-        return None if r is _QUEUED else cast(int, r)
+        if r is _QUEUED:
+            if self.blaming and sched.bound is not None:
+                self.blame.bound(e, sched.bound, self.now() if e.t_enq == 0 else e.t_enq)
+                sched.bound = None
+            return None
+        return cast(int, r)
 
     def admit_waiters_locked(self) -> list[Waiter]:
         """Room may have freed: admit blocked submitters, oldest first, each one that fits.
@@ -324,6 +335,8 @@ class Core(Generic[T]):
             self.waiters.remove(w)
         except ValueError:
             pass
+        if self.blaming:
+            self.blame.forget(w.entry)
 
     def close_waiters_locked(self) -> list[Waiter]:
         """close() began: every blocked submitter gets ``CLOSED``; returns them to wake."""
@@ -331,6 +344,8 @@ class Core(Generic[T]):
         self.waiters.clear()
         for w in out:
             w.state = WaitState.CLOSED
+            if self.blaming:
+                self.blame.forget(w.entry)
         return out
 
     def _accept(self, e: Entry[Any]) -> None:
@@ -351,6 +366,8 @@ class Core(Generic[T]):
         self._accept(e)
         self.failed += 1
         self.reporting += 1
+        if self.blaming:
+            self.blame.forget(e)
 
     # -------------------------------------------------------------------------------- running
     def begin(self, e: Entry[Any], worker: int) -> int:
@@ -359,7 +376,11 @@ class Core(Generic[T]):
         m = self.m
         trace = e.trace
         if m is None and trace is None:
+            if self.blaming:
+                self.blame.started(e, worker, t0)
             return t0
+        if self.blaming:
+            self._blame(e, worker, t0)
         if m is not None:
             wait = (t0 - e.t_enq) / 1e9
             try:
@@ -374,6 +395,25 @@ class Core(Generic[T]):
             except BaseException as exc:  # noqa: BLE001
                 self.log("trace.worker", exc)
         return t0
+
+    def _blame(self, e: Entry[Any], worker: int, t0: int) -> None:
+        """Decide why ``e`` waited and tell its trace (``trace.blame``, when it has one)."""
+        trace = e.trace
+        try:
+            verdict: Verdict = self.blame.started(e, worker, t0, ref=trace)
+            fn = getattr(trace, "blame", None)
+            if fn is not None:
+                fn(verdict, self.policy.name)
+        except BaseException as exc:  # noqa: BLE001 - on a worker: never end it
+            self.log("live blame", exc)
+
+    def ended(self, e: Entry[Any], worker: int) -> None:
+        """The handler of ``e`` on ``worker`` returned (also one reported TIMEOUT earlier): the worker is free."""
+        if self.blaming:
+            try:
+                self.blame.ended(e, worker, self.now())
+            except BaseException as exc:  # noqa: BLE001 - on a worker: never end it
+                self.log("live blame", exc)
 
     def enter_scope(self, trace: MessageTraceLike | None) -> AbstractContextManager[object] | None:
         if trace is None:
@@ -466,6 +506,9 @@ class Core(Generic[T]):
         """Count ``entries`` (taken from the scheduler, unrun) SKIPPED; :meth:`report_skipped` them after the lock."""
         self.skipped += len(entries)
         self.reporting += len(entries)
+        if self.blaming:
+            for e in entries:
+                self.blame.forget(e)
         return entries
 
     def take_queued_locked(self) -> list[Entry[Any]]:
@@ -502,9 +545,17 @@ class Core(Generic[T]):
         return None if deadline is None else (deadline - self.now()) / 1e9
 
     def number_locked(self, e: Entry[Any]) -> None:
-        """Give ``e`` its arrival number: unique, increasing (the cost heap breaks ties with it)."""
+        """Give ``e`` its arrival number: unique, increasing (the cost heap breaks ties with it).
+
+        Also its arrival for live blame: the submit is where the dispatcher takes the message
+        over (a blocked submit waits from here too, e.g. on a full round-robin buffer)."""
         e.seq = self.seq
         self.seq += 1
+        if not self.blaming:
+            if e.trace is None:
+                return
+            self.blaming = True
+        self.blame.arrived(e, self.now())
 
     def waited(self, w: Waiter) -> bool:
         """The result of a blocked ``submit`` once its waiter is decided (or its wait ended).
@@ -536,6 +587,7 @@ class Core(Generic[T]):
             overrun=self.overrun,
             live_workers=live_workers,
             cost_errors=self.cost_errors,
+            blame=self.blame.statistics() if self.blaming else None,
         )
 
 

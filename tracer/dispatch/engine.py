@@ -331,6 +331,7 @@ class Dispatcher(EngineBase[T], Generic[T]):
 
     def _finish(self, w: _Worker, e: Entry[Any], outcome: Outcome, error: BaseException | None) -> Any:
         """Report ``e`` (unless the watchdog did), free the worker; the entry it runs next, None or _STOP."""
+        self._core.ended(e, w.index)  # the worker is free now, whoever reports the outcome
         core = self._core
         lock = self._lock
         mine = True

@@ -10,6 +10,7 @@ from contextlib import AbstractContextManager
 from dataclasses import dataclass
 from typing import Protocol
 
+from ..path.blocking import BlameStatistics
 from ..path.stages import Outcome, Stage
 
 
@@ -58,6 +59,9 @@ class DispatchStats:
     blocked in ``wait_for_free_slot``, ``wait_idle`` or ``close``. ``live_workers``: worker
     threads or tasks alive (asyncio: 0 before the first ``submit``). ``cost_errors``: ``cost=``
     results that raised or were not a finite number >= 0 (those messages got cost 0).
+    ``blame``: live blame's snapshot (:class:`tracer.path.blocking.BlameStatistics`: starts
+    judged, seconds waited and avoidable, head_of_line / capacity counts); None until a trace or
+    metrics were attached.
     """
 
     submitted: int
@@ -74,6 +78,7 @@ class DispatchStats:
     overrun: int = 0
     live_workers: int = 0
     cost_errors: int = 0
+    blame: BlameStatistics | None = None
 
 
 class DispatcherClosed(RuntimeError):

@@ -73,6 +73,9 @@ class Scheduler(ABC):
     workers: int
     busy: int
     queued: int
+    # The worker whose own buffer the latest QUEUED admit put its entry in (live blame binds the
+    # message to it); None for a shared structure (window, parking), which any worker may serve.
+    bound: int | None = None
 
     @abstractmethod
     def admit(self, e: Entry[Any]) -> int | Admission:
@@ -264,6 +267,7 @@ class BufferedScheduler(Scheduler):
         if len(buf) < self._k:
             buf.append(e)
             self.queued += 1
+            self.bound = w
             if key is None:
                 upcoming.popleft()
             return QUEUED

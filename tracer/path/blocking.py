@@ -21,22 +21,23 @@ available. A message's avoidable wait is ``A(start) − A(pull + grace)``; a run
 event costs O(log n) plus, at a start, one step per run its worker made while the message waited
 (at most its place in that worker's buffer).
 
-**Not wired yet.** Where the calls belong (one tracker per dispatcher, ``workers`` = its pool):
+**Wired** in :class:`tracer.dispatch.core.Core` (both engines), one tracker per dispatcher,
+``workers`` = its pool, on the dispatcher's clock, only once a trace or metrics are attached:
 
-* ``arrived(key, client_pull_ns)`` — where the consumer takes ownership: ``ConsumeLoop._hold`` (the
-  ``pulled_ns`` it stamps), the push seam's cache announcement (``watch_push_cache``);
-* ``bound(key, worker, dispatch_enqueue_ns)`` — where a per-worker-buffer policy (round_robin,
-  random, a busy key's parking) puts the entry in worker ``r``'s own queue (the scheduler's admit
-  answering a worker); never for the aggressive shared queue;
-* ``started(key, worker, handler_start_ns, ref=handler_span_context)`` — ``Core.begin``; the
-  verdict goes on the trace, which writes ``rmqtrace.blame.reason``,
-  ``rmqtrace.blame.avoidable_wait`` (s) and ``rmqtrace.blame.blocker.message.id`` on its
-  ``consumer_wait`` gap spans and a span link to ``verdict.blocker_ref`` (names to be added to
-  :mod:`tracer.path.names` and docs/semconv.md), and adds ``verdict.avoidable_s`` to
-  ``rmqtrace_consumer_avoidable_wait_seconds_total{topic, consumer_group, policy}`` and its OTel
-  counter ``rmqtrace.consumer.avoidable_wait`` (unit ``s``);
-* ``ended(key, worker, handler_end_ns)`` — where the worker reports the outcome;
-* ``forget(key)`` — a message given back or expired without running.
+* ``arrived(entry, now)`` — at the dispatcher's submit (``Core.number_locked``; a blocked submit
+  waits from there). Not the client's pull: the client's buffer before the submit is the report's
+  to blame (the push seam's cache announcement, ``watch_push_cache``, feeds no tracker);
+* ``bound(entry, worker, dispatch_enqueue)`` — when a per-worker-buffer policy (round_robin,
+  random, a key's fixed worker) queued the entry in worker ``r``'s own buffer
+  (``Scheduler.bound``); never for the aggressive / cost-aware shared structures;
+* ``started(entry, worker, now, ref=trace)`` — ``Core.begin``; the verdict goes to
+  ``trace.blame(verdict, policy)``, which writes ``rmqtrace.blame.*`` on ``dispatch_wait``
+  (compact: ``process``), a link to the blocker trace's handler span, and at finish adds
+  ``verdict.avoidable_s`` to ``rmqtrace_consumer_avoidable_wait_seconds_total`` and
+  ``rmqtrace.consumer.avoidable_wait``;
+* ``ended(entry, worker, now)`` — when the handler returned (the engines' ``_finish``; a handler
+  reported TIMEOUT earlier holds its worker until then);
+* ``forget(entry)`` — rejected (key= failed), withdrawn, closed while waiting, given back SKIPPED.
 
 ``key`` must be unique per delivery (``(message_id, delivery_attempt)``). The backlog rule of the
 offline view (a message still in the client's backlog is held up by whatever holds up the

@@ -21,6 +21,8 @@ __all__ = [
     "OPERATION_TYPE", "OUTCOME", "PROBE_PROPERTY", "PROCESS", "PRODUCE_NS_PROPERTY", "SCHEMA_URL", "SEND", "SERVER_ADDRESS",
     "SERVER_PORT", "STAGE", "STAMP_ATTRS", "SYSTEM", "SYSTEM_VALUE", "TRACEPARENT", "TRACESTATE",
     "WORKER", "process_span_name", "send_span_name",
+    # live blame (tracer.path.blocking), on the wait span
+    "BLAME_AVOIDABLE_WAIT", "DISPATCH_POLICY", "BLAME_BLOCKER_MESSAGE_ID", "BLAME_REASON", "BLAME_SPAN",
     # client operations of a pull consumer (tracer.telemetry.operations)
     "ACK", "BATCH_MESSAGE_COUNT", "CHANGE_INVISIBLE_DURATION", "RECEIVE", "SETTLE", "operation_span_name",
 ]
@@ -92,6 +94,15 @@ STAMP_ATTRS: dict[Stage, str] = {s: f"rmqtrace.stamp.{s.name.lower()}_ns" for s 
 # The compact trace (MessageTracer(trace_shape="compact")): every gap on `process`, in seconds.
 GAP_ATTRS: dict[str, str] = {g.name: f"rmqtrace.gap.{g.name}_s" for g in GAPS}
 TRACE_SHAPES: tuple[str, ...] = ("full", "compact")  # RMQTRACE_TRACE_SHAPE
+
+# Live blame (tracer.path.blocking): why a message waited in the dispatcher, on its wait span
+# (BLAME_SPAN in the full shape, ``process`` in the compact one), with a span link to the
+# blocker's handler span.
+BLAME_REASON = "rmqtrace.blame.reason"  # head_of_line, capacity, none
+BLAME_AVOIDABLE_WAIT = "rmqtrace.blame.avoidable_wait"  # s: the part of the wait some worker was idle
+BLAME_BLOCKER_MESSAGE_ID = "rmqtrace.blame.blocker.message.id"  # the message that ran on its worker
+BLAME_SPAN = "dispatch_wait"  # the gap span that covers the wait the dispatcher can blame
+DISPATCH_POLICY = "rmqtrace.dispatch.policy"  # on the OTel avoidable-wait counter: the dispatcher's policy
 
 # -- message properties (what travels) -----------------------------------------------------------
 # W3C keys, as the OpenTelemetry Java agent's RocketMQ instrumentation writes them.

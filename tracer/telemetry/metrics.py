@@ -270,7 +270,14 @@ class TracerMetrics(OnePerRegistry):
         self.spans_dropped = Counter(
             "rmqtrace_spans_dropped", "Spans the exporter could not deliver.", registry=None,
         )
-        collectors += [self.skew_clamped, self.skew_bound, self.propagation_errors, self.spans_dropped]
+        # A stock Counter: the same in multiprocess mode (values in the directory's files).
+        self.avoidable_wait = Counter(
+            "rmqtrace_consumer_avoidable_wait_seconds",
+            "Seconds messages waited in a dispatcher while one of its workers was idle (live blame).",
+            ["topic", "consumer_group", "policy"], registry=None,
+        )
+        collectors += [self.skew_clamped, self.skew_bound, self.propagation_errors, self.spans_dropped,
+                       self.avoidable_wait]
         self._pairs = PairLabels(label_limit, shared="stage")
         self._lock = threading.Lock()
         self._skew_clamped = {g.name: self.skew_clamped.labels(g.name) for g in GAPS if g.crosses_clocks}
@@ -337,6 +344,11 @@ class TracerMetrics(OnePerRegistry):
             if a and b:
                 found.gaps[gi].observe((b - a) / 1e9 if b > a else 0.0)
         found.outcomes[outcome].inc()
+
+    def avoidable(self, topic: str, group: str, policy: str, seconds: float) -> None:
+        """One message's avoidable wait (live blame) under its dispatcher's ``policy``."""
+        t, g = self._pairs(topic, group)
+        self.avoidable_wait.labels(t, g, policy).inc(seconds if seconds > 0 else 0.0)
 
     def count_propagation_error(self, kind: str) -> None:
         self.propagation_errors.labels(kind).inc()

@@ -73,6 +73,7 @@ class _Instruments(NamedTuple):
     process: Histogram
     consumed: Counter
     stage: Histogram
+    avoidable: Counter
 
 
 class _PairAttrs(NamedTuple):
@@ -133,6 +134,9 @@ class MessagingMeters:
                     meter.create_histogram("rmqtrace.stage.duration", unit="s",
                                            description="Time a message spent in each stage gap.",
                                            explicit_bucket_boundaries_advisory=DEFAULT_BUCKETS),
+                    meter.create_counter("rmqtrace.consumer.avoidable_wait", unit="s",
+                                         description="Time messages waited in a dispatcher while one of its "
+                                                     "workers was idle (live blame)."),
                 )
             return self._instruments
 
@@ -186,6 +190,13 @@ class MessagingMeters:
         if error is not None:
             attrs = {**attrs, n.ERROR_TYPE: type(error).__qualname__}
         inst.operation.record(max(0, duration_ns) / 1e9, attrs)
+
+    def avoidable(self, topic: str, group: str, policy: str, seconds: float) -> None:
+        """One message's avoidable wait (live blame) under its dispatcher's ``policy``."""
+        inst = self._instruments or self._resolve()
+        if inst is None:
+            return
+        inst.avoidable.add(seconds if seconds > 0 else 0.0, {**self._attrs_for(topic, group).process, n.DISPATCH_POLICY: policy})
 
     def finished(self, topic: str, group: str, times: Sequence[int], outcome: Outcome,
                  error: BaseException | None = None) -> None:

@@ -328,7 +328,7 @@ class MessageTrace:
 
     __slots__ = ("_tracer", "info", "_carried", "_parent", "_parsed", "stamps", "worker", "body", "_ctx", "_process",
                  "_handler", "_token", "_done", "_scope_start", "_held", "_head_held", "_overrun", "_late_end",
-                 "_open_handler", "_deferred")
+                 "_open_handler", "_deferred", "_blame")
 
     def __init__(self, tracer: MessageTracer, info: MessageInfo, carried: Carried) -> None:
         self._tracer = tracer
@@ -357,6 +357,7 @@ class MessageTrace:
         self._open_handler: DeferredSpan | None = None  # written, waiting for the late handler end
         # a held trace's process/handler, not yet spans: ids allocated, written only if kept
         self._deferred: tuple[Any, ...] | None = None
+        self._blame: tuple[Any, str] | None = None  # (Verdict, policy) from the dispatcher, at its start
 
     @property
     def carried(self) -> Carried:
@@ -380,6 +381,37 @@ class MessageTrace:
     @property
     def trace_id(self) -> int:
         return self._ctx.trace_id if self._ctx is not None else 0
+
+    def blame(self, verdict: Any, policy: str) -> None:
+        """The dispatcher's verdict on this message's wait (a :class:`tracer.path.blocking.Verdict`,
+        whose ``blocker_ref`` is the blocker's trace), given when its handler starts."""
+        self._blame = (verdict, policy)
+
+    def handler_context(self) -> SpanContext | None:
+        """The context of the span current in this message's handler (``handler``; ``process`` in
+        the compact shape); None when unsampled or not started."""
+        if self._handler is not None:
+            return self._handler.context
+        if self._process is not None:
+            return self._process.context
+        if self._deferred is not None:
+            return self._deferred[6]  # type: ignore[no-any-return]
+        return None
+
+    def _blame_attributes(self) -> tuple[dict[str, Any], tuple[Link, ...]]:
+        """The blame attributes and the link to the blocker's handler span."""
+        assert self._blame is not None
+        verdict = self._blame[0]
+        attrs: dict[str, Any] = {n.BLAME_REASON: verdict.reason, n.BLAME_AVOIDABLE_WAIT: float(verdict.avoidable_s)}
+        links: tuple[Link, ...] = ()
+        blocker = verdict.blocker_ref
+        if isinstance(blocker, MessageTrace):
+            if blocker.info.message_id:
+                attrs[n.BLAME_BLOCKER_MESSAGE_ID] = cap(blocker.info.message_id)
+            ctx = blocker.handler_context()
+            if ctx is not None and ctx.is_valid:
+                links = (Link(ctx),)
+        return attrs, links
 
     def handler_scope(self, start_ns: int | None = None) -> MessageTrace:
         """``with trace.handler_scope():`` stamps handler start/end; the handler span is current inside.
@@ -524,6 +556,12 @@ class MessageTrace:
         if metrics is not None:
             metrics.observe(self.info.topic, mt.consumer_group, consistent, outcome, exemplar)
         mt.meters.finished(self.info.topic, mt.consumer_group, consistent, outcome, error)
+        blame = self._blame
+        if blame is not None:
+            avoidable = float(blame[0].avoidable_s)
+            if metrics is not None:
+                metrics.avoidable(self.info.topic, mt.consumer_group, blame[1], avoidable)
+            mt.meters.avoidable(self.info.topic, mt.consumer_group, blame[1], avoidable)
         for gap in CROSS_CLOCK_GAPS:
             a, b = times[gap.start], times[gap.end]
             if a == MISSING or b == MISSING:
@@ -606,11 +644,20 @@ class MessageTrace:
             if not still_running:
                 handler.end(end_time=self._late_end or end_ns)
         compact = self._tracer.compact
+        blame_attrs, blame_links = self._blame_attributes() if self._blame is not None else (None, ())
         if not compact:
             for name, a, b, gap_attrs in _GAP_SPANS:
                 if a in fixed and b in fixed:
-                    writer.emit(name, writer.child_context(ctx), ctx, fixed[a], fixed[b], attributes=gap_attrs)
+                    if blame_attrs is not None and name == n.BLAME_SPAN:
+                        writer.emit(name, writer.child_context(ctx), ctx, fixed[a], fixed[b],
+                                    attributes={**gap_attrs, **blame_attrs}, links=blame_links)
+                    else:
+                        writer.emit(name, writer.child_context(ctx), ctx, fixed[a], fixed[b], attributes=gap_attrs)
         process.put_attributes(self._process_attributes(outcome))
+        if compact and blame_attrs is not None:
+            process.put_attributes(blame_attrs)
+            for link in blame_links:
+                process.add_link(link.context)
         if compact:
             if error is not None:
                 process.record_exception(error)
