@@ -184,6 +184,13 @@ class SchedulerModel(RuleBasedStateMachine):
         if self.pool:
             idle = s.workers - len(self.held)
             assert s.free_slots() == idle + max(0, self.window - len(self.queued)), violated("counts", s.free_slots())
+            # parked = queued behind its key's head: a live run of the key, else (cost-aware) the
+            # key's oldest message in the window. A mutant that miscounts it kept every other count
+            # right, and the parking room's limit reads this number.
+            live = self.live_keys()
+            keys = {q.key for q in self.queued if q.key is not None}
+            behind = sum(sum(1 for q in self.queued if q.key == k) - (0 if k in live else 1) for k in keys)
+            assert getattr(s, "parked") == behind, violated("counts", f"parked={getattr(s, 'parked')}, model={behind}")
 
 
 SchedulerModel.TestCase.settings = settings(
