@@ -60,7 +60,7 @@ import os
 import threading
 from collections import Counter
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Callable
 
 from hypothesis import HealthCheck, Phase, settings
 from hypothesis import strategies as st
@@ -121,6 +121,7 @@ class Broker:
         self.held: dict[int, Any] = {}  # id(message) -> message, received and not yet settled
         self.lease_end: dict[int, float] = {}  # id(message) -> when the broker hands it out again
         self.seen: list[Any] = []  # every received message object, so ids are never reused
+        self.other_copy_runs: Callable[[Any], bool] = lambda m: False  # set by the model
 
     def _fail(self, op: str, when: str, mid: str | None = None) -> None:
         with self.lock:
@@ -155,10 +156,12 @@ class Broker:
         self._fail("ack", "after", m.message_id)
 
     def change_invisible_duration(self, m: Any, seconds: int) -> None:
-        if seconds == BACKOFF:
+        # A renewal asks for LEASE; so does the give-back of a copy refused because another copy of
+        # it still runs here (the loop's bounded bounce): that one is a nack.
+        op = "renew" if seconds == LEASE and not self.other_copy_runs(m) else "nack"
+        if op == "nack":
             with self.lock:
                 self.held.pop(id(m), None)
-        op = "renew" if seconds == LEASE else "nack"
         self._fail(op, "before", m.message_id)
         now = self.clock()
         self.consumer.change_invisible_duration(m, seconds)
@@ -182,6 +185,7 @@ class ConsumeModel(RuleBasedStateMachine):
         consumer.startup()
         self.client = Broker(consumer, self.clock)
         self.cond = threading.Condition()
+        self.client.other_copy_runs = self.other_copy_runs
         self.calls: list[Call] = []
         self.running: set[Call] = set()
         self.sent: list[str] = []
@@ -226,6 +230,10 @@ class ConsumeModel(RuleBasedStateMachine):
             raise RuntimeError("handler failed")
 
     # -- helpers ------------------------------------------------------------------------------
+    def other_copy_runs(self, m: Any) -> bool:
+        with self.cond:
+            return any(c.message.message_id == m.message_id and c.message is not m for c in self.running)
+
     def quiesce(self) -> None:
         """Wait until every outcome the dispatcher reported reached the loop, every message it
         handed out is inside its handler, no released handler is still on its way out — and in
@@ -393,7 +401,49 @@ class ConsumeModel(RuleBasedStateMachine):
         self.stopped = True
         self.received_at_stop = self.loop.statistics().received
 
+    @precondition(lambda self: self.threaded and not self.stopped and not self.running)
+    @rule()
+    def stop_with_a_backlog(self) -> None:
+        """The state random search rarely builds before a stop: a handler of one key running, its
+        parking room (or its worker's buffer) full, more of that key in the loop's backlog; then an
+        unbounded stop(), every handler released as it starts, until run() returns. A fresh key, and
+        nothing running before, so no TIMEOUT can excuse a give-back."""
+        first = len(self.sent)
+        self.send(f"s{first}", 4)
+        try:  # the run thread receives on its own: wait for the backlog to form
+            wait_until(lambda: self.loop.state().waiting > 0, timeout=5, interval=0.002, what="a backlog")
+        except AssertionError:
+            return  # all of it went out (round_robin with a free buffer): no backlog to drop
+        self.drain_expected = list(self.sent[first:])
+        self.loop.stop()
+        self.stopped = True
+        self.received_at_stop = self.loop.statistics().received
+        assert self.run_thread is not None
+        for _ in range(4000):  # up to ~20 s; run() returns once the backlog is out and acked
+            with self.cond:
+                for c in self.running:
+                    c.gate.set()
+            self.run_thread.join(0.005)
+            if not self.run_thread.is_alive():
+                break
+        with self.cond:
+            running = len(self.running)
+        # run() still going after that, with nothing running: what it still holds never went out
+        self.left_after_stop = self.loop.state().waiting if self.run_thread.is_alive() and not running else 0
+
     # -- invariants ---------------------------------------------------------------------------
+    @invariant()
+    def unbounded_stop_hands_out_the_backlog(self) -> None:
+        """stop() without a timeout hands the backlog out: every message it held ran before run()
+        returned (RELIABILITY.md: SIGTERM / stop() -> nothing is redelivered)."""
+        left = getattr(self, "left_after_stop", 0)
+        assert not left, f"invariant unbounded_stop_hands_out_the_backlog: {left} still waiting, nothing running"
+        expected = getattr(self, "drain_expected", None)
+        if expected and self.loop_finished():
+            with self.cond:
+                missed = [mid for mid in expected if self.runs[mid] == 0 and not self.excused(mid)]
+            assert not missed, f"invariant unbounded_stop_hands_out_the_backlog: never ran: {missed}"
+
     @invariant()
     def failed_or_timed_out_never_acked(self) -> None:
         if hasattr(self, "loop"):
@@ -487,7 +537,7 @@ class ConsumeModel(RuleBasedStateMachine):
     def check_promise(self) -> None:
         for name in ("failed_or_timed_out_never_acked", "acked_only_after_success", "no_two_copies_at_once",
                      "started_only_with_a_live_lease", "no_delivery_runs_twice", "held_leases_stay_renewed",
-                     "stats_add_up", "run_stop_drains_or_gives_back"):
+                     "stats_add_up", "run_stop_drains_or_gives_back", "unbounded_stop_hands_out_the_backlog"):
             getattr(self, name)()
 
     def loop_finished(self) -> bool:
