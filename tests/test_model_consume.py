@@ -369,6 +369,17 @@ class ConsumeModel(RuleBasedStateMachine):
             pass
         self.quiesce()
 
+    @precondition(lambda self: not self.threaded and not self.stopped and not self.running)
+    @rule()
+    def hang_one_then_its_redelivery_comes(self) -> None:
+        """The state random search reaches only sometimes: one message running, it hangs past
+        handler_timeout, it is given back, and its redelivery comes back here while the hung call
+        still runs (a free worker beside it when there are two or more)."""
+        self.send(None, 1)
+        self.poll()
+        if self.running:
+            self.hang()
+
     @rule(op=st.sampled_from(["receive", "ack", "nack", "renew"]), when=st.sampled_from(["before", "after"]))
     def inject(self, op: str, when: str) -> None:
         with self.client.lock:

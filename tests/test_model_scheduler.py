@@ -190,7 +190,7 @@ class SchedulerModel(RuleBasedStateMachine):
             live = self.live_keys()
             keys = {q.key for q in self.queued if q.key is not None}
             behind = sum(sum(1 for q in self.queued if q.key == k) - (0 if k in live else 1) for k in keys)
-            assert getattr(s, "parked") == behind, violated("counts", f"parked={getattr(s, 'parked')}, model={behind}")
+            assert s.parked == behind, violated("counts", f"parked={s.parked}, model={behind}")
 
 
 SchedulerModel.TestCase.settings = settings(

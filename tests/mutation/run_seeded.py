@@ -62,11 +62,14 @@ def run_one(tree: Path, bug: dict[str, str]) -> tuple[str, str, float]:
         took = time.monotonic() - t0
         if p.returncode == 0:
             return "missed", "the tests passed", took
-        named = f"invariant {bug['caught_by']}:"
+        # caught_by may name alternatives ("a|b"): the invariant that trips first depends on the
+        # step the search reached, and any of the promise's named invariants is a catch
+        names = [f"invariant {n.strip()}:" for n in bug["caught_by"].split("|")]
         if "Timeout" in out and "+++++" in out:
             return "other", "pytest-timeout fired", took
-        if named in out:
-            return "caught", named, took
+        hit = next((nm for nm in names if nm in out), None)
+        if hit is not None:
+            return "caught", hit, took
         first = next((ln for ln in out.splitlines() if ln.startswith("E ")), "no assertion line")
         return "other", first[:200], took
     finally:
