@@ -425,8 +425,6 @@ class ConsumeModel(RuleBasedStateMachine):
             return  # all of it went out (round_robin with a free buffer): no backlog to drop
         self.drain_expected = list(self.sent[first:])
         self.loop.stop()
-        self.stopped = True
-        self.received_at_stop = self.loop.statistics().received
         assert self.run_thread is not None
         for _ in range(4000):  # up to ~20 s; run() returns once the backlog is out and acked
             with self.cond:
@@ -435,6 +433,9 @@ class ConsumeModel(RuleBasedStateMachine):
             self.run_thread.join(0.005)
             if not self.run_thread.is_alive():
                 break
+        # a receive already under way when stop() asked may still land: count from here on
+        self.stopped = True
+        self.received_at_stop = self.loop.statistics().received
         with self.cond:
             running = len(self.running)
         # run() still going after that, with nothing running: what it still holds never went out
