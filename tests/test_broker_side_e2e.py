@@ -131,7 +131,7 @@ def incidents() -> Iterator[dict[str, Any]]:
                 calls[0] += 1
                 n = calls[0]
             if n == 2:
-                time.sleep(2.5)  # the two successes land in different scrapes: a non-zero rate
+                time.sleep(2.5)  # real-time: the two successes land in different scrapes: a non-zero rate
             elif n > 2:
                 release.wait()  # wedged until teardown
 

@@ -130,7 +130,7 @@ class SlowRenewals:
 
     def change_invisible_duration(self, m: Any, seconds: int) -> None:
         if seconds > 1:  # a renewal (nacks here use 1 s)
-            time.sleep(0.4)  # real time: the slow broker call is what this test is about
+            time.sleep(0.4)  # real-time: the slow broker call is what this test is about
         self.consumer.change_invisible_duration(m, seconds)
 
 

@@ -24,6 +24,11 @@ FAST = 0.01
 N = 12
 
 
+def work(seconds: float) -> None:
+    time.sleep(seconds)  # real-time: a slow handler is the subject
+
+
+
 def _run(policy, spans, registry, *, shape: str = "full", key=None, workers: int = 2):
     provider, exporter = spans
     broker = EmbeddedBroker(min_receive_invisible=1)
@@ -48,7 +53,7 @@ def _run(policy, spans, registry, *, shape: str = "full", key=None, workers: int
                            listeners=[listen])
 
     def handler(m):
-        time.sleep(SLOW if m.body == b"slow" else FAST)
+        time.sleep(SLOW if m.body == b"slow" else FAST)  # real-time: a slow handler is the subject
 
     kw = {"key": key} if key is not None else {}
     loop = ConsumeLoop(consumer, handler, tracer=tracer, invisible_duration=30, workers=workers, policy=policy, **kw)
@@ -165,7 +170,7 @@ def test_the_otel_counter_adds_the_same_seconds(spans, registry):
     reader = InMemoryMetricReader()
     tracer = MessageTracer(consumer_group="G", tracer_provider=provider, metrics=TracerMetrics(registry))
     tracer.meters = MessagingMeters(MeterProvider(metric_readers=[reader]))
-    d = Dispatcher(lambda body: time.sleep(SLOW if body == "slow" else FAST), policy=RoundRobin(buffer=4), workers=2)
+    d = Dispatcher(lambda body: work(SLOW if body == "slow" else FAST), policy=RoundRobin(buffer=4), workers=2)
     for i, body in enumerate(["slow", "a", "b", "c"]):
         d.submit(body, tracer.start_message(MessageInfo(topic="T", message_id=f"m{i}")))
     assert d.close(timeout=30)
@@ -183,7 +188,7 @@ def test_the_dispatcher_snapshot_carries_the_blame_totals(spans, registry):
 
     provider, exporter = spans
     tracer = MessageTracer(consumer_group="G", tracer_provider=provider)
-    d = Dispatcher(lambda body: time.sleep(SLOW if body == "slow" else FAST), policy=RoundRobin(buffer=4), workers=2)
+    d = Dispatcher(lambda body: work(SLOW if body == "slow" else FAST), policy=RoundRobin(buffer=4), workers=2)
     assert d.statistics().blame is None  # nothing attached yet: no bookkeeping
     for i, body in enumerate(["slow", "a", "b", "c"]):
         d.submit(body, tracer.start_message(MessageInfo(topic="T", message_id=f"m{i}")))

@@ -18,12 +18,17 @@ from tracer.telemetry.tracer import MessageTracer
 pytestmark = pytest.mark.integration
 
 
+def work(seconds: float) -> None:
+    time.sleep(seconds)  # real-time: a slow handler is the subject
+
+
+
 def test_jaeger_shows_the_edge_from_the_victim_to_its_blocker(jaeger):  # noqa: F811
     svc = unique("rmqtrace-blame")
     memory = InMemorySpanExporter()
     provider = _provider(svc, memory)
     tracer = MessageTracer(consumer_group="G", tracer_provider=provider)
-    d = Dispatcher(lambda body: time.sleep(0.3 if body == "slow" else 0.01), policy=RoundRobin(buffer=4), workers=2)
+    d = Dispatcher(lambda body: work(0.3 if body == "slow" else 0.01), policy=RoundRobin(buffer=4), workers=2)
     for i, body in enumerate(["slow", "a", "b", "c"]):  # round-robin: m2 is dealt to worker 0, behind m0
         d.submit(body, tracer.start_message(MessageInfo(topic="T", message_id=f"m{i}")))
     assert d.close(timeout=30)

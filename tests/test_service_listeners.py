@@ -127,12 +127,13 @@ def _exposed(pid: int) -> list[Listener]:
 
 # -- the checker itself sees a wildcard listener --------------------------------------------------
 def test_the_checker_sees_a_wildcard_listener_and_a_loopback_one() -> None:
-    code = ("import socket, sys, time\n"
+    code = ("import socket, sys\n"
             "a = socket.socket(); a.bind(('0.0.0.0', 0)); a.listen()\n"
             "b = socket.socket(); b.bind(('127.0.0.1', 0)); b.listen()\n"
             "u = socket.socket(socket.AF_INET, socket.SOCK_DGRAM); u.bind(('0.0.0.0', 0))\n"
-            "print(a.getsockname()[1], b.getsockname()[1], u.getsockname()[1], flush=True); time.sleep(60)\n")
-    proc = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True)
+            # the child holds its sockets until the test kills it (or its stdin closes)
+            "print(a.getsockname()[1], b.getsockname()[1], u.getsockname()[1], flush=True); sys.stdin.read()\n")
+    proc = subprocess.Popen([sys.executable, "-c", code], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
     try:
         assert proc.stdout is not None
         wild, lo, udp = (int(x) for x in proc.stdout.readline().split())
