@@ -46,6 +46,7 @@ from prometheus_client import CollectorRegistry
 from .clients.consume import ConsumeLoop
 from .clients.producer import TracedProducer
 from .dispatch import DispatchMetrics
+from .dispatch.core import require_plain
 from .embedded import EmbeddedBroker, FilterExpression, Message, Producer, SimpleConsumer
 from .path.stages import Outcome
 from .path.stamps import compute_gaps
@@ -200,6 +201,7 @@ def traced_pipeline(handler: Callable[[Any], object], *, topic: str = "test-topi
     Raises:
         ValueError / TypeError: from :class:`~tracer.ConsumeLoop` for options that cannot work.
     """
+    require_plain(handler, "handler")  # before anything starts; the wrapper below would hide its kind
     broker = EmbeddedBroker()
     broker.create_topic(topic)
     registry = CollectorRegistry()
@@ -213,9 +215,7 @@ def traced_pipeline(handler: Callable[[Any], object], *, topic: str = "test-topi
     producer.startup()
     tracer = MessageTracer(consumer_group=group, tracer_provider=provider, metrics=metrics)
     errors = _Errors()
-    # Not callable: unwrapped, so ConsumeLoop refuses it in its own words.
-    run = errors.wrap(handler) if callable(handler) else handler
-    loop = ConsumeLoop(consumer, run, tracer=tracer, policy=policy, workers=workers,
+    loop = ConsumeLoop(consumer, errors.wrap(handler), tracer=tracer, policy=policy, workers=workers,
                        dispatch_metrics=DispatchMetrics(registry), **loop_options)
     pipe = Pipeline(broker, topic, producer, loop, registry, exporter, errors, loop_options.get("handler_timeout"))
     tracer.listeners.append(pipe._finished)

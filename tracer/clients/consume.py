@@ -315,6 +315,7 @@ class ConsumeLoop:
     def wait(self, predicate: Callable[[ConsumeStats], bool], timeout: float | None = None) -> bool:
         """Block until ``predicate(snapshot)`` holds (True) or ``timeout`` passes (False); the
         predicate is evaluated under the loop's lock after every change."""
+        require_plain(predicate, "predicate")  # a coroutine is truthy: it would "hold" at once
         with self._changed:
             return self._changed.wait_for(lambda: predicate(self._snapshot_locked()), timeout)
 
@@ -326,6 +327,7 @@ class ConsumeLoop:
             LeaseRefused: (a ValueError) the broker refused the lease length (the proxy's
                 ``minInvisibleTimeMillsForRecv``, 10 s by default): no receive can succeed.
         """
+        require_plain(until, "until", optional=True)  # a coroutine is truthy: run() would end at once
         if self._started:
             raise RuntimeError("a ConsumeLoop runs once")
         self._started = True

@@ -40,6 +40,7 @@ import logging
 import threading
 from typing import Any, Callable, Mapping
 
+from ..dispatch.core import require_plain
 from ..telemetry.tracer import MessageTracer
 from .consume import ConsumeLoop, ConsumeStats, exponential_backoff
 
@@ -77,6 +78,8 @@ class DemandPushConsumer:
                  settle_spans: bool | None = None) -> None:
         if not callable(getattr(message_listener, "consume", None)):
             raise TypeError(f"message_listener must have a consume(message) method, got {message_listener!r}")
+        require_plain(message_listener.consume, "message_listener.consume")  # an async def never runs
+        require_plain(retry_backoff, "retry_backoff=")  # here, not at startup(): the loop is built there
         if not subscription:
             raise ValueError("subscription must name at least one topic: {topic: FilterExpression}")
         if not consumer_group:

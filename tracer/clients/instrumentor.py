@@ -261,6 +261,8 @@ class RocketMQInstrumentor(BaseInstrumentor):  # type: ignore[misc]
                 kwargs["message_listener"] = _wrap_listener(kwargs["message_listener"], tracer)
             elif len(args) > 2:
                 args[2] = _wrap_listener(args[2], tracer)
+        except TypeError as exc:  # a listener that cannot run: say so, but instrumenting changes no behaviour
+            log.error("rmqtrace: %s: the client would never run it; this PushConsumer is left untraced", exc)
         except Exception as exc:  # noqa: BLE001 - construct the consumer untraced rather than fail
             log.error("rmqtrace: could not wrap the PushConsumer listener", exc_info=exc)
         result = wrapped(*args, **kwargs)
@@ -294,6 +296,8 @@ class RocketMQInstrumentor(BaseInstrumentor):  # type: ignore[misc]
                 kwargs["callback"] = traced_callback(kwargs["callback"], tracer)
             elif len(args) > 1:
                 args[1] = traced_callback(args[1], tracer)
+        except TypeError as exc:  # a callback that cannot run: say so, but instrumenting changes no behaviour
+            log.error("rmqtrace: %s: the client would never run it; this subscription is left untraced", exc)
         except Exception as exc:  # noqa: BLE001 - subscribe untraced rather than fail
             log.error("rmqtrace: could not wrap the legacy PushConsumer callback", exc_info=exc)
         return wrapped(*args, **kwargs)

@@ -32,6 +32,7 @@ from typing import Any, Callable, NamedTuple
 
 from opentelemetry import propagate
 
+from ..dispatch.core import require_plain
 from ..path.message import MessageInfo
 from ..path.names import PROBE_PROPERTY
 from ..path.propagation import BAGGAGE, COST, JOB_ID, PRODUCE_NS, TRACEPARENT, TRACESTATE
@@ -212,9 +213,14 @@ def _is_success(status: Any) -> bool:
 
 def traced_callback(callback: Callable[[Any], Any], tracer: MessageTracer) -> Callable[[Any], Any]:
     """Wrap a 2.x ``PushConsumer.subscribe`` callback: stamps, ``process``/``handler`` spans and
-    histograms per message. ``RECONSUME_LATER`` and exceptions count as failures and pass through."""
+    histograms per message. ``RECONSUME_LATER`` and exceptions count as failures and pass through.
+
+    Raises:
+        TypeError: ``callback`` is an ``async def`` or a generator: it would never run.
+    """
     if getattr(callback, "__rmqtrace_wrapped__", None) is not None:
         return callback
+    require_plain(callback, "callback")
 
     def traced(msg: Any) -> Any:
         return traced_consume(tracer, LEGACY_SEAM, callback, msg)

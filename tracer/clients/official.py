@@ -30,6 +30,7 @@ from typing import Any, NamedTuple
 
 from opentelemetry.sdk.trace import SpanProcessor
 
+from ..dispatch.core import require_plain
 from ..logonce import OnceLogger
 from ..path import names as n
 from ..path.message import MessageInfo, body_of, describe
@@ -68,9 +69,15 @@ PUSH_SEAM = Seam(describe, _decoded_ns, _is_success, "starting a push-consumer t
 
 
 class TracedListener(MessageListener):  # type: ignore[misc,valid-type]
-    """A ``MessageListener`` that traces the wrapped one; exceptions and results pass through."""
+    """A ``MessageListener`` that traces the wrapped one; exceptions and results pass through.
+
+    Raises:
+        TypeError: ``listener.consume`` is missing, or is an ``async def`` or a generator: the
+            client would only build a coroutine (or a generator) per message, never run it.
+    """
 
     def __init__(self, listener: Any, tracer: MessageTracer) -> None:
+        require_plain(getattr(listener, "consume", None), "message_listener.consume")
         self.listener = listener
         self.tracer = tracer
 

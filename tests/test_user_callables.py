@@ -1,0 +1,276 @@
+"""Every place a user hands rmqtrace a callable refuses one that would never run.
+
+An ``async def`` (or a generator) called like a function only builds a coroutine: a handler
+"succeeds" without running and its message is acked, a listener's message fails for ever, an
+``until=`` is truthy at once. Round 3 fixed that for the dispatcher's and the loop's own
+arguments; the push seams (5.x listener, 2.x callback, the push-consumer replacement) were built
+the same way and missed it. This test finds every public parameter that takes a callable, so a new
+one cannot be added without saying whether it is checked (and proving it) or why not.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import importlib
+import inspect
+import pkgutil
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from typing import Any
+
+import pytest
+
+import tracer
+from tracer import AsyncDispatcher, ConsumeLoop, Dispatcher, MessageTracer
+from tracer.clients.consume_options import DispatchOptions, FlowOptions
+from tracer.clients.legacy import traced_callback
+from tracer.embedded import EmbeddedBroker, SimpleConsumer
+
+rmq = pytest.importorskip("rocketmq")
+
+
+async def _async_fn(*a: Any) -> None:  # pragma: no cover - refused before it could run
+    return None
+
+
+def _gen_fn(*a: Any) -> Any:  # pragma: no cover - refused before it could run
+    yield a
+
+
+async def _async_gen_fn(*a: Any) -> Any:  # pragma: no cover - refused before it could run
+    yield a
+
+
+class _AsyncCall:
+    async def __call__(self, *a: Any) -> None:  # pragma: no cover - refused before it could run
+        return None
+
+
+def _plain(*a: Any) -> Any:
+    return rmq.ConsumeResult.SUCCESS
+
+
+WRONG = {"async": _async_fn, "generator": _gen_fn, "async-generator": _async_gen_fn, "async-__call__": _AsyncCall()}
+
+
+def _listener(fn: Callable[..., Any]) -> Any:
+    """A ``MessageListener`` whose ``consume`` is ``fn`` (as a method: what the client calls)."""
+    return type("Listener", (rmq.MessageListener,), {"consume": lambda self, m: fn(m)} if fn is _plain
+                else {"consume": fn if not isinstance(fn, _AsyncCall) else _AsyncCall.__call__})()
+
+
+def _consumer() -> SimpleConsumer:
+    broker = EmbeddedBroker()
+    broker.create_topic("T")
+    consumer = SimpleConsumer(broker, "G", {"T": None})
+    consumer.startup()
+    return consumer
+
+
+@contextmanager
+def _built(obj: Any) -> Iterator[Any]:
+    try:
+        yield obj
+    finally:
+        for close in ("close", "shutdown"):
+            fn = getattr(obj, close, None)
+            if callable(fn) and not inspect.iscoroutinefunction(fn):  # an AsyncDispatcher closed itself
+                try:
+                    fn()
+                except Exception:  # noqa: BLE001 - only the construction is under test
+                    pass
+                break
+
+
+def _loop(**kw: Any) -> ConsumeLoop:
+    return ConsumeLoop(_consumer(), kw.pop("handler", _plain), **kw)
+
+
+def _async_dispatcher(fn: Callable[..., Any], where: str) -> Any:
+    async def build() -> Any:
+        kw = {} if where == "handler" else {where: fn}
+        d = AsyncDispatcher(fn if where == "handler" else _async_fn, workers=1, **kw)
+        await d.close()
+        return d
+    return asyncio.run(build())
+
+
+def _demand_push(**kw: Any) -> Any:
+    from tracer.clients.demandpush import DemandPushConsumer
+
+    listener = kw.pop("message_listener", _listener(_plain))
+    return DemandPushConsumer(rmq.ClientConfiguration("127.0.0.1:1", rmq.Credentials()), "G", listener,
+                              {"T": rmq.FilterExpression()}, **kw)
+
+
+def _pipeline(fn: Callable[..., Any]) -> None:
+    from tracer.testing import traced_pipeline
+
+    with traced_pipeline(fn):
+        pass
+
+
+# Every public parameter that takes a callable and is checked: (where) -> build it with `fn`.
+CHECKED: dict[tuple[str, str], Callable[[Callable[..., Any]], object]] = {
+    ("tracer.clients.consume.ConsumeLoop", "handler"): lambda fn: _loop(handler=fn),
+    ("tracer.clients.consume.ConsumeLoop.run", "until"): lambda fn: _loop().run(until=fn),
+    ("tracer.clients.consume.ConsumeLoop.wait", "predicate"): lambda fn: _loop().wait(fn, timeout=0),
+    ("tracer.clients.consume_options.DispatchOptions", "key"): lambda fn: DispatchOptions(key=fn),
+    ("tracer.clients.consume_options.DispatchOptions", "cost"): lambda fn: DispatchOptions(cost=fn),
+    ("tracer.clients.consume_options.FlowOptions", "retry_backoff"): lambda fn: FlowOptions(retry_backoff=fn),
+    ("tracer.clients.demandpush.DemandPushConsumer", "message_listener"):
+        lambda fn: _demand_push(message_listener=_listener(fn)),
+    ("tracer.clients.demandpush.DemandPushConsumer", "retry_backoff"): lambda fn: _demand_push(retry_backoff=fn),
+    ("tracer.clients.legacy.traced_callback", "callback"): lambda fn: traced_callback(fn, MessageTracer()),
+    ("tracer.clients.official.TracedListener", "listener"):
+        lambda fn: __import__("tracer.clients.official", fromlist=["x"]).TracedListener(_listener(fn), MessageTracer()),
+    ("tracer.dispatch.engine.Dispatcher", "handler"): lambda fn: Dispatcher(fn, workers=1),
+    ("tracer.dispatch.engine.Dispatcher", "key"): lambda fn: Dispatcher(_plain, workers=1, key=fn),
+    ("tracer.dispatch.engine.Dispatcher", "cost"): lambda fn: Dispatcher(_plain, workers=1, cost=fn),
+    ("tracer.dispatch.engine.Dispatcher", "on_done"): lambda fn: Dispatcher(_plain, workers=1, on_done=fn),
+    ("tracer.dispatch.aio.AsyncDispatcher", "key"): lambda fn: _async_dispatcher(fn, "key"),
+    ("tracer.dispatch.aio.AsyncDispatcher", "cost"): lambda fn: _async_dispatcher(fn, "cost"),
+    ("tracer.dispatch.aio.AsyncDispatcher", "on_done"): lambda fn: _async_dispatcher(fn, "on_done"),
+    ("tracer.testing.traced_pipeline", "handler"): _pipeline,
+}
+
+# Checked the other way round: it must be an async def (a plain function would block the loop).
+CHECKED_ASYNC = {("tracer.dispatch.aio.AsyncDispatcher", "handler")}
+
+# Not checked, and why: ours to call with our own functions, or a value the library reads at once
+# (a clock, a progress printer), where a wrong kind fails loudly on first use instead of silently.
+EXEMPT = {
+    ("tracer.clients.consume.ConsumeLoop", "monotonic"): "a clock: a coroutine fails at the first subtraction",
+    ("tracer.clients.lease.LeaseKeeper", "monotonic"): "a clock (internal)",
+    ("tracer.embedded.EmbeddedBroker", "monotonic"): "a clock: tests inject a manual one",
+    ("tracer.embedded.EmbeddedBroker", "wall_ms"): "a clock: tests inject a manual one",
+    ("tracer.clients.probe.ProbeSender", "monotonic"): "a clock",
+    ("tracer.clients.probe.ProbeSender", "sleep"): "a sleeper the CLI passes",
+    ("tracer.clients.probe.ProbeSender", "message_factory"): "builds a message: a coroutine fails at send",
+    ("tracer.clients.probe.skip_probes", "handler"): "returns a wrapper; whoever runs it checks it "
+                                                    "(__wrapped__ is followed: see test_dispatch_incident)",
+    ("tracer.clients.legacy.traced_legacy_send", "send"): "the client's own send method",
+    ("tracer.clients.producer.traced_send", "send"): "the client's own send method",
+    ("tracer.clients.producer.traced_send_async", "send_async"): "the client's own send_async method",
+    ("tracer.clients.listener.traced_consume", "call"): "internal: the seams above check what they pass",
+    ("tracer.config.CountingExporter", "on_taken"): "internal: the config's own counter",
+    ("tracer.dispatch.core.Core", "key"): "internal: both engines check before they build a Core",
+    ("tracer.dispatch.core.Core", "cost"): "internal: both engines check before they build a Core",
+    ("tracer.dispatch.core.Core", "on_done"): "internal: both engines check before they build a Core",
+    ("tracer.dispatch.cost.longest_first", "cost"): "a sort key applied at once: a coroutine fails to compare",
+    ("tracer.dispatch.scheduler.BufferedScheduler", "draw"): "internal: the random policy's draw",
+    ("tracer.path.propagation.PropagationErrors", "on_count"): "internal: the tracer's metrics hook",
+    ("tracer.path.propagation.inject", "set_property"): "the client's own property setter",
+    ("tracer.report.fleet.read_jaeger_fleet", "get"): "an HTTP getter tests inject",
+    ("tracer.telemetry.hold.HoldingSpanProcessor", "on_dropped"): "internal: the tracer's metrics hook",
+    ("tracer.telemetry.keep.KeepPolicy.decide", "settle"): "internal: the hold's release",
+    ("tracer.telemetry.operations.ConsumerOperations.receive", "call"): "the client's own receive",
+    ("tracer.telemetry.operations.ConsumerOperations.receive", "traces"): "internal: the seam's trace starter",
+    ("tracer.telemetry.operations.ConsumerOperations.receive_async", "call"): "the client's own receive_async",
+    ("tracer.telemetry.operations.ConsumerOperations.receive_async", "then"): "internal",
+    ("tracer.telemetry.operations.ConsumerOperations.receive_async", "traces"): "internal",
+    ("tracer.telemetry.operations.ConsumerOperations.settle", "call"): "the client's own ack",
+    ("tracer.telemetry.registration.Refresher", "flush"): "internal: a collector's own flush",
+    ("tracer.telemetry.tracer.MessageTracer", "listeners"): "called after each message in the finishing "
+                                                           "thread; not yet checked: an async one never runs",
+    ("tracer.telemetry.tracer.MessageTracer.start_send", "set_property"): "the client's own property setter",
+    ("tracer.tools.bench.broker.run_broker_bench", "progress"): "the CLI's progress printer",
+    ("tracer.tools.bench.dispatch.run_dispatch_bench", "progress"): "the CLI's progress printer",
+    ("tracer.tools.bench.fleet.run_fleet_bench", "progress"): "the CLI's progress printer",
+    ("tracer.tools.bench.overhead.run_overhead_bench", "progress"): "the CLI's progress printer",
+    ("tracer.tools.demo.run_policy", "on_message"): "the demo's progress printer",
+}
+
+_LISTENER_NAMES = ("message_listener", "listener", "callback")
+
+
+def _callable_parameters() -> set[tuple[str, str]]:
+    """(where, parameter) for every parameter of a public (``__all__``) function, class or method
+    that is annotated as a callable or named like a listener."""
+    found: set[tuple[str, str]] = set()
+    for info in pkgutil.walk_packages(tracer.__path__, "tracer."):
+        if info.name.endswith("__main__"):
+            continue
+        module = importlib.import_module(info.name)
+        for name in getattr(module, "__all__", ()):
+            obj = getattr(module, name, None)
+            if inspect.isclass(obj):
+                where = f"{obj.__module__}.{obj.__qualname__}"
+                targets = [(where, obj.__init__)] + [
+                    (f"{where}.{m}", f) for m, f in vars(obj).items() if not m.startswith("_") and inspect.isfunction(f)]
+            elif inspect.isfunction(obj):
+                targets = [(f"{obj.__module__}.{obj.__qualname__}", obj)]
+            else:
+                continue
+            for where, fn in targets:
+                try:
+                    params = inspect.signature(fn).parameters.values()
+                except (TypeError, ValueError):
+                    continue
+                for p in params:
+                    if "Callable" in str(p.annotation) or p.name in _LISTENER_NAMES:
+                        found.add((where, p.name))
+    return found
+
+
+def test_every_public_callable_parameter_is_checked_or_says_why_not() -> None:
+    found = _callable_parameters()
+    known = set(CHECKED) | CHECKED_ASYNC | set(EXEMPT)
+    assert not found - known, f"a callable parameter nobody classified (add it to CHECKED or EXEMPT): {sorted(found - known)}"
+    assert not known - found, f"classified but no longer found (renamed?): {sorted(known - found)}"
+    assert len(found) > 30  # the walk found the package, not nothing
+
+
+@pytest.mark.parametrize("kind", list(WRONG))
+@pytest.mark.parametrize("where", sorted(CHECKED), ids=lambda w: f"{w[0].rsplit('.', 1)[-1]}.{w[1]}")
+def test_a_callable_that_would_never_run_is_refused_in_one_line(where: tuple[str, str], kind: str) -> None:
+    with pytest.raises(TypeError, match="plain function") as err:
+        CHECKED[where](WRONG[kind])
+    assert "\n" not in str(err.value) and where[1].split("_")[0] in str(err.value)
+
+
+@pytest.mark.parametrize("where", sorted(CHECKED), ids=lambda w: f"{w[0].rsplit('.', 1)[-1]}.{w[1]}")
+def test_a_plain_function_is_accepted(where: tuple[str, str]) -> None:
+    if where == ("tracer.clients.consume.ConsumeLoop.run", "until"):
+        stats = _loop().run(until=lambda s: True)
+        assert stats.received == 0
+        return
+    built = CHECKED[where](_plain)
+    with _built(built):
+        pass
+
+
+@pytest.mark.parametrize("fn", [_plain, _gen_fn, _async_gen_fn], ids=["plain", "generator", "async-generator"])
+def test_the_asyncio_engine_refuses_a_handler_that_is_not_async_def(fn: Any) -> None:
+    with pytest.raises(TypeError, match="async def"):
+        _async_dispatcher(fn, "handler")
+
+
+def test_the_instrumentor_leaves_a_wrong_kind_listener_untraced_and_says_so(caplog: pytest.LogCaptureFixture) -> None:
+    """Instrumenting changes no behaviour (the stock client is built as it would be) but says, in
+    one line, that the listener can never run."""
+    from prometheus_client import CollectorRegistry
+
+    from tracer.clients.instrumentor import RocketMQInstrumentor
+    from tracer.clients.official import TracedListener
+
+    inst = RocketMQInstrumentor()
+    inst.instrument(registry=CollectorRegistry())
+    try:
+        listener = _listener(_async_fn)
+        config = rmq.ClientConfiguration("127.0.0.1:1", rmq.Credentials())
+        with caplog.at_level("ERROR", logger="tracer"):
+            consumer = rmq.PushConsumer(config, "G", listener, {"T": rmq.FilterExpression()})
+        plain = rmq.PushConsumer(config, "G", _listener(_plain), {"T": rmq.FilterExpression()})
+    finally:
+        inst.uninstrument()
+    assert not isinstance(_find_listener(consumer), TracedListener)
+    assert isinstance(_find_listener(plain), TracedListener)
+    lines = [r.getMessage() for r in caplog.records if "plain function" in r.getMessage()]
+    assert len(lines) == 1 and "left untraced" in lines[0] and "\n" not in lines[0], caplog.text
+
+
+def _find_listener(consumer: Any) -> Any:
+    found = [v for v in vars(consumer).values() if isinstance(v, rmq.MessageListener)]
+    assert len(found) == 1, vars(consumer).keys()
+    return found[0]
