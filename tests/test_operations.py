@@ -213,7 +213,7 @@ def test_receive_and_settle_on_the_real_proxy(seam: str) -> None:
     producer = start_producer(topic)
     raw = start_simple(group, topic)
     inst = None
-    names = ("receive", "receive_async", "ack", "change_invisible_duration")
+    names = ("receive", "receive_async", "ack", "change_invisible_duration", "ack_async")
     before = [rmq.SimpleConsumer.__dict__[name] for name in names]
     if seam == "wrapper":
         consumer: Any = TracedSimpleConsumer(raw, MessageTracer(consumer_group=group, tracer_provider=provider),
@@ -224,14 +224,16 @@ def test_receive_and_settle_on_the_real_proxy(seam: str) -> None:
         inst.instrument(tracer_provider=provider, registry=CollectorRegistry(), settle_spans=True)
         consumer = raw
     try:
-        for body in ("a", "b"):
+        for body in ("a", "b", "c", "d"):
             producer.send(message(topic, body))
         got: list[Any] = []
         wait_until(lambda: got.extend(consumer.receive_async(1, 15).result(30)) or len(got) >= 1, timeout=30,
                    what="a message through receive_async")
-        wait_until(lambda: got.extend(consumer.receive(16, 15)) or len(got) >= 2, timeout=30, what="two messages")
+        wait_until(lambda: got.extend(consumer.receive(16, 15)) or len(got) >= 4, timeout=30, what="four messages")
         consumer.ack(got[0])
         consumer.change_invisible_duration(got[1], 10)
+        consumer.ack_async(got[2])  # the 5.1 client returns None: nothing to wait for
+        consumer.change_invisible_duration_async(got[3], 10)
     finally:
         if inst is not None:
             inst.uninstrument()
@@ -248,7 +250,9 @@ def test_receive_and_settle_on_the_real_proxy(seam: str) -> None:
     with_messages = [s for s in receives if s.attributes["messaging.batch.message_count"] > 0]
     assert with_messages and all(s.name == f"receive {topic}" for s in with_messages)
     settles = sorted(s.name for s in finished if s.attributes.get("messaging.operation.type") == "settle")
-    assert settles == [f"ack {topic}", f"change_invisible_duration {topic}"]
+    assert settles == [f"ack {topic}", f"change_invisible_duration {topic}"]  # the async ones are not timed
+    processes = [s for s in finished if s.name == f"process {topic}"]
+    assert len(processes) == 2  # the messages acked, sync and async, ended their traces
 
 
 @pytest.mark.integration

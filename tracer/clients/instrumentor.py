@@ -5,10 +5,11 @@ Registered under the ``opentelemetry_instrumentor`` entry point, so
 public methods only, each wrap with its unwrap:
 
 - ``Producer.send`` / ``Producer.send_async``: ``send {topic}`` span, trace context and produce stamp;
-- ``SimpleConsumer.receive`` (and ``receive_async``) / ``SimpleConsumer.ack``: ``client_pull`` stamp on receive, trace
-  finished on ack (the time between is taken as the handler); with
-  ``SimpleConsumer.change_invisible_duration`` these are also client operations (``receive``
-  span, settle spans with ``instrument(settle_spans=True)``, ``messaging.client.operation.duration``);
+- ``SimpleConsumer.receive`` (and ``receive_async``) / ``SimpleConsumer.ack`` (and ``ack_async``):
+  ``client_pull`` stamp on receive, trace finished on ack (the time between is taken as the
+  handler); with ``SimpleConsumer.change_invisible_duration`` these are also client operations
+  (``receive`` span, settle spans with ``instrument(settle_spans=True)``,
+  ``messaging.client.operation.duration``; ``ack_async`` is not timed: docs/semconv.md);
 - ``PushConsumer.__init__``: the user's listener is wrapped in :class:`~tracer.clients.official.TracedListener`.
 
 Each producer and consumer object gets a tracer of its own (the consumers' all recording into one
@@ -131,6 +132,7 @@ class RocketMQInstrumentor(BaseInstrumentor):  # type: ignore[misc]
         wrap_function_wrapper(_SIMPLE, "SimpleConsumer.receive_async", self._receive_async)
         wrap_function_wrapper(_SIMPLE, "SimpleConsumer.ack", self._ack)
         wrap_function_wrapper(_SIMPLE, "SimpleConsumer.change_invisible_duration", self._change_invisible)
+        wrap_function_wrapper(_SIMPLE, "SimpleConsumer.ack_async", self._ack_async)
         wrap_function_wrapper(_PUSH, "PushConsumer.__init__", self._push_init)
 
     def _uninstrument(self, **kwargs: Any) -> None:
@@ -156,6 +158,7 @@ class RocketMQInstrumentor(BaseInstrumentor):  # type: ignore[misc]
         unwrap(simple.SimpleConsumer, "receive_async")
         unwrap(simple.SimpleConsumer, "ack")
         unwrap(simple.SimpleConsumer, "change_invisible_duration")
+        unwrap(simple.SimpleConsumer, "ack_async")
         unwrap(push.PushConsumer, "__init__")
 
     # -- per consumer --------------------------------------------------------------------
@@ -249,6 +252,14 @@ class RocketMQInstrumentor(BaseInstrumentor):  # type: ignore[misc]
             return wrapped(*args, **kwargs)
         return self._seam_for(instance, _group_of(instance)).operations.settle(
             CHANGE_INVISIBLE_DURATION, args[0], lambda: wrapped(*args, **kwargs))
+
+    def _ack_async(self, wrapped: Any, instance: Any, args: Any, kwargs: Any) -> Any:
+        # no timed operation (no future a thread can wait for); the message's trace ends here
+        if not is_instrumentation_enabled() or not args:
+            return wrapped(*args, **kwargs)
+        result = wrapped(*args, **kwargs)
+        self._seam_for(instance, _group_of(instance)).traces.acked(args[0])
+        return result
 
     def _push_init(self, wrapped: Any, instance: Any, args: Any, kwargs: Any) -> Any:
         # PushConsumer(client_configuration, consumer_group, message_listener, subscription, ...)

@@ -247,8 +247,10 @@ class TracedSimpleConsumer:
     ``receive``, ``ack`` and ``change_invisible_duration`` are client operations with a span
     (``receive`` always, the two settle calls with ``settle_spans=True``) and
     ``messaging.client.operation.duration`` (:mod:`tracer.telemetry.operations`), and so is
-    ``receive_async``. ``ack_async`` and ``change_invisible_duration_async`` pass through
-    untraced (the 5.1 client returns no future from them: there is no end to time).
+    ``receive_async``. ``ack_async`` ends the message's trace as ``ack`` does but is no timed
+    operation, and ``change_invisible_duration_async`` passes through: the 5.1 client's public
+    methods return None, and the future behind them is an ``asyncio.Future`` of no running loop,
+    whose callbacks never run — there is no end to time.
     """
 
     def __init__(self, consumer: Any, tracer: MessageTracer, *, settle_spans: bool = False) -> None:
@@ -286,8 +288,17 @@ class TracedSimpleConsumer:
         return self.operations.settle(n.CHANGE_INVISIBLE_DURATION, message,
                                       lambda: self._consumer.change_invisible_duration(message, invisible_duration))
 
+    def ack_async(self, message: Any) -> Any:
+        """The client's ``ack_async``; the message's trace ends here (the outcome was decided).
+        Not a timed operation: the 5.1 client's future cannot be waited for from a thread."""
+        result = self._consumer.ack_async(message)
+        self.traces.acked(message)
+        return result
+
     def __getattr__(self, name: str) -> Any:
         return getattr(self._consumer, name)
+
+
 
 
 class Processing:
