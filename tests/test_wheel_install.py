@@ -69,3 +69,11 @@ def test_the_wheel_installs_into_a_fresh_venv_and_runs(dist: Path, tmp_path: Pat
     proc = _run([str(python), str(example)], cwd=tmp_path, timeout=120)
     assert "handled 40, failed 0, acked 40" in proc.stdout, proc.stdout
     assert "consumer_wait" in proc.stdout and "broker_wait" in proc.stdout
+
+    # the real-broker benches need this checkout's services: from a wheel, one line and exit 1
+    for bench in ("broker", "fleet"):
+        cmd = [str(venv / "bin" / "rmqtrace"), "bench", bench, "--quick"] if bench == "fleet" else [
+            str(venv / "bin" / "rmqtrace"), "bench", bench]
+        failed = subprocess.run(cmd, capture_output=True, text=True, cwd=tmp_path, timeout=120, check=False)
+        assert failed.returncode == 1, (bench, failed.stdout, failed.stderr)
+        assert failed.stderr.startswith(f"rmqtrace bench {bench}: ") and failed.stderr.count("\n") == 1, failed.stderr

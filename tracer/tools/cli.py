@@ -306,12 +306,19 @@ def cmd_bench(args: argparse.Namespace) -> int:
     if args.which is None:
         names = list(args.benchmarks)
         Parser(prog="rmqtrace bench").error(f"give a benchmark: {', '.join(names[:-1])} or {names[-1]}")
-    if args.which == "broker":
-        from .bench.broker import run_cli
-        return run_cli(args)
-    if args.which == "fleet":
-        from .bench.fleet import run_cli as run_fleet_cli
-        return run_fleet_cli(args)
+    if args.which in ("broker", "fleet"):
+        if args.which == "broker":
+            from .bench.broker import run_cli
+        else:
+            from .bench.fleet import run_cli
+        from .bench import rmq_admin
+
+        try:
+            rmq_admin(args.which)  # before any progress line: the checkout's topic admin is there
+            return run_cli(args)
+        except (RuntimeError, OSError, ImportError) as exc:  # no checkout, client or broker: one line
+            print(f"rmqtrace bench {args.which}: {exc}", file=sys.stderr)
+            return 1
     if args.which == "report":
         from .bench.report import run_cli as run_report_cli
         return run_report_cli(args)

@@ -51,7 +51,8 @@ def rmq_admin(bench: str) -> Any:
     """``services/rocketmq/rmq_admin.py`` of this checkout (topics and groups over the remoting port)."""
     path = Path(__file__).resolve().parents[3] / "services" / "rocketmq" / "rmq_admin.py"
     if not path.exists():
-        raise RuntimeError(f"{path} not found: run the {bench} bench from an rmqtrace checkout")
+        raise RuntimeError(f"the {bench} bench needs the local RocketMQ of an rmqtrace checkout (services/"
+                           "rocketmq, not in an installed package): run it there after `make services-up`")
     spec = importlib.util.spec_from_file_location("rmq_admin", path)
     assert spec is not None and spec.loader is not None
     module = importlib.util.module_from_spec(spec)

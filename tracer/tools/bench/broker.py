@@ -356,7 +356,7 @@ def run_cli(args: argparse.Namespace, console: Any = None) -> int:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m tracer.bench.broker", description=__doc__.split("\n\n")[0])
+    p = argparse.ArgumentParser(prog="python -m tracer.tools.bench.broker", description=__doc__.split("\n\n")[0])
     p.add_argument("--messages", type=int, default=DEFAULT_MESSAGES, help="messages per round and mode")
     p.add_argument("--rounds", type=int, default=DEFAULT_ROUNDS, help="untraced/traced round pairs")
     p.add_argument("--handler-ms", type=float, default=1.0)
