@@ -63,7 +63,7 @@ def test_n_sent_n_handled_with_all_six_stamps(spans, registry):
                            listeners=[lambda t, o: stamps.append(list(t.stamps.times))])
     broker, loop = pipeline(50, handler, tracer=tracer, producer_tracer=MessageTracer(tracer_provider=provider))
     t = run_in_thread(loop)
-    wait_until(lambda: loop.stats.acked == 50, what="50 acks")
+    wait_until(lambda: loop.statistics().acked == 50, what="50 acks")
     loop.stop()
     t.join(10)
     assert sorted(seen) == sorted(f"{i}".encode() for i in range(50))
@@ -84,11 +84,11 @@ def test_failed_message_is_redelivered_with_attempt_two_then_acked():
 
     broker, loop = pipeline(1, handler, retry_backoff=lambda attempt: 0.05)
     t = run_in_thread(loop)
-    wait_until(lambda: loop.stats.acked == 1, what="ack after retry")
+    wait_until(lambda: loop.statistics().acked == 1, what="ack after retry")
     loop.stop()
     t.join(10)
     assert attempts == [1, 2]
-    assert loop.stats.failed == 1 and loop.stats.retry_scheduled == 1 and loop.stats.redelivered == 1
+    assert loop.statistics().failed == 1 and loop.statistics().retry_scheduled == 1 and loop.statistics().redelivered == 1
 
 
 def test_long_handler_keeps_its_lease_and_is_not_redelivered():
@@ -101,13 +101,13 @@ def test_long_handler_keeps_its_lease_and_is_not_redelivered():
 
     broker, loop = pipeline(1, handler, invisible=1, renew_margin=0.7)
     t = run_in_thread(loop)
-    wait_until(lambda: loop.stats.leases_extended >= 3, what="lease renewals past the first lease")
+    wait_until(lambda: loop.statistics().leases_extended >= 3, what="lease renewals past the first lease")
     release.set()
-    wait_until(lambda: loop.stats.acked == 1, what="ack")
+    wait_until(lambda: loop.statistics().acked == 1, what="ack")
     loop.stop()
     t.join(10)
     assert deliveries == [1]
-    assert loop.stats.ack_errors == 0
+    assert loop.statistics().ack_errors == 0
 
 
 def test_stop_drains_in_flight_work_and_acks_it():
@@ -125,8 +125,8 @@ def test_stop_drains_in_flight_work_and_acks_it():
     release.set()
     t.join(10)
     assert not t.is_alive()
-    assert loop.stats.acked == loop.stats.received and loop.stats.received >= 1
-    assert broker.backlog("G", "T") == 4 - loop.stats.acked
+    assert loop.statistics().acked == loop.statistics().received and loop.statistics().received >= 1
+    assert broker.backlog("G", "T") == 4 - loop.statistics().acked
 
 
 def test_receive_errors_are_counted_and_survived():
@@ -141,20 +141,20 @@ def test_receive_errors_are_counted_and_survived():
     consumer = Flaky()
     loop = ConsumeLoop(consumer, lambda m: None, workers=2)
     t = run_in_thread(loop)
-    wait_until(lambda: loop.stats.receive_errors >= 2, what="two receive errors")
+    wait_until(lambda: loop.statistics().receive_errors >= 2, what="two receive errors")
     loop.stop()
     t.join(10)
-    assert loop.stats.errors_by_kind["receive_errors:ConnectionError"] >= 2
+    assert loop.statistics().errors_by_kind["receive_errors:ConnectionError"] >= 2
 
 
 def test_prefetch_mode_reproduces_the_local_cache():
     release = threading.Event()
     broker, loop = pipeline(40, lambda m: release.wait(5), prefetch=1024, policy="round_robin")
     t = run_in_thread(loop)
-    wait_until(lambda: loop.stats.received == 40, what="everything prefetched")
+    wait_until(lambda: loop.statistics().received == 40, what="everything prefetched")
     assert broker.backlog("G", "T") == 40  # received but unacked: invisible to other consumers
     release.set()
-    wait_until(lambda: loop.stats.acked == 40, what="all acked")
+    wait_until(lambda: loop.statistics().acked == 40, what="all acked")
     loop.stop()
     t.join(10)
 
@@ -182,16 +182,17 @@ def test_the_whole_batch_is_held_and_renewed_while_submit_cannot_take_it(policy)
     broker, loop = pipeline(0, handler, invisible=1, clock=clock, bodies=["k1", "k2", "k3", "u4"],
                             policy=policy, key=key_of_body, workers=4)
     t = run_in_thread(loop)
-    wait_until(lambda: loop.stats.received == 4, what="the batch of 4")
+    wait_until(lambda: loop.statistics().received == 4, what="the batch of 4")
     for step in range(1, 4):  # three lease lengths, each renewed in time
         clock.advance(0.7)
-        wait_until(lambda step=step: loop.stats.leases_extended >= 4 * step, timeout=5, what=f"all 4 leases renewed ({step})")
+        wait_until(lambda step=step: loop.statistics().leases_extended >= 4 * step, timeout=5,
+                   what=f"all 4 leases renewed ({step})")
     release.set()
-    wait_until(lambda: loop.stats.acked == 4, what="4 acks")
+    wait_until(lambda: loop.statistics().acked == 4, what="4 acks")
     loop.stop()
     t.join(10)
     assert runs == {"k1": 1, "k2": 1, "k3": 1, "u4": 1}
-    assert loop.stats.ack_errors == 0 and loop.stats.redelivered == 0 and broker.backlog("G", "T") == 0
+    assert loop.statistics().ack_errors == 0 and loop.statistics().redelivered == 0 and broker.backlog("G", "T") == 0
 
 
 def test_a_handled_message_waiting_for_its_ack_stays_renewed():
@@ -221,12 +222,12 @@ def test_a_handled_message_waiting_for_its_ack_stays_renewed():
     broker, loop = pipeline(2, lambda m: runs.append((m.body, m.delivery_attempt)), invisible=1, clock=clock,
                             ack_threads=1, consumer_wrapper=SlowFirstAck)
     t = run_in_thread(loop)
-    wait_until(lambda: loop.stats.succeeded == 2 and stuck, what="both handled, one ack stuck")
+    wait_until(lambda: loop.statistics().succeeded == 2 and stuck, what="both handled, one ack stuck")
     for step in range(1, 3):  # two lease lengths
         clock.advance(0.7)
-        wait_until(lambda step=step: loop.stats.leases_extended >= step, timeout=5, what="the queued one renewed")
+        wait_until(lambda step=step: loop.statistics().leases_extended >= step, timeout=5, what="the queued one renewed")
     first_ack.set()  # the stuck ack's own handle has expired meanwhile: that one comes back
-    wait_until(lambda: loop.stats.acked == 2, what="both acked")
+    wait_until(lambda: loop.statistics().acked == 2, what="both acked")
     loop.stop()
     t.join(10)
     assert {body for body, attempt in runs if attempt > 1} <= set(stuck)
@@ -255,14 +256,14 @@ def test_a_hung_handler_is_abandoned_after_timeout_plus_grace_and_stop_is_bounde
         wait_until(lambda: attempts == [1], what="the first delivery runs")
         for _ in range(4):  # 2.8 s on the clock: renewed while young, then let go
             clock.advance(0.7)
-            wait_until(lambda: loop.stats.leases_extended + loop.stats.abandoned + loop.stats.retry_scheduled >= 1,
+            wait_until(lambda: (s := loop.statistics()).leases_extended + s.abandoned + s.retry_scheduled >= 1,
                        timeout=5, what="a keeper pass")
-        wait_until(lambda: loop.stats.abandoned + loop.stats.retry_scheduled == 1, what="the hung one let go")
+        wait_until(lambda: loop.statistics().abandoned + loop.statistics().retry_scheduled == 1, what="the hung one let go")
         clock.advance(1.0)  # its last lease (or the backoff) runs out: the broker hands it out again
         # ... but not to a second worker here while the hung call still runs: that copy is given
         # back at once (a healthy peer would take it), one copy of a message runs per process
-        wait_until(lambda: loop.stats.given_back == 1, what="the second delivery given back unrun")
-        assert attempts == [1] and loop.stats.redelivered == 1 and loop.stats.not_started == 1
+        wait_until(lambda: loop.statistics().given_back == 1, what="the second delivery given back unrun")
+        assert attempts == [1] and loop.statistics().redelivered == 1 and loop.statistics().not_started == 1
         t0 = time.monotonic()
         assert loop.stop(timeout=0.5) is True  # the hung call still runs
         assert time.monotonic() - t0 < 3
@@ -295,14 +296,14 @@ def test_a_renewal_refused_by_the_client_does_not_poison_the_ack():
 
     broker, loop = pipeline(1, lambda m: release.wait(10), invisible=1, clock=clock, consumer_wrapper=BlankingClient)
     t = run_in_thread(loop)
-    wait_until(lambda: loop.stats.received == 1, what="received")
+    wait_until(lambda: loop.statistics().received == 1, what="received")
     clock.advance(0.7)
-    wait_until(lambda: loop.stats.leases_extended == 1, timeout=5, what="renewed after one refusal")
+    wait_until(lambda: loop.statistics().leases_extended == 1, timeout=5, what="renewed after one refusal")
     release.set()
-    wait_until(lambda: loop.stats.acked + loop.stats.ack_errors == 1, what="settled")
+    wait_until(lambda: loop.statistics().acked + loop.statistics().ack_errors == 1, what="settled")
     loop.stop()
     t.join(10)
-    assert loop.stats.lease_errors == 1 and loop.stats.acked == 1 and loop.stats.ack_errors == 0
+    assert loop.statistics().lease_errors == 1 and loop.statistics().acked == 1 and loop.statistics().ack_errors == 0
 
 
 def test_a_lease_the_broker_refuses_is_a_loud_error():
@@ -347,11 +348,11 @@ def test_a_message_the_dispatcher_refuses_does_not_stop_the_loop():
 
     broker, loop = pipeline(6, lambda m: None, key=key, retry_backoff=lambda attempt: 30)
     t = run_in_thread(loop)
-    wait_until(lambda: loop.stats.acked == 5, what="the other five acked")
+    wait_until(lambda: loop.statistics().acked == 5, what="the other five acked")
     assert t.is_alive()
     loop.stop()
     t.join(10)
-    assert loop.stats.received == 6 and loop.stats.failed + loop.stats.acked >= 6
+    assert loop.statistics().received == 6 and loop.statistics().failed + loop.statistics().acked >= 6
 
 
 def test_stop_hands_out_the_backlog_and_acks_it():
@@ -373,4 +374,4 @@ def test_stop_hands_out_the_backlog_and_acks_it():
     release.set()
     t.join(10)
     assert not t.is_alive()
-    assert loop.stats.acked == 4 and loop.state().held == 0 and broker.backlog("G", "T") == 0
+    assert loop.statistics().acked == 4 and loop.state().held == 0 and broker.backlog("G", "T") == 0

@@ -100,7 +100,7 @@ def run_embedded(capture_body: int, bodies: list[bytes]) -> tuple[list[Any], Col
     loop = ConsumeLoop(consumer, lambda m: None, tracer=tracer, workers=2)
     t = threading.Thread(target=loop.run, daemon=True)
     t.start()
-    wait_until(lambda: loop.stats.acked == len(bodies), what="all acked")
+    wait_until(lambda: loop.statistics().acked == len(bodies), what="all acked")
     loop.stop()
     t.join(10)
     return list(exporter.get_finished_spans()), registry
@@ -179,7 +179,7 @@ def test_credentials_never_reach_logs_or_spans():
         loop = ConsumeLoop(consumer, lambda m: None, tracer=tracer, workers=2, invisible_duration=10)
         t = threading.Thread(target=loop.run, daemon=True)
         t.start()
-        wait_until(lambda: loop.stats.acked >= 5, timeout=60, what="5 messages acked")
+        wait_until(lambda: loop.statistics().acked >= 5, timeout=60, what="5 messages acked")
         loop.stop()
         t.join(30)
     finally:

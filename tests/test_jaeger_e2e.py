@@ -102,7 +102,7 @@ def pipeline(jaeger: str) -> tuple[str, str, str, list[dict], set[str]]:
     try:
         for i in range(N):
             producer.send(message(topic, f"e2e-{i}", tag="e2e"))
-        wait_until(lambda: loop.stats.acked >= N, timeout=60, what=f"{N} acks")
+        wait_until(lambda: loop.statistics().acked >= N, timeout=60, what=f"{N} acks")
     finally:
         loop.stop()
         t.join(30)

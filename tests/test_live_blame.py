@@ -59,7 +59,7 @@ def _run(policy, spans, registry, *, shape: str = "full", key=None, workers: int
     loop = ConsumeLoop(consumer, handler, tracer=tracer, invisible_duration=30, workers=workers, policy=policy, **kw)
     th = threading.Thread(target=loop.run, daemon=True)
     th.start()
-    wait_until(lambda: loop.stats.acked == N, what=f"{N} acks", timeout=30)
+    wait_until(lambda: loop.statistics().acked == N, what=f"{N} acks", timeout=30)
     loop.stop()
     th.join(10)
     return exporter.get_finished_spans(), runs, registry

@@ -74,7 +74,7 @@ def _run_pipeline(topic: str, group: str, meters: MessagingMeters) -> None:
     loop = ConsumeLoop(consumer, lambda m: None, tracer=tracer, workers=2)
     runner = threading.Thread(target=loop.run, daemon=True)
     runner.start()
-    wait_until(lambda: loop.stats.acked == N, timeout=60, what="all acked")
+    wait_until(lambda: loop.statistics().acked == N, timeout=60, what="all acked")
     loop.stop()
     runner.join(10)
 

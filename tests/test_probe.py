@@ -418,7 +418,7 @@ def test_consume_loop_settles_probes_acks_them_and_hands_only_real_messages_to_t
     assert not runner.is_alive()
     lab = {"topic": TOPIC, "consumer_group": GROUP}
     assert handled == [b"order-1"]
-    assert loop.stats.acked == 4 and loop.stats.failed == 0
+    assert loop.statistics().acked == 4 and loop.statistics().failed == 0
     assert value(reg, "rmqtrace_probe_received_total", **lab) == 3
     assert value(reg, "rmqtrace_probe_stage_duration_seconds_count", stage="dispatch_wait", **lab) == 3
     assert value(reg, "rmqtrace_messages_total", outcome="success", **lab) == 1

@@ -56,7 +56,7 @@ def test_cli_probes_through_the_consume_loop_are_settled_acked_and_never_handled
         producer.send(message(topic, "real-1"))
         quietly(producer.shutdown)
         wait_until(lambda: probe_count(registry, topic, group) >= 3 and handled, timeout=60, what="3 probes and 1 message")
-        wait_until(lambda: loop.stats.acked >= 4, timeout=30, what="4 acks")
+        wait_until(lambda: loop.statistics().acked >= 4, timeout=30, what="4 acks")
     finally:
         loop.stop()
         runner.join(30)
@@ -66,7 +66,7 @@ def test_cli_probes_through_the_consume_loop_are_settled_acked_and_never_handled
         assert registry.get_sample_value("rmqtrace_probe_stage_duration_seconds_count", {"stage": stage, **lab}) == 3
     assert registry.get_sample_value("rmqtrace_probe_last_seen_timestamp_seconds", lab) > 0
     assert registry.get_sample_value("rmqtrace_messages_total", {"outcome": "success", **lab}) == 1  # the real one
-    assert loop.stats.redelivered == 0 and loop.stats.ack_errors == 0
+    assert loop.statistics().redelivered == 0 and loop.statistics().ack_errors == 0
     # acked, so not delivered again: an un-acked one would be back 2 s (lease) + 2-3.5 s (revive) later
     again = start_simple(group, topic, await_duration=4)
     try:

@@ -449,14 +449,14 @@ def test_loop_gives_the_client_whole_seconds_for_leases_and_backoff():
     loop = ConsumeLoop(strict, handler, invisible_duration=1.5, renew_margin=1.2,
                        retry_backoff=lambda attempt: 0.25, workers=2)
     def renewed_and_retried() -> bool:
-        if loop.stats.leases_extended >= 1 and loop.stats.acked >= 1:
+        if loop.statistics().leases_extended >= 1 and loop.statistics().acked >= 1:
             release.set()
-        return loop.stats.acked == 2
+        return loop.statistics().acked == 2
 
     run_loop(loop, renewed_and_retried, "a renewal and a retry")
     assert all(type(d) is int and d >= 1 for d in strict.durations), strict.durations
-    assert loop.stats.receive_errors == 0 and loop.stats.lease_errors == 0 and loop.stats.ack_errors == 0
-    assert loop.stats.retry_scheduled == 1
+    assert loop.statistics().receive_errors == 0 and loop.statistics().lease_errors == 0 and loop.statistics().ack_errors == 0
+    assert loop.statistics().retry_scheduled == 1
 
 
 class Unreachable:
@@ -489,8 +489,8 @@ def test_failing_receives_re_announce_the_client_settings():
     broker, raw = embedded(10)
     client = Unreachable(raw)
     loop = ConsumeLoop(client, lambda m: None, workers=2)
-    run_loop(loop, lambda: loop.stats.acked == 10, "the loop recovered")
-    assert loop.stats.receive_errors == 3 and loop.stats.resyncs == 1 and client.announced == ["endpoints"]
+    run_loop(loop, lambda: loop.statistics().acked == 10, "the loop recovered")
+    assert loop.statistics().receive_errors == 3 and loop.statistics().resyncs == 1 and client.announced == ["endpoints"]
 
 
 def test_slow_acks_bound_what_is_handled_but_not_acked():
@@ -506,8 +506,8 @@ def test_slow_acks_bound_what_is_handled_but_not_acked():
     loop = ConsumeLoop(SlowAcks(raw), lambda m: None, workers=workers, ack_threads=ack_threads)
 
     def sample() -> bool:
-        pile.append(loop.stats.received - loop.stats.acked)
-        return loop.stats.acked == 300
+        pile.append(loop.statistics().received - loop.statistics().acked)
+        return loop.statistics().acked == 300
 
     run_loop(loop, sample, "every message acked")
     # without the bound the pile grew to hundreds: every one a duplicate if the consumer died

@@ -217,7 +217,7 @@ def cases_run() -> dict[str, Any]:
     try:
         t = threading.Thread(target=loop.run, daemon=True)
         t.start()
-        wait_until(lambda: loop.stats.acked == total or not t.is_alive(), timeout=60,
+        wait_until(lambda: loop.statistics().acked == total or not t.is_alive(), timeout=60,
                    what="every bad-input message acked")
         loop.stop()
         t.join(30)
@@ -232,7 +232,7 @@ def test_every_bad_message_reaches_the_handler_once_and_is_acked(cases_run):
     loop = cases_run["loop"]
     assert not cases_run["thread_alive"], "the consume loop did not stop"
     assert cases_run["handled"] == Counter({c[0]: REPEAT for c in CASES})
-    assert loop.stats.failed == 0 and loop.stats.acked == len(CASES) * REPEAT
+    assert loop.statistics().failed == 0 and loop.statistics().acked == len(CASES) * REPEAT
     assert cases_run["broker"].backlog("G", "T") == 0
     assert not cases_run["tracer"]._hook_failures, "the tracer's own code failed on some input"
     errors = [r for r in cases_run["records"] if r.levelno >= logging.ERROR]

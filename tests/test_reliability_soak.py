@@ -112,10 +112,10 @@ def soak(n: int, warmup: int) -> dict[str, Any]:
     runner.start()
     sender.start()
     try:
-        wait_until(lambda: loop.stats.acked >= warmup, timeout=300, interval=0.05, what="warm-up")
+        wait_until(lambda: loop.statistics().acked >= warmup, timeout=300, interval=0.05, what="warm-up")
         gc.collect()
-        rss_warm, objects_warm, at_warm = rss_bytes(), tracked_objects(), loop.stats.acked
-        wait_until(lambda: loop.stats.acked >= n, timeout=900, interval=0.05, what=f"{n} messages acked")
+        rss_warm, objects_warm, at_warm = rss_bytes(), tracked_objects(), loop.statistics().acked
+        wait_until(lambda: loop.statistics().acked >= n, timeout=900, interval=0.05, what=f"{n} messages acked")
         elapsed = time.monotonic() - t0
     finally:
         stop_producing.set()
@@ -133,7 +133,7 @@ def soak(n: int, warmup: int) -> dict[str, Any]:
         "gc_objects_growth": objects_end - objects_warm, "measured_over_messages": n - at_warm,
         "spans_exported": sink.spans, "operation_spans": sink.operations, "spans_dropped": drops.dropped,
         "handled_once": seen.count(1), "handled_twice_or_more": n - seen.count(1) - seen.count(0),
-        "never_handled": seen.count(0), "stats": loop.stats.__dict__,
+        "never_handled": seen.count(0), "stats": loop.statistics().__dict__,
         "_loop": loop, "_tracer": tracer, "_metrics": metrics, "_broker": broker,
     }
 
@@ -142,7 +142,7 @@ def check_soak(r: dict[str, Any]) -> None:
     loop, tracer, metrics, broker = r.pop("_loop"), r.pop("_tracer"), r.pop("_metrics"), r.pop("_broker")
     n = r["messages"]
     assert r["never_handled"] == 0 and r["handled_twice_or_more"] == 0, r
-    assert loop.stats.acked == n and loop.stats.failed == 0 and loop.stats.ack_errors == 0
+    assert loop.statistics().acked == n and loop.statistics().failed == 0 and loop.statistics().ack_errors == 0
     assert broker.backlog("soak", "soak") == 0
     # tracer state is per in-flight message only: nothing is left once everything is acked
     assert loop.state().held == 0 and not loop.dispatcher.running()

@@ -102,7 +102,7 @@ def test_n_sent_n_handled_with_six_stamps_and_linked_traces(rmq, spans, registry
                                listeners=[lambda t, o: stamps.__setitem__(t.info.message_id, list(t.stamps.times))])
         loop = ConsumeLoop(consumer, handler, tracer=tracer, workers=8, invisible_duration=10)
         t = run_loop(loop)
-        wait_until(lambda: loop.stats.acked >= n, timeout=60, what=f"{n} acks")
+        wait_until(lambda: loop.statistics().acked >= n, timeout=60, what=f"{n} acks")
         stop_loop(loop, t)
     finally:
         quietly(consumer.shutdown)
@@ -110,7 +110,7 @@ def test_n_sent_n_handled_with_six_stamps_and_linked_traces(rmq, spans, registry
 
     assert sorted(body for body, _ in handled.values()) == sorted(f"m{i}".encode() for i in range(n))
     assert set(handled) == {r.message_id for r in receipts}
-    assert loop.stats.acked == n and loop.stats.ack_errors == 0 and loop.stats.redelivered == 0
+    assert loop.statistics().acked == n and loop.statistics().ack_errors == 0 and loop.statistics().redelivered == 0
     assert set(stamps) == set(handled)
     for mid, times in stamps.items():
         assert all(times[st] for st in Stage), (mid, times)
@@ -226,13 +226,13 @@ def test_fifo_topic_keeps_order_per_message_group(rmq, spans, registry):
                        invisible_duration=10)
     t = run_loop(loop)
     try:
-        wait_until(lambda: loop.stats.acked >= per * len(groups), timeout=60, what="every FIFO message acked")
+        wait_until(lambda: loop.statistics().acked >= per * len(groups), timeout=60, what="every FIFO message acked")
     finally:
         stop_loop(loop, t)
         quietly(consumer.shutdown)
     assert dict(order) == {g: list(range(per)) for g in groups}
     assert overlaps == []
-    assert loop.stats.redelivered == 0
+    assert loop.statistics().redelivered == 0
     process = [s for s in exporter.get_finished_spans() if s.name == f"process {topic}"]
     assert len(process) == per * len(groups)
     assert {p.attributes["messaging.rocketmq.message.group"] for p in process} == set(groups)
@@ -261,13 +261,13 @@ def test_failing_handler_message_comes_back_with_delivery_attempt_two(rmq, spans
                        retry_backoff=lambda attempt: 1.0)
     t = run_loop(loop)
     try:
-        wait_until(lambda: loop.stats.acked >= 1, timeout=30, what="the retried message acked")
+        wait_until(lambda: loop.statistics().acked >= 1, timeout=30, what="the retried message acked")
     finally:
         stop_loop(loop, t)
         quietly(consumer.shutdown)
     assert [(mid, attempt) for mid, attempt, _ in seen] == [(receipt.message_id, 1), (receipt.message_id, 2)]
     assert seen[1][2] - seen[0][2] >= 1.0
-    s = loop.stats
+    s = loop.statistics()
     assert (s.failed, s.retry_scheduled, s.redelivered, s.acked, s.ack_errors) == (1, 1, 1, 1, 0)
     process = sorted((p for p in exporter.get_finished_spans() if p.name == f"process {topic}"),
                      key=lambda p: p.start_time)
@@ -322,10 +322,10 @@ def test_handler_longer_than_its_invisible_duration_is_not_delivered_twice(rmq):
         wait_until(lambda: deliveries, timeout=15, what="the first delivery")
         t0 = time.monotonic()
         poller.start()
-        wait_until(lambda: loop.stats.leases_extended >= 5 and time.monotonic() - t0 > 6.5, timeout=30,
+        wait_until(lambda: loop.statistics().leases_extended >= 5 and time.monotonic() - t0 > 6.5, timeout=30,
                    interval=0.05, what="the handler running past several leases")
         release.set()
-        wait_until(lambda: loop.stats.acked >= 1, timeout=15, what="ack after the long handler")
+        wait_until(lambda: loop.statistics().acked >= 1, timeout=15, what="ack after the long handler")
     finally:
         release.set()
         stop_loop(loop, t)
@@ -336,7 +336,7 @@ def test_handler_longer_than_its_invisible_duration_is_not_delivered_twice(rmq):
         quietly(other.shutdown)
     assert len(deliveries) == 1 and deliveries[0][1] == 1
     assert other_got == []
-    assert loop.stats.redelivered == 0 and loop.stats.lease_errors == 0 and loop.stats.ack_errors == 0
+    assert loop.statistics().redelivered == 0 and loop.statistics().lease_errors == 0 and loop.statistics().ack_errors == 0
     # the client replaced the receipt handle in place at each renewal; the ack used the newest one
     assert handles[0] != handles[1]
 

@@ -298,11 +298,6 @@ class ConsumeLoop:
         with self._lock:
             return self._snapshot_locked()
 
-    @property
-    def stats(self) -> ConsumeStats:
-        """The same snapshot as :meth:`statistics` (a new one on every read)."""
-        return self.statistics()
-
     def _snapshot_locked(self) -> ConsumeStats:
         n = self._n
         return ConsumeStats(**{name: n[name] for name in _COUNTERS}, held=len(self._held),

@@ -172,7 +172,7 @@ class DemandPushConsumer:
     def statistics(self) -> ConsumeStats:
         """The loop's counters (received, acked, failed, retry_scheduled …); zeros before startup."""
         loop = self.loop
-        return ConsumeStats() if loop is None else loop.stats
+        return ConsumeStats() if loop is None else loop.statistics()
 
     # -- inside ---------------------------------------------------------------------------------
     def _simple_consumer(self) -> Any:

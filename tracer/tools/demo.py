@@ -167,7 +167,7 @@ def run_policy(policy: str, job: Sequence[JobItem], opts: DemoOptions, *,
     runner.join()
     consumer.shutdown()
     producer.shutdown()
-    run = _summarise(policy, opts, finished, loop.stats.failed)
+    run = _summarise(policy, opts, finished, loop.statistics().failed)
     if runs:
         run.blame = blame(runs, max(opts.workers, len({r.worker for r in runs})), top=BLAME_TOP)
     if keeping is not None:

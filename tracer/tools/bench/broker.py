@@ -142,14 +142,14 @@ def _consume(consumer: Any, n: int, handler_ms: float, workers: int,
     runner.start()
     # `until` is checked between receives; watch the acks too so a long poll does not count
     while not done.wait(0.005):
-        if loop.stats.acked >= n:
+        if loop.statistics().acked >= n:
             end[0] = time.perf_counter()
             done.set()
     cpu = time.process_time() - cpu0
     loop.stop()
     runner.join(60)
-    if loop.stats.acked < n or loop.stats.redelivered or loop.stats.ack_errors:
-        raise RuntimeError(f"consume round incomplete: {loop.stats}")
+    if loop.statistics().acked < n or loop.statistics().redelivered or loop.statistics().ack_errors:
+        raise RuntimeError(f"consume round incomplete: {loop.statistics()}")
     return end[0] - t0, cpu
 
 
