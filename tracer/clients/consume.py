@@ -442,12 +442,14 @@ class ConsumeLoop:
 
     def _room(self) -> int:
         # Everything held but not running counts against the room: a backlog the dispatcher
-        # cannot take, and handled messages still waiting for their ack (were acks slower than
-        # handlers, the unacked pile — all redelivered if this process dies — would grow).
+        # cannot take, and handled messages waiting for an ack thread (were acks slower than
+        # handlers, the unacked pile — all redelivered if this process dies — would grow). An ack
+        # an ack thread is sending does not: a freed worker would otherwise wait one ack round
+        # trip before its receive, on every message; the pile stays bounded by ack_threads.
         with self._lock:
             if self._stop.is_set():
                 return 0
-            waiting, settling = len(self._backlog), self._settling
+            waiting, settling = len(self._backlog), len(self._acks)
             blocked_unkeyed = any(h.key is None for h in self._backlog)
         if self.flow.prefetch > 0:
             return self.flow.prefetch - waiting - settling
