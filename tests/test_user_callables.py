@@ -132,6 +132,7 @@ CHECKED: dict[tuple[str, str], Callable[[Callable[..., Any]], object]] = {
     ("tracer.dispatch.aio.AsyncDispatcher", "cost"): lambda fn: _async_dispatcher(fn, "cost"),
     ("tracer.dispatch.aio.AsyncDispatcher", "on_done"): lambda fn: _async_dispatcher(fn, "on_done"),
     ("tracer.testing.traced_pipeline", "handler"): _pipeline,
+    ("tracer.telemetry.tracer.MessageTracer", "listeners"): lambda fn: MessageTracer(listeners=[_plain, fn]),
 }
 
 # Checked the other way round: it must be an async def (a plain function would block the loop).
@@ -171,8 +172,6 @@ EXEMPT = {
     ("tracer.telemetry.operations.ConsumerOperations.receive_async", "traces"): "internal",
     ("tracer.telemetry.operations.ConsumerOperations.settle", "call"): "the client's own ack",
     ("tracer.telemetry.registration.Refresher", "flush"): "internal: a collector's own flush",
-    ("tracer.telemetry.tracer.MessageTracer", "listeners"): "called after each message in the finishing "
-                                                           "thread; not yet checked: an async one never runs",
     ("tracer.telemetry.tracer.MessageTracer.start_send", "set_property"): "the client's own property setter",
     ("tracer.tools.bench.broker.run_broker_bench", "progress"): "the CLI's progress printer",
     ("tracer.tools.bench.dispatch.run_dispatch_bench", "progress"): "the CLI's progress printer",

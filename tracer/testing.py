@@ -43,10 +43,10 @@ from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 from prometheus_client import CollectorRegistry
 
+from .callables import require_plain
 from .clients.consume import ConsumeLoop
 from .clients.producer import TracedProducer
 from .dispatch import DispatchMetrics
-from .dispatch.core import require_plain
 from .embedded import EmbeddedBroker, FilterExpression, Message, Producer, SimpleConsumer
 from .path.stages import Outcome
 from .path.stamps import compute_gaps

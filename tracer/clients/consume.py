@@ -47,8 +47,8 @@ from typing import TYPE_CHECKING, Any, Callable
 
 from opentelemetry.instrumentation.utils import suppress_instrumentation
 
+from ..callables import require_plain
 from ..dispatch import Dispatcher, DispatcherClosed
-from ..dispatch.core import require_plain
 from ..logonce import OnceLogger
 from ..path import names as n
 from ..path.message import body_of, describe

@@ -14,8 +14,8 @@ import math
 from dataclasses import dataclass
 from typing import Any, Callable, TypedDict
 
+from ..callables import require_plain
 from ..dispatch import DispatchMetrics, Policy
-from ..dispatch.core import require_plain
 
 __all__ = [
     "MAX_BATCH",

@@ -40,7 +40,7 @@ import logging
 import threading
 from typing import Any, Callable, Mapping
 
-from ..dispatch.core import require_plain
+from ..callables import require_plain
 from ..telemetry.tracer import MessageTracer
 from .consume import ConsumeLoop, ConsumeStats, exponential_backoff
 

@@ -32,7 +32,7 @@ from typing import Any, Callable, NamedTuple
 
 from opentelemetry import propagate
 
-from ..dispatch.core import require_plain
+from ..callables import require_plain
 from ..path.message import MessageInfo
 from ..path.names import PROBE_PROPERTY
 from ..path.propagation import BAGGAGE, COST, JOB_ID, PRODUCE_NS, TRACEPARENT, TRACESTATE

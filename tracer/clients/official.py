@@ -30,7 +30,7 @@ from typing import Any, NamedTuple
 
 from opentelemetry.sdk.trace import SpanProcessor
 
-from ..dispatch.core import require_plain
+from ..callables import require_plain
 from ..logonce import OnceLogger
 from ..path import names as n
 from ..path.message import MessageInfo, body_of, describe

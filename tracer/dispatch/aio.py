@@ -30,9 +30,10 @@ import logging
 from collections.abc import Awaitable, Callable
 from typing import Any, Generic, TypeVar, cast
 
+from ..callables import require_async
 from ..path.clock import Clock
 from ..path.stages import Outcome
-from .core import Core, EngineBase, Waiter, WaitState, WouldBlock, require_async
+from .core import Core, EngineBase, Waiter, WaitState, WouldBlock
 from .metrics import DispatchMetrics
 from .policy import Policy
 from .protocol import DispatchStats, HandlerTimeout, MessageTraceLike

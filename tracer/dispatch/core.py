@@ -46,7 +46,6 @@ the deadlines of ``submit``/``wait_*``/``close`` timeouts — comes from the inj
 from __future__ import annotations
 
 import enum
-import inspect
 import logging
 import math
 import numbers
@@ -57,6 +56,7 @@ from collections.abc import Callable, Mapping
 from contextlib import AbstractContextManager
 from typing import Any, Generic, TypeVar, cast
 
+from ..callables import require_plain
 from ..logonce import OnceLogger
 from ..path.blocking import BlameTracker, Verdict
 from ..path.clock import Clock
@@ -66,7 +66,7 @@ from .policy import Policy, resolve_policy
 from .protocol import DispatcherClosed, DispatchStats, HandlerTimeout, MessageTraceLike
 from .scheduler import Admission, Entry
 
-__all__ = ["Core", "EngineBase", "WaitState", "Waiter", "WouldBlock", "exemplar_of", "require_async", "require_plain"]
+__all__ = ["Core", "EngineBase", "WaitState", "Waiter", "WouldBlock", "exemplar_of"]
 
 T = TypeVar("T")
 
@@ -114,58 +114,6 @@ def exemplar_of(trace: MessageTraceLike) -> Mapping[str, str] | None:
     if fn is None:
         return None
     return cast("Mapping[str, str] | None", fn())
-
-
-def _kind(fn: Callable[..., Any]) -> str:
-    """``"async"``, ``"generator"`` or ``"plain"``: what calling ``fn`` gives (``__wrapped__`` followed)."""
-    for f in (fn, inspect.unwrap(fn), getattr(type(fn), "__call__", None)):  # noqa: B004 - an object's __call__
-        if f is None:
-            continue
-        if inspect.iscoroutinefunction(f) or inspect.isasyncgenfunction(f):
-            return "async"
-        if inspect.isgeneratorfunction(f):
-            return "generator"
-    return "plain"
-
-
-def require_plain(fn: object, what: str, *, optional: bool = False) -> None:
-    """Refuse, with one line, a callable that is not a plain function (``async def``, a generator).
-
-    Calling one of those only builds a coroutine or a generator — it would "succeed" without
-    running. ``optional``: ``None`` is allowed.
-
-    Raises:
-        TypeError: ``fn`` is not callable, or calling it would not run it.
-    """
-    if fn is None and optional:
-        return
-    if not callable(fn):
-        raise TypeError(f"{what} must be callable, got {type(fn).__name__}")
-    kind = _kind(fn)
-    if kind != "plain":
-        raise TypeError(f"{what} must be a plain function, got an {kind} function {_name(fn)}"
-                        f"{'; use AsyncDispatcher for async handlers' if what == 'handler' else ''}")  # fmt: skip
-
-
-def require_async(fn: object, what: str) -> None:
-    """Refuse, with one line, a callable that is not an ``async def`` function (or has no async ``__call__``).
-
-    A plain function would run on the event loop and block it.
-
-    Raises:
-        TypeError: ``fn`` is not callable or not an ``async def`` function.
-    """
-    if not callable(fn):
-        raise TypeError(f"{what} must be callable, got {type(fn).__name__}")
-    kind = _kind(fn)
-    if kind != "async" or inspect.isasyncgenfunction(inspect.unwrap(fn)):
-        got = "an async generator" if kind == "async" else f"a {kind}"
-        raise TypeError(f"{what} must be an async def function, got {got} function {_name(fn)}"
-                        f"{'; use Dispatcher for plain handlers' if what == 'handler' else ''}")  # fmt: skip
-
-
-def _name(fn: object) -> str:
-    return repr(getattr(fn, "__qualname__", type(fn).__name__))
 
 
 def _valid_cost(c: object) -> bool:

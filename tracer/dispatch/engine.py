@@ -41,9 +41,10 @@ import threading
 from collections.abc import Callable
 from typing import Any, Generic, TypeVar, cast
 
+from ..callables import require_plain
 from ..path.clock import Clock
 from ..path.stages import Outcome
-from .core import Core, EngineBase, Waiter, WaitState, WouldBlock, require_plain
+from .core import Core, EngineBase, Waiter, WaitState, WouldBlock
 from .metrics import DispatchMetrics
 from .policy import Policy
 from .protocol import DispatchStats, HandlerTimeout, MessageTraceLike

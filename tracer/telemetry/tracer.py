@@ -36,6 +36,7 @@ from opentelemetry import context as otel_context
 from opentelemetry import trace
 from opentelemetry.trace import Link, NonRecordingSpan, Span, SpanContext, SpanKind, Status, StatusCode, TracerProvider
 
+from ..callables import require_plain
 from ..path import names as n
 from ..path.clock import Clock, default_clock
 from ..path.message import ClientFacts, MessageInfo
@@ -167,6 +168,8 @@ class MessageTracer:
         self.errors = PropagationErrors(metrics.count_propagation_error if metrics else None)
         self.worker_attr = worker_attr
         # Called after every finished message, e.g. by the demo to collect its stamps.
+        for fn in listeners:
+            require_plain(fn, "listeners[]")  # an async one would never run
         self.listeners: list[Callable[[MessageTrace, Outcome], None]] = list(listeners)
         self._hook_failures: dict[str, int] = {}
         self._hook_lock = threading.Lock()

@@ -1,0 +1,67 @@
+"""What kind of callable a user handed us, and the one-line refusal of one that cannot work.
+
+Calling an ``async def`` (or a generator function) like a function only builds a coroutine (or a
+generator): a handler would "succeed" without running, a listener's message would fail for ever,
+an ``until=`` would be true at once. Every seam that takes a user's callable checks it here,
+before anything starts (``tests/test_user_callables.py`` finds the seams).
+"""
+
+from __future__ import annotations
+
+import inspect
+from collections.abc import Callable
+from typing import Any
+
+__all__ = ["require_async", "require_plain"]
+
+
+def _kind(fn: Callable[..., Any]) -> str:
+    """``"async"``, ``"generator"`` or ``"plain"``: what calling ``fn`` gives (``__wrapped__`` followed)."""
+    for f in (fn, inspect.unwrap(fn), getattr(type(fn), "__call__", None)):  # noqa: B004 - an object's __call__
+        if f is None:
+            continue
+        if inspect.iscoroutinefunction(f) or inspect.isasyncgenfunction(f):
+            return "async"
+        if inspect.isgeneratorfunction(f):
+            return "generator"
+    return "plain"
+
+
+def require_plain(fn: object, what: str, *, optional: bool = False) -> None:
+    """Refuse, with one line, a callable that is not a plain function (``async def``, a generator).
+
+    Calling one of those only builds a coroutine or a generator — it would "succeed" without
+    running. ``optional``: ``None`` is allowed.
+
+    Raises:
+        TypeError: ``fn`` is not callable, or calling it would not run it.
+    """
+    if fn is None and optional:
+        return
+    if not callable(fn):
+        raise TypeError(f"{what} must be callable, got {type(fn).__name__}")
+    kind = _kind(fn)
+    if kind != "plain":
+        raise TypeError(f"{what} must be a plain function, got an {kind} function {_name(fn)}"
+                        f"{'; use AsyncDispatcher for async handlers' if what == 'handler' else ''}")  # fmt: skip
+
+
+def require_async(fn: object, what: str) -> None:
+    """Refuse, with one line, a callable that is not an ``async def`` function (or has no async ``__call__``).
+
+    A plain function would run on the event loop and block it.
+
+    Raises:
+        TypeError: ``fn`` is not callable or not an ``async def`` function.
+    """
+    if not callable(fn):
+        raise TypeError(f"{what} must be callable, got {type(fn).__name__}")
+    kind = _kind(fn)
+    if kind != "async" or inspect.isasyncgenfunction(inspect.unwrap(fn)):
+        got = "an async generator" if kind == "async" else f"a {kind}"
+        raise TypeError(f"{what} must be an async def function, got {got} function {_name(fn)}"
+                        f"{'; use Dispatcher for plain handlers' if what == 'handler' else ''}")  # fmt: skip
+
+
+def _name(fn: object) -> str:
+    return repr(getattr(fn, "__qualname__", type(fn).__name__))
