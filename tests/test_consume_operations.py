@@ -100,8 +100,9 @@ def test_one_receive_span_per_receive_call_with_its_batch_count_and_links() -> N
     receives = sorted(rig.spans(**{"messaging.operation.type": "receive"}), key=lambda s: s.start_time)
     with rig.lock:
         batches = list(rig.batches)
-    # invariant: a span per call, in order, each with the number of messages that call returned
-    assert [s.attributes["messaging.batch.message_count"] for s in receives] == batches
+    # invariant: a span per call that returned messages (an idle poll writes none), in order, each
+    # with the number of messages that call returned
+    assert [s.attributes["messaging.batch.message_count"] for s in receives] == [b for b in batches if b]
     assert sum(batches) == 5 and all(s.kind is SpanKind.CLIENT for s in receives)
     assert all(s.attributes["messaging.client.id"] == "from-the-client" for s in receives)
     full = [s for s in receives if s.attributes["messaging.batch.message_count"]]
@@ -152,12 +153,13 @@ def test_a_traced_simple_consumer_in_the_loop_traces_each_message_once(loop_trac
                        invisible_duration=30, workers=2)
     rig.run(loop, acked=3)
     process = [s for s in rig.exporter.get_finished_spans() if s.name == "process T"]
-    # invariant: one process span per message, one receive span per receive call (not two of each)
+    # invariant: one process span per message, one receive span per receive call that returned
+    # messages (not two of each)
     assert sorted(s.attributes["messaging.message.id"] for s in process) == sorted(
         {s.attributes["messaging.message.id"] for s in process})
     assert len(process) == 3
     with rig.lock:
-        calls = len(rig.batches)
+        calls = len([b for b in rig.batches if b])
     assert len(rig.spans(**{"messaging.operation.type": "receive"})) == calls
     assert [x.name for x in rig.spans(**{"messaging.operation.type": "settle"})] == ["ack T"] * 3  # its opt-in
     assert _count(rig.points("ack")) == 3
@@ -207,4 +209,5 @@ def test_the_loop_on_the_real_proxy_traces_receive_and_ack_with_the_client_id() 
     by_name: dict[str, int] = {}
     for p in ops:  # a point per attribute set (a receive's destination is there only when it got messages)
         by_name[p.attributes["messaging.operation.name"]] = by_name.get(p.attributes["messaging.operation.name"], 0) + p.count
-    assert by_name.get("ack") == 3 and by_name.get("receive", 0) == len(receives)
+    # every receive is measured; only those that returned messages wrote a span
+    assert by_name.get("ack") == 3 and by_name.get("receive", 0) >= len(receives) >= 1

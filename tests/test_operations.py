@@ -77,13 +77,41 @@ def test_receive_is_a_client_span_linked_to_every_message_and_a_histogram_point(
     assert point.sum == pytest.approx((span.end_time - span.start_time) / 1e9)  # the span's own duration
 
 
-def test_an_empty_receive_is_a_span_for_no_message_without_destination() -> None:
+def test_an_empty_receive_is_measured_but_writes_no_span() -> None:
+    """An idle long poll: no trace per poll (the Java agent's Kafka poll writes none either)."""
     _, consumer, exporter, reader = _setup()
     assert consumer.receive(8, 30) == []
+    assert consumer.receive(8, 30) == []
+    assert exporter.get_finished_spans() == ()
+    point = _by_op(reader, "receive")
+    assert point.count == 2 and "messaging.destination.name" not in point.attributes
+
+
+def test_a_failed_receive_is_a_span_with_its_error_and_a_point() -> None:
+    _, consumer, exporter, reader = _setup()
+
+    def broken(*a: Any) -> Any:
+        raise ConnectionError("proxy gone")
+
+    consumer.wrapped.receive = broken
+    with pytest.raises(ConnectionError):
+        consumer.receive(8, 30)
     (span,) = exporter.get_finished_spans()
-    assert span.name == "receive" and span.attributes["messaging.batch.message_count"] == 0
-    assert "messaging.destination.name" not in span.attributes
-    assert "messaging.destination.name" not in _by_op(reader, "receive").attributes
+    assert span.name == "receive" and span.attributes["error.type"] == "ConnectionError"
+    assert "messaging.batch.message_count" not in span.attributes
+    assert _by_op(reader, "receive").attributes["error.type"] == "ConnectionError"
+
+
+def test_the_receive_span_is_a_child_of_what_was_current_at_the_call() -> None:
+    producer, consumer, exporter, reader = _setup()
+    _send(producer)
+    tracer = TracerProvider().get_tracer("user")
+    with consumer.operations.tracer.tracer.start_as_current_span("user loop") as outer:
+        (msg,) = consumer.receive(8, 30)
+    (span,) = [s for s in exporter.get_finished_spans() if s.name == "receive T"]
+    assert span.parent is not None and span.parent.span_id == outer.get_span_context().span_id
+    assert span.attributes["messaging.destination.name"] == "T"  # known at start: the sampler saw it
+    del tracer
 
 
 def test_settle_is_measured_always_and_a_span_only_when_opted_in() -> None:

@@ -9,16 +9,19 @@ to each returned message's creation context) and a ``settle`` span per settlemen
 and the instrumentor's patched ``SimpleConsumer`` use it, and a consume loop can (see its
 :meth:`ConsumerOperations.receive` / :meth:`ConsumerOperations.settle`).
 
-Receive spans are on by default (``receive_async`` too: its span ends when the future does).
+Receive spans are on by default (``receive_async`` too: its span ends when the future does), for
+every receive that returned messages or failed; an empty receive (an idle long poll) is measured but
+writes no span, as the OpenTelemetry Java agent's Kafka ``poll`` instrumentation does — an idle
+consumer would otherwise write one trace per long poll.
 Settle spans are opt-in (``settle_spans=True``): one more span per message, for an operation whose
 duration the histogram already has. The histogram records every operation either way (a counter
 increment without a meter provider). Span and histogram read one pair of clock readings, so they
 agree.
 
 The topic of a receive is known only afterwards (the 5.x client picks one of its subscriptions
-inside ``receive``): the span starts as ``receive`` and is renamed ``receive {topic}`` with
-``messaging.destination.name`` when every returned message has that topic. The sampler sees the
-rest of the sampling-relevant attributes at start.
+inside ``receive``), so the span is written once the call returned, with the call's start time:
+``receive {topic}`` with ``messaging.destination.name`` when every returned message has that topic,
+and its links, all given to the sampler at start. It is not current while the client's call runs.
 """
 
 from __future__ import annotations
@@ -26,8 +29,8 @@ from __future__ import annotations
 from concurrent.futures import Future
 from typing import TYPE_CHECKING, Any, Callable, TypeVar
 
-from opentelemetry import trace
-from opentelemetry.trace import SpanKind, Status, StatusCode
+from opentelemetry import context as otel_context
+from opentelemetry.trace import Link, SpanKind, Status, StatusCode
 
 from ..path import names as n
 from ..path.message import client_facts
@@ -64,16 +67,14 @@ class ConsumerOperations:
         """``call()`` (the client's receive) as one ``receive`` operation; its result and its
         exceptions pass through. ``traces(result)``, if given, is called with the result and
         returns the traces it started for the messages: the span links to their creation contexts."""
-        mt = self.tracer
-        t0 = mt.clock.now_ns()
-        span = self._start_receive(t0)
+        t0 = self.tracer.clock.now_ns()
+        parent = otel_context.get_current()
         try:
-            with trace.use_span(span, end_on_exit=False, record_exception=False, set_status_on_exception=False):
-                result = call()
+            result = call()
         except BaseException as exc:
-            self._end(span, n.RECEIVE, n.RECEIVE, None, t0, exc)
+            self._receive_ended(parent, t0, None, None, exc)
             raise
-        self._received(span, t0, result, traces)
+        self._receive_ended(parent, t0, result, traces, None)
         return result
 
     def receive_async(self, call: Callable[[], Future[Any]],
@@ -84,22 +85,22 @@ class ConsumerOperations:
         probes out) when given; the client's exception passes through it."""
         mt = self.tracer
         t0 = mt.clock.now_ns()
-        span = self._start_receive(t0)
+        parent = otel_context.get_current()  # the future resolves on another thread
         try:
             inner = call()
         except BaseException as exc:
-            self._end(span, n.RECEIVE, n.RECEIVE, None, t0, exc)
+            self._receive_ended(parent, t0, None, None, exc)
             raise
         outer: Future[Any] = Future()
 
         def done(f: Future[Any]) -> None:
             error = f.exception()
             if error is not None:
-                self._end(span, n.RECEIVE, n.RECEIVE, None, t0, error)
+                self._receive_ended(parent, t0, None, None, error)
                 outer.set_exception(error)
                 return
             result = f.result()
-            self._received(span, t0, result, traces)
+            self._receive_ended(parent, t0, result, traces, None)
             if then is not None:
                 try:
                     result = then(result)
@@ -110,36 +111,37 @@ class ConsumerOperations:
         inner.add_done_callback(done)
         return outer
 
-    def _start_receive(self, t0: int) -> Any:
-        try:
-            return self.tracer.tracer.start_span(n.RECEIVE, kind=SpanKind.CLIENT, start_time=t0,
-                                                 attributes={**self._start, n.OPERATION_NAME: n.RECEIVE,
-                                                             n.OPERATION_TYPE: n.RECEIVE})
-        except Exception as exc:  # noqa: BLE001 - a broken provider must not stop the receive
-            self.tracer.hook_failed("starting the receive span", exc)
-            return trace.INVALID_SPAN
-
-    def _received(self, span: Any, t0: int, result: Any,
-                  traces: Callable[[Any], list[MessageTrace]] | None) -> None:
-        """Traces for the received messages, the span described and ended, the duration recorded."""
+    def _receive_ended(self, parent: Any, t0: int, result: Any,
+                       traces: Callable[[Any], list[MessageTrace]] | None, error: BaseException | None) -> None:
+        """Traces for the received messages, then the span — written after the fact, so an empty
+        receive (an idle long poll) writes none, as the OpenTelemetry Java agent's Kafka ``poll``
+        does — and the duration, recorded for every receive."""
         topic: str | None = None
+        span: Any = None
+        messages: list[Any] = []
+        links: list[Link] = []
         try:
-            messages: list[Any] = list(result or ()) if not isinstance(result, (str, bytes)) else []
+            if error is None and not isinstance(result, (str, bytes)):
+                messages = list(result or ())
             topics = {str(getattr(m, "topic", "") or "") for m in messages}
             topic = cap(topics.pop()) if len(topics) == 1 else None
-            started = traces(result) if traces is not None else []
-            if span.is_recording():
-                span.set_attribute(n.BATCH_MESSAGE_COUNT, len(messages))
-                if topic:
-                    span.update_name(n.operation_span_name(n.RECEIVE, topic))
-                    span.set_attribute(n.DESTINATION, topic)
-                for t in started:
-                    parent = t.carried.parent  # parsed here, when a recording span needs it
-                    if parent is not None and parent.is_valid:
-                        span.add_link(parent)
+            started = traces(result) if traces is not None and error is None else []
+            links = [Link(p) for t in started if (p := t.carried.parent) is not None and p.is_valid]
         except Exception as exc:  # noqa: BLE001 - tracing never fails the receive
             self.tracer.hook_failed("describing a receive", exc)
-        self._end(span, n.RECEIVE, n.RECEIVE, topic or None, t0, None)
+        if messages or error is not None:
+            attrs = {**self._start, n.OPERATION_NAME: n.RECEIVE, n.OPERATION_TYPE: n.RECEIVE}
+            if topic:
+                attrs[n.DESTINATION] = topic
+            if error is None:
+                attrs[n.BATCH_MESSAGE_COUNT] = len(messages)
+            try:
+                span = self.tracer.tracer.start_span(n.operation_span_name(n.RECEIVE, topic), context=parent,
+                                                     kind=SpanKind.CLIENT, start_time=t0, attributes=attrs,
+                                                     links=links)
+            except Exception as exc:  # noqa: BLE001 - a broken provider must not stop the receive
+                self.tracer.hook_failed("starting the receive span", exc)
+        self._end(span, n.RECEIVE, n.RECEIVE, topic or None, t0, error)
 
     def settle(self, operation: str, message: Any, call: Callable[[], T]) -> T:
         """``call()`` (the client's ``ack`` or ``change_invisible_duration`` of ``message``) as one
