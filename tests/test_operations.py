@@ -105,13 +105,11 @@ def test_a_failed_receive_is_a_span_with_its_error_and_a_point() -> None:
 def test_the_receive_span_is_a_child_of_what_was_current_at_the_call() -> None:
     producer, consumer, exporter, reader = _setup()
     _send(producer)
-    tracer = TracerProvider().get_tracer("user")
     with consumer.operations.tracer.tracer.start_as_current_span("user loop") as outer:
         (msg,) = consumer.receive(8, 30)
     (span,) = [s for s in exporter.get_finished_spans() if s.name == "receive T"]
     assert span.parent is not None and span.parent.span_id == outer.get_span_context().span_id
     assert span.attributes["messaging.destination.name"] == "T"  # known at start: the sampler saw it
-    del tracer
 
 
 def test_settle_is_measured_always_and_a_span_only_when_opted_in() -> None:
