@@ -258,8 +258,10 @@ def test_receive_and_settle_on_the_real_proxy(seam: str) -> None:
         wait_until(lambda: got.extend(consumer.receive(16, 15)) or len(got) >= 4, timeout=30, what="four messages")
         consumer.ack(got[0])
         consumer.change_invisible_duration(got[1], 10)
-        consumer.ack_async(got[2])  # the 5.1 client returns None: nothing to wait for
-        consumer.change_invisible_duration_async(got[3], 10)
+        # the 5.1.2 client returns None from both, and builds an asyncio.Future in the calling
+        # thread: without an event loop set there (any thread but a fresh main one) it raises
+        _with_an_event_loop(lambda: consumer.ack_async(got[2]))
+        _with_an_event_loop(lambda: consumer.change_invisible_duration_async(got[3], 10))
     finally:
         if inst is not None:
             inst.uninstrument()
@@ -279,6 +281,31 @@ def test_receive_and_settle_on_the_real_proxy(seam: str) -> None:
     assert settles == [f"ack {topic}", f"change_invisible_duration {topic}"]  # the async ones are not timed
     processes = [s for s in finished if s.name == f"process {topic}"]
     assert len(processes) == 2  # the messages acked, sync and async, ended their traces
+
+
+def _with_an_event_loop(call: Any) -> None:
+    """``call()`` in a thread of its own with an event loop set (what the 5.1.2 client's async
+    settles need), re-raising what it raised."""
+    import asyncio
+    import threading
+
+    errors: list[BaseException] = []
+
+    def run() -> None:
+        loop = asyncio.new_event_loop()
+        asyncio.set_event_loop(loop)
+        try:
+            call()
+        except BaseException as exc:  # noqa: BLE001 - handed to the caller
+            errors.append(exc)
+        finally:
+            loop.close()
+
+    t = threading.Thread(target=run)
+    t.start()
+    t.join(30)
+    if errors:
+        raise errors[0]
 
 
 @pytest.mark.integration
