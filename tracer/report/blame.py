@@ -275,7 +275,13 @@ def blame(runs: Sequence[Run], workers: int, *, grace_ns: int = GRACE_NS, blocke
             top_end = max(top_end, runs[k].end_ns)
             row.append(top_end)
         reach[w] = row
-    backlog = _backlog_pieces(runs, on_worker) if blockers_known else []
+    # each run's avoidable wait first: the backlog is needed only by a run that waited avoidably
+    # before it was bound (most runs of a saturated consumer wait with every worker busy)
+    avoids = [(r.start_ns - r.wait_start_ns - grace_ns) - busy.covered(r.wait_start_ns + grace_ns, r.start_ns)
+              if r.start_ns > r.wait_start_ns + grace_ns else 0 for r in runs]
+    backlog = _backlog_pieces(runs, on_worker) if blockers_known and any(
+        avoid > 0 and r.bound_ns is not None and r.bound_ns > r.wait_start_ns + grace_ns
+        for avoid, r in zip(avoids, runs)) else []
     backlog_ends = [p[1] for p in backlog]
     weight = [(hi - lo) - busy.covered(lo, hi) for lo, hi, _j in backlog]  # available time in each piece
     credit: dict[int, int] = {}
@@ -286,7 +292,7 @@ def blame(runs: Sequence[Run], workers: int, *, grace_ns: int = GRACE_NS, blocke
     for k, r in enumerate(runs):
         wait = max(0, r.start_ns - r.wait_start_ns)
         a, b = r.wait_start_ns + grace_ns, r.start_ns
-        avoid = (b - a) - busy.covered(a, b) if b > a else 0
+        avoid = avoids[k]
         blocker: int | None = None
         if avoid > 0 and blockers_known:
             parts: dict[int, int] = {}
