@@ -44,8 +44,8 @@ from typing import Any, Iterable, NamedTuple, Sequence
 
 from ..path.blocking import CAPACITY, GRACE_NS, HEAD_OF_LINE, NO_WAIT  # one definition, live and offline
 
-__all__ = ["GRACE_NS", "HEAD_OF_LINE", "CAPACITY", "NO_WAIT", "Blame", "Blocker", "IntervalSet", "MessageBlame",
-           "Run", "all_busy", "blame", "fleet_avoidable", "pack_lanes"]
+__all__ = ["GRACE_NS", "HEAD_OF_LINE", "CAPACITY", "NO_WAIT", "Blame", "Blocker", "FleetBlocker", "IntervalSet",
+           "MessageBlame", "Run", "all_busy", "blame", "fleet_avoidable", "fleet_blame", "pack_lanes"]
 
 
 
@@ -250,8 +250,13 @@ def _backlog_pieces(runs: Sequence[Run], on_worker: dict[int, list[int]]) -> lis
 
 
 def blame(runs: Sequence[Run], workers: int, *, grace_ns: int = GRACE_NS, blockers_known: bool = True,
-          top: int = 10) -> Blame:
+          top: int = 10, busy: IntervalSet | None = None) -> Blame:
     """Blame every run of one consumer with ``workers`` workers.
+
+    ``busy``: when no worker that could have taken a message was available; default the consumer's
+    own (:func:`all_busy`). The fleet view passes the fleet's (:func:`fleet_blame`), so a wait
+    counts as avoidable while any instance had a worker available, and the runs that held it up
+    are credited with that.
 
     Raises:
         ValueError: ``workers`` < 1, a negative ``grace_ns``, or more distinct worker ids than ``workers``.
@@ -263,7 +268,8 @@ def blame(runs: Sequence[Run], workers: int, *, grace_ns: int = GRACE_NS, blocke
     ids = {r.worker for r in runs}
     if len(ids) > workers:
         raise ValueError(f"{len(ids)} distinct worker ids but workers={workers}")
-    busy = all_busy(runs, workers, grace_ns)
+    if busy is None:
+        busy = all_busy(runs, workers, grace_ns)
     on_worker: dict[int, list[int]] = {}
     for k in sorted(range(len(runs)), key=lambda k: runs[k].start_ns):
         on_worker.setdefault(runs[k].worker, []).append(k)
@@ -374,6 +380,54 @@ def fleet_avoidable(instances: Sequence[Sequence[Run]], workers: Sequence[int], 
     return {"consumer_wait_s": wait / 1e9, "avoidable_inside_s": inside / 1e9, "avoidable_elsewhere_s": elsewhere / 1e9,
             "avoidable_fleet_s": either / 1e9, "inside_share": share(inside), "elsewhere_share": share(elsewhere),
             "fleet_share": share(either)}
+
+
+@dataclass(frozen=True, slots=True)
+class FleetBlocker:
+    """A run that held up waits which some instance of the fleet could have served."""
+
+    instance: str
+    message_id: str
+    label: str
+    worker: int
+    handler_s: float
+    victims: int
+    held_up_s: float  # the fleet-avoidable wait it caused: victims × seconds
+
+    def as_dict(self) -> dict[str, Any]:
+        return {"instance": self.instance, "message_id": self.message_id, "label": self.label, "worker": self.worker,
+                "handler_s": round(self.handler_s, 6), "victims": self.victims, "held_up_s": round(self.held_up_s, 6)}
+
+
+def fleet_blame(instances: Sequence[Sequence[Run]], workers: Sequence[int], names: Sequence[str], *,
+                blockers_known: Sequence[bool] | None = None, grace_ns: int = GRACE_NS,
+                top: int = 10) -> tuple[dict[str, float], tuple[FleetBlocker, ...]]:
+    """:func:`fleet_avoidable`, and the runs that held up the fleet-avoidable waits, ranked.
+
+    Every instance is blamed with :func:`blame` on the fleet's ``busy`` (no worker of any instance
+    available): within an instance the blocker rules are the usual ones (its worker's run, or the
+    run holding up the instance's backlog), and a run is credited with the part of each wait it
+    held up during which some worker of the fleet was available. So the credits of an instance add
+    up to at most its share of ``avoidable_fleet_s``. Ranked by ``held_up_s``, then instance name,
+    then message id; an instance whose worker ids are not known (``blockers_known``) names none.
+
+    Raises:
+        ValueError: ``instances``, ``workers`` and ``names`` differ in length.
+    """
+    if not len(instances) == len(workers) == len(names):
+        raise ValueError(f"{len(instances)} instances, {len(workers)} worker counts, {len(names)} names")
+    known = list(blockers_known) if blockers_known is not None else [True] * len(instances)
+    shares = fleet_avoidable(instances, workers, grace_ns=grace_ns)
+    everyone = _intersection([all_busy(rs, max(1, w), grace_ns) for rs, w in zip(instances, workers)])
+    ranked: list[FleetBlocker] = []
+    for rs, w, name, k in zip(instances, workers, names, known):
+        if not rs or not k:
+            continue
+        b = blame(rs, max(1, w), grace_ns=grace_ns, busy=everyone, top=len(rs))
+        ranked += [FleetBlocker(name, x.message_id, x.label, x.worker, x.handler_s, x.victims, x.held_up_s)
+                   for x in b.top]
+    ranked.sort(key=lambda x: (-x.held_up_s, x.instance, x.message_id))
+    return shares, tuple(ranked[:max(0, top)])
 
 
 def pack_lanes(spans: Sequence[tuple[int, int]]) -> list[int]:
