@@ -129,3 +129,27 @@ def test_an_instance_without_worker_ids_names_no_blocker() -> None:
     (job,) = c.job_views()
     assert job.avoidable["avoidable_fleet_s"] > 0 and job.blockers == []
     assert "no blocker named" in "\n".join(fleet_lines([job]))
+
+
+def test_report_fleet_over_a_span_file_names_the_same_blockers(tmp_path: Any, capsys: pytest.CaptureFixture[str]) -> None:
+    """A span file has no service.instance.id: each service is an instance (here one per row's instance)."""
+    from tracer.tools.cli import main
+
+    lines = []
+    for i, row in enumerate(ROWS, 1):
+        start, end = T0 + row[5] * S, T0 + row[6] * S
+        lines.append({"trace_id": f"{i:032x}", "span_id": f"{i:016x}", "parent_span_id": None, "name": "process T",
+                      "kind": "CONSUMER", "start_ns": start, "end_ns": end, "status": "UNSET", "service": row[0],
+                      "attributes": {names.OPERATION_TYPE: names.PROCESS, **_attrs(row)}})
+        lines.append({"trace_id": f"{i:032x}", "span_id": f"{i + 100:016x}", "parent_span_id": f"{i:016x}",
+                      "name": "handler", "kind": "INTERNAL", "start_ns": start, "end_ns": end, "status": "UNSET",
+                      "service": row[0], "attributes": {}})
+    path = tmp_path / "spans.jsonl"
+    path.write_text("".join(json.dumps(d, separators=(",", ":")) + "\n" for d in lines + lines[:2]))  # one twice
+    assert main(["report", str(path), "--fleet", "--json"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    (job,) = _three_ways()[0].job_views()
+    assert out["traces"] == len(ROWS) and out["api"] == f"spans file {path}"
+    assert out["jobs"] == [json.loads(json.dumps(job.as_dict()))]
+    assert main(["report", str(path), "--fleet"]) == 0
+    assert "L (ID-L) on a, worker 0" in capsys.readouterr().out

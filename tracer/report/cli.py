@@ -78,7 +78,8 @@ def add_cli(subparsers: Any) -> argparse.ArgumentParser:
                           "--jaeger is on 16686); without it --fleet reads the slower HTTP /api/traces")
     src.add_argument("--fleet", action="store_true",
                      help="the fleet view: every trace in --lookback, paged (bounded memory), per job across "
-                          "instances (service.instance.id): completion, critical path, occupancy, who held the work")
+                          "instances (service.instance.id): completion, critical path, occupancy, who held the work, "
+                          "the avoidable wait and its blockers; with a spans file instead, each service is an instance")
     sel = p.add_argument_group("what to show")
     sel.add_argument("--group", metavar="G", help="only this consumer group (the demo's are demo-<policy>)")
     sel.add_argument("--job", metavar="J", help="only messages with this rmqtrace.job.id")

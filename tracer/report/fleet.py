@@ -213,6 +213,21 @@ class FleetCollector:
                         self.add(instance, {kv.key: any_value(kv.value) for kv in span.attributes
                                             if kv.key in _RECORD_KEYS})
 
+    def add_span_file(self, path: str) -> None:
+        """Every process span of a JSON-lines span file. Such a file names no
+        ``service.instance.id`` (the exporter writes the service name only): each ``service`` is
+        taken as one instance, so one process's file is a fleet of one."""
+        from .spanread import process_spans
+
+        traces: set[str] = set()
+        for trace_id, _span_id, service, attrs in process_spans(path):
+            if trace_id not in traces:
+                traces.add(trace_id)
+                self.traces += 1
+            self.spans += 1
+            self.add(service or "?", attrs)
+        self.pages += 1
+
     def add(self, instance: str, attrs: dict[str, Any]) -> None:
         """One process span's attributes (its stamps, job, worker) on ``instance``."""
         try:
@@ -647,38 +662,51 @@ def fleet_page(title: str, sections: Sequence[FleetSection], *, width: int = VIE
 
 
 def cli_fleet(args: Any) -> int:
-    """``rmqtrace report --jaeger URL --fleet``: every trace of ``--service`` in ``--lookback``, paged;
-    the fleet view per job on stdout (``--json``: as JSON), ``--html FILE``: the lanes per instance."""
+    """``rmqtrace report --jaeger URL --fleet``: every trace of ``--service`` in ``--lookback``, paged
+    (``rmqtrace report SPANS.jsonl --fleet``: every process span of the file, its ``service`` as the
+    instance); the fleet view per job on stdout (``--json``: as JSON), ``--html FILE``: the lanes per
+    instance."""
     import sys
     from pathlib import Path
 
     from .sources import SourceError, parse_duration
 
-    if not args.jaeger:
-        print("rmqtrace report: --fleet reads Jaeger: give --jaeger URL", file=sys.stderr)
+    spans = getattr(args, "spans", None)
+    if not args.jaeger and not spans:
+        print("rmqtrace report: --fleet reads Jaeger or a span file: give --jaeger URL or SPANS.jsonl", file=sys.stderr)
         return 2
-    try:
-        lookback = parse_duration(args.lookback)
-    except ValueError as exc:
-        print(f"rmqtrace report: {exc}", file=sys.stderr)
-        return 2
-    try:
-        collector = read_jaeger_fleet(args.jaeger, args.service, lookback_s=lookback, timeout=args.timeout,
-                                      grpc_target=getattr(args, "jaeger_grpc", None))
-    except (OSError, ValueError, SourceError) as exc:
-        print(f"rmqtrace report: reading Jaeger at {args.jaeger}: {exc}", file=sys.stderr)
-        return 1
+    if spans:
+        collector = FleetCollector()
+        try:
+            collector.add_span_file(spans)
+        except SourceError as exc:
+            print(f"rmqtrace report: {exc}", file=sys.stderr)
+            return 1
+        collector.api = f"spans file {spans}"
+        where = f"in {spans}"
+    else:
+        try:
+            lookback = parse_duration(args.lookback)
+        except ValueError as exc:
+            print(f"rmqtrace report: {exc}", file=sys.stderr)
+            return 2
+        try:
+            collector = read_jaeger_fleet(args.jaeger, args.service, lookback_s=lookback, timeout=args.timeout,
+                                          grpc_target=getattr(args, "jaeger_grpc", None))
+        except (OSError, ValueError, SourceError) as exc:
+            print(f"rmqtrace report: reading Jaeger at {args.jaeger}: {exc}", file=sys.stderr)
+            return 1
+        where = f"of service {args.service!r} in the last {args.lookback}"
     jobs = [j for j in collector.job_views() if not args.job or j.job == args.job]
     if not jobs:
-        print(f"rmqtrace report: no handled consumer spans of service {args.service!r} in the last {args.lookback} "
-              f"({collector.traces} traces read)", file=sys.stderr)
+        print(f"rmqtrace report: no handled consumer spans {where} ({collector.traces} traces read)", file=sys.stderr)
         return 1
     if args.json:
         print(json.dumps({"traces": collector.traces, "pages": collector.pages, "api": collector.api,
                           "jobs": [j.as_dict() for j in jobs]}))
     else:
         print("\n".join(fleet_lines(jobs)))
-        print(f"read {collector.traces} traces in {collector.pages} pages from {args.jaeger} ({collector.api})")
+        print(f"read {collector.traces} traces in {collector.pages} pages from {args.jaeger or spans} ({collector.api})")
     if args.html:
         page = Path(args.html)
         page.parent.mkdir(parents=True, exist_ok=True)

@@ -22,14 +22,14 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Iterator
 
 from ..path import names
 from ..telemetry.spanfile import SpanRecord
 from .model import MessageRecord, messages_from_spans, record_from_fields
 from .sources import SourceError, paused_gc
 
-__all__ = ["SpanFile", "read_span_file"]
+__all__ = ["SpanFile", "process_spans", "read_span_file"]
 
 _SPAN_LINE = '{"trace_id":"'  # how the exporter starts every line (span_to_dict's first key)
 _PROCESS_MARK = '"process'
@@ -155,3 +155,36 @@ def _skipped_spans(p: Path, traces: set[str]) -> list[SpanRecord]:
                     out.append(span)
     return out
 
+
+def process_spans(path: str | Path) -> Iterator[tuple[str, str, str | None, dict[str, Any]]]:
+    """``(trace id, span id, service, attributes)`` of every process span of a span file, each id
+    pair once, with the read's skip rule (other spans are never parsed). The fleet view's source.
+
+    Raises:
+        SourceError: no such file, a folder, or it cannot be read.
+    """
+    p = Path(path)
+    if not p.exists() or p.is_dir():
+        read_span_file(p)  # raises the read's own error
+    seen: set[tuple[str, str]] = set()
+    try:
+        with p.open(encoding="utf-8", errors="replace") as fh:
+            for line in fh:
+                if _PROCESS_MARK not in line or not line.strip():
+                    continue  # not a process span, whatever else it is
+                try:
+                    d = json.loads(line)
+                    key = (str(d["trace_id"]), str(d["span_id"]))
+                    name, kind, attrs = str(d["name"]), str(d.get("kind", "INTERNAL")), d.get("attributes") or {}
+                    if not isinstance(attrs, dict):
+                        attrs = dict(attrs)
+                except (ValueError, KeyError, TypeError, AttributeError):
+                    continue
+                if key in seen or not (attrs.get(_OPERATION_TYPE) == _PROCESS or (
+                        name.startswith(_PROCESS_NAME) and kind.upper() == "CONSUMER")):
+                    continue
+                seen.add(key)
+                service = d.get("service")
+                yield key[0], key[1], str(service) if service is not None else None, attrs
+    except OSError as exc:
+        raise SourceError(f"cannot read {p}: {exc}") from exc
