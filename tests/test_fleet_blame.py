@@ -1,4 +1,4 @@
-"""The fleet view names its blockers: the compact records carry the message id, keys and dispatch
+"""The fleet view names its blockers: the compact records carry the message id and dispatch
 enqueue, read alike from /api/traces JSON and from api_v3 OTLP, and the terminal, JSON and HTML
 views name the runs that held up the fleet-avoidable waits."""
 
@@ -93,26 +93,26 @@ def test_the_fleet_view_names_the_blockers_with_their_instance() -> None:
     grace = 0.002  # GRACE_NS: a's worker 1 and b's worker are available from 1 s + grace
     l_held, v1_held = 2 * (10 - 1 - grace), 1.0
     got = [(b.instance, b.message_id, b.label, b.worker, b.victims) for b in job.blockers]
-    assert got == [("a", "ID-L", "L", 0, 2), ("a", "ID-V1", "V1", 0, 1)]
+    assert got == [("a", "ID-L", "ID-L", 0, 2), ("a", "ID-V1", "ID-V1", 0, 1)]
     assert [b.held_up_s for b in job.blockers] == pytest.approx([l_held, v1_held])
     assert job.blockers[0].handler_s == pytest.approx(10)
     # invariant: the credits are the fleet-avoidable wait (V1 waited 10 s, V2 11 s; both avoidable from 1 s + grace)
     assert job.avoidable["avoidable_fleet_s"] == pytest.approx((10 - 1 - grace) + (11 - 1 - grace))
     assert sum(b.held_up_s for b in job.blockers) == pytest.approx(job.avoidable["avoidable_fleet_s"])
     d = job.as_dict()["top_blockers"][0]
-    assert d == {"instance": "a", "message_id": "ID-L", "label": "L", "worker": 0, "handler_s": 10.0, "victims": 2,
+    assert d == {"instance": "a", "message_id": "ID-L", "label": "ID-L", "worker": 0, "handler_s": 10.0, "victims": 2,
                  "held_up_s": pytest.approx(l_held)}
     text = "\n".join(fleet_lines([job]))
-    assert "L (ID-L) on a, worker 0" in text and "held up 2 messages for 17.996 s" in text
+    assert "ID-L on a, worker 0" in text and "held up 2 messages for 17.996 s" in text
     page = fleet_page("fleet", [job.section] if job.section else [])
-    assert "<td>L (ID-L)</td><td>a</td><td>0</td>" in page and "17.996 s" in page
+    assert "<td>ID-L</td><td>a</td><td>0</td>" in page and "17.996 s" in page
 
 
 def test_the_view_matches_fleet_blame_on_the_same_runs() -> None:
     (job,) = _three_ways()[0].job_views()
     instances: dict[str, list[Run]] = {"a": [], "b": []}
     for inst, worker, key, pull, enqueue, start, end in ROWS:
-        instances[inst].append(Run(f"ID-{key}", key, worker, T0 + pull * S, T0 + start * S, T0 + end * S,
+        instances[inst].append(Run(f"ID-{key}", f"ID-{key}", worker, T0 + pull * S, T0 + start * S, T0 + end * S,
                                    T0 + enqueue * S))
     shares, ranked = fleet_blame(list(instances.values()), [2, 1], list(instances))
     assert list(job.blockers) == list(ranked)
@@ -152,4 +152,4 @@ def test_report_fleet_over_a_span_file_names_the_same_blockers(tmp_path: Any, ca
     assert out["traces"] == len(ROWS) and out["api"] == f"spans file {path}"
     assert out["jobs"] == [json.loads(json.dumps(job.as_dict()))]
     assert main(["report", str(path), "--fleet"]) == 0
-    assert "L (ID-L) on a, worker 0" in capsys.readouterr().out
+    assert "ID-L on a, worker 0" in capsys.readouterr().out

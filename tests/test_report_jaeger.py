@@ -229,7 +229,7 @@ def test_fleet_blockers_from_jaeger_are_those_of_the_span_file(jaeger: str, flee
     for r in read_span_file(fleet_job.spans_file).records:
         t = r.stamps.times
         runs[int(r.message_id.rsplit("-", 1)[1]) % INSTANCES].append(Run(
-            r.message_id, r.keys, int(r.worker or 0), t[Stage.CLIENT_PULL], t[Stage.HANDLER_START],
+            r.message_id, r.message_id, int(r.worker or 0), t[Stage.CLIENT_PULL], t[Stage.HANDLER_START],
             t[Stage.HANDLER_END], t[Stage.DISPATCH_ENQUEUE]))
     shares, ranked = fleet_blame(runs, [WORKERS] * INSTANCES, [f"bench-{k}" for k in range(INSTANCES)])
     assert view["top_blockers"], "the long-tailed job held messages up while other instances idled"

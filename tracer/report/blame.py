@@ -31,8 +31,14 @@ Definitions (also in ``docs/report.md``):
   messages it caused some of.
 * the live counterpart, fed by a dispatcher as messages start: :class:`tracer.path.blocking.BlameTracker`
   (same definitions, same numbers).
+* **a key's own wait**: under aggressive a keyed message whose key is running is parked, and the pool
+  runs it next on the worker that ran the key's message; its dispatch enqueue is its ``bound_ns``, so
+  the buffer rule above names the key's running message. (The live tracker is not told of parking:
+  see :mod:`tracer.path.blocking`.)
 * **across a fleet** (:func:`fleet_avoidable`): a wait is avoidable in the fleet when some worker of
-  another instance was available meanwhile (waiting in one process while another idled).
+  another instance was available meanwhile (waiting in one process while another idled);
+  :func:`fleet_blame` credits the runs that held such waits up (the rules above inside each
+  instance, on the fleet's busy time).
 """
 
 from __future__ import annotations

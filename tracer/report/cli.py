@@ -228,9 +228,11 @@ def cmd_report(args: argparse.Namespace) -> int:
         if args.fleet:
             from .fleet import cli_fleet
             return cli_fleet(args)
-        records, spans, source, left_out = _read(args)
         from .sources import paused_gc
-        with paused_gc():  # a third of the build at 10⁵ messages was collections walking the spans
+        # a third of the build at 10⁵ messages was collections walking the spans; one pause over the
+        # read and the build, or the first allocation between them collects all the records read
+        with paused_gc():
+            records, spans, source, left_out = _read(args)
             report = report_from_messages(records, spans, group=args.group, job=args.job, top=args.top,
                                           workers=args.workers, source=source)
         if not report.groups:

@@ -2,8 +2,9 @@
 
 Spans tell instances apart by their resource's ``service.instance.id`` (host:pid unless set; see
 :mod:`tracer.config`). For every ``process {topic}`` span this module keeps one compact record —
-instance, job, the receive / handler start / handler end stamps, worker — and drops the span, so
-memory grows with the number of messages (~200 bytes each), never with the spans or pages read.
+instance, job, worker, message id, the receive / dispatch enqueue / handler start / handler end
+stamps — and drops the span, so memory grows with the number of messages (~130 bytes each beside
+its message id string, tracemalloc at 10⁵), never with the spans or pages read.
 
 From the records, per job:
 
@@ -13,6 +14,9 @@ From the records, per job:
   ``rmqtrace.worker`` values; else the most handlers that overlapped — a lower bound);
 * **where the job waited**: the exact sweep of the stamps, ∫ min(idle workers of instances holding
   nothing, messages held unstarted elsewhere) dt, and per holding instance its part of that.
+* **who held it up**: the consumer_wait avoidable inside the instance and in the fleet, and the
+  runs behind which messages waited while a worker of the fleet was free, ranked by the wait they
+  caused (:func:`tracer.report.blame.fleet_blame`).
 
 :func:`read_jaeger_fleet` reads windows of time, each at most a page of traces; a full page means
 the window may hold more, so it is split in halves and read again. Traces seen twice (a trace
@@ -46,8 +50,7 @@ INSTANCE_KEY = "service.instance.id"
 _PULL, _START, _END = (names.STAMP_ATTRS[s] for s in (Stage.CLIENT_PULL, Stage.HANDLER_START, Stage.HANDLER_END))
 _PRODUCE, _ENQUEUE = (names.STAMP_ATTRS[s] for s in (Stage.PRODUCE, Stage.DISPATCH_ENQUEUE))
 # what :meth:`FleetCollector.add` reads: the stamps, job and worker, and what names a blocker
-_RECORD_KEYS = frozenset((_PULL, _START, _END, _PRODUCE, _ENQUEUE, names.WORKER, names.JOB_ID, names.MESSAGE_ID,
-                          names.MESSAGE_KEYS))
+_RECORD_KEYS = frozenset((_PULL, _START, _END, _PRODUCE, _ENQUEUE, names.WORKER, names.JOB_ID, names.MESSAGE_ID))
 FLEET_BLAME_TOP = 10  # blockers named per job
 
 
@@ -147,8 +150,9 @@ class _Rec(NamedTuple):
     end_ns: int
     worker: int
     enqueue_ns: int  # dispatch enqueue (0: not stamped): from then on it waited in one worker's buffer
+    # what a blocker is named by; not its keys: a second string per message (~6 MiB at 10⁵) and an
+    # array attribute to convert per span, for a name the message id already gives
     message_id: str
-    label: str  # its keys, else its message id: what a blocker is printed as
 
 
 @dataclass
@@ -244,7 +248,7 @@ class FleetCollector:
         self.jobs.setdefault(str(attrs.get(names.JOB_ID) or "(no job id)"), []).append(
             _Rec(self._index[instance], int(produce) if produce else 0, pull, start, end,
                  int(worker) if isinstance(worker, (int, str)) and str(worker).lstrip("-").isdigit() else -1,
-                 _int_or_0(enqueue), message_id, _label(attrs.get(names.MESSAGE_KEYS)) or message_id))
+                 _int_or_0(enqueue), message_id))
 
     def job_views(self) -> list[FleetJob]:
         """One view per job. Every instance seen in the window counts as up for every job (an idle
@@ -324,7 +328,7 @@ def _job_blame(recs: Sequence[_Rec], instances: Sequence[str], workers: Sequence
     for i, mine in enumerate(per):
         packed = any(r.worker < 0 for r in mine)
         lanes = pack_lanes([(r.start_ns, r.end_ns) for r in mine]) if packed else None
-        runs.append([Run(r.message_id, r.label, lanes[k] if lanes else r.worker, min(r.pull_ns, r.start_ns),
+        runs.append([Run(r.message_id, r.message_id, lanes[k] if lanes else r.worker, min(r.pull_ns, r.start_ns),
                          r.start_ns, r.end_ns, r.enqueue_ns if r.enqueue_ns else None) for k, r in enumerate(mine)])
         known.append(not packed and not inferred[i])
     counts = [max(w, len({x.worker for x in rs}), 1) for w, rs in zip(workers, runs)]
@@ -337,18 +341,6 @@ def _int_or_0(value: Any) -> int:
         return int(value) if value is not None and not isinstance(value, (bool, float)) else 0
     except (TypeError, ValueError):
         return 0
-
-
-def _label(value: Any) -> str:
-    """Message keys as the report prints them: a list (OTLP), or its JSON text (/api/traces)."""
-    if isinstance(value, str) and value[:1] == "[":
-        try:
-            value = json.loads(value)
-        except ValueError:
-            pass
-    if isinstance(value, (list, tuple)):
-        return ",".join(str(v) for v in value)
-    return "" if value is None else str(value)
 
 
 def _max_overlap(recs: Sequence[_Rec]) -> int:

@@ -30,6 +30,7 @@ Definitions (also in ``docs/report.md``):
 
 from __future__ import annotations
 
+import bisect
 import heapq
 import math
 from dataclasses import dataclass, field
@@ -522,10 +523,7 @@ def wait_edges(max_s: float, floor_s: float = 1e-4) -> list[float]:
 
 def bucket_index(edges: Sequence[float], value: float) -> int:
     """Index i with ``edges[i] <= value < edges[i+1]`` (the last bucket is open-ended)."""
-    i = 0
-    while i + 1 < len(edges) and value >= edges[i + 1]:
-        i += 1
-    return i
+    return min(max(bisect.bisect_right(edges, value) - 1, 0), max(len(edges) - 1, 0))
 
 
 @dataclass
