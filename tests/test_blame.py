@@ -11,7 +11,17 @@ from report_helpers import KNOWN, MS, T0, Row, scenario_spans
 
 from tracer.path import names
 from tracer.path.stages import Stage
-from tracer.report.blame import CAPACITY, HEAD_OF_LINE, NO_WAIT, Run, blame, fleet_avoidable, fleet_blame, pack_lanes
+from tracer.report.blame import (
+    CAPACITY,
+    HEAD_OF_LINE,
+    NO_WAIT,
+    Run,
+    TooManyOverlaps,
+    blame,
+    fleet_avoidable,
+    fleet_blame,
+    pack_lanes,
+)
 from tracer.report.model import build_report
 
 
@@ -102,6 +112,11 @@ def test_avoidable_wait_and_blockers_match_the_exact_offline_computation(case: t
     assert {x.message_id: round(x.held_up_s * 1e9) for x in b.top} == {runs[j].message_id: n for j, n in credit.items()}
     assert [x.held_up_s for x in b.top] == sorted((x.held_up_s for x in b.top), reverse=True)
     assert sum(x.held_up_s for x in b.top) <= b.avoidable_s + 1e-12
+    # invariant: max_overlaps bounds exactly the overlap steps the blockers took
+    if b.overlaps:
+        assert blame(runs, workers, grace_ns=grace, top=len(runs) + 1, max_overlaps=b.overlaps) == b
+        with pytest.raises(TooManyOverlaps):
+            blame(runs, workers, grace_ns=grace, top=len(runs) + 1, max_overlaps=b.overlaps - 1)
     # invariant: the reason is head_of_line when at least half the blameable wait was avoidable
     for m, r, n in zip(b.messages, runs, avoid):
         wait = r.start_ns - r.wait_start_ns

@@ -153,3 +153,17 @@ def test_report_fleet_over_a_span_file_names_the_same_blockers(tmp_path: Any, ca
     assert out["jobs"] == [json.loads(json.dumps(job.as_dict()))]
     assert main(["report", str(path), "--fleet"]) == 0
     assert "ID-L on a, worker 0" in capsys.readouterr().out
+
+
+def test_blockers_too_costly_to_name_are_said_to_be_missing_and_the_share_stays() -> None:
+    full = _three_ways()[0]
+    (normal,) = full.job_views()
+    capped = FleetCollector(max_overlaps=0)
+    for row in ROWS:
+        capped.add(row[0], _attrs(row))
+    (job,) = capped.job_views()
+    assert job.blockers == [] and "overlap steps" in job.blockers_note and "--job" in job.blockers_note
+    assert job.avoidable == normal.avoidable  # the share does not need the names
+    assert job.as_dict()["blockers_note"] == job.blockers_note and normal.as_dict()["blockers_note"] == ""
+    assert "no blocker named: naming the blockers" in "\n".join(fleet_lines([job]))
+    assert job.section is not None and "No blocker named" in fleet_page("fleet", [job.section])

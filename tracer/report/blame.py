@@ -51,7 +51,7 @@ from typing import Any, Iterable, NamedTuple, Sequence
 from ..path.blocking import CAPACITY, GRACE_NS, HEAD_OF_LINE, NO_WAIT  # one definition, live and offline
 
 __all__ = ["GRACE_NS", "HEAD_OF_LINE", "CAPACITY", "NO_WAIT", "Blame", "Blocker", "FleetBlocker", "IntervalSet",
-           "MessageBlame", "Run", "all_busy", "blame", "fleet_avoidable", "fleet_blame", "pack_lanes"]
+           "MessageBlame", "Run", "TooManyOverlaps", "all_busy", "blame", "fleet_avoidable", "fleet_blame", "pack_lanes"]
 
 
 
@@ -184,6 +184,7 @@ class Blame:
     blockers_known: bool  # False when worker ids were inferred: no blocker is named
     messages: tuple[MessageBlame, ...]
     top: tuple[Blocker, ...]  # by held_up_s, largest first
+    overlaps: int = 0  # (victim, run) overlap steps it took to name the blockers (see max_overlaps)
 
     @property
     def avoidable_share(self) -> float:
@@ -255,8 +256,12 @@ def _backlog_pieces(runs: Sequence[Run], on_worker: dict[int, list[int]]) -> lis
     return pieces
 
 
+class TooManyOverlaps(RuntimeError):
+    """Naming the blockers would weigh more (victim, run) overlaps than the caller allowed."""
+
+
 def blame(runs: Sequence[Run], workers: int, *, grace_ns: int = GRACE_NS, blockers_known: bool = True,
-          top: int = 10, busy: IntervalSet | None = None) -> Blame:
+          top: int = 10, busy: IntervalSet | None = None, max_overlaps: int | None = None) -> Blame:
     """Blame every run of one consumer with ``workers`` workers.
 
     ``busy``: when no worker that could have taken a message was available; default the consumer's
@@ -264,8 +269,13 @@ def blame(runs: Sequence[Run], workers: int, *, grace_ns: int = GRACE_NS, blocke
     counts as avoidable while any instance had a worker available, and the runs that held it up
     are credited with that.
 
+    Each message that waited avoidably is weighed against every run that went on where it waited
+    (its worker's, or the backlog head's): a consumer whose waits are long *and* avoidable costs
+    victims × runs per wait. ``max_overlaps`` bounds those steps.
+
     Raises:
         ValueError: ``workers`` < 1, a negative ``grace_ns``, or more distinct worker ids than ``workers``.
+        TooManyOverlaps: more than ``max_overlaps`` steps were needed (nothing is returned).
     """
     if workers < 1:
         raise ValueError(f"workers must be at least 1, got {workers}")
@@ -300,7 +310,8 @@ def blame(runs: Sequence[Run], workers: int, *, grace_ns: int = GRACE_NS, blocke
     victims: dict[int, int] = {}
     out: list[MessageBlame] = []
     wait_total = avoidable_total = 0.0
-    hol = cap = 0
+    hol = cap = steps = 0
+    budget = max_overlaps
     for k, r in enumerate(runs):
         wait = max(0, r.start_ns - r.wait_start_ns)
         a, b = r.wait_start_ns + grace_ns, r.start_ns
@@ -314,6 +325,7 @@ def blame(runs: Sequence[Run], workers: int, *, grace_ns: int = GRACE_NS, blocke
                 o = runs[j]
                 if o.start_ns >= b:
                     break
+                steps += 1
                 lo, hi = max(bound, o.start_ns), min(b, o.end_ns)
                 if j != k and hi > lo:
                     parts[j] = parts.get(j, 0) + (hi - lo) - busy.covered(lo, hi)
@@ -324,6 +336,7 @@ def blame(runs: Sequence[Run], workers: int, *, grace_ns: int = GRACE_NS, blocke
                     lo0, hi0, j = backlog[i]
                     if lo0 >= bound:
                         break
+                    steps += 1
                     if j != k:
                         if a <= lo0 and hi0 <= bound:
                             parts[j] = parts.get(j, 0) + weight[i]  # inside the window: precomputed
@@ -331,6 +344,9 @@ def blame(runs: Sequence[Run], workers: int, *, grace_ns: int = GRACE_NS, blocke
                             lo, hi = max(a, lo0), min(bound, hi0)
                             parts[j] = parts.get(j, 0) + (hi - lo) - busy.covered(lo, hi)
                     i += 1
+            if budget is not None and steps > budget:
+                raise TooManyOverlaps(f"naming the blockers of {len(runs)} runs needs more than {budget} "
+                                      "(victim, run) overlap steps")
             best: tuple[int, int, str] | None = None  # (-part, start, id): the largest part, then the earliest
             for j, part in parts.items():
                 if part > 0:
@@ -349,7 +365,7 @@ def blame(runs: Sequence[Run], workers: int, *, grace_ns: int = GRACE_NS, blocke
     ranked = sorted(credit, key=lambda j: (-credit[j], runs[j].start_ns, runs[j].message_id))[:max(0, top)]
     return Blame(workers, wait_total, avoidable_total, hol, cap, blockers_known, tuple(out), tuple(
         Blocker(runs[j].message_id, runs[j].label, runs[j].worker, (runs[j].end_ns - runs[j].start_ns) / 1e9,
-                victims[j], credit[j] / 1e9) for j in ranked))
+                victims[j], credit[j] / 1e9) for j in ranked), steps)
 
 
 def fleet_avoidable(instances: Sequence[Sequence[Run]], workers: Sequence[int], *,
@@ -406,8 +422,8 @@ class FleetBlocker:
 
 
 def fleet_blame(instances: Sequence[Sequence[Run]], workers: Sequence[int], names: Sequence[str], *,
-                blockers_known: Sequence[bool] | None = None, grace_ns: int = GRACE_NS,
-                top: int = 10) -> tuple[dict[str, float], tuple[FleetBlocker, ...]]:
+                blockers_known: Sequence[bool] | None = None, grace_ns: int = GRACE_NS, top: int = 10,
+                max_overlaps: int | None = None) -> tuple[dict[str, float], tuple[FleetBlocker, ...]]:
     """:func:`fleet_avoidable`, and the runs that held up the fleet-avoidable waits, ranked.
 
     Every instance is blamed with :func:`blame` on the fleet's ``busy`` (no worker of any instance
@@ -417,8 +433,11 @@ def fleet_blame(instances: Sequence[Sequence[Run]], workers: Sequence[int], name
     up to at most its share of ``avoidable_fleet_s``. Ranked by ``held_up_s``, then instance name,
     then message id; an instance whose worker ids are not known (``blockers_known``) names none.
 
+    ``max_overlaps`` bounds the steps of all instances together (:func:`blame`).
+
     Raises:
         ValueError: ``instances``, ``workers`` and ``names`` differ in length.
+        TooManyOverlaps: the blockers would take more than ``max_overlaps`` steps.
     """
     if not len(instances) == len(workers) == len(names):
         raise ValueError(f"{len(instances)} instances, {len(workers)} worker counts, {len(names)} names")
@@ -429,7 +448,9 @@ def fleet_blame(instances: Sequence[Sequence[Run]], workers: Sequence[int], name
     for rs, w, name, k in zip(instances, workers, names, known):
         if not rs or not k:
             continue
-        b = blame(rs, max(1, w), grace_ns=grace_ns, busy=everyone, top=len(rs))
+        b = blame(rs, max(1, w), grace_ns=grace_ns, busy=everyone, top=len(rs), max_overlaps=max_overlaps)
+        if max_overlaps is not None:
+            max_overlaps -= b.overlaps
         ranked += [FleetBlocker(name, x.message_id, x.label, x.worker, x.handler_s, x.victims, x.held_up_s)
                    for x in b.top]
     ranked.sort(key=lambda x: (-x.held_up_s, x.instance, x.message_id))

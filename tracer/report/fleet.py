@@ -40,7 +40,7 @@ from typing import Any, Callable, Iterable, Iterator, NamedTuple, Sequence
 
 from ..path import names
 from ..path.stages import Stage
-from .blame import FleetBlocker, Run, fleet_blame, pack_lanes
+from .blame import FleetBlocker, Run, TooManyOverlaps, fleet_avoidable, fleet_blame, pack_lanes
 from .sources import any_value
 
 __all__ = ["FleetCollector", "FleetInstance", "FleetJob", "FleetSection", "Handled", "cli_fleet", "fleet_lines",
@@ -52,6 +52,10 @@ _PRODUCE, _ENQUEUE = (names.STAMP_ATTRS[s] for s in (Stage.PRODUCE, Stage.DISPAT
 # what :meth:`FleetCollector.add` reads: the stamps, job and worker, and what names a blocker
 _RECORD_KEYS = frozenset((_PULL, _START, _END, _PRODUCE, _ENQUEUE, names.WORKER, names.JOB_ID, names.MESSAGE_ID))
 FLEET_BLAME_TOP = 10  # blockers named per job
+# (victim, run) overlap steps the blockers of one job may take (~2.5 µs each, so ~8 s): the
+# 10⁵-message bench job takes 0.75·10⁶; 10⁵ messages dealt at once to one instance's 2 workers
+# while another idles would take 2.5·10⁹ (its 3000-message form: 2.25·10⁶ steps, 5.5 s)
+FLEET_BLAME_MAX_OVERLAPS = 3_000_000
 
 
 class Handled(NamedTuple):
@@ -130,6 +134,7 @@ class FleetJob:
     avoidable: dict[str, float] = field(default_factory=dict)
     # the runs that held up the fleet-avoidable waits, largest first (tracer.report.blame.fleet_blame)
     blockers: list[FleetBlocker] = field(default_factory=list)
+    blockers_note: str = ""  # why none are named although some wait was avoidable ("" when they are)
 
     def as_dict(self) -> dict[str, Any]:
         return {"job": self.job, "messages": self.messages, "completion_s": round(self.completion_s, 3),
@@ -137,7 +142,7 @@ class FleetJob:
                 "idle_worker_seconds_while_held_inside": round(self.inprocess_idle_while_held_s, 3),
                 "critical_path": self.critical,
                 "avoidable_wait": {k: round(v, 6) for k, v in self.avoidable.items()},
-                "top_blockers": [b.as_dict() for b in self.blockers],
+                "top_blockers": [b.as_dict() for b in self.blockers], "blockers_note": self.blockers_note,
                 "instances": [{k: (round(v, 3) if isinstance(v, float) else v) for k, v in vars(i).items()}
                               for i in self.instances]}
 
@@ -165,6 +170,7 @@ class FleetCollector:
     spans: int = 0
     pages: int = 0
     api: str = ""
+    max_overlaps: int = FLEET_BLAME_MAX_OVERLAPS  # per job: see tracer.report.blame.blame
     _index: dict[str, int] = field(default_factory=dict)
     _seen: set[str] = field(default_factory=set)
     _process_ids: set[bytes] = field(default_factory=set)
@@ -299,22 +305,24 @@ class FleetCollector:
             "ended_s": round((last.end_ns - t0) / 1e9, 3),
         }
         lanes = [Handled(r.worker, r.instance, r.pull_ns, r.start_ns, r.end_ns) for r in recs]
-        avoidable, blockers = _job_blame(recs, self.instances, workers, inferred)
+        avoidable, blockers, note = _job_blame(recs, self.instances, workers, inferred, max_overlaps=self.max_overlaps)
         section = FleetSection(
             f"job {job}", f"{len(recs)} messages, completed in {(last.end_ns - t0) / 1e9:.2f} s; "
             f"{waits['fleet_idle_while_held_s']:.1f} idle worker-s while another instance held unstarted messages; "
             f"{avoidable['fleet_share']:.0%} of consumer_wait avoidable in the fleet "
             f"({avoidable['elsewhere_share']:.0%} while another instance had a free worker)",
-            list(self.instances), workers, lanes, waits["max_held"], by_worker=True, blockers=list(blockers))
+            list(self.instances), workers, lanes, waits["max_held"], by_worker=True, blockers=list(blockers),
+            blockers_note=note)
         return FleetJob(job, len(recs), (last.end_ns - t0) / 1e9, [
             FleetInstance(self.instances[i], count[i], busy[i], busy[i] / total if total else 0.0, workers[i],
                           inferred[i], waits["max_held"][i], waits["caused_s"][i])
             for i in range(n)], waits["fleet_idle_while_held_s"], waits["inprocess_idle_while_held_s"],
-            critical, section, avoidable, list(blockers))
+            critical, section, avoidable, list(blockers), note)
 
 
 def _job_blame(recs: Sequence[_Rec], instances: Sequence[str], workers: Sequence[int], inferred: Sequence[bool],
-               *, top: int = FLEET_BLAME_TOP) -> tuple[dict[str, float], tuple[FleetBlocker, ...]]:
+               *, top: int = FLEET_BLAME_TOP, max_overlaps: int = FLEET_BLAME_MAX_OVERLAPS,
+               ) -> tuple[dict[str, float], tuple[FleetBlocker, ...], str]:
     """How much of the job's consumer_wait was avoidable inside its instance and in the fleet, and
     the runs that held up the fleet-avoidable part (:func:`tracer.report.blame.fleet_blame`). An
     instance without worker ids gets packed lanes and names no blocker (lanes are not the workers
@@ -332,7 +340,15 @@ def _job_blame(recs: Sequence[_Rec], instances: Sequence[str], workers: Sequence
                          r.start_ns, r.end_ns, r.enqueue_ns if r.enqueue_ns else None) for k, r in enumerate(mine)])
         known.append(not packed and not inferred[i])
     counts = [max(w, len({x.worker for x in rs}), 1) for w, rs in zip(workers, runs)]
-    return fleet_blame(runs, counts, instances, blockers_known=known, top=top)
+    try:
+        shares, blockers = fleet_blame(runs, counts, instances, blockers_known=known, top=top, max_overlaps=max_overlaps)
+    except TooManyOverlaps as exc:  # the share is cheap; say why the names are missing rather than run for hours
+        return fleet_avoidable(runs, counts), (), f"{exc}; read one job (--job) or a shorter window"
+    unknown = [instances[i] for i, mine in enumerate(per) if mine and not known[i]]
+    if not blockers and shares["avoidable_fleet_s"] and unknown:
+        return shares, (), (f"the spans of {', '.join(unknown)} carry no rmqtrace.worker (packed lanes are not the "
+                            "workers messages queued for)")
+    return shares, blockers, ""
 
 
 def _int_or_0(value: Any) -> int:
@@ -523,10 +539,7 @@ def blocker_name(b: FleetBlocker) -> str:
 
 def _blocker_lines(j: FleetJob) -> list[str]:
     if not j.blockers:
-        if j.avoidable.get("avoidable_fleet_s"):
-            return ["  no blocker named: no instance's spans carry rmqtrace.worker (packed lanes are not the workers "
-                    "messages queued for)"]
-        return []
+        return [f"  no blocker named: {j.blockers_note}"] if j.blockers_note else []
     out = [f"  who held it up (fleet-avoidable wait caused = victims × seconds; top {min(len(j.blockers), TERMINAL_BLOCKERS)}):"]
     for b in j.blockers[:TERMINAL_BLOCKERS]:
         out.append(f"    {blocker_name(b)} on {b.instance}, worker {b.worker}, handler {b.handler_s:.3f} s: held up "
@@ -547,6 +560,7 @@ class FleetSection:
     max_held: list[int]
     by_worker: bool = False
     blockers: list[FleetBlocker] = field(default_factory=list)  # listed under the lanes
+    blockers_note: str = ""  # why none are named (FleetJob.blockers_note)
 
 
 HELD_COLOR, BAR_COLOR = "#c0392b", "#2e86c1"
@@ -649,7 +663,8 @@ def fleet_page(title: str, sections: Sequence[FleetSection], *, width: int = VIE
              "one lane per worker, one bar per handler. Every section shares one time axis.</p>", legend]
     for sec in drawn:
         parts.append(f"<h2>{escape(sec.title)}</h2><p>{escape(sec.subtitle)}</p>{_lanes_svg(sec, span, width)}"
-                     f"{_blockers_table(sec.blockers)}")
+                     f"{_blockers_table(sec.blockers)}"
+                     + (f"<p>No blocker named: {escape(sec.blockers_note)}</p>" if sec.blockers_note else ""))
     return "".join(parts)
 
 
