@@ -101,3 +101,24 @@ def test_a_skipped_line_broken_inside_counts_as_a_span_but_is_never_used(tmp_pat
     got = read_span_file(path)
     assert got.spans == len(list(read_spans(path))) + 1 and got.unparsed == 0
     assert [r.as_dict() for r in got.records] == [r.as_dict() for r in messages_from_spans(read_spans(path))]
+
+
+_STAMP = st.one_of(st.integers(0, 40_000), st.just(0), st.integers(0, 40_000).map(str), st.just(1.0), st.none(),
+                   st.just(True))
+
+
+@settings(max_examples=500, deadline=None)
+@given(st.lists(st.one_of(st.none(), _STAMP), min_size=6, max_size=6), st.integers(0, 50_000))
+def test_the_fast_record_is_the_general_one(stamps: list[object], end_ns: int) -> None:
+    """record_from_fields (stamps in stage order, no causal() copy) against exact_stamps + message_record."""
+    from tracer.path import names
+    from tracer.report.model import exact_stamps, message_record, record_from_fields
+
+    attrs = {key: v for key, v in zip(names.STAMP_ATTRS.values(), stamps) if v is not None or len(key) % 2}
+    span = SpanRecord("t" * 32, "s" * 16, None, "process x", "CONSUMER", 0, end_ns, attributes=attrs)
+    exact = exact_stamps(span)
+    got = record_from_fields(span.trace_id, span.span_id, span.name, end_ns, attrs)
+    # invariant: trusted exactly when the general path trusts the stamps, and then the same record
+    assert (got is None) == (exact is None)
+    if got is not None and exact is not None:
+        assert got.as_dict() == message_record(span, exact).as_dict()

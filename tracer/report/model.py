@@ -282,7 +282,7 @@ def record_from_fields(trace_id: str, span_id: str, name: str, end_ns: int, attr
                 ordered = False
                 break
             last = ns
-    if last == MISSING:
+    if not any(times):
         return None  # no stamp at all
     stamps = Stamps(times)
     if ordered:  # causal(times) is times, and timeline() moves nothing: the checks of exact_stamps
