@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Callable
 
 import pytest
 from hypothesis import given, settings
@@ -11,7 +11,17 @@ from report_helpers import KNOWN, MS, T0, Row, scenario_spans
 
 from tracer.path import names
 from tracer.path.stages import Stage
-from tracer.report.blame import CAPACITY, HEAD_OF_LINE, NO_WAIT, Run, blame, fleet_avoidable, pack_lanes
+from tracer.report.blame import (
+    CAPACITY,
+    HEAD_OF_LINE,
+    NO_WAIT,
+    Run,
+    TooManyOverlaps,
+    blame,
+    fleet_avoidable,
+    fleet_blame,
+    pack_lanes,
+)
 from tracer.report.model import build_report
 
 
@@ -24,13 +34,16 @@ def _some_free(runs: list[Run], workers: int, t: int, grace: int) -> bool:
     return any(_available(runs, w, t, grace) for w in range(workers))
 
 
-def _offline(runs: list[Run], workers: int, grace: int) -> tuple[list[int], dict[int, int], list[int | None]]:
-    """Per run its avoidable cells; per run the avoidable cells it blocked; per run its blocker."""
+def _offline_parts(runs: list[Run], workers: int, grace: int, free: Callable[[int], bool] | None = None,
+                   ) -> tuple[list[int], list[dict[int, int]]]:
+    """Per run its avoidable cells, and per run how many of them each other run held up.
+    ``free(t)``: some worker that could take a message was available at ``t`` (default: one of this
+    consumer's)."""
     avoid: list[int] = []
-    credit: dict[int, int] = {}
-    blockers: list[int | None] = []
+    held: list[dict[int, int]] = []
     for k, r in enumerate(runs):
-        cells = [t for t in range(r.wait_start_ns + grace, r.start_ns) if _some_free(runs, workers, t, grace)]
+        cells = [t for t in range(r.wait_start_ns + grace, r.start_ns)
+                 if (free(t) if free is not None else _some_free(runs, workers, t, grace))]
         avoid.append(len(cells))
         parts: dict[int, int] = {}
         for t in cells:
@@ -43,6 +56,17 @@ def _offline(runs: list[Run], workers: int, grace: int) -> tuple[list[int], dict
             for j, o in enumerate(runs):
                 if j != k and o.worker == w and o.start_ns <= t < o.end_ns:
                     parts[j] = parts.get(j, 0) + 1
+        held.append(parts)
+    return avoid, held
+
+
+def _offline(runs: list[Run], workers: int, grace: int, free: Callable[[int], bool] | None = None,
+             ) -> tuple[list[int], dict[int, int], list[int | None]]:
+    """Per run its avoidable cells; per run the avoidable cells it blocked; per run its blocker."""
+    avoid, held = _offline_parts(runs, workers, grace, free)
+    credit: dict[int, int] = {}
+    blockers: list[int | None] = []
+    for parts in held:
         for j, n in parts.items():
             credit[j] = credit.get(j, 0) + n
         most = max(parts.values(), default=0)
@@ -88,6 +112,11 @@ def test_avoidable_wait_and_blockers_match_the_exact_offline_computation(case: t
     assert {x.message_id: round(x.held_up_s * 1e9) for x in b.top} == {runs[j].message_id: n for j, n in credit.items()}
     assert [x.held_up_s for x in b.top] == sorted((x.held_up_s for x in b.top), reverse=True)
     assert sum(x.held_up_s for x in b.top) <= b.avoidable_s + 1e-12
+    # invariant: max_overlaps bounds exactly the overlap steps the blockers took
+    if b.overlaps:
+        assert blame(runs, workers, grace_ns=grace, top=len(runs) + 1, max_overlaps=b.overlaps) == b
+        with pytest.raises(TooManyOverlaps):
+            blame(runs, workers, grace_ns=grace, top=len(runs) + 1, max_overlaps=b.overlaps - 1)
     # invariant: the reason is head_of_line when at least half the blameable wait was avoidable
     for m, r, n in zip(b.messages, runs, avoid):
         wait = r.start_ns - r.wait_start_ns
@@ -116,6 +145,48 @@ def test_fleet_avoidable_matches_the_exact_offline_computation(cases: list[tuple
     assert round(got["avoidable_inside_s"] * 1e9) == inside
     assert round(got["avoidable_elsewhere_s"] * 1e9) == elsewhere
     assert round(got["avoidable_fleet_s"] * 1e9) == either
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.lists(schedules(), min_size=1, max_size=3), st.data())
+def test_fleet_blockers_match_the_exact_offline_computation(cases: list[tuple[list[Run], int, int]],
+                                                            data: st.DataObject) -> None:
+    instances = [c[0] for c in cases]
+    workers = [c[1] for c in cases]
+    grace = cases[0][2]
+    names = [f"i{i}" for i in range(len(cases))]
+    known = [data.draw(st.booleans()) or i == 0 for i in range(len(cases))]  # an instance with inferred lanes names none
+
+    def fleet_free(t: int) -> bool:
+        return any(_some_free(rs, w, t, grace) for rs, w in zip(instances, workers))
+
+    shares, ranked = fleet_blame(instances, workers, names, blockers_known=known, grace_ns=grace, top=10**6)
+    credit: dict[tuple[str, str], int] = {}
+    victims: dict[tuple[str, str], int] = {}
+    avoid_cells = 0
+    for i, runs in enumerate(instances):
+        avoid, held = _offline_parts(runs, workers[i], grace, fleet_free)
+        avoid_cells += sum(avoid)
+        if not known[i]:
+            continue
+        for parts in held:  # a victim counts once per run that held up some of its wait
+            for j, n in parts.items():
+                key = (names[i], runs[j].message_id)
+                credit[key] = credit.get(key, 0) + n
+                victims[key] = victims.get(key, 0) + 1
+    # invariant: the fleet's avoidable wait is the cells some worker of any instance was available
+    assert round(shares["avoidable_fleet_s"] * 1e9) == avoid_cells
+    # invariant: each blocker is credited with exactly the fleet-avoidable cells it held up, on its instance
+    assert {(b.instance, b.message_id): round(b.held_up_s * 1e9) for b in ranked} == credit
+    assert {(b.instance, b.message_id): b.victims for b in ranked} == victims
+    # invariant: ranked by the wait caused, largest first; the credits never exceed the avoidable wait
+    assert [b.held_up_s for b in ranked] == sorted((b.held_up_s for b in ranked), reverse=True)
+    assert sum(b.held_up_s for b in ranked) <= shares["avoidable_fleet_s"] + 1e-12
+    # invariant: with one instance the fleet's blockers are the consumer's own
+    if len(instances) == 1 and known[0]:
+        own = blame(instances[0], workers[0], grace_ns=grace, top=10**6)
+        assert [(b.message_id, b.held_up_s, b.victims) for b in ranked] == sorted(
+            ((b.message_id, b.held_up_s, b.victims) for b in own.top), key=lambda x: (-x[1], x[0]))
 
 
 def test_blame_of_the_known_scenario_names_m1() -> None:

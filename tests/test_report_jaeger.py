@@ -214,3 +214,24 @@ def test_bench_report_small_gives_its_json_shape(jaeger: str, tmp_path: Path) ->
     assert size["fleet_answers_identical"] is True and size["jaeger_http"]["messages"] == FLEET_MESSAGES
     assert r["largest_messages"] == FLEET_MESSAGES and len(r["loadavg"]["before"]) == 3
     json.dumps(r)  # one JSON document
+
+
+def test_fleet_blockers_from_jaeger_are_those_of_the_span_file(jaeger: str, fleet_job: LoadedJob) -> None:
+    """The blockers the fleet view names from Jaeger's records equal fleet_blame over the same job's
+    span file (each message's instance from the bench's round-robin hand-out: message i on bench-(i % 3))."""
+    from tracer.path.stages import Stage
+    from tracer.report.blame import Run, fleet_blame
+    from tracer.report.spanread import read_span_file
+    from tracer.tools.bench.report import INSTANCES, WORKERS
+
+    _, [view] = _fleet_views(jaeger, fleet_job, api="v3")
+    runs: list[list[Run]] = [[] for _ in range(INSTANCES)]
+    for r in read_span_file(fleet_job.spans_file).records:
+        t = r.stamps.times
+        runs[int(r.message_id.rsplit("-", 1)[1]) % INSTANCES].append(Run(
+            r.message_id, r.message_id, int(r.worker or 0), t[Stage.CLIENT_PULL], t[Stage.HANDLER_START],
+            t[Stage.HANDLER_END], t[Stage.DISPATCH_ENQUEUE]))
+    shares, ranked = fleet_blame(runs, [WORKERS] * INSTANCES, [f"bench-{k}" for k in range(INSTANCES)])
+    assert view["top_blockers"], "the long-tailed job held messages up while other instances idled"
+    assert view["top_blockers"] == [b.as_dict() for b in ranked]
+    assert view["avoidable_wait"] == {k: round(v, 6) for k, v in shares.items()}

@@ -374,6 +374,25 @@ def test_fleet_collector_reads_otlp_once_per_trace_and_span() -> None:
     assert job.critical["instance"] == "a" and {i.workers for i in job.instances} == {1}
 
 
+def test_a_cycle_made_while_paused_is_still_collected() -> None:
+    import gc
+    import weakref
+
+    from tracer.report.sources import paused_gc
+
+    class Node:
+        other: Any = None
+
+    with paused_gc():
+        a, b = Node(), Node()
+        a.other, b.other = b, a  # a cycle: only the collector frees it
+        gone = weakref.ref(a)
+        del a, b
+    assert gone() is not None  # nothing collected it while paused
+    gc.collect()
+    assert gone() is None
+
+
 def test_paused_gc_restores_what_it_found() -> None:
     import gc
 

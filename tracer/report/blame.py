@@ -31,8 +31,14 @@ Definitions (also in ``docs/report.md``):
   messages it caused some of.
 * the live counterpart, fed by a dispatcher as messages start: :class:`tracer.path.blocking.BlameTracker`
   (same definitions, same numbers).
+* **a key's own wait**: under aggressive a keyed message whose key is running is parked, and the pool
+  runs it next on the worker that ran the key's message; its dispatch enqueue is its ``bound_ns``, so
+  the buffer rule above names the key's running message. (The live tracker is not told of parking:
+  see :mod:`tracer.path.blocking`.)
 * **across a fleet** (:func:`fleet_avoidable`): a wait is avoidable in the fleet when some worker of
-  another instance was available meanwhile (waiting in one process while another idled).
+  another instance was available meanwhile (waiting in one process while another idled);
+  :func:`fleet_blame` credits the runs that held such waits up (the rules above inside each
+  instance, on the fleet's busy time).
 """
 
 from __future__ import annotations
@@ -44,8 +50,8 @@ from typing import Any, Iterable, NamedTuple, Sequence
 
 from ..path.blocking import CAPACITY, GRACE_NS, HEAD_OF_LINE, NO_WAIT  # one definition, live and offline
 
-__all__ = ["GRACE_NS", "HEAD_OF_LINE", "CAPACITY", "NO_WAIT", "Blame", "Blocker", "IntervalSet", "MessageBlame",
-           "Run", "all_busy", "blame", "fleet_avoidable", "pack_lanes"]
+__all__ = ["GRACE_NS", "HEAD_OF_LINE", "CAPACITY", "NO_WAIT", "Blame", "Blocker", "FleetBlocker", "IntervalSet",
+           "MessageBlame", "Run", "TooManyOverlaps", "all_busy", "blame", "fleet_avoidable", "fleet_blame", "pack_lanes"]
 
 
 
@@ -178,6 +184,7 @@ class Blame:
     blockers_known: bool  # False when worker ids were inferred: no blocker is named
     messages: tuple[MessageBlame, ...]
     top: tuple[Blocker, ...]  # by held_up_s, largest first
+    overlaps: int = 0  # (victim, run) overlap steps it took to name the blockers (see max_overlaps)
 
     @property
     def avoidable_share(self) -> float:
@@ -249,12 +256,26 @@ def _backlog_pieces(runs: Sequence[Run], on_worker: dict[int, list[int]]) -> lis
     return pieces
 
 
+class TooManyOverlaps(RuntimeError):
+    """Naming the blockers would weigh more (victim, run) overlaps than the caller allowed."""
+
+
 def blame(runs: Sequence[Run], workers: int, *, grace_ns: int = GRACE_NS, blockers_known: bool = True,
-          top: int = 10) -> Blame:
+          top: int = 10, busy: IntervalSet | None = None, max_overlaps: int | None = None) -> Blame:
     """Blame every run of one consumer with ``workers`` workers.
+
+    ``busy``: when no worker that could have taken a message was available; default the consumer's
+    own (:func:`all_busy`). The fleet view passes the fleet's (:func:`fleet_blame`), so a wait
+    counts as avoidable while any instance had a worker available, and the runs that held it up
+    are credited with that.
+
+    Each message that waited avoidably is weighed against every run that went on where it waited
+    (its worker's, or the backlog head's): a consumer whose waits are long *and* avoidable costs
+    victims × runs per wait. ``max_overlaps`` bounds those steps.
 
     Raises:
         ValueError: ``workers`` < 1, a negative ``grace_ns``, or more distinct worker ids than ``workers``.
+        TooManyOverlaps: more than ``max_overlaps`` steps were needed (nothing is returned).
     """
     if workers < 1:
         raise ValueError(f"workers must be at least 1, got {workers}")
@@ -263,7 +284,8 @@ def blame(runs: Sequence[Run], workers: int, *, grace_ns: int = GRACE_NS, blocke
     ids = {r.worker for r in runs}
     if len(ids) > workers:
         raise ValueError(f"{len(ids)} distinct worker ids but workers={workers}")
-    busy = all_busy(runs, workers, grace_ns)
+    if busy is None:
+        busy = all_busy(runs, workers, grace_ns)
     on_worker: dict[int, list[int]] = {}
     for k in sorted(range(len(runs)), key=lambda k: runs[k].start_ns):
         on_worker.setdefault(runs[k].worker, []).append(k)
@@ -275,18 +297,25 @@ def blame(runs: Sequence[Run], workers: int, *, grace_ns: int = GRACE_NS, blocke
             top_end = max(top_end, runs[k].end_ns)
             row.append(top_end)
         reach[w] = row
-    backlog = _backlog_pieces(runs, on_worker) if blockers_known else []
+    # each run's avoidable wait first: the backlog is needed only by a run that waited avoidably
+    # before it was bound (most runs of a saturated consumer wait with every worker busy)
+    avoids = [(r.start_ns - r.wait_start_ns - grace_ns) - busy.covered(r.wait_start_ns + grace_ns, r.start_ns)
+              if r.start_ns > r.wait_start_ns + grace_ns else 0 for r in runs]
+    backlog = _backlog_pieces(runs, on_worker) if blockers_known and any(
+        avoid > 0 and r.bound_ns is not None and r.bound_ns > r.wait_start_ns + grace_ns
+        for avoid, r in zip(avoids, runs)) else []
     backlog_ends = [p[1] for p in backlog]
     weight = [(hi - lo) - busy.covered(lo, hi) for lo, hi, _j in backlog]  # available time in each piece
     credit: dict[int, int] = {}
     victims: dict[int, int] = {}
     out: list[MessageBlame] = []
     wait_total = avoidable_total = 0.0
-    hol = cap = 0
+    hol = cap = steps = 0
+    budget = max_overlaps
     for k, r in enumerate(runs):
         wait = max(0, r.start_ns - r.wait_start_ns)
         a, b = r.wait_start_ns + grace_ns, r.start_ns
-        avoid = (b - a) - busy.covered(a, b) if b > a else 0
+        avoid = avoids[k]
         blocker: int | None = None
         if avoid > 0 and blockers_known:
             parts: dict[int, int] = {}
@@ -296,6 +325,7 @@ def blame(runs: Sequence[Run], workers: int, *, grace_ns: int = GRACE_NS, blocke
                 o = runs[j]
                 if o.start_ns >= b:
                     break
+                steps += 1
                 lo, hi = max(bound, o.start_ns), min(b, o.end_ns)
                 if j != k and hi > lo:
                     parts[j] = parts.get(j, 0) + (hi - lo) - busy.covered(lo, hi)
@@ -306,6 +336,7 @@ def blame(runs: Sequence[Run], workers: int, *, grace_ns: int = GRACE_NS, blocke
                     lo0, hi0, j = backlog[i]
                     if lo0 >= bound:
                         break
+                    steps += 1
                     if j != k:
                         if a <= lo0 and hi0 <= bound:
                             parts[j] = parts.get(j, 0) + weight[i]  # inside the window: precomputed
@@ -313,6 +344,9 @@ def blame(runs: Sequence[Run], workers: int, *, grace_ns: int = GRACE_NS, blocke
                             lo, hi = max(a, lo0), min(bound, hi0)
                             parts[j] = parts.get(j, 0) + (hi - lo) - busy.covered(lo, hi)
                     i += 1
+            if budget is not None and steps > budget:
+                raise TooManyOverlaps(f"naming the blockers of {len(runs)} runs needs more than {budget} "
+                                      "(victim, run) overlap steps")
             best: tuple[int, int, str] | None = None  # (-part, start, id): the largest part, then the earliest
             for j, part in parts.items():
                 if part > 0:
@@ -331,7 +365,7 @@ def blame(runs: Sequence[Run], workers: int, *, grace_ns: int = GRACE_NS, blocke
     ranked = sorted(credit, key=lambda j: (-credit[j], runs[j].start_ns, runs[j].message_id))[:max(0, top)]
     return Blame(workers, wait_total, avoidable_total, hol, cap, blockers_known, tuple(out), tuple(
         Blocker(runs[j].message_id, runs[j].label, runs[j].worker, (runs[j].end_ns - runs[j].start_ns) / 1e9,
-                victims[j], credit[j] / 1e9) for j in ranked))
+                victims[j], credit[j] / 1e9) for j in ranked), steps)
 
 
 def fleet_avoidable(instances: Sequence[Sequence[Run]], workers: Sequence[int], *,
@@ -368,6 +402,59 @@ def fleet_avoidable(instances: Sequence[Sequence[Run]], workers: Sequence[int], 
     return {"consumer_wait_s": wait / 1e9, "avoidable_inside_s": inside / 1e9, "avoidable_elsewhere_s": elsewhere / 1e9,
             "avoidable_fleet_s": either / 1e9, "inside_share": share(inside), "elsewhere_share": share(elsewhere),
             "fleet_share": share(either)}
+
+
+@dataclass(frozen=True, slots=True)
+class FleetBlocker:
+    """A run that held up waits which some instance of the fleet could have served."""
+
+    instance: str
+    message_id: str
+    label: str
+    worker: int
+    handler_s: float
+    victims: int
+    held_up_s: float  # the fleet-avoidable wait it caused: victims × seconds
+
+    def as_dict(self) -> dict[str, Any]:
+        return {"instance": self.instance, "message_id": self.message_id, "label": self.label, "worker": self.worker,
+                "handler_s": round(self.handler_s, 6), "victims": self.victims, "held_up_s": round(self.held_up_s, 6)}
+
+
+def fleet_blame(instances: Sequence[Sequence[Run]], workers: Sequence[int], names: Sequence[str], *,
+                blockers_known: Sequence[bool] | None = None, grace_ns: int = GRACE_NS, top: int = 10,
+                max_overlaps: int | None = None) -> tuple[dict[str, float], tuple[FleetBlocker, ...]]:
+    """:func:`fleet_avoidable`, and the runs that held up the fleet-avoidable waits, ranked.
+
+    Every instance is blamed with :func:`blame` on the fleet's ``busy`` (no worker of any instance
+    available): within an instance the blocker rules are the usual ones (its worker's run, or the
+    run holding up the instance's backlog), and a run is credited with the part of each wait it
+    held up during which some worker of the fleet was available. So the credits of an instance add
+    up to at most its share of ``avoidable_fleet_s``. Ranked by ``held_up_s``, then instance name,
+    then message id; an instance whose worker ids are not known (``blockers_known``) names none.
+
+    ``max_overlaps`` bounds the steps of all instances together (:func:`blame`).
+
+    Raises:
+        ValueError: ``instances``, ``workers`` and ``names`` differ in length.
+        TooManyOverlaps: the blockers would take more than ``max_overlaps`` steps.
+    """
+    if not len(instances) == len(workers) == len(names):
+        raise ValueError(f"{len(instances)} instances, {len(workers)} worker counts, {len(names)} names")
+    known = list(blockers_known) if blockers_known is not None else [True] * len(instances)
+    shares = fleet_avoidable(instances, workers, grace_ns=grace_ns)
+    everyone = _intersection([all_busy(rs, max(1, w), grace_ns) for rs, w in zip(instances, workers)])
+    ranked: list[FleetBlocker] = []
+    for rs, w, name, k in zip(instances, workers, names, known):
+        if not rs or not k:
+            continue
+        b = blame(rs, max(1, w), grace_ns=grace_ns, busy=everyone, top=len(rs), max_overlaps=max_overlaps)
+        if max_overlaps is not None:
+            max_overlaps -= b.overlaps
+        ranked += [FleetBlocker(name, x.message_id, x.label, x.worker, x.handler_s, x.victims, x.held_up_s)
+                   for x in b.top]
+    ranked.sort(key=lambda x: (-x.held_up_s, x.instance, x.message_id))
+    return shares, tuple(ranked[:max(0, top)])
 
 
 def pack_lanes(spans: Sequence[tuple[int, int]]) -> list[int]:

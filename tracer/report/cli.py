@@ -13,8 +13,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from ..telemetry.spanfile import SpanRecord
-    from .model import Report
+    from .model import MessageRecord, Report
 
 DEFAULT_SPANS = Path("rmqtrace-out") / "spans.jsonl"
 
@@ -79,7 +78,8 @@ def add_cli(subparsers: Any) -> argparse.ArgumentParser:
                           "--jaeger is on 16686); without it --fleet reads the slower HTTP /api/traces")
     src.add_argument("--fleet", action="store_true",
                      help="the fleet view: every trace in --lookback, paged (bounded memory), per job across "
-                          "instances (service.instance.id): completion, critical path, occupancy, who held the work")
+                          "instances (service.instance.id): completion, critical path, occupancy, who held the work, "
+                          "the avoidable wait and its blockers; with a spans file instead, each service is an instance")
     sel = p.add_argument_group("what to show")
     sel.add_argument("--group", metavar="G", help="only this consumer group (the demo's are demo-<policy>)")
     sel.add_argument("--job", metavar="J", help="only messages with this rmqtrace.job.id")
@@ -161,9 +161,12 @@ def _unwritable(target: str | None) -> str | None:
     return None
 
 
-def _read(args: argparse.Namespace) -> tuple[list[SpanRecord], str, str]:
-    """The spans, where they came from, and why some of the source was not used ("" when all was)."""
-    from .sources import SourceError, read_jaeger, read_jsonl_counted
+def _read(args: argparse.Namespace) -> tuple[list[MessageRecord], int, str, str]:
+    """The message records, how many spans they came from, where from, and why some of the source
+    was not used ("" when all was)."""
+    from .model import messages_from_spans
+    from .sources import SourceError, paused_gc, read_jaeger
+    from .spanread import read_span_file
 
     try:
         if args.jaeger:
@@ -172,11 +175,13 @@ def _read(args: argparse.Namespace) -> tuple[list[SpanRecord], str, str]:
             traces = len({s.trace_id for s in spans})
             left_out = (f"Jaeger returned --limit {args.limit} traces; there may be more (raise --limit or narrow "
                         "--lookback)") if traces >= args.limit else ""
-            return spans, f"Jaeger {args.jaeger} service {args.service}", left_out
+            with paused_gc():
+                records = messages_from_spans(spans)
+            return records, len(spans), f"Jaeger {args.jaeger} service {args.service}", left_out
         path = Path(args.spans or os.environ.get("RMQTRACE_SPANS_FILE") or DEFAULT_SPANS)
-        spans, lines, unparsed = read_jsonl_counted(path)
-        left_out = f"{unparsed} of {lines} lines could not be parsed as spans" if unparsed else ""
-        return spans, f"spans file {path}", left_out
+        read = read_span_file(path)  # the process spans; the others only when a message needs them
+        left_out = f"{read.unparsed} of {read.lines} lines could not be parsed as spans" if read.unparsed else ""
+        return read.records, read.spans, f"spans file {path}", left_out
     except SourceError as exc:
         raise _Stop(str(exc)) from exc
 
@@ -216,21 +221,23 @@ def _write(report: Report, args: argparse.Namespace) -> None:
 
 
 def cmd_report(args: argparse.Namespace) -> int:
-    from .model import build_report
+    from .model import report_from_messages
 
     try:
         _check_args(args)
         if args.fleet:
             from .fleet import cli_fleet
             return cli_fleet(args)
-        spans, source, left_out = _read(args)
         from .sources import paused_gc
-        with paused_gc():  # a third of the build at 10⁵ messages was collections walking the spans
-            report = build_report(spans, group=args.group, job=args.job, top=args.top, workers=args.workers,
-                                  source=source)
+        # a third of the build at 10⁵ messages was collections walking the spans; one pause over the
+        # read and the build, or the first allocation between them collects all the records read
+        with paused_gc():
+            records, spans, source, left_out = _read(args)
+            report = report_from_messages(records, spans, group=args.group, job=args.job, top=args.top,
+                                          workers=args.workers, source=source)
         if not report.groups:
             what = " and ".join(f"{k} {v!r}" for k, v in (("group", args.group), ("job", args.job)) if v)
-            raise _Stop(f"no consumer spans (`process …`) among {len(spans)} spans from {source}"
+            raise _Stop(f"no consumer spans (`process …`) among {spans} spans from {source}"
                         + (f" for {what}" if what else "") + (f"; {left_out}" if left_out else ""))
         if left_out:
             print(f"rmqtrace report: warning: {left_out}", file=sys.stderr)

@@ -2,8 +2,9 @@
 
 Spans tell instances apart by their resource's ``service.instance.id`` (host:pid unless set; see
 :mod:`tracer.config`). For every ``process {topic}`` span this module keeps one compact record —
-instance, job, the receive / handler start / handler end stamps, worker — and drops the span, so
-memory grows with the number of messages (~200 bytes each), never with the spans or pages read.
+instance, job, worker, message id, the receive / dispatch enqueue / handler start / handler end
+stamps — and drops the span, so memory grows with the number of messages (~130 bytes each beside
+its message id string, tracemalloc at 10⁵), never with the spans or pages read.
 
 From the records, per job:
 
@@ -13,6 +14,9 @@ From the records, per job:
   ``rmqtrace.worker`` values; else the most handlers that overlapped — a lower bound);
 * **where the job waited**: the exact sweep of the stamps, ∫ min(idle workers of instances holding
   nothing, messages held unstarted elsewhere) dt, and per holding instance its part of that.
+* **who held it up**: the consumer_wait avoidable inside the instance and in the fleet, and the
+  runs behind which messages waited while a worker of the fleet was free, ranked by the wait they
+  caused (:func:`tracer.report.blame.fleet_blame`).
 
 :func:`read_jaeger_fleet` reads windows of time, each at most a page of traces; a full page means
 the window may hold more, so it is split in halves and read again. Traces seen twice (a trace
@@ -36,6 +40,7 @@ from typing import Any, Callable, Iterable, Iterator, NamedTuple, Sequence
 
 from ..path import names
 from ..path.stages import Stage
+from .blame import FleetBlocker, Run, TooManyOverlaps, fleet_avoidable, fleet_blame, pack_lanes
 from .sources import any_value
 
 __all__ = ["FleetCollector", "FleetInstance", "FleetJob", "FleetSection", "Handled", "cli_fleet", "fleet_lines",
@@ -43,8 +48,14 @@ __all__ = ["FleetCollector", "FleetInstance", "FleetJob", "FleetSection", "Handl
 
 INSTANCE_KEY = "service.instance.id"
 _PULL, _START, _END = (names.STAMP_ATTRS[s] for s in (Stage.CLIENT_PULL, Stage.HANDLER_START, Stage.HANDLER_END))
-_PRODUCE = names.STAMP_ATTRS[Stage.PRODUCE]
-_RECORD_KEYS = frozenset((_PULL, _START, _END, _PRODUCE, names.WORKER, names.JOB_ID))  # what :meth:`FleetCollector.add` reads
+_PRODUCE, _ENQUEUE = (names.STAMP_ATTRS[s] for s in (Stage.PRODUCE, Stage.DISPATCH_ENQUEUE))
+# what :meth:`FleetCollector.add` reads: the stamps, job and worker, and what names a blocker
+_RECORD_KEYS = frozenset((_PULL, _START, _END, _PRODUCE, _ENQUEUE, names.WORKER, names.JOB_ID, names.MESSAGE_ID))
+FLEET_BLAME_TOP = 10  # blockers named per job
+# (victim, run) overlap steps the blockers of one job may take (~2.5 µs each, so ~8 s): the
+# 10⁵-message bench job takes 0.75·10⁶; 10⁵ messages dealt at once to one instance's 2 workers
+# while another idles would take 2.5·10⁹ (its 3000-message form: 2.25·10⁶ steps, 5.5 s)
+FLEET_BLAME_MAX_OVERLAPS = 3_000_000
 
 
 class Handled(NamedTuple):
@@ -121,6 +132,9 @@ class FleetJob:
     section: FleetSection | None = field(default=None, repr=False)  # what the HTML lanes draw
     # consumer_wait and the parts avoidable inside the instance / elsewhere in the fleet (tracer.report.blame)
     avoidable: dict[str, float] = field(default_factory=dict)
+    # the runs that held up the fleet-avoidable waits, largest first (tracer.report.blame.fleet_blame)
+    blockers: list[FleetBlocker] = field(default_factory=list)
+    blockers_note: str = ""  # why none are named although some wait was avoidable ("" when they are)
 
     def as_dict(self) -> dict[str, Any]:
         return {"job": self.job, "messages": self.messages, "completion_s": round(self.completion_s, 3),
@@ -128,6 +142,7 @@ class FleetJob:
                 "idle_worker_seconds_while_held_inside": round(self.inprocess_idle_while_held_s, 3),
                 "critical_path": self.critical,
                 "avoidable_wait": {k: round(v, 6) for k, v in self.avoidable.items()},
+                "top_blockers": [b.as_dict() for b in self.blockers], "blockers_note": self.blockers_note,
                 "instances": [{k: (round(v, 3) if isinstance(v, float) else v) for k, v in vars(i).items()}
                               for i in self.instances]}
 
@@ -139,6 +154,10 @@ class _Rec(NamedTuple):
     start_ns: int
     end_ns: int
     worker: int
+    enqueue_ns: int  # dispatch enqueue (0: not stamped): from then on it waited in one worker's buffer
+    # what a blocker is named by; not its keys: a second string per message (~6 MiB at 10⁵) and an
+    # array attribute to convert per span, for a name the message id already gives
+    message_id: str
 
 
 @dataclass
@@ -151,6 +170,7 @@ class FleetCollector:
     spans: int = 0
     pages: int = 0
     api: str = ""
+    max_overlaps: int = FLEET_BLAME_MAX_OVERLAPS  # per job: see tracer.report.blame.blame
     _index: dict[str, int] = field(default_factory=dict)
     _seen: set[str] = field(default_factory=set)
     _process_ids: set[bytes] = field(default_factory=set)
@@ -203,6 +223,21 @@ class FleetCollector:
                         self.add(instance, {kv.key: any_value(kv.value) for kv in span.attributes
                                             if kv.key in _RECORD_KEYS})
 
+    def add_span_file(self, path: str) -> None:
+        """Every process span of a JSON-lines span file. Such a file names no
+        ``service.instance.id`` (the exporter writes the service name only): each ``service`` is
+        taken as one instance, so one process's file is a fleet of one."""
+        from .spanread import process_spans
+
+        traces: set[str] = set()
+        for trace_id, _span_id, service, attrs in process_spans(path):
+            if trace_id not in traces:
+                traces.add(trace_id)
+                self.traces += 1
+            self.spans += 1
+            self.add(service or "?", attrs)
+        self.pages += 1
+
     def add(self, instance: str, attrs: dict[str, Any]) -> None:
         """One process span's attributes (its stamps, job, worker) on ``instance``."""
         try:
@@ -214,9 +249,12 @@ class FleetCollector:
             self.instances.append(instance)
         worker = attrs.get(names.WORKER)
         produce = attrs.get(_PRODUCE)
+        enqueue = attrs.get(_ENQUEUE)
+        message_id = str(attrs.get(names.MESSAGE_ID) or "")
         self.jobs.setdefault(str(attrs.get(names.JOB_ID) or "(no job id)"), []).append(
             _Rec(self._index[instance], int(produce) if produce else 0, pull, start, end,
-                 int(worker) if isinstance(worker, (int, str)) and str(worker).lstrip("-").isdigit() else -1))
+                 int(worker) if isinstance(worker, (int, str)) and str(worker).lstrip("-").isdigit() else -1,
+                 _int_or_0(enqueue), message_id))
 
     def job_views(self) -> list[FleetJob]:
         """One view per job. Every instance seen in the window counts as up for every job (an idle
@@ -244,7 +282,8 @@ class FleetCollector:
         self._index = {name: i for i, name in enumerate(self.instances)}
         for job, recs in self.jobs.items():
             self.jobs[job] = sorted((r._replace(instance=new_index[r.instance]) for r in recs),
-                                    key=lambda r: (r.pull_ns, r.start_ns, r.end_ns, r.instance, r.worker, r.produce_ns))
+                                    key=lambda r: (r.pull_ns, r.start_ns, r.end_ns, r.instance, r.worker, r.produce_ns,
+                                                   r.message_id))
 
     def _view(self, job: str, recs: list[_Rec], workers: list[int], inferred: list[bool]) -> FleetJob:
         n = len(self.instances)
@@ -266,35 +305,58 @@ class FleetCollector:
             "ended_s": round((last.end_ns - t0) / 1e9, 3),
         }
         lanes = [Handled(r.worker, r.instance, r.pull_ns, r.start_ns, r.end_ns) for r in recs]
-        avoidable = fleet_blame(recs, n, workers)
+        avoidable, blockers, note = _job_blame(recs, self.instances, workers, inferred, max_overlaps=self.max_overlaps)
         section = FleetSection(
             f"job {job}", f"{len(recs)} messages, completed in {(last.end_ns - t0) / 1e9:.2f} s; "
             f"{waits['fleet_idle_while_held_s']:.1f} idle worker-s while another instance held unstarted messages; "
             f"{avoidable['fleet_share']:.0%} of consumer_wait avoidable in the fleet "
             f"({avoidable['elsewhere_share']:.0%} while another instance had a free worker)",
-            list(self.instances), workers, lanes, waits["max_held"], by_worker=True)
+            list(self.instances), workers, lanes, waits["max_held"], by_worker=True, blockers=list(blockers),
+            blockers_note=note)
         return FleetJob(job, len(recs), (last.end_ns - t0) / 1e9, [
             FleetInstance(self.instances[i], count[i], busy[i], busy[i] / total if total else 0.0, workers[i],
                           inferred[i], waits["max_held"][i], waits["caused_s"][i])
             for i in range(n)], waits["fleet_idle_while_held_s"], waits["inprocess_idle_while_held_s"],
-            critical, section, avoidable)
+            critical, section, avoidable, list(blockers), note)
 
 
-def fleet_blame(recs: Sequence[_Rec], instances: int, workers: Sequence[int]) -> dict[str, float]:
-    """How much of the job's consumer_wait was avoidable inside its instance and in the fleet
-    (:func:`tracer.report.blame.fleet_avoidable`); an instance without worker ids gets packed lanes."""
-    from .blame import Run, fleet_avoidable, pack_lanes
-
-    per: list[list[_Rec]] = [[] for _ in range(instances)]
+def _job_blame(recs: Sequence[_Rec], instances: Sequence[str], workers: Sequence[int], inferred: Sequence[bool],
+               *, top: int = FLEET_BLAME_TOP, max_overlaps: int = FLEET_BLAME_MAX_OVERLAPS,
+               ) -> tuple[dict[str, float], tuple[FleetBlocker, ...], str]:
+    """How much of the job's consumer_wait was avoidable inside its instance and in the fleet, and
+    the runs that held up the fleet-avoidable part (:func:`tracer.report.blame.fleet_blame`). An
+    instance without worker ids gets packed lanes and names no blocker (lanes are not the workers
+    messages queued for); a record carries its dispatch enqueue, so the backlog and buffer rules are
+    the single-consumer report's."""
+    per: list[list[_Rec]] = [[] for _ in instances]
     for r in recs:
         per[r.instance].append(r)
     runs: list[list[Run]] = []
-    for mine in per:
-        lanes = pack_lanes([(r.start_ns, r.end_ns) for r in mine]) if any(r.worker < 0 for r in mine) else None
-        runs.append([Run("", "", lanes[k] if lanes else r.worker, min(r.pull_ns, r.start_ns), r.start_ns, r.end_ns)
-                     for k, r in enumerate(mine)])
+    known: list[bool] = []
+    for i, mine in enumerate(per):
+        packed = any(r.worker < 0 for r in mine)
+        lanes = pack_lanes([(r.start_ns, r.end_ns) for r in mine]) if packed else None
+        runs.append([Run(r.message_id, r.message_id, lanes[k] if lanes else r.worker, min(r.pull_ns, r.start_ns),
+                         r.start_ns, r.end_ns, r.enqueue_ns if r.enqueue_ns else None) for k, r in enumerate(mine)])
+        known.append(not packed and not inferred[i])
     counts = [max(w, len({x.worker for x in rs}), 1) for w, rs in zip(workers, runs)]
-    return fleet_avoidable(runs, counts)
+    try:
+        shares, blockers = fleet_blame(runs, counts, instances, blockers_known=known, top=top, max_overlaps=max_overlaps)
+    except TooManyOverlaps as exc:  # the share is cheap; say why the names are missing rather than run for hours
+        return fleet_avoidable(runs, counts), (), f"{exc}; read one job (--job) or a shorter window"
+    unknown = [instances[i] for i, mine in enumerate(per) if mine and not known[i]]
+    if not blockers and shares["avoidable_fleet_s"] and unknown:
+        return shares, (), (f"the spans of {', '.join(unknown)} carry no rmqtrace.worker (packed lanes are not the "
+                            "workers messages queued for)")
+    return shares, blockers, ""
+
+
+def _int_or_0(value: Any) -> int:
+    """A stamp as read (an int, or digits in a string from /api/traces), 0 when absent or not one."""
+    try:
+        return int(value) if value is not None and not isinstance(value, (bool, float)) else 0
+    except (TypeError, ValueError):
+        return 0
 
 
 def _max_overlap(recs: Sequence[_Rec]) -> int:
@@ -455,6 +517,7 @@ def fleet_lines(jobs: Iterable[FleetJob]) -> list[str]:
             out.append(f"  avoidable: {a['fleet_share']:.0%} of {a['consumer_wait_s']:.1f} s consumer_wait was spent while "
                        f"a worker of the fleet was free — {a['elsewhere_share']:.0%} while another instance had one, "
                        f"{a['inside_share']:.0%} while its own instance had one")
+        out += _blocker_lines(j)
         width = max(len(i.name) for i in j.instances)
         out.append(f"  {'instance':<{width}}  messages   busy  workers  most held  held while others idled")
         for i in sorted(j.instances, key=lambda i: -i.held_while_others_idled_s):
@@ -463,6 +526,24 @@ def fleet_lines(jobs: Iterable[FleetJob]) -> list[str]:
                        f"{i.held_while_others_idled_s:>8.1f} worker-s")
         if any(i.workers_inferred for i in j.instances):
             out.append("  ?: no rmqtrace.worker on the spans; workers = the most handlers that overlapped (a lower bound)")
+    return out
+
+
+TERMINAL_BLOCKERS = 5
+
+
+def blocker_name(b: FleetBlocker) -> str:
+    """How a blocker is printed: its keys and its message id (the id alone when it has no keys)."""
+    return b.message_id if b.label in ("", b.message_id) else f"{b.label} ({b.message_id})"
+
+
+def _blocker_lines(j: FleetJob) -> list[str]:
+    if not j.blockers:
+        return [f"  no blocker named: {j.blockers_note}"] if j.blockers_note else []
+    out = [f"  who held it up (fleet-avoidable wait caused = victims × seconds; top {min(len(j.blockers), TERMINAL_BLOCKERS)}):"]
+    for b in j.blockers[:TERMINAL_BLOCKERS]:
+        out.append(f"    {blocker_name(b)} on {b.instance}, worker {b.worker}, handler {b.handler_s:.3f} s: held up "
+                   f"{b.victims} message{'s' if b.victims != 1 else ''} for {b.held_up_s:.3f} s")
     return out
 
 
@@ -478,6 +559,8 @@ class FleetSection:
     records: list[Handled]
     max_held: list[int]
     by_worker: bool = False
+    blockers: list[FleetBlocker] = field(default_factory=list)  # listed under the lanes
+    blockers_note: str = ""  # why none are named (FleetJob.blockers_note)
 
 
 HELD_COLOR, BAR_COLOR = "#c0392b", "#2e86c1"
@@ -543,6 +626,17 @@ def _lanes_svg(sec: FleetSection, span: int, width: int = VIEW_W) -> str:
             f'{"".join(axis[:2])}{"".join(axis[2:])}{"".join(rows)}</svg>')
 
 
+def _blockers_table(blockers: Sequence[FleetBlocker]) -> str:
+    """The section's top blockers: the runs that held up waits another worker of the fleet could have taken."""
+    if not blockers:
+        return ""
+    rows = "".join(f"<tr><td>{escape(blocker_name(b))}</td><td>{escape(b.instance)}</td><td>{b.worker}</td>"
+                   f"<td>{b.handler_s:.3f} s</td><td>{b.victims}</td><td>{b.held_up_s:.3f} s</td></tr>" for b in blockers)
+    return ("<table class='blockers'><caption>Who held it up: the runs behind which messages waited while a worker of "
+            "the fleet was free (held up = victims × seconds)</caption><tr><th>message</th><th>instance</th>"
+            f"<th>worker</th><th>handler</th><th>victims</th><th>held up</th></tr>{rows}</table>")
+
+
 def fleet_page(title: str, sections: Sequence[FleetSection], *, width: int = VIEW_W) -> str:
     """A self-contained HTML page: per section, one lane group per instance — the messages it held
     received but not started (red step line, on its own 0…peak scale) over one lane per worker, a bar
@@ -560,48 +654,66 @@ def fleet_page(title: str, sections: Sequence[FleetSection], *, width: int = VIE
              "h2{margin-bottom:2px}p{margin-top:2px;color:#444;max-width:1100px}"
              "svg{display:block;width:100%;height:auto;margin:8px 0 18px}"
              ".legend{display:flex;flex-wrap:wrap;gap:6px 22px;margin:8px 0 12px}"
-             ".sw{display:inline-block;width:14px;height:10px;margin-right:6px;vertical-align:0}</style>",
+             ".sw{display:inline-block;width:14px;height:10px;margin-right:6px;vertical-align:0}"
+             "table.blockers{border-collapse:collapse;margin:0 0 24px}table.blockers caption{text-align:left;color:#444;"
+             "padding-bottom:4px}table.blockers td,table.blockers th{padding:2px 10px;text-align:left;"
+             "border-bottom:1px solid #ddd}</style>",
              f"<h1>{escape(title)}</h1>",
              "<p>Per consumer instance: the red line is how many messages it held received but not started; below it "
              "one lane per worker, one bar per handler. Every section shares one time axis.</p>", legend]
     for sec in drawn:
-        parts.append(f"<h2>{escape(sec.title)}</h2><p>{escape(sec.subtitle)}</p>{_lanes_svg(sec, span, width)}")
+        parts.append(f"<h2>{escape(sec.title)}</h2><p>{escape(sec.subtitle)}</p>{_lanes_svg(sec, span, width)}"
+                     f"{_blockers_table(sec.blockers)}"
+                     + (f"<p>No blocker named: {escape(sec.blockers_note)}</p>" if sec.blockers_note else ""))
     return "".join(parts)
 
 
 def cli_fleet(args: Any) -> int:
-    """``rmqtrace report --jaeger URL --fleet``: every trace of ``--service`` in ``--lookback``, paged;
-    the fleet view per job on stdout (``--json``: as JSON), ``--html FILE``: the lanes per instance."""
+    """``rmqtrace report --jaeger URL --fleet``: every trace of ``--service`` in ``--lookback``, paged
+    (``rmqtrace report SPANS.jsonl --fleet``: every process span of the file, its ``service`` as the
+    instance); the fleet view per job on stdout (``--json``: as JSON), ``--html FILE``: the lanes per
+    instance."""
     import sys
     from pathlib import Path
 
     from .sources import SourceError, parse_duration
 
-    if not args.jaeger:
-        print("rmqtrace report: --fleet reads Jaeger: give --jaeger URL", file=sys.stderr)
+    spans = getattr(args, "spans", None)
+    if not args.jaeger and not spans:
+        print("rmqtrace report: --fleet reads Jaeger or a span file: give --jaeger URL or SPANS.jsonl", file=sys.stderr)
         return 2
-    try:
-        lookback = parse_duration(args.lookback)
-    except ValueError as exc:
-        print(f"rmqtrace report: {exc}", file=sys.stderr)
-        return 2
-    try:
-        collector = read_jaeger_fleet(args.jaeger, args.service, lookback_s=lookback, timeout=args.timeout,
-                                      grpc_target=getattr(args, "jaeger_grpc", None))
-    except (OSError, ValueError, SourceError) as exc:
-        print(f"rmqtrace report: reading Jaeger at {args.jaeger}: {exc}", file=sys.stderr)
-        return 1
+    if spans:
+        collector = FleetCollector()
+        try:
+            collector.add_span_file(spans)
+        except SourceError as exc:
+            print(f"rmqtrace report: {exc}", file=sys.stderr)
+            return 1
+        collector.api = f"spans file {spans}"
+        where = f"in {spans}"
+    else:
+        try:
+            lookback = parse_duration(args.lookback)
+        except ValueError as exc:
+            print(f"rmqtrace report: {exc}", file=sys.stderr)
+            return 2
+        try:
+            collector = read_jaeger_fleet(args.jaeger, args.service, lookback_s=lookback, timeout=args.timeout,
+                                          grpc_target=getattr(args, "jaeger_grpc", None))
+        except (OSError, ValueError, SourceError) as exc:
+            print(f"rmqtrace report: reading Jaeger at {args.jaeger}: {exc}", file=sys.stderr)
+            return 1
+        where = f"of service {args.service!r} in the last {args.lookback}"
     jobs = [j for j in collector.job_views() if not args.job or j.job == args.job]
     if not jobs:
-        print(f"rmqtrace report: no handled consumer spans of service {args.service!r} in the last {args.lookback} "
-              f"({collector.traces} traces read)", file=sys.stderr)
+        print(f"rmqtrace report: no handled consumer spans {where} ({collector.traces} traces read)", file=sys.stderr)
         return 1
     if args.json:
         print(json.dumps({"traces": collector.traces, "pages": collector.pages, "api": collector.api,
                           "jobs": [j.as_dict() for j in jobs]}))
     else:
         print("\n".join(fleet_lines(jobs)))
-        print(f"read {collector.traces} traces in {collector.pages} pages from {args.jaeger} ({collector.api})")
+        print(f"read {collector.traces} traces in {collector.pages} pages from {args.jaeger or spans} ({collector.api})")
     if args.html:
         page = Path(args.html)
         page.parent.mkdir(parents=True, exist_ok=True)

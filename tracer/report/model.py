@@ -30,6 +30,7 @@ Definitions (also in ``docs/report.md``):
 
 from __future__ import annotations
 
+import bisect
 import heapq
 import math
 from dataclasses import dataclass, field
@@ -66,6 +67,9 @@ WAITING_PARTS: tuple[str, ...] = tuple(g.name for g in PATH_GAPS
                                        if g.start >= HEADLINE_GAP.start and g.end <= HEADLINE_GAP.end)
 
 
+_HANDLER_START, _HANDLER_END = int(Stage.HANDLER_START), int(Stage.HANDLER_END)
+
+
 # -- per message -----------------------------------------------------------------------------
 @dataclass(slots=True)
 class MessageRecord:
@@ -98,19 +102,28 @@ class MessageRecord:
         g = self.gaps.get(name)
         return g.seconds if g is not None else 0.0
 
+    # start_ns, end_ns and handled run several times per message in a report: plain loops and
+    # indexes, no generator (a third of their cost at 10⁴ messages)
     @property
     def start_ns(self) -> int:
         """The first stamp (produce when present)."""
-        return next((ns for ns in self.stamps.times if ns != MISSING), MISSING)
+        for ns in self.stamps.times:
+            if ns != MISSING:
+                return ns
+        return MISSING
 
     @property
     def end_ns(self) -> int:
         """Handler end, or the last stamp when the handler never ended."""
-        return next((ns for ns in reversed(self.stamps.times) if ns != MISSING), MISSING)
+        for ns in reversed(self.stamps.times):
+            if ns != MISSING:
+                return ns
+        return MISSING
 
     @property
     def handled(self) -> bool:
-        return self.t(Stage.HANDLER_START) != MISSING and self.t(Stage.HANDLER_END) != MISSING
+        times = self.stamps.times
+        return times[_HANDLER_START] != MISSING and times[_HANDLER_END] != MISSING
 
     @property
     def handler_s(self) -> float:
@@ -208,8 +221,89 @@ def _num(value: Any, kind: type, default: Any) -> Any:
 
 def _keys(value: Any) -> str:
     if isinstance(value, (list, tuple)):
-        return ",".join(str(v) for v in value)
+        try:
+            return ",".join(value)  # the usual: a list of strings
+        except TypeError:
+            return ",".join(str(v) for v in value)
     return str(value) if value is not None else ""
+
+
+def exact_stamps(span: SpanRecord) -> Stamps | None:
+    """A process span's own stamp attributes when they are exact and agree with its end, else None
+    (then its timing has to be rebuilt from its child spans and its producer's: :func:`messages_from_spans`)."""
+    stamps = _stamps_from_attributes(span.attributes)
+    if stamps is None or not any(stamps.times) or not _consistent(stamps, span):
+        return None
+    return stamps
+
+
+def message_record(span: SpanRecord, stamps: Stamps, timing: str = "stamps") -> MessageRecord:
+    """The record of one process span with the stamps it was given."""
+    a = span.attributes
+    return MessageRecord(
+        trace_id=span.trace_id, span_id=span.span_id,
+        group=str(a.get(GROUP_ATTR) or NO_GROUP),
+        topic=str(a.get(names.DESTINATION) or span.name.removeprefix(names.process_span_name(""))),
+        message_id=str(a.get(names.MESSAGE_ID) or span.span_id),
+        job_id=str(a.get(JOB_ATTR) or NO_JOB), stamps=stamps, timing=timing, worker=_exact_int(a.get(WORKER_ATTR)),
+        cost=_num(a.get(names.COST), float, None), outcome=str(a.get(names.OUTCOME) or ""),
+        attempt=_num(a.get(names.DELIVERY_ATTEMPT, a.get(names.LEGACY_DELIVERY_ATTEMPT)), int, 1),
+        keys=_keys(a.get(names.MESSAGE_KEYS)),
+    )
+
+
+_STAMP_KEYS: tuple[tuple[int, str], ...] = tuple((int(stage), key) for stage, key in STAMP_ATTRS.items())
+_GAP_INDEX: tuple[tuple[str, Any, int, int], ...] = tuple((g.name, g, int(g.start), int(g.end)) for g in GAPS)
+_new_tuple = tuple.__new__  # a NamedTuple's own __new__ is a Python function around this one
+
+
+def record_from_fields(trace_id: str, span_id: str, name: str, end_ns: int, attrs: dict[str, Any]) -> MessageRecord | None:
+    """``message_record(span, exact_stamps(span))`` for a process span given by its fields, without
+    building the span; None where :func:`exact_stamps` is None. The span-file reader's path: the
+    common case (stamps in stage order) takes no :func:`~tracer.path.stamps.causal` copy, the rest
+    goes through the general functions, so the numbers are theirs."""
+    times = [MISSING] * len(Stage)
+    for i, key in _STAMP_KEYS:
+        v = attrs.get(key)
+        if v is None:
+            if key in attrs:
+                return None
+            continue
+        if type(v) is not int:
+            v = _exact_int(v)
+            if v is None:
+                return None
+        times[i] = v
+    last = MISSING
+    ordered = True
+    for ns in times:
+        if ns != MISSING:
+            if ns < last:
+                ordered = False
+                break
+            last = ns
+    if not any(times):
+        return None  # no stamp at all
+    stamps = Stamps(times)
+    if ordered:  # causal(times) is times, and timeline() moves nothing: the checks of exact_stamps
+        if times[_HANDLER_END] != MISSING and abs(times[_HANDLER_END] - end_ns) > STAMP_TOLERANCE_NS:
+            return None
+        gaps = {g: _new_tuple(GapValue, (gap, (times[b] - times[a]) / 1e9, times[b] - times[a], False, False))
+                for g, gap, a, b in _GAP_INDEX if times[a] != MISSING and times[b] != MISSING}
+    else:
+        span = SpanRecord(trace_id, span_id, None, name, "CONSUMER", MISSING, end_ns)
+        if not _consistent(stamps, span):
+            return None
+        gaps = {}  # MessageRecord computes them
+    a = attrs
+    return MessageRecord(
+        trace_id=trace_id, span_id=span_id, group=str(a.get(GROUP_ATTR) or NO_GROUP),
+        topic=str(a.get(names.DESTINATION) or name.removeprefix(names.process_span_name(""))),
+        message_id=str(a.get(names.MESSAGE_ID) or span_id), job_id=str(a.get(JOB_ATTR) or NO_JOB), stamps=stamps,
+        worker=_exact_int(a.get(WORKER_ATTR)), cost=_num(a.get(names.COST), float, None),
+        outcome=str(a.get(names.OUTCOME) or ""),
+        attempt=_num(a.get(names.DELIVERY_ATTEMPT, a.get(names.LEGACY_DELIVERY_ATTEMPT)), int, 1),
+        keys=_keys(a.get(names.MESSAGE_KEYS)), gaps=gaps)
 
 
 def messages_from_spans(spans: Iterable[SpanRecord]) -> list[MessageRecord]:
@@ -217,32 +311,22 @@ def messages_from_spans(spans: Iterable[SpanRecord]) -> list[MessageRecord]:
     by_id: dict[tuple[str, str], SpanRecord] = {}
     for s in spans:
         by_id.setdefault((s.trace_id, s.span_id), s)
-    children: dict[tuple[str, str], list[SpanRecord]] = {}
-    for s in by_id.values():
-        if s.parent_span_id:
-            children.setdefault((s.trace_id, s.parent_span_id), []).append(s)
+    children: dict[tuple[str, str], list[SpanRecord]] | None = None
     out: list[MessageRecord] = []
     for key, span in by_id.items():
         if not is_process_span(span):
             continue
-        a = span.attributes
-        stamps = _stamps_from_attributes(a)
-        timing = "stamps"
-        if stamps is None or not any(stamps.times) or not _consistent(stamps, span):
-            parent = by_id.get((span.trace_id, span.parent_span_id)) if span.parent_span_id else None
-            stamps = _stamps_from_spans(span, children.get(key, []), parent)
-            timing = "spans"
-        worker = _exact_int(a.get(WORKER_ATTR))
-        out.append(MessageRecord(
-            trace_id=span.trace_id, span_id=span.span_id,
-            group=str(a.get(GROUP_ATTR) or NO_GROUP),
-            topic=str(a.get(names.DESTINATION) or span.name.removeprefix(names.process_span_name(""))),
-            message_id=str(a.get(names.MESSAGE_ID) or span.span_id),
-            job_id=str(a.get(JOB_ATTR) or NO_JOB), stamps=stamps, timing=timing, worker=worker,
-            cost=_num(a.get(names.COST), float, None), outcome=str(a.get(names.OUTCOME) or ""),
-            attempt=_num(a.get(names.DELIVERY_ATTEMPT, a.get(names.LEGACY_DELIVERY_ATTEMPT)), int, 1),
-            keys=_keys(a.get(names.MESSAGE_KEYS)),
-        ))
+        stamps = exact_stamps(span)
+        if stamps is not None:
+            out.append(message_record(span, stamps))
+            continue
+        if children is None:  # only a message without exact stamps needs the other spans
+            children = {}
+            for s in by_id.values():
+                if s.parent_span_id:
+                    children.setdefault((s.trace_id, s.parent_span_id), []).append(s)
+        parent = by_id.get((span.trace_id, span.parent_span_id)) if span.parent_span_id else None
+        out.append(message_record(span, _stamps_from_spans(span, children.get(key, []), parent), "spans"))
     out.sort(key=lambda r: (r.start_ns, r.message_id))
     return out
 
@@ -290,9 +374,13 @@ def format_seconds(v: float | None) -> str:
 
 def percentile(values: Sequence[float], q: float) -> float:
     """Nearest rank: the smallest value with at least ``q·n`` of the values at or below it."""
-    if not values:
+    return _ranked(sorted(values), q)
+
+
+def _ranked(ordered: Sequence[float], q: float) -> float:
+    """:func:`percentile` of values already sorted."""
+    if not ordered:
         return 0.0
-    ordered = sorted(values)
     rank = max(1, math.ceil(q * len(ordered) - 1e-9))
     return ordered[min(len(ordered), rank) - 1]
 
@@ -315,28 +403,58 @@ class StageStats:
 
 
 def stage_stats(records: Sequence[MessageRecord]) -> dict[str, StageStats]:
-    path_total = sum(r.gap_s(g.name) for r in records for g in PATH_GAPS)
+    # one pass over the records, each gap's values in record order (the sums do not depend on how
+    # they were gathered), each gap's values sorted once for all its percentiles
+    path_names = tuple(g.name for g in PATH_GAPS)
+    path_vals: list[float] = []
+    vals: dict[str, list[float]] = {g.name: [] for g in GAPS}
+    clamped = dict.fromkeys(vals, 0)
+    for r in records:
+        gaps = r.gaps
+        for name, gv in gaps.items():
+            mine = vals.get(name)
+            if mine is not None:
+                mine.append(gv.seconds)
+                if gv.clamped:
+                    clamped[name] += 1
+        for name in path_names:
+            part = gaps.get(name)
+            if part is not None:
+                path_vals.append(part.seconds)
+    path_total = sum(path_vals)  # the path gaps' seconds in the order record by record, gap by gap
     out: dict[str, StageStats] = {}
     for g in GAPS:
-        vals = [r.gaps[g.name].seconds for r in records if g.name in r.gaps]
-        total = sum(vals)
-        p50, p95, p99, top = (percentile(vals, q) for _, q in PERCENTILES)
+        mine = vals[g.name]
+        total = sum(mine)
+        ordered = sorted(mine)
+        p50, p95, p99, top = (_ranked(ordered, q) for _, q in PERCENTILES)
         out[g.name] = StageStats(
-            g.name, len(vals), p50, p95, p99, top, mean=total / len(vals) if vals else 0.0, total=total,
+            g.name, len(mine), p50, p95, p99, top, mean=total / len(mine) if mine else 0.0, total=total,
             share=total / path_total if path_total and (g in PATH_GAPS or g is HEADLINE_GAP) else 0.0,
-            clamped=sum(1 for r in records if g.name in r.gaps and r.gaps[g.name].clamped))
+            clamped=clamped[g.name])
     return out
 
 
 def busy_intervals(records: Iterable[MessageRecord]) -> list[tuple[int, int]]:
-    return [(r.t(Stage.HANDLER_START), r.t(Stage.HANDLER_END)) for r in records if r.handled]
+    out: list[tuple[int, int]] = []
+    for r in records:  # r.handled and r.t() inlined: twice per group over every record
+        times = r.stamps.times
+        start, end = times[_HANDLER_START], times[_HANDLER_END]
+        if start != MISSING and end != MISSING:
+            out.append((start, end))
+    return out
 
 
 def mean_busy(intervals: Sequence[tuple[int, int]], a_ns: int, b_ns: int) -> float | None:
     """Average number of handlers running over ``[a, b)``; None for an empty window."""
     if b_ns <= a_ns:
         return None
-    covered = sum(max(0, min(e, b_ns) - max(s, a_ns)) for s, e in intervals)
+    covered = 0
+    for s, e in intervals:  # comparisons, not min/max calls: this runs over every handler, twice per job
+        lo = s if s > a_ns else a_ns
+        hi = e if e < b_ns else b_ns
+        if hi > lo:
+            covered += hi - lo
     return covered / (b_ns - a_ns)
 
 
@@ -359,7 +477,7 @@ def occupancy(records: Sequence[MessageRecord], t0_ns: int, axis_s: float, bucke
     for s, e in intervals:
         events.append((s, 1))
         events.append((e, -1))
-    events.sort(key=lambda ev: (ev[0], ev[1]))  # ends before starts at the same instant
+    events.sort()  # by time, ends (-1) before starts at the same instant
     steps: list[tuple[float, int]] = [(0.0, 0)]
     busy = 0
     for ns, d in events:
@@ -411,10 +529,7 @@ def wait_edges(max_s: float, floor_s: float = 1e-4) -> list[float]:
 
 def bucket_index(edges: Sequence[float], value: float) -> int:
     """Index i with ``edges[i] <= value < edges[i+1]`` (the last bucket is open-ended)."""
-    i = 0
-    while i + 1 < len(edges) and value >= edges[i + 1]:
-        i += 1
-    return i
+    return min(max(bisect.bisect_right(edges, value) - 1, 0), max(len(edges) - 1, 0))
 
 
 @dataclass
@@ -439,16 +554,18 @@ class Heatmap:
 
 def heatmap(records: Sequence[MessageRecord], gap: str, t0_ns: int, axis_s: float, buckets: int,
             edges: Sequence[float]) -> Heatmap:
-    end_stage = GAP_BY_NAME[gap].end
+    end_stage = int(GAP_BY_NAME[gap].end)
     counts = [[0] * buckets for _ in edges]
     width = axis_s / buckets if buckets and axis_s > 0 else 1.0
-    for r in records:
+    last, top = buckets - 1, max(len(edges) - 1, 0)
+    for r in records:  # bucket_index and the clamps inlined: once per record
         g = r.gaps.get(gap)
         if g is None:
             continue
-        t = (r.t(end_stage) - t0_ns) / 1e9
-        i = min(buckets - 1, max(0, int(t / width)))
-        counts[bucket_index(edges, g.seconds)][i] += 1
+        i = int((r.stamps.times[end_stage] - t0_ns) / 1e9 / width)
+        i = last if i > last else 0 if i < 0 else i
+        j = bisect.bisect_right(edges, g.seconds) - 1
+        counts[top if j > top else 0 if j < 0 else j][i] += 1
     return Heatmap(gap, width, list(edges), counts)
 
 
@@ -523,14 +640,16 @@ def job_stats(group: str, job_id: str, records: Sequence[MessageRecord], workers
               group_intervals: Sequence[tuple[int, int]]) -> JobStats:
     """The job view of one job's records; ``group_intervals`` are every handler run of the group."""
     handled = [r for r in records if r.handled]
-    start = min(r.start_ns for r in records)
-    end = max(r.end_ns for r in records)
+    starts = [r.start_ns for r in records]
+    ends = [r.end_ns for r in records]
+    start, end = min(starts), max(ends)
     completion = (end - start) / 1e9
-    total_h = sum(r.handler_s for r in handled)
-    longest = max(handled, key=lambda r: r.handler_s, default=None)
+    handler_s = [r.handler_s for r in handled]
+    total_h = sum(handler_s)
+    longest = handled[max(range(len(handled)), key=handler_s.__getitem__)] if handled else None  # the first of the longest
     longest_s = longest.handler_s if longest else 0.0
-    lb = lower_bound([r.handler_s for r in handled], workers) if workers else longest_s
-    last = max(records, key=lambda r: (r.end_ns, r.start_ns))
+    lb = lower_bound(handler_s, workers) if workers else longest_s
+    last = records[max(range(len(records)), key=lambda k: (ends[k], starts[k]))]
     split = {PRODUCED_LATE: max(0, last.start_ns - start) / 1e9}
     split.update({g.name: last.gap_s(g.name) for g in PATH_GAPS})
     idle = idle_broker = None
@@ -682,14 +801,16 @@ def group_blame(records: Sequence[MessageRecord], workers: int, workers_source: 
     """Who blocked whom in one group (:mod:`tracer.report.blame`); blockers are named only when the
     worker ids are the spans' own. None when no message was handled."""
     runs: list[Run] = []
+    pull_i, enqueue_i = int(Stage.CLIENT_PULL), int(Stage.DISPATCH_ENQUEUE)
     for r in records:
-        if not r.handled or r.worker is None:
+        times = r.stamps.times
+        start, end = times[_HANDLER_START], times[_HANDLER_END]
+        if start == MISSING or end == MISSING or r.worker is None:
             continue
-        start = r.t(Stage.HANDLER_START)
-        waited = next((ns for ns in (r.t(Stage.CLIENT_PULL), r.t(Stage.DISPATCH_ENQUEUE)) if ns != MISSING), start)
-        enqueued = r.t(Stage.DISPATCH_ENQUEUE)  # put in a worker's buffer (or the shared queue) then
-        runs.append(Run(r.message_id, r.keys or r.message_id, r.worker, min(waited, start), start,
-                        r.t(Stage.HANDLER_END), enqueued if enqueued != MISSING else None))
+        enqueued = times[enqueue_i]  # put in a worker's buffer (or the shared queue) then
+        waited = times[pull_i] or enqueued or start
+        runs.append(Run(r.message_id, r.keys or r.message_id, r.worker, min(waited, start), start, end,
+                        enqueued if enqueued != MISSING else None))
     if not runs:
         return None
     ids = len({r.worker for r in runs})
@@ -704,7 +825,15 @@ def build_report(spans: Iterable[SpanRecord], *, group: str | None = None, job: 
                  workers: int | None = None, time_buckets: int = 40, source: str = "") -> Report:
     """Everything the terminal, HTML and JSON views show, from a collection of spans."""
     span_list = list(spans)
-    records = messages_from_spans(span_list)
+    return report_from_messages(messages_from_spans(span_list), len(span_list), group=group, job=job, top=top,
+                                workers=workers, time_buckets=time_buckets, source=source)
+
+
+def report_from_messages(records: list[MessageRecord], spans: int, *, group: str | None = None,
+                         job: str | None = None, top: int = 10, workers: int | None = None, time_buckets: int = 40,
+                         source: str = "") -> Report:
+    """:func:`build_report` from the message records (:func:`messages_from_spans`, by start) and
+    the number of spans they came from."""
     if group is not None:
         records = [r for r in records if r.group == group]
     if job is not None:
@@ -722,14 +851,14 @@ def build_report(spans: Iterable[SpanRecord], *, group: str | None = None, job: 
             g.heatmaps[name] = heatmap(g.records, name, g.start_ns, axis_s, time_buckets, edges)
     for g in groups:
         g.occupancy = occupancy(g.records, g.start_ns, axis_s, time_buckets, g.workers)
-    return Report(groups, axis_s, source, len(span_list))
+    return Report(groups, axis_s, source, spans)
 
 
 __all__ = [
     "HEATMAP_GAPS", "NO_GROUP", "NO_JOB", "PERCENTILES", "PRODUCED_LATE", "SPLIT_PARTS", "WAITING_PARTS",
     "CriticalPath", "GroupStats", "Heatmap", "JobStats", "MessageRecord", "Occupancy", "Report", "StageStats",
-    "build_group", "build_report", "format_seconds", "group_blame", "group_line", "heatmap", "infer_workers", "is_process_span",
-    "mean_busy",
-    "messages_from_spans", "notes", "occupancy", "percentile", "stage_stats", "step_means", "wait_edges",
+    "build_group", "build_report", "exact_stamps", "format_seconds", "group_blame", "group_line", "heatmap",
+    "infer_workers", "is_process_span", "mean_busy", "message_record", "messages_from_spans", "notes", "occupancy",
+    "percentile", "record_from_fields", "report_from_messages", "stage_stats", "step_means", "wait_edges",
     "where_time_went_line",
 ]

@@ -211,7 +211,7 @@ def _peak_rss_kib() -> int:
 
 def _child_work(kind: str, params: dict[str, Any]) -> dict[str, Any]:
     """Runs in the child: import, note the resident set, do the work once, time it."""
-    from ...report import fleet, model, sources  # noqa: F401 - imported before the clock starts
+    from ...report import fleet, model, sources, spanread  # noqa: F401 - imported before the clock starts
     from ...report.fleet import read_jaeger_fleet
     from ..cli import build_parser
     from ..cli import main as main_cli
