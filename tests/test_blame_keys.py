@@ -58,7 +58,7 @@ def _run() -> tuple[list[SpanRecord], dict[str, tuple[int, int, int]]]:
                        key=lambda m: "slow" if m.body.startswith(b"slow") else None)  # the slow ones share a key
     th = threading.Thread(target=loop.run, daemon=True)
     th.start()
-    wait_until(lambda: loop.stats.acked == len(BODIES), what="every ack", timeout=30)
+    wait_until(lambda: loop.statistics().acked == len(BODIES), what="every ack", timeout=30)
     loop.stop()
     th.join(10)
     return [SpanRecord(**span_to_dict(s)) for s in exporter.get_finished_spans()], runs

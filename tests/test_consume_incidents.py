@@ -199,8 +199,8 @@ def test_item6_an_outcome_after_the_loop_stopped_is_still_settled():
     try:
         wait_until(lambda: loop.statistics().received == 1 and loop.dispatcher.running(), what="u1 runs")
         assert loop.stop(timeout=0.2) is True  # the handler still runs
-        wait_until(lambda: not [t for t in threading.enumerate() if t.name.startswith("rmqtrace-ack")],
-                   what="the loop's ack threads to exit")
+        # this loop's own ack threads (another test's loop may still have some in a full run)
+        wait_until(lambda: not any(w.is_alive() for w in loop._ack_workers), what="the loop's ack threads to exit")
         clock.advance(2.5)
         assert loop.dispatcher.check_timeouts() == 1  # its TIMEOUT comes now, after the loop stopped
         wait_until(lambda: loop.statistics().retry_scheduled == 1, what="the late TIMEOUT nacked")
