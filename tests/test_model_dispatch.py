@@ -412,6 +412,16 @@ class ThreadEngineModel(_Model):
         assert s.overrun == sum(it.expired and not it.returned for it in self.items), violated("stats_add_up", s)
         assert len(self.d.overrun()) == s.overrun, violated("stats_add_up", s)
 
+    @precondition(lambda self: not self.closed)
+    @rule()
+    def hang_with_successors(self) -> None:
+        """The precondition of the give-back bugs random search reaches only sometimes: a keyed
+        message running with more of its key parked (or in its worker's buffer) behind it, then
+        its deadline passes while it still runs."""
+        for _ in range(3):
+            self.submit("k1", False)
+        self.advance(6.0)
+
     @precondition(lambda self: self.close_allowed())
     @rule(drain=st.booleans())
     def close(self, drain: bool) -> None:
