@@ -75,7 +75,6 @@ logger = logging.getLogger("tracer.dispatch")
 _ENQUEUE = Stage.DISPATCH_ENQUEUE
 _FAILURE = Outcome.FAILURE
 _FULL = Admission.FULL
-_QUEUED = Admission.QUEUED
 _SKIPPED = Outcome.SKIPPED
 _OK: tuple[Outcome, BaseException | None] = (Outcome.SUCCESS, None)
 
@@ -242,15 +241,16 @@ class Core(Generic[T]):
         """
         sched = self.sched
         r = sched.admit(e)
+        if isinstance(r, int):  # a worker holds it (narrows the type without a cast call)
+            self._accept(e)
+            return r
         if r is _FULL:
             raise WouldBlock
         self._accept(e)
-        if r is _QUEUED:
-            if self.blaming and sched.bound is not None:
-                self.blame.bound(e, sched.bound, self.now() if e.t_enq == 0 else e.t_enq)
-                sched.bound = None
-            return None
-        return cast(int, r)
+        if self.blaming and sched.bound is not None:  # QUEUED
+            self.blame.bound(e, sched.bound, self.now() if e.t_enq == 0 else e.t_enq)
+            sched.bound = None
+        return None
 
     def admit_waiters_locked(self) -> list[Waiter]:
         """Room may have freed: admit blocked submitters, oldest first, each one that fits.

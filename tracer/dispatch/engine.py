@@ -3,16 +3,25 @@
 Only the concurrent half lives here; validation, counters, admission and its fairness, the
 exception and timeout rules and reporting are :mod:`.core`'s, shared with the asyncio engine.
 
-Hand-off is direct: each worker blocks on its own ``wake`` lock; ``submit`` asks the policy's
-scheduler (under one engine lock) which worker takes the message, stores the entry on that worker
-and releases its lock — one lock release per message, no queue of queues, no future. A submitter
-that finds no room becomes a *waiter* (:class:`.core.Waiter`, oldest first) and sleeps on a lock
-of its own; the worker that frees room admits waiters in the same critical section
-(:meth:`.core.Core.admit_waiters_locked`, the one place fairness is decided: oldest first, each
-one that fits) and, when the policy gives a waiter's message to that worker, runs it at once
-instead of going idle (a full pool costs one thread wake per message, not two). Callers of
-``wait_for_free_slot``, ``wait_idle`` and ``close`` wait on a condition of the engine lock that is
-notified only when someone waits.
+The policy's scheduler decides which *slot* (its "worker", ``0 … workers-1``: what the slot-wait,
+the key rules, a round-robin buffer and live blame are about) takes a message; any of the
+``workers`` threads runs a slot's message. ``submit`` puts ``(slot, entry)`` on the engine's
+*ready* queue (under the one engine lock) and releases the ``wake`` lock of one sleeping thread,
+unless one was released already and has not claimed yet. A thread that claims an entry and sees
+more ready releases the next sleeper (a chain: at most one thread is being woken at a time), and
+a thread that finishes a message takes the next ready one before it sleeps, in the same critical
+section as the scheduler's ``done``. So a burst is run by the threads already awake — with the
+GIL, one awake thread drains a burst of short handlers without a context switch per message —
+while a single message to an idle pool still costs one lock release. The number of ready entries
+never exceeds the threads not running a message (each one holds a slot, and there are as many
+threads as slots), so a ready entry always has a thread to run it.
+
+A submitter that finds no room becomes a *waiter* (:class:`.core.Waiter`, oldest first) and
+sleeps on a lock of its own; the thread that frees room admits waiters in the same critical
+section (:meth:`.core.Core.admit_waiters_locked`, the one place fairness is decided: oldest
+first, each one that fits) and runs the first admitted message itself when it has nothing next.
+Callers of ``wait_for_free_slot``, ``wait_idle`` and ``close`` wait on a condition of the engine
+lock that is notified only when someone waits.
 
 Life cycle:
 
@@ -38,6 +47,7 @@ from __future__ import annotations
 
 import logging
 import threading
+from collections import deque
 from collections.abc import Callable
 from typing import Any, Generic, TypeVar, cast
 
@@ -62,15 +72,16 @@ _SKIPPED = Outcome.SKIPPED
 
 
 class _Worker:
-    __slots__ = ("entry", "expired", "index", "running", "thread", "wake")
+    """One worker thread; it runs whichever slot's ready entry it claims."""
+
+    __slots__ = ("expired", "index", "running", "thread", "wake")
 
     def __init__(self, index: int) -> None:
-        self.index = index
+        self.index = index  # the thread's number (its name); slots are the scheduler's
         self.wake = threading.Lock()
-        self.wake.acquire()  # held while idle; released once per hand-off
-        self.entry: Entry[Any] | None = None  # the hand-off box
-        # (entry, start ns) of the handler running now: one assignment, so readers see a pair
-        self.running: tuple[Entry[Any], int] | None = None
+        self.wake.acquire()  # held while it sleeps; released to make it look at the ready queue
+        # (entry, start ns, slot) of the handler running now: one assignment, so readers see all three
+        self.running: tuple[Entry[Any], int, int] | None = None
         self.expired: Entry[Any] | None = None  # reported TIMEOUT by the watchdog, still running
         self.thread: threading.Thread | None = None
 
@@ -84,7 +95,8 @@ class _ThreadWaiter(Waiter):
         self.sig.acquire()  # released by whoever decides: an admitter or close
 
 
-_STOP = object()  # _finish: the worker is idle and the dispatcher stops
+_STOP = object()  # _claim_locked / _finish: nothing is ready and the dispatcher stops
+_Ready = tuple[int, Entry[Any]]  # (slot, entry): handed to a slot, not claimed by a thread yet
 
 
 class Dispatcher(EngineBase[T], Generic[T]):
@@ -128,6 +140,10 @@ class Dispatcher(EngineBase[T], Generic[T]):
         self._lock = threading.Lock()
         self._cond = threading.Condition(self._lock)  # watchers wait here
         self._workers = [_Worker(i) for i in range(workers)]
+        self._ready: deque[_Ready] = deque()
+        # Threads asleep (or about to be) on their wake lock, LIFO: the latest to sleep is the warmest.
+        self._sleepers: list[_Worker] = self._workers[::-1]
+        self._waking = 0  # threads whose wake was released and that have not claimed yet
         self._threads: set[threading.Thread] = set()
         for w in self._workers:
             t = threading.Thread(target=self._loop, args=(w,), name=f"{name}-dispatch-{w.index}", daemon=True)
@@ -176,9 +192,9 @@ class Dispatcher(EngineBase[T], Generic[T]):
                         ) from None
                     return self._submit_blocked(e, timeout)
                 if r is not None:
-                    w = self._workers[r]
-                    w.entry = e
-                    w.wake.release()
+                    self._ready.append((r, e))
+                    if not self._waking and self._sleepers:
+                        self._wake_one_locked()
         if e.error is not None:
             core.report(e, _FAILURE, e.error, on_worker=False)
             with self._lock:
@@ -210,23 +226,42 @@ class Dispatcher(EngineBase[T], Generic[T]):
                 core.withdraw_locked(w)
         return core.waited(w)  # ADMITTED: the admitter has already handed the entry to its worker
 
-    def _hand_locked(self, r: int, e: Entry[Any]) -> None:
-        w = self._workers[r]
-        w.entry = e
-        w.wake.release()
+    def _wake_one_locked(self) -> None:
+        """Release the warmest sleeping thread (there is one): it will look at the ready queue."""
+        self._waking += 1
+        self._sleepers.pop().wake.release()
 
-    def _admit_waiters_locked(self, index: int, nxt: Entry[Any] | None) -> Entry[Any] | None:
-        """Room changed on worker ``index``: admit waiters; returns what ``index`` runs next."""
+    def _kick_locked(self) -> None:
+        """Ready entries wait and no thread is on its way: wake one (it wakes the next if more wait)."""
+        if self._ready and not self._waking and self._sleepers:
+            self._wake_one_locked()
+
+    def _claim_locked(self, w: _Worker) -> Any:
+        """``w`` has nothing to run: the ready ``(slot, entry)`` it takes, else None (it sleeps) or _STOP."""
+        ready = self._ready
+        if ready:
+            got = ready.popleft()
+            if ready and not self._waking and self._sleepers:
+                self._wake_one_locked()  # the chain: more wait, so the next sleeper looks too
+            return got
+        if self._core.stopping:
+            return _STOP
+        self._sleepers.append(w)
+        return None
+
+    def _admit_waiters_locked(self) -> None:
+        """Room changed: admit waiters, put the messages given to a slot on the ready queue and
+        release their submitters.
+
+        No thread is woken here: the caller claims or kicks after (a freed thread runs the
+        first admitted message itself, without a wake)."""
+        ready = self._ready
         for wt in self._core.admit_waiters_locked():
             r = wt.worker
             if r is not None:
-                if r == index and nxt is None:
-                    nxt = wt.entry  # the freed worker runs it at once instead of going idle
-                else:
-                    self._hand_locked(r, wt.entry)
+                ready.append((r, wt.entry))
             assert isinstance(wt, _ThreadWaiter)
             wt.sig.release()
-        return nxt
 
     def free_slots(self) -> int:
         """How many (unkeyed) messages ``submit`` would take now without blocking; 0 once closed.
@@ -299,40 +334,40 @@ class Dispatcher(EngineBase[T], Generic[T]):
         lock = self._lock
         while True:
             wake.acquire()
-            with lock:  # claim the hand-off under the lock: close's timeout may have taken it back
-                e: Any = w.entry
-                if e is None:
+            with lock:  # claim under the lock: close's timeout may have taken the ready entries back
+                self._waking -= 1
+                got: Any = self._claim_locked(w)
+            while got is not None:
+                if got is _STOP:
                     return
-                w.entry = None
-            while e is not None:
+                slot, e = got
                 try:
-                    outcome, error = run(w, e)
+                    outcome, error = run(w, slot, e)
                 except BaseException as exc:  # noqa: BLE001 - only our own bug can get here
                     log("dispatcher internals", exc)
                     outcome, error = _FAILURE, exc
-                e = finish(w, e, outcome, error)
-                if e is _STOP:
-                    return
+                got = finish(w, slot, e, outcome, error)
 
-    def _run(self, w: _Worker, e: Entry[Any]) -> tuple[Outcome, BaseException | None]:
+    def _run(self, w: _Worker, slot: int, e: Entry[Any]) -> tuple[Outcome, BaseException | None]:
         """Run the handler of ``e`` inside its trace scope; its outcome by the rules of :mod:`.core`."""
         core = self._core
-        t0 = core.begin(e, w.index)
-        w.running = (e, t0)
+        t0 = core.begin(e, slot)
+        w.running = (e, t0, slot)
         trace = e.trace
         scope = None if trace is None else core.enter_scope(trace)
         error: BaseException | None = None
         try:
-            self._handler(cast(T, e.item))
+            self._handler(e.item)  # Entry[Any]: no cast call on the hot path
         except BaseException as exc:  # noqa: BLE001 - the handler's failure is the message's outcome
             error = exc
         if scope is not None:
             core.exit_scope(scope, error)
         return core.outcome_of(error, t0)
 
-    def _finish(self, w: _Worker, e: Entry[Any], outcome: Outcome, error: BaseException | None) -> Any:
-        """Report ``e`` (unless the watchdog did), free the worker; the entry it runs next, None or _STOP."""
-        self._core.ended(e, w.index)  # the worker is free now, whoever reports the outcome
+    def _finish(self, w: _Worker, slot: int, e: Entry[Any], outcome: Outcome, error: BaseException | None) -> Any:
+        """Report ``e`` (unless the watchdog did), free its slot; what ``w`` runs next: ``(slot, entry)``,
+        None (it sleeps) or _STOP."""
+        self._core.ended(e, slot)  # the slot is free now, whoever reports the outcome
         core = self._core
         lock = self._lock
         mine = True
@@ -350,14 +385,16 @@ class Dispatcher(EngineBase[T], Generic[T]):
                 core.count_locked(outcome)
             else:
                 core.overrun -= 1
-            nxt = self._sched.done(w.index, e)
+            nxt = self._sched.done(slot, e)
             if core.waiters:
-                nxt = self._admit_waiters_locked(w.index, nxt)
+                self._admit_waiters_locked()
             if core.watchers:
                 self._cond.notify_all()
-            if nxt is None and core.stopping:
-                return _STOP
-            return nxt
+            if nxt is not None:  # the slot's next (its key's successor, its buffer): same slot, this thread
+                if self._ready:
+                    self._kick_locked()
+                return (slot, nxt)
+            return self._claim_locked(w)
 
     # --------------------------------------------------------------------------------- watchdog
     def check_timeouts(self) -> int:
@@ -377,7 +414,7 @@ class Dispatcher(EngineBase[T], Generic[T]):
                 if r is None or w.expired is r[0] or now - r[1] <= tns:
                     continue
                 w.expired = r[0]
-                expired.append((r[0], now - r[1], core.expire_locked(w.index, r[0])))
+                expired.append((r[0], now - r[1], core.expire_locked(r[2], r[0])))
         if not expired:
             return 0
         n = 0
@@ -388,7 +425,8 @@ class Dispatcher(EngineBase[T], Generic[T]):
         with self._lock:
             core.reported_locked(n)
             if core.waiters:  # parking room freed; admitted only now, after the reports above
-                self._admit_waiters_locked(-1, None)
+                self._admit_waiters_locked()
+                self._kick_locked()
             if core.watchers:
                 self._cond.notify_all()
         return len(expired)
@@ -450,24 +488,19 @@ class Dispatcher(EngineBase[T], Generic[T]):
         quiet = self._wait_until(core.quiet_locked, None if left is None else max(0.0, left))
         with self._lock:
             back = core.take_queued_locked()  # drain: what no worker can take; timeout: all not started
-            stolen: set[int] = set()
             if not quiet:
                 core.abandoned = True
-                for w in self._workers:
-                    e = w.entry
-                    if e is not None:  # handed over, not claimed: it must not start after we return
-                        w.entry = None
-                        stolen.add(w.index)
-                        back.append(e)
-                        self._sched.done(w.index, e)
-                core.give_back_locked(back[len(back) - len(stolen):])
+                n = len(back)
+                ready = self._ready
+                while ready:  # handed to a slot, not claimed: it must not start after we return
+                    slot, e = ready.popleft()
+                    back.append(e)
+                    self._sched.done(slot, e)
+                core.give_back_locked(back[n:])
             if not core.stopping:
-                core.stopping = True
-                for i in self._sched.idle_workers():
-                    if i not in stolen:  # a stolen hand-off's wake is released already
-                        w = self._workers[i]
-                        w.entry = None
-                        w.wake.release()
+                core.stopping = True  # a thread that finds nothing ready now exits
+                while self._sleepers:
+                    self._wake_one_locked()
             self._watch.notify_all()
             hung = {w.thread for w in self._workers if w.expired is not None}
         self._give_back(back)

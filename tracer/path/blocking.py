@@ -17,9 +17,11 @@ during the largest part of the avoidable wait after it was bound (a message neve
 
 How it stays cheap: one running integral ``A(t)`` = time up to ``t`` during which some worker was
 available. A message's avoidable wait is ``A(start) − A(pull + grace)``; a run's part of it is
-``min(A(start), A(run end)) − max(A(pull + grace), A(run start))`` (``A`` never decreases). Each
-event costs O(log n) plus, at a start, one step per run its worker made while the message waited
-(at most its place in that worker's buffer).
+``min(A(start), A(run end)) − max(A(pull + grace), A(run start))`` (``A`` never decreases). The
+stamps a tracker uses never go back (an earlier one is taken as the latest), so the pending
+``pull + grace`` marks and the workers' ``end + grace`` availabilities are queued in time order
+(FIFO, no heap). Each event costs O(1) amortized plus, at a start, one step per run its worker
+made while the message waited (at most its place in that worker's buffer).
 
 **Wired** in :class:`tracer.dispatch.core.Core` (both engines), one tracker per dispatcher,
 ``workers`` = its pool, on the dispatcher's clock, only once a trace or metrics are attached:
@@ -46,9 +48,9 @@ backlog's oldest message) needs one more event the loop has: which worker its fe
 
 from __future__ import annotations
 
-import heapq
 import math
 import threading
+from collections import deque
 from dataclasses import dataclass
 from typing import Hashable, NamedTuple
 
@@ -84,6 +86,9 @@ class BlameStatistics:
     unknown: int  # starts or ends of a message or worker the tracker was not told about
 
 
+_UNKNOWN = Verdict(NO_WAIT, 0.0, 0.0, None)  # the start of a message the tracker was not told about (immutable)
+
+
 class _Run:
     __slots__ = ("message", "a_start", "a_end", "ref")
 
@@ -106,7 +111,7 @@ class _Waiting:
 
 
 class BlameTracker:
-    """One consumer's live blame. Thread-safe: one lock, held for O(log n) per event.
+    """One consumer's live blame. Thread-safe: one lock, held for O(1) amortized per event.
 
     Raises:
         ValueError: ``workers`` < 1, a negative grace, or a worker id outside ``0 … workers-1``.
@@ -124,12 +129,13 @@ class BlameTracker:
         self._a = 0.0  # A(_t), in ns
         self._running: list[Hashable | None] = [None] * workers
         self._free_from: list[float] = [-math.inf] * workers  # available from (end + grace) when idle
-        self._idle_since: list[tuple[float, int]] = [(-math.inf, w) for w in range(workers)]  # heap, lazy
+        # (end + grace, worker) in time order; stale ones (the worker ran again) dropped at the front
+        self._idle_since: deque[tuple[float, int]] = deque((-math.inf, w) for w in range(workers))
         self._log: list[list[_Run]] = [[] for _ in range(workers)]
         self._log_base = [0] * workers  # runs trimmed off the front of each log
         self._waiting: dict[Hashable, _Waiting] = {}
-        self._marks: list[tuple[int, int, Hashable]] = []  # (pull + grace, arrival no., delivery): A taken there
-        self._started = self._hol = self._cap = self._ooo = self._unknown = self._arrivals = 0
+        self._marks: deque[tuple[int, Hashable]] = deque()  # (pull + grace, delivery) in time order: A taken there
+        self._started = self._hol = self._cap = self._ooo = self._unknown = 0
         self._wait_ns = self._avoid_ns = 0.0
 
     # -- events ----------------------------------------------------------------------------------
@@ -143,8 +149,7 @@ class BlameTracker:
             if self.grace_ns == 0:
                 w.a_mark = self._a
             else:
-                self._arrivals += 1
-                heapq.heappush(self._marks, (ns + self.grace_ns, self._arrivals, message))
+                self._marks.append((ns + self.grace_ns, message))
 
     def bound(self, message: Hashable, worker: int, ns: int) -> None:
         """The message was put in ``worker``'s own buffer: only that worker can run it now."""
@@ -169,17 +174,19 @@ class BlameTracker:
             self._check(worker)
             ns = self._advance(ns)
             w = self._waiting.pop(message, None)
-            verdict = Verdict(NO_WAIT, 0.0, 0.0, None)
             if w is None:
                 self._unknown += 1
+                verdict = _UNKNOWN
             else:
                 verdict = self._verdict(w, ns)
             if self._running[worker] is not None:
                 self._unknown += 1  # a second start on a busy worker: take the new one as running
             self._running[worker] = message
-            self._log[worker].append(_Run(message, self._a, ref))
+            log = self._log[worker]
+            log.append(_Run(message, self._a, ref))
             self._started += 1
-            self._trim(worker)
+            if len(log) >= 64 and not len(log) % 32:  # now and then: the trim walks the waiting messages
+                self._trim(worker)
             return verdict
 
     def ended(self, message: Hashable, worker: int, ns: int) -> None:
@@ -192,7 +199,7 @@ class BlameTracker:
             self._running[worker] = None
             self._log[worker][-1].a_end = self._a
             self._free_from[worker] = ns + self.grace_ns
-            heapq.heappush(self._idle_since, (ns + self.grace_ns, worker))
+            self._idle_since.append((ns + self.grace_ns, worker))
 
     def forget(self, message: Hashable) -> None:
         """The message left without running (given back, expired): it is no longer waiting."""
@@ -211,16 +218,13 @@ class BlameTracker:
 
     def _available_from(self) -> float:
         """When some idle worker became available (inf: every worker runs)."""
-        heap = self._idle_since
-        while heap:
-            at, w = heap[0]
+        q = self._idle_since
+        while q:
+            at, w = q[0]
             if self._running[w] is None and self._free_from[w] == at:
                 return at
-            heapq.heappop(heap)  # stale: the worker started again, or ended again later
+            q.popleft()  # stale: the worker started again, or ended again later
         return math.inf
-
-    def _grow(self, t0: int, t1: int, since: float) -> float:
-        return max(0.0, t1 - max(float(t0), since))
 
     def _advance(self, ns: int) -> int:
         """Move A to ``ns`` (taking the marks on the way); returns the stamp used."""
@@ -231,15 +235,23 @@ class BlameTracker:
             ns = self._t
         since = self._available_from()
         t = self._t
-        while self._marks and self._marks[0][0] <= ns:
-            at, _n, message = heapq.heappop(self._marks)
-            at = max(at, t)
-            self._a += self._grow(t, at, since)
+        a = self._a  # A grows by the part of each step after ``since`` (inlined: three calls per message)
+        marks = self._marks
+        while marks and marks[0][0] <= ns:
+            at, message = marks.popleft()
+            if at < t:
+                at = t
+            d = at - (t if t > since else since)
+            if d > 0:
+                a += d
             t = at
             w = self._waiting.get(message)
             if w is not None and w.a_mark is None:
-                w.a_mark = self._a
-        self._a += self._grow(t, ns, since)
+                w.a_mark = a
+        d = ns - (t if t > since else since)
+        if d > 0:
+            a += d
+        self._a = a
         self._t = ns
         return ns
 
@@ -271,8 +283,6 @@ class BlameTracker:
     def _trim(self, worker: int) -> None:
         """Drop runs no bound waiting message can still be held up by (keeps the log short)."""
         log = self._log[worker]
-        if len(log) < 64 or len(log) % 32:
-            return  # now and then: the scan below walks the waiting messages
         oldest = min((w.first_run for w in self._waiting.values() if w.worker == worker),
                      default=self._log_base[worker] + len(log) - 1)
         cut = min(oldest - self._log_base[worker], len(log) - 1)
