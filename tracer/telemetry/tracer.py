@@ -41,7 +41,7 @@ from ..path.clock import Clock, default_clock
 from ..path.message import ClientFacts, MessageInfo
 from ..path.propagation import Carried, PropagationErrors, extract, inject, plausible_ns, resolve_parent
 from ..path.stages import CROSS_CLOCK_GAPS, GAPS, Outcome, Stage
-from ..path.stamps import MISSING, SkewTracker, Stamps, causal, store_stamp, timeline
+from ..path.stamps import MISSING, SkewTracker, Stamps, causal, store_stamp
 from ..version import __version__
 from .adopt import keep_for
 from .attributes import (  # noqa: F401 - re-exported
@@ -68,9 +68,16 @@ __all__ = ["BODY_ATTR", "MAX_ATTR_CHARS", "MAX_KEYS", "MessageTrace", "MessageTr
 log = logging.getLogger(__name__)
 
 # The gap spans under `process`: (name, first stage, last stage, attributes), from names.GAP_SPANS.
-_GAP_ATTRS = n.GAP_ATTRS
-_GAP_SPANS: tuple[tuple[str, Stage, Stage, dict[str, Any]], ...] = tuple(
-    (g.name, g.start, g.end, {n.STAGE: g.name}) for g in n.GAP_SPANS)
+_GAP_SPANS: tuple[tuple[str, int, int, dict[str, Any]], ...] = tuple(
+    (g.name, int(g.start), int(g.end), {n.STAGE: g.name}) for g in n.GAP_SPANS)
+# The compact trace's gap attributes: (attribute, first stage, last stage).
+_GAP_ATTRS: tuple[tuple[str, int, int], ...] = tuple((n.GAP_ATTRS[g.name], int(g.start), int(g.end)) for g in GAPS)
+# Cross-clock gaps, their fields read once: (first stage, last stage, clock pair, tolerance, name).
+_CROSS: tuple[tuple[int, int, str, int, str], ...] = tuple(
+    (int(g.start), int(g.end), g.peer, g.tolerance_ns, g.name) for g in CROSS_CLOCK_GAPS)
+_STORE, _PULL, _END = int(Stage.BROKER_STORE), int(Stage.CLIENT_PULL), int(Stage.HANDLER_END)
+# Topics (with their endpoint) whose process span name and sampling attributes are kept built.
+_MAX_STARTS = 256
 
 
 class MessageTracer:
@@ -176,6 +183,9 @@ class MessageTracer:
     def _set_client(self, facts: ClientFacts) -> None:
         self.client: ClientFacts = facts  # read by the attributes, and by telemetry.operations
         self._server = server_attributes(facts)
+        # (topic, server address, server port) -> the process span's name and what the sampler
+        # sees; built once per topic (the sampler gets the same read-only dict every time)
+        self._starts: dict[tuple[str, str | None, int | None], tuple[str, dict[str, Any]]] = {}
 
     @property
     def client_id(self) -> str | None:
@@ -262,6 +272,17 @@ class MessageTracer:
     def process_sampling_attributes(self, info: MessageInfo) -> dict[str, Any]:
         """What the sampler sees when it decides a ``process`` span (the spec's sampling-relevant set)."""
         return process_sampling_attributes(info, self.consumer_group, self._server)
+
+    def process_start(self, info: MessageInfo) -> tuple[str, dict[str, Any]]:
+        """The ``process`` span's name and sampling attributes (not to be changed: they are shared)."""
+        key = (info.topic, info.server_address, info.server_port)
+        starts = self._starts
+        found = starts.get(key)
+        if found is None:
+            found = (n.process_span_name(cap(info.topic)), self.process_sampling_attributes(info))
+            if len(starts) < _MAX_STARTS:  # topics on the fly are built per message past this
+                starts[key] = found
+        return found
 
     def writer(self) -> SpanWriter | None:
         """The span writer for the SDK provider, resolved on first use (the global provider may
@@ -460,15 +481,15 @@ class MessageTrace:
         if parent is not None and not parent.is_valid:
             parent = None
         base = self._carried.context  # the extracted context (baggage), when there is more than `parent`
-        name = n.process_span_name(cap(self.info.topic))
+        name, attrs = self._tracer.process_start(self.info)
         links = (Link(parent),) if parent is not None else ()  # the creation context, as the spec asks
-        attrs = self._tracer.process_sampling_attributes(self.info)
         ctx, start_attrs = writer.decide(parent, base, name, SpanKind.CONSUMER, attrs, links)
         if start_attrs is None and self._tracer.keep is not None:
             # Dropped by the head, judged at finish: a new trace linked to the producer's (a
             # child of the unrecorded send span would be an orphan; see tracer.telemetry.keep).
             assert self._tracer.hold is not None
-            ctx, parent, start_attrs, self._held = self._tracer.hold.open_trace(writer.tracer.id_generator), None, attrs, True
+            ctx, parent, self._held = self._tracer.hold.open_trace(writer.tracer.id_generator), None, True
+            start_attrs = dict(attrs)  # its own copy: the sampling attributes are shared
         elif start_attrs is not None and self._tracer.hold is not None and self._tracer.keep is not None:
             self._tracer.hold.hold(ctx.trace_id)
             self._head_held = True
@@ -562,17 +583,17 @@ class MessageTrace:
             if metrics is not None:
                 metrics.avoidable(self.info.topic, mt.consumer_group, blame[1], avoidable)
             mt.meters.avoidable(self.info.topic, mt.consumer_group, blame[1], avoidable)
-        for gap in CROSS_CLOCK_GAPS:
-            a, b = times[gap.start], times[gap.end]
+        for start, end, peer, tolerance, gap_name in _CROSS:
+            a, b = times[start], times[end]
             if a == MISSING or b == MISSING:
                 continue
             raw = b - a
-            if mt.skew.observe(gap.peer, raw) and metrics is not None:
-                metrics.skew_bound.labels(gap.peer).set(raw / 1e9)
-            if -raw > gap.tolerance_ns and metrics is not None:
-                metrics.clamped(gap.name)
+            if mt.skew.observe(peer, raw) and metrics is not None:
+                metrics.skew_bound.labels(peer).set(raw / 1e9)
+            if -raw > tolerance and metrics is not None:
+                metrics.clamped(gap_name)
         if ctx is not None and (self._process is not None or self._deferred is not None):
-            self._write_spans(ctx, outcome, error)
+            self._write_spans(ctx, outcome, error, consistent)
         for listener in mt.listeners:
             try:
                 listener(self, outcome)
@@ -624,12 +645,16 @@ class MessageTrace:
             self._handler = DeferredSpan(writer, n.HANDLER_SPAN, inner, self._ctx, start_ns)
         return process
 
-    def _write_spans(self, ctx: SpanContext, outcome: Outcome, error: BaseException | None) -> None:
+    def _write_spans(self, ctx: SpanContext, outcome: Outcome, error: BaseException | None,
+                     c: Sequence[int] | None = None) -> None:
+        """Write the spans from the causal stamps ``c`` (computed here when not given): ordered in
+        stage order with 0 for a missing stamp, so every child lies inside its parent."""
         writer = self._tracer.writer()
         assert writer is not None
+        if c is None:
+            c = causal(self.stamps.times)
         process = self._process if self._process is not None else self._materialize()
-        fixed = dict(timeline(self.stamps))
-        end_ns = fixed.get(Stage.HANDLER_END) or self._tracer.clock.now_ns()
+        end_ns = c[_END] or self._tracer.clock.now_ns()
         error_type = type(error).__qualname__ if error is not None else None
         handler = self._handler
         if handler is not None:
@@ -647,31 +672,32 @@ class MessageTrace:
         blame_attrs, blame_links = self._blame_attributes() if self._blame is not None else (None, ())
         if not compact:
             for name, a, b, gap_attrs in _GAP_SPANS:
-                if a in fixed and b in fixed:
+                if c[a] and c[b]:
                     if blame_attrs is not None and name == n.BLAME_SPAN:
-                        writer.emit(name, writer.child_context(ctx), ctx, fixed[a], fixed[b],
+                        writer.emit(name, writer.child_context(ctx), ctx, c[a], c[b],
                                     attributes={**gap_attrs, **blame_attrs}, links=blame_links)
                     else:
-                        writer.emit(name, writer.child_context(ctx), ctx, fixed[a], fixed[b], attributes=gap_attrs)
-        process.put_attributes(self._process_attributes(outcome))
-        if compact and blame_attrs is not None:
-            process.put_attributes(blame_attrs)
-            for link in blame_links:
-                process.add_link(link.context)
+                        writer.emit(name, writer.child_context(ctx), ctx, c[a], c[b], attributes=gap_attrs)
+        attrs = self._process_attributes(outcome)
         if compact:
+            if blame_attrs is not None:
+                attrs.update(blame_attrs)
+                for link in blame_links:
+                    process.add_link(link.context)
             if error is not None:
                 process.record_exception(error)
-            c = causal(self.stamps.times)
-            process.put_attributes({_GAP_ATTRS[g.name]: (c[g.end] - c[g.start]) / 1e9 for g in GAPS
-                                    if c[g.start] and c[g.end]})
+            for key, a, b in _GAP_ATTRS:
+                if c[a] and c[b]:
+                    attrs[key] = (c[b] - c[a]) / 1e9
         if outcome is not Outcome.SUCCESS:
             process.set_status(Status(StatusCode.ERROR, outcome.value))
             # the exception's class; without one (a failure result, a timeout) the outcome
-            process.put_attributes({n.ERROR_TYPE: error_type or outcome.value})
+            attrs[n.ERROR_TYPE] = error_type or outcome.value
+        process.put_attributes(attrs)
         # the causal timeline's: every child inside, none before it (compact: no broker_wait child,
         # so process is the consumer's processing alone, as messaging.process.duration)
-        start = (None if compact else fixed.get(Stage.BROKER_STORE)) or fixed.get(Stage.CLIENT_PULL)
-        if start is not None:
+        start = (0 if compact else c[_STORE]) or c[_PULL]
+        if start:
             process.move_start(start)
         process.end(end_time=end_ns)
 
