@@ -201,16 +201,16 @@ class HoldingSpanProcessor(SpanProcessor):
             if len(self._held) >= self.max_traces:
                 self._evict_oldest_locked("max_traces", lost)
             self._held[trace_id] = _Held(now)
-        self._count_lost(lost)
+        if lost:
+            self._count_lost(lost)
         self._wake()
 
     def open_trace(self, ids: IdGenerator, trace_state: TraceState | None = None) -> SpanContext:
         """A new sampled root context, its trace held (the trace a keep policy decides later)."""
         high = ids.generate_trace_id() >> 32
         trace_id = (high << 32) | (hash((high, self._salt)) & _LOW32)
-        ctx = SpanContext(trace_id, ids.generate_span_id(), is_remote=False, trace_flags=_SAMPLED,
-                          trace_state=trace_state)
-        self.hold(ctx.trace_id)
+        ctx = SpanContext(trace_id, ids.generate_span_id(), False, _SAMPLED, trace_state)
+        self.hold(trace_id)
         return ctx
 
     def release(self, trace_id: int, keep: bool) -> bool:
@@ -257,7 +257,8 @@ class HoldingSpanProcessor(SpanProcessor):
         lost: list[tuple[str, _Held]] = []
         with self._lock:
             self._expire_locked(now, lost)
-        self._count_lost(lost)
+        if lost:
+            self._count_lost(lost)
         return len(lost)
 
     def tick(self, now_ns: int | None = None) -> bool:

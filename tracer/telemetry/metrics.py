@@ -152,8 +152,9 @@ class _Series:
         self.lock = threading.Lock()
         self.counts = [[0] * (n_buckets + 1) for _ in GAPS]  # last slot is +Inf
         self.sums = [0.0] * len(GAPS)
-        # (labels, value, timestamp) per bucket; made into Exemplar objects only when scraped
-        self.exemplars: list[list[tuple[dict[str, str], float, float] | None]] = [
+        # (labels, value, timestamp) per bucket, the labels as given or a trace id (int) to be
+        # formatted; made into Exemplar objects only when scraped
+        self.exemplars: list[list[tuple[dict[str, str] | int, float, float] | None]] = [
             [None] * (n_buckets + 1) for _ in GAPS]
         self.outcomes = {o: 0 for o in Outcome}
 
@@ -201,13 +202,17 @@ class _StageCollector:
                 acc, buckets = 0, []
                 for le, c, ex in zip(les, counts[gi], exemplars[gi]):
                     acc += c
-                    buckets.append((le, acc, Exemplar(*ex)) if ex is not None else (le, acc))
+                    buckets.append((le, acc, _exemplar(*ex)) if ex is not None else (le, acc))
                 hist.add_metric([gap.name, topic, group], buckets, sums[gi])  # type: ignore[attr-defined]
             for outcome, n in outcomes.items():
                 if n:
                     msgs.add_metric([topic, group, outcome.value], n)  # type: ignore[attr-defined]
         yield hist
         yield msgs
+
+
+def _exemplar(labels: dict[str, str] | int, value: float, timestamp: float) -> Exemplar:
+    return Exemplar(labels if isinstance(labels, dict) else {"trace_id": f"{labels:032x}"}, value, timestamp)
 
 
 class _StockSeries:
@@ -300,9 +305,13 @@ class TracerMetrics(OnePerRegistry):
         return found
 
     def observe(self, topic: str, group: str, times: Sequence[int], outcome: Outcome,
-                exemplar: dict[str, str] | None = None) -> None:
+                exemplar: dict[str, str] | None = None, *, trace_id: int = 0) -> None:
         """One message: every gap between present stamps into its histogram (negative gaps as
-        0, see :mod:`tracer.path.stamps`), the outcome into its counter."""
+        0, see :mod:`tracer.path.stamps`), the outcome into its counter.
+
+        The exemplar's labels are ``exemplar``, or ``{"trace_id": <32 hex digits>}`` for a
+        nonzero ``trace_id`` — formatted when scraped, not per message."""
+        ex_labels: dict[str, str] | int | None = exemplar if exemplar is not None else (trace_id or None)
         if self._hist is not None:
             self._observe_stock(topic, group, times, outcome)
             return
@@ -310,7 +319,7 @@ class TracerMetrics(OnePerRegistry):
         bounds = self._stages.bounds
         counts, sums = series.counts, series.sums
         with series.lock:
-            if exemplar is None:  # the common case, without the exemplar test in the loop
+            if ex_labels is None:  # the common case, without the exemplar test in the loop
                 for gi, start, end in _GAP_INDEX:
                     a, b = times[start], times[end]
                     if a and b:
@@ -327,7 +336,7 @@ class TracerMetrics(OnePerRegistry):
                         bucket = bisect_left(bounds, v)
                         counts[gi][bucket] += 1
                         sums[gi] += v
-                        exemplars[gi][bucket] = (exemplar, v, ex_ts)
+                        exemplars[gi][bucket] = (ex_labels, v, ex_ts)
             series.outcomes[outcome] += 1
 
     def _observe_stock(self, topic: str, group: str, times: Sequence[int], outcome: Outcome) -> None:

@@ -58,6 +58,8 @@ _UNSET = Status()  # read-only once made: one for every span that never gets a s
 _NEW_FLAGS = {(s, r): TraceFlags((TraceFlags.SAMPLED if s else 0) | (TraceFlags.RANDOM_TRACE_ID if r else 0))
               for s in (False, True) for r in (False, True)}
 
+_SAMPLE, _DROP = sampling.Decision.RECORD_AND_SAMPLE, sampling.Decision.DROP
+
 # A stock sampler as a function: (the valid parent or None, trace id) -> its decision.
 Decide = Callable[[SpanContext | None, int], sampling.Decision]
 # The SDK classes whose should_sample is known and pure (exact types: a subclass may override it).
@@ -163,8 +165,8 @@ class SpanWriter:
             result = self._sampler.should_sample(parent_ctx, trace_id, name, kind, attributes, links)
             decision, trace_state, result_attrs = result.decision, result.trace_state, result.attributes
         ctx = SpanContext(trace_id, self._ids.generate_span_id(), False,
-                          _NEW_FLAGS[decision is sampling.Decision.RECORD_AND_SAMPLE, bool(random_id)], trace_state)
-        if decision is sampling.Decision.DROP:
+                          _NEW_FLAGS[decision is _SAMPLE, bool(random_id)], trace_state)
+        if decision is _DROP:
             return ctx, None
         return ctx, dict(result_attrs or {})
 
