@@ -189,14 +189,19 @@ class HoldingSpanProcessor(SpanProcessor):
 
     def hold(self, trace_id: int) -> None:
         """Hold every span of ``trace_id`` that ends from now on, until :meth:`release`."""
+        self._hold(trace_id, False)
+
+    def _hold(self, trace_id: int, fresh: bool) -> None:
+        """``fresh``: an id :meth:`open_trace` just drew (96 random bits), seen nowhere before."""
         now = self.clock.now_ns()
         lost: list[tuple[str, _Held]] = []
         with self._lock:
             if trace_id in self._held:
                 return
-            self._gone.pop(trace_id, None)  # held again: it starts afresh
-            self._kept.pop(trace_id, None)
-            self._evicted.pop(trace_id, None)
+            if not fresh:
+                self._gone.pop(trace_id, None)  # held again: it starts afresh
+                self._kept.pop(trace_id, None)
+                self._evicted.pop(trace_id, None)
             self._expire_locked(now, lost)
             if len(self._held) >= self.max_traces:
                 self._evict_oldest_locked("max_traces", lost)
@@ -210,7 +215,7 @@ class HoldingSpanProcessor(SpanProcessor):
         high = ids.generate_trace_id() >> 32
         trace_id = (high << 32) | (hash((high, self._salt)) & _LOW32)
         ctx = SpanContext(trace_id, ids.generate_span_id(), False, _SAMPLED, trace_state)
-        self.hold(trace_id)
+        self._hold(trace_id, True)
         return ctx
 
     def release(self, trace_id: int, keep: bool) -> bool:

@@ -42,7 +42,17 @@ from opentelemetry.sdk.trace import Event, ReadableSpan, SpanLimits, sampling
 from opentelemetry.sdk.trace import Tracer as SdkTracer
 from opentelemetry.sdk.util import BoundedList
 from opentelemetry.sdk.util.instrumentation import InstrumentationScope
-from opentelemetry.trace import Link, NonRecordingSpan, Span, SpanContext, SpanKind, Status, StatusCode, TraceFlags
+from opentelemetry.trace import (
+    INVALID_SPAN_CONTEXT,
+    Link,
+    NonRecordingSpan,
+    Span,
+    SpanContext,
+    SpanKind,
+    Status,
+    StatusCode,
+    TraceFlags,
+)
 from opentelemetry.util.types import Attributes, AttributeValue
 
 from ..path.names import SCHEMA_URL
@@ -137,12 +147,20 @@ class SpanWriter:
     def resource(self) -> Resource:
         return self._resource
 
+    @property
+    def sampler_called(self) -> bool:
+        """Whether :meth:`decide` calls the provider's sampler (else it is a stock one, evaluated
+        inline: it reads neither the links nor the attributes, so callers may skip building them)."""
+        return self._stock is None
+
     def decide(self, parent: SpanContext | None, parent_ctx: Context | None, name: str, kind: SpanKind,
-               attributes: Attributes, links: Sequence[Link]) -> tuple[SpanContext, dict[str, Any] | None]:
+               attributes: Attributes, links: Sequence[Link], *,
+               dropped_context: bool = True) -> tuple[SpanContext, dict[str, Any] | None]:
         """A new span's context under the (remote) ``parent``, and the attributes it starts with.
 
         The attributes are None when the sampler drops the span: its context is then a valid,
-        unsampled one for a non-recording span (so what the handler starts shares the decision).
+        unsampled one for a non-recording span (so what the handler starts shares the decision),
+        or ``INVALID_SPAN_CONTEXT`` with ``dropped_context=False`` (the caller makes its own).
         ``parent_ctx`` is the extracted context, if one was built (baggage); else one is made
         from ``parent`` for the sampler.
         """
@@ -164,6 +182,8 @@ class SpanWriter:
                 parent_ctx = trace.set_span_in_context(NonRecordingSpan(parent), _EMPTY)
             result = self._sampler.should_sample(parent_ctx, trace_id, name, kind, attributes, links)
             decision, trace_state, result_attrs = result.decision, result.trace_state, result.attributes
+        if decision is _DROP and not dropped_context:
+            return INVALID_SPAN_CONTEXT, None
         ctx = SpanContext(trace_id, self._ids.generate_span_id(), False,
                           _NEW_FLAGS[decision is _SAMPLE, bool(random_id)], trace_state)
         if decision is _DROP:

@@ -422,7 +422,7 @@ class MessageTrace:
         if self._process is not None:
             return self._process.context
         if self._deferred is not None:
-            return self._deferred[6]  # type: ignore[no-any-return]
+            return self._deferred[5]  # type: ignore[no-any-return]
         return None
 
     def _blame_attributes(self) -> tuple[dict[str, Any], tuple[Link, ...]]:
@@ -488,15 +488,16 @@ class MessageTrace:
             parent = None
         base = self._carried.context  # the extracted context (baggage), when there is more than `parent`
         name, attrs = self._tracer.process_start(self.info)
-        links = (Link(parent),) if parent is not None else ()  # the creation context, as the spec asks
-        ctx, start_attrs = writer.decide(parent, base, name, _CONSUMER, attrs, links)
-        if start_attrs is None and self._tracer.keep is not None:
+        keep = self._tracer.keep
+        # the creation context, as the spec asks; built now only for a sampler that reads it
+        links = (Link(parent),) if parent is not None and writer.sampler_called else ()
+        ctx, start_attrs = writer.decide(parent, base, name, _CONSUMER, attrs, links, dropped_context=keep is None)
+        if start_attrs is None and keep is not None:
             # Dropped by the head, judged at finish: a new trace linked to the producer's (a
             # child of the unrecorded send span would be an orphan; see tracer.telemetry.keep).
             assert self._tracer.hold is not None
-            ctx, parent, self._held = self._tracer.hold.open_trace(writer.tracer.id_generator), None, True
-            start_attrs = dict(attrs)  # its own copy: the sampling attributes are shared
-        elif start_attrs is not None and self._tracer.hold is not None and self._tracer.keep is not None:
+            ctx, self._held = self._tracer.hold.open_trace(writer.tracer.id_generator), True
+        elif start_attrs is not None and self._tracer.hold is not None and keep is not None:
             self._tracer.hold.hold(ctx.trace_id)
             self._head_held = True
         current = base if base is not None else otel_context.get_current()  # read once, used twice
@@ -504,15 +505,18 @@ class MessageTrace:
             # Pending the keep decision: no live spans, no processor on_start. A sampled
             # non-recording context with pre-allocated ids is current, so the user's spans are
             # recorded (and held) under the handler id; ours are written at finish if kept.
+            # (the sampling attributes are copied, and the creation link made, if it is kept)
             self._ctx = ctx
             inner = ctx if self._tracer.compact else writer.child_context(ctx)
-            self._deferred = (writer, name, parent, pulled_ns, start_attrs, links, inner, start_ns)
+            self._deferred = (writer, name, parent, pulled_ns, attrs, inner, start_ns)
             return trace.set_span_in_context(NonRecordingSpan(inner), current)
         if start_attrs is None:
             # Dropped: the message's context stays current so the handler's spans share the
             # decision instead of starting root traces of their own (as contrib does).
             return trace.set_span_in_context(NonRecordingSpan(ctx), current)
         self._ctx = ctx
+        if parent is not None and not links:
+            links = (Link(parent),)
         process = DeferredSpan(writer, name, ctx, parent, pulled_ns, kind=_CONSUMER,
                                attributes=start_attrs, links=links)
         writer.started(process, base)
@@ -641,11 +645,13 @@ class MessageTrace:
 
     def _materialize(self) -> DeferredSpan:
         """The process (and handler) span of a held trace, made now that it is kept."""
-        writer, name, parent, pulled_ns, attrs, links, inner, start_ns = self._deferred  # type: ignore[misc]
+        writer, name, creation, pulled_ns, attrs, inner, start_ns = self._deferred  # type: ignore[misc]
         self._deferred = None
         assert self._ctx is not None
-        process = self._process = DeferredSpan(writer, name, self._ctx, parent, pulled_ns, kind=_CONSUMER,
-                                               attributes=attrs, links=links)
+        # a root linked to the producer's context (its parent, the unrecorded send span, is not)
+        links = (Link(creation),) if creation is not None else ()
+        process = self._process = DeferredSpan(writer, name, self._ctx, None, pulled_ns, kind=_CONSUMER,
+                                               attributes=dict(attrs), links=links)
         if not self._tracer.compact:
             self._handler = DeferredSpan(writer, n.HANDLER_SPAN, inner, self._ctx, start_ns)
         return process
