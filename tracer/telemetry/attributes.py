@@ -26,7 +26,6 @@ BODY_ATTR = n.BODY
 MAX_ATTR_CHARS = 256
 MAX_KEYS = 32
 _STAMP_ATTRS: tuple[tuple[int, str], ...] = tuple((int(s), key) for s, key in n.STAMP_ATTRS.items())
-_OUTCOME_VALUES: dict[Outcome, str] = {o: o.value for o in Outcome}  # Enum.value is a descriptor call
 
 
 def cap(value: str) -> str:
@@ -111,12 +110,15 @@ def process_sampling_attributes(info: MessageInfo, consumer_group: str, server: 
 
 def process_attributes(info: MessageInfo, client: ClientFacts, outcome: Outcome, times: Sequence[int], *,
                        job_id: str | None, cost: float | None, worker: int | None, record_body_size: bool,
-                       body: bytes | bytearray | str | None, capture_body: int) -> dict[str, Any]:
-    """The ``process`` attributes not given to the sampler at its start (set at its end).
+                       body: bytes | bytearray | str | None, capture_body: int,
+                       into: dict[str, Any] | None = None) -> dict[str, Any]:
+    """The ``process`` attributes not given to the sampler at its start (set at its end), in a
+    new dict or put into ``into`` (which is returned).
 
     Once per sampled message, so written out flat: the same attributes, in the same order, as
     :func:`client_attributes` and the message fields would give, without their calls."""
-    attrs: dict[str, Any] = {n.OUTCOME: _OUTCOME_VALUES[outcome]}
+    attrs: dict[str, Any] = into if into is not None else {}
+    attrs[n.OUTCOME] = outcome._value_  # Enum.value is a descriptor call
     namespace = info.namespace if info.namespace is not None else client.namespace
     if namespace is not None:
         attrs[n.NAMESPACE] = namespace if len(namespace) <= MAX_ATTR_CHARS else namespace[:MAX_ATTR_CHARS]
@@ -131,8 +133,12 @@ def process_attributes(info: MessageInfo, client: ClientFacts, outcome: Outcome,
     value = info.tag
     if value:
         attrs[n.MESSAGE_TAG] = value if len(value) <= MAX_ATTR_CHARS else value[:MAX_ATTR_CHARS]
-    if info.keys:
-        attrs[n.MESSAGE_KEYS] = [cap(k) for k in info.keys[:MAX_KEYS]]
+    keys = info.keys
+    if keys:
+        if len(keys) <= MAX_KEYS and max(map(len, keys)) <= MAX_ATTR_CHARS:
+            attrs[n.MESSAGE_KEYS] = list(keys)  # within the caps, as nearly every message is
+        else:
+            attrs[n.MESSAGE_KEYS] = [cap(k) for k in keys[:MAX_KEYS]]
     group = info.message_group
     if group:
         attrs[n.MESSAGE_GROUP] = cap(group)

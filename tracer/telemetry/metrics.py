@@ -146,15 +146,17 @@ class PairLabels:
 class _Series:
     """Bucket counts for every gap and outcome counts of one (topic, consumer_group)."""
 
-    __slots__ = ("lock", "counts", "sums", "exemplars", "outcomes")
+    __slots__ = ("lock", "counts", "sums", "exemplar_values", "exemplars", "outcomes")
 
     def __init__(self, n_buckets: int) -> None:
         self.lock = threading.Lock()
         self.counts = [[0] * (n_buckets + 1) for _ in GAPS]  # last slot is +Inf
         self.sums = [0.0] * len(GAPS)
-        # (labels, value, timestamp) per bucket, the labels as given or a trace id (int) to be
-        # formatted; made into Exemplar objects only when scraped
-        self.exemplars: list[list[tuple[dict[str, str] | int, float, float] | None]] = [
+        # Per bucket the last exemplar: its value, and (labels, timestamp) — one tuple per message
+        # for all its gaps, the labels as given or a trace id (int) to be formatted; made into
+        # Exemplar objects only when scraped
+        self.exemplar_values: list[list[float]] = [[0.0] * (n_buckets + 1) for _ in GAPS]
+        self.exemplars: list[list[tuple[dict[str, str] | int, float] | None]] = [
             [None] * (n_buckets + 1) for _ in GAPS]
         self.outcomes = {o: 0 for o in Outcome}
 
@@ -195,14 +197,15 @@ class _StageCollector:
                 counts = [list(c) for c in series.counts]
                 sums = list(series.sums)
                 exemplars = [list(e) for e in series.exemplars]
+                ex_values = [list(v) for v in series.exemplar_values]
                 outcomes = dict(series.outcomes)
             for gi, gap in enumerate(GAPS):
                 if not counts[gi][-1] and not any(counts[gi]):
                     continue
                 acc, buckets = 0, []
-                for le, c, ex in zip(les, counts[gi], exemplars[gi]):
+                for le, c, ex, v in zip(les, counts[gi], exemplars[gi], ex_values[gi]):
                     acc += c
-                    buckets.append((le, acc, _exemplar(*ex)) if ex is not None else (le, acc))
+                    buckets.append((le, acc, _exemplar(ex[0], v, ex[1])) if ex is not None else (le, acc))
                 hist.add_metric([gap.name, topic, group], buckets, sums[gi])  # type: ignore[attr-defined]
             for outcome, n in outcomes.items():
                 if n:
@@ -327,8 +330,8 @@ class TracerMetrics(OnePerRegistry):
                         counts[gi][bisect_left(bounds, v)] += 1
                         sums[gi] += v
             else:
-                ex_ts = time.time()
-                exemplars = series.exemplars
+                ref = (ex_labels, time.time())
+                exemplars, ex_values = series.exemplars, series.exemplar_values
                 for gi, start, end in _GAP_INDEX:
                     a, b = times[start], times[end]
                     if a and b:
@@ -336,7 +339,8 @@ class TracerMetrics(OnePerRegistry):
                         bucket = bisect_left(bounds, v)
                         counts[gi][bucket] += 1
                         sums[gi] += v
-                        exemplars[gi][bucket] = (ex_labels, v, ex_ts)
+                        exemplars[gi][bucket] = ref
+                        ex_values[gi][bucket] = v
             series.outcomes[outcome] += 1
 
     def _observe_stock(self, topic: str, group: str, times: Sequence[int], outcome: Outcome) -> None:

@@ -69,6 +69,8 @@ _NEW_FLAGS = {(s, r): TraceFlags((TraceFlags.SAMPLED if s else 0) | (TraceFlags.
               for s in (False, True) for r in (False, True)}
 
 _SAMPLE, _DROP = sampling.Decision.RECORD_AND_SAMPLE, sampling.Decision.DROP
+# TraceFlags' bits, tested directly: its .sampled / .random_trace_id are property calls
+_SAMPLED_BIT, _RANDOM_BIT = int(TraceFlags.SAMPLED), int(TraceFlags.RANDOM_TRACE_ID)
 
 # A stock sampler as a function: (the valid parent or None, trace id) -> its decision.
 Decide = Callable[[SpanContext | None, int], sampling.Decision]
@@ -113,9 +115,9 @@ def stock_decider(sampler: Any) -> Decide | None:
                 if parent is None:
                     return root(parent, trace_id)
                 if parent.is_remote:
-                    pick = remote_yes if parent.trace_flags.sampled else remote_no
+                    pick = remote_yes if parent.trace_flags & _SAMPLED_BIT else remote_no
                 else:
-                    pick = local_yes if parent.trace_flags.sampled else local_no
+                    pick = local_yes if parent.trace_flags & _SAMPLED_BIT else local_no
                 return pick(parent, trace_id)
             return parent_based
     except AttributeError:  # another SDK version's fields: call the sampler instead
@@ -168,7 +170,7 @@ class SpanWriter:
             parent = None
         if parent is not None:
             trace_id = parent.trace_id
-            random_id = parent.trace_flags.random_trace_id
+            random_id = parent.trace_flags & _RANDOM_BIT
         else:
             trace_id = self._ids.generate_trace_id()
             random_id = self._random_ids
@@ -344,6 +346,10 @@ class DeferredSpan(Span):
     def put_attributes(self, attributes: Mapping[str, Any]) -> None:
         """Our own attributes (known-good types): no cleaning needed unless a limit bites."""
         self._attrs.update(attributes)
+
+    def own_attributes(self) -> dict[str, Any]:
+        """The attribute dict itself, for our own attributes (as :meth:`put_attributes`, one by one)."""
+        return self._attrs
 
     def add_event(self, name: str, attributes: Attributes = None, timestamp: int | None = None) -> None:
         if not self._ended:

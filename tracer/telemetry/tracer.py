@@ -189,9 +189,9 @@ class MessageTracer:
     def _set_client(self, facts: ClientFacts) -> None:
         self.client: ClientFacts = facts  # read by the attributes, and by telemetry.operations
         self._server = server_attributes(facts)
-        # (topic, server address, server port) -> the process span's name and what the sampler
+        # the topic (with the endpoint, when the message names one) -> the process span's name and what the sampler
         # sees; built once per topic (the sampler gets the same read-only dict every time)
-        self._starts: dict[tuple[str, str | None, int | None], tuple[str, dict[str, Any]]] = {}
+        self._starts: dict[Any, tuple[str, dict[str, Any]]] = {}
 
     @property
     def client_id(self) -> str | None:
@@ -281,7 +281,8 @@ class MessageTracer:
 
     def process_start(self, info: MessageInfo) -> tuple[str, dict[str, Any]]:
         """The ``process`` span's name and sampling attributes (not to be changed: they are shared)."""
-        key = (info.topic, info.server_address, info.server_port)
+        # keyed by the topic alone when the message names no endpoint (the common case, no tuple)
+        key: Any = info.topic if info.server_address is None else (info.topic, info.server_address, info.server_port)
         starts = self._starts
         found = starts.get(key)
         if found is None:
@@ -584,7 +585,7 @@ class MessageTrace:
         consistent = causal(times)  # the parts fit the whole (tracer.path.stamps); skew is read raw below
         if metrics is not None:
             metrics.observe(self.info.topic, mt.consumer_group, consistent, outcome,
-                            trace_id=ctx.trace_id if ctx is not None and ctx.trace_flags.sampled else 0)
+                            trace_id=ctx.trace_id if ctx is not None and ctx.trace_flags & 1 else 0)
         mt.meters.finished(self.info.topic, mt.consumer_group, consistent, outcome, error)
         blame = self._blame
         if blame is not None:
@@ -689,7 +690,7 @@ class MessageTrace:
                                     attributes={**gap_attrs, **blame_attrs}, links=blame_links)
                     else:
                         writer.emit(name, writer.child_context(ctx), ctx, c[a], c[b], attributes=gap_attrs)
-        attrs = self._process_attributes(outcome)
+        attrs = self._process_attributes(outcome, process)
         if compact:
             if blame_attrs is not None:
                 attrs.update(blame_attrs)
@@ -704,7 +705,6 @@ class MessageTrace:
             process.set_status(Status(_ERROR, outcome.value))
             # the exception's class; without one (a failure result, a timeout) the outcome
             attrs[n.ERROR_TYPE] = error_type or outcome.value
-        process.put_attributes(attrs)
         # the causal timeline's: every child inside, none before it (compact: no broker_wait child,
         # so process is the consumer's processing alone, as messaging.process.duration)
         start = (0 if compact else c[_STORE]) or c[_PULL]
@@ -712,13 +712,15 @@ class MessageTrace:
             process.move_start(start)
         process.end(end_time=end_ns)
 
-    def _process_attributes(self, outcome: Outcome) -> dict[str, Any]:
-        """The ``process`` attributes not given to the sampler at its start."""
+    def _process_attributes(self, outcome: Outcome, span: DeferredSpan | None = None) -> dict[str, Any]:
+        """The ``process`` attributes not given to the sampler at its start; with ``span``, put
+        straight into its attributes (what ``put_attributes`` of them would do) and returned."""
         mt, carried = self._tracer, self._carried
         return process_attributes(self.info, mt.client, outcome, self.stamps.times, job_id=carried.job_id,
                                   cost=carried.cost, worker=self.worker if mt.worker_attr else None,
                                   record_body_size=mt.record_body_size, body=self.body,
-                                  capture_body=mt.capture_body)
+                                  capture_body=mt.capture_body,
+                                  into=span.own_attributes() if span is not None else None)
 
 
 class TracerStats(NamedTuple):
