@@ -130,6 +130,9 @@ class Carried(NamedTuple):
     tracestate: str | None = None
 
 
+_new_tuple = tuple.__new__
+
+
 class _PropertyGetter(Getter[Mapping[str, Any]]):
     """Reads message properties for a propagator: text values only, bytes decoded."""
 
@@ -376,7 +379,8 @@ def _extract(props: Mapping[str, Any], errors: PropagationErrors, now_ns: int,
         if cost is None or not (0.0 <= cost < 1e15):
             errors.count("cost_invalid", raw_cost)
             cost = None
-    return Carried(parent, produce_ns, job_id, cost, context, raw_tp, raw_ts)
+    # tuple.__new__ is what the NamedTuple's own __new__ calls, one Python frame less per message
+    return _new_tuple(Carried, (parent, produce_ns, job_id, cost, context, raw_tp, raw_ts))
 
 
 def _with_baggage(props: Mapping[str, Any], parent: SpanContext | None) -> Context | None:

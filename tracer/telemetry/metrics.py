@@ -34,7 +34,7 @@ from prometheus_client.core import CounterMetricFamily, HistogramMetricFamily, M
 from prometheus_client.samples import Exemplar
 from prometheus_client.utils import floatToGoString
 
-from ..path.stages import GAPS, Outcome
+from ..path.stages import GAPS, Outcome, Stage
 from .registration import OnePerRegistry, SharedAdmission, multiprocess_dir
 
 __all__ = ["DEFAULT_BUCKETS", "OTHER", "BoundedLabel", "OnePerRegistry", "PairLabels", "TracerMetrics", "multiprocess_dir"]
@@ -48,6 +48,11 @@ DEFAULT_BUCKETS: tuple[float, ...] = (
 OTHER = "other"
 MAX_LABEL_CHARS = 200
 _GAP_INDEX: tuple[tuple[int, int, int], ...] = tuple((g.position, int(g.start), int(g.end)) for g in GAPS)
+# _count_gaps below writes these seven gaps out (position, first stage, last stage): a change to
+# the stage model must change it too, so the import fails loudly instead of counting wrong gaps.
+_COUNTED = ((0, 0, 1), (1, 1, 2), (2, 2, 3), (3, 3, 4), (4, 4, 5), (5, 0, 5), (6, 2, 4))
+if _GAP_INDEX != _COUNTED or len(Stage) != 6:
+    raise ImportError(f"tracer.telemetry.metrics._count_gaps is written for the gaps {_COUNTED}, not {_GAP_INDEX}")
 _STAGE_HELP = ("Time a message spent in each stage gap (send, broker_wait, client_buffer, dispatch_wait, "
                "handler, end_to_end).")
 _MESSAGES_HELP = "Messages whose handling ended, by outcome."
@@ -159,6 +164,40 @@ class _Series:
         self.exemplars: list[list[tuple[dict[str, str] | int, float] | None]] = [
             [None] * (n_buckets + 1) for _ in GAPS]
         self.outcomes = {o: 0 for o in Outcome}
+
+
+def _count_gaps(counts: list[list[int]], sums: list[float], bounds: list[float], times: Sequence[int]) -> None:
+    """Every gap between present stamps into its buckets and sum (negative as 0), the loop over
+    _GAP_INDEX written out: once per message, a sixth cheaper than the loop (BENCHMARKS.md)."""
+    produce, store, pull, enqueue, start, end = times
+    if produce and store:
+        v = (store - produce) / 1e9 if store > produce else 0.0
+        counts[0][bisect_left(bounds, v)] += 1
+        sums[0] += v
+    if store and pull:
+        v = (pull - store) / 1e9 if pull > store else 0.0
+        counts[1][bisect_left(bounds, v)] += 1
+        sums[1] += v
+    if pull and enqueue:
+        v = (enqueue - pull) / 1e9 if enqueue > pull else 0.0
+        counts[2][bisect_left(bounds, v)] += 1
+        sums[2] += v
+    if enqueue and start:
+        v = (start - enqueue) / 1e9 if start > enqueue else 0.0
+        counts[3][bisect_left(bounds, v)] += 1
+        sums[3] += v
+    if start and end:
+        v = (end - start) / 1e9 if end > start else 0.0
+        counts[4][bisect_left(bounds, v)] += 1
+        sums[4] += v
+    if produce and end:
+        v = (end - produce) / 1e9 if end > produce else 0.0
+        counts[5][bisect_left(bounds, v)] += 1
+        sums[5] += v
+    if pull and start:
+        v = (start - pull) / 1e9 if start > pull else 0.0
+        counts[6][bisect_left(bounds, v)] += 1
+        sums[6] += v
 
 
 def _check_buckets(buckets: Sequence[float]) -> list[float]:
@@ -323,12 +362,7 @@ class TracerMetrics(OnePerRegistry):
         counts, sums = series.counts, series.sums
         with series.lock:
             if ex_labels is None:  # the common case, without the exemplar test in the loop
-                for gi, start, end in _GAP_INDEX:
-                    a, b = times[start], times[end]
-                    if a and b:
-                        v = (b - a) / 1e9 if b > a else 0.0
-                        counts[gi][bisect_left(bounds, v)] += 1
-                        sums[gi] += v
+                _count_gaps(counts, sums, bounds, times)
             else:
                 ref = (ex_labels, time.time())
                 exemplars, ex_values = series.exemplars, series.exemplar_values
