@@ -98,12 +98,13 @@ class HoldStats(NamedTuple):
 
 
 class _Held:
-    __slots__ = ("spans", "lost", "since")
+    __slots__ = ("spans", "lost", "since", "ours")
 
-    def __init__(self, since: int) -> None:
+    def __init__(self, since: int, ours: bool) -> None:
         self.spans: list[ReadableSpan] = []
         self.lost: set[int] = set()
         self.since = since
+        self.ours = ours  # HoldingSpanProcessor.ours(its trace id), known when it was held
 
 
 class HoldingSpanProcessor(SpanProcessor):
@@ -205,7 +206,7 @@ class HoldingSpanProcessor(SpanProcessor):
             self._expire_locked(now, lost)
             if len(self._held) >= self.max_traces:
                 self._evict_oldest_locked("max_traces", lost)
-            self._held[trace_id] = _Held(now)
+            self._held[trace_id] = _Held(now, fresh or self.ours(trace_id))
         if lost:
             self._count_lost(lost)
         self._wake()
@@ -238,7 +239,7 @@ class HoldingSpanProcessor(SpanProcessor):
                 return False
             self._n_spans -= len(held.spans)
             if not keep:  # a decided drop is the policy's to count, not a loss
-                if not self.ours(trace_id):
+                if not held.ours:
                     self._remember(self._gone, trace_id, None)
                 return True
             lost = held.lost
