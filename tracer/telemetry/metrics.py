@@ -166,38 +166,69 @@ class _Series:
         self.outcomes = {o: 0 for o in Outcome}
 
 
-def _count_gaps(counts: list[list[int]], sums: list[float], bounds: list[float], times: Sequence[int]) -> None:
-    """Every gap between present stamps into its buckets and sum (negative as 0), the loop over
-    _GAP_INDEX written out: once per message, a sixth cheaper than the loop (BENCHMARKS.md)."""
+def _count_gaps(counts: list[list[int]], sums: list[float], bounds: list[float], times: Sequence[int],
+                exemplars: list[list[Any]], ex_values: list[list[float]],
+                ref: tuple[dict[str, str] | int, float] | None) -> None:
+    """Every gap between present stamps into its bucket and sum (negative as 0) and, with ``ref``,
+    the bucket's exemplar; the loop over _GAP_INDEX written out: once per message, a sixth cheaper
+    than the loop (BENCHMARKS.md)."""
     produce, store, pull, enqueue, start, end = times
     if produce and store:
         v = (store - produce) / 1e9 if store > produce else 0.0
-        counts[0][bisect_left(bounds, v)] += 1
+        i = bisect_left(bounds, v)
+        counts[0][i] += 1
         sums[0] += v
+        if ref is not None:
+            exemplars[0][i] = ref
+            ex_values[0][i] = v
     if store and pull:
         v = (pull - store) / 1e9 if pull > store else 0.0
-        counts[1][bisect_left(bounds, v)] += 1
+        i = bisect_left(bounds, v)
+        counts[1][i] += 1
         sums[1] += v
+        if ref is not None:
+            exemplars[1][i] = ref
+            ex_values[1][i] = v
     if pull and enqueue:
         v = (enqueue - pull) / 1e9 if enqueue > pull else 0.0
-        counts[2][bisect_left(bounds, v)] += 1
+        i = bisect_left(bounds, v)
+        counts[2][i] += 1
         sums[2] += v
+        if ref is not None:
+            exemplars[2][i] = ref
+            ex_values[2][i] = v
     if enqueue and start:
         v = (start - enqueue) / 1e9 if start > enqueue else 0.0
-        counts[3][bisect_left(bounds, v)] += 1
+        i = bisect_left(bounds, v)
+        counts[3][i] += 1
         sums[3] += v
+        if ref is not None:
+            exemplars[3][i] = ref
+            ex_values[3][i] = v
     if start and end:
         v = (end - start) / 1e9 if end > start else 0.0
-        counts[4][bisect_left(bounds, v)] += 1
+        i = bisect_left(bounds, v)
+        counts[4][i] += 1
         sums[4] += v
+        if ref is not None:
+            exemplars[4][i] = ref
+            ex_values[4][i] = v
     if produce and end:
         v = (end - produce) / 1e9 if end > produce else 0.0
-        counts[5][bisect_left(bounds, v)] += 1
+        i = bisect_left(bounds, v)
+        counts[5][i] += 1
         sums[5] += v
+        if ref is not None:
+            exemplars[5][i] = ref
+            ex_values[5][i] = v
     if pull and start:
         v = (start - pull) / 1e9 if start > pull else 0.0
-        counts[6][bisect_left(bounds, v)] += 1
+        i = bisect_left(bounds, v)
+        counts[6][i] += 1
         sums[6] += v
+        if ref is not None:
+            exemplars[6][i] = ref
+            ex_values[6][i] = v
 
 
 def _check_buckets(buckets: Sequence[float]) -> list[float]:
@@ -361,20 +392,8 @@ class TracerMetrics(OnePerRegistry):
         bounds = self._stages.bounds
         counts, sums = series.counts, series.sums
         with series.lock:
-            if ex_labels is None:  # the common case, without the exemplar test in the loop
-                _count_gaps(counts, sums, bounds, times)
-            else:
-                ref = (ex_labels, time.time())
-                exemplars, ex_values = series.exemplars, series.exemplar_values
-                for gi, start, end in _GAP_INDEX:
-                    a, b = times[start], times[end]
-                    if a and b:
-                        v = (b - a) / 1e9 if b > a else 0.0
-                        bucket = bisect_left(bounds, v)
-                        counts[gi][bucket] += 1
-                        sums[gi] += v
-                        exemplars[gi][bucket] = ref
-                        ex_values[gi][bucket] = v
+            _count_gaps(counts, sums, bounds, times, series.exemplars, series.exemplar_values,
+                        None if ex_labels is None else (ex_labels, time.time()))
             series.outcomes[outcome] += 1
 
     def _observe_stock(self, topic: str, group: str, times: Sequence[int], outcome: Outcome) -> None:
