@@ -108,7 +108,7 @@ def process_sampling_attributes(info: MessageInfo, consumer_group: str, server: 
     return attrs
 
 
-def process_attributes(info: MessageInfo, client: ClientFacts, outcome: Outcome, times: Sequence[int], *,
+def process_attributes(info: MessageInfo, client: ClientFacts, outcome: Outcome, times: Sequence[int],
                        job_id: str | None, cost: float | None, worker: int | None, record_body_size: bool,
                        body: bytes | bytearray | str | None, capture_body: int,
                        into: dict[str, Any] | None = None) -> dict[str, Any]:

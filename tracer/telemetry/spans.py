@@ -156,7 +156,7 @@ class SpanWriter:
         return self._stock is None
 
     def decide(self, parent: SpanContext | None, parent_ctx: Context | None, name: str, kind: SpanKind,
-               attributes: Attributes, links: Sequence[Link], *,
+               attributes: Attributes, links: Sequence[Link],
                dropped_context: bool = True) -> tuple[SpanContext, dict[str, Any] | None]:
         """A new span's context under the (remote) ``parent``, and the attributes it starts with.
 
@@ -201,10 +201,11 @@ class SpanWriter:
         self._processor.on_start(span, parent_context=parent_ctx)  # type: ignore[arg-type]
 
     def emit(self, name: str, context: SpanContext, parent: SpanContext | None, start_ns: int,
-             end_ns: int, *, kind: SpanKind = SpanKind.INTERNAL,
+             end_ns: int, kind: SpanKind = SpanKind.INTERNAL,
              attributes: Mapping[str, Any] | None = None, status: Status | None = None,
              events: Sequence[Event] = (), links: Sequence[Link] = (), checked: bool = True) -> None:
-        """Hand one finished span to the processors, within the provider's span limits.
+        """Hand one finished span to the processors, within the provider's span limits (every
+        parameter may be given by position: a keyword call costs more, several times per message).
 
         ``checked`` says the attributes and links are ours (valid types and values, links without
         attributes): then they are bounded only when a limit could bite, which keeps the common
@@ -258,7 +259,7 @@ class DeferredSpan(Span):
                  "_status", "_ended", "_foreign")
 
     def __init__(self, writer: SpanWriter, name: str, context: SpanContext, parent: SpanContext | None,
-                 start_ns: int, *, kind: SpanKind = SpanKind.INTERNAL, attributes: dict[str, Any] | None = None,
+                 start_ns: int, kind: SpanKind = SpanKind.INTERNAL, attributes: dict[str, Any] | None = None,
                  links: Sequence[Link] = ()) -> None:
         self._writer = writer
         self._name = name
@@ -389,6 +390,5 @@ class DeferredSpan(Span):
         if self._ended:
             return
         self._ended = True
-        self._writer.emit(self._name, self._ctx, self._parent, self._start, end_time or self._start,
-                          kind=self._kind, attributes=self._attrs, status=self._status, events=self._events or (),
-                          links=self._links, checked=not self._foreign)
+        self._writer.emit(self._name, self._ctx, self._parent, self._start, end_time or self._start, self._kind,
+                          self._attrs, self._status, self._events or (), self._links, not self._foreign)

@@ -80,7 +80,7 @@ _CROSS: tuple[tuple[int, int, str, int, str], ...] = tuple(
 _PRODUCE, _STORE, _PULL = int(Stage.PRODUCE), int(Stage.BROKER_STORE), int(Stage.CLIENT_PULL)
 _ENQUEUE, _START, _END = int(Stage.DISPATCH_ENQUEUE), int(Stage.HANDLER_START), int(Stage.HANDLER_END)
 _SUCCESS = Outcome.SUCCESS
-_CONSUMER = SpanKind.CONSUMER
+_CONSUMER, _INTERNAL = SpanKind.CONSUMER, SpanKind.INTERNAL
 _ERROR = StatusCode.ERROR
 # Topics (with their endpoint) whose process span name and sampling attributes are kept built.
 _MAX_STARTS = 256
@@ -492,7 +492,7 @@ class MessageTrace:
         keep = self._tracer.keep
         # the creation context, as the spec asks; built now only for a sampler that reads it
         links = (Link(parent),) if parent is not None and writer.sampler_called else ()
-        ctx, start_attrs = writer.decide(parent, base, name, _CONSUMER, attrs, links, dropped_context=keep is None)
+        ctx, start_attrs = writer.decide(parent, base, name, _CONSUMER, attrs, links, keep is None)
         if start_attrs is None and keep is not None:
             # Dropped by the head, judged at finish: a new trace linked to the producer's (a
             # child of the unrecorded send span would be an orphan; see tracer.telemetry.keep).
@@ -518,8 +518,7 @@ class MessageTrace:
         self._ctx = ctx
         if parent is not None and not links:
             links = (Link(parent),)
-        process = DeferredSpan(writer, name, ctx, parent, pulled_ns, kind=_CONSUMER,
-                               attributes=start_attrs, links=links)
+        process = DeferredSpan(writer, name, ctx, parent, pulled_ns, _CONSUMER, start_attrs, links)
         writer.started(process, base)
         self._process = process
         if self._tracer.compact:
@@ -689,7 +688,7 @@ class MessageTrace:
                         writer.emit(name, writer.child_context(ctx), ctx, c[a], c[b],
                                     attributes={**gap_attrs, **blame_attrs}, links=blame_links)
                     else:
-                        writer.emit(name, writer.child_context(ctx), ctx, c[a], c[b], attributes=gap_attrs)
+                        writer.emit(name, writer.child_context(ctx), ctx, c[a], c[b], _INTERNAL, gap_attrs)
         attrs = self._process_attributes(outcome, process)
         if compact:
             if blame_attrs is not None:
@@ -710,17 +709,16 @@ class MessageTrace:
         start = (0 if compact else c[_STORE]) or c[_PULL]
         if start:
             process.move_start(start)
-        process.end(end_time=end_ns)
+        process.end(end_ns)
 
     def _process_attributes(self, outcome: Outcome, span: DeferredSpan | None = None) -> dict[str, Any]:
         """The ``process`` attributes not given to the sampler at its start; with ``span``, put
         straight into its attributes (what ``put_attributes`` of them would do) and returned."""
         mt, carried = self._tracer, self._carried
-        return process_attributes(self.info, mt.client, outcome, self.stamps.times, job_id=carried.job_id,
-                                  cost=carried.cost, worker=self.worker if mt.worker_attr else None,
-                                  record_body_size=mt.record_body_size, body=self.body,
-                                  capture_body=mt.capture_body,
-                                  into=span.own_attributes() if span is not None else None)
+        # by position: seven keywords cost a measurable part of a message (BENCHMARKS.md)
+        return process_attributes(self.info, mt.client, outcome, self.stamps.times, carried.job_id, carried.cost,
+                                  self.worker if mt.worker_attr else None, mt.record_body_size, self.body,
+                                  mt.capture_body, span.own_attributes() if span is not None else None)
 
 
 class TracerStats(NamedTuple):
