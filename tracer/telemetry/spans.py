@@ -128,13 +128,16 @@ def stock_decider(sampler: Any) -> Decide | None:
 class SpanWriter:
     """Sampling, ids, limits and the span processor of one SDK tracer."""
 
-    __slots__ = ("tracer", "_sampler", "_stock", "_ids", "_processor", "_resource", "_limits", "_random_ids",
-                 "_attr_cap", "_links_cap")
+    __slots__ = ("tracer", "_sampler", "_stock", "_by_parent", "_ids", "_processor", "_resource", "_limits",
+                 "_random_ids", "_attr_cap", "_links_cap")
 
     def __init__(self, tracer: SdkTracer) -> None:
         self.tracer = tracer
         self._sampler = tracer.sampler
         self._stock = stock_decider(self._sampler)  # None: the sampler is called (see the module doc)
+        # ParentBased with static delegates (the SDK's default): the decision for a parent as a
+        # table [remote][sampled], read without calling the decider
+        self._by_parent = _parent_table(self._sampler) if self._stock is not None else None
         self._ids = tracer.id_generator
         self._processor = tracer.span_processor
         self._resource = tracer.resource
@@ -176,7 +179,11 @@ class SpanWriter:
             random_id = self._random_ids
         stock = self._stock
         if stock is not None:
-            decision = stock(parent, trace_id)
+            table = self._by_parent
+            if table is not None and parent is not None:
+                decision = table[parent.is_remote][parent.trace_flags & _SAMPLED_BIT]
+            else:
+                decision = stock(parent, trace_id)
             trace_state = parent.trace_state if parent is not None else None
             result_attrs: Attributes = attributes
         else:
@@ -235,6 +242,18 @@ class SpanWriter:
 
 def _cap(limit: int | None) -> int:
     return sys.maxsize if limit is None else limit  # None: the limit is off
+
+
+def _parent_table(sampler: Any) -> tuple[tuple[sampling.Decision, sampling.Decision], ...] | None:
+    """((local unsampled, local sampled), (remote unsampled, remote sampled)) decisions of a stock
+    ParentBased whose four parent delegates are static; None for any other sampler."""
+    if type(sampler) not in _PARENT_BASED:
+        return None
+    delegates = (sampler._local_parent_not_sampled, sampler._local_parent_sampled,
+                 sampler._remote_parent_not_sampled, sampler._remote_parent_sampled)
+    if not all(type(d) in _STATIC and isinstance(d._decision, sampling.Decision) for d in delegates):
+        return None
+    return ((delegates[0]._decision, delegates[1]._decision), (delegates[2]._decision, delegates[3]._decision))
 
 
 def span_writer(tracer: Any) -> SpanWriter | None:

@@ -660,8 +660,6 @@ class MessageTrace:
                      c: Sequence[int] | None = None) -> None:
         """Write the spans from the causal stamps ``c`` (computed here when not given): ordered in
         stage order with 0 for a missing stamp, so every child lies inside its parent."""
-        writer = self._tracer.writer()
-        assert writer is not None
         if c is None:
             c = causal(self.stamps.times)
         process = self._process if self._process is not None else self._materialize()
@@ -682,6 +680,8 @@ class MessageTrace:
         compact = self._tracer.compact
         blame_attrs, blame_links = self._blame_attributes() if self._blame is not None else (None, ())
         if not compact:
+            writer = self._tracer.writer()
+            assert writer is not None
             for name, a, b, gap_attrs in _GAP_SPANS:
                 if c[a] and c[b]:
                     if blame_attrs is not None and name == n.BLAME_SPAN:
