@@ -223,3 +223,26 @@ def test_the_stage_exemplar_is_the_sampled_traces_id() -> None:
     text = generate_latest(registry).decode()
     found = set(re.findall(r'# \{trace_id="([0-9a-f]+)"\}', text))
     assert found == {f"{0xABC:032x}"}
+
+
+def test_a_held_message_parses_the_producers_traceparent_only_if_it_is_kept() -> None:
+    """The head decision of the default sampler reads only the sampled flag: a dropped held
+    message never parses the producer's context (a bad tracestate on it is never counted), a
+    kept one parses it for its creation link (and counts a bad tracestate then, once)."""
+    mt, _provider, exporter, _hold, clock = _held("full")
+    dropped = _info(clock, sampled=False, i=3)
+    dropped.properties["tracestate"] = "not a tracestate!"  # type: ignore[index]
+    _run(mt, clock, dropped)
+    assert exporter.get_finished_spans() == ()
+    assert mt.errors.counts["tracestate_invalid"] == 0
+    kept = _info(clock, sampled=False, i=5)
+    kept.properties["tracestate"] = "not a tracestate!"  # type: ignore[index]
+    t = mt.start_message(kept)
+    with t.handler_scope():
+        pass
+    t.finish(Outcome.FAILURE)
+    (process,) = [s for s in exporter.get_finished_spans() if s.name == "process T"]
+    assert [(link.context.trace_id, link.context.span_id) for link in process.links] == [(5, 5)]
+    assert mt.errors.counts["tracestate_invalid"] == 1
+    assert t.carried.parent is not None and t.carried.parent.trace_id == 5  # parsed once, kept for readers
+    assert mt.errors.counts["tracestate_invalid"] == 1

@@ -39,7 +39,7 @@ from .names import COST_PROPERTY, JOB_ID_PROPERTY, PRODUCE_NS_PROPERTY, TRACEPAR
 __all__ = [
     "BAGGAGE", "COST", "GETTER", "JOB_ID", "PRODUCE_NS", "SETTER", "TRACEPARENT", "TRACESTATE", "Carried",
     "PropagationErrors", "extract", "format_traceparent", "inject", "parse_produce_ns", "parse_traceparent",
-    "parse_tracestate", "plausible_ns", "resolve", "resolve_parent",
+    "parse_tracestate", "plausible_ns", "resolve", "resolve_parent", "traceparent_sampled",
 ]
 
 log = logging.getLogger(__name__)
@@ -66,6 +66,7 @@ _TRACEPARENT_RE = re.compile(r"^([0-9a-f]{2})-([0-9a-f]{32})-([0-9a-f]{16})-([0-
 # copies strip() and lower() make; anything else takes the general path above.
 _TRACEPARENT_00 = re.compile(r"00-([0-9a-f]{32})-([0-9a-f]{16})-[0-9a-f]([0-9a-f])")
 _ODD_HEX = frozenset("13579bdf")  # the sampled bit is the low bit of the flags' last digit
+_ZERO_TRACE_ID, _ZERO_SPAN_ID = "0" * 32, "0" * 16
 # W3C tracestate list members (the grammar OpenTelemetry's TraceState checks), at most 32 of them
 _TRACESTATE_MEMBER_RE = re.compile(
     r"([a-z][_0-9a-z\-\*\/]{0,255}|[a-z0-9][_0-9a-z\-\*\/]{0,240}@[a-z][_0-9a-z\-\*\/]{0,13})"
@@ -231,6 +232,19 @@ def parse_traceparent(value: str, tracestate: str | None, errors: PropagationErr
         return None
     state = parse_tracestate(tracestate, errors) if tracestate else _EMPTY_STATE
     return SpanContext(trace_id, span_id, True, _FLAGS[int(flags_hex, 16) & 0x01], state)
+
+
+def traceparent_sampled(value: str) -> bool | None:
+    """The sampled flag of a canonical version-00 traceparent with nonzero ids (what
+    :func:`parse_traceparent` would accept without counting an error, the tracestate aside),
+    read without building its context; None for any other value (parse it to know)."""
+    m = _TRACEPARENT_00.fullmatch(value) if len(value) == 55 else None
+    if m is None:
+        return None
+    trace_id_hex, span_id_hex, flags_low = m.groups()
+    if trace_id_hex == _ZERO_TRACE_ID or span_id_hex == _ZERO_SPAN_ID:
+        return None
+    return flags_low in _ODD_HEX
 
 
 def parse_tracestate(value: str, errors: PropagationErrors) -> TraceState:

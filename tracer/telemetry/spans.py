@@ -199,6 +199,12 @@ class SpanWriter:
             return ctx, None
         return ctx, dict(result_attrs or {})
 
+    def parent_decision(self, remote: bool, sampled: bool) -> sampling.Decision | None:
+        """What the sampler decides for any span under a valid parent with these flags, when that
+        is all it reads (a stock ParentBased with static delegates); None otherwise."""
+        table = self._by_parent
+        return table[remote][sampled] if table is not None else None
+
     def child_context(self, parent: SpanContext) -> SpanContext:
         return SpanContext(parent.trace_id, self._ids.generate_span_id(), False, parent.trace_flags,
                            parent.trace_state)

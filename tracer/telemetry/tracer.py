@@ -34,12 +34,21 @@ from typing import Any, Callable, Mapping, NamedTuple, Sequence
 
 from opentelemetry import context as otel_context
 from opentelemetry import trace
+from opentelemetry.sdk.trace.sampling import Decision
 from opentelemetry.trace import Link, NonRecordingSpan, Span, SpanContext, SpanKind, Status, StatusCode, TracerProvider
 
 from ..path import names as n
 from ..path.clock import Clock, default_clock
 from ..path.message import ClientFacts, MessageInfo
-from ..path.propagation import Carried, PropagationErrors, extract, inject, plausible_ns, resolve_parent
+from ..path.propagation import (
+    Carried,
+    PropagationErrors,
+    extract,
+    inject,
+    plausible_ns,
+    resolve_parent,
+    traceparent_sampled,
+)
 from ..path.stages import CROSS_CLOCK_GAPS, GAPS, Outcome, Stage
 from ..path.stamps import MISSING, SkewTracker, Stamps, causal, store_stamp
 from ..version import __version__
@@ -81,6 +90,9 @@ _PRODUCE, _STORE, _PULL = int(Stage.PRODUCE), int(Stage.BROKER_STORE), int(Stage
 _ENQUEUE, _START, _END = int(Stage.DISPATCH_ENQUEUE), int(Stage.HANDLER_START), int(Stage.HANDLER_END)
 _SUCCESS = Outcome.SUCCESS
 _CONSUMER, _INTERNAL = SpanKind.CONSUMER, SpanKind.INTERNAL
+_DROP = Decision.DROP
+# A held trace's creation link whose traceparent is parsed only if the trace is kept.
+_PARSE_IF_KEPT = object()
 _ERROR = StatusCode.ERROR
 # Topics (with their endpoint) whose process span name and sampling attributes are kept built.
 _MAX_STARTS = 256
@@ -484,33 +496,32 @@ class MessageTrace:
 
     def _open_spans(self, writer: SpanWriter, pulled_ns: int, start_ns: int) -> otel_context.Context:
         """Decide sampling, open ``process`` and ``handler``; the context to make current."""
+        keep = self._tracer.keep
+        carried = self._carried
+        base = carried.context  # the extracted context (baggage), when there is more than `parent`
+        name, attrs = self._tracer.process_start(self.info)
+        tp = carried.traceparent
+        if keep is not None and tp is not None and base is None and not self._parsed:
+            # A message the head drops is held, and needs the producer's context only for the
+            # link it gets if kept: when the sampler reads nothing but the parent's flags, a
+            # canonical traceparent's flag decides it and the parse waits for the keep decision.
+            flag = traceparent_sampled(tp)
+            if flag is not None and writer.parent_decision(True, flag) is _DROP:
+                return self._open_held(writer, name, attrs, _PARSE_IF_KEPT, pulled_ns, start_ns, None)
         parent = self._producer_context()
         if parent is not None and not parent.is_valid:
             parent = None
-        base = self._carried.context  # the extracted context (baggage), when there is more than `parent`
-        name, attrs = self._tracer.process_start(self.info)
-        keep = self._tracer.keep
         # the creation context, as the spec asks; built now only for a sampler that reads it
         links = (Link(parent),) if parent is not None and writer.sampler_called else ()
         ctx, start_attrs = writer.decide(parent, base, name, _CONSUMER, attrs, links, keep is None)
         if start_attrs is None and keep is not None:
             # Dropped by the head, judged at finish: a new trace linked to the producer's (a
             # child of the unrecorded send span would be an orphan; see tracer.telemetry.keep).
-            assert self._tracer.hold is not None
-            ctx, self._held = self._tracer.hold.open_trace(writer.tracer.id_generator), True
-        elif start_attrs is not None and self._tracer.hold is not None and keep is not None:
+            return self._open_held(writer, name, attrs, parent, pulled_ns, start_ns, base)
+        if start_attrs is not None and self._tracer.hold is not None and keep is not None:
             self._tracer.hold.hold(ctx.trace_id)
             self._head_held = True
         current = base if base is not None else otel_context.get_current()  # read once, used twice
-        if self._held:
-            # Pending the keep decision: no live spans, no processor on_start. A sampled
-            # non-recording context with pre-allocated ids is current, so the user's spans are
-            # recorded (and held) under the handler id; ours are written at finish if kept.
-            # (the sampling attributes are copied, and the creation link made, if it is kept)
-            self._ctx = ctx
-            inner = ctx if self._tracer.compact else writer.child_context(ctx)
-            self._deferred = (writer, name, parent, pulled_ns, attrs, inner, start_ns)
-            return trace.set_span_in_context(NonRecordingSpan(inner), current)
         if start_attrs is None:
             # Dropped: the message's context stays current so the handler's spans share the
             # decision instead of starting root traces of their own (as contrib does).
@@ -527,6 +538,22 @@ class MessageTrace:
         writer.started(handler, trace.set_span_in_context(process, current))
         self._handler = handler
         return trace.set_span_in_context(handler, current)
+
+    def _open_held(self, writer: SpanWriter, name: str, attrs: dict[str, Any], creation: Any, pulled_ns: int,
+                   start_ns: int, base: otel_context.Context | None) -> otel_context.Context:
+        """A new held trace, pending the keep decision (a root linked to ``creation``, the
+        producer's context; a child of its unrecorded send span would be an orphan, see
+        tracer.telemetry.keep): no live spans, no processor on_start. A sampled non-recording
+        context with pre-allocated ids is current, so the user's spans are recorded (and held)
+        under the handler id; ours are written with those ids at finish, if kept — the sampling
+        attributes copied and the creation link made then."""
+        hold = self._tracer.hold
+        assert hold is not None
+        ctx = self._ctx = hold.open_trace(writer.tracer.id_generator)
+        self._held = True
+        inner = ctx if self._tracer.compact else writer.child_context(ctx)
+        self._deferred = (writer, name, creation, pulled_ns, attrs, inner, start_ns)
+        return trace.set_span_in_context(NonRecordingSpan(inner), base if base is not None else otel_context.get_current())
 
     def _end_handler(self) -> None:
         now = self._tracer.clock.now_ns()
@@ -648,6 +675,10 @@ class MessageTrace:
         writer, name, creation, pulled_ns, attrs, inner, start_ns = self._deferred  # type: ignore[misc]
         self._deferred = None
         assert self._ctx is not None
+        if creation is _PARSE_IF_KEPT:
+            creation = self._producer_context()  # a canonical traceparent: valid, its tracestate checked now
+            if creation is not None and not creation.is_valid:
+                creation = None
         # a root linked to the producer's context (its parent, the unrecorded send span, is not)
         links = (Link(creation),) if creation is not None else ()
         process = self._process = DeferredSpan(writer, name, self._ctx, None, pulled_ns, kind=_CONSUMER,
