@@ -378,7 +378,7 @@ class TracerMetrics(OnePerRegistry):
         return found
 
     def observe(self, topic: str, group: str, times: Sequence[int], outcome: Outcome,
-                exemplar: dict[str, str] | None = None, *, trace_id: int = 0) -> None:
+                exemplar: dict[str, str] | None = None, trace_id: int = 0) -> None:
         """One message: every gap between present stamps into its histogram (negative gaps as
         0, see :mod:`tracer.path.stamps`), the outcome into its counter.
 

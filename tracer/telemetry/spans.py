@@ -211,7 +211,7 @@ class SpanWriter:
 
     def started(self, span: DeferredSpan, parent_ctx: Context | None) -> None:
         """Tell the processors a live span began (``parent_ctx``: the context it was started in)."""
-        self._processor.on_start(span, parent_context=parent_ctx)  # type: ignore[arg-type]
+        self._processor.on_start(span, parent_ctx)  # type: ignore[arg-type]
 
     def emit(self, name: str, context: SpanContext, parent: SpanContext | None, start_ns: int,
              end_ns: int, kind: SpanKind = SpanKind.INTERNAL,

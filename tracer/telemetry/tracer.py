@@ -462,13 +462,7 @@ class MessageTrace:
         return self
 
     def __enter__(self) -> Span | None:
-        self._begin_handler()
-        return self._handler
-
-    def __exit__(self, *exc: object) -> None:
-        self._end_handler()
-
-    def _begin_handler(self) -> None:
+        """The handler starts: stamp it, open (or hold) the spans, make the context current."""
         times = self.stamps.times
         times[_START] = self._scope_start or self._tracer.clock.now_ns()
         if times[_ENQUEUE] == MISSING:
@@ -485,7 +479,7 @@ class MessageTrace:
                     self._token = otel_context.attach(self._carried.context)
                 elif found is not None:
                     self._token = otel_context.attach(trace.set_span_in_context(NonRecordingSpan(found)))
-            return
+            return None
         try:
             # process starts at the broker's store (else the pull): broker_wait is its first child
             pulled = times[_PULL]
@@ -493,6 +487,7 @@ class MessageTrace:
             self._token = otel_context.attach(self._open_spans(writer, start, times[_START]))
         except Exception as exc:  # noqa: BLE001
             self._tracer.hook_failed("starting the handler span", exc)
+        return self._handler
 
     def _open_spans(self, writer: SpanWriter, pulled_ns: int, start_ns: int) -> otel_context.Context:
         """Decide sampling, open ``process`` and ``handler``; the context to make current."""
@@ -555,7 +550,8 @@ class MessageTrace:
         self._deferred = (writer, name, creation, pulled_ns, attrs, inner, start_ns)
         return trace.set_span_in_context(NonRecordingSpan(inner), base if base is not None else otel_context.get_current())
 
-    def _end_handler(self) -> None:
+    def __exit__(self, *exc: object) -> None:
+        """The handler returned: stamp its end (or end a late handler span), restore the context."""
         now = self._tracer.clock.now_ns()
         handler: DeferredSpan | None = None
         with self._tracer._end_lock:
@@ -610,8 +606,8 @@ class MessageTrace:
             ctx = self._decide(mt.keep, outcome, error)  # None: not kept (yet); no exemplar, no spans
         consistent = causal(times)  # the parts fit the whole (tracer.path.stamps); skew is read raw below
         if metrics is not None:
-            metrics.observe(self.info.topic, mt.consumer_group, consistent, outcome,
-                            trace_id=ctx.trace_id if ctx is not None and ctx.trace_flags & 1 else 0)
+            metrics.observe(self.info.topic, mt.consumer_group, consistent, outcome, None,
+                            ctx.trace_id if ctx is not None and ctx.trace_flags & 1 else 0)
         mt.meters.finished(self.info.topic, mt.consumer_group, consistent, outcome, error)
         blame = self._blame
         if blame is not None:
@@ -705,7 +701,7 @@ class MessageTrace:
             with self._tracer._end_lock:
                 still_running = self._overrun and not self._late_end
                 if still_running:
-                    self._open_handler = handler  # _end_handler ends it when the handler returns
+                    self._open_handler = handler  # __exit__ ends it when the handler returns
             if not still_running:
                 handler.end(end_time=self._late_end or end_ns)
         compact = self._tracer.compact
