@@ -39,7 +39,7 @@ from .names import COST_PROPERTY, JOB_ID_PROPERTY, PRODUCE_NS_PROPERTY, TRACEPAR
 __all__ = [
     "BAGGAGE", "COST", "GETTER", "JOB_ID", "PRODUCE_NS", "SETTER", "TRACEPARENT", "TRACESTATE", "Carried",
     "PropagationErrors", "extract", "format_traceparent", "inject", "parse_produce_ns", "parse_traceparent",
-    "parse_tracestate", "plausible_ns", "resolve", "resolve_parent",
+    "parse_tracestate", "plausible_ns", "resolve", "resolve_parent", "traceparent_sampled",
 ]
 
 log = logging.getLogger(__name__)
@@ -62,6 +62,11 @@ _NS_FUTURE_SLACK = 24 * 3600 * 10**9
 _EMPTY_STATE = TraceState()
 _FLAGS = (TraceFlags(0), TraceFlags(1))
 _TRACEPARENT_RE = re.compile(r"^([0-9a-f]{2})-([0-9a-f]{32})-([0-9a-f]{16})-([0-9a-f]{2})(-.*)?$")
+# What every producer writes (version 00, lower case, nothing around it): matched without the
+# copies strip() and lower() make; anything else takes the general path above.
+_TRACEPARENT_00 = re.compile(r"00-([0-9a-f]{32})-([0-9a-f]{16})-[0-9a-f]([0-9a-f])")
+_ODD_HEX = frozenset("13579bdf")  # the sampled bit is the low bit of the flags' last digit
+_ZERO_TRACE_ID, _ZERO_SPAN_ID = "0" * 32, "0" * 16
 # W3C tracestate list members (the grammar OpenTelemetry's TraceState checks), at most 32 of them
 _TRACESTATE_MEMBER_RE = re.compile(
     r"([a-z][_0-9a-z\-\*\/]{0,255}|[a-z0-9][_0-9a-z\-\*\/]{0,240}@[a-z][_0-9a-z\-\*\/]{0,13})"
@@ -124,6 +129,9 @@ class Carried(NamedTuple):
     # (``parent`` is None until :func:`resolve`); None once parsed or when there was none.
     traceparent: str | None = None
     tracestate: str | None = None
+
+
+_new_tuple = tuple.__new__
 
 
 class _PropertyGetter(Getter[Mapping[str, Any]]):
@@ -199,6 +207,13 @@ def _text(value: Any, errors: PropagationErrors) -> str | None:
 
 def parse_traceparent(value: str, tracestate: str | None, errors: PropagationErrors) -> SpanContext | None:
     """A W3C traceparent into a remote span context; None (counted) when not valid."""
+    m = _TRACEPARENT_00.fullmatch(value) if len(value) == 55 else None
+    if m is not None:
+        trace_id_hex, span_id_hex, flags_low = m.groups()
+        trace_id, span_id = int(trace_id_hex, 16), int(span_id_hex, 16)
+        if trace_id and span_id:
+            state = parse_tracestate(tracestate, errors) if tracestate else _EMPTY_STATE
+            return SpanContext(trace_id, span_id, True, _FLAGS[flags_low in _ODD_HEX], state)
     if len(value) > 256:
         errors.count("traceparent_malformed", value[:40])
         return None
@@ -217,6 +232,19 @@ def parse_traceparent(value: str, tracestate: str | None, errors: PropagationErr
         return None
     state = parse_tracestate(tracestate, errors) if tracestate else _EMPTY_STATE
     return SpanContext(trace_id, span_id, True, _FLAGS[int(flags_hex, 16) & 0x01], state)
+
+
+def traceparent_sampled(value: str) -> bool | None:
+    """The sampled flag of a canonical version-00 traceparent with nonzero ids (what
+    :func:`parse_traceparent` would accept without counting an error, the tracestate aside),
+    read without building its context; None for any other value (parse it to know)."""
+    m = _TRACEPARENT_00.fullmatch(value) if len(value) == 55 else None
+    if m is None:
+        return None
+    trace_id_hex, span_id_hex, flags_low = m.groups()
+    if trace_id_hex == _ZERO_TRACE_ID or span_id_hex == _ZERO_SPAN_ID:
+        return None
+    return flags_low in _ODD_HEX
 
 
 def parse_tracestate(value: str, errors: PropagationErrors) -> TraceState:
@@ -307,13 +335,18 @@ def _extract(props: Mapping[str, Any], errors: PropagationErrors, now_ns: int,
     context: Context | None = None
     raw_tp = raw_ts = None
     w3c, propagator = _choice.hand_path()
+    get = props.get
     if w3c:
-        tp = _text(props.get(TRACEPARENT), errors)
-        if tp is None:
-            tp = _text(system_trace_context, errors)
+        tp = get(TRACEPARENT)
+        if tp.__class__ is not str:  # str is what every client gives: checked first, inline
+            tp = _text(tp, errors)
+            if tp is None:
+                tp = _text(system_trace_context, errors)
         has_baggage = BAGGAGE in props
         if tp:
-            ts = _text(props.get(TRACESTATE), errors)
+            ts = get(TRACESTATE)
+            if ts is not None and ts.__class__ is not str:
+                ts = _text(ts, errors)
             if defer_parent and not has_baggage:
                 raw_tp, raw_ts = tp, ts
             else:
@@ -333,17 +366,25 @@ def _extract(props: Mapping[str, Any], errors: PropagationErrors, now_ns: int,
                     context = trace.set_span_in_context(trace.NonRecordingSpan(parent), context)
 
     produce_ns = 0
-    raw = _text(props.get(PRODUCE_NS), errors)
+    raw = get(PRODUCE_NS)
     if raw is not None:
-        produce_ns = parse_produce_ns(raw, errors, now_ns)
+        if raw.__class__ is not str:
+            raw = _text(raw, errors)
+        if raw is not None:
+            produce_ns = parse_produce_ns(raw, errors, now_ns)
 
-    job_id = _text(props.get(JOB_ID), errors)
-    if job_id is not None and (not job_id or len(job_id) > MAX_JOB_ID_LEN or not job_id.isprintable()):
-        errors.count("job_id_invalid", job_id[:40])
-        job_id = None
+    job_id = get(JOB_ID)
+    if job_id is not None:
+        if job_id.__class__ is not str:
+            job_id = _text(job_id, errors)
+        if job_id is not None and (not job_id or len(job_id) > MAX_JOB_ID_LEN or not job_id.isprintable()):
+            errors.count("job_id_invalid", job_id[:40])
+            job_id = None
 
     cost = None
-    raw_cost = _text(props.get(COST), errors)
+    raw_cost = get(COST)
+    if raw_cost is not None and raw_cost.__class__ is not str:
+        raw_cost = _text(raw_cost, errors)
     if raw_cost is not None:
         try:
             cost = float(raw_cost) if len(raw_cost) <= 32 else None
@@ -352,7 +393,8 @@ def _extract(props: Mapping[str, Any], errors: PropagationErrors, now_ns: int,
         if cost is None or not (0.0 <= cost < 1e15):
             errors.count("cost_invalid", raw_cost)
             cost = None
-    return Carried(parent, produce_ns, job_id, cost, context, raw_tp, raw_ts)
+    # tuple.__new__ is what the NamedTuple's own __new__ calls, one Python frame less per message
+    return _new_tuple(Carried, (parent, produce_ns, job_id, cost, context, raw_tp, raw_ts))
 
 
 def _with_baggage(props: Mapping[str, Any], parent: SpanContext | None) -> Context | None:

@@ -108,20 +108,46 @@ def process_sampling_attributes(info: MessageInfo, consumer_group: str, server: 
     return attrs
 
 
-def process_attributes(info: MessageInfo, client: ClientFacts, outcome: Outcome, times: Sequence[int], *,
+def process_attributes(info: MessageInfo, client: ClientFacts, outcome: Outcome, times: Sequence[int],
                        job_id: str | None, cost: float | None, worker: int | None, record_body_size: bool,
-                       body: bytes | bytearray | str | None, capture_body: int) -> dict[str, Any]:
-    """The ``process`` attributes not given to the sampler at its start (set at its end)."""
-    attrs: dict[str, Any] = {n.OUTCOME: outcome.value}
-    client_attributes(attrs, client, info.namespace if info.namespace is not None else client.namespace)
-    if info.message_id:
-        attrs[n.MESSAGE_ID] = cap(info.message_id)
-    if info.delivery_attempt and info.delivery_attempt < 2**31:  # the broker's is an int32
-        attrs[n.DELIVERY_ATTEMPT] = info.delivery_attempt
-    _message_attributes(attrs, info.tag, info.keys, info.message_group, info.body_size if record_body_size else None)
-    attrs[n.MESSAGE_TYPE] = message_type(info.declared_type, info.message_group, info.delivery_ms)
-    if info.delivery_ms:
-        attrs[n.DELIVERY_TIMESTAMP] = info.delivery_ms
+                       body: bytes | bytearray | str | None, capture_body: int,
+                       into: dict[str, Any] | None = None) -> dict[str, Any]:
+    """The ``process`` attributes not given to the sampler at its start (set at its end), in a
+    new dict or put into ``into`` (which is returned).
+
+    Once per sampled message, so written out flat: the same attributes, in the same order, as
+    :func:`client_attributes` and the message fields would give, without their calls."""
+    attrs: dict[str, Any] = into if into is not None else {}
+    attrs[n.OUTCOME] = outcome._value_  # Enum.value is a descriptor call
+    namespace = info.namespace if info.namespace is not None else client.namespace
+    if namespace is not None:
+        attrs[n.NAMESPACE] = namespace if len(namespace) <= MAX_ATTR_CHARS else namespace[:MAX_ATTR_CHARS]
+    if client.client_id:
+        attrs[n.CLIENT_ID] = client.client_id
+    value = info.message_id
+    if value:
+        attrs[n.MESSAGE_ID] = value if len(value) <= MAX_ATTR_CHARS else value[:MAX_ATTR_CHARS]
+    attempt = info.delivery_attempt
+    if attempt and attempt < 2**31:  # the broker's is an int32
+        attrs[n.DELIVERY_ATTEMPT] = attempt
+    value = info.tag
+    if value:
+        attrs[n.MESSAGE_TAG] = value if len(value) <= MAX_ATTR_CHARS else value[:MAX_ATTR_CHARS]
+    keys = info.keys
+    if keys:
+        if len(keys) <= MAX_KEYS and max(map(len, keys)) <= MAX_ATTR_CHARS:
+            attrs[n.MESSAGE_KEYS] = list(keys)  # within the caps, as nearly every message is
+        else:
+            attrs[n.MESSAGE_KEYS] = [cap(k) for k in keys[:MAX_KEYS]]
+    group = info.message_group
+    if group:
+        attrs[n.MESSAGE_GROUP] = cap(group)
+    if record_body_size and info.body_size is not None:
+        attrs[n.BODY_SIZE] = info.body_size
+    delivery_ms = info.delivery_ms
+    attrs[n.MESSAGE_TYPE] = info.declared_type or message_type(None, group, delivery_ms)
+    if delivery_ms:
+        attrs[n.DELIVERY_TIMESTAMP] = delivery_ms
     if job_id:
         attrs[n.JOB_ID] = job_id
     if cost is not None:

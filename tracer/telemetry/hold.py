@@ -98,12 +98,13 @@ class HoldStats(NamedTuple):
 
 
 class _Held:
-    __slots__ = ("spans", "lost", "since")
+    __slots__ = ("spans", "lost", "since", "ours")
 
-    def __init__(self, since: int) -> None:
+    def __init__(self, since: int, ours: bool) -> None:
         self.spans: list[ReadableSpan] = []
         self.lost: set[int] = set()
         self.since = since
+        self.ours = ours  # HoldingSpanProcessor.ours(its trace id), known when it was held
 
 
 class HoldingSpanProcessor(SpanProcessor):
@@ -189,28 +190,33 @@ class HoldingSpanProcessor(SpanProcessor):
 
     def hold(self, trace_id: int) -> None:
         """Hold every span of ``trace_id`` that ends from now on, until :meth:`release`."""
+        self._hold(trace_id, False)
+
+    def _hold(self, trace_id: int, fresh: bool) -> None:
+        """``fresh``: an id :meth:`open_trace` just drew (96 random bits), seen nowhere before."""
         now = self.clock.now_ns()
         lost: list[tuple[str, _Held]] = []
         with self._lock:
             if trace_id in self._held:
                 return
-            self._gone.pop(trace_id, None)  # held again: it starts afresh
-            self._kept.pop(trace_id, None)
-            self._evicted.pop(trace_id, None)
+            if not fresh:
+                self._gone.pop(trace_id, None)  # held again: it starts afresh
+                self._kept.pop(trace_id, None)
+                self._evicted.pop(trace_id, None)
             self._expire_locked(now, lost)
             if len(self._held) >= self.max_traces:
                 self._evict_oldest_locked("max_traces", lost)
-            self._held[trace_id] = _Held(now)
-        self._count_lost(lost)
+            self._held[trace_id] = _Held(now, fresh or self.ours(trace_id))
+        if lost:
+            self._count_lost(lost)
         self._wake()
 
     def open_trace(self, ids: IdGenerator, trace_state: TraceState | None = None) -> SpanContext:
         """A new sampled root context, its trace held (the trace a keep policy decides later)."""
         high = ids.generate_trace_id() >> 32
         trace_id = (high << 32) | (hash((high, self._salt)) & _LOW32)
-        ctx = SpanContext(trace_id, ids.generate_span_id(), is_remote=False, trace_flags=_SAMPLED,
-                          trace_state=trace_state)
-        self.hold(ctx.trace_id)
+        ctx = SpanContext(trace_id, ids.generate_span_id(), False, _SAMPLED, trace_state)
+        self._hold(trace_id, True)
         return ctx
 
     def release(self, trace_id: int, keep: bool) -> bool:
@@ -233,7 +239,7 @@ class HoldingSpanProcessor(SpanProcessor):
                 return False
             self._n_spans -= len(held.spans)
             if not keep:  # a decided drop is the policy's to count, not a loss
-                if not self.ours(trace_id):
+                if not held.ours:
                     self._remember(self._gone, trace_id, None)
                 return True
             lost = held.lost
@@ -257,7 +263,8 @@ class HoldingSpanProcessor(SpanProcessor):
         lost: list[tuple[str, _Held]] = []
         with self._lock:
             self._expire_locked(now, lost)
-        self._count_lost(lost)
+        if lost:
+            self._count_lost(lost)
         return len(lost)
 
     def tick(self, now_ns: int | None = None) -> bool:

@@ -95,6 +95,9 @@ _PERCENT_RE = re.compile(r"^\s*([0-9]*\.?[0-9]+)\s*%\s*$")
 _PER_OCTAVE = 8
 _N_BUCKETS = 40 * _PER_OCTAVE
 _FLOOR_NS = 1_000
+# Read per message: module constants, not Enum members off their class (a descriptor call each).
+_PRODUCE, _END = int(Stage.PRODUCE), int(Stage.HANDLER_END)
+_FAILURE, _TIMEOUT = Outcome.FAILURE, Outcome.TIMEOUT
 
 
 @dataclass(frozen=True)
@@ -273,7 +276,7 @@ class KeepPolicy:
 
         ``head`` says the head sampler kept it already; it is still counted and fed to the
         estimates, so thresholds and the critical path see every message."""
-        now = times[Stage.HANDLER_END]
+        now = times[_END]
         if not now:
             with self._lock:  # never handled: nothing was traced to keep, nothing to judge
                 self._messages += 1
@@ -294,7 +297,7 @@ class KeepPolicy:
                     slow = True
         if head:
             reason: str | None = "head"
-        elif outcome is Outcome.FAILURE or outcome is Outcome.TIMEOUT:
+        elif outcome is _FAILURE or outcome is _TIMEOUT:
             reason = "failure"
         elif slow:
             reason = "slow"
@@ -325,7 +328,7 @@ class KeepPolicy:
              settle: Callable[[bool], None] | None, settled: list[tuple[Callable[[bool], None], bool]]) -> str | None:
         jobs = self._jobs
         job = jobs.pop(job_id, None)  # re-inserted below: dict order stays least recent first
-        produce = times[Stage.PRODUCE]
+        produce = times[_PRODUCE]
         if job is None:
             if len(jobs) >= self.max_jobs:
                 self._retire(next(iter(jobs)), settled)

@@ -65,6 +65,7 @@ _SEND = {n.SYSTEM: n.SYSTEM_VALUE, n.OPERATION_NAME: n.SEND, n.OPERATION_TYPE: n
 _PROCESS = {n.SYSTEM: n.SYSTEM_VALUE, n.OPERATION_NAME: n.PROCESS, n.OPERATION_TYPE: n.PROCESS}
 _GAP_INDEX: tuple[tuple[int, int, int], ...] = tuple((g.position, int(g.start), int(g.end)) for g in GAPS)
 _PULL, _END = int(Stage.CLIENT_PULL), int(Stage.HANDLER_END)
+_SUCCESS = Outcome.SUCCESS  # a module constant: an Enum member off its class costs a descriptor call
 
 
 class _Instruments(NamedTuple):
@@ -209,7 +210,7 @@ class MessagingMeters:
         a, b = times[_PULL], times[_END]
         if a and b:
             process = attrs.process
-            if outcome is not Outcome.SUCCESS:
+            if outcome is not _SUCCESS:
                 # the exception's class; without one (a failure result, a timeout) the outcome, as the span has
                 process = {**process, n.ERROR_TYPE: type(error).__qualname__ if error is not None else outcome.value}
             inst.process.record((b - a) / 1e9 if b > a else 0.0, process)

@@ -14,25 +14,45 @@ the same objects the SDK itself would hand over. The provider's span limits appl
 Only an SDK ``TracerProvider`` allows this; with any other provider (no-op, or a vendor's own)
 :func:`span_writer` returns None and no consumer spans are written.
 
+**The SDK's own samplers are evaluated, not called.** ``ParentBased``, ``TraceIdRatioBased``,
+``ALWAYS_ON``/``ALWAYS_OFF`` and their env-var forms (``OTEL_TRACES_SAMPLER``) are pure functions
+of the parent's flags and the trace id; for them (exact classes, tried once per writer) the
+decision is computed inline with the same result — decision, attributes, trace state — as their
+``should_sample`` would return, without building the parent ``Context`` and the
+``SamplingResult`` (BENCHMARKS.md). Any other sampler (a subclass, a wrapper, a vendor's) is
+called as before, with the parent context, the sampling-relevant attributes and the link.
+
 SDK internals used here and nowhere else (opentelemetry-sdk 1.45): the proxy tracer's
-``_real_tracer``, the SDK tracer's ``_is_enabled`` and ``_span_limits``.
+``_real_tracer``, the SDK tracer's ``_is_enabled`` and ``_span_limits``, and the stock samplers'
+fields (``StaticSampler._decision``, ``TraceIdRatioBased.bound``, ``ParentBased._root`` and its
+four ``_*_parent_*`` delegates).
 """
 
 from __future__ import annotations
 
 import sys
 import traceback
-from typing import Any, Mapping, Sequence
+from typing import Any, Callable, Mapping, Sequence
 
 from opentelemetry import trace
 from opentelemetry.attributes import BoundedAttributes
 from opentelemetry.context import Context
 from opentelemetry.sdk.resources import Resource
-from opentelemetry.sdk.trace import Event, ReadableSpan, SpanLimits
+from opentelemetry.sdk.trace import Event, ReadableSpan, SpanLimits, sampling
 from opentelemetry.sdk.trace import Tracer as SdkTracer
 from opentelemetry.sdk.util import BoundedList
 from opentelemetry.sdk.util.instrumentation import InstrumentationScope
-from opentelemetry.trace import Link, NonRecordingSpan, Span, SpanContext, SpanKind, Status, StatusCode, TraceFlags
+from opentelemetry.trace import (
+    INVALID_SPAN_CONTEXT,
+    Link,
+    NonRecordingSpan,
+    Span,
+    SpanContext,
+    SpanKind,
+    Status,
+    StatusCode,
+    TraceFlags,
+)
 from opentelemetry.util.types import Attributes, AttributeValue
 
 from ..path.names import SCHEMA_URL
@@ -44,17 +64,80 @@ SCOPE = InstrumentationScope("rmqtrace", __version__, SCHEMA_URL)
 _NO_LIMITS = SpanLimits()
 _EMPTY = Context()  # what the sampler's parent context is built on: only the parent span matters
 _UNSET = Status()  # read-only once made: one for every span that never gets a status
+# A new span's flags by (sampled, random trace id): TraceFlags(int) costs a call per span otherwise.
+_NEW_FLAGS = {(s, r): TraceFlags((TraceFlags.SAMPLED if s else 0) | (TraceFlags.RANDOM_TRACE_ID if r else 0))
+              for s in (False, True) for r in (False, True)}
+
+_SAMPLE, _DROP = sampling.Decision.RECORD_AND_SAMPLE, sampling.Decision.DROP
+# TraceFlags' bits, tested directly: its .sampled / .random_trace_id are property calls
+_SAMPLED_BIT, _RANDOM_BIT = int(TraceFlags.SAMPLED), int(TraceFlags.RANDOM_TRACE_ID)
+
+# A stock sampler as a function: (the valid parent or None, trace id) -> its decision.
+Decide = Callable[[SpanContext | None, int], sampling.Decision]
+# The SDK classes whose should_sample is known and pure (exact types: a subclass may override it).
+_STATIC = tuple(t for t in (sampling.StaticSampler, getattr(sampling, "_AlwaysOn", None),
+                            getattr(sampling, "_AlwaysOff", None)) if isinstance(t, type))
+_RATIO = (sampling.TraceIdRatioBased,)
+_PARENT_BASED = tuple(t for t in (sampling.ParentBased, sampling.ParentBasedTraceIdRatio,
+                                  getattr(sampling, "_ParentBasedAlwaysOn", None),
+                                  getattr(sampling, "_ParentBasedAlwaysOff", None)) if isinstance(t, type))
+
+
+def stock_decider(sampler: Any) -> Decide | None:
+    """The decision function of one of the SDK's stock samplers, or None for any other sampler.
+
+    Each branch is that class's ``should_sample`` (opentelemetry-sdk 1.45) with the parent given
+    as its span context: ``ParentBased`` picks a delegate by the parent's remote and sampled flags
+    (the root one without a valid parent), ``TraceIdRatioBased`` compares the trace id's low 64
+    bits with its bound, a ``StaticSampler`` returns its decision."""
+    t = type(sampler)
+    try:
+        if t in _STATIC:
+            decision = sampler._decision
+            if not isinstance(decision, sampling.Decision):
+                return None
+            return lambda parent, trace_id: decision
+        if t in _RATIO:
+            bound, limit = int(sampler.bound), sampling.TraceIdRatioBased.TRACE_ID_LIMIT
+            yes, no = sampling.Decision.RECORD_AND_SAMPLE, sampling.Decision.DROP
+            return lambda parent, trace_id: yes if trace_id & limit < bound else no
+        if t in _PARENT_BASED:
+            parts: list[Decide] = []
+            for delegate in (sampler._root, sampler._remote_parent_sampled, sampler._remote_parent_not_sampled,
+                             sampler._local_parent_sampled, sampler._local_parent_not_sampled):
+                part = stock_decider(delegate)
+                if part is None:
+                    return None
+                parts.append(part)
+            root, remote_yes, remote_no, local_yes, local_no = parts
+
+            def parent_based(parent: SpanContext | None, trace_id: int) -> sampling.Decision:
+                if parent is None:
+                    return root(parent, trace_id)
+                if parent.is_remote:
+                    pick = remote_yes if parent.trace_flags & _SAMPLED_BIT else remote_no
+                else:
+                    pick = local_yes if parent.trace_flags & _SAMPLED_BIT else local_no
+                return pick(parent, trace_id)
+            return parent_based
+    except AttributeError:  # another SDK version's fields: call the sampler instead
+        return None
+    return None
 
 
 class SpanWriter:
     """Sampling, ids, limits and the span processor of one SDK tracer."""
 
-    __slots__ = ("tracer", "_sampler", "_ids", "_processor", "_resource", "_limits", "_random_ids", "_attr_cap",
-                 "_links_cap")
+    __slots__ = ("tracer", "_sampler", "_stock", "_by_parent", "_ids", "_processor", "_resource", "_limits",
+                 "_random_ids", "_attr_cap", "_links_cap")
 
     def __init__(self, tracer: SdkTracer) -> None:
         self.tracer = tracer
         self._sampler = tracer.sampler
+        self._stock = stock_decider(self._sampler)  # None: the sampler is called (see the module doc)
+        # ParentBased with static delegates (the SDK's default): the decision for a parent as a
+        # table [remote][sampled], read without calling the decider
+        self._by_parent = _parent_table(self._sampler) if self._stock is not None else None
         self._ids = tracer.id_generator
         self._processor = tracer.span_processor
         self._resource = tracer.resource
@@ -69,31 +152,58 @@ class SpanWriter:
     def resource(self) -> Resource:
         return self._resource
 
+    @property
+    def sampler_called(self) -> bool:
+        """Whether :meth:`decide` calls the provider's sampler (else it is a stock one, evaluated
+        inline: it reads neither the links nor the attributes, so callers may skip building them)."""
+        return self._stock is None
+
     def decide(self, parent: SpanContext | None, parent_ctx: Context | None, name: str, kind: SpanKind,
-               attributes: Attributes, links: Sequence[Link]) -> tuple[SpanContext, dict[str, Any] | None]:
+               attributes: Attributes, links: Sequence[Link],
+               dropped_context: bool = True) -> tuple[SpanContext, dict[str, Any] | None]:
         """A new span's context under the (remote) ``parent``, and the attributes it starts with.
 
         The attributes are None when the sampler drops the span: its context is then a valid,
-        unsampled one for a non-recording span (so what the handler starts shares the decision).
+        unsampled one for a non-recording span (so what the handler starts shares the decision),
+        or ``INVALID_SPAN_CONTEXT`` with ``dropped_context=False`` (the caller makes its own).
         ``parent_ctx`` is the extracted context, if one was built (baggage); else one is made
         from ``parent`` for the sampler.
         """
-        if parent is not None and parent.is_valid:
+        if parent is not None and not parent.is_valid:
+            parent = None
+        if parent is not None:
             trace_id = parent.trace_id
-            if parent_ctx is None:
-                parent_ctx = trace.set_span_in_context(NonRecordingSpan(parent), _EMPTY)
-            random_id = parent.trace_flags.random_trace_id
+            random_id = parent.trace_flags & _RANDOM_BIT
         else:
             trace_id = self._ids.generate_trace_id()
             random_id = self._random_ids
-        result = self._sampler.should_sample(parent_ctx, trace_id, name, kind, attributes, links)
-        flags = TraceFlags.SAMPLED if result.decision.is_sampled() else TraceFlags.DEFAULT  # type: ignore[no-untyped-call]
-        if random_id:
-            flags |= TraceFlags.RANDOM_TRACE_ID
-        ctx = SpanContext(trace_id, self._ids.generate_span_id(), is_remote=False, trace_flags=TraceFlags(flags),
-                          trace_state=result.trace_state)
-        recording = result.decision.is_recording()  # type: ignore[no-untyped-call]
-        return ctx, (dict(result.attributes or {}) if recording else None)
+        stock = self._stock
+        if stock is not None:
+            table = self._by_parent
+            if table is not None and parent is not None:
+                decision = table[parent.is_remote][parent.trace_flags & _SAMPLED_BIT]
+            else:
+                decision = stock(parent, trace_id)
+            trace_state = parent.trace_state if parent is not None else None
+            result_attrs: Attributes = attributes
+        else:
+            if parent is not None and parent_ctx is None:
+                parent_ctx = trace.set_span_in_context(NonRecordingSpan(parent), _EMPTY)
+            result = self._sampler.should_sample(parent_ctx, trace_id, name, kind, attributes, links)
+            decision, trace_state, result_attrs = result.decision, result.trace_state, result.attributes
+        if decision is _DROP and not dropped_context:
+            return INVALID_SPAN_CONTEXT, None
+        ctx = SpanContext(trace_id, self._ids.generate_span_id(), False,
+                          _NEW_FLAGS[decision is _SAMPLE, bool(random_id)], trace_state)
+        if decision is _DROP:
+            return ctx, None
+        return ctx, dict(result_attrs or {})
+
+    def parent_decision(self, remote: bool, sampled: bool) -> sampling.Decision | None:
+        """What the sampler decides for any span under a valid parent with these flags, when that
+        is all it reads (a stock ParentBased with static delegates); None otherwise."""
+        table = self._by_parent
+        return table[remote][sampled] if table is not None else None
 
     def child_context(self, parent: SpanContext) -> SpanContext:
         return SpanContext(parent.trace_id, self._ids.generate_span_id(), False, parent.trace_flags,
@@ -101,13 +211,14 @@ class SpanWriter:
 
     def started(self, span: DeferredSpan, parent_ctx: Context | None) -> None:
         """Tell the processors a live span began (``parent_ctx``: the context it was started in)."""
-        self._processor.on_start(span, parent_context=parent_ctx)  # type: ignore[arg-type]
+        self._processor.on_start(span, parent_ctx)  # type: ignore[arg-type]
 
     def emit(self, name: str, context: SpanContext, parent: SpanContext | None, start_ns: int,
-             end_ns: int, *, kind: SpanKind = SpanKind.INTERNAL,
+             end_ns: int, kind: SpanKind = SpanKind.INTERNAL,
              attributes: Mapping[str, Any] | None = None, status: Status | None = None,
              events: Sequence[Event] = (), links: Sequence[Link] = (), checked: bool = True) -> None:
-        """Hand one finished span to the processors, within the provider's span limits.
+        """Hand one finished span to the processors, within the provider's span limits (every
+        parameter may be given by position: a keyword call costs more, several times per message).
 
         ``checked`` says the attributes and links are ours (valid types and values, links without
         attributes): then they are bounded only when a limit could bite, which keeps the common
@@ -119,12 +230,12 @@ class SpanWriter:
             attrs = BoundedAttributes(limits.max_span_attributes, attrs, immutable=True,
                                       max_value_len=limits.max_span_attribute_length)
         if events:
-            events = BoundedList.from_seq(limits.max_events, events)  # type: ignore[assignment]
+            events = BoundedList.from_seq(limits.max_events, events)
         if links and (not checked or len(links) > self._links_cap):
             links = BoundedList.from_seq(limits.max_links, [
                 Link(link.context, BoundedAttributes(limits.max_link_attributes, link.attributes, immutable=True,
                                                      max_value_len=limits.max_attribute_length))
-                for link in links])  # type: ignore[assignment]
+                for link in links])
         span = ReadableSpan(name, context, parent, self._resource, attrs, events, links, kind,
                             None, status or _UNSET, start_ns, end_ns, SCOPE)
         self._processor.on_end(span)
@@ -137,6 +248,18 @@ class SpanWriter:
 
 def _cap(limit: int | None) -> int:
     return sys.maxsize if limit is None else limit  # None: the limit is off
+
+
+def _parent_table(sampler: Any) -> tuple[tuple[sampling.Decision, sampling.Decision], ...] | None:
+    """((local unsampled, local sampled), (remote unsampled, remote sampled)) decisions of a stock
+    ParentBased whose four parent delegates are static; None for any other sampler."""
+    if type(sampler) not in _PARENT_BASED:
+        return None
+    delegates = (sampler._local_parent_not_sampled, sampler._local_parent_sampled,
+                 sampler._remote_parent_not_sampled, sampler._remote_parent_sampled)
+    if not all(type(d) in _STATIC and isinstance(d._decision, sampling.Decision) for d in delegates):
+        return None
+    return ((delegates[0]._decision, delegates[1]._decision), (delegates[2]._decision, delegates[3]._decision))
 
 
 def span_writer(tracer: Any) -> SpanWriter | None:
@@ -161,7 +284,7 @@ class DeferredSpan(Span):
                  "_status", "_ended", "_foreign")
 
     def __init__(self, writer: SpanWriter, name: str, context: SpanContext, parent: SpanContext | None,
-                 start_ns: int, *, kind: SpanKind = SpanKind.INTERNAL, attributes: dict[str, Any] | None = None,
+                 start_ns: int, kind: SpanKind = SpanKind.INTERNAL, attributes: dict[str, Any] | None = None,
                  links: Sequence[Link] = ()) -> None:
         self._writer = writer
         self._name = name
@@ -250,6 +373,10 @@ class DeferredSpan(Span):
         """Our own attributes (known-good types): no cleaning needed unless a limit bites."""
         self._attrs.update(attributes)
 
+    def own_attributes(self) -> dict[str, Any]:
+        """The attribute dict itself, for our own attributes (as :meth:`put_attributes`, one by one)."""
+        return self._attrs
+
     def add_event(self, name: str, attributes: Attributes = None, timestamp: int | None = None) -> None:
         if not self._ended:
             event = Event(name, self._writer.event_attributes(attributes or {}), timestamp)
@@ -288,6 +415,5 @@ class DeferredSpan(Span):
         if self._ended:
             return
         self._ended = True
-        self._writer.emit(self._name, self._ctx, self._parent, self._start, end_time or self._start,
-                          kind=self._kind, attributes=self._attrs, status=self._status, events=self._events or (),
-                          links=self._links, checked=not self._foreign)
+        self._writer.emit(self._name, self._ctx, self._parent, self._start, end_time or self._start, self._kind,
+                          self._attrs, self._status, self._events or (), self._links, not self._foreign)

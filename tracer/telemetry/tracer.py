@@ -34,15 +34,24 @@ from typing import Any, Callable, Mapping, NamedTuple, Sequence
 
 from opentelemetry import context as otel_context
 from opentelemetry import trace
+from opentelemetry.sdk.trace.sampling import Decision
 from opentelemetry.trace import Link, NonRecordingSpan, Span, SpanContext, SpanKind, Status, StatusCode, TracerProvider
 
 from ..callables import require_plain
 from ..path import names as n
 from ..path.clock import Clock, default_clock
 from ..path.message import ClientFacts, MessageInfo
-from ..path.propagation import Carried, PropagationErrors, extract, inject, plausible_ns, resolve_parent
+from ..path.propagation import (
+    Carried,
+    PropagationErrors,
+    extract,
+    inject,
+    plausible_ns,
+    resolve_parent,
+    traceparent_sampled,
+)
 from ..path.stages import CROSS_CLOCK_GAPS, GAPS, Outcome, Stage
-from ..path.stamps import MISSING, SkewTracker, Stamps, causal, store_stamp, timeline
+from ..path.stamps import MISSING, SkewTracker, Stamps, causal, store_stamp
 from ..version import __version__
 from .adopt import keep_for
 from .attributes import (  # noqa: F401 - re-exported
@@ -69,9 +78,25 @@ __all__ = ["BODY_ATTR", "MAX_ATTR_CHARS", "MAX_KEYS", "MessageTrace", "MessageTr
 log = logging.getLogger(__name__)
 
 # The gap spans under `process`: (name, first stage, last stage, attributes), from names.GAP_SPANS.
-_GAP_ATTRS = n.GAP_ATTRS
-_GAP_SPANS: tuple[tuple[str, Stage, Stage, dict[str, Any]], ...] = tuple(
-    (g.name, g.start, g.end, {n.STAGE: g.name}) for g in n.GAP_SPANS)
+_GAP_SPANS: tuple[tuple[str, int, int, dict[str, Any]], ...] = tuple(
+    (g.name, int(g.start), int(g.end), {n.STAGE: g.name}) for g in n.GAP_SPANS)
+# The compact trace's gap attributes: (attribute, first stage, last stage).
+_GAP_ATTRS: tuple[tuple[str, int, int], ...] = tuple((n.GAP_ATTRS[g.name], int(g.start), int(g.end)) for g in GAPS)
+# Cross-clock gaps, their fields read once: (first stage, last stage, clock pair, tolerance, name).
+_CROSS: tuple[tuple[int, int, str, int, str], ...] = tuple(
+    (int(g.start), int(g.end), g.peer, g.tolerance_ns, g.name) for g in CROSS_CLOCK_GAPS)
+# Stages, outcomes and kinds as module constants: an Enum member read off its class costs a
+# descriptor call (~0.2 µs on CPython 3.11), and the message path reads about twenty of them.
+_PRODUCE, _STORE, _PULL = int(Stage.PRODUCE), int(Stage.BROKER_STORE), int(Stage.CLIENT_PULL)
+_ENQUEUE, _START, _END = int(Stage.DISPATCH_ENQUEUE), int(Stage.HANDLER_START), int(Stage.HANDLER_END)
+_SUCCESS = Outcome.SUCCESS
+_CONSUMER, _INTERNAL = SpanKind.CONSUMER, SpanKind.INTERNAL
+_DROP = Decision.DROP
+# A held trace's creation link whose traceparent is parsed only if the trace is kept.
+_PARSE_IF_KEPT = object()
+_ERROR = StatusCode.ERROR
+# Topics (with their endpoint) whose process span name and sampling attributes are kept built.
+_MAX_STARTS = 256
 
 
 class MessageTracer:
@@ -179,6 +204,9 @@ class MessageTracer:
     def _set_client(self, facts: ClientFacts) -> None:
         self.client: ClientFacts = facts  # read by the attributes, and by telemetry.operations
         self._server = server_attributes(facts)
+        # the topic (with the endpoint, when the message names one) -> the process span's name and what the sampler
+        # sees; built once per topic (the sampler gets the same read-only dict every time)
+        self._starts: dict[Any, tuple[str, dict[str, Any]]] = {}
 
     @property
     def client_id(self) -> str | None:
@@ -245,19 +273,19 @@ class MessageTracer:
         carried = extract(info.properties, self.errors, now, info.system_trace_context, defer_parent=True)
         t = MessageTrace(self, info, carried)
         times = t.stamps.times
-        times[Stage.PRODUCE] = carried.produce_ns
+        times[_PRODUCE] = carried.produce_ns
         if pulled_ns and not plausible_ns(pulled_ns, now):
             self.errors.count("timestamp_out_of_range", f"pulled_ns={pulled_ns}")
             pulled_ns = None
-        pulled = times[Stage.CLIENT_PULL] = pulled_ns if pulled_ns else now
+        pulled = times[_PULL] = pulled_ns if pulled_ns else now
         if info.store_ms:
             if plausible_ns(info.store_ms * 1_000_000, now):
                 # millisecond resolution: placed within its millisecond (tracer.path.stamps)
-                times[Stage.BROKER_STORE] = store_stamp(info.store_ms, times[Stage.PRODUCE], pulled)
+                times[_STORE] = store_stamp(info.store_ms, times[_PRODUCE], pulled)
             else:
                 self.errors.count("timestamp_out_of_range", f"store_ms={info.store_ms}")
         if self.occupancy is not None:
-            self.occupancy.received(times[Stage.CLIENT_PULL])
+            self.occupancy.received(times[_PULL])
         if self.capture_body and isinstance(body, (bytes, bytearray, str)):
             t.body = body
         return t
@@ -265,6 +293,18 @@ class MessageTracer:
     def process_sampling_attributes(self, info: MessageInfo) -> dict[str, Any]:
         """What the sampler sees when it decides a ``process`` span (the spec's sampling-relevant set)."""
         return process_sampling_attributes(info, self.consumer_group, self._server)
+
+    def process_start(self, info: MessageInfo) -> tuple[str, dict[str, Any]]:
+        """The ``process`` span's name and sampling attributes (not to be changed: they are shared)."""
+        # keyed by the topic alone when the message names no endpoint (the common case, no tuple)
+        key: Any = info.topic if info.server_address is None else (info.topic, info.server_address, info.server_port)
+        starts = self._starts
+        found = starts.get(key)
+        if found is None:
+            found = (n.process_span_name(cap(info.topic)), self.process_sampling_attributes(info))
+            if len(starts) < _MAX_STARTS:  # topics on the fly are built per message past this
+                starts[key] = found
+        return found
 
     def writer(self) -> SpanWriter | None:
         """The span writer for the SDK provider, resolved on first use (the global provider may
@@ -315,7 +355,7 @@ class SendTrace:
                 span.set_attribute(n.MESSAGE_ID, str(message_id))
             if error is not None:
                 span.record_exception(error)
-                span.set_status(Status(StatusCode.ERROR, type(error).__name__))
+                span.set_status(Status(_ERROR, type(error).__name__))
                 span.set_attribute(n.ERROR_TYPE, type(error).__qualname__)
         mt = self._tracer
         if mt is None:
@@ -398,7 +438,7 @@ class MessageTrace:
         if self._process is not None:
             return self._process.context
         if self._deferred is not None:
-            return self._deferred[6]  # type: ignore[no-any-return]
+            return self._deferred[5]  # type: ignore[no-any-return]
         return None
 
     def _blame_attributes(self) -> tuple[dict[str, Any], tuple[Link, ...]]:
@@ -425,20 +465,14 @@ class MessageTrace:
         return self
 
     def __enter__(self) -> Span | None:
-        self._begin_handler()
-        return self._handler
-
-    def __exit__(self, *exc: object) -> None:
-        self._end_handler()
-
-    def _begin_handler(self) -> None:
+        """The handler starts: stamp it, open (or hold) the spans, make the context current."""
         times = self.stamps.times
-        times[Stage.HANDLER_START] = self._scope_start or self._tracer.clock.now_ns()
-        if times[Stage.DISPATCH_ENQUEUE] == MISSING:
+        times[_START] = self._scope_start or self._tracer.clock.now_ns()
+        if times[_ENQUEUE] == MISSING:
             # No dispatcher stamped it: the client's own pool dispatched from its cache.
-            times[Stage.DISPATCH_ENQUEUE] = times[Stage.CLIENT_PULL]
+            times[_ENQUEUE] = times[_PULL]
         if self._tracer.occupancy is not None:
-            self._tracer.occupancy.started(times[Stage.CLIENT_PULL])
+            self._tracer.occupancy.started(times[_PULL])
         writer = self._tracer.writer()
         if writer is None:
             if self._tracer.foreign_provider:
@@ -448,49 +482,52 @@ class MessageTrace:
                     self._token = otel_context.attach(self._carried.context)
                 elif found is not None:
                     self._token = otel_context.attach(trace.set_span_in_context(NonRecordingSpan(found)))
-            return
+            return None
         try:
             # process starts at the broker's store (else the pull): broker_wait is its first child
-            pulled = times[Stage.CLIENT_PULL]
-            start = pulled if self._tracer.compact else min(times[Stage.BROKER_STORE] or pulled, pulled)
-            self._token = otel_context.attach(self._open_spans(writer, start, times[Stage.HANDLER_START]))
+            pulled = times[_PULL]
+            start = pulled if self._tracer.compact else min(times[_STORE] or pulled, pulled)
+            self._token = otel_context.attach(self._open_spans(writer, start, times[_START]))
         except Exception as exc:  # noqa: BLE001
             self._tracer.hook_failed("starting the handler span", exc)
+        return self._handler
 
     def _open_spans(self, writer: SpanWriter, pulled_ns: int, start_ns: int) -> otel_context.Context:
         """Decide sampling, open ``process`` and ``handler``; the context to make current."""
+        keep = self._tracer.keep
+        carried = self._carried
+        base = carried.context  # the extracted context (baggage), when there is more than `parent`
+        name, attrs = self._tracer.process_start(self.info)
+        tp = carried.traceparent
+        if keep is not None and tp is not None and base is None and not self._parsed:
+            # A message the head drops is held, and needs the producer's context only for the
+            # link it gets if kept: when the sampler reads nothing but the parent's flags, a
+            # canonical traceparent's flag decides it and the parse waits for the keep decision.
+            flag = traceparent_sampled(tp)
+            if flag is not None and writer.parent_decision(True, flag) is _DROP:
+                return self._open_held(writer, name, attrs, _PARSE_IF_KEPT, pulled_ns, start_ns, None)
         parent = self._producer_context()
         if parent is not None and not parent.is_valid:
             parent = None
-        base = self._carried.context  # the extracted context (baggage), when there is more than `parent`
-        name = n.process_span_name(cap(self.info.topic))
-        links = (Link(parent),) if parent is not None else ()  # the creation context, as the spec asks
-        attrs = self._tracer.process_sampling_attributes(self.info)
-        ctx, start_attrs = writer.decide(parent, base, name, SpanKind.CONSUMER, attrs, links)
-        if start_attrs is None and self._tracer.keep is not None:
+        # the creation context, as the spec asks; built now only for a sampler that reads it
+        links = (Link(parent),) if parent is not None and writer.sampler_called else ()
+        ctx, start_attrs = writer.decide(parent, base, name, _CONSUMER, attrs, links, keep is None)
+        if start_attrs is None and keep is not None:
             # Dropped by the head, judged at finish: a new trace linked to the producer's (a
             # child of the unrecorded send span would be an orphan; see tracer.telemetry.keep).
-            assert self._tracer.hold is not None
-            ctx, parent, start_attrs, self._held = self._tracer.hold.open_trace(writer.tracer.id_generator), None, attrs, True
-        elif start_attrs is not None and self._tracer.hold is not None and self._tracer.keep is not None:
+            return self._open_held(writer, name, attrs, parent, pulled_ns, start_ns, base)
+        if start_attrs is not None and self._tracer.hold is not None and keep is not None:
             self._tracer.hold.hold(ctx.trace_id)
             self._head_held = True
         current = base if base is not None else otel_context.get_current()  # read once, used twice
-        if self._held:
-            # Pending the keep decision: no live spans, no processor on_start. A sampled
-            # non-recording context with pre-allocated ids is current, so the user's spans are
-            # recorded (and held) under the handler id; ours are written at finish if kept.
-            self._ctx = ctx
-            inner = ctx if self._tracer.compact else writer.child_context(ctx)
-            self._deferred = (writer, name, parent, pulled_ns, start_attrs, links, inner, start_ns)
-            return trace.set_span_in_context(NonRecordingSpan(inner), current)
         if start_attrs is None:
             # Dropped: the message's context stays current so the handler's spans share the
             # decision instead of starting root traces of their own (as contrib does).
             return trace.set_span_in_context(NonRecordingSpan(ctx), current)
         self._ctx = ctx
-        process = DeferredSpan(writer, name, ctx, parent, pulled_ns, kind=SpanKind.CONSUMER,
-                               attributes=start_attrs, links=links)
+        if parent is not None and not links:
+            links = (Link(parent),)
+        process = DeferredSpan(writer, name, ctx, parent, pulled_ns, _CONSUMER, start_attrs, links)
         writer.started(process, base)
         self._process = process
         if self._tracer.compact:
@@ -500,7 +537,24 @@ class MessageTrace:
         self._handler = handler
         return trace.set_span_in_context(handler, current)
 
-    def _end_handler(self) -> None:
+    def _open_held(self, writer: SpanWriter, name: str, attrs: dict[str, Any], creation: Any, pulled_ns: int,
+                   start_ns: int, base: otel_context.Context | None) -> otel_context.Context:
+        """A new held trace, pending the keep decision (a root linked to ``creation``, the
+        producer's context; a child of its unrecorded send span would be an orphan, see
+        tracer.telemetry.keep): no live spans, no processor on_start. A sampled non-recording
+        context with pre-allocated ids is current, so the user's spans are recorded (and held)
+        under the handler id; ours are written with those ids at finish, if kept — the sampling
+        attributes copied and the creation link made then."""
+        hold = self._tracer.hold
+        assert hold is not None
+        ctx = self._ctx = hold.open_trace(writer.tracer.id_generator)
+        self._held = True
+        inner = ctx if self._tracer.compact else writer.child_context(ctx)
+        self._deferred = (writer, name, creation, pulled_ns, attrs, inner, start_ns)
+        return trace.set_span_in_context(NonRecordingSpan(inner), base if base is not None else otel_context.get_current())
+
+    def __exit__(self, *exc: object) -> None:
+        """The handler returned: stamp its end (or end a late handler span), restore the context."""
         now = self._tracer.clock.now_ns()
         handler: DeferredSpan | None = None
         with self._tracer._end_lock:
@@ -509,7 +563,7 @@ class MessageTrace:
                 self._late_end = now
                 handler, self._open_handler = self._open_handler, None
             else:
-                self.stamps.times[Stage.HANDLER_END] = now
+                self.stamps.times[_END] = now
         if late and handler is not None:
             try:
                 handler.end(end_time=now)  # joins its trace, kept at the finish
@@ -531,15 +585,15 @@ class MessageTrace:
         self._done = True
         times = self.stamps.times
         occupancy = self._tracer.occupancy
-        if occupancy is not None and times[Stage.HANDLER_START] == MISSING:
-            occupancy.discarded(times[Stage.CLIENT_PULL])
-        if times[Stage.HANDLER_START] != MISSING and times[Stage.HANDLER_END] == MISSING:
+        if occupancy is not None and times[_START] == MISSING:
+            occupancy.discarded(times[_PULL])
+        if times[_START] != MISSING and times[_END] == MISSING:
             # A watchdog reports a timeout while the handler still runs: it ran at least until
             # now, so the message is measured (handler, end_to_end, process duration) and judged.
             now = self._tracer.clock.now_ns()
             with self._tracer._end_lock:
-                if times[Stage.HANDLER_END] == MISSING:
-                    times[Stage.HANDLER_END] = now
+                if times[_END] == MISSING:
+                    times[_END] = now
                     self._overrun = True
         try:
             self._finish(outcome, error)
@@ -553,11 +607,10 @@ class MessageTrace:
         ctx = self._ctx
         if mt.keep is not None:
             ctx = self._decide(mt.keep, outcome, error)  # None: not kept (yet); no exemplar, no spans
-        if metrics is not None:
-            exemplar = {"trace_id": f"{ctx.trace_id:032x}"} if ctx is not None and ctx.trace_flags.sampled else None
         consistent = causal(times)  # the parts fit the whole (tracer.path.stamps); skew is read raw below
         if metrics is not None:
-            metrics.observe(self.info.topic, mt.consumer_group, consistent, outcome, exemplar)
+            metrics.observe(self.info.topic, mt.consumer_group, consistent, outcome, None,
+                            ctx.trace_id if ctx is not None and ctx.trace_flags & 1 else 0)
         mt.meters.finished(self.info.topic, mt.consumer_group, consistent, outcome, error)
         blame = self._blame
         if blame is not None:
@@ -565,17 +618,17 @@ class MessageTrace:
             if metrics is not None:
                 metrics.avoidable(self.info.topic, mt.consumer_group, blame[1], avoidable)
             mt.meters.avoidable(self.info.topic, mt.consumer_group, blame[1], avoidable)
-        for gap in CROSS_CLOCK_GAPS:
-            a, b = times[gap.start], times[gap.end]
+        for start, end, peer, tolerance, gap_name in _CROSS:
+            a, b = times[start], times[end]
             if a == MISSING or b == MISSING:
                 continue
             raw = b - a
-            if mt.skew.observe(gap.peer, raw) and metrics is not None:
-                metrics.skew_bound.labels(gap.peer).set(raw / 1e9)
-            if -raw > gap.tolerance_ns and metrics is not None:
-                metrics.clamped(gap.name)
+            if mt.skew.observe(peer, raw) and metrics is not None:
+                metrics.skew_bound.labels(peer).set(raw / 1e9)
+            if -raw > tolerance and metrics is not None:
+                metrics.clamped(gap_name)
         if ctx is not None and (self._process is not None or self._deferred is not None):
-            self._write_spans(ctx, outcome, error)
+            self._write_spans(ctx, outcome, error, consistent)
         for listener in mt.listeners:
             try:
                 listener(self, outcome)
@@ -618,73 +671,84 @@ class MessageTrace:
 
     def _materialize(self) -> DeferredSpan:
         """The process (and handler) span of a held trace, made now that it is kept."""
-        writer, name, parent, pulled_ns, attrs, links, inner, start_ns = self._deferred  # type: ignore[misc]
+        writer, name, creation, pulled_ns, attrs, inner, start_ns = self._deferred  # type: ignore[misc]
         self._deferred = None
         assert self._ctx is not None
-        process = self._process = DeferredSpan(writer, name, self._ctx, parent, pulled_ns, kind=SpanKind.CONSUMER,
-                                               attributes=attrs, links=links)
+        if creation is _PARSE_IF_KEPT:
+            creation = self._producer_context()  # a canonical traceparent: valid, its tracestate checked now
+            if creation is not None and not creation.is_valid:
+                creation = None
+        # a root linked to the producer's context (its parent, the unrecorded send span, is not)
+        links = (Link(creation),) if creation is not None else ()
+        process = self._process = DeferredSpan(writer, name, self._ctx, None, pulled_ns, kind=_CONSUMER,
+                                               attributes=dict(attrs), links=links)
         if not self._tracer.compact:
             self._handler = DeferredSpan(writer, n.HANDLER_SPAN, inner, self._ctx, start_ns)
         return process
 
-    def _write_spans(self, ctx: SpanContext, outcome: Outcome, error: BaseException | None) -> None:
-        writer = self._tracer.writer()
-        assert writer is not None
+    def _write_spans(self, ctx: SpanContext, outcome: Outcome, error: BaseException | None,
+                     c: Sequence[int] | None = None) -> None:
+        """Write the spans from the causal stamps ``c`` (computed here when not given): ordered in
+        stage order with 0 for a missing stamp, so every child lies inside its parent."""
+        if c is None:
+            c = causal(self.stamps.times)
         process = self._process if self._process is not None else self._materialize()
-        fixed = dict(timeline(self.stamps))
-        end_ns = fixed.get(Stage.HANDLER_END) or self._tracer.clock.now_ns()
+        end_ns = c[_END] or self._tracer.clock.now_ns()
         error_type = type(error).__qualname__ if error is not None else None
         handler = self._handler
         if handler is not None:
             if error is not None:
                 handler.record_exception(error)
-                handler.set_status(Status(StatusCode.ERROR, type(error).__name__))
+                handler.set_status(Status(_ERROR, type(error).__name__))
                 handler.put_attributes({n.ERROR_TYPE: error_type})
             with self._tracer._end_lock:
                 still_running = self._overrun and not self._late_end
                 if still_running:
-                    self._open_handler = handler  # _end_handler ends it when the handler returns
+                    self._open_handler = handler  # __exit__ ends it when the handler returns
             if not still_running:
                 handler.end(end_time=self._late_end or end_ns)
         compact = self._tracer.compact
         blame_attrs, blame_links = self._blame_attributes() if self._blame is not None else (None, ())
         if not compact:
+            writer = self._tracer.writer()
+            assert writer is not None
             for name, a, b, gap_attrs in _GAP_SPANS:
-                if a in fixed and b in fixed:
+                if c[a] and c[b]:
                     if blame_attrs is not None and name == n.BLAME_SPAN:
-                        writer.emit(name, writer.child_context(ctx), ctx, fixed[a], fixed[b],
+                        writer.emit(name, writer.child_context(ctx), ctx, c[a], c[b],
                                     attributes={**gap_attrs, **blame_attrs}, links=blame_links)
                     else:
-                        writer.emit(name, writer.child_context(ctx), ctx, fixed[a], fixed[b], attributes=gap_attrs)
-        process.put_attributes(self._process_attributes(outcome))
-        if compact and blame_attrs is not None:
-            process.put_attributes(blame_attrs)
-            for link in blame_links:
-                process.add_link(link.context)
+                        writer.emit(name, writer.child_context(ctx), ctx, c[a], c[b], _INTERNAL, gap_attrs)
+        attrs = self._process_attributes(outcome, process)
         if compact:
+            if blame_attrs is not None:
+                attrs.update(blame_attrs)
+                for link in blame_links:
+                    process.add_link(link.context)
             if error is not None:
                 process.record_exception(error)
-            c = causal(self.stamps.times)
-            process.put_attributes({_GAP_ATTRS[g.name]: (c[g.end] - c[g.start]) / 1e9 for g in GAPS
-                                    if c[g.start] and c[g.end]})
-        if outcome is not Outcome.SUCCESS:
-            process.set_status(Status(StatusCode.ERROR, outcome.value))
+            for key, a, b in _GAP_ATTRS:
+                if c[a] and c[b]:
+                    attrs[key] = (c[b] - c[a]) / 1e9
+        if outcome is not _SUCCESS:
+            process.set_status(Status(_ERROR, outcome.value))
             # the exception's class; without one (a failure result, a timeout) the outcome
-            process.put_attributes({n.ERROR_TYPE: error_type or outcome.value})
+            attrs[n.ERROR_TYPE] = error_type or outcome.value
         # the causal timeline's: every child inside, none before it (compact: no broker_wait child,
         # so process is the consumer's processing alone, as messaging.process.duration)
-        start = (None if compact else fixed.get(Stage.BROKER_STORE)) or fixed.get(Stage.CLIENT_PULL)
-        if start is not None:
+        start = (0 if compact else c[_STORE]) or c[_PULL]
+        if start:
             process.move_start(start)
-        process.end(end_time=end_ns)
+        process.end(end_ns)
 
-    def _process_attributes(self, outcome: Outcome) -> dict[str, Any]:
-        """The ``process`` attributes not given to the sampler at its start."""
+    def _process_attributes(self, outcome: Outcome, span: DeferredSpan | None = None) -> dict[str, Any]:
+        """The ``process`` attributes not given to the sampler at its start; with ``span``, put
+        straight into its attributes (what ``put_attributes`` of them would do) and returned."""
         mt, carried = self._tracer, self._carried
-        return process_attributes(self.info, mt.client, outcome, self.stamps.times, job_id=carried.job_id,
-                                  cost=carried.cost, worker=self.worker if mt.worker_attr else None,
-                                  record_body_size=mt.record_body_size, body=self.body,
-                                  capture_body=mt.capture_body)
+        # by position: seven keywords cost a measurable part of a message (BENCHMARKS.md)
+        return process_attributes(self.info, mt.client, outcome, self.stamps.times, carried.job_id, carried.cost,
+                                  self.worker if mt.worker_attr else None, mt.record_body_size, self.body,
+                                  mt.capture_body, span.own_attributes() if span is not None else None)
 
 
 class TracerStats(NamedTuple):
