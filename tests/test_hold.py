@@ -64,7 +64,7 @@ def test_a_kept_trace_reaches_every_processor_and_a_dropped_one_none() -> None:
         names = [s.name for s in exporter.get_finished_spans()]
         assert "kept" in names and "user" in names and "dropped" not in names and "dropped-user" not in names
     assert other
-    assert hold.stats().held_spans == 0 and hold.stats().forwarded == 2 and hold.stats().dropped == 0
+    assert hold.statistics().held_spans == 0 and hold.statistics().forwarded == 2 and hold.statistics().dropped == 0
 
 
 def test_a_span_that_ends_after_its_trace_was_dropped_is_dropped_too() -> None:
@@ -99,12 +99,12 @@ def test_bounds_drop_and_count() -> None:
     with trace.use_span(roots[0], end_on_exit=True):
         for i in range(5):
             tracer.start_span(f"u{i}").end()
-    assert hold.stats().held_spans == 3 and sum(counted) == 3  # u3, u4, then the root itself
-    assert hold.stats().dropped_by_reason["max_spans"] == 3
+    assert hold.statistics().held_spans == 3 and sum(counted) == 3  # u3, u4, then the root itself
+    assert hold.statistics().dropped_by_reason["max_spans"] == 3
     hold.hold(roots[1].get_span_context().trace_id)
     hold.hold(roots[2].get_span_context().trace_id)  # the oldest undecided trace goes
-    assert hold.stats().held_traces == 2 and hold.stats().held_spans == 0 and sum(counted) == 6
-    assert hold.stats().traces_evicted["max_traces"] == 1
+    assert hold.statistics().held_traces == 2 and hold.statistics().held_spans == 0 and sum(counted) == 6
+    assert hold.statistics().traces_evicted["max_traces"] == 1
     assert simple.get_finished_spans() == ()
 
 
@@ -144,7 +144,7 @@ def test_held_span_memory_stays_bounded_under_a_soak() -> None:
             elif r < 0.95:
                 hold.release(tid, keep=False)
             # else: never decided (a lost finish) — only the bound frees it
-            assert hold.stats().held_spans <= bound and hold.stats().held_traces <= bound
+            assert hold.statistics().held_spans <= bound and hold.statistics().held_traces <= bound
         provider.force_flush()
         simple.clear()  # the exporters' own memory of kept spans is not the hold's
         batch.clear()
@@ -159,7 +159,7 @@ def test_held_span_memory_stays_bounded_under_a_soak() -> None:
         second, _ = tracemalloc.get_traced_memory()
     finally:
         tracemalloc.stop()
-    assert hold.stats().dropped > 0  # the undecided ones were evicted and counted
+    assert hold.statistics().dropped > 0  # the undecided ones were evicted and counted
     assert second - first < 2_000_000, (first, second)  # a full bound of spans is ~1 MB; no growth beyond
 
 
@@ -225,7 +225,7 @@ def test_slow_and_failed_messages_are_kept_whole_with_the_users_spans_and_fast_o
     for names in traces.values():
         assert {"process jobs", "handler", "dispatch_wait", "client_buffer", "broker_wait"} <= names
         assert len([n for n in names if n.startswith("user-")]) == 2  # each trace holds its own message's spans
-    assert hold.stats().held_traces == 0 and hold.stats().held_spans == 0
+    assert hold.statistics().held_traces == 0 and hold.statistics().held_spans == 0
 
 
 def test_a_kept_trace_is_a_new_trace_linked_to_the_unsampled_producer() -> None:
@@ -296,7 +296,7 @@ def test_the_kept_share_of_fast_messages_through_the_tracer_matches_the_backgrou
     sigma = math.sqrt(n * p * (1 - p))
     assert abs(len(traces) - n * p) < 4 * sigma, (len(traces), n * p)
     assert all({"process jobs", "handler"} <= names and len(names) == 7 for names in traces.values())
-    assert hold.stats().held_traces == 0
+    assert hold.statistics().held_traces == 0
 
 
 def test_a_failing_keep_decision_keeps_the_trace_and_the_histograms() -> None:
@@ -317,7 +317,7 @@ def test_a_failing_keep_decision_keeps_the_trace_and_the_histograms() -> None:
     _handle(mt, provider, clock, 1)
     assert registry.get_sample_value("rmqtrace_stage_duration_seconds_count", {
         "stage": "dispatch_wait", "topic": "jobs", "consumer_group": "g"}) == 1
-    assert len(_by_trace(memory)) == 1 and hold.stats().held_traces == 0  # kept: erring on keeping
+    assert len(_by_trace(memory)) == 1 and hold.statistics().held_traces == 0  # kept: erring on keeping
 
 # -- a model of the holding processor -------------------------------------------------------------------
 
@@ -401,7 +401,7 @@ class HoldModel(RuleBasedStateMachine):
 
     @invariant()
     def agrees(self) -> None:
-        s = self.hold.stats()
+        s = self.hold.statistics()
         assert s.held_traces == len(self.held)
         assert s.held_spans == sum(len(v) for v in self.held.values()) <= self.MAX_SPANS
         assert s.dropped == self.dropped
@@ -442,7 +442,7 @@ def test_a_timed_out_message_is_measured_and_kept_whole_and_its_late_handler_spa
     hung = user.start_span("user-hung")  # under the handler span, still open at the timeout
     clock.advance_s(5.0)
     t.finish(Outcome.TIMEOUT, TimeoutError("handler ran longer than 5 s"))  # the watchdog's thread
-    assert hold.stats().held_traces == 0  # decided at the timeout: kept like a failure
+    assert hold.statistics().held_traces == 0  # decided at the timeout: kept like a failure
     names = {s.name for s in memory.get_finished_spans()}
     assert {"process jobs", "user-before"} <= names and "handler" not in names  # the handler still runs
     clock.advance_s(3.0)
@@ -456,7 +456,7 @@ def test_a_timed_out_message_is_measured_and_kept_whole_and_its_late_handler_spa
     handler, process = spans["handler"], spans["process jobs"]
     assert handler.end_time - process.end_time == 3_000_000_000  # the real end, after the timeout
     assert process.attributes["rmqtrace.outcome"] == "timeout"
-    assert policy.stats().by_reason["failure"] == 1
+    assert policy.statistics().by_reason["failure"] == 1
     # measured: one observation each in handler and end_to_end, and in messaging.process.duration
     for stage in ("handler", "end_to_end"):
         assert registry.get_sample_value("rmqtrace_stage_duration_seconds_count",
@@ -494,12 +494,12 @@ def test_a_jobs_critical_path_is_settled_by_time_when_traffic_stops() -> None:
     mt, provider, memory, hold = _consumer_with(policy, clock, ticker=False)
     for i in range(3):
         _handle(mt, provider, clock, i, job="j")
-    assert _kept_message_ids(memory) == {"m0"} and policy.stats().pending == 1
+    assert _kept_message_ids(memory) == {"m0"} and policy.statistics().pending == 1
     clock.advance_s(11.0)
     assert hold.tick() is False  # what the ticker thread runs: nothing left after it
     assert _kept_message_ids(memory) == {"m0", "m2"}
     assert {"user-2", "user-2-inner", "handler"} <= {s.name for s in memory.get_finished_spans()}
-    s = policy.stats()
+    s = policy.statistics()
     assert s.by_reason["critical_path"] == 1 and s.dropped_by_reason["superseded"] == 1
     assert s.messages == s.kept + s.dropped + s.pending == 3
 
@@ -532,7 +532,7 @@ def test_a_pending_critical_path_is_kept_at_the_providers_shutdown_and_flush(end
         _handle(mt, provider, clock, i, job="j")
     getattr(provider, end)()
     assert _kept_message_ids(memory) == {"m0", "m1"}
-    assert policy.stats().pending == 0 and policy.stats().by_reason["critical_path"] == 1
+    assert policy.statistics().pending == 0 and policy.statistics().by_reason["critical_path"] == 1
 
 
 def test_a_message_handled_but_never_acked_is_held_no_longer_than_the_age_limit() -> None:
@@ -569,7 +569,7 @@ def test_a_message_handled_but_never_acked_is_held_no_longer_than_the_age_limit(
     for msg in consumer.receive(20, 30):
         with consumer.processing(msg):  # handled; never acked
             user.start_span(f"user-{msg.message_id}").end()
-    assert hold.stats().held_traces == 20 and hold.stats().held_spans == 20  # the span bound is full
+    assert hold.statistics().held_traces == 20 and hold.statistics().held_spans == 20  # the span bound is full
     clock.advance_s(61.0)
     raw.batch = [Msg(99)]
     (late,) = consumer.receive(1, 30)
@@ -579,7 +579,7 @@ def test_a_message_handled_but_never_acked_is_held_no_longer_than_the_age_limit(
             raise RuntimeError("boom")
     except RuntimeError:
         pass
-    s = hold.stats()
+    s = hold.statistics()
     assert s.traces_evicted["max_age"] == 20 and s.dropped_by_reason["max_age"] == 20
     assert s.held_traces == 0
     names = {sp.name for sp in memory.get_finished_spans()}
@@ -613,7 +613,7 @@ def test_a_full_span_bound_never_costs_a_later_failure_its_spans() -> None:
     assert {"process jobs", "handler", "outer", "inner"} <= set(spans)
     ids = {s.context.span_id for s in spans.values()}
     assert all(s.parent is None or s.parent.span_id in ids for s in spans.values())
-    assert hold.stats().traces_evicted["max_spans"] == 2 and hold.stats().held_spans == 18  # counted
+    assert hold.statistics().traces_evicted["max_spans"] == 2 and hold.statistics().held_spans == 18  # counted
 
 
 def test_late_spans_of_dropped_or_evicted_traces_never_leave_as_orphans() -> None:
@@ -651,6 +651,6 @@ def test_late_spans_of_dropped_or_evicted_traces_never_leave_as_orphans() -> Non
     with api.use_span(evicted_late):
         pass
     assert memory.get_finished_spans() == ()  # nothing exported: every trace dropped or evicted
-    s = hold.stats()
+    s = hold.statistics()
     assert s.traces_evicted["max_traces"] >= 10
     assert s.dropped_by_reason["forgotten"] + s.dropped_by_reason["dropped_trace"] >= 5000

@@ -46,7 +46,7 @@ def test_every_message_over_an_absolute_threshold_and_every_failure_is_kept() ->
             assert reason == "failure"
         else:
             assert reason is None, (i, wait, reason)
-    s = policy.stats()
+    s = policy.statistics()
     assert s.messages == s.kept + s.dropped == 3000
     assert s.slow >= s.by_reason["slow"] > 0  # a slow failure counts as slow and is kept as a failure
 
@@ -55,7 +55,7 @@ def test_head_sampled_messages_are_kept_and_still_counted() -> None:
     policy = KeepPolicy({"dispatch_wait": 10.0})
     assert policy.decide(stamps(T0), Outcome.SUCCESS, head=True) == "head"
     assert policy.decide(stamps(T0 + MS), Outcome.SUCCESS) is None
-    assert policy.stats().messages == 2
+    assert policy.statistics().messages == 2
 
 
 def test_kept_share_of_fast_messages_matches_the_background_probability() -> None:
@@ -112,9 +112,9 @@ def test_the_first_and_the_latest_finisher_of_a_job_are_kept() -> None:
     now += 6_000 * MS
     policy.decide(stamps(now), Outcome.SUCCESS, "job-2", settle=settle(100))
     assert settled[5] is True
-    assert policy.stats().by_reason["critical_path"] == 1
+    assert policy.statistics().by_reason["critical_path"] == 1
     policy.flush()  # job-2's only message was kept as its start; nothing left pending
-    assert policy.stats().pending == 0
+    assert policy.statistics().pending == 0
 
 
 def test_job_state_is_bounded_and_an_evicted_job_keeps_its_latest() -> None:
@@ -125,10 +125,10 @@ def test_job_state_is_bounded_and_an_evicted_job_keeps_its_latest() -> None:
         for _ in range(2):
             now += MS
             policy.decide(stamps(now), Outcome.SUCCESS, f"job-{j}", settle=settled.append)
-    assert policy.stats().pending <= 10
+    assert policy.statistics().pending <= 10
     assert settled.count(True) == 90  # one per evicted job
     policy.flush()
-    assert settled.count(True) == 100 and policy.stats().pending == 0
+    assert settled.count(True) == 100 and policy.statistics().pending == 0
 
 
 def test_thresholds_from_the_environment() -> None:
@@ -186,7 +186,7 @@ def test_each_jobs_latest_finisher_is_kept_once_and_every_message_is_decided_onc
         ends.setdefault(job, []).append((end, i))
     policy.flush()
     assert all(len(v) == 1 for v in decided.values()), decided
-    assert policy.stats().pending == 0
+    assert policy.statistics().pending == 0
     for job, seen in ends.items():
         latest = max(e for e, _ in seen)
         last_of_latest = max(i for e, i in seen if e == latest)

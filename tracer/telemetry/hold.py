@@ -287,7 +287,6 @@ class HoldingSpanProcessor(SpanProcessor):
             return HoldStats(self._n_spans, len(self._held), sum(drops.values()), self.forwarded, drops,
                              dict(self._evictions), oldest)
 
-    stats = statistics
 
     # -- internals (under self._lock unless said) -----------------------------------------
     def _remember(self, table: OrderedDict[int, Any], trace_id: int, value: Any) -> None:

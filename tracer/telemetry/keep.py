@@ -417,13 +417,12 @@ class KeepPolicy:
         for fn, keep in settled:
             fn(keep)
 
-    def stats(self) -> KeepStats:
+    def statistics(self) -> KeepStats:
+        """A frozen snapshot of the policy's decisions so far."""
         with self._lock:
             counts, drops = dict(self._counts), dict(self._drops)
             return KeepStats(self._messages, sum(counts.values()), sum(drops.values()), self._pending, self._slow,
                              counts, drops)
-
-    statistics = stats  # the house name for a frozen snapshot
 
     def slow_threshold_s(self, gap: str) -> float | None:
         """The threshold in force for ``gap`` (seconds): the absolute one, or the estimate from

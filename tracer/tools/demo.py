@@ -211,7 +211,7 @@ class _Keeping:
         return {"messages": len(ids), "traces_kept": len(self.kept.ids), "slow_messages": len(slow),
                 "slow_kept": len(slow & self.kept.ids), "critical_path_kept": last in self.kept.ids,
                 "background": self.policy.background, "slow_consumer_wait_s": SLOW_CONSUMER_WAIT_S,
-                "held_spans_dropped": self.hold.stats().dropped}
+                "held_spans_dropped": self.hold.statistics().dropped}
 
 
 def keep_line(run: PolicyRun) -> str | None:

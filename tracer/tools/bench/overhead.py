@@ -124,7 +124,7 @@ def run_overhead_bench(messages: int = 20_000, rounds: int = 7,
             progress(r + 1, rounds)
     provider.shutdown()
     held_provider.shutdown()
-    if hold.stats().forwarded or policy.stats().kept:
+    if hold.statistics().forwarded or policy.statistics().kept:
         raise RuntimeError("the sampled_out loop kept a message: its figure would not be a dropped message's")
     med = {k: statistics.median(v) for k, v in per_msg.items()}
     return {
