@@ -159,6 +159,20 @@ class SchedulerModel(RuleBasedStateMachine):
         if self.held:
             self.done(pick)
 
+    @rule(costlier_first=st.booleans())
+    def successor_beside_a_costlier_one(self, costlier_first: bool) -> None:
+        """A key's parked successor and a costlier unkeyed message both wait when the key's worker
+        frees: under cost_aware the freed worker takes the costlier one (the successor moves into
+        the window, it is not handed over past it). The state mutmut found unchecked."""
+        self.admit("a", 0.0)
+        for _ in range(self.s.workers - 1):
+            self.admit(None, 0.0)
+        for key, cost in ((None, 5.0), ("a", 1.0)) if costlier_first else (("a", 1.0), (None, 5.0)):
+            self.admit(key, cost)
+        holders = [w for w, e in self.held.items() if e.key == "a" and not e.expired]
+        if holders:
+            self.done(sorted(self.held).index(holders[0]))
+
     def bufs_of(self, worker: int) -> list[Entry[Any]]:
         assert isinstance(self.s, BufferedScheduler)
         return list(self.s._bufs[worker])  # the model cannot know the random routing: read it
