@@ -82,3 +82,25 @@ def test_a_message_parked_behind_its_key_is_blamed_on_the_keys_running_message()
         assert bw == w and b_start < start and b_end <= start + GRACE_NS
     # invariant: the key's first message held up the ones behind it, and the ranking says so
     assert label[g.blame.top[0].message_id] in slow[:-1]
+
+
+def test_the_live_wait_span_names_the_same_blocker() -> None:
+    """Live, the aggressive pool binds a parked message to the worker running its key (the one that
+    runs it next), so its dispatch_wait span names the blocker too — the one the stamps say ran
+    there while it waited."""
+    from tracer.path import names as n
+
+    spans, runs = _run()
+    process = {s.trace_id: s for s in spans if s.name == "process T"}
+    keys_of = {s.attributes[n.MESSAGE_ID]: s.attributes[n.MESSAGE_KEYS][0] for s in process.values()}
+    waits = {keys_of[process[s.trace_id].attributes[n.MESSAGE_ID]]: s for s in spans
+             if s.name == n.BLAME_SPAN and n.BLAME_REASON in s.attributes}
+    slow = [b for b in BODIES if b.startswith("slow")]
+    for victim in slow[1:]:
+        span = waits[victim]
+        assert span.attributes[n.BLAME_REASON] == HEAD_OF_LINE, span.attributes
+        blocker = keys_of[span.attributes[n.BLAME_BLOCKER_MESSAGE_ID]]
+        # invariant: an earlier message of its key, which ran on its worker while it waited
+        assert blocker in slow[:slow.index(victim)], (victim, blocker)
+        (w, start, _), (bw, b_start, b_end) = runs[victim], runs[blocker]
+        assert bw == w and b_start < start and b_end <= start + GRACE_NS

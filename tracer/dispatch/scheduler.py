@@ -73,8 +73,9 @@ class Scheduler(ABC):
     workers: int
     busy: int
     queued: int
-    # The worker whose own buffer the latest QUEUED admit put its entry in (live blame binds the
-    # message to it); None for a shared structure (window, parking), which any worker may serve.
+    # The worker the latest QUEUED admit bound its entry to — its own buffer, or (aggressive) the
+    # worker running the entry's key, which runs it next — so live blame binds the message to it;
+    # None for a shared structure (the cost-aware window and its parking), which any worker may serve.
     bound: int | None = None
 
     @abstractmethod
@@ -137,6 +138,9 @@ class PoolScheduler(Scheduler):
         self._park_limit = window if window > 0 else park_limit
         self._ready: list[tuple[float, int, Entry[Any]]] = []  # heap of (-cost, seq, entry)
         self._active: dict[str, deque[Entry[Any]] | None] = {}
+        # aggressive: the worker running each active key's head — its parked successors run on it
+        # next, so the blame of their wait is bound to it (``bound``)
+        self._holder: dict[str, int] = {}
 
     def admit(self, e: Entry[Any]) -> int | Admission:
         key = e.key
@@ -149,13 +153,18 @@ class PoolScheduler(Scheduler):
             dq.append(e)
             self.parked += 1
             self.queued += 1
+            if self._window == 0:
+                self.bound = self._holder.get(key)
             return QUEUED
         idle = self._idle
         if idle:  # invariant: idle workers exist only while the window is empty
+            w = idle.pop()
             if key is not None:
                 self._active[key] = None
+                if self._window == 0:
+                    self._holder[key] = w
             self.busy += 1
-            return idle.pop()
+            return w
         if self.queued < self._window:
             if key is not None:
                 self._active[key] = None
@@ -177,6 +186,7 @@ class PoolScheduler(Scheduler):
                 heapq.heappush(self._ready, (-nxt.cost, nxt.seq, nxt))  # still queued: parked -> window
             else:
                 del self._active[key]
+                self._holder.pop(key, None)
         if self._ready:
             self.queued -= 1
             return heapq.heappop(self._ready)[2]
@@ -190,6 +200,7 @@ class PoolScheduler(Scheduler):
         if key is None:
             return []
         dq = self._active.pop(key)  # e runs, so it is its key's head: the key was active by e
+        self._holder.pop(key, None)
         if not dq:
             return []
         out = list(dq)
