@@ -151,8 +151,12 @@ def check_soak(r: dict[str, Any]) -> None:
     assert broker.stored("soak") < 3000  # the broker keeps what is unconsumed, not history
     # six spans a message (send, process, handler, three gaps); every one delivered, none dropped
     assert r["spans_exported"] + r["spans_dropped"] == 6 * n
-    # memory: a leak of one small object per message would add ≥ 20 MB and ≥ n tracked objects
-    assert r["gc_objects_growth"] < r["measured_over_messages"] // 10, r
+    # memory: a leak of one small object per message would add ≥ 20 MB and ≥ n tracked objects.
+    # Bounded on purpose, so allowed for: live blame keeps each worker's last runs (up to 64, their
+    # message and trace: ~15 objects each) for the messages that may still wait behind them, and
+    # trims them every 32 — between two snapshots that log may hold up to 8 × 64 runs more.
+    blame_log = 8 * 64 * 15
+    assert r["gc_objects_growth"] < r["measured_over_messages"] // 10 + blame_log, r
     assert r["rss_growth_mb"] < 16, r
 
 
