@@ -43,21 +43,24 @@ def store_stamp(store_ms: int, produce_ns: int = MISSING, pull_ns: int = MISSING
     return ns if ns >= lo else lo
 
 
+def in_order(times: Sequence[int]) -> bool:
+    """Whether the stamps present never go backwards (then :func:`causal` moves none)."""
+    last = MISSING
+    for ns in times:
+        if ns != MISSING:
+            if ns < last:
+                return False
+            last = ns
+    return True
+
+
 def causal(times: Sequence[int]) -> Sequence[int]:
     """The stamps every gap is computed on (see the module doc): ``times`` itself when already in
     order, else a corrected copy — stamps of other clocks moved back to the stamp after them,
     consumer stamps each moved forward to the one before."""
-    produce, store, pull = times[_PRODUCE], times[_STORE], times[_PULL]
-    last = MISSING
-    ordered = True
-    for ns in times:
-        if ns != MISSING:
-            if ns < last:
-                ordered = False
-                break
-            last = ns
-    if ordered:
+    if in_order(times):
         return times
+    produce, store, pull = times[_PRODUCE], times[_STORE], times[_PULL]
     out = list(times)
     if store and pull and store > pull:
         out[_STORE] = store = pull
@@ -185,5 +188,5 @@ class SkewTracker:
             return dict(self._min)
 
 
-__all__ = ["MISSING", "PATH_GAPS", "GapValue", "SkewTracker", "Stamps", "causal", "compute_gaps", "store_stamp",
+__all__ = ["MISSING", "PATH_GAPS", "GapValue", "SkewTracker", "Stamps", "causal", "compute_gaps", "in_order", "store_stamp",
            "timeline"]

@@ -39,7 +39,7 @@ from typing import Any, Iterable, Mapping, Sequence
 from ..dispatch.simulate import lower_bound
 from ..path import names
 from ..path.stages import GAP_BY_NAME, GAPS, HEADLINE_GAP, PATH_GAPS, Stage
-from ..path.stamps import MISSING, GapValue, Stamps, compute_gaps, timeline
+from ..path.stamps import MISSING, GapValue, Stamps, compute_gaps, in_order, timeline
 from ..telemetry.spanfile import SpanRecord
 from .blame import Blame, Run, blame
 
@@ -274,14 +274,7 @@ def record_from_fields(trace_id: str, span_id: str, name: str, end_ns: int, attr
             if v is None:
                 return None
         times[i] = v
-    last = MISSING
-    ordered = True
-    for ns in times:
-        if ns != MISSING:
-            if ns < last:
-                ordered = False
-                break
-            last = ns
+    ordered = in_order(times)
     if not any(times):
         return None  # no stamp at all
     stamps = Stamps(times)

@@ -25,7 +25,7 @@ import urllib.error
 import urllib.parse
 import urllib.request
 from pathlib import Path
-from typing import Any, Iterable, Iterator
+from typing import Any, Callable, Iterable, Iterator, TypeVar
 
 from ..telemetry.spanfile import SpanRecord, read_spans
 
@@ -35,6 +35,9 @@ DEFAULT_SERVICE = "rmqtrace"
 
 class SourceError(Exception):
     """The spans could not be read; the message says why and what to try."""
+
+
+T = TypeVar("T")
 
 
 @contextlib.contextmanager
@@ -62,7 +65,9 @@ def paused_gc() -> Iterator[None]:
 
 
 # -- JSON lines ------------------------------------------------------------------------------
-def read_jsonl(path: str | Path) -> list[SpanRecord]:
+def read_span_path(path: str | Path, read: Callable[[Path], T]) -> T:
+    """``read(path)`` of a JSON-lines span file, with the collector paused; a missing file, a
+    folder or a read error is one :class:`SourceError`."""
     p = Path(path)
     if not p.exists():
         raise SourceError(f"no spans file at {p} (run `rmqtrace demo` or point RMQTRACE_SPANS_FILE at one)")
@@ -70,9 +75,13 @@ def read_jsonl(path: str | Path) -> list[SpanRecord]:
         raise SourceError(f"{p} is a directory; give the spans.jsonl file inside it")
     try:
         with paused_gc():
-            return list(read_spans(p))
+            return read(p)
     except OSError as exc:
         raise SourceError(f"cannot read {p}: {exc}") from exc
+
+
+def read_jsonl(path: str | Path) -> list[SpanRecord]:
+    return read_span_path(path, lambda p: list(read_spans(p)))
 
 
 def read_jsonl_counted(path: str | Path) -> tuple[list[SpanRecord], int, int]:
@@ -349,4 +358,4 @@ def count_processes(spans: Iterable[SpanRecord]) -> int:
 __all__ = ["DEFAULT_JAEGER", "DEFAULT_SERVICE", "DEFAULT_V3_PORT", "SearchDepthTooLarge", "SourceError", "any_value",
            "count_processes", "find_traces_request", "find_traces_v3", "jaeger_span", "parse_duration", "paused_gc",
            "read_jaeger",
-           "read_jaeger_trace", "read_jsonl", "read_jsonl_counted", "spans_from_jaeger_json", "v3_target"]
+           "read_jaeger_trace", "read_jsonl", "read_jsonl_counted", "read_span_path", "spans_from_jaeger_json", "v3_target"]

@@ -27,7 +27,7 @@ from typing import Any, Callable, Iterator, cast
 from ..path import names
 from ..telemetry.spanfile import SpanRecord
 from .model import MessageRecord, messages_from_spans, record_from_fields
-from .sources import SourceError, paused_gc
+from .sources import SourceError, read_span_path
 
 __all__ = ["SpanFile", "process_spans", "read_span_file"]
 
@@ -97,16 +97,7 @@ def read_span_file(path: str | Path) -> SpanFile:
     Raises:
         SourceError: no such file, a folder, or it cannot be read.
     """
-    p = Path(path)
-    if not p.exists():
-        raise SourceError(f"no spans file at {p} (run `rmqtrace demo` or point RMQTRACE_SPANS_FILE at one)")
-    if p.is_dir():
-        raise SourceError(f"{p} is a directory; give the spans.jsonl file inside it")
-    try:
-        with paused_gc():
-            return _read(p)
-    except OSError as exc:
-        raise SourceError(f"cannot read {p}: {exc}") from exc
+    return read_span_path(path, _read)
 
 
 def _read(p: Path) -> SpanFile:
