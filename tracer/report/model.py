@@ -160,24 +160,42 @@ def is_process_span(span: SpanRecord) -> bool:
     return span.name.startswith(names.process_span_name("")) and span.kind.upper() == "CONSUMER"
 
 
-def _exact_int(value: Any) -> int | None:
+def exact_int(value: Any) -> int | None:
     """An int that is exactly what was written: ints and digit strings; floats are not exact."""
     if isinstance(value, bool):
         return None
     if isinstance(value, int):
         return value
-    if isinstance(value, str) and value.strip().lstrip("-").isdigit():
-        return int(value.strip())
+    if isinstance(value, str):
+        text = value.strip()
+        if text.lstrip("-").isdigit():
+            try:
+                return int(text)
+            except ValueError:  # digits to isdigit, not to int: "--5", "²", past 4300 digits
+                return None
     return None
 
 
+# A stamp is ns since the epoch in an int64 (what OTLP and Jaeger carry): below 0 or past it the
+# writer or a store mangled it, and the stage order and the gaps made of it would be garbage.
+STAMP_MAX_NS = 2**63 - 1
+
+
+def stamp_ns(value: Any) -> int | None:
+    """A stamp attribute as it can be trusted: an exact int (:func:`exact_int`: an int, or digits
+    in a string as ``/api/traces`` writes int64) in ``[0, 2^63)``, ``0`` meaning not stamped.
+    None for anything else — a float (not exact), a negative or out-of-range number, text."""
+    ns = value if type(value) is int else exact_int(value)
+    return ns if ns is not None and 0 <= ns <= STAMP_MAX_NS else None
+
+
 def _stamps_from_attributes(attrs: dict[str, Any]) -> Stamps | None:
-    """The exact stamps, or None when any stamp attribute is present but not an exact int."""
+    """The exact stamps, or None when any stamp attribute is present but not a stamp (:func:`stamp_ns`)."""
     st = Stamps()
     for stage, key in STAMP_ATTRS.items():
         if key not in attrs:
             continue
-        ns = _exact_int(attrs[key])
+        ns = stamp_ns(attrs[key])
         if ns is None:
             return None
         st.times[stage] = ns
@@ -208,8 +226,8 @@ def _consistent(stamps: Stamps, process: SpanRecord) -> bool:
     """The stamps' clamped timeline ends where the process span ends (when handler end is stamped)."""
     if not stamps.has(Stage.HANDLER_END):
         return True
-    fixed = dict(timeline(stamps))
-    return abs(fixed[Stage.HANDLER_END] - process.end_ns) <= STAMP_TOLERANCE_NS
+    end = dict(timeline(stamps)).get(Stage.HANDLER_END)  # None only for stamps stamp_ns refuses (< 0)
+    return end is not None and abs(end - process.end_ns) <= STAMP_TOLERANCE_NS
 
 
 def _num(value: Any, kind: type, default: Any) -> Any:
@@ -245,7 +263,7 @@ def message_record(span: SpanRecord, stamps: Stamps, timing: str = "stamps") -> 
         group=str(a.get(GROUP_ATTR) or NO_GROUP),
         topic=str(a.get(names.DESTINATION) or span.name.removeprefix(names.process_span_name(""))),
         message_id=str(a.get(names.MESSAGE_ID) or span.span_id),
-        job_id=str(a.get(JOB_ATTR) or NO_JOB), stamps=stamps, timing=timing, worker=_exact_int(a.get(WORKER_ATTR)),
+        job_id=str(a.get(JOB_ATTR) or NO_JOB), stamps=stamps, timing=timing, worker=exact_int(a.get(WORKER_ATTR)),
         cost=_num(a.get(names.COST), float, None), outcome=str(a.get(names.OUTCOME) or ""),
         attempt=_num(a.get(names.DELIVERY_ATTEMPT, a.get(names.LEGACY_DELIVERY_ATTEMPT)), int, 1),
         keys=_keys(a.get(names.MESSAGE_KEYS)),
@@ -269,8 +287,8 @@ def record_from_fields(trace_id: str, span_id: str, name: str, end_ns: int, attr
             if key in attrs:
                 return None
             continue
-        if type(v) is not int:
-            v = _exact_int(v)
+        if type(v) is not int or v < 0 or v > STAMP_MAX_NS:  # stamp_ns, inlined: 6 per message
+            v = stamp_ns(v)
             if v is None:
                 return None
         times[i] = v
@@ -293,7 +311,7 @@ def record_from_fields(trace_id: str, span_id: str, name: str, end_ns: int, attr
         trace_id=trace_id, span_id=span_id, group=str(a.get(GROUP_ATTR) or NO_GROUP),
         topic=str(a.get(names.DESTINATION) or name.removeprefix(names.process_span_name(""))),
         message_id=str(a.get(names.MESSAGE_ID) or span_id), job_id=str(a.get(JOB_ATTR) or NO_JOB), stamps=stamps,
-        worker=_exact_int(a.get(WORKER_ATTR)), cost=_num(a.get(names.COST), float, None),
+        worker=exact_int(a.get(WORKER_ATTR)), cost=_num(a.get(names.COST), float, None),
         outcome=str(a.get(names.OUTCOME) or ""),
         attempt=_num(a.get(names.DELIVERY_ATTEMPT, a.get(names.LEGACY_DELIVERY_ATTEMPT)), int, 1),
         keys=_keys(a.get(names.MESSAGE_KEYS)), gaps=gaps)
@@ -848,10 +866,10 @@ def report_from_messages(records: list[MessageRecord], spans: int, *, group: str
 
 
 __all__ = [
-    "HEATMAP_GAPS", "NO_GROUP", "NO_JOB", "PERCENTILES", "PRODUCED_LATE", "SPLIT_PARTS", "WAITING_PARTS",
-    "CriticalPath", "GroupStats", "Heatmap", "JobStats", "MessageRecord", "Occupancy", "Report", "StageStats",
-    "build_group", "build_report", "exact_stamps", "format_seconds", "group_blame", "group_line", "heatmap",
-    "infer_workers", "is_process_span", "mean_busy", "message_record", "messages_from_spans", "notes", "occupancy",
-    "percentile", "record_from_fields", "report_from_messages", "stage_stats", "step_means", "wait_edges",
-    "where_time_went_line",
+    "HEATMAP_GAPS", "NO_GROUP", "NO_JOB", "PERCENTILES", "PRODUCED_LATE", "SPLIT_PARTS", "STAMP_MAX_NS",
+    "WAITING_PARTS", "CriticalPath", "GroupStats", "Heatmap", "JobStats", "MessageRecord", "Occupancy", "Report",
+    "StageStats", "build_group", "build_report", "exact_int", "exact_stamps", "format_seconds", "group_blame",
+    "group_line", "heatmap", "infer_workers", "is_process_span", "mean_busy", "message_record",
+    "messages_from_spans", "notes", "occupancy", "percentile", "record_from_fields", "report_from_messages",
+    "stage_stats", "stamp_ns", "step_means", "wait_edges", "where_time_went_line",
 ]
