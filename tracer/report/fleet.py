@@ -40,6 +40,7 @@ from typing import Any, Callable, Iterable, Iterator, NamedTuple, Sequence
 
 from ..path import names
 from ..path.stages import Stage
+from .model import STAMP_MAX_NS, exact_int, stamp_ns
 from .blame import FleetBlocker, Run, TooManyOverlaps, fleet_avoidable, fleet_blame, pack_lanes
 from .sources import any_value
 
@@ -240,21 +241,19 @@ class FleetCollector:
 
     def add(self, instance: str, attrs: dict[str, Any]) -> None:
         """One process span's attributes (its stamps, job, worker) on ``instance``."""
-        try:
-            pull, start, end = int(attrs[_PULL]), int(attrs[_START]), int(attrs[_END])
-        except (KeyError, TypeError, ValueError):
-            return  # a message whose handler never ran: no place in the occupancy
+        # the report's rule for a stamp (tracer.report.model.stamp_ns): one that is negative, out of
+        # int64 range or not a number is not trusted, as if missing
+        pull, start, end = _stamp(attrs.get(_PULL)), _stamp(attrs.get(_START)), _stamp(attrs.get(_END))
+        if not (pull and start and end):
+            return  # a message whose handler never ran (or whose stamps cannot be trusted): no place in the occupancy
         if instance not in self._index:
             self._index[instance] = len(self.instances)
             self.instances.append(instance)
-        worker = attrs.get(names.WORKER)
-        produce = attrs.get(_PRODUCE)
-        enqueue = attrs.get(_ENQUEUE)
+        worker = exact_int(attrs.get(names.WORKER))
         message_id = str(attrs.get(names.MESSAGE_ID) or "")
         self.jobs.setdefault(str(attrs.get(names.JOB_ID) or "(no job id)"), []).append(
-            _Rec(self._index[instance], int(produce) if produce else 0, pull, start, end,
-                 int(worker) if isinstance(worker, (int, str)) and str(worker).lstrip("-").isdigit() else -1,
-                 _int_or_0(enqueue), message_id))
+            _Rec(self._index[instance], _stamp(attrs.get(_PRODUCE)), pull, start, end,
+                 worker if worker is not None else -1, _stamp(attrs.get(_ENQUEUE)), message_id))
 
     def job_views(self) -> list[FleetJob]:
         """One view per job. Every instance seen in the window counts as up for every job (an idle
@@ -351,12 +350,14 @@ def _job_blame(recs: Sequence[_Rec], instances: Sequence[str], workers: Sequence
     return shares, blockers, ""
 
 
-def _int_or_0(value: Any) -> int:
-    """A stamp as read (an int, or digits in a string from /api/traces), 0 when absent or not one."""
-    try:
-        return int(value) if value is not None and not isinstance(value, (bool, float)) else 0
-    except (TypeError, ValueError):
-        return 0
+def _stamp(value: Any) -> int:
+    """A stamp as read (an int, or digits in a string from /api/traces), 0 when absent or not one
+    to trust (:func:`tracer.report.model.stamp_ns`). Unlike the report, which rebuilds such a
+    message from its span times, the fleet has only these stamps: a float within range is kept (to
+    the double's 256 ns at today's epoch), as before."""
+    if type(value) is float:
+        return int(value) if 0 <= value <= STAMP_MAX_NS else 0  # NaN and ±inf compare False
+    return stamp_ns(value) or 0
 
 
 def _max_overlap(recs: Sequence[_Rec]) -> int:
