@@ -50,9 +50,16 @@ from typing import Any, Iterable, NamedTuple, Sequence
 
 from ..path.blocking import CAPACITY, GRACE_NS, HEAD_OF_LINE, NO_WAIT  # one definition, live and offline
 
-__all__ = ["GRACE_NS", "HEAD_OF_LINE", "CAPACITY", "NO_WAIT", "Blame", "Blocker", "FleetBlocker", "IntervalSet",
-           "MessageBlame", "Run", "TooManyOverlaps", "all_busy", "blame", "fleet_avoidable", "fleet_blame", "pack_lanes"]
+__all__ = ["GRACE_NS", "HEAD_OF_LINE", "CAPACITY", "MAX_OVERLAPS", "NO_WAIT", "Blame", "Blocker", "FleetBlocker",
+           "IntervalSet", "MessageBlame", "Run", "TooManyOverlaps", "all_busy", "blame", "fleet_avoidable", "fleet_blame",
+           "pack_lanes"]
 
+# (victim, run) overlap steps naming the blockers of one consumer group (the report) or one job
+# (the fleet view) may take, ~2.5 µs each, so ~8 s: the 10⁵-message bench job takes 0.75·10⁶, its
+# 10⁴ file 0 (no wait avoidable), the same file with --workers 5 (every wait avoidable) 6.2·10⁶;
+# 10⁵ messages dealt at once to one instance's 2 workers while another idles would take 2.5·10⁹
+# (its 3000-message form: 2.25·10⁶ steps, 5.5 s). Past it the shares are still given, the names not.
+MAX_OVERLAPS = 3_000_000
 
 
 def _s(seconds: float) -> str:
@@ -185,6 +192,7 @@ class Blame:
     messages: tuple[MessageBlame, ...]
     top: tuple[Blocker, ...]  # by held_up_s, largest first
     overlaps: int = 0  # (victim, run) overlap steps it took to name the blockers (see max_overlaps)
+    note: str = ""  # why no blocker is named although the ids are real (the steps' bound was hit); "" otherwise
 
     @property
     def avoidable_share(self) -> float:
@@ -197,16 +205,21 @@ class Blame:
         if self.top:
             b = self.top[0]
             text += f"; {b.label} (handler {_s(b.handler_s)}) held up {b.victims} messages for {_s(b.held_up_s)}"
+        elif self.note:
+            text += f"; no blocker named: {self.note}"
         elif self.avoidable_s > 0 and not self.blockers_known:
             text += "; no blocker named: worker ids were inferred"
         return text
 
     def as_dict(self, top: int | None = None) -> dict[str, Any]:
-        return {"workers": self.workers, "consumer_wait_s": round(self.wait_s, 6),
-                "avoidable_wait_s": round(self.avoidable_s, 6), "avoidable_wait_share": self.avoidable_share,
-                "head_of_line": self.head_of_line, "capacity": self.capacity,
-                "blockers_known": self.blockers_known,
-                "top_blockers": [b.as_dict() for b in self.top[:top]]}
+        d = {"workers": self.workers, "consumer_wait_s": round(self.wait_s, 6),
+             "avoidable_wait_s": round(self.avoidable_s, 6), "avoidable_wait_share": self.avoidable_share,
+             "head_of_line": self.head_of_line, "capacity": self.capacity,
+             "blockers_known": self.blockers_known,
+             "top_blockers": [b.as_dict() for b in self.top[:top]]}
+        if self.note:  # only then: a report whose blockers were named reads as it did before the bound
+            d["blockers_note"] = self.note
+        return d
 
 
 def _backlog_pieces(runs: Sequence[Run], on_worker: dict[int, list[int]]) -> list[tuple[int, int, int]]:

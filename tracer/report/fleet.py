@@ -41,7 +41,7 @@ from typing import Any, Callable, Iterable, Iterator, NamedTuple, Sequence
 from ..path import names
 from ..path.stages import Stage
 from .model import STAMP_MAX_NS, exact_int, stamp_ns
-from .blame import FleetBlocker, Run, TooManyOverlaps, fleet_avoidable, fleet_blame, pack_lanes
+from .blame import MAX_OVERLAPS, FleetBlocker, Run, TooManyOverlaps, fleet_avoidable, fleet_blame, pack_lanes
 from .sources import any_value
 
 __all__ = ["FleetCollector", "FleetInstance", "FleetJob", "FleetSection", "Handled", "cli_fleet", "fleet_lines",
@@ -53,10 +53,6 @@ _PRODUCE, _ENQUEUE = (names.STAMP_ATTRS[s] for s in (Stage.PRODUCE, Stage.DISPAT
 # what :meth:`FleetCollector.add` reads: the stamps, job and worker, and what names a blocker
 _RECORD_KEYS = frozenset((_PULL, _START, _END, _PRODUCE, _ENQUEUE, names.WORKER, names.JOB_ID, names.MESSAGE_ID))
 FLEET_BLAME_TOP = 10  # blockers named per job
-# (victim, run) overlap steps the blockers of one job may take (~2.5 µs each, so ~8 s): the
-# 10⁵-message bench job takes 0.75·10⁶; 10⁵ messages dealt at once to one instance's 2 workers
-# while another idles would take 2.5·10⁹ (its 3000-message form: 2.25·10⁶ steps, 5.5 s)
-FLEET_BLAME_MAX_OVERLAPS = 3_000_000
 
 
 class Handled(NamedTuple):
@@ -171,7 +167,7 @@ class FleetCollector:
     spans: int = 0
     pages: int = 0
     api: str = ""
-    max_overlaps: int = FLEET_BLAME_MAX_OVERLAPS  # per job: see tracer.report.blame.blame
+    max_overlaps: int = MAX_OVERLAPS  # per job: see tracer.report.blame.blame
     _index: dict[str, int] = field(default_factory=dict)
     _seen: set[str] = field(default_factory=set)
     _process_ids: set[bytes] = field(default_factory=set)
@@ -320,7 +316,7 @@ class FleetCollector:
 
 
 def _job_blame(recs: Sequence[_Rec], instances: Sequence[str], workers: Sequence[int], inferred: Sequence[bool],
-               *, top: int = FLEET_BLAME_TOP, max_overlaps: int = FLEET_BLAME_MAX_OVERLAPS,
+               *, top: int = FLEET_BLAME_TOP, max_overlaps: int = MAX_OVERLAPS,
                ) -> tuple[dict[str, float], tuple[FleetBlocker, ...], str]:
     """How much of the job's consumer_wait was avoidable inside its instance and in the fleet, and
     the runs that held up the fleet-avoidable part (:func:`tracer.report.blame.fleet_blame`). An

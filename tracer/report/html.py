@@ -539,6 +539,7 @@ def _blame(report: Report, top: int = 5) -> str:
             f"<td>{fmt_s(x.held_up_s)}</td><td>{x.victims}</td></tr>" for x in b.top[:top])
         table = ('<table class="wide"><tr><th class="l">blocker</th><th>worker</th><th>handler</th><th>held up</th>'
                  f"<th>victims</th></tr>{rows}</table>") if rows else (
+            f"<p class='note'>No blocker named: {escape(b.note)}.</p>" if b.note else
             "<p class='note'>No blocker named: the worker ids were inferred.</p>" if not b.blockers_known
             and b.avoidable_s > 0 else "<p class='note'>Nobody waited while a worker was free.</p>")
         cards.append(f'<div class="card" data-group="{escape(g.group)}"><h3>{escape(g.group)}</h3>'

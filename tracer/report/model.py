@@ -33,7 +33,7 @@ from __future__ import annotations
 import bisect
 import heapq
 import math
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, Iterable, Mapping, Sequence
 
 from ..dispatch.simulate import lower_bound
@@ -41,7 +41,7 @@ from ..path import names
 from ..path.stages import GAP_BY_NAME, GAPS, HEADLINE_GAP, PATH_GAPS, Stage
 from ..path.stamps import MISSING, GapValue, Stamps, compute_gaps, in_order, timeline
 from ..telemetry.spanfile import SpanRecord
-from .blame import Blame, Run, blame
+from .blame import MAX_OVERLAPS, Blame, Run, TooManyOverlaps, blame
 
 NO_JOB = "(no job id)"
 NO_GROUP = "(no group)"
@@ -723,6 +723,7 @@ def notes(report: Report) -> list[str]:
                    "handler intervals were packed greedily into lanes (by start, each into the lowest free lane). "
                    "That count is the peak number of concurrent handlers — a lower bound on the pool size, so the "
                    "lower bound shown may be a little high.")
+    out += [f"* blockers of {g.group} not named: {g.blame.note}" for g in report.groups if g.blame and g.blame.note]
     rebuilt = sum(g.from_spans for g in report.groups)
     if rebuilt:
         out.append(f"{rebuilt} message(s) carried no exact stamps; their timing was rebuilt from span start/end "
@@ -808,9 +809,15 @@ def build_group(group: str, records: list[MessageRecord], *, top: int = 10, work
                       blame=group_blame(records, workers, source))
 
 
-def group_blame(records: Sequence[MessageRecord], workers: int, workers_source: str, *, top: int = BLAME_TOP) -> Blame | None:
+def group_blame(records: Sequence[MessageRecord], workers: int, workers_source: str, *, top: int = BLAME_TOP,
+                max_overlaps: int | None = None) -> Blame | None:
     """Who blocked whom in one group (:mod:`tracer.report.blame`); blockers are named only when the
-    worker ids are the spans' own. None when no message was handled."""
+    worker ids are the spans' own. None when no message was handled.
+
+    Naming them takes up to ``max_overlaps`` (victim, run) steps (default the shared
+    :data:`~tracer.report.blame.MAX_OVERLAPS`, as the fleet view's jobs): past that the shares are
+    given without names, and ``note`` says why — a group whose waits are long and mostly avoidable
+    (``--workers`` above the worker ids seen) would otherwise take victims × runs per wait."""
     runs: list[Run] = []
     pull_i, enqueue_i = int(Stage.CLIENT_PULL), int(Stage.DISPATCH_ENQUEUE)
     for r in records:
@@ -825,8 +832,14 @@ def group_blame(records: Sequence[MessageRecord], workers: int, workers_source: 
     if not runs:
         return None
     ids = len({r.worker for r in runs})
-    return blame(runs, max(workers, ids), blockers_known=workers_source != "inferred" and not any(
-        r.worker_inferred for r in records), top=top)
+    known = workers_source != "inferred" and not any(r.worker_inferred for r in records)
+    bound = MAX_OVERLAPS if max_overlaps is None else max_overlaps  # at call time: a test may lower it
+    try:
+        return blame(runs, max(workers, ids), blockers_known=known, top=top, max_overlaps=bound)
+    except TooManyOverlaps as exc:  # the shares take no steps: give them, and say why no name is given
+        shares = blame(runs, max(workers, ids), blockers_known=False, top=top)
+        return replace(shares, blockers_known=known,
+                       note=f"{exc}; read one --job or --group, or fewer --workers")
 
 
 HEATMAP_GAPS: tuple[str, ...] = (HEADLINE_GAP.name,)

@@ -107,7 +107,8 @@ def blame_table(report: Report, top: int = 5) -> Any:
         head = [name, f"{b.avoidable_share:.0%}", f"{b.head_of_line}/{b.capacity}"]
         blockers = list(b.top[:top])
         if not blockers:
-            why = "— (worker ids inferred)" if not b.blockers_known and b.avoidable_s > 0 else "—"
+            why = ("— (too many overlaps: see the notes)" if b.note else
+                   "— (worker ids inferred)" if not b.blockers_known and b.avoidable_s > 0 else "—")
             t.add_row(*head, why, "", "", "", end_section=True)
             continue
         for i, x in enumerate(blockers):
