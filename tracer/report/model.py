@@ -39,7 +39,7 @@ from typing import Any, Iterable, Mapping, Sequence
 from ..dispatch.simulate import lower_bound
 from ..path import names
 from ..path.stages import GAP_BY_NAME, GAPS, HEADLINE_GAP, PATH_GAPS, Stage
-from ..path.stamps import MISSING, GapValue, Stamps, compute_gaps, in_order, timeline
+from ..path.stamps import MISSING, GapValue, Stamps, causal, compute_gaps, in_order, timeline
 from ..telemetry.spanfile import SpanRecord
 from .blame import MAX_OVERLAPS, Blame, Run, TooManyOverlaps, blame
 
@@ -89,11 +89,17 @@ class MessageRecord:
     outcome: str = ""
     attempt: int = 1
     keys: str = ""
-    gaps: dict[str, GapValue] = field(default_factory=dict)
+    # compute_gaps(stamps), made when first asked for: the report's tables read the stamps'
+    # columns instead (gap_columns), and seven GapValues and a dict per message were a sixth of the read
+    _gaps: dict[str, GapValue] | None = field(default=None, init=False, repr=False, compare=False)
 
-    def __post_init__(self) -> None:
-        if not self.gaps:
-            self.gaps = {g.gap.name: g for g in compute_gaps(self.stamps)}
+    @property
+    def gaps(self) -> dict[str, GapValue]:
+        """Every gap whose two stamps are present, by name (:func:`~tracer.path.stamps.compute_gaps`)."""
+        g = self._gaps
+        if g is None:
+            g = self._gaps = {v.gap.name: v for v in compute_gaps(self.stamps)}
+        return g
 
     def t(self, stage: Stage) -> int:
         return self.stamps.times[stage]
@@ -271,8 +277,8 @@ def message_record(span: SpanRecord, stamps: Stamps, timing: str = "stamps") -> 
 
 
 _STAMP_KEYS: tuple[tuple[int, str], ...] = tuple((int(stage), key) for stage, key in STAMP_ATTRS.items())
-_GAP_INDEX: tuple[tuple[str, Any, int, int], ...] = tuple((g.name, g, int(g.start), int(g.end)) for g in GAPS)
-_new_tuple = tuple.__new__  # a NamedTuple's own __new__ is a Python function around this one
+_GAP_INDEX: tuple[tuple[str, int, int], ...] = tuple((g.name, int(g.start), int(g.end)) for g in GAPS)
+_PROCESS_PREFIX = names.process_span_name("")
 
 
 def record_from_fields(trace_id: str, span_id: str, name: str, end_ns: int, attrs: dict[str, Any]) -> MessageRecord | None:
@@ -292,29 +298,25 @@ def record_from_fields(trace_id: str, span_id: str, name: str, end_ns: int, attr
             if v is None:
                 return None
         times[i] = v
-    ordered = in_order(times)
     if not any(times):
         return None  # no stamp at all
     stamps = Stamps(times)
-    if ordered:  # causal(times) is times, and timeline() moves nothing: the checks of exact_stamps
+    if in_order(times):  # causal(times) is times, and timeline() moves nothing: the checks of exact_stamps
         if times[_HANDLER_END] != MISSING and abs(times[_HANDLER_END] - end_ns) > STAMP_TOLERANCE_NS:
             return None
-        gaps = {g: _new_tuple(GapValue, (gap, (times[b] - times[a]) / 1e9, times[b] - times[a], False, False))
-                for g, gap, a, b in _GAP_INDEX if times[a] != MISSING and times[b] != MISSING}
-    else:
-        span = SpanRecord(trace_id, span_id, None, name, "CONSUMER", MISSING, end_ns)
-        if not _consistent(stamps, span):
-            return None
-        gaps = {}  # MessageRecord computes them
+    elif not _consistent(stamps, SpanRecord(trace_id, span_id, None, name, "CONSUMER", MISSING, end_ns)):
+        return None
     a = attrs
+    # message_record's conversions, each with the common case first (str of a str, an int as is)
+    worker, cost, keys = a.get(WORKER_ATTR), a.get(names.COST), a.get(names.MESSAGE_KEYS)
+    attempt = a.get(names.DELIVERY_ATTEMPT, a.get(names.LEGACY_DELIVERY_ATTEMPT))
     return MessageRecord(
-        trace_id=trace_id, span_id=span_id, group=str(a.get(GROUP_ATTR) or NO_GROUP),
-        topic=str(a.get(names.DESTINATION) or name.removeprefix(names.process_span_name(""))),
-        message_id=str(a.get(names.MESSAGE_ID) or span_id), job_id=str(a.get(JOB_ATTR) or NO_JOB), stamps=stamps,
-        worker=exact_int(a.get(WORKER_ATTR)), cost=_num(a.get(names.COST), float, None),
-        outcome=str(a.get(names.OUTCOME) or ""),
-        attempt=_num(a.get(names.DELIVERY_ATTEMPT, a.get(names.LEGACY_DELIVERY_ATTEMPT)), int, 1),
-        keys=_keys(a.get(names.MESSAGE_KEYS)), gaps=gaps)
+        trace_id, span_id, str(a.get(GROUP_ATTR) or NO_GROUP),
+        str(a.get(names.DESTINATION) or name.removeprefix(_PROCESS_PREFIX)),
+        str(a.get(names.MESSAGE_ID) or span_id), str(a.get(JOB_ATTR) or NO_JOB), stamps, "stamps",
+        worker if type(worker) is int else exact_int(worker), False, None if cost is None else _num(cost, float, None),
+        str(a.get(names.OUTCOME) or ""), attempt if type(attempt) is int else _num(attempt, int, 1),
+        _keys(keys))
 
 
 def messages_from_spans(spans: Iterable[SpanRecord]) -> list[MessageRecord]:
@@ -413,36 +415,57 @@ class StageStats:
         return dict(self.__dict__)
 
 
-def stage_stats(records: Sequence[MessageRecord]) -> dict[str, StageStats]:
-    # one pass over the records, each gap's values in record order (the sums do not depend on how
-    # they were gathered), each gap's values sorted once for all its percentiles
-    path_names = tuple(g.name for g in PATH_GAPS)
-    path_vals: list[float] = []
-    vals: dict[str, list[float]] = {g.name: [] for g in GAPS}
-    clamped = dict.fromkeys(vals, 0)
-    for r in records:
-        gaps = r.gaps
-        for name, gv in gaps.items():
-            mine = vals.get(name)
-            if mine is not None:
-                mine.append(gv.seconds)
-                if gv.clamped:
-                    clamped[name] += 1
-        for name in path_names:
-            part = gaps.get(name)
-            if part is not None:
-                path_vals.append(part.seconds)
-    path_total = sum(path_vals)  # the path gaps' seconds in the order record by record, gap by gap
+class GapColumns:
+    """Per gap, its seconds for every record, in record order (None where a stamp is missing), and
+    how many came out negative: what :func:`~tracer.path.stamps.compute_gaps` gives record by
+    record, computed from the stamps' columns — no GapValue per message (the tables need only these)."""
+
+    __slots__ = ("seconds", "clamped")
+
+    def __init__(self, records: Sequence[MessageRecord]) -> None:
+        raw = [r.stamps.times for r in records]
+        fixed = [causal(t) for t in raw]  # t itself when in stage order, the common case
+        ordered = all(c is t for c, t in zip(fixed, raw))
+        tcols = list(zip(*raw)) if raw else [()] * len(Stage)
+        ccols = tcols if ordered else list(zip(*fixed))
+        self.seconds: dict[str, list[float | None]] = {}
+        self.clamped: dict[str, int] = {}
+        for name, a, b in _GAP_INDEX:
+            ta, tb = tcols[a], tcols[b]
+            if ordered:  # no gap is negative: compute_gaps' seconds are (b - a) / 1e9
+                self.seconds[name] = [(y - x) / 1e9 if x and y else None for x, y in zip(ta, tb)]
+                self.clamped[name] = 0
+                continue
+            self.seconds[name] = [
+                None if not (x and y) else (cy - cx) / 1e9 if y >= x else max(0.0, (cy - cx) / 1e9)
+                for x, y, cx, cy in zip(ta, tb, ccols[a], ccols[b])]
+            self.clamped[name] = sum(1 for x, y in zip(ta, tb) if x and y and y < x)
+
+    def present(self, gap: str) -> list[float]:
+        """The gap's seconds where both its stamps are, in record order."""
+        return [v for v in self.seconds[gap] if v is not None]
+
+    def or_zero(self, gap: str) -> list[float]:
+        """The gap's seconds per record, 0.0 where a stamp is missing (:meth:`MessageRecord.gap_s`)."""
+        return [0.0 if v is None else v for v in self.seconds[gap]]
+
+
+def stage_stats(records: Sequence[MessageRecord], columns: GapColumns | None = None) -> dict[str, StageStats]:
+    # each gap's values in record order (the sums do not depend on how they were gathered, only on
+    # that order), each gap's values sorted once for all its percentiles
+    cols = columns if columns is not None else GapColumns(records)
+    # the path gaps' seconds in the order record by record, gap by gap
+    path_total = sum(v for row in zip(*(cols.seconds[g.name] for g in PATH_GAPS)) for v in row if v is not None)
     out: dict[str, StageStats] = {}
     for g in GAPS:
-        mine = vals[g.name]
+        mine = cols.present(g.name)
         total = sum(mine)
         ordered = sorted(mine)
         p50, p95, p99, top = (_ranked(ordered, q) for _, q in PERCENTILES)
         out[g.name] = StageStats(
             g.name, len(mine), p50, p95, p99, top, mean=total / len(mine) if mine else 0.0, total=total,
             share=total / path_total if path_total and (g in PATH_GAPS or g is HEADLINE_GAP) else 0.0,
-            clamped=clamped[g.name])
+            clamped=cols.clamped[g.name])
     return out
 
 
@@ -564,18 +587,19 @@ class Heatmap:
 
 
 def heatmap(records: Sequence[MessageRecord], gap: str, t0_ns: int, axis_s: float, buckets: int,
-            edges: Sequence[float]) -> Heatmap:
+            edges: Sequence[float], columns: GapColumns | None = None) -> Heatmap:
     end_stage = int(GAP_BY_NAME[gap].end)
     counts = [[0] * buckets for _ in edges]
     width = axis_s / buckets if buckets and axis_s > 0 else 1.0
     last, top = buckets - 1, max(len(edges) - 1, 0)
-    for r in records:  # bucket_index and the clamps inlined: once per record
-        g = r.gaps.get(gap)
-        if g is None:
+    seconds = (columns if columns is not None else GapColumns(records)).seconds[gap]
+    right = bisect.bisect_right
+    for r, v in zip(records, seconds):  # bucket_index and the clamps inlined: once per record
+        if v is None:
             continue
         i = int((r.stamps.times[end_stage] - t0_ns) / 1e9 / width)
         i = last if i > last else 0 if i < 0 else i
-        j = bisect.bisect_right(edges, g.seconds) - 1
+        j = right(edges, v) - 1
         counts[top if j > top else 0 if j < 0 else j][i] += 1
     return Heatmap(gap, width, list(edges), counts)
 
@@ -647,15 +671,27 @@ def _verdict(split: dict[str, float], idle: float | None, idle_broker: float | N
     return line
 
 
+def _starts_ends(records: Sequence[MessageRecord]) -> tuple[list[int], list[int]]:
+    """Every record's :attr:`~MessageRecord.start_ns` and :attr:`~MessageRecord.end_ns` (the first
+    and the last stamp present: MISSING is 0), without two property calls per record."""
+    times = [r.stamps.times for r in records]
+    return ([t[0] or t[1] or t[2] or t[3] or t[4] or t[5] for t in times],
+            [t[5] or t[4] or t[3] or t[2] or t[1] or t[0] for t in times])
+
+
+assert len(Stage) == 6 and MISSING == 0  # what _starts_ends spells out
+
+
 def job_stats(group: str, job_id: str, records: Sequence[MessageRecord], workers: int,
-              group_intervals: Sequence[tuple[int, int]]) -> JobStats:
+              group_intervals: Sequence[tuple[int, int]], columns: GapColumns | None = None) -> JobStats:
     """The job view of one job's records; ``group_intervals`` are every handler run of the group."""
-    handled = [r for r in records if r.handled]
-    starts = [r.start_ns for r in records]
-    ends = [r.end_ns for r in records]
+    column = (columns if columns is not None else GapColumns(records)).seconds["handler"]
+    ran = [k for k, v in enumerate(column) if v is not None]  # handled: both handler stamps present
+    handled = [records[k] for k in ran]
+    starts, ends = _starts_ends(records)
     start, end = min(starts), max(ends)
     completion = (end - start) / 1e9
-    handler_s = [r.handler_s for r in handled]
+    handler_s: list[float] = [column[k] for k in ran]  # type: ignore[misc]  # not None there
     total_h = sum(handler_s)
     longest = handled[max(range(len(handled)), key=handler_s.__getitem__)] if handled else None  # the first of the longest
     longest_s = longest.handler_s if longest else 0.0
@@ -788,12 +824,16 @@ class Report:
                 "groups": [g.as_dict() for g in self.groups]}
 
 
-def build_group(group: str, records: list[MessageRecord], *, top: int = 10, workers: int | None = None) -> GroupStats:
+def build_group(group: str, records: list[MessageRecord], *, top: int = 10, workers: int | None = None,
+                columns: GapColumns | None = None) -> GroupStats:
+    """One group's statistics; ``columns`` are its records' (:class:`GapColumns`) when the caller has them."""
+    cols = columns if columns is not None else GapColumns(records)
+    handled = [r for r, v in zip(records, cols.seconds["handler"]) if v is not None]
     if workers:
         source = "given"
-    elif all(r.worker is not None and not r.worker_inferred for r in records if r.handled):
+    elif all(r.worker is not None and not r.worker_inferred for r in handled):
         source = "attribute"
-        workers = len({r.worker for r in records if r.handled})
+        workers = len({r.worker for r in handled})
     else:
         source = "inferred"
         workers = infer_workers(records)
@@ -801,12 +841,14 @@ def build_group(group: str, records: list[MessageRecord], *, top: int = 10, work
     jobs: dict[str, list[MessageRecord]] = {}
     for r in records:
         jobs.setdefault(r.job_id, []).append(r)
-    job_list = [job_stats(group, j, rs, workers, intervals) for j, rs in jobs.items()]
+    job_list = [job_stats(group, j, rs, workers, intervals, cols if len(jobs) == 1 else None) for j, rs in jobs.items()]
     job_list.sort(key=lambda j: j.start_ns)
-    slowest = sorted(records, key=lambda r: (-r.total_s, r.start_ns))[:max(0, top)]
-    return GroupStats(group, records, workers, source, min(r.start_ns for r in records),
-                      max(r.end_ns for r in records), stage_stats(records), job_list, slowest,
-                      blame=group_blame(records, workers, source))
+    starts, ends = _starts_ends(records)
+    # MessageRecord.total_s of each, then the top by it (nsmallest is sorted()[:top], ties in record order)
+    total = [max(0, e - a) / 1e9 if v is None else v for v, a, e in zip(cols.seconds["end_to_end"], starts, ends)]
+    slowest = [records[k] for k in heapq.nsmallest(max(0, top), range(len(records)), key=lambda k: (-total[k], starts[k]))]
+    return GroupStats(group, records, workers, source, min(starts), max(ends), stage_stats(records, cols), job_list,
+                      slowest, blame=group_blame(records, workers, source))
 
 
 def group_blame(records: Sequence[MessageRecord], workers: int, workers_source: str, *, top: int = BLAME_TOP,
@@ -865,14 +907,15 @@ def report_from_messages(records: list[MessageRecord], spans: int, *, group: str
     by_group: dict[str, list[MessageRecord]] = {}
     for r in records:
         by_group.setdefault(r.group, []).append(r)
-    groups = [build_group(g, rs, top=top, workers=workers) for g, rs in by_group.items()]
+    columns = {g: GapColumns(rs) for g, rs in by_group.items()}
+    groups = [build_group(g, rs, top=top, workers=workers, columns=columns[g]) for g, rs in by_group.items()]
     groups.sort(key=lambda g: g.start_ns)  # stable: a tie keeps the order the spans came in
     axis_s = max((g.duration_s for g in groups), default=0.0)
     for name in HEATMAP_GAPS:
-        longest = max((r.gap_s(name) for g in groups for r in g.records), default=0.0)
+        longest = max((v for g in groups for v in columns[g.group].or_zero(name)), default=0.0)  # of gap_s
         edges = wait_edges(longest)
         for g in groups:
-            g.heatmaps[name] = heatmap(g.records, name, g.start_ns, axis_s, time_buckets, edges)
+            g.heatmaps[name] = heatmap(g.records, name, g.start_ns, axis_s, time_buckets, edges, columns[g.group])
     for g in groups:
         g.occupancy = occupancy(g.records, g.start_ns, axis_s, time_buckets, g.workers)
     return Report(groups, axis_s, source, spans)
@@ -880,7 +923,7 @@ def report_from_messages(records: list[MessageRecord], spans: int, *, group: str
 
 __all__ = [
     "HEATMAP_GAPS", "NO_GROUP", "NO_JOB", "PERCENTILES", "PRODUCED_LATE", "SPLIT_PARTS", "STAMP_MAX_NS",
-    "WAITING_PARTS", "CriticalPath", "GroupStats", "Heatmap", "JobStats", "MessageRecord", "Occupancy", "Report",
+    "WAITING_PARTS", "CriticalPath", "GapColumns", "GroupStats", "Heatmap", "JobStats", "MessageRecord", "Occupancy", "Report",
     "StageStats", "build_group", "build_report", "exact_int", "exact_stamps", "format_seconds", "group_blame",
     "group_line", "heatmap", "infer_workers", "is_process_span", "mean_busy", "message_record",
     "messages_from_spans", "notes", "occupancy", "percentile", "record_from_fields", "report_from_messages",
