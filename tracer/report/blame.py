@@ -62,6 +62,9 @@ __all__ = ["GRACE_NS", "HEAD_OF_LINE", "CAPACITY", "MAX_OVERLAPS", "NO_WAIT", "B
 MAX_OVERLAPS = 3_000_000
 
 
+_new_tuple = tuple.__new__  # a NamedTuple's own __new__ is a Python function around this one
+
+
 def _s(seconds: float) -> str:
     """Seconds for a sentence: 38.2 s, 412 ms, 85 µs."""
     if seconds >= 1 or seconds == 0:
@@ -115,27 +118,38 @@ class IntervalSet:
 
     def covered(self, a: int, b: int) -> int:
         """Length of ``[a, b)`` inside the set."""
-        return self._upto(b) - self._upto(a) if b > a else 0
+        if b <= a:
+            return 0
+        starts, ends, before = self._starts, self._ends, self._before  # _upto(b) - _upto(a), inlined: once
+        i = bisect.bisect_right(starts, b) - 1  # per run and per overlap step
+        if i < 0:
+            return 0
+        hi = before[i] + (b if b < ends[i] else ends[i]) - starts[i]
+        i = bisect.bisect_right(starts, a, 0, i + 1) - 1
+        return hi if i < 0 else hi - (before[i] + (a if a < ends[i] else ends[i]) - starts[i])
 
 
 def _intersection(sets: Sequence[IntervalSet]) -> IntervalSet:
     """Where every set covers (a sweep over all their edges)."""
     if not sets:
         return IntervalSet(())
-    events: list[tuple[int, int]] = []
+    # each edge one int, 2·t + 1 for a start, 2·t for an end: sorted as ints, by time with an end
+    # before a start at one instant (half-open)
+    events: list[int] = []
     for s in sets:
-        for a, b in s.intervals:
-            events += [(a, 1), (b, -1)]
-    events.sort(key=lambda e: (e[0], e[1]))  # an end before a start at one instant: half-open
+        events += [2 * a + 1 for a in s._starts]
+        events += [2 * b for b in s._ends]
+    events.sort()
     out: list[tuple[int, int]] = []
-    depth, since = 0, 0
-    for t, d in events:
-        if d > 0:
+    depth, since, n = 0, 0, len(sets)
+    for x in events:
+        t, start = divmod(x, 2)
+        if start:
             depth += 1
-            if depth == len(sets):
+            if depth == n:
                 since = t
         else:
-            if depth == len(sets):
+            if depth == n:
                 out.append((since, t))
             depth -= 1
     return IntervalSet(out)
@@ -152,8 +166,7 @@ def all_busy(runs: Sequence[Run], workers: int, grace_ns: int = GRACE_NS) -> Int
     return _intersection([IntervalSet(ivs) for ivs in by_worker.values()])
 
 
-@dataclass(frozen=True, slots=True)
-class MessageBlame:
+class MessageBlame(NamedTuple):  # one per handled message: a NamedTuple is far cheaper to make than a dataclass
     message_id: str
     wait_s: float
     avoidable_s: float
@@ -326,7 +339,9 @@ def blame(runs: Sequence[Run], workers: int, *, grace_ns: int = GRACE_NS, blocke
     hol = cap = steps = 0
     budget = max_overlaps
     for k, r in enumerate(runs):
-        wait = max(0, r.start_ns - r.wait_start_ns)
+        wait = r.start_ns - r.wait_start_ns
+        if wait < 0:
+            wait = 0
         a, b = r.wait_start_ns + grace_ns, r.start_ns
         avoid = avoids[k]
         blocker: int | None = None
@@ -368,13 +383,18 @@ def blame(runs: Sequence[Run], workers: int, *, grace_ns: int = GRACE_NS, blocke
                     key = (-part, runs[j].start_ns, runs[j].message_id)
                     if best is None or key < best:
                         best, blocker = key, j
-        reason = HEAD_OF_LINE if avoid > 0 and 2 * avoid >= b - a else CAPACITY if wait > grace_ns else NO_WAIT
-        hol += reason == HEAD_OF_LINE
-        cap += reason == CAPACITY
+        if avoid > 0 and 2 * avoid >= b - a:
+            reason = HEAD_OF_LINE
+            hol += 1
+        elif wait > grace_ns:
+            reason = CAPACITY
+            cap += 1
+        else:
+            reason = NO_WAIT
         wait_total += wait / 1e9
-        avoidable_total += max(0, avoid) / 1e9
-        out.append(MessageBlame(r.message_id, wait / 1e9, max(0, avoid) / 1e9, reason,
-                                runs[blocker].message_id if blocker is not None else None))
+        avoidable_total += (avoid if avoid > 0 else 0) / 1e9
+        out.append(_new_tuple(MessageBlame, (r.message_id, wait / 1e9, (avoid if avoid > 0 else 0) / 1e9, reason,
+                                             runs[blocker].message_id if blocker is not None else None)))
     ranked = sorted(credit, key=lambda j: (-credit[j], runs[j].start_ns, runs[j].message_id))[:max(0, top)]
     return Blame(workers, wait_total, avoidable_total, hol, cap, blockers_known, tuple(out), tuple(
         Blocker(runs[j].message_id, runs[j].label, runs[j].worker, (runs[j].end_ns - runs[j].start_ns) / 1e9,
