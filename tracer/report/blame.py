@@ -143,8 +143,8 @@ def _intersection(sets: Sequence[IntervalSet]) -> IntervalSet:
     out: list[tuple[int, int]] = []
     depth, since, n = 0, 0, len(sets)
     for x in events:
-        t, start = divmod(x, 2)
-        if start:
+        t = x >> 1  # floor: 2·t + 1 >> 1 is t, negative t too
+        if x & 1:
             depth += 1
             if depth == n:
                 since = t

@@ -26,7 +26,7 @@ from typing import Any, Callable, Iterator, cast
 
 from ..path import names
 from ..telemetry.spanfile import SpanRecord
-from .model import MessageRecord, messages_from_spans, record_from_fields
+from .model import MessageRecord, by_start, messages_from_spans, record_from_fields
 from .sources import SourceError, read_span_path
 
 __all__ = ["SpanFile", "process_spans", "read_span_file"]
@@ -146,7 +146,7 @@ def _read(p: Path) -> SpanFile:
         second = _skipped_spans(p, wanted)
         records += messages_from_spans(pending + [s for s in others if s.trace_id in wanted] + second)
         skipped -= len(second)
-    records.sort(key=lambda r: (r.start_ns, r.message_id))
+    records.sort(key=by_start)
     return SpanFile(records, spans, lines, skipped)
 
 
