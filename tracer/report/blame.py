@@ -312,22 +312,24 @@ def blame(runs: Sequence[Run], workers: int, *, grace_ns: int = GRACE_NS, blocke
         raise ValueError(f"{len(ids)} distinct worker ids but workers={workers}")
     if busy is None:
         busy = all_busy(runs, workers, grace_ns)
-    on_worker: dict[int, list[int]] = {}
-    for k in sorted(range(len(runs)), key=lambda k: runs[k].start_ns):
-        on_worker.setdefault(runs[k].worker, []).append(k)
-    # the latest end so far, per worker: monotone even if a worker's runs overlap (ids that collide)
-    reach: dict[int, list[int]] = {}
-    for w, ks in on_worker.items():
-        top_end, row = 0, []
-        for k in ks:
-            top_end = max(top_end, runs[k].end_ns)
-            row.append(top_end)
-        reach[w] = row
-    # each run's avoidable wait first: the backlog is needed only by a run that waited avoidably
-    # before it was bound (most runs of a saturated consumer wait with every worker busy)
+    # each run's avoidable wait first: the runs by worker are needed only to name the blockers of a
+    # run that waited avoidably, the backlog only by one that did so before it was bound (most runs of
+    # a saturated consumer wait with every worker busy)
     avoids = [(r.start_ns - r.wait_start_ns - grace_ns) - busy.covered(r.wait_start_ns + grace_ns, r.start_ns)
               if r.start_ns > r.wait_start_ns + grace_ns else 0 for r in runs]
-    backlog = _backlog_pieces(runs, on_worker) if blockers_known and any(
+    on_worker: dict[int, list[int]] = {}
+    reach: dict[int, list[int]] = {}
+    if blockers_known and max(avoids, default=0) > 0:
+        for k in sorted(range(len(runs)), key=lambda k: runs[k].start_ns):
+            on_worker.setdefault(runs[k].worker, []).append(k)
+        # the latest end so far, per worker: monotone even if a worker's runs overlap (ids that collide)
+        for w, ks in on_worker.items():
+            top_end, row = 0, []
+            for k in ks:
+                top_end = max(top_end, runs[k].end_ns)
+                row.append(top_end)
+            reach[w] = row
+    backlog = _backlog_pieces(runs, on_worker) if on_worker and any(
         avoid > 0 and r.bound_ns is not None and r.bound_ns > r.wait_start_ns + grace_ns
         for avoid, r in zip(avoids, runs)) else []
     backlog_ends = [p[1] for p in backlog]
