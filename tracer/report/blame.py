@@ -45,6 +45,8 @@ from __future__ import annotations
 
 import bisect
 import heapq
+import itertools
+import operator
 from dataclasses import dataclass
 from typing import Any, Iterable, NamedTuple, Sequence
 
@@ -63,6 +65,7 @@ MAX_OVERLAPS = 3_000_000
 
 
 _new_tuple = tuple.__new__  # a NamedTuple's own __new__ is a Python function around this one
+_first = operator.itemgetter(0)
 
 
 def _s(seconds: float) -> str:
@@ -94,17 +97,18 @@ class IntervalSet:
     __slots__ = ("_starts", "_ends", "_before")
 
     def __init__(self, intervals: Iterable[tuple[int, int]]) -> None:
-        merged: list[tuple[int, int]] = []
-        for a, b in sorted(iv for iv in intervals if iv[1] > iv[0]):
-            if merged and a <= merged[-1][1]:
-                merged[-1] = (merged[-1][0], max(merged[-1][1], b))
+        starts: list[int] = []
+        ends: list[int] = []
+        # by start alone (ints compared in C, not pairs): intervals starting together merge either way
+        for a, b in sorted((iv for iv in intervals if iv[1] > iv[0]), key=_first):
+            if starts and a <= ends[-1]:
+                if b > ends[-1]:
+                    ends[-1] = b
             else:
-                merged.append((a, b))
-        self._starts = [a for a, _ in merged]
-        self._ends = [b for _, b in merged]
-        self._before = [0]  # covered length before interval i
-        for a, b in merged:
-            self._before.append(self._before[-1] + b - a)
+                starts.append(a)
+                ends.append(b)
+        self._starts, self._ends = starts, ends
+        self._before = [0, *itertools.accumulate(b - a for a, b in zip(starts, ends))]  # covered before interval i
 
     @property
     def intervals(self) -> list[tuple[int, int]]:

@@ -531,8 +531,11 @@ class Occupancy:
         return {"workers": self.workers, "bucket_s": self.bucket_s, "mean_busy": self.mean_busy}
 
 
-def occupancy(records: Sequence[MessageRecord], t0_ns: int, axis_s: float, buckets: int, workers: int) -> Occupancy:
-    intervals = busy_intervals(records)
+def occupancy(records: Sequence[MessageRecord], t0_ns: int, axis_s: float, buckets: int, workers: int,
+              intervals: Sequence[tuple[int, int]] | None = None) -> Occupancy:
+    """Busy workers over time; ``intervals`` are the records' :func:`busy_intervals` when the caller has them."""
+    if intervals is None:
+        intervals = busy_intervals(records)
     # each event one int, 2·ns + 1 for a start, 2·ns for an end: sorted as ints (not pairs), they
     # come by time with ends before starts at the same instant
     events = [2 * s + 1 for s, _ in intervals] + [2 * e for _, e in intervals]
@@ -711,12 +714,14 @@ assert len(Stage) == 6 and MISSING == 0  # what _starts_ends spells out
 
 
 def job_stats(group: str, job_id: str, records: Sequence[MessageRecord], workers: int,
-              group_intervals: Sequence[tuple[int, int]], columns: GapColumns | None = None) -> JobStats:
-    """The job view of one job's records; ``group_intervals`` are every handler run of the group."""
+              group_intervals: Sequence[tuple[int, int]], columns: GapColumns | None = None,
+              bounds: tuple[list[int], list[int]] | None = None) -> JobStats:
+    """The job view of one job's records; ``group_intervals`` are every handler run of the group;
+    ``columns`` and ``bounds`` (every record's start and end) the records' when the caller has them."""
     column = (columns if columns is not None else GapColumns(records)).seconds["handler"]
     ran = [k for k, v in enumerate(column) if v is not None]  # handled: both handler stamps present
     handled = [records[k] for k in ran]
-    starts, ends = _starts_ends(records)
+    starts, ends = bounds if bounds is not None else _starts_ends(records)
     start, end = min(starts), max(ends)
     completion = (end - start) / 1e9
     handler_s: list[float] = [column[k] for k in ran]  # type: ignore[misc]  # not None there
@@ -853,8 +858,9 @@ class Report:
 
 
 def build_group(group: str, records: list[MessageRecord], *, top: int = 10, workers: int | None = None,
-                columns: GapColumns | None = None) -> GroupStats:
-    """One group's statistics; ``columns`` are its records' (:class:`GapColumns`) when the caller has them."""
+                columns: GapColumns | None = None, intervals: list[tuple[int, int]] | None = None) -> GroupStats:
+    """One group's statistics; ``columns`` (:class:`GapColumns`) and ``intervals`` (:func:`busy_intervals`)
+    are its records' when the caller has them (every pass over 10⁵ records costs its cache misses)."""
     cols = columns if columns is not None else GapColumns(records)
     handled = [r for r, v in zip(records, cols.seconds["handler"]) if v is not None]
     if workers:
@@ -865,13 +871,16 @@ def build_group(group: str, records: list[MessageRecord], *, top: int = 10, work
     else:
         source = "inferred"
         workers = infer_workers(records)
-    intervals = busy_intervals(records)
+    if intervals is None:
+        intervals = busy_intervals(records)
     jobs: dict[str, list[MessageRecord]] = {}
     for r in records:
         jobs.setdefault(r.job_id, []).append(r)
-    job_list = [job_stats(group, j, rs, workers, intervals, cols if len(jobs) == 1 else None) for j, rs in jobs.items()]
-    job_list.sort(key=lambda j: j.start_ns)
     starts, ends = _starts_ends(records)
+    one = len(jobs) == 1  # then the job's records are the group's, in the same order
+    job_list = [job_stats(group, j, rs, workers, intervals, cols if one else None, (starts, ends) if one else None)
+                for j, rs in jobs.items()]
+    job_list.sort(key=lambda j: j.start_ns)
     # MessageRecord.total_s of each, then the top by it (nsmallest is sorted()[:top], ties in record order)
     total = [max(0, e - a) / 1e9 if v is None else v for v, a, e in zip(cols.seconds["end_to_end"], starts, ends)]
     slowest = [records[k] for k in heapq.nsmallest(max(0, top), range(len(records)), key=lambda k: (-total[k], starts[k]))]
@@ -936,7 +945,9 @@ def report_from_messages(records: list[MessageRecord], spans: int, *, group: str
     for r in records:
         by_group.setdefault(r.group, []).append(r)
     columns = {g: GapColumns(rs) for g, rs in by_group.items()}
-    groups = [build_group(g, rs, top=top, workers=workers, columns=columns[g]) for g, rs in by_group.items()]
+    intervals = {g: busy_intervals(rs) for g, rs in by_group.items()}
+    groups = [build_group(g, rs, top=top, workers=workers, columns=columns[g], intervals=intervals[g])
+              for g, rs in by_group.items()]
     groups.sort(key=lambda g: g.start_ns)  # stable: a tie keeps the order the spans came in
     axis_s = max((g.duration_s for g in groups), default=0.0)
     for name in HEATMAP_GAPS:
@@ -945,7 +956,7 @@ def report_from_messages(records: list[MessageRecord], spans: int, *, group: str
         for g in groups:
             g.heatmaps[name] = heatmap(g.records, name, g.start_ns, axis_s, time_buckets, edges, columns[g.group])
     for g in groups:
-        g.occupancy = occupancy(g.records, g.start_ns, axis_s, time_buckets, g.workers)
+        g.occupancy = occupancy(g.records, g.start_ns, axis_s, time_buckets, g.workers, intervals[g.group])
     return Report(groups, axis_s, source, spans)
 
 
