@@ -40,8 +40,8 @@ from typing import Any, Callable, Iterable, Iterator, NamedTuple, Sequence
 
 from ..path import names
 from ..path.stages import Stage
-from .model import STAMP_MAX_NS, exact_int, stamp_ns
 from .blame import MAX_OVERLAPS, FleetBlocker, Run, TooManyOverlaps, fleet_avoidable, fleet_blame, pack_lanes
+from .model import STAMP_MAX_NS, exact_int, stamp_ns
 from .sources import any_value
 
 __all__ = ["FleetCollector", "FleetInstance", "FleetJob", "FleetSection", "Handled", "cli_fleet", "fleet_lines",

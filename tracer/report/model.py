@@ -292,7 +292,7 @@ def record_from_fields(trace_id: str, span_id: str, name: str, end_ns: int, attr
     building the span; None where :func:`exact_stamps` is None. The span-file reader's path: the
     common case (stamps in stage order) takes no :func:`~tracer.path.stamps.causal` copy, the rest
     goes through the general functions, so the numbers are theirs."""
-    times = list(map(attrs.get, _STAMP_NAMES))
+    times: list[Any] = list(map(attrs.get, _STAMP_NAMES))  # ints once checked
     if (tuple(map(type, times)) == _SIX_INTS and min(times) > MISSING and max(times) <= STAMP_MAX_NS
             and times[0] <= times[1] <= times[2] <= times[3] <= times[4] <= times[5]):
         # what the tracer writes: every stamp, exact and in stage order; the checks of exact_stamps
