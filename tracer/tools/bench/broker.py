@@ -10,6 +10,10 @@ modes run in every round, in a rotating order (so a drift of the shared machine 
   own cost, measured like ``rmqtrace bench overhead``;
 - ``traced_otlp``: the same, with the exporter encoding every batch to OTLP protobuf bytes (then
   dropped): what an OTLP exporter adds in the process, without the network;
+- ``contrib``: no rmqtrace at all — what a contrib-style instrumentation costs: a ``send`` span
+  per message with ``traceparent`` injected (the W3C propagator), and on the consumer one
+  ``process`` span per message around the handler, parented by the extracted context (the
+  baseline a user compares a tracer with; rmqtrace's figures are also given against it);
 - ``traced_keep``: histograms for every message, head sampling at 1 %
   (``parentbased_traceidratio``) and a :class:`~tracer.telemetry.keep.KeepPolicy` behind a
   :class:`~tracer.telemetry.hold.HoldingSpanProcessor` on the consumer (thresholds no bench
@@ -26,6 +30,7 @@ throughput of the same round; the other ratios are reported beside it.
 from __future__ import annotations
 
 import argparse
+import gc
 import json
 import os
 import platform
@@ -37,9 +42,13 @@ import uuid
 from concurrent.futures import Future
 from typing import Any, Callable, NamedTuple, Sequence
 
+from opentelemetry import trace as otel_trace
+from opentelemetry.propagators.textmap import DefaultGetter
 from opentelemetry.sdk.trace import ReadableSpan, TracerProvider
 from opentelemetry.sdk.trace.export import BatchSpanProcessor, SpanExporter, SpanExportResult
 from opentelemetry.sdk.trace.sampling import ParentBased, TraceIdRatioBased
+from opentelemetry.trace import SpanKind
+from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
 from prometheus_client import CollectorRegistry
 
 from ...clients.consume import ConsumeLoop
@@ -116,18 +125,89 @@ def _produce(producer: Any, rmq: Any, topic: str, n: int, run: str, window: int)
     return took, cpu
 
 
+# Whose CPU it is, by thread name: the 5.x client's asyncio/gRPC thread, its other threads (and
+# native gRPC threads, which `threading` does not know), the loop's own, the span exporter's.
+ROLES = ("client_io", "client_other", "loop_receive", "loop_workers", "loop_acks", "exporter", "main")
+
+
+def _role(name: str | None) -> str:
+    if name is None or "message_decode" in name or "_poll_wrapper" in name or "schedule_thread" in name:
+        return "client_other"
+    if name == "channel_io_loop_thread":
+        return "client_io"
+    if name.startswith("consume-dispatch"):
+        return "loop_workers"
+    if name.startswith("rmqtrace-ack"):
+        return "loop_acks"
+    if name.startswith("OtelBatch"):
+        return "exporter"
+    if name == "MainThread":
+        return "main"
+    return "loop_receive"  # the thread running ConsumeLoop.run (and the prefetch feeder, if any)
+
+
+def _thread_cpu() -> dict[int, tuple[str, int]]:
+    """CPU ticks of each live thread of this process (Linux ``/proc``; empty elsewhere), by role."""
+    names = {t.native_id: t.name for t in threading.enumerate()}
+    out: dict[int, tuple[str, int]] = {}
+    try:
+        tids = os.listdir("/proc/self/task")
+    except OSError:
+        return out
+    for tid in tids:
+        try:
+            with open(f"/proc/self/task/{tid}/stat") as f:
+                fields = f.read().rsplit(")", 1)[1].split()
+        except OSError:
+            continue  # ended meanwhile
+        out[int(tid)] = (_role(names.get(int(tid))), int(fields[11]) + int(fields[12]))
+    return out
+
+
+def _cpu_by_role(before: dict[int, tuple[str, int]], after: dict[int, tuple[str, int]], n: int) -> dict[str, float]:
+    """µs of CPU per message by role between two snapshots (threads that started meanwhile count from 0)."""
+    hz = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100
+    by = dict.fromkeys(ROLES, 0.0)
+    for tid, (role, ticks) in after.items():
+        by[role] += (ticks - before.get(tid, (role, 0))[1]) / hz / n * 1e6
+    return by
+
+
+class _GcTimer:
+    """Collections and the seconds they took, counted by a ``gc.callbacks`` hook."""
+
+    def __init__(self) -> None:
+        self.collections = 0
+        self.seconds = 0.0
+        self._t0 = 0.0
+
+    def __call__(self, phase: str, _info: dict[str, Any]) -> None:
+        if phase == "start":
+            self._t0 = time.perf_counter()
+        else:
+            self.collections += 1
+            self.seconds += time.perf_counter() - self._t0
+
+
 def _consume(consumer: Any, n: int, handler_ms: float, workers: int,
-             tracer: MessageTracer | None) -> tuple[float, float]:
+             tracer: MessageTracer | None, breakdown: dict[str, float] | None = None,
+             wrap: Callable[[Callable[[Any], None]], Callable[[Any], None]] | None = None) -> tuple[float, float]:
     """Receive, handle and ack ``n`` messages: (seconds from the loop's start to the n-th ack,
-    CPU seconds of this process meanwhile — every thread: the client's, the loop's, the exporter's)."""
+    CPU seconds of this process meanwhile — every thread: the client's, the loop's, the exporter's).
+    ``breakdown``, if given, is filled with µs of CPU per message by thread role (:data:`ROLES`,
+    taken before the loop's threads end) and ``gc_us`` (the cyclic collector's time per message);
+    ``wrap`` wraps the handler (the contrib mode's process span)."""
     pause = handler_ms / 1000.0
 
     def handler(_msg: Any) -> None:
         time.sleep(pause)
 
-    loop = ConsumeLoop(consumer, handler, tracer=tracer, policy="aggressive", workers=workers,
-                       invisible_duration=60)
+    loop = ConsumeLoop(consumer, handler if wrap is None else wrap(handler), tracer=tracer, policy="aggressive",
+                       workers=workers, invisible_duration=60)
     done = threading.Event()
+    timer = _GcTimer()
+    gc.callbacks.append(timer)
+    threads0 = _thread_cpu()
     cpu0 = time.process_time()
     t0 = time.perf_counter()
     end = [0.0]
@@ -146,6 +226,10 @@ def _consume(consumer: Any, n: int, handler_ms: float, workers: int,
             end[0] = time.perf_counter()
             done.set()
     cpu = time.process_time() - cpu0
+    threads1 = _thread_cpu()
+    gc.callbacks.remove(timer)
+    if breakdown is not None:
+        breakdown.update(_cpu_by_role(threads0, threads1, n), gc_us=timer.seconds / n * 1e6)
     loop.stop()
     runner.join(60)
     if loop.statistics().acked < n or loop.statistics().redelivered or loop.statistics().ack_errors:
@@ -167,6 +251,61 @@ class _Mode(NamedTuple):
     producer: Any
     tracer: MessageTracer | None
     provider: TracerProvider | None
+    wrap: Callable[[Callable[[Any], None]], Callable[[Any], None]] | None = None
+
+
+class _ContribProducer:
+    """A ``send`` span per message and ``traceparent`` injected, as a contrib instrumentation does."""
+
+    def __init__(self, producer: Any, tracer: Any) -> None:
+        self._producer = producer
+        self._tracer = tracer
+        self._propagator = TraceContextTextMapPropagator()
+
+    def send_async(self, message: Any) -> Future[Any]:
+        topic = message.topic
+        span = self._tracer.start_span(f"send {topic}", kind=SpanKind.PRODUCER, attributes={
+            "messaging.system": "rocketmq", "messaging.operation.type": "send",
+            "messaging.operation.name": "send", "messaging.destination.name": topic})
+        carrier: dict[str, str] = {}
+        self._propagator.inject(carrier, otel_trace.set_span_in_context(span))
+        for k, v in carrier.items():
+            message.add_property(k, v)
+        future: Future[Any] = self._producer.send_async(message)
+        future.add_done_callback(lambda _f: span.end())
+        return future
+
+
+class _PropertiesGetter(DefaultGetter):
+    """Reads the W3C fields from a 5.x message's ``properties`` dict."""
+
+    def get(self, carrier: Any, key: str) -> list[str] | None:
+        value = (getattr(carrier, "properties", None) or {}).get(key)
+        return [value] if value is not None else None
+
+
+def _contrib_mode(clients: _Clients) -> _Mode:
+    """No rmqtrace: a contrib-style ``send`` span and ``process`` span per message (module doc)."""
+    provider = TracerProvider()
+    provider.add_span_processor(BatchSpanProcessor(DropExporter(), max_queue_size=1 << 16))
+    tracer = provider.get_tracer("contrib-style")
+    propagator = TraceContextTextMapPropagator()
+    getter = _PropertiesGetter()
+    group = clients.group
+
+    def wrap(handler: Callable[[Any], None]) -> Callable[[Any], None]:
+        def traced(msg: Any) -> None:
+            topic = getattr(msg, "topic", "")
+            with tracer.start_as_current_span(
+                    f"process {topic}", context=propagator.extract(msg, getter=getter), kind=SpanKind.CONSUMER,
+                    attributes={"messaging.system": "rocketmq", "messaging.operation.type": "process",
+                                "messaging.operation.name": "process", "messaging.destination.name": topic,
+                                "messaging.consumer.group.name": group,
+                                "messaging.message.id": str(getattr(msg, "message_id", ""))}):
+                handler(msg)
+        return traced
+
+    return _Mode(_ContribProducer(clients.producer, tracer), None, provider, wrap)
 
 
 def _open_clients(rmq: Any, endpoint: str) -> _Clients:
@@ -216,20 +355,24 @@ def _run_rounds(clients: _Clients, modes: dict[str, _Mode], *, messages: int, ro
     consume throughput (msg/s) and consumer CPU per message (µs) per round and mode."""
     names = list(modes)
     results: dict[str, dict[str, list[float]]] = {
-        m: {"produce": [], "produce_cpu_us": [], "consume": [], "cpu_us": []} for m in modes}
+        m: {"produce": [], "produce_cpu_us": [], "consume": [], "cpu_us": [],
+            **{f"{role}_us": [] for role in ROLES}, "gc_us": []} for m in modes}
     # warm-up: routes, channels, thread pools, the tracers' first spans
     for mode in modes.values():
         _produce(mode.producer, clients.rmq, clients.topic, 200, "warm", window)
-        _consume(clients.consumer, 200, handler_ms, workers, mode.tracer)
+        _consume(clients.consumer, 200, handler_ms, workers, mode.tracer, wrap=mode.wrap)
     for r in range(rounds):
         for name in names[r % len(names):] + names[:r % len(names)]:
             mode = modes[name]
             took, cpu = _produce(mode.producer, clients.rmq, clients.topic, messages, f"r{r}", window)
             results[name]["produce"].append(messages / took)
             results[name]["produce_cpu_us"].append(cpu / messages * 1e6)
-            took, cpu = _consume(clients.consumer, messages, handler_ms, workers, mode.tracer)
+            parts: dict[str, float] = {}
+            took, cpu = _consume(clients.consumer, messages, handler_ms, workers, mode.tracer, parts, mode.wrap)
             results[name]["consume"].append(messages / took)
             results[name]["cpu_us"].append(cpu / messages * 1e6)
+            for k, v in parts.items():
+                results[name][f"{k}_us" if k in ROLES else k].append(v)
             for m in modes.values():
                 if m.provider is not None:
                     m.provider.force_flush()
@@ -261,6 +404,22 @@ def _summarize(results: dict[str, dict[str, list[float]]]) -> dict[str, Any]:
         "produce_keep_ratios": ratios("traced_keep", "produce"),
         "cpu_keep_over_untraced": statistics.median(ratios("traced_keep", "cpu_us")),
         "produce_cpu_keep_over_untraced": statistics.median(ratios("traced_keep", "produce_cpu_us")),
+        "contrib_over_untraced": statistics.median(ratios("contrib", "consume")),
+        "contrib_consume_ratios": ratios("contrib", "consume"),
+        "produce_contrib_over_untraced": statistics.median(ratios("contrib", "produce")),
+        "cpu_contrib_over_untraced": statistics.median(ratios("contrib", "cpu_us")),
+        "produce_cpu_contrib_over_untraced": statistics.median(ratios("contrib", "produce_cpu_us")),
+        # rmqtrace against the fair baseline (a contrib-style span per message), same round
+        "traced_over_contrib": statistics.median(
+            [t / c for t, c in zip(results["traced"]["consume"], results["contrib"]["consume"])]),
+        "keep_over_contrib": statistics.median(
+            [t / c for t, c in zip(results["traced_keep"]["consume"], results["contrib"]["consume"])]),
+        "produce_traced_over_contrib": statistics.median(
+            [t / c for t, c in zip(results["traced"]["produce"], results["contrib"]["produce"])]),
+        # µs of CPU per consumed message by thread role (median over rounds), see ROLES
+        "cpu_breakdown_us": {m: {k[:-3] if k.endswith("_us") else k: statistics.median(v)
+                                 for k, v in d.items() if k[:-3] in ROLES or k == "gc_us"}
+                             for m, d in results.items()},
         "msgs_per_s": {m: {k: statistics.median(v) for k, v in d.items()} for m, d in results.items()},
         "per_round": results,
     }
@@ -275,7 +434,8 @@ def run_broker_bench(messages: int = DEFAULT_MESSAGES, handler_ms: float = 1.0, 
     modes = {"untraced": _Mode(clients.producer, None, None),
              "traced": _traced_mode(clients, DropExporter()),
              "traced_otlp": _traced_mode(clients, encoder),
-             "traced_keep": _keep_mode(clients)}
+             "traced_keep": _keep_mode(clients),
+             "contrib": _contrib_mode(clients)}
     load_before = loadavg()
     try:
         results = _run_rounds(clients, modes, messages=messages, rounds=rounds, handler_ms=handler_ms,
@@ -335,6 +495,12 @@ def format_broker_bench(result: dict[str, Any]) -> str:
         f"{result['keep_over_untraced']:.3f} of untraced, produce {result['produce_keep_over_untraced']:.3f}, "
         f"CPU per consumed message {result['cpu_keep_over_untraced']:.3f}, "
         f"per send {result['produce_cpu_keep_over_untraced']:.3f}",
+        f"contrib-style (a send and a process span per message, no rmqtrace): consume "
+        f"{result['contrib_over_untraced']:.3f} of untraced, produce {result['produce_contrib_over_untraced']:.3f}; "
+        f"rmqtrace traced/contrib = {result['traced_over_contrib']:.3f}, keep/contrib = {result['keep_over_contrib']:.3f}",
+        "consumer CPU per message by thread, µs (median over rounds): " + "; ".join(
+            f"{mode} " + ", ".join(f"{k} {v:.0f}" for k, v in parts.items())
+            for mode, parts in result["cpu_breakdown_us"].items()),
         "per round, consume traced/untraced: " + ", ".join(f"{r:.3f}" for r in result["consume_ratios"])
         + ";  + OTLP: " + ", ".join(f"{r:.3f}" for r in result["otlp_consume_ratios"])
         + ";  keep: " + ", ".join(f"{r:.3f}" for r in result["keep_consume_ratios"]),
