@@ -327,16 +327,18 @@ def test_options_groups_and_flat_keywords_configure_the_same_loop():
     a = ConsumeLoop(c, lambda m: None, workers=2, invisible_duration=40, max_batch=8, handler_timeout=5)
     b = ConsumeLoop(c, lambda m: None, dispatch=DispatchOptions(workers=2, handler_timeout=5),
                     lease=LeaseOptions(invisible_duration=40), flow=FlowOptions(max_batch=8))
-    assert (a.dispatch_options, a.lease, a.flow) == (b.dispatch_options, b.lease, b.flow)
-    assert a.dispatcher.workers == 2 and a.lease.margin == pytest.approx(40 / 3)
-    for bad in ({"renew_margin": 30, "invisible_duration": 30}, {"invisible_duration": 43201},
-                {"max_batch": 33}, {"workers": 0}, {"ack_threads": 0}):
-        with pytest.raises(ValueError):
-            ConsumeLoop(c, lambda m: None, **bad)
-    with pytest.raises(TypeError):
-        ConsumeLoop(c, lambda m: None, dispatcher=Dispatcher(lambda m: None))  # removed: it never acked
-    for loop in (a, b):
-        loop.dispatcher.close()
+    try:
+        assert (a.dispatch_options, a.lease, a.flow) == (b.dispatch_options, b.lease, b.flow)
+        assert a.dispatcher.workers == 2 and a.lease.margin == pytest.approx(40 / 3)
+        for bad in ({"renew_margin": 30, "invisible_duration": 30}, {"invisible_duration": 43201},
+                    {"max_batch": 33}, {"workers": 0}, {"ack_threads": 0}):
+            with pytest.raises(ValueError):
+                ConsumeLoop(c, lambda m: None, **bad)
+        with Dispatcher(lambda m: None) as d, pytest.raises(TypeError):
+            ConsumeLoop(c, lambda m: None, dispatcher=d)  # removed: it never acked
+    finally:
+        for loop in (a, b):  # never run: their dispatchers are closed here or never
+            loop.dispatcher.close()
 
 
 def test_a_message_the_dispatcher_refuses_does_not_stop_the_loop():
