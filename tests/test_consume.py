@@ -1,5 +1,4 @@
 import threading
-import time
 from collections import Counter
 
 import pytest
