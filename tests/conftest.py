@@ -5,7 +5,11 @@
 from __future__ import annotations
 
 import os
+import re
 import sys
+import threading
+import time
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -49,3 +53,31 @@ def spans() -> tuple[TracerProvider, InMemorySpanExporter]:
 @pytest.fixture
 def registry() -> CollectorRegistry:
     return CollectorRegistry()
+
+
+# The names the library gives its threads (grep ``threading.Thread(`` in tracer/): a fixed
+# ``rmqtrace-`` prefix, a dispatcher's ``{name}-dispatch-{n}`` / ``{name}-dispatch-watchdog``
+# (``name=`` is the user's, default ``rmqtrace``), the demand-push runner and the demo/bench loops.
+# Only these: the RocketMQ client, grpc and the OTel SDK run threads of their own, which are none
+# of this check's business.
+_OUR_THREAD = re.compile(r"rmqtrace-|demand-push-|demo-|fleet-demo-|fleet-member-|fleet-loop$|.+-dispatch-(\d+|watchdog)$")
+_THREAD_GRACE_S = 2.0  # stops that signal a thread and return (Refresher.stop, hold shutdown) end it soon after
+
+
+def _our_threads() -> dict[int, threading.Thread]:
+    return {t.ident: t for t in threading.enumerate() if t.ident is not None and _OUR_THREAD.match(t.name)}
+
+
+@pytest.fixture(autouse=True)
+def no_leaked_threads() -> Iterator[None]:
+    """Fail a test that leaves a library thread running after it returns: a dispatcher, consumer
+    or refresher it did not close keeps running (and holding memory) into every later test."""
+    before = _our_threads()
+    yield
+    deadline = time.monotonic() + _THREAD_GRACE_S
+    left = [t for ident, t in _our_threads().items() if before.get(ident) is not t]
+    for t in left:
+        t.join(max(0.0, deadline - time.monotonic()))
+    leaked = sorted(t.name for t in left if t.is_alive())
+    if leaked:
+        pytest.fail(f"test left {len(leaked)} library thread(s) running: {', '.join(leaked)}", pytrace=False)

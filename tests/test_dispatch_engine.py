@@ -776,6 +776,9 @@ def test_close_with_timeout_returns_in_bounded_time_with_a_never_returning_handl
     t.join(WAIT)  # real-time: bounded by close's own 0.2 s (twice: its wait, then the joins)
     assert not t.is_alive()
     hang.set()
+    # once the handler has returned a second close settles; it also wakes the watchdog, which
+    # nothing else wakes before the handler's deadline (100 s) and which would outlive the test
+    assert d.close(timeout=WAIT) is True
 
 
 def test_waiters_count_blocked_submitters_and_they_get_in_oldest_first() -> None:

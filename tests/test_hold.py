@@ -6,6 +6,7 @@ import gc
 import os
 import random
 import tracemalloc
+from collections.abc import Iterator
 
 import pytest
 from hypothesis import settings
@@ -20,11 +21,28 @@ from tracer.telemetry.hold import HoldingSpanProcessor
 
 LONG = os.environ.get("RMQTRACE_LONG") == "1"
 
+_PROVIDERS: list[TracerProvider] = []
+
+
+def _provider() -> TracerProvider:
+    """A provider shut down after the test: a hold still holding undecided traces keeps its ticker
+    thread running until then (and a batch processor its export thread)."""
+    provider = TracerProvider()
+    _PROVIDERS.append(provider)
+    return provider
+
+
+@pytest.fixture(autouse=True)
+def _shut_down_providers() -> Iterator[None]:
+    yield
+    while _PROVIDERS:
+        _PROVIDERS.pop().shutdown()
+
 
 def _setup(**kwargs: int) -> tuple[TracerProvider, HoldingSpanProcessor, InMemorySpanExporter, InMemorySpanExporter]:
     simple, batch = InMemorySpanExporter(), InMemorySpanExporter()
     hold = HoldingSpanProcessor([SimpleSpanProcessor(simple), BatchSpanProcessor(batch)], **kwargs)
-    provider = TracerProvider()
+    provider = _provider()
     provider.add_span_processor(hold)
     return provider, hold, simple, batch
 
@@ -89,7 +107,7 @@ def test_bounds_drop_and_count() -> None:
     counted: list[int] = []
     simple = InMemorySpanExporter()
     hold = HoldingSpanProcessor([SimpleSpanProcessor(simple)], max_spans=3, max_traces=2, on_dropped=counted.append)
-    provider = TracerProvider()
+    provider = _provider()
     provider.add_span_processor(hold)
     tracer = provider.get_tracer("t")
     from opentelemetry import trace
@@ -169,7 +187,7 @@ def _consumer(policy, clock):  # noqa: ANN001, ANN202
 
     memory = InMemorySpanExporter()
     hold = HoldingSpanProcessor([SimpleSpanProcessor(memory)])
-    provider = TracerProvider()
+    provider = _provider()
     provider.add_span_processor(hold)
     return MessageTracer(consumer_group="g", tracer_provider=provider, clock=clock, keep=policy, hold=hold), \
         provider, memory, hold
@@ -473,7 +491,7 @@ def _consumer_with(policy, clock, **hold_kwargs):  # noqa: ANN001, ANN202
 
     memory = InMemorySpanExporter()
     hold = HoldingSpanProcessor([SimpleSpanProcessor(memory)], clock=clock, **hold_kwargs)
-    provider = TracerProvider()
+    provider = _provider()
     provider.add_span_processor(hold)
     return MessageTracer(consumer_group="g", tracer_provider=provider, clock=clock, keep=policy, hold=hold), \
         provider, memory, hold

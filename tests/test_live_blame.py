@@ -14,6 +14,8 @@ from tracer.clients.consume import ConsumeLoop
 from tracer.dispatch import AsyncDispatcher, CostAware, Random, RoundRobin
 from tracer.embedded import EmbeddedBroker, Message, Producer, SimpleConsumer
 from tracer.path import names as n
+from tracer.path.blocking import GRACE_NS
+from tracer.path.clock import ManualClock
 from tracer.path.message import MessageInfo
 from tracer.path.stages import Stage
 from tracer.telemetry.metrics import TracerMetrics
@@ -133,18 +135,36 @@ def test_under_a_pool_policy_nothing_is_avoidable(policy, spans, registry):
 
 
 def test_the_asyncio_engine_blames_the_same_way(spans, registry):
-    """The sibling engine: one slow message then fast ones on one round-robin worker."""
-    provider, exporter = spans
-    tracer = MessageTracer(consumer_group="G", tracer_provider=provider, metrics=TracerMetrics(registry))
+    """The sibling engine: one slow message then fast ones on one round-robin worker.
 
-    async def handler(body):
-        await asyncio.sleep(SLOW if body == "slow" else FAST)
+    On a manual clock that only the handlers move — each fast one by FAST; the slow one by SLOW,
+    once both fast ones on the other worker have been reported — so the verdict is exact however
+    the loop is scheduled (under load, real sleeps stretched the fast ones past half the wait)."""
+    provider, exporter = spans
+    clock = ManualClock()
+    tracer = MessageTracer(consumer_group="G", tracer_provider=provider, metrics=TracerMetrics(registry), clock=clock)
 
     async def main():
-        d = AsyncDispatcher(handler, policy=RoundRobin(buffer=4), workers=2)
+        all_arrived = asyncio.Event()  # a worker may start before the next submit: the clock waits
+        other_worker_done = asyncio.Event()
+
+        async def handler(body):
+            await all_arrived.wait()
+            if body == "slow":
+                await other_worker_done.wait()
+                clock.advance_s(SLOW)
+            else:
+                clock.advance_s(FAST)
+
+        def on_done(body, outcome, error):
+            if body == "c":  # m3, the second of worker 1: it has ended (blame saw it) before on_done
+                other_worker_done.set()
+
+        d = AsyncDispatcher(handler, policy=RoundRobin(buffer=4), workers=2, clock=clock, on_done=on_done)
         for i, body in enumerate(["slow", "a", "b", "c"]):
             t = tracer.start_message(MessageInfo(topic="T", message_id=f"m{i}"))
             await d.submit(body, t)
+        all_arrived.set()
         await d.close()
 
     asyncio.run(main())
@@ -156,6 +176,9 @@ def test_the_asyncio_engine_blames_the_same_way(spans, registry):
     assert victim.attributes[n.BLAME_REASON] == "head_of_line"
     assert victim.attributes[n.BLAME_BLOCKER_MESSAGE_ID] == "m0"
     assert victim.attributes[n.BLAME_AVOIDABLE_WAIT] > SLOW / 2
+    # exactly: every message arrived at 0; worker 1 was available from its last end (2 x FAST)
+    # plus the grace until m0 ended (2 x FAST + SLOW, on the one clock)
+    assert victim.attributes[n.BLAME_AVOIDABLE_WAIT] == pytest.approx(SLOW - GRACE_NS / 1e9)
     assert [link.context.span_id for link in victim.links] == [handlers["m0"].context.span_id]
 
 

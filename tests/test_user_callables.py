@@ -72,6 +72,8 @@ def _built(obj: Any) -> Iterator[Any]:
     try:
         yield obj
     finally:
+        if isinstance(obj, ConsumeLoop):  # never run: its dispatcher is stopped here or never
+            obj.dispatcher.close()
         for close in ("close", "shutdown"):
             fn = getattr(obj, close, None)
             if callable(fn) and not inspect.iscoroutinefunction(fn):  # an AsyncDispatcher closed itself
@@ -84,6 +86,16 @@ def _built(obj: Any) -> Iterator[Any]:
 
 def _loop(**kw: Any) -> ConsumeLoop:
     return ConsumeLoop(_consumer(), kw.pop("handler", _plain), **kw)
+
+
+def _on_loop(call: Callable[[ConsumeLoop], Any]) -> Any:
+    """``call(loop)`` on a new loop, whose dispatcher is closed after: a loop that is never run
+    (or whose run() refused its argument) has no other way to stop its worker threads."""
+    loop = _loop()
+    try:
+        return call(loop)
+    finally:
+        loop.dispatcher.close()
 
 
 def _async_dispatcher(fn: Callable[..., Any], where: str) -> Any:
@@ -113,8 +125,8 @@ def _pipeline(fn: Callable[..., Any]) -> None:
 # Every public parameter that takes a callable and is checked: (where) -> build it with `fn`.
 CHECKED: dict[tuple[str, str], Callable[[Callable[..., Any]], object]] = {
     ("tracer.clients.consume.ConsumeLoop", "handler"): lambda fn: _loop(handler=fn),
-    ("tracer.clients.consume.ConsumeLoop.run", "until"): lambda fn: _loop().run(until=fn),
-    ("tracer.clients.consume.ConsumeLoop.wait", "predicate"): lambda fn: _loop().wait(fn, timeout=0),
+    ("tracer.clients.consume.ConsumeLoop.run", "until"): lambda fn: _on_loop(lambda loop: loop.run(until=fn)),
+    ("tracer.clients.consume.ConsumeLoop.wait", "predicate"): lambda fn: _on_loop(lambda loop: loop.wait(fn, timeout=0)),
     ("tracer.clients.consume_options.DispatchOptions", "key"): lambda fn: DispatchOptions(key=fn),
     ("tracer.clients.consume_options.DispatchOptions", "cost"): lambda fn: DispatchOptions(cost=fn),
     ("tracer.clients.consume_options.FlowOptions", "retry_backoff"): lambda fn: FlowOptions(retry_backoff=fn),
@@ -232,7 +244,7 @@ def test_a_callable_that_would_never_run_is_refused_in_one_line(where: tuple[str
 @pytest.mark.parametrize("where", sorted(CHECKED), ids=lambda w: f"{w[0].rsplit('.', 1)[-1]}.{w[1]}")
 def test_a_plain_function_is_accepted(where: tuple[str, str]) -> None:
     if where == ("tracer.clients.consume.ConsumeLoop.run", "until"):
-        stats = _loop().run(until=lambda s: True)
+        stats = _on_loop(lambda loop: loop.run(until=lambda s: True))
         assert stats.received == 0
         return
     built = CHECKED[where](_plain)

@@ -23,6 +23,13 @@ stamps a tracker uses never go back (an earlier one is taken as the latest), so 
 (FIFO, no heap). Each event costs O(1) amortized plus, at a start, one step per run its worker
 made while the message waited (at most its place in that worker's buffer).
 
+What it holds: a worker's run log keeps only the runs a waiting message bound to that worker may
+still be held up by — none once no message waits on it (a count per worker says so), so the keys
+and ``ref`` objects of finished messages are let go as soon as no waiting message can name them
+(the caller's key and ref are often the message's own objects); a pending ``pull + grace`` mark
+holds the waiting record, not the key. A verdict hands the blocker's key and ref to the victim,
+which holds them as long as it keeps its verdict.
+
 **Wired** in :class:`tracer.dispatch.core.Core` (both engines), one tracker per dispatcher,
 ``workers`` = its pool, on the dispatcher's clock, only once a trace or metrics are attached:
 
@@ -134,7 +141,10 @@ class BlameTracker:
         self._log: list[list[_Run]] = [[] for _ in range(workers)]
         self._log_base = [0] * workers  # runs trimmed off the front of each log
         self._waiting: dict[Hashable, _Waiting] = {}
-        self._marks: deque[tuple[int, Hashable]] = deque()  # (pull + grace, delivery) in time order: A taken there
+        self._bound_waiting = [0] * workers  # waiting messages bound to each worker: 0 = its log can go
+        # (pull + grace, its waiting record) in time order: A taken there; the record, not the key,
+        # so a message that started within the grace leaves nothing of its own behind
+        self._marks: deque[tuple[int, _Waiting]] = deque()
         self._started = self._hol = self._cap = self._ooo = self._unknown = 0
         self._wait_ns = self._avoid_ns = 0.0
 
@@ -149,7 +159,7 @@ class BlameTracker:
             if self.grace_ns == 0:
                 w.a_mark = self._a
             else:
-                self._marks.append((ns + self.grace_ns, message))
+                self._marks.append((ns + self.grace_ns, w))
 
     def bound(self, message: Hashable, worker: int, ns: int) -> None:
         """The message was put in ``worker``'s own buffer: only that worker can run it now."""
@@ -160,6 +170,9 @@ class BlameTracker:
             if w is None:
                 self._unknown += 1
                 return
+            if w.worker is not None:
+                self._bound_waiting[w.worker] -= 1
+            self._bound_waiting[worker] += 1
             w.worker = worker
             w.a_bound = self._a
             # the run going on now (if any) is the first that can hold it up
@@ -179,10 +192,14 @@ class BlameTracker:
                 verdict = _UNKNOWN
             else:
                 verdict = self._verdict(w, ns)
+                if w.worker is not None:
+                    self._bound_waiting[w.worker] -= 1
             if self._running[worker] is not None:
                 self._unknown += 1  # a second start on a busy worker: take the new one as running
             self._running[worker] = message
             log = self._log[worker]
+            if not self._bound_waiting[worker]:
+                self._drop_runs(worker, len(log))  # a message bound from now on starts its count at this run
             log.append(_Run(message, self._a, ref))
             self._started += 1
             if len(log) >= 64 and not len(log) % 32:  # now and then: the trim walks the waiting messages
@@ -197,14 +214,20 @@ class BlameTracker:
                 self._unknown += 1
                 return
             self._running[worker] = None
-            self._log[worker][-1].a_end = self._a
+            log = self._log[worker]
+            if self._bound_waiting[worker]:
+                log[-1].a_end = self._a
+            else:  # no waiting message can be held up by it: a message bound now waits for no run
+                self._drop_runs(worker, len(log))
             self._free_from[worker] = ns + self.grace_ns
             self._idle_since.append((ns + self.grace_ns, worker))
 
     def forget(self, message: Hashable) -> None:
         """The message left without running (given back, expired): it is no longer waiting."""
         with self._lock:
-            self._waiting.pop(message, None)
+            w = self._waiting.pop(message, None)
+            if w is not None and w.worker is not None:
+                self._bound_waiting[w.worker] -= 1
 
     def statistics(self) -> BlameStatistics:
         with self._lock:
@@ -238,15 +261,14 @@ class BlameTracker:
         a = self._a  # A grows by the part of each step after ``since`` (inlined: three calls per message)
         marks = self._marks
         while marks and marks[0][0] <= ns:
-            at, message = marks.popleft()
+            at, w = marks.popleft()
             if at < t:
                 at = t
             d = at - (t if t > since else since)
             if d > 0:
                 a += d
             t = at
-            w = self._waiting.get(message)
-            if w is not None and w.a_mark is None:
+            if w.a_mark is None:  # (a message that started or left already: nothing reads it)
                 w.a_mark = a
         d = ns - (t if t > since else since)
         if d > 0:
@@ -285,7 +307,10 @@ class BlameTracker:
         log = self._log[worker]
         oldest = min((w.first_run for w in self._waiting.values() if w.worker == worker),
                      default=self._log_base[worker] + len(log) - 1)
-        cut = min(oldest - self._log_base[worker], len(log) - 1)
+        self._drop_runs(worker, min(oldest - self._log_base[worker], len(log) - 1))
+
+    def _drop_runs(self, worker: int, cut: int) -> None:
+        """Drop the first ``cut`` runs of ``worker``'s log (run numbers stay: the base moves)."""
         if cut > 0:
-            del log[:cut]
+            del self._log[worker][:cut]
             self._log_base[worker] += cut
