@@ -420,7 +420,8 @@ def _summarize(results: dict[str, dict[str, list[float]]]) -> dict[str, Any]:
         "cpu_breakdown_us": {m: {k[:-3] if k.endswith("_us") else k: statistics.median(v)
                                  for k, v in d.items() if k[:-3] in ROLES or k == "gc_us"}
                              for m, d in results.items()},
-        "msgs_per_s": {m: {k: statistics.median(v) for k, v in d.items()} for m, d in results.items()},
+        "msgs_per_s": {m: {k: statistics.median(d[k]) for k in ("produce", "produce_cpu_us", "consume", "cpu_us")}
+                       for m, d in results.items()},
         "per_round": results,
     }
 
