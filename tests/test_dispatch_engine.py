@@ -776,8 +776,12 @@ def test_close_with_timeout_returns_in_bounded_time_with_a_never_returning_handl
     t.join(WAIT)  # real-time: bounded by close's own 0.2 s (twice: its wait, then the joins)
     assert not t.is_alive()
     hang.set()
-    # once the handler has returned a second close settles; it also wakes the watchdog, which
-    # nothing else wakes before the handler's deadline (100 s) and which would outlive the test
+    # the handler's return ends the watchdog too (it slept until the handler's 100 s deadline and
+    # outlived the test before); a second close then settles at once
+    watchdog = d._watchdog
+    assert watchdog is not None
+    watchdog.join(WAIT)
+    assert not watchdog.is_alive()
     assert d.close(timeout=WAIT) is True
 
 

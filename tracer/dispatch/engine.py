@@ -390,6 +390,10 @@ class Dispatcher(EngineBase[T], Generic[T]):
                 self._admit_waiters_locked()
             if core.watchers:
                 self._cond.notify_all()
+            if self._watchdog is not None and core.stopping and core.idle_locked():
+                # the last handler of a closed dispatcher returned after close() gave up on it: the
+                # watchdog sleeps until that handler's deadline and nothing else would wake it
+                self._watch.notify_all()
             if nxt is not None:  # the slot's next (its key's successor, its buffer): same slot, this thread
                 if self._ready:
                     self._kick_locked()
