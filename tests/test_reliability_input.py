@@ -402,6 +402,30 @@ def test_fuzz_describe_never_raises(obj):
     assert info.store_ms is None or info.store_ms > 0
 
 
+@settings(max_examples=500, **FUZZ)
+@given(message_objects)
+def test_describe_fast_path_reads_what_the_guarded_path_reads(obj):
+    """describe reads plainly and falls back to a guard per attribute only when a property
+    raises: both must give the same answer for every object both can read."""
+    from tracer.path.message import _describe, _get, _plain_get
+
+    assert _describe(obj, _plain_get) == _describe(obj, _get)
+
+
+def test_describe_with_a_raising_property_keeps_the_other_fields():
+    class Msg:
+        topic = "orders"
+        message_id = "m1"
+        properties = {"a": "b"}
+
+        @property
+        def tag(self):
+            raise RuntimeError("the client's property broke")
+
+    info = describe(Msg())
+    assert (info.topic, info.message_id, info.tag, dict(info.properties)) == ("orders", "m1", None, {"a": "b"})
+
+
 _provider, _collect = TracerProvider(), Collect()
 _provider.add_span_processor(_collect)
 _registry = CollectorRegistry()

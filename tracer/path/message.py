@@ -7,7 +7,7 @@ The official 5.x client, the legacy 2.x client and the embedded broker name thin
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any, Mapping, NamedTuple
+from typing import Any, Callable, Mapping, NamedTuple
 
 __all__ = ["ClientFacts", "MessageInfo", "body_of", "client_facts", "describe", "message_type"]
 
@@ -67,34 +67,51 @@ def _int(value: Any) -> int | None:
 def describe(msg: Any) -> MessageInfo:
     """A :class:`MessageInfo` from a 5.x ``rocketmq.Message``, an embedded message, or anything
     with the same attribute names. Missing attributes stay ``None``; this never raises."""
-    keys = _get(msg, "keys")
+    try:
+        # every received message passes here on the loop's receive thread: plain getattr first,
+        # the per-attribute guard only for an object one of whose properties raises
+        return _describe(msg, _plain_get)
+    except Exception:  # noqa: BLE001 - a foreign object's property raised: field by field
+        return _describe(msg, _get)
+
+
+def _describe(msg: Any, get: Callable[..., Any]) -> MessageInfo:
+    keys = get(msg, "keys")
     try:
         keys_t = tuple(str(k) for k in keys) if keys and not isinstance(keys, (str, bytes)) else (
             (str(keys),) if keys else ())
     except Exception:  # noqa: BLE001
         keys_t = ()
-    body = _get(msg, "body")
-    props = _get(msg, "properties")
-    address, port = _endpoint(_get(msg, "endpoints"))
+    body = get(msg, "body")
+    props = get(msg, "properties")
+    address, port = _endpoint(get(msg, "endpoints"))
     return MessageInfo(
-        topic=str(_get(msg, "topic") or ""),
-        message_id=_str(_get(msg, "message_id")),
-        tag=_str(_get(msg, "tag")),
+        topic=str(get(msg, "topic") or ""),
+        message_id=_str(get(msg, "message_id")),
+        tag=_str(get(msg, "tag")),
         keys=keys_t,
-        message_group=_str(_get(msg, "message_group")),
+        message_group=_str(get(msg, "message_group")),
         properties=props if isinstance(props, Mapping) else {},
         # the 5.x client parses the store time but keeps it private (name-mangled)
-        store_ms=_int(_get(msg, "store_timestamp", "_Message__store_timestamp")),
-        decode_ms=_int(_get(msg, "decode_message_timestamp")),
-        delivery_attempt=_int(_get(msg, "delivery_attempt")),
+        store_ms=_int(get(msg, "store_timestamp", "_Message__store_timestamp")),
+        decode_ms=_int(get(msg, "decode_message_timestamp")),
+        delivery_attempt=_int(get(msg, "delivery_attempt")),
         body_size=len(body) if isinstance(body, (bytes, bytearray, str)) else None,
-        system_trace_context=_str(_get(msg, "trace_context")),
-        namespace=_str(_get(msg, "namespace")),
-        declared_type=_MESSAGE_TYPES.get(_int(_get(msg, "message_type")) or 0),
-        delivery_ms=_int(_get(msg, "delivery_timestamp")),
+        system_trace_context=_str(get(msg, "trace_context")),
+        namespace=_str(get(msg, "namespace")),
+        declared_type=_MESSAGE_TYPES.get(_int(get(msg, "message_type")) or 0),
+        delivery_ms=_int(get(msg, "delivery_timestamp")),
         server_address=address,
         server_port=port,
     )
+
+
+def _plain_get(obj: Any, name: str, second: str | None = None) -> Any:
+    """``_get`` for objects whose properties do not raise (anything but AttributeError escapes)."""
+    value = getattr(obj, name, None)
+    if value is None and second is not None:
+        value = getattr(obj, second, None)
+    return value
 
 
 class ClientFacts(NamedTuple):
