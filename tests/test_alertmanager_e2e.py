@@ -132,13 +132,26 @@ def fleet_alerts() -> Iterator[dict[str, Any]]:
         runs = {}
         for mode in ("push_consumer", "demand_driven"):
             runs[mode] = run_fleet(mode, job, instances=3, workers=WORKERS, metrics_ports=ports, linger=3.0)
-        push_group, dd_group = runs["push_consumer"].group, runs["demand_driven"].group
+        dd_group = runs["demand_driven"].group
 
-        def delivered() -> bool:
-            return any(a["labels"].get("consumer_group") == push_group for a in receiver.alerts())
+        def delivered(group: str) -> bool:
+            return any(a["labels"].get("consumer_group") == group for a in receiver.alerts())
 
-        push = runs["push_consumer"].summary()
-        wait_until(delivered, timeout=90, interval=0.5, what=f"{ALERT} for {push_group} at the webhook (push run: {push})")
+        # How much a push fleet holds back depends on the order the broker delivers in: the first
+        # run of a session (a cold broker) once held too little for the threshold (CI, mean HOL
+        # under 0.25). One more push run then; the alert must come for that run's group.
+        for attempt in (1, 2):
+            push_group = runs["push_consumer"].group
+            push = runs["push_consumer"].summary()
+            try:
+                wait_until(lambda g=push_group: delivered(g), timeout=90, interval=0.5,
+                           what=f"{ALERT} for {push_group} at the webhook (push run {attempt}: {push})")
+                break
+            except AssertionError:
+                if attempt == 2:
+                    raise
+                runs["push_consumer"] = run_fleet("push_consumer", job, instances=3, workers=WORKERS,
+                                                  metrics_ports=ports, linger=3.0)
         yield {"prom": prom, "receiver": receiver, "runs": runs, "push": push_group, "dd": dd_group,
                "targets": targets}
     finally:
