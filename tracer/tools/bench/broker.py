@@ -128,6 +128,7 @@ def _produce(producer: Any, rmq: Any, topic: str, n: int, run: str, window: int)
 # Whose CPU it is, by thread name: the 5.x client's asyncio/gRPC thread, its other threads (and
 # native gRPC threads, which `threading` does not know), the loop's own, the span exporter's.
 ROLES = ("client_io", "client_other", "loop_receive", "loop_workers", "loop_acks", "exporter", "main")
+PARTS = (*ROLES, "gc")  # the consumer's CPU per message: by role, and the cyclic collector's share
 
 
 def _role(name: str | None) -> str:
@@ -195,7 +196,7 @@ def _consume(consumer: Any, n: int, handler_ms: float, workers: int,
     """Receive, handle and ack ``n`` messages: (seconds from the loop's start to the n-th ack,
     CPU seconds of this process meanwhile — every thread: the client's, the loop's, the exporter's).
     ``breakdown``, if given, is filled with µs of CPU per message by thread role (:data:`ROLES`,
-    taken before the loop's threads end) and ``gc_us`` (the cyclic collector's time per message);
+    taken before the loop's threads end) and ``gc`` (the cyclic collector's µs per message);
     ``wrap`` wraps the handler (the contrib mode's process span)."""
     pause = handler_ms / 1000.0
 
@@ -229,7 +230,7 @@ def _consume(consumer: Any, n: int, handler_ms: float, workers: int,
     threads1 = _thread_cpu()
     gc.callbacks.remove(timer)
     if breakdown is not None:
-        breakdown.update(_cpu_by_role(threads0, threads1, n), gc_us=timer.seconds / n * 1e6)
+        breakdown.update(_cpu_by_role(threads0, threads1, n), gc=timer.seconds / n * 1e6)
     loop.stop()
     runner.join(60)
     if loop.statistics().acked < n or loop.statistics().redelivered or loop.statistics().ack_errors:
@@ -356,7 +357,7 @@ def _run_rounds(clients: _Clients, modes: dict[str, _Mode], *, messages: int, ro
     names = list(modes)
     results: dict[str, dict[str, list[float]]] = {
         m: {"produce": [], "produce_cpu_us": [], "consume": [], "cpu_us": [],
-            **{f"{role}_us": [] for role in ROLES}, "gc_us": []} for m in modes}
+            **{part: [] for part in PARTS}} for m in modes}
     # warm-up: routes, channels, thread pools, the tracers' first spans
     for mode in modes.values():
         _produce(mode.producer, clients.rmq, clients.topic, 200, "warm", window)
@@ -372,7 +373,7 @@ def _run_rounds(clients: _Clients, modes: dict[str, _Mode], *, messages: int, ro
             results[name]["consume"].append(messages / took)
             results[name]["cpu_us"].append(cpu / messages * 1e6)
             for k, v in parts.items():
-                results[name][f"{k}_us" if k in ROLES else k].append(v)
+                results[name][k].append(v)
             for m in modes.values():
                 if m.provider is not None:
                     m.provider.force_flush()
@@ -417,9 +418,7 @@ def _summarize(results: dict[str, dict[str, list[float]]]) -> dict[str, Any]:
         "produce_traced_over_contrib": statistics.median(
             [t / c for t, c in zip(results["traced"]["produce"], results["contrib"]["produce"])]),
         # µs of CPU per consumed message by thread role (median over rounds), see ROLES
-        "cpu_breakdown_us": {m: {k[:-3] if k.endswith("_us") else k: statistics.median(v)
-                                 for k, v in d.items() if k[:-3] in ROLES or k == "gc_us"}
-                             for m, d in results.items()},
+        "cpu_breakdown_us": {m: {part: statistics.median(d[part]) for part in PARTS} for m, d in results.items()},
         "msgs_per_s": {m: {k: statistics.median(d[k]) for k in ("produce", "produce_cpu_us", "consume", "cpu_us")}
                        for m, d in results.items()},
         "per_round": results,
