@@ -30,11 +30,12 @@ from concurrent.futures import Future
 from typing import TYPE_CHECKING, Any, Callable, TypeVar
 
 from opentelemetry import context as otel_context
-from opentelemetry.trace import Link, SpanKind, Status, StatusCode
+from opentelemetry.trace import Link, NonRecordingSpan, SpanKind, Status, StatusCode, get_current_span
 
 from ..path import names as n
 from ..path.message import client_facts
 from .attributes import cap, client_attributes, server_attributes
+from .spans import DeferredSpan
 
 if TYPE_CHECKING:
     from .tracer import MessageTrace, MessageTracer
@@ -136,12 +137,30 @@ class ConsumerOperations:
             if error is None:
                 attrs[n.BATCH_MESSAGE_COUNT] = len(messages)
             try:
-                span = self.tracer.tracer.start_span(n.operation_span_name(n.RECEIVE, topic), context=parent,
-                                                     kind=SpanKind.CLIENT, start_time=t0, attributes=attrs,
-                                                     links=links)
+                span = self._start_receive(parent, t0, n.operation_span_name(n.RECEIVE, topic), attrs, links)
             except Exception as exc:  # noqa: BLE001 - a broken provider must not stop the receive
                 self.tracer.hook_failed("starting the receive span", exc)
         self._end(span, n.RECEIVE, n.RECEIVE, topic or None, t0, error)
+
+    def _start_receive(self, parent: Any, t0: int, name: str, attrs: dict[str, Any], links: list[Link]) -> Any:
+        """The receive span, begun at ``t0`` under ``parent``. On the SDK it is a
+        :class:`~tracer.telemetry.spans.DeferredSpan` — the sampler decides with the same name,
+        kind, attributes and links, the processors' ``on_start`` sees it — written once at its end:
+        the SDK span's locks and per-link attribute copies cost a fifth of the receive thread's
+        time per message (BENCHMARKS.md). Any other provider starts its own span."""
+        writer = self.tracer.writer()
+        if writer is None:
+            return self.tracer.tracer.start_span(name, context=parent, kind=SpanKind.CLIENT, start_time=t0,
+                                                 attributes=attrs, links=links)
+        current = get_current_span(parent).get_span_context()
+        remote = current if current.is_valid else None
+        ctx, start_attrs = writer.decide(remote, parent, name, SpanKind.CLIENT, attrs, links, False)
+        if start_attrs is None:
+            return NonRecordingSpan(ctx)  # dropped: measured, nothing written
+        start_attrs.update(self._after)  # our own: not given to the sampler (as before: set at the end)
+        span = DeferredSpan(writer, name, ctx, remote, t0, SpanKind.CLIENT, start_attrs, links)
+        writer.started(span, parent)
+        return span
 
     def settle(self, operation: str, message: Any, call: Callable[[], T]) -> T:
         """``call()`` (the client's ``ack`` or ``change_invisible_duration`` of ``message``) as one
@@ -177,7 +196,8 @@ class ConsumerOperations:
         try:
             if span is not None:
                 if span.is_recording():
-                    span.set_attributes(self._after)
+                    if type(span) is not DeferredSpan:  # a deferred one started with them
+                        span.set_attributes(self._after)
                     if error is not None:
                         span.record_exception(error)
                         span.set_status(Status(StatusCode.ERROR, type(error).__name__))

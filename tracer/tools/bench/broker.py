@@ -1,7 +1,7 @@
 """Throughput on the real broker, traced against untraced, in the same run.
 
 Needs the local RocketMQ 5 (``services/rocketmq/rmq.sh start``, proxy gRPC ``127.0.0.1:8081``)
-and ``rocketmq-python-client``. One topic and one consumer group are created for the run. Four
+and ``rocketmq-python-client``. One topic and one consumer group are created for the run. Six
 modes run in every round, in a rotating order (so a drift of the shared machine hits all alike):
 
 - ``untraced``: a plain ``Producer`` and ``ConsumeLoop(tracer=None)``;
@@ -14,6 +14,8 @@ modes run in every round, in a rotating order (so a drift of the shared machine 
   per message with ``traceparent`` injected (the W3C propagator), and on the consumer one
   ``process`` span per message around the handler, parented by the extracted context (the
   baseline a user compares a tracer with; rmqtrace's figures are also given against it);
+- ``traced_compact``: ``traced`` with the compact trace shape (one ``process`` span per message,
+  the gaps as its attributes: ``RMQTRACE_TRACE_SHAPE=compact``), against ``contrib`` span for span;
 - ``traced_keep``: histograms for every message, head sampling at 1 %
   (``parentbased_traceidratio``) and a :class:`~tracer.telemetry.keep.KeepPolicy` behind a
   :class:`~tracer.telemetry.hold.HoldingSpanProcessor` on the consumer (thresholds no bench
@@ -327,14 +329,14 @@ def _open_clients(rmq: Any, endpoint: str) -> _Clients:
     return _Clients(rmq, topic, group, producer, consumer)
 
 
-def _traced_mode(clients: _Clients, exporter: SpanExporter) -> _Mode:
-    """A traced producer and consumer tracer (histograms on, every span sampled) on their own
-    provider, whose batch processor hands spans to ``exporter``."""
+def _traced_mode(clients: _Clients, exporter: SpanExporter, shape: str = "full") -> _Mode:
+    """A traced producer and consumer tracer (histograms on, every span sampled, the trace
+    ``shape``) on their own provider, whose batch processor hands spans to ``exporter``."""
     provider = TracerProvider()
     provider.add_span_processor(BatchSpanProcessor(exporter, max_queue_size=1 << 16))
     return _Mode(TracedProducer(clients.producer, MessageTracer(tracer_provider=provider)),
                  MessageTracer(consumer_group=clients.group, tracer_provider=provider,
-                               metrics=TracerMetrics(CollectorRegistry())),
+                               metrics=TracerMetrics(CollectorRegistry()), trace_shape=shape),
                  provider)
 
 
@@ -399,6 +401,9 @@ def _summarize(results: dict[str, dict[str, list[float]]]) -> dict[str, Any]:
         "produce_cpu_traced_over_untraced": statistics.median(ratios("traced", "produce_cpu_us")),
         "cpu_traced_over_untraced": statistics.median(ratios("traced", "cpu_us")),
         "cpu_otlp_over_untraced": statistics.median(ratios("traced_otlp", "cpu_us")),
+        "compact_over_untraced": statistics.median(ratios("traced_compact", "consume")),
+        "compact_consume_ratios": ratios("traced_compact", "consume"),
+        "cpu_compact_over_untraced": statistics.median(ratios("traced_compact", "cpu_us")),
         "keep_over_untraced": statistics.median(ratios("traced_keep", "consume")),
         "keep_consume_ratios": ratios("traced_keep", "consume"),
         "produce_keep_over_untraced": statistics.median(ratios("traced_keep", "produce")),
@@ -413,6 +418,8 @@ def _summarize(results: dict[str, dict[str, list[float]]]) -> dict[str, Any]:
         # rmqtrace against the fair baseline (a contrib-style span per message), same round
         "traced_over_contrib": statistics.median(
             [t / c for t, c in zip(results["traced"]["consume"], results["contrib"]["consume"])]),
+        "compact_over_contrib": statistics.median(
+            [t / c for t, c in zip(results["traced_compact"]["consume"], results["contrib"]["consume"])]),
         "keep_over_contrib": statistics.median(
             [t / c for t, c in zip(results["traced_keep"]["consume"], results["contrib"]["consume"])]),
         "produce_traced_over_contrib": statistics.median(
@@ -434,6 +441,7 @@ def run_broker_bench(messages: int = DEFAULT_MESSAGES, handler_ms: float = 1.0, 
     modes = {"untraced": _Mode(clients.producer, None, None),
              "traced": _traced_mode(clients, DropExporter()),
              "traced_otlp": _traced_mode(clients, encoder),
+             "traced_compact": _traced_mode(clients, DropExporter(), "compact"),
              "traced_keep": _keep_mode(clients),
              "contrib": _contrib_mode(clients)}
     load_before = loadavg()
@@ -497,7 +505,11 @@ def format_broker_bench(result: dict[str, Any]) -> str:
         f"per send {result['produce_cpu_keep_over_untraced']:.3f}",
         f"contrib-style (a send and a process span per message, no rmqtrace): consume "
         f"{result['contrib_over_untraced']:.3f} of untraced, produce {result['produce_contrib_over_untraced']:.3f}; "
-        f"rmqtrace traced/contrib = {result['traced_over_contrib']:.3f}, keep/contrib = {result['keep_over_contrib']:.3f}",
+        f"rmqtrace traced/contrib = {result['traced_over_contrib']:.3f}, compact/contrib = "
+        f"{result['compact_over_contrib']:.3f}, keep/contrib = {result['keep_over_contrib']:.3f}",
+        f"compact trace (RMQTRACE_TRACE_SHAPE=compact): consume {m['traced_compact']['consume']:.0f} msg/s = "
+        f"{result['compact_over_untraced']:.3f} of untraced, CPU per consumed message "
+        f"{result['cpu_compact_over_untraced']:.3f}",
         "consumer CPU per message by thread, µs (median over rounds): " + "; ".join(
             f"{mode} " + ", ".join(f"{k} {v:.0f}" for k, v in parts.items())
             for mode, parts in result["cpu_breakdown_us"].items()),
