@@ -384,3 +384,24 @@ def test_stop_hands_out_the_backlog_and_acks_it():
     t.join(10)
     assert not t.is_alive()
     assert loop.statistics().acked == 4 and loop.state().held == 0 and broker.backlog("G", "T") == 0
+
+
+@pytest.mark.parametrize("then_run", [False, True], ids=["stopped", "stopped_then_run"])
+def test_a_loop_stopped_before_it_ran_ends_its_workers_and_never_receives(then_run):
+    """A loop built and stopped without run() left its dispatcher's worker threads alive (no run()
+    would close them); the autouse leak check fails the test if any survives."""
+    calls = []
+    broker, loop = pipeline(3, lambda m: None, workers=3)
+    receive = loop.consumer.receive
+    loop.consumer.receive = lambda *a: calls.append(a) or receive(*a)
+    workers = [t for t in threading.enumerate() if t.name.startswith("consume-dispatch")]
+    assert len(workers) >= 3
+    assert loop.stop() is True
+    for t in workers:
+        t.join(5)
+    assert not any(t.is_alive() for t in workers)
+    if then_run:
+        stats = loop.run()
+        assert stats.received == 0 and calls == []
+        assert loop.run().received == 0 and calls == []  # again: still stopped, never receives
+    assert loop.stop() is True  # a second stop: still stopped

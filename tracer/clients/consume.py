@@ -279,7 +279,9 @@ class ConsumeLoop:
         self._stop_deadline: float | None = None  # real monotonic seconds
         self._dispatch_closed = threading.Event()
         self._finished = threading.Event()
-        self._started = False
+        self._started = False  # run() began, or stop() before it: a loop runs once
+        self._stopped_unrun = False  # stop() came first: run() returns at once
+        self._polled = False  # poll() was called: the caller drives the loop (stop() only asks)
         self._feeder: threading.Thread | None = None
         self._ack_workers: list[threading.Thread] = []
         self._keeper_thread: threading.Thread | None = None
@@ -323,9 +325,13 @@ class ConsumeLoop:
                 ``minInvisibleTimeMillsForRecv``, 10 s by default): no receive can succeed.
         """
         require_plain(until, "until", optional=True)  # a coroutine is truthy: run() would end at once
-        if self._started:
+        with self._lock:
+            started, self._started = self._started, True
+        if started:
+            if self._stopped_unrun:
+                self._finished.wait()  # stop() closes the dispatcher
+                return self.statistics()  # stopped before it ran: it never receives
             raise RuntimeError("a ConsumeLoop runs once")
-        self._started = True
         self._start_helpers()
         failures = 0  # receives failed in a row
         tick = self._tick()
@@ -363,6 +369,9 @@ class ConsumeLoop:
         Receive errors propagate (``run`` counts them). With ``prefetch`` > 0 the backlog is
         handed out by :meth:`run`'s feeder thread, not here.
         """
+        if not self._polled:
+            with self._lock:
+                self._polled = True
         if self.flow.prefetch == 0:
             self._feed()
         free = self._room()
@@ -402,6 +411,9 @@ class ConsumeLoop:
         lease) and **none starts afterwards**; handlers still running then go on (a thread cannot
         be stopped), are settled when they end, and their leases are no longer renewed. This call
         waits for :meth:`run` to return and says whether it has: True means nothing more starts.
+        A loop stopped before it ever received (neither :meth:`run` nor :meth:`poll` called)
+        closes its dispatcher here (its worker threads end) and returns True; :meth:`run` then
+        returns at once without receiving.
         """
         if timeout is not None:
             deadline = time.monotonic() + max(0.0, timeout)
@@ -411,6 +423,16 @@ class ConsumeLoop:
         self._stop.set()
         with self._changed:
             self._changed.notify_all()
+            never_ran = not self._started and not self._polled
+            self._started = True
+            self._stopped_unrun = self._stopped_unrun or never_ran
+        if never_ran:
+            # no run() will close the dispatcher: its workers would outlive the loop. Nothing was
+            # received, so nothing is held; a later run() returns at once.
+            self.dispatcher.close(drain=False)
+            self._dispatch_closed.set()
+            self._finished.set()
+            return True
         if timeout is None:
             return self._finished.is_set()
         return self._finished.wait(timeout + 0.5)  # the drain's own deadline is `timeout`; a bit more to return
