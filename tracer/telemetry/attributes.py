@@ -61,7 +61,7 @@ def _message_attributes(attrs: dict[str, Any], tag: str | None, keys: Sequence[s
     if tag:
         attrs[n.MESSAGE_TAG] = cap(tag)
     if keys:
-        attrs[n.MESSAGE_KEYS] = [cap(k) for k in keys[:MAX_KEYS]]
+        attrs[n.MESSAGE_KEYS] = tuple(cap(k) for k in keys[:MAX_KEYS])  # a tuple, as the SDK stores a sequence
     if group:
         attrs[n.MESSAGE_GROUP] = cap(group)
     if body_size is not None:
@@ -136,9 +136,9 @@ def process_attributes(info: MessageInfo, client: ClientFacts, outcome: Outcome,
     keys = info.keys
     if keys:
         if len(keys) <= MAX_KEYS and max(map(len, keys)) <= MAX_ATTR_CHARS:
-            attrs[n.MESSAGE_KEYS] = list(keys)  # within the caps, as nearly every message is
+            attrs[n.MESSAGE_KEYS] = tuple(keys)  # within the caps, as nearly every message is; a tuple, as the SDK stores it
         else:
-            attrs[n.MESSAGE_KEYS] = [cap(k) for k in keys[:MAX_KEYS]]
+            attrs[n.MESSAGE_KEYS] = tuple(cap(k) for k in keys[:MAX_KEYS])
     group = info.message_group
     if group:
         attrs[n.MESSAGE_GROUP] = cap(group)

@@ -90,7 +90,7 @@ _CROSS: tuple[tuple[int, int, str, int, str], ...] = tuple(
 _PRODUCE, _STORE, _PULL = int(Stage.PRODUCE), int(Stage.BROKER_STORE), int(Stage.CLIENT_PULL)
 _ENQUEUE, _START, _END = int(Stage.DISPATCH_ENQUEUE), int(Stage.HANDLER_START), int(Stage.HANDLER_END)
 _SUCCESS = Outcome.SUCCESS
-_CONSUMER, _INTERNAL = SpanKind.CONSUMER, SpanKind.INTERNAL
+_CONSUMER, _INTERNAL, _PRODUCER = SpanKind.CONSUMER, SpanKind.INTERNAL, SpanKind.PRODUCER
 _DROP = Decision.DROP
 # A held trace's creation link whose traceparent is parsed only if the trace is kept.
 _PARSE_IF_KEPT = object()
@@ -251,13 +251,31 @@ class MessageTracer:
         # One clock for the send span and the produce stamp: the consumer's spans are drawn from
         # the stamps, and broker_wait (a child of send) must not start before it.
         produce_ns = self.clock.now_ns()
-        span = self.tracer.start_span(n.send_span_name(topic), kind=SpanKind.PRODUCER, attributes=attrs,
-                                      start_time=produce_ns)
+        span = self._send_span(n.send_span_name(topic), attrs, produce_ns)
         try:
             inject(set_property, produce_ns, trace.set_span_in_context(span), job_id=job_id, cost=cost)
         except Exception as exc:  # noqa: BLE001 - a read-only message must not fail the send
             self.errors.count("inject_failed", repr(exc))
         return SendTrace(span, produce_ns, self, topic)
+
+    def _send_span(self, name: str, attrs: dict[str, Any], produce_ns: int) -> Span:
+        """The ``send`` span under the current context. On the SDK a
+        :class:`~tracer.telemetry.spans.DeferredSpan`: the sampler decides with the same name,
+        kind and attributes, ``on_start`` sees it, and it is written once when the send ends —
+        no SDK span lock or attribute copy per send (BENCHMARKS.md). A dropped one is the
+        non-recording span with a fresh id the SDK would return, so what is injected agrees."""
+        writer = self.writer()
+        if writer is None:
+            return self.tracer.start_span(name, kind=_PRODUCER, attributes=attrs, start_time=produce_ns)
+        parent_ctx = otel_context.get_current()
+        current = trace.get_current_span(parent_ctx).get_span_context()
+        parent = current if current.is_valid else None
+        ctx, start_attrs = writer.decide(parent, parent_ctx, name, _PRODUCER, attrs, ())
+        if start_attrs is None:
+            return NonRecordingSpan(ctx)
+        span = DeferredSpan(writer, name, ctx, parent, produce_ns, _PRODUCER, start_attrs)
+        writer.started(span, parent_ctx)
+        return span
 
     # -- consumer side -------------------------------------------------------------------
     def start_message(self, info: MessageInfo, pulled_ns: int | None = None,
@@ -352,7 +370,10 @@ class SendTrace:
         span = self.span
         if span.is_recording():
             if message_id:
-                span.set_attribute(n.MESSAGE_ID, str(message_id))
+                if type(span) is DeferredSpan:
+                    span.own_attributes()[n.MESSAGE_ID] = str(message_id)  # ours: no cleaning needed
+                else:
+                    span.set_attribute(n.MESSAGE_ID, str(message_id))
             if error is not None:
                 span.record_exception(error)
                 span.set_status(Status(_ERROR, type(error).__name__))
