@@ -599,7 +599,10 @@ class ConsumeModel(RuleBasedStateMachine):
         with self.client.lock:
             self.client.inject.clear()
         try:
-            for _ in range(200):  # release and drain everything
+            # release and drain everything: a round hands out about one message per free worker, so
+            # the bound grows with what was sent (one worker and ~90 messages, a third of them failing
+            # once, needed more than a fixed 200 rounds)
+            for _ in range(200 + 4 * len(self.sent)):
                 with self.cond:
                     for c in self.running:
                         c.fail = False
