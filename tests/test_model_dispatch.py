@@ -20,6 +20,19 @@ of worker tasks (mid-handler and idle). The promise, as named invariants checked
 * ``close_drains_or_gives_back`` — when ``close`` returns True every accepted message has its
   outcome; when False, every one without an outcome is running.
 
+``close(timeout=)`` while handlers hang (blocked on their events until ``close`` has returned):
+
+* ``close_keeps_its_deadline`` — it returns before any handler it cannot stop returns (it never
+  waits for one past its deadline). The deadline is on the injected clock, which stands still
+  during ``close``: the engines turn what is left of it into the seconds they wait, so
+  ``timeout=0.01`` costs a few hundredths of a second, never the hung handler's time;
+* ``timed_out_close_says_so`` — it returns False exactly when a handler without an outcome is
+  still running (overrun handlers, reported TIMEOUT already, are not waited for), and
+  ``running()`` lists those handlers;
+* ``late_outcome_as_done`` — a hung handler that returns after ``close`` gave up is reported once,
+  as what it did (SUCCESS, FAILURE, or TIMEOUT by the clock), never as a message given back;
+  an overrun one gets no second outcome; a second ``close`` then returns True.
+
 Costliest-first is checked on the pure scheduler (``tests/test_model_scheduler.py``), where the
 window's contents are exact. Default 350 examples (200 thread, 150 asyncio; ``RMQTRACE_LONG=1``: ten times more).
 """
@@ -53,6 +66,8 @@ from tracer.path.stages import Outcome, Stage
 
 LONG = os.environ.get("RMQTRACE_LONG") == "1"
 WAIT = 10.0
+GRACE = 3.0  # real seconds a close(timeout=0.01) may take before it counts as waiting for a hung handler
+CLOSE_TIMEOUTS = st.sampled_from([0.0, 0.01])
 TIMEOUT_S = 5.0
 TIMEOUT_NS = int(TIMEOUT_S * 1e9)
 
@@ -293,6 +308,29 @@ class _Model(RuleBasedStateMachine):
             assert s.in_flight == s.queued == s.waiters == 0, violated(inv, s)
         assert s.queued == s.waiters == 0, violated(inv, s)
 
+    def check_timed_close(self, hung: list[Item], settled: bool, returned_first: list[Item], running: list[Item]) -> None:
+        """What ``close(timeout=)`` promises when it returns while the ``hung`` handlers are still blocked."""
+        assert not returned_first, violated("close_keeps_its_deadline", f"close returned only after {returned_first} "
+                                            "returned: it waited for a hung handler past its deadline")  # fmt: skip
+        in_flight = sorted((it for it in hung if not it.expired), key=lambda it: it.n)
+        inv = "timed_out_close_says_so"
+        assert settled is not bool(in_flight), violated(inv, f"close returned {settled} with {in_flight} in flight")
+        assert sorted(running, key=lambda it: it.n) == in_flight, violated(inv, f"running() {running}, hung {in_flight}")
+        self.check_closed(settled)
+
+    def check_late_outcomes(self, wants: dict[Item, Outcome], settled: bool) -> None:
+        """The hung handlers have returned after ``close`` gave up and a second ``close`` returned
+        ``settled``: each has the outcome it earned."""
+        h = self.h
+        inv = "late_outcome_as_done"
+        with h.cond:
+            assert not h.violations, "; ".join(h.violations)
+            for it, want in wants.items():
+                got = h.outcomes.get(it, (None, None))[0]
+                assert got is want, violated(inv, f"{it} ({it.action}) returned late: {got}, want {want}")
+        assert settled, violated(inv, f"a second close returned False: {self.stats()}")
+        self.check_closed(settled)
+
 
 # ----------------------------------------------------------------------------- thread engine
 class ThreadEngineModel(_Model):
@@ -426,6 +464,63 @@ class ThreadEngineModel(_Model):
     @rule(drain=st.booleans())
     def close(self, drain: bool) -> None:
         self.check_closed(self.shut(drain))
+
+    @precondition(lambda self: self.close_allowed() and bool(self.running_unreleased()))
+    @rule(drain=st.booleans(), timeout=CLOSE_TIMEOUTS, actions=st.lists(st.sampled_from(ACTIONS), min_size=3,
+          max_size=3), late=st.sampled_from([0.0, 6.0]), fresh=st.booleans())  # fmt: skip
+    def close_timeout_while_hung(self, drain: bool, timeout: float, actions: list[str], late: float, fresh: bool) -> None:
+        """close(timeout=) while handlers hang; they are released only after it returned. ``fresh``: the
+        overrun handlers return first and two messages of one key follow, so that a handler without
+        an outcome is among the hung ones, often with its successor queued."""
+        h = self.h
+        if fresh:
+            while overrun := [i for i, it in enumerate(self.running_unreleased()) if it.expired]:
+                self.release(overrun[0], "success")
+            self.submit("k1", False)
+            self.submit("k1", False)
+        hung = self.running_unreleased()
+        result: list[tuple[bool, list[Item], list[Item]]] = []
+
+        def close() -> None:
+            settled = self.d.close(drain=drain, timeout=timeout)
+            running = [item for item, _ in self.d.running()]
+            with h.cond:
+                h.closed_returned = True
+                result.append((settled, [it for it in hung if it.returned], running))
+
+        wants: dict[Item, Outcome] = {}
+
+        def let_go() -> None:  # the hung handlers return now, each with its action, ``late`` s later
+            if wants:
+                return
+            with h.cond:
+                h.auto_release = True
+                for it in hung:
+                    it.action = actions[it.n % len(actions)]
+            now = self.clock.advance_s(late)
+            wants.update((it, Outcome.TIMEOUT if it.expired else expected(it, now)) for it in hung)
+            for it in self.items:
+                it.released = True
+                it.gate.set()
+
+        h.no_more_starts = True  # every slot that could start a message is held by a hung handler
+        closer = threading.Thread(target=close)
+        closer.start()
+        closer.join(GRACE)  # real-time: the bound is only how long a wrong close is given
+        if closer.is_alive():  # it waits for a hung handler: let them go, it returns after them
+            let_go()
+            closer.join(WAIT)
+            assert not closer.is_alive(), violated("close_keeps_its_deadline", "close did not return")
+        for t in self.bg:
+            t.join(WAIT)
+        self.closed = True
+        self.check_timed_close(hung, *result[0])  # as close left it: the hung handlers still blocked
+        let_go()
+        # the threads end only after their last report; the watchdog's (late=6) is waited for by close
+        self.await_(lambda: all(it.returned for it in hung) and self.d.statistics().live_workers == 0,
+                    "the hung handlers to return")  # fmt: skip
+        self.check_late_outcomes(wants, self.d.close(timeout=GRACE))
+        event(f"close(timeout) with {sum(not it.expired for it in hung)} in flight")
 
     @precondition(lambda self: self.closed)
     @rule()
@@ -652,6 +747,67 @@ class AsyncEngineModel(_Model):
     @rule(drain=st.booleans())
     def close(self, drain: bool) -> None:
         self.check_closed(self.shut(drain))
+
+    @precondition(lambda self: self.close_allowed() and bool(self.running_unreleased()))
+    @rule(drain=st.booleans(), timeout=CLOSE_TIMEOUTS, actions=st.lists(st.sampled_from(ACTIONS), min_size=3,
+          max_size=3), late=st.sampled_from([0.0, 6000.0]), fresh=st.booleans())  # fmt: skip
+    def close_timeout_while_hung(self, drain: bool, timeout: float, actions: list[str], late: float, fresh: bool) -> None:
+        """As the thread engine's: close(timeout=) while handlers hang, released after it returned."""
+        h = self.h
+        if fresh:
+            self.submit("k1", False)
+            self.submit("k1", False)
+        hung = self.running_unreleased()
+
+        async def close() -> tuple[bool, list[Item], list[Item]]:
+            settled = await self.d.close(drain=drain, timeout=timeout)
+            h.closed_returned = True
+            return settled, [it for it in hung if it.returned], [item for item, _ in self.d.running()]
+
+        wants: dict[Item, Outcome] = {}
+
+        def let_go() -> None:  # the hung handlers return when the loop runs next, ``late`` s later
+            if wants:
+                return
+            h.auto_release = True
+            for it in hung:
+                it.action = actions[it.n % len(actions)]
+            self.clock.advance_s(late)
+            wants.update((it, self.expected(it)) for it in hung)
+            for it in self.items:
+                it.released = True
+                if it.agate is not None:
+                    it.agate.set()
+
+        async def go() -> tuple[bool, list[Item], list[Item]]:
+            h.no_more_starts = True  # every worker that could start a message is held by a hung handler
+            closing = asyncio.ensure_future(close())
+            done, _ = await asyncio.wait({closing}, timeout=GRACE)  # real-time: how long a wrong close is given
+            if not done:  # it waits for a hung handler: let them go, it returns after them
+                let_go()
+                done, _ = await asyncio.wait({closing}, timeout=WAIT)
+                assert done, violated("close_keeps_its_deadline", "close did not return")
+            if self.bg:
+                await asyncio.wait(self.bg, timeout=WAIT)
+            return closing.result()
+
+        result = self.run(go())
+        self.closed = True
+        self.check_timed_close(hung, *result)  # as close left it: the hung handlers still blocked
+        let_go()
+
+        async def settle() -> None:
+            for _ in range(20000):
+                assert not h.violations, h.violations
+                s = self.d.statistics()
+                if all(it.returned for it in hung) and s.live_workers == 0:
+                    return
+                await asyncio.sleep(0)  # real-time: zero-length, lets the released handlers return
+            raise AssertionError(f"stuck: {self.d.statistics()}")
+
+        self.run(settle())
+        self.check_late_outcomes(wants, self.run(self.d.close(timeout=GRACE)))
+        event(f"close(timeout) with {len(hung)} in flight")
 
     @precondition(lambda self: self.closed)
     @rule()
