@@ -469,7 +469,9 @@ class Dispatcher(EngineBase[T], Generic[T]):
 
         Returns:
             True when every accepted message's outcome has been reported (its ``on_done``
-            returned) and every worker has stopped; False when ``timeout`` passed first.
+            returned); False when ``timeout`` passed first. Idle workers are told to exit and
+            joined within what is left of ``timeout`` — with ``timeout=0`` they may still be
+            exiting when this returns True (nothing more can start on them).
 
         Raises:
             RuntimeError: called from a handler or ``on_done`` on one of this dispatcher's threads.
