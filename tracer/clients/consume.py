@@ -425,7 +425,8 @@ class ConsumeLoop:
             self._changed.notify_all()
             never_ran = not self._started and not self._polled
             self._started = True
-            self._stopped_unrun = self._stopped_unrun or never_ran
+            if never_ran:
+                self._stopped_unrun = True
         if never_ran:
             # no run() will close the dispatcher: its workers would outlive the loop. Nothing was
             # received, so nothing is held; a later run() returns at once.

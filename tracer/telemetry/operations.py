@@ -30,12 +30,12 @@ from concurrent.futures import Future
 from typing import TYPE_CHECKING, Any, Callable, TypeVar
 
 from opentelemetry import context as otel_context
-from opentelemetry.trace import Link, NonRecordingSpan, SpanKind, Status, StatusCode, get_current_span
+from opentelemetry.trace import Link, SpanKind, Status, StatusCode
 
 from ..path import names as n
 from ..path.message import client_facts
 from .attributes import cap, client_attributes, server_attributes
-from .spans import DeferredSpan
+from .spans import add_own_attributes
 
 if TYPE_CHECKING:
     from .tracer import MessageTrace, MessageTracer
@@ -143,24 +143,15 @@ class ConsumerOperations:
         self._end(span, n.RECEIVE, n.RECEIVE, topic or None, t0, error)
 
     def _start_receive(self, parent: Any, t0: int, name: str, attrs: dict[str, Any], links: list[Link]) -> Any:
-        """The receive span, begun at ``t0`` under ``parent``. On the SDK it is a
-        :class:`~tracer.telemetry.spans.DeferredSpan` — the sampler decides with the same name,
-        kind, attributes and links, the processors' ``on_start`` sees it — written once at its end:
-        the SDK span's locks and per-link attribute copies cost a fifth of the receive thread's
-        time per message (BENCHMARKS.md). Any other provider starts its own span."""
+        """The receive span, begun at ``t0`` under ``parent``. On the SDK it is written once at its
+        end (:meth:`~tracer.telemetry.spans.SpanWriter.start`): the SDK span's locks and per-link
+        attribute copies cost a fifth of the receive thread's time per message (BENCHMARKS.md).
+        Any other provider starts its own span."""
         writer = self.tracer.writer()
         if writer is None:
             return self.tracer.tracer.start_span(name, context=parent, kind=SpanKind.CLIENT, start_time=t0,
                                                  attributes=attrs, links=links)
-        current = get_current_span(parent).get_span_context()
-        remote = current if current.is_valid else None
-        ctx, start_attrs = writer.decide(remote, parent, name, SpanKind.CLIENT, attrs, links, False)
-        if start_attrs is None:
-            return NonRecordingSpan(ctx)  # dropped: measured, nothing written
-        start_attrs.update(self._after)  # our own: not given to the sampler (as before: set at the end)
-        span = DeferredSpan(writer, name, ctx, remote, t0, SpanKind.CLIENT, start_attrs, links)
-        writer.started(span, parent)
-        return span
+        return writer.start(name, SpanKind.CLIENT, parent, t0, attrs, links)
 
     def settle(self, operation: str, message: Any, call: Callable[[], T]) -> T:
         """``call()`` (the client's ``ack`` or ``change_invisible_duration`` of ``message``) as one
@@ -196,8 +187,7 @@ class ConsumerOperations:
         try:
             if span is not None:
                 if span.is_recording():
-                    if type(span) is not DeferredSpan:  # a deferred one started with them
-                        span.set_attributes(self._after)
+                    add_own_attributes(span, self._after)
                     if error is not None:
                         span.record_exception(error)
                         span.set_status(Status(StatusCode.ERROR, type(error).__name__))

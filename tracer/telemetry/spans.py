@@ -58,7 +58,7 @@ from opentelemetry.util.types import Attributes, AttributeValue
 from ..path.names import SCHEMA_URL
 from ..version import __version__
 
-__all__ = ["SCOPE", "DeferredSpan", "SpanWriter", "span_writer"]
+__all__ = ["SCOPE", "DeferredSpan", "SpanWriter", "add_own_attributes", "span_writer"]
 
 SCOPE = InstrumentationScope("rmqtrace", __version__, SCHEMA_URL)
 _NO_LIMITS = SpanLimits()
@@ -209,6 +209,21 @@ class SpanWriter:
         return SpanContext(parent.trace_id, self._ids.generate_span_id(), False, parent.trace_flags,
                            parent.trace_state)
 
+    def start(self, name: str, kind: SpanKind, parent_ctx: Context, start_ns: int, attributes: dict[str, Any],
+              links: Sequence[Link] = ()) -> Span:
+        """What ``Tracer.start_span`` would return under the span current in ``parent_ctx``, begun at
+        ``start_ns``: a :class:`DeferredSpan`, written once at its end (the sampler decided with the
+        same name, kind, attributes and links; ``on_start`` has seen it), or, when the sampler drops
+        it, the non-recording span with a fresh id the SDK returns (so what is injected agrees)."""
+        current = trace.get_current_span(parent_ctx).get_span_context()
+        parent = current if current.is_valid else None
+        ctx, start_attrs = self.decide(parent, parent_ctx, name, kind, attributes, links)
+        if start_attrs is None:
+            return NonRecordingSpan(ctx)
+        span = DeferredSpan(self, name, ctx, parent, start_ns, kind, start_attrs, links)
+        self.started(span, parent_ctx)
+        return span
+
     def started(self, span: DeferredSpan, parent_ctx: Context | None) -> None:
         """Tell the processors a live span began (``parent_ctx``: the context it was started in)."""
         self._processor.on_start(span, parent_ctx)  # type: ignore[arg-type]
@@ -260,6 +275,15 @@ def _parent_table(sampler: Any) -> tuple[tuple[sampling.Decision, sampling.Decis
     if not all(type(d) in _STATIC and isinstance(d._decision, sampling.Decision) for d in delegates):
         return None
     return ((delegates[0]._decision, delegates[1]._decision), (delegates[2]._decision, delegates[3]._decision))
+
+
+def add_own_attributes(span: Span, attributes: Mapping[str, Any]) -> None:
+    """Our own attributes (known-good types) on a recording span: a :class:`DeferredSpan` takes
+    them without marking itself for cleaning, any other span through ``set_attributes``."""
+    if type(span) is DeferredSpan:
+        span.put_attributes(attributes)
+    else:
+        span.set_attributes(attributes)
 
 
 def span_writer(tracer: Any) -> SpanWriter | None:

@@ -70,7 +70,7 @@ from .keep import PENDING, KeepPolicy, KeepStats
 from .metrics import TracerMetrics
 from .occupancy import Occupancy
 from .otel_metrics import GLOBAL_METERS, MessagingMeters
-from .spans import DeferredSpan, SpanWriter, span_writer
+from .spans import DeferredSpan, SpanWriter, add_own_attributes, span_writer
 
 __all__ = ["BODY_ATTR", "MAX_ATTR_CHARS", "MAX_KEYS", "MessageTrace", "MessageTracer", "SendTrace", "TracerStats",
            "body_preview"]
@@ -259,23 +259,13 @@ class MessageTracer:
         return SendTrace(span, produce_ns, self, topic)
 
     def _send_span(self, name: str, attrs: dict[str, Any], produce_ns: int) -> Span:
-        """The ``send`` span under the current context. On the SDK a
-        :class:`~tracer.telemetry.spans.DeferredSpan`: the sampler decides with the same name,
-        kind and attributes, ``on_start`` sees it, and it is written once when the send ends —
-        no SDK span lock or attribute copy per send (BENCHMARKS.md). A dropped one is the
-        non-recording span with a fresh id the SDK would return, so what is injected agrees."""
+        """The ``send`` span under the current context; on the SDK written once when the send ends
+        (:meth:`~tracer.telemetry.spans.SpanWriter.start`: no SDK span lock or attribute copy per
+        send, BENCHMARKS.md)."""
         writer = self.writer()
         if writer is None:
             return self.tracer.start_span(name, kind=_PRODUCER, attributes=attrs, start_time=produce_ns)
-        parent_ctx = otel_context.get_current()
-        current = trace.get_current_span(parent_ctx).get_span_context()
-        parent = current if current.is_valid else None
-        ctx, start_attrs = writer.decide(parent, parent_ctx, name, _PRODUCER, attrs, ())
-        if start_attrs is None:
-            return NonRecordingSpan(ctx)
-        span = DeferredSpan(writer, name, ctx, parent, produce_ns, _PRODUCER, start_attrs)
-        writer.started(span, parent_ctx)
-        return span
+        return writer.start(name, _PRODUCER, otel_context.get_current(), produce_ns, attrs)
 
     # -- consumer side -------------------------------------------------------------------
     def start_message(self, info: MessageInfo, pulled_ns: int | None = None,
@@ -370,10 +360,7 @@ class SendTrace:
         span = self.span
         if span.is_recording():
             if message_id:
-                if type(span) is DeferredSpan:
-                    span.own_attributes()[n.MESSAGE_ID] = str(message_id)  # ours: no cleaning needed
-                else:
-                    span.set_attribute(n.MESSAGE_ID, str(message_id))
+                add_own_attributes(span, {n.MESSAGE_ID: str(message_id)})
             if error is not None:
                 span.record_exception(error)
                 span.set_status(Status(_ERROR, type(error).__name__))
