@@ -31,8 +31,8 @@ def work(seconds: float) -> None:
 
 
 
-def _run(policy, spans, registry, *, shape: str = "full", key=None, workers: int = 2):
-    provider, exporter = spans
+def _job_consumer() -> SimpleConsumer:
+    """A started consumer of the job: N messages on an embedded broker, every fourth slow."""
     broker = EmbeddedBroker(min_receive_invisible=1)
     broker.create_topic("T")
     producer = Producer(broker, ["T"])
@@ -43,6 +43,12 @@ def _run(policy, spans, registry, *, shape: str = "full", key=None, workers: int
         producer.send(m)
     consumer = SimpleConsumer(broker, "G", {"T": None}, await_duration=0.05)
     consumer.startup()
+    return consumer
+
+
+def _run(policy, spans, registry, *, shape: str = "full", key=None, workers: int = 2):
+    provider, exporter = spans
+    consumer = _job_consumer()
     metrics = TracerMetrics(registry)
     runs: dict[str, tuple[int, int, int]] = {}  # message id -> (worker, handler start, end)
     lock = threading.Lock()
@@ -134,16 +140,7 @@ def _run_on_a_manual_clock(policy, spans, registry, *, workers: int = 2):
     Returns the finished spans, the registry and how many messages at most waited in the dispatcher."""
     provider, exporter = spans
     clock = ManualClock(time.time_ns())  # the broker stamps real wall time: the tracer's clock starts there
-    broker = EmbeddedBroker(min_receive_invisible=1)
-    broker.create_topic("T")
-    producer = Producer(broker, ["T"])
-    producer.startup()
-    for i in range(N):
-        m = Message()
-        m.topic, m.body = "T", (b"slow" if i % 4 == 0 else f"fast{i}".encode())
-        producer.send(m)
-    consumer = SimpleConsumer(broker, "G", {"T": None}, await_duration=0.05)
-    consumer.startup()
+    consumer = _job_consumer()
     tracer = MessageTracer(consumer_group="G", tracer_provider=provider, metrics=TracerMetrics(registry), clock=clock)
     cond = threading.Condition()
     running: dict[int, tuple[int, threading.Event]] = {}  # handler call -> (due ns, gate)

@@ -12,6 +12,7 @@ from opentelemetry.sdk.trace import TracerProvider
 from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 from opentelemetry.trace import SpanKind
+from recording_sampler import Recording
 
 from tracer.clients.official import TracedSimpleConsumer
 from tracer.clients.producer import TracedProducer
@@ -384,41 +385,10 @@ def test_instrumented_clients_each_carry_their_own_client_id() -> None:
     assert sends and all(s.attributes["messaging.client.id"] == producer.client_id for s in sends)
 
 
-class _Recording:
-    """A sampler (not a stock one: it is called) and a processor that record what they were shown."""
-
-    def __init__(self, decision: Any) -> None:
-        self.decision = decision
-        self.asked: list[tuple[str, Any, dict[str, Any], list[Any]]] = []
-        self.started: list[Any] = []
-
-    def should_sample(self, parent_context: Any, trace_id: int, name: str, kind: Any = None,
-                      attributes: Any = None, links: Any = None, trace_state: Any = None) -> Any:
-        from opentelemetry.sdk.trace.sampling import SamplingResult
-
-        self.asked.append((name, kind, dict(attributes or {}), list(links or ())))
-        return SamplingResult(self.decision, attributes)
-
-    def get_description(self) -> str:
-        return "recording"
-
-    def on_start(self, span: Any, parent_context: Any = None) -> None:
-        self.started.append(span)
-
-    def on_end(self, span: Any) -> None:
-        pass
-
-    def shutdown(self) -> None:
-        pass
-
-    def force_flush(self, timeout_millis: int = 30000) -> bool:
-        return True
-
-
 def _receive_rig(sampler: Any = None, sdk_span: bool = False, fail: bool = False) -> tuple[Any, Any, Any, Any]:
     exporter = InMemorySpanExporter()
     provider = TracerProvider(sampler=sampler) if sampler is not None else TracerProvider()
-    if isinstance(sampler, _Recording):
+    if isinstance(sampler, Recording):
         provider.add_span_processor(sampler)  # type: ignore[arg-type]
     provider.add_span_processor(SimpleSpanProcessor(exporter))
     reader = InMemoryMetricReader()
@@ -473,7 +443,7 @@ def test_the_receive_span_written_at_its_end_is_the_span_the_sdk_would_have_star
 def test_a_called_sampler_sees_the_receive_spans_name_kind_attributes_and_links_and_on_start_sees_it() -> None:
     from opentelemetry.sdk.trace.sampling import Decision
 
-    rec = _Recording(Decision.RECORD_AND_SAMPLE)
+    rec = Recording(Decision.RECORD_AND_SAMPLE)
     consumer, exporter, _reader, _tracer = _receive_rig(sampler=rec)
     consumer.receive(8, 30)
     receives = [a for a in rec.asked if a[0] == "receive T"]
@@ -488,7 +458,7 @@ def test_a_called_sampler_sees_the_receive_spans_name_kind_attributes_and_links_
 def test_a_receive_span_the_sampler_drops_is_not_written_but_the_receive_is_measured() -> None:
     from opentelemetry.sdk.trace.sampling import Decision
 
-    rec = _Recording(Decision.DROP)
+    rec = Recording(Decision.DROP)
     consumer, exporter, reader, _tracer = _receive_rig(sampler=rec)
     assert len(consumer.receive(8, 30)) == 2
     assert [s for s in exporter.get_finished_spans() if s.name.startswith("receive")] == []

@@ -12,42 +12,14 @@ from opentelemetry import trace
 from opentelemetry.sdk.trace import TracerProvider
 from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
-from opentelemetry.sdk.trace.sampling import Decision, SamplingResult
+from opentelemetry.sdk.trace.sampling import Decision
 from opentelemetry.trace import SpanKind
 from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
+from recording_sampler import Recording
 
 from tracer.clients.producer import TracedProducer
 from tracer.embedded import EmbeddedBroker, Message, Producer
 from tracer.telemetry.tracer import MessageTracer
-
-
-class Recording:
-    """A sampler that is not a stock one (so it is called) and a processor recording ``on_start``."""
-
-    def __init__(self, decision: Decision) -> None:
-        self.decision = decision
-        self.asked: list[tuple[str, Any, dict[str, Any]]] = []
-        self.started: list[Any] = []
-
-    def should_sample(self, parent_context: Any, trace_id: int, name: str, kind: Any = None,
-                      attributes: Any = None, links: Any = None, trace_state: Any = None) -> SamplingResult:
-        self.asked.append((name, kind, dict(attributes or {})))
-        return SamplingResult(self.decision, attributes)
-
-    def get_description(self) -> str:
-        return "recording"
-
-    def on_start(self, span: Any, parent_context: Any = None) -> None:
-        self.started.append(span)
-
-    def on_end(self, span: Any) -> None:
-        pass
-
-    def shutdown(self) -> None:
-        pass
-
-    def force_flush(self, timeout_millis: int = 30000) -> bool:
-        return True
 
 
 def _rig(sampler: Any = None, sdk_span: bool = False, fail: bool = False) -> tuple[Any, Any, Any]:
