@@ -307,7 +307,10 @@ class ConsumeLoop:
 
     def state(self) -> ConsumeState:
         with self._lock:
-            return ConsumeState(len(self._held), len(self._backlog), self._settling, self._stop.is_set())
+            # a backlog entry whose outcome is already reported (its submit failed) is settling, not
+            # waiting, until the feeder rebuilds the backlog: counted once
+            waiting = sum(1 for h in self._backlog if h.state != SETTLING)
+            return ConsumeState(len(self._held), waiting, self._settling, self._stop.is_set())
 
     def wait(self, predicate: Callable[[ConsumeStats], bool], timeout: float | None = None) -> bool:
         """Block until ``predicate(snapshot)`` holds (True) or ``timeout`` passes (False); the
