@@ -12,7 +12,6 @@ from opentelemetry.sdk.trace import TracerProvider
 from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 from opentelemetry.trace import SpanKind
-from recording_sampler import Recording
 
 from tracer.clients.official import TracedSimpleConsumer
 from tracer.clients.producer import TracedProducer
@@ -383,84 +382,3 @@ def test_instrumented_clients_each_carry_their_own_client_id() -> None:
     assert push_process and all(s.attributes["messaging.client.id"] == push.client_id for s in push_process)
     sends = [s for s in finished if s.name == f"send {topic}"]
     assert sends and all(s.attributes["messaging.client.id"] == producer.client_id for s in sends)
-
-
-def _receive_rig(sampler: Any = None, sdk_span: bool = False, fail: bool = False) -> tuple[Any, Any, Any, Any]:
-    exporter = InMemorySpanExporter()
-    provider = TracerProvider(sampler=sampler) if sampler is not None else TracerProvider()
-    if isinstance(sampler, Recording):
-        provider.add_span_processor(sampler)  # type: ignore[arg-type]
-    provider.add_span_processor(SimpleSpanProcessor(exporter))
-    reader = InMemoryMetricReader()
-    broker = EmbeddedBroker()
-    broker.create_topic("T")
-    producer = TracedProducer(Producer(broker), MessageTracer(tracer_provider=TracerProvider()))
-    producer.startup()
-    _send(producer, "a")
-    _send(producer, "b")
-    raw = SimpleConsumer(broker, "G", {"T": None}, await_duration=0)
-    raw.startup()
-    tracer = MessageTracer(consumer_group="G", tracer_provider=provider, client_id="client-7")
-    tracer.meters = MessagingMeters(MeterProvider(metric_readers=[reader]))
-    if sdk_span:
-        tracer.writer = lambda: None  # type: ignore[method-assign]  # as under a non-SDK provider
-    consumer = TracedSimpleConsumer(raw, tracer)
-    if fail:
-        def broken(*a: Any) -> Any:
-            raise ConnectionError("proxy gone")
-
-        consumer.wrapped.receive = broken
-    return consumer, exporter, reader, tracer
-
-
-def _shape(span: Any) -> tuple[Any, ...]:
-    events = [(e.name, {k: v for k, v in e.attributes.items() if k != "exception.stacktrace"}) for e in span.events]
-    return (span.name, span.kind, list(span.attributes.items()),
-            [(lk.context.is_remote, lk.context.trace_flags, dict(lk.attributes or {})) for lk in span.links],
-            span.parent, span.status.status_code, span.status.description, events,
-            span.instrumentation_scope, span.resource.attributes, span.context.trace_flags)
-
-
-@pytest.mark.parametrize("fail", [False, True], ids=["messages", "failed"])
-def test_the_receive_span_written_at_its_end_is_the_span_the_sdk_would_have_started(fail: bool) -> None:
-    """Issue 20 item 4: the receive span is written once, after the fact; same name, kind,
-    attributes in the same order, links, parent, status, events, scope and flags as the SDK's."""
-    shapes = []
-    for sdk_span in (False, True):
-        consumer, exporter, _reader, tracer = _receive_rig(sdk_span=sdk_span, fail=fail)
-        with tracer.tracer.start_as_current_span("user loop"):
-            if fail:
-                with pytest.raises(ConnectionError):
-                    consumer.receive(8, 30)
-            else:
-                assert len(consumer.receive(8, 30)) == 2
-        (span,) = [s for s in exporter.get_finished_spans() if s.name.startswith("receive")]
-        assert span.start_time <= span.end_time
-        shapes.append(_shape(span)[:4] + (span.parent is not None,) + _shape(span)[5:])
-    assert shapes[0] == shapes[1]
-
-
-def test_a_called_sampler_sees_the_receive_spans_name_kind_attributes_and_links_and_on_start_sees_it() -> None:
-    from opentelemetry.sdk.trace.sampling import Decision
-
-    rec = Recording(Decision.RECORD_AND_SAMPLE)
-    consumer, exporter, _reader, _tracer = _receive_rig(sampler=rec)
-    consumer.receive(8, 30)
-    receives = [a for a in rec.asked if a[0] == "receive T"]
-    assert len(receives) == 1
-    _name, kind, attrs, links = receives[0]
-    assert kind is SpanKind.CLIENT and attrs["messaging.batch.message_count"] == 2
-    assert attrs["messaging.destination.name"] == "T" and len(links) == 2
-    (span,) = [s for s in exporter.get_finished_spans() if s.name == "receive T"]
-    assert [s.context for s in rec.started if s.name == "receive T"] == [span.context]
-
-
-def test_a_receive_span_the_sampler_drops_is_not_written_but_the_receive_is_measured() -> None:
-    from opentelemetry.sdk.trace.sampling import Decision
-
-    rec = Recording(Decision.DROP)
-    consumer, exporter, reader, _tracer = _receive_rig(sampler=rec)
-    assert len(consumer.receive(8, 30)) == 2
-    assert [s for s in exporter.get_finished_spans() if s.name.startswith("receive")] == []
-    assert [s for s in rec.started if s.name.startswith("receive")] == []
-    assert _by_op(reader, "receive").count == 1

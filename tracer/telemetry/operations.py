@@ -22,6 +22,8 @@ The topic of a receive is known only afterwards (the 5.x client picks one of its
 inside ``receive``), so the span is written once the call returned, with the call's start time:
 ``receive {topic}`` with ``messaging.destination.name`` when every returned message has that topic,
 and its links, all given to the sampler at start. It is not current while the client's call runs.
+On the SDK the receive and settle spans are written once at their end
+(:meth:`~tracer.telemetry.tracer.MessageTracer.start_span_at`), as the send span is.
 """
 
 from __future__ import annotations
@@ -137,21 +139,11 @@ class ConsumerOperations:
             if error is None:
                 attrs[n.BATCH_MESSAGE_COUNT] = len(messages)
             try:
-                span = self._start_receive(parent, t0, n.operation_span_name(n.RECEIVE, topic), attrs, links)
+                span = self.tracer.start_span_at(n.operation_span_name(n.RECEIVE, topic), SpanKind.CLIENT, parent,
+                                                 t0, attrs, links)
             except Exception as exc:  # noqa: BLE001 - a broken provider must not stop the receive
                 self.tracer.hook_failed("starting the receive span", exc)
         self._end(span, n.RECEIVE, n.RECEIVE, topic or None, t0, error)
-
-    def _start_receive(self, parent: Any, t0: int, name: str, attrs: dict[str, Any], links: list[Link]) -> Any:
-        """The receive span, begun at ``t0`` under ``parent``. On the SDK it is written once at its
-        end (:meth:`~tracer.telemetry.spans.SpanWriter.start`): the SDK span's locks and per-link
-        attribute copies cost a fifth of the receive thread's time per message (BENCHMARKS.md).
-        Any other provider starts its own span."""
-        writer = self.tracer.writer()
-        if writer is None:
-            return self.tracer.tracer.start_span(name, context=parent, kind=SpanKind.CLIENT, start_time=t0,
-                                                 attributes=attrs, links=links)
-        return writer.start(name, SpanKind.CLIENT, parent, t0, attrs, links)
 
     def settle(self, operation: str, message: Any, call: Callable[[], T]) -> T:
         """``call()`` (the client's ``ack`` or ``change_invisible_duration`` of ``message``) as one
@@ -165,8 +157,8 @@ class ConsumerOperations:
             if topic:
                 attrs[n.DESTINATION] = topic
             try:
-                span = mt.tracer.start_span(n.operation_span_name(operation, topic), kind=SpanKind.CLIENT,
-                                            start_time=t0, attributes=attrs)
+                span = mt.start_span_at(n.operation_span_name(operation, topic), SpanKind.CLIENT,
+                                        otel_context.get_current(), t0, attrs)
             except Exception as exc:  # noqa: BLE001 - a broken provider must not stop the settle
                 mt.hook_failed("starting a settle span", exc)
         try:
@@ -177,7 +169,7 @@ class ConsumerOperations:
         if span is not None and span.is_recording():
             message_id = getattr(message, "message_id", None)
             if message_id:
-                span.set_attribute(n.MESSAGE_ID, str(message_id))
+                add_own_attributes(span, {n.MESSAGE_ID: str(message_id)})
         self._end(span, operation, n.SETTLE, topic, t0, None)
         return result
 

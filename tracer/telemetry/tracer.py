@@ -34,6 +34,7 @@ from typing import Any, Callable, Mapping, NamedTuple, Sequence
 
 from opentelemetry import context as otel_context
 from opentelemetry import trace
+from opentelemetry.context import Context
 from opentelemetry.sdk.trace.sampling import Decision
 from opentelemetry.trace import Link, NonRecordingSpan, Span, SpanContext, SpanKind, Status, StatusCode, TracerProvider
 
@@ -251,21 +252,25 @@ class MessageTracer:
         # One clock for the send span and the produce stamp: the consumer's spans are drawn from
         # the stamps, and broker_wait (a child of send) must not start before it.
         produce_ns = self.clock.now_ns()
-        span = self._send_span(n.send_span_name(topic), attrs, produce_ns)
+        span = self.start_span_at(n.send_span_name(topic), _PRODUCER, otel_context.get_current(), produce_ns, attrs)
         try:
             inject(set_property, produce_ns, trace.set_span_in_context(span), job_id=job_id, cost=cost)
         except Exception as exc:  # noqa: BLE001 - a read-only message must not fail the send
             self.errors.count("inject_failed", repr(exc))
         return SendTrace(span, produce_ns, self, topic)
 
-    def _send_span(self, name: str, attrs: dict[str, Any], produce_ns: int) -> Span:
-        """The ``send`` span under the current context; on the SDK written once when the send ends
-        (:meth:`~tracer.telemetry.spans.SpanWriter.start`: no SDK span lock or attribute copy per
-        send, BENCHMARKS.md)."""
+    def start_span_at(self, name: str, kind: SpanKind, parent_ctx: Context, start_ns: int,
+                      attributes: dict[str, Any], links: Sequence[Link] = ()) -> Span:
+        """The span ``Tracer.start_span`` would start under ``parent_ctx`` at ``start_ns``, not made
+        current. On the SDK it is written once when it ends
+        (:meth:`~tracer.telemetry.spans.SpanWriter.start`: no SDK span lock or per-link attribute
+        copy, BENCHMARKS.md); any other provider starts its own. The send, receive and settle spans
+        are begun here."""
         writer = self.writer()
         if writer is None:
-            return self.tracer.start_span(name, kind=_PRODUCER, attributes=attrs, start_time=produce_ns)
-        return writer.start(name, _PRODUCER, otel_context.get_current(), produce_ns, attrs)
+            return self.tracer.start_span(name, context=parent_ctx, kind=kind, attributes=attributes,
+                                          links=links, start_time=start_ns)
+        return writer.start(name, kind, parent_ctx, start_ns, attributes, links)
 
     # -- consumer side -------------------------------------------------------------------
     def start_message(self, info: MessageInfo, pulled_ns: int | None = None,
