@@ -22,6 +22,33 @@ def test_bench_overhead_json_has_the_ratios():
     result = json.loads(out)
     assert result["stamps_metrics_over_span"] > 0 and result["full_trace_over_span"] > 0
     assert result["full_trace_over_span"] > result["stamps_metrics_over_span"]
+    for key in ("contrib_process_over_span", "full_trace_over_contrib", "compact_trace_over_contrib",
+                "sampled_out_over_contrib"):
+        assert result[key] > 0, key
+    assert result["full_trace_over_contrib"] > result["compact_trace_over_contrib"]
+
+
+def test_the_contrib_baseline_is_one_consumer_span_under_the_extracted_context_current_in_the_handler():
+    from opentelemetry import trace
+    from opentelemetry.sdk.trace import TracerProvider
+    from opentelemetry.sdk.trace.export import SimpleSpanProcessor
+    from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+    from opentelemetry.trace import SpanKind
+    from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
+
+    from tracer.tools.bench import contrib_process
+
+    exporter = InMemorySpanExporter()
+    provider = TracerProvider()
+    provider.add_span_processor(SimpleSpanProcessor(exporter))
+    parent = TraceContextTextMapPropagator().extract(
+        {"traceparent": "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01"})
+    with contrib_process(provider.get_tracer("t"), parent, "T", "G", "M1") as span:
+        assert trace.get_current_span() is span
+    (done,) = exporter.get_finished_spans()
+    assert done.name == "process T" and done.kind is SpanKind.CONSUMER
+    assert done.parent is not None and done.parent.span_id == 0xb7ad6b7169203331
+    assert done.attributes["messaging.message.id"] == "M1" and len(done.attributes) == 6
 
 
 def test_demo_command_small_run(tmp_path):

@@ -3,7 +3,10 @@
 Shared here: :class:`DropExporter`, the exporter that keeps a span processor's whole cost but
 sends nothing, so a benchmark measures rmqtrace and the SDK, not a network; and what every
 result records about the run (:func:`loadavg`, :func:`client_version`), since on a shared machine
-a figure without its load is not a result; and :func:`rmq_admin`, the checkout's topic/group tool.
+a figure without its load is not a result; :func:`rmq_admin`, the checkout's topic/group tool;
+and :func:`contrib_process`, the fair baseline of a consumer trace: what a contrib-style
+instrumentation does per message (the W3C context extracted, one ``process`` span current while the
+handler runs), used by the overhead and the broker benches alike.
 """
 
 from __future__ import annotations
@@ -11,13 +14,16 @@ from __future__ import annotations
 import importlib.util
 import os
 from collections.abc import Sequence
+from contextlib import AbstractContextManager
 from pathlib import Path
 from typing import Any
 
+from opentelemetry.context import Context
 from opentelemetry.sdk.trace import ReadableSpan
 from opentelemetry.sdk.trace.export import SpanExporter, SpanExportResult
+from opentelemetry.trace import Span, SpanKind, Tracer
 
-__all__ = ["DropExporter", "client_version", "loadavg", "rmq_admin"]
+__all__ = ["DropExporter", "client_version", "contrib_process", "loadavg", "rmq_admin"]
 
 
 class DropExporter(SpanExporter):
@@ -58,3 +64,16 @@ def rmq_admin(bench: str) -> Any:
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     return module
+
+
+def contrib_process(tracer: Tracer, parent: Context, topic: str, group: str,
+                    message_id: str) -> AbstractContextManager[Span]:
+    """The ``process`` span a contrib-style instrumentation starts for one message (as
+    opentelemetry-python-contrib's aio-pika one does): under the extracted context ``parent``,
+    kind ``CONSUMER``, the messaging attributes it knows at the start, current while the handler
+    runs (``with contrib_process(...):``)."""
+    return tracer.start_as_current_span(
+        f"process {topic}", context=parent, kind=SpanKind.CONSUMER,
+        attributes={"messaging.system": "rocketmq", "messaging.operation.type": "process",
+                    "messaging.operation.name": "process", "messaging.destination.name": topic,
+                    "messaging.consumer.group.name": group, "messaging.message.id": message_id})

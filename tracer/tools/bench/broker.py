@@ -59,7 +59,7 @@ from ...telemetry.hold import HoldingSpanProcessor
 from ...telemetry.keep import KeepPolicy
 from ...telemetry.metrics import TracerMetrics
 from ...telemetry.tracer import MessageTracer
-from . import DropExporter, client_version, loadavg, rmq_admin
+from . import DropExporter, client_version, contrib_process, loadavg, rmq_admin
 
 __all__ = ["format_broker_bench", "main", "run_broker_bench", "run_cli"]
 
@@ -299,12 +299,8 @@ def _contrib_mode(clients: _Clients) -> _Mode:
     def wrap(handler: Callable[[Any], None]) -> Callable[[Any], None]:
         def traced(msg: Any) -> None:
             topic = getattr(msg, "topic", "")
-            with tracer.start_as_current_span(
-                    f"process {topic}", context=propagator.extract(msg, getter=getter), kind=SpanKind.CONSUMER,
-                    attributes={"messaging.system": "rocketmq", "messaging.operation.type": "process",
-                                "messaging.operation.name": "process", "messaging.destination.name": topic,
-                                "messaging.consumer.group.name": group,
-                                "messaging.message.id": str(getattr(msg, "message_id", ""))}):
+            with contrib_process(tracer, propagator.extract(msg, getter=getter), topic, group,
+                                 str(getattr(msg, "message_id", ""))):
                 handler(msg)
         return traced
 
