@@ -27,8 +27,9 @@ What it holds: a worker's run log keeps only the runs a waiting message bound to
 still be held up by — none once no message waits on it (a count per worker says so), so the keys
 and ``ref`` objects of finished messages are let go as soon as no waiting message can name them
 (the caller's key and ref are often the message's own objects); a pending ``pull + grace`` mark
-holds the waiting record, not the key. A verdict hands the blocker's key and ref to the victim,
-which holds them as long as it keeps its verdict.
+holds the waiting record, not the key. A verdict hands the blocker's key and ref to the victim;
+a ``MessageTrace`` lets both go at its finish, keeping the blocker's id and handler context
+(else each live trace would hold the chain of traces that blocked one before it).
 
 **Wired** in :class:`tracer.dispatch.core.Core` (both engines), one tracker per dispatcher,
 ``workers`` = its pool, on the dispatcher's clock, only once a trace or metrics are attached:

@@ -413,7 +413,9 @@ class MessageTrace:
         self._open_handler: DeferredSpan | None = None  # written, waiting for the late handler end
         # a held trace's process/handler, not yet spans: ids allocated, written only if kept
         self._deferred: tuple[Any, ...] | None = None
-        self._blame: tuple[Any, str] | None = None  # (Verdict, policy) from the dispatcher, at its start
+        # (Verdict, policy) from the dispatcher, at its start; at the finish, the blocker resolved:
+        # (Verdict without blocker and blocker_ref, policy, blame attributes, links)
+        self._blame: tuple[Any, ...] | None = None
 
     @property
     def carried(self) -> Carried:
@@ -627,6 +629,9 @@ class MessageTrace:
         mt.meters.finished(self.info.topic, mt.consumer_group, consistent, outcome, error)
         blame = self._blame
         if blame is not None:
+            # The blocker's trace is let go now, its id and handler context kept: held on, every
+            # live trace would keep the chain of every trace that blocked one before it alive.
+            self._blame = blame = (blame[0]._replace(blocker=None, blocker_ref=None), blame[1], *self._blame_attributes())
             avoidable = float(blame[0].avoidable_s)
             if metrics is not None:
                 metrics.avoidable(self.info.topic, mt.consumer_group, blame[1], avoidable)
@@ -721,7 +726,8 @@ class MessageTrace:
             if not still_running:
                 handler.end(end_time=self._late_end or end_ns)
         compact = self._tracer.compact
-        blame_attrs, blame_links = self._blame_attributes() if self._blame is not None else (None, ())
+        blame = self._blame  # resolved at the finish: (verdict, policy, attributes, links)
+        blame_attrs, blame_links = (blame[2], blame[3]) if blame is not None else (None, ())
         if not compact:
             writer = self._tracer.writer()
             assert writer is not None
