@@ -384,7 +384,7 @@ class MessageTrace:
 
     __slots__ = ("_tracer", "info", "_carried", "_parent", "_parsed", "stamps", "worker", "body", "_ctx", "_process",
                  "_handler", "_token", "_done", "_scope_start", "_held", "_head_held", "_overrun", "_late_end",
-                 "_open_handler", "_deferred", "_blame")
+                 "_open_handler", "_deferred", "_verdict", "_blame")
 
     def __init__(self, tracer: MessageTracer, info: MessageInfo, carried: Carried) -> None:
         self._tracer = tracer
@@ -413,9 +413,9 @@ class MessageTrace:
         self._open_handler: DeferredSpan | None = None  # written, waiting for the late handler end
         # a held trace's process/handler, not yet spans: ids allocated, written only if kept
         self._deferred: tuple[Any, ...] | None = None
-        # (Verdict, policy) from the dispatcher, at its start; at the finish, the blocker resolved:
-        # (Verdict without blocker and blocker_ref, policy, blame attributes, links)
-        self._blame: tuple[Any, ...] | None = None
+        self._verdict: tuple[Any, str] | None = None  # (Verdict, policy) from the dispatcher, until the finish
+        # what the spans carry of it (attributes, link to the blocker), made at the finish
+        self._blame: tuple[dict[str, Any], tuple[Link, ...]] | None = None
 
     @property
     def carried(self) -> Carried:
@@ -443,7 +443,7 @@ class MessageTrace:
     def blame(self, verdict: Any, policy: str) -> None:
         """The dispatcher's verdict on this message's wait (a :class:`tracer.path.blocking.Verdict`,
         whose ``blocker_ref`` is the blocker's trace), given when its handler starts."""
-        self._blame = (verdict, policy)
+        self._verdict = (verdict, policy)
 
     def handler_context(self) -> SpanContext | None:
         """The context of the span current in this message's handler (``handler``; ``process`` in
@@ -456,10 +456,9 @@ class MessageTrace:
             return self._deferred[5]  # type: ignore[no-any-return]
         return None
 
-    def _blame_attributes(self) -> tuple[dict[str, Any], tuple[Link, ...]]:
+    @staticmethod
+    def _blame_of(verdict: Any) -> tuple[dict[str, Any], tuple[Link, ...]]:
         """The blame attributes and the link to the blocker's handler span."""
-        assert self._blame is not None
-        verdict = self._blame[0]
         attrs: dict[str, Any] = {n.BLAME_REASON: verdict.reason, n.BLAME_AVOIDABLE_WAIT: float(verdict.avoidable_s)}
         links: tuple[Link, ...] = ()
         blocker = verdict.blocker_ref
@@ -627,15 +626,17 @@ class MessageTrace:
             metrics.observe(self.info.topic, mt.consumer_group, consistent, outcome, None,
                             ctx.trace_id if ctx is not None and ctx.trace_flags & 1 else 0)
         mt.meters.finished(self.info.topic, mt.consumer_group, consistent, outcome, error)
-        blame = self._blame
-        if blame is not None:
-            # The blocker's trace is let go now, its id and handler context kept: held on, every
-            # live trace would keep the chain of every trace that blocked one before it alive.
-            self._blame = blame = (blame[0]._replace(blocker=None, blocker_ref=None), blame[1], *self._blame_attributes())
-            avoidable = float(blame[0].avoidable_s)
+        verdict = self._verdict
+        if verdict is not None:
+            # The verdict (it names the blocker's entry and trace) is let go now, the blocker's id
+            # and handler context kept: held on, every live trace would keep the chain of every
+            # trace that blocked one before it alive.
+            self._verdict = None
+            self._blame = self._blame_of(verdict[0])
+            avoidable = float(verdict[0].avoidable_s)
             if metrics is not None:
-                metrics.avoidable(self.info.topic, mt.consumer_group, blame[1], avoidable)
-            mt.meters.avoidable(self.info.topic, mt.consumer_group, blame[1], avoidable)
+                metrics.avoidable(self.info.topic, mt.consumer_group, verdict[1], avoidable)
+            mt.meters.avoidable(self.info.topic, mt.consumer_group, verdict[1], avoidable)
         for start, end, peer, tolerance, gap_name in _CROSS:
             a, b = times[start], times[end]
             if a == MISSING or b == MISSING:
@@ -726,8 +727,7 @@ class MessageTrace:
             if not still_running:
                 handler.end(end_time=self._late_end or end_ns)
         compact = self._tracer.compact
-        blame = self._blame  # resolved at the finish: (verdict, policy, attributes, links)
-        blame_attrs, blame_links = (blame[2], blame[3]) if blame is not None else (None, ())
+        blame_attrs, blame_links = self._blame if self._blame is not None else (None, ())
         if not compact:
             writer = self._tracer.writer()
             assert writer is not None
