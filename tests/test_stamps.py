@@ -1,4 +1,4 @@
-from tracer.path.clock import ManualClock, MonotonicWallClock
+from tracer.path.clock import ManualClock
 from tracer.path.stages import GAP_BY_NAME, PATH_GAPS, Stage
 from tracer.path.stamps import SkewTracker, Stamps, compute_gaps, timeline
 
@@ -67,12 +67,6 @@ def test_skew_tracker_keeps_smallest_gap_per_peer():
     assert sk.observe("producer->broker", -2 * MS)
     assert sk.bound_ns("producer->broker") == -2 * MS
     assert sk.bound_ns("broker->consumer") is None
-
-
-def test_monotonic_wall_clock_never_goes_back():
-    c = MonotonicWallClock()
-    values = [c.now_ns() for _ in range(1000)]
-    assert values == sorted(values)
 
 
 # -- issue 19 item 8: no part exceeds the whole ---------------------------------------------------------

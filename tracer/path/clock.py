@@ -1,14 +1,20 @@
 """Clocks that give wall-clock nanoseconds which never go backwards within one process.
 
-Consumer-side stamps must subtract exactly (a gap of 3 ms must not become -40 ms because NTP
-stepped the wall clock), yet spans need wall-clock times. :class:`MonotonicWallClock` reads the
-wall clock once and then advances it by the monotonic clock, so both hold.
+Stamps are compared with other clocks' stamps: the broker's store time, the producer's send
+stamp, the SDK's own span times (``time.time_ns``) for the spans your handler opens. So the
+consumer's clock has to *be* the system wall clock, not drift away from it: an earlier version
+read the wall clock once and advanced it by the monotonic clock, and every wall-clock step after
+that (NTP stepping a VM's clock after a pause, a time-sync agent) stayed in every later
+cross-clock gap — 0.5–0.8 s after ten minutes on one CI machine, enough to turn ``broker_wait``
+negative and place the process span before its own broker store. Same-clock gaps must still never
+be negative, so :class:`MonotonicWallClock` follows the wall clock and holds where it steps back.
 """
 
 from __future__ import annotations
 
 import threading
 import time
+from collections.abc import Callable
 from typing import Protocol
 
 __all__ = ["Clock", "ManualClock", "MonotonicWallClock", "default_clock"]
@@ -21,23 +27,30 @@ class Clock(Protocol):
 
 
 class MonotonicWallClock:
-    """Wall time anchored once, advanced by ``time.monotonic_ns``.
+    """The system wall clock, held where it steps back: each reading is the latest wall-clock
+    time read so far (``max`` of every reading of ``source`` up to this one).
 
-    Drifts from the system clock only by what NTP slews after the anchor; call :meth:`reanchor`
-    from a long-running process if that matters more than monotonicity.
+    A step forward is followed at once, so cross-clock gaps stay right after it; the one gap that
+    spans the step is longer by it. A step back holds the clock until the wall clock passes its
+    last reading again, so a same-clock gap across it is short (never negative).
+    ``source``: the wall clock in ns (tests pass one that steps).
     """
 
-    __slots__ = ("_offset",)
+    __slots__ = ("_last", "_source")
 
-    def __init__(self) -> None:
-        self._offset = 0
-        self.reanchor()
-
-    def reanchor(self) -> None:
-        self._offset = time.time_ns() - time.monotonic_ns()
+    def __init__(self, source: Callable[[], int] = time.time_ns) -> None:
+        self._source = source
+        self._last = source()
 
     def now_ns(self) -> int:
-        return time.monotonic_ns() + self._offset
+        # No lock (it would triple the cost of a stamp): under the GIL nothing between the
+        # comparison and the store can switch threads, so a reading never stores a value older
+        # than one another thread has already returned.
+        t = self._source()
+        if t > self._last:
+            self._last = t
+            return t
+        return self._last
 
 
 class ManualClock:

@@ -146,13 +146,14 @@ def _run_mode(mode: str, opts: FleetDemoOptions, *, tracer_provider: TracerProvi
             on_message()
         return collect
 
-    trackers, loops, consumers = [], [], []
+    trackers, loops, consumers, tracers = [], [], [], []
     for c in range(opts.consumers):
         occ = occupancy.track(group, opts.workers)
         trackers.append(occ)
         provider = consumer_providers[c] if consumer_providers else tracer_provider
         tracer = MessageTracer(consumer_group=group, tracer_provider=provider, occupancy=occ,
                                listeners=[collector(c)])
+        tracers.append(tracer)
         consumer = SimpleConsumer(broker, group, {TOPIC: None}, await_duration=0.05)
         consumer.startup()
         consumers.append(consumer)
@@ -168,7 +169,7 @@ def _run_mode(mode: str, opts: FleetDemoOptions, *, tracer_provider: TracerProvi
                for c, loop in enumerate(loops)]
     for th in threads:
         th.start()
-    t0 = time.time_ns()
+    t0 = tracers[0].clock.now_ns()  # the stamps' clock: the makespan is measured against them
     go.wait()
     done.wait()
     for loop in loops:
