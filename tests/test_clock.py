@@ -8,6 +8,7 @@ import queue
 import threading
 import time
 
+import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
@@ -98,3 +99,9 @@ def test_a_reading_handed_to_another_thread_is_never_later_than_its_next_reading
     for th in threads:
         th.join()
     assert bad == []
+
+
+@pytest.mark.parametrize("source", [time.time, lambda: None, "now"], ids=["float", "none", "not-callable"])
+def test_a_source_that_is_not_an_ns_clock_fails_at_construction(source: object) -> None:
+    with pytest.raises(TypeError):
+        MonotonicWallClock(source=source)  # type: ignore[arg-type]

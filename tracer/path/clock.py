@@ -34,13 +34,19 @@ class MonotonicWallClock:
     spans the step is longer by it. A step back holds the clock until the wall clock passes its
     last reading again, so a same-clock gap across it is short (never negative).
     ``source``: the wall clock in ns (tests pass one that steps).
+
+    Raises:
+        TypeError: ``source`` is not a function returning an ``int`` (it is read once here).
     """
 
     __slots__ = ("_last", "_source")
 
     def __init__(self, source: Callable[[], int] = time.time_ns) -> None:
+        first = source()
+        if type(first) is not int:
+            raise TypeError(f"source must return the wall clock as int ns, got {type(first).__name__}")
         self._source = source
-        self._last = source()
+        self._last = first
 
     def now_ns(self) -> int:
         # No lock (it would triple the cost of a stamp): under the GIL nothing between the
