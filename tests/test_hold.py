@@ -207,6 +207,7 @@ def _handle(mt, provider, clock, i, *, wait_s=0.0, fail=False, job=None):  # noq
     from tracer.path.stages import Outcome, Stage
 
     t = mt.start_message(_unsampled_message(i, clock, job))
+    clock.advance(1_000)  # the client's buffer: a gap of no length gets no span
     t.mark(Stage.DISPATCH_ENQUEUE)
     clock.advance_s(wait_s)
     error = RuntimeError("boom") if fail else None
@@ -453,6 +454,7 @@ def test_a_timed_out_message_is_measured_and_kept_whole_and_its_late_handler_spa
     user = provider.get_tracer("user")
     t = mt.start_message(_unsampled_message(7, clock))
     t.mark(Stage.DISPATCH_ENQUEUE)
+    clock.advance(1_000)  # a dispatch wait of no length would get no span
     scope = t.handler_scope()
     scope.__enter__()
     with user.start_as_current_span("user-before"):

@@ -400,6 +400,8 @@ class ConsumeModel(RuleBasedStateMachine):
             with self.cond:
                 idle = not self.running
             if idle:  # cut the drain with a handler running: one unkeyed message, on a free worker
+                with self.client.lock:  # a pending injected receive failure would lose its delivery
+                    self.client.inject.pop("receive", None)  # until a lease this clock never reaches
                 self.send(None, 1)
                 wait_until(lambda: bool(self.running), timeout=10, what="a handler to run before the cut")
             assert self.loop.stop(timeout=0.0) is True

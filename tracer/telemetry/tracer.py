@@ -736,7 +736,10 @@ class MessageTrace:
                     if blame_attrs is not None and name == n.BLAME_SPAN:
                         writer.emit(name, writer.child_context(ctx), ctx, c[a], c[b],
                                     attributes={**gap_attrs, **blame_attrs}, links=blame_links)
-                    else:
+                    elif c[b] > c[a]:
+                        # An empty gap (a push listener's client_buffer, a gap clamped by skew or
+                        # held by a clock stepping back) gets no span: Jaeger flags every span that
+                        # does not end after it starts as "Negative duration". Its 0 is observed.
                         writer.emit(name, writer.child_context(ctx), ctx, c[a], c[b], _INTERNAL, gap_attrs)
         attrs = self._process_attributes(outcome, process)
         if compact:
