@@ -17,6 +17,9 @@ of worker tasks (mid-handler and idle). The promise, as named invariants checked
 * ``successors_follow`` — what waited behind a message reported TIMEOUT is given back SKIPPED;
 * ``engine_alive`` — every worker thread lives until close;
 * ``stats_add_up`` — the snapshot adds up and agrees with what ``on_done`` saw;
+* ``blame_forgets_what_left`` — live blame waits only for messages the engine holds unstarted
+  (queued, handed to a worker, or a blocked submitter's): a refused ``submit(timeout=0)``, a
+  message given back or rejected leaves nothing in it (else memory grows with every retry);
 * ``close_drains_or_gives_back`` — when ``close`` returns True every accepted message has its
   outcome; when False, every one without an outcome is running.
 
@@ -121,6 +124,14 @@ def cost_of(it: Item) -> Any:
 
 def violated(name: str, detail: object) -> str:
     return f"invariant {name}: {detail}"
+
+
+def blame_forgets_what_left(s: Any) -> None:
+    """Live blame's waiting messages are ones the engine still holds unstarted (one snapshot)."""
+    b = s.blame
+    if b is not None:
+        held = s.queued + s.in_flight + s.overrun + s.waiters
+        assert b.waiting <= held, violated("blame_forgets_what_left", f"{b.waiting} waiting > {held} held: {s}")
 
 
 class ItemTrace:
@@ -563,8 +574,9 @@ class ThreadEngineModel(_Model):
         if not hasattr(self, "d"):
             return
         self.check()
+        s = self.d.statistics()
+        blame_forgets_what_left(s)
         if not self.closed:
-            s = self.d.statistics()
             assert s.live_workers == self.workers, violated("engine_alive", s)
 
     def teardown(self) -> None:
@@ -847,6 +859,7 @@ class AsyncEngineModel(_Model):
             return
         self.check()
         s = self.d.statistics()
+        blame_forgets_what_left(s)
         if not self.closed:
             assert s.live_workers >= s.in_flight  # every held message has a live task to run it
 

@@ -712,6 +712,7 @@ class ConsumeLoop:
             item = self._take_outcome(tick)
             if item is not None:
                 self._settle(*item)
+                item = None  # an idle ack thread keeps no message alive (its trace, its body)
                 continue
             with self._lock:
                 if not self._ack_side_open and not self._acks:

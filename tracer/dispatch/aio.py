@@ -208,6 +208,7 @@ class AsyncDispatcher(EngineBase[T], Generic[T]):
             r = core.try_admit_locked(e)
         except WouldBlock:
             if timeout is not None and timeout <= 0:
+                core.refused_locked(e)
                 return False
             if self._on_worker():
                 raise RuntimeError(
@@ -314,6 +315,7 @@ class AsyncDispatcher(EngineBase[T], Generic[T]):
                     self._core.log("dispatcher internals", exc)
                     outcome, error = _FAILURE, exc
                 e = self._finish(w, e, outcome, error)
+                error = None  # an idle worker keeps no traceback (the handler's frames, its message)
                 if cancelled is not None:
                     if e is not None:
                         w.entry = e

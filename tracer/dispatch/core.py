@@ -277,6 +277,13 @@ class Core(Generic[T]):
             self.waiters = keep
         return admitted
 
+    def refused_locked(self, e: Entry[Any]) -> None:
+        """A submit that would not wait found no room: ``e`` was never taken. Its arrival is
+        forgotten, or every refused retry (the consume loop retries its backlog this way while
+        the workers are busy) would leave its entry, item and trace in the blame tracker."""
+        if self.blaming:
+            self.blame.forget(e)
+
     def withdraw_locked(self, w: Waiter) -> None:
         """A blocked submitter gives up (timeout): its message was not taken."""
         try:

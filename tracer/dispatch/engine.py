@@ -183,6 +183,7 @@ class Dispatcher(EngineBase[T], Generic[T]):
                     r = core.try_admit_locked(e)
                 except WouldBlock:
                     if timeout is not None and timeout <= 0:
+                        core.refused_locked(e)
                         return False
                     me = threading.current_thread()
                     if me in self._threads or me is self._watchdog:
@@ -347,6 +348,8 @@ class Dispatcher(EngineBase[T], Generic[T]):
                     log("dispatcher internals", exc)
                     outcome, error = _FAILURE, exc
                 got = finish(w, slot, e, outcome, error)
+            # an idle worker keeps no message alive (its item, its trace, the error's frames)
+            e = error = None
 
     def _run(self, w: _Worker, slot: int, e: Entry[Any]) -> tuple[Outcome, BaseException | None]:
         """Run the handler of ``e`` inside its trace scope; its outcome by the rules of :mod:`.core`."""
