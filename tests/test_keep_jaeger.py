@@ -88,6 +88,7 @@ def test_kept_traces_of_unsampled_messages_are_clean_linked_roots_in_jaeger(jaeg
         clock.advance_s(0.003)
         t = consumer.start_message(MessageInfo(topic=msg.topic, message_id=f"m{i}", properties=msg.properties,
                                                store_ms=store_ms))
+        clock.advance_s(0.0001)  # the client's buffer (an empty gap would get no span)
         t.mark(Stage.DISPATCH_ENQUEUE)
         clock.advance_s(0.5 if i in slow else 0.001)
         with t.handler_scope():
