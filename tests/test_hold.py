@@ -365,6 +365,8 @@ class HoldModel(RuleBasedStateMachine):
         self.evicted: set[int] = set()  # evicted undecided, not yet released
         self.expected: list[str] = []
         self.dropped = 0
+        self.policy_dropped = 0  # late spans of traces released with keep=False: not lost
+        self.decided_gone: set[int] = set()
         self.n = 0
 
     def _evict(self, tid: int) -> None:
@@ -378,6 +380,7 @@ class HoldModel(RuleBasedStateMachine):
         if tid in self.held:
             return
         self.gone.discard(tid)
+        self.decided_gone.discard(tid)
         self.evicted.discard(tid)
         if len(self.held) >= self.MAX_TRACES:
             self._evict(next(iter(self.held)))
@@ -389,7 +392,9 @@ class HoldModel(RuleBasedStateMachine):
         name = f"s{self.n}"
         self.hold.on_end(ReadableSpan(name, SpanContext(tid, self.n, False, TraceFlags(TraceFlags.SAMPLED))))
         if tid not in self.held:
-            if tid in self.gone:
+            if tid in self.decided_gone:
+                self.policy_dropped += 1
+            elif tid in self.gone:
                 self.dropped += 1
             else:
                 self.expected.append(name)
@@ -411,12 +416,15 @@ class HoldModel(RuleBasedStateMachine):
                 self.evicted.discard(tid)
                 if keep:  # kept after its eviction: later spans join (no lost span has children here)
                     self.gone.discard(tid)
+                else:  # dropped after its eviction: later spans are the policy's drop
+                    self.decided_gone.add(tid)
             return
         spans = self.held.pop(tid)
         if keep:
             self.expected.extend(spans)
         else:
             self.gone.add(tid)
+            self.decided_gone.add(tid)
 
     @invariant()
     def agrees(self) -> None:
@@ -424,6 +432,7 @@ class HoldModel(RuleBasedStateMachine):
         assert s.held_traces == len(self.held)
         assert s.held_spans == sum(len(v) for v in self.held.values()) <= self.MAX_SPANS
         assert s.dropped == self.dropped
+        assert s.policy_dropped == self.policy_dropped
         assert self.out.names == self.expected
 
 
@@ -673,4 +682,4 @@ def test_late_spans_of_dropped_or_evicted_traces_never_leave_as_orphans() -> Non
     assert memory.get_finished_spans() == ()  # nothing exported: every trace dropped or evicted
     s = hold.statistics()
     assert s.traces_evicted["max_traces"] >= 10
-    assert s.dropped_by_reason["forgotten"] + s.dropped_by_reason["dropped_trace"] >= 5000
+    assert s.dropped_by_reason["forgotten"] + s.dropped_by_reason["dropped_trace"] + s.policy_dropped >= 5000

@@ -277,9 +277,11 @@ def configure_tracing(settings: Settings, *, set_global: bool = True,
     every span lost (queue full, export failed) is counted there; with ``metrics``, also in
     ``rmqtrace_spans_dropped_total``.
     """
+    policy_drops = DropCounter()  # late spans of traces the keep policy dropped: not a loss
     if metrics is not None:
         drops = drops or DropCounter()
         drops.bind(metrics.spans_dropped)
+        policy_drops.bind(metrics.spans_policy_dropped)
     if settings.sdk_disabled:
         return None
     current = trace.get_tracer_provider()
@@ -308,7 +310,8 @@ def configure_tracing(settings: Settings, *, set_global: bool = True,
     keep = KeepPolicy.from_env()  # RMQTRACE_KEEP_*: decide again at handler end (telemetry.keep)
     if keep is not None and processors:  # OTEL_TRACES_EXPORTER=none: nothing exported, nothing to keep
         # spans the hold loses (bounds, age, shutdown) count with the export losses
-        hold = HoldingSpanProcessor.from_env(processors, on_dropped=drops)
+        # (rmqtrace_spans_dropped); late spans of dropped traces in rmqtrace_spans_policy_dropped
+        hold = HoldingSpanProcessor.from_env(processors, on_dropped=drops, on_policy_dropped=policy_drops)
         provider.add_span_processor(hold)
         install(provider, keep, hold)  # a MessageTracer writing into this provider picks them up
     else:

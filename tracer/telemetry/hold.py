@@ -65,8 +65,9 @@ log = logging.getLogger(__name__)
 DEFAULT_MAX_SPANS = 20_000
 DEFAULT_MAX_TRACES = 20_000
 DEFAULT_MAX_AGE_S = 600.0
-# Why spans were lost: a bound, the age limit, undecided at shutdown, their trace dropped (a span
-# ending after the decision), or their parent lost (exporting them would make orphans).
+# Why spans were lost: a bound, the age limit, undecided at shutdown, their trace evicted (a span
+# ending after the eviction), or their parent lost (exporting them would make orphans). A span
+# ending after its trace was dropped on purpose is no loss: it counts in ``policy_dropped``.
 DROP_REASONS: tuple[str, ...] = ("max_spans", "max_traces", "max_age", "shutdown", "dropped_trace", "parent_lost",
                                  "forgotten")
 _SAMPLED = TraceFlags(TraceFlags.SAMPLED)
@@ -95,6 +96,9 @@ class HoldStats(NamedTuple):
     dropped_by_reason: Mapping[str, int] = {}  # spans, by DROP_REASONS
     traces_evicted: Mapping[str, int] = {}  # undecided traces lost to max_spans, max_traces, max_age, shutdown
     oldest_held_s: float = 0.0  # age of the oldest undecided trace (by the hold's clock)
+    # late spans of traces the keep policy dropped on purpose: not lost (not in ``dropped``), the
+    # decision covers them as it covered the trace's held spans
+    policy_dropped: int = 0
 
 
 class _Held:
@@ -117,7 +121,7 @@ class HoldingSpanProcessor(SpanProcessor):
     def __init__(self, processors: Sequence[SpanProcessor], *, max_spans: int = DEFAULT_MAX_SPANS,
                  max_traces: int = DEFAULT_MAX_TRACES, max_age_s: float = DEFAULT_MAX_AGE_S,
                  on_dropped: Callable[[int], None] | None = None, clock: Clock | None = None,
-                 ticker: bool = True) -> None:
+                 ticker: bool = True, on_policy_dropped: Callable[[int], None] | None = None) -> None:
         if not processors:
             raise ValueError("HoldingSpanProcessor needs at least one span processor to forward to")
         if max_spans < 1 or max_traces < 1:
@@ -128,7 +132,9 @@ class HoldingSpanProcessor(SpanProcessor):
         self.max_spans = max_spans
         self.max_traces = max_traces
         self.max_age_ns = int(max_age_s * 1e9)
-        self.on_dropped = on_dropped
+        self.on_dropped = on_dropped  # spans lost (bounds, age, shutdown, orphans)
+        self.on_policy_dropped = on_policy_dropped  # late spans of dropped traces: not a loss
+        self.policy_dropped = 0
         self.clock: Clock = clock or default_clock()
         self._salt = random.getrandbits(64)
         self._lock = threading.Lock()
@@ -137,7 +143,7 @@ class HoldingSpanProcessor(SpanProcessor):
         self._n_spans = 0
         self._kept: OrderedDict[int, set[int]] = OrderedDict()  # decided kept: lost span ids
         self._evicted: OrderedDict[int, set[int]] = OrderedDict()  # lost undecided: their span ids
-        self._gone: OrderedDict[int, None] = OrderedDict()  # dropped ids of hold()-marked foreign traces
+        self._gone: OrderedDict[int, None] = OrderedDict()  # ids of traces the policy dropped
         self._drops = {r: 0 for r in DROP_REASONS}
         self._evictions = {r: 0 for r in ("max_spans", "max_traces", "max_age", "shutdown")}
         self.forwarded = 0
@@ -153,7 +159,8 @@ class HoldingSpanProcessor(SpanProcessor):
 
     @classmethod
     def from_env(cls, processors: Sequence[SpanProcessor], env: Mapping[str, str] | None = None,
-                 on_dropped: Callable[[int], None] | None = None) -> HoldingSpanProcessor:
+                 on_dropped: Callable[[int], None] | None = None,
+                 on_policy_dropped: Callable[[int], None] | None = None) -> HoldingSpanProcessor:
         """Bounds from ``RMQTRACE_KEEP_HELD_SPANS`` (spans; undecided traces get the same bound)
         and ``RMQTRACE_KEEP_HELD_AGE`` (seconds).
 
@@ -173,7 +180,8 @@ class HoldingSpanProcessor(SpanProcessor):
             raise ValueError(f"RMQTRACE_KEEP_HELD_AGE must be seconds > 0, got {raw_age!r}") from None
         if not age > 0:
             raise ValueError(f"RMQTRACE_KEEP_HELD_AGE must be seconds > 0, got {raw_age!r}")
-        return cls(processors, max_spans=n, max_traces=n, max_age_s=age, on_dropped=on_dropped)
+        return cls(processors, max_spans=n, max_traces=n, max_age_s=age, on_dropped=on_dropped,
+                   on_policy_dropped=on_policy_dropped)
 
     # -- rmqtrace's side ----------------------------------------------------------------
     def attach(self, policy: _Policy) -> None:
@@ -234,13 +242,13 @@ class HoldingSpanProcessor(SpanProcessor):
                 if evicted is not None:
                     if keep:  # what it lost stays lost; our own spans and the rest may join
                         self._remember(self._kept, trace_id, evicted)
-                    elif not self.ours(trace_id):
+                    else:  # its late spans are the policy's drop now, not a loss
                         self._remember(self._gone, trace_id, None)
                 return False
             self._n_spans -= len(held.spans)
             if not keep:  # a decided drop is the policy's to count, not a loss
-                if not held.ours:
-                    self._remember(self._gone, trace_id, None)
+                # remembered (ours too) so its late spans count as the policy's, not as lost
+                self._remember(self._gone, trace_id, None)
                 return True
             lost = held.lost
             if lost:
@@ -285,7 +293,7 @@ class HoldingSpanProcessor(SpanProcessor):
             drops = dict(self._drops)
             oldest = (now - next(iter(self._held.values())).since) / 1e9 if self._held else 0.0
             return HoldStats(self._n_spans, len(self._held), sum(drops.values()), self.forwarded, drops,
-                             dict(self._evictions), oldest)
+                             dict(self._evictions), oldest, self.policy_dropped)
 
 
     # -- internals (under self._lock unless said) -----------------------------------------
@@ -328,6 +336,10 @@ class HoldingSpanProcessor(SpanProcessor):
     def _notify(self, n: int) -> None:
         if self.on_dropped is not None:
             self.on_dropped(n)
+
+    def _notify_policy(self, n: int) -> None:
+        if self.on_policy_dropped is not None:
+            self.on_policy_dropped(n)
 
     def _wake(self) -> None:
         """Start the ticker thread unless it runs (it stops itself when nothing is left)."""
@@ -399,14 +411,16 @@ class HoldingSpanProcessor(SpanProcessor):
                 drop, passing = self._late_locked(trace_id, ctx.span_id, parent)
         if lost:
             self._count_lost(lost)
-        if drop:
+        if drop < 0:  # a late span of a trace the policy dropped
+            self._notify_policy(-drop)
+        elif drop:
             self._notify(drop)
         if passing:
             for p in self.processors:
                 p.on_end(span)
 
     def _late_locked(self, trace_id: int, span_id: int, parent: int) -> tuple[int, bool]:
-        """A span of no held trace: (spans dropped, pass it on)."""
+        """A span of no held trace: (spans lost, pass it on); -1 spans: the policy's drop."""
         kept = self._kept.get(trace_id)
         if kept is not None:
             if parent in kept:
@@ -420,8 +434,8 @@ class HoldingSpanProcessor(SpanProcessor):
             self._drops["dropped_trace"] += 1
             return 1, False
         if trace_id in self._gone:
-            self._drops["dropped_trace"] += 1  # its trace was dropped: a late span goes with it
-            return 1, False
+            self.policy_dropped += 1  # its trace was dropped on purpose: a late span goes with it
+            return -1, False
         if self.ours(trace_id):
             # dropped, or decided so long ago that what it lost is forgotten: never exported blind
             self._drops["forgotten"] += 1

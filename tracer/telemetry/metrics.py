@@ -348,6 +348,12 @@ class TracerMetrics(OnePerRegistry):
         self.spans_dropped = Counter(
             "rmqtrace_spans_dropped", "Spans the exporter could not deliver.", registry=None,
         )
+        # Not a loss: late spans of traces the keep policy dropped on purpose (RMQTRACE_KEEP_*).
+        self.spans_policy_dropped = Counter(
+            "rmqtrace_spans_policy_dropped",
+            "Spans ending after the keep policy dropped their trace, dropped with it on purpose (not a loss).",
+            registry=None,
+        )
         # A stock Counter: the same in multiprocess mode (values in the directory's files).
         self.avoidable_wait = Counter(
             "rmqtrace_consumer_avoidable_wait_seconds",
@@ -355,6 +361,7 @@ class TracerMetrics(OnePerRegistry):
             ["topic", "consumer_group", "policy"], registry=None,
         )
         collectors += [self.skew_clamped, self.skew_bound, self.propagation_errors, self.spans_dropped,
+                       self.spans_policy_dropped,
                        self.avoidable_wait]
         self._pairs = PairLabels(label_limit, shared="stage")
         self._lock = threading.Lock()
