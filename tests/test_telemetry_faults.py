@@ -64,3 +64,103 @@ def test_late_spans_of_a_trace_the_policy_dropped_are_no_export_loss(ours: bool)
     assert lost.dropped == 0 and policy.dropped == 3
     assert reg.get_sample_value("rmqtrace_spans_dropped_total") == 0
     assert reg.get_sample_value("rmqtrace_spans_policy_dropped_total") == 3
+
+
+# -- 2. the exception event: no deprecated exception.escaped -----------------------------------------
+MS = 1_000_000
+
+
+def _fail_send(provider, monkeypatch) -> None:
+    from tracer.path.clock import ManualClock
+    from tracer.telemetry.tracer import MessageTracer
+
+    mt = MessageTracer(tracer_provider=provider, clock=ManualClock())
+    mt.start_send("T", {}.__setitem__).end(error=ValueError("bad"))
+
+
+def _fail_message(provider, monkeypatch, compact: bool = False) -> None:
+    from tracer.path.clock import ManualClock
+    from tracer.path.message import MessageInfo
+    from tracer.path.stages import Outcome, Stage
+    from tracer.telemetry.tracer import MessageTracer
+
+    if compact:
+        monkeypatch.setenv("RMQTRACE_TRACE_SHAPE", "compact")
+    clock = ManualClock()
+    mt = MessageTracer(consumer_group="G", tracer_provider=provider, clock=clock)
+    info = MessageInfo(topic="T", message_id="M1", properties={}, store_ms=clock.now_ns() // MS - 1,
+                       delivery_attempt=1)
+    t = mt.start_message(info)
+    clock.advance(2 * MS)
+    t.mark(Stage.DISPATCH_ENQUEUE)
+    with t.handler_scope():
+        clock.advance(MS)
+    t.finish(Outcome.FAILURE, ValueError("bad"))
+
+
+def _fail_operation(provider, monkeypatch, which: str) -> None:
+    from tracer.path.clock import ManualClock
+    from tracer.telemetry.operations import ConsumerOperations
+    from tracer.telemetry.tracer import MessageTracer
+
+    ops = ConsumerOperations(MessageTracer(consumer_group="G", tracer_provider=provider, clock=ManualClock()),
+                             settle_spans=True)
+
+    def boom() -> None:
+        raise ValueError("bad")
+
+    with pytest.raises(ValueError):
+        if which == "receive":
+            ops.receive(boom)
+        else:
+            ops.settle("ack", type("M", (), {"topic": "T", "message_id": "M1"})(), boom)
+
+
+_CALL_SITES = {
+    "send span (SendTrace.end)": _fail_send,
+    "handler span (MessageTrace._write_spans)": _fail_message,
+    "compact process span (MessageTrace._write_spans)": lambda p, m: _fail_message(p, m, compact=True),
+    "receive span (ConsumerOperations._end)": lambda p, m: _fail_operation(p, m, "receive"),
+    "settle span (ConsumerOperations._end)": lambda p, m: _fail_operation(p, m, "settle"),
+}
+
+
+@pytest.mark.parametrize("site", list(_CALL_SITES))
+def test_every_exception_event_is_the_current_semconv_one(site: str, monkeypatch) -> None:
+    """Every place that records an exception writes type, message, stacktrace and no
+    exception.escaped (deprecated in semconv 1.44; the SDK's record_exception writes it)."""
+    memory = InMemorySpanExporter()
+    provider = TracerProvider()
+    _PROVIDERS.append(provider)
+    provider.add_span_processor(SimpleSpanProcessor(memory))
+    _CALL_SITES[site](provider, monkeypatch)
+    events = [e for s in memory.get_finished_spans() for e in s.events if e.name == "exception"]
+    assert len(events) == 1, [(s.name, s.events) for s in memory.get_finished_spans()]
+    attrs = dict(events[0].attributes)
+    assert "exception.escaped" not in attrs
+    assert attrs["exception.type"] == "ValueError" and attrs["exception.message"] == "bad"
+    assert "ValueError: bad" in attrs["exception.stacktrace"]
+
+
+def test_deferred_span_record_exception_writes_no_escaped() -> None:
+    """Our own span class's record_exception (its public API) follows the same event shape."""
+    from tracer.telemetry.spans import DeferredSpan, span_writer
+
+    memory = InMemorySpanExporter()
+    provider = TracerProvider()
+    _PROVIDERS.append(provider)
+    provider.add_span_processor(SimpleSpanProcessor(memory))
+    writer = span_writer(provider.get_tracer("rmqtrace"))
+    assert writer is not None
+    root = provider.get_tracer("rmqtrace").start_span("root")
+    ctx = root.get_span_context()
+    span = DeferredSpan(writer, "handler", writer.child_context(ctx), ctx, 1)
+    try:
+        raise ValueError("bad")
+    except ValueError as exc:
+        span.record_exception(exc, escaped=True)
+    span.end(end_time=2)
+    root.end()
+    [handler] = [s for s in memory.get_finished_spans() if s.name == "handler"]
+    attrs = dict(handler.events[0].attributes)
+    assert "exception.escaped" not in attrs and attrs["exception.type"] == "ValueError"

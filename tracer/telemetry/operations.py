@@ -37,7 +37,7 @@ from opentelemetry.trace import Link, SpanKind, Status, StatusCode
 from ..path import names as n
 from ..path.message import client_facts
 from .attributes import cap, client_attributes, server_attributes
-from .spans import add_own_attributes
+from .spans import add_own_attributes, record_error
 
 if TYPE_CHECKING:
     from .tracer import MessageTrace, MessageTracer
@@ -181,7 +181,7 @@ class ConsumerOperations:
                 if span.is_recording():
                     add_own_attributes(span, self._after)
                     if error is not None:
-                        span.record_exception(error)
+                        record_error(span, error)
                         span.set_status(Status(StatusCode.ERROR, type(error).__name__))
                         span.set_attribute(n.ERROR_TYPE, type(error).__qualname__)
                 span.end(end_time=max(t0, t1))

@@ -58,7 +58,8 @@ from opentelemetry.util.types import Attributes, AttributeValue
 from ..path.names import SCHEMA_URL
 from ..version import __version__
 
-__all__ = ["SCOPE", "DeferredSpan", "SpanWriter", "add_own_attributes", "span_writer"]
+__all__ = ["SCOPE", "DeferredSpan", "SpanWriter", "add_own_attributes", "exception_attributes", "record_error",
+           "span_writer"]
 
 SCOPE = InstrumentationScope("rmqtrace", __version__, SCHEMA_URL)
 _NO_LIMITS = SpanLimits()
@@ -286,6 +287,23 @@ def add_own_attributes(span: Span, attributes: Mapping[str, Any]) -> None:
         span.set_attributes(attributes)
 
 
+def exception_attributes(exception: BaseException) -> dict[str, Any]:
+    """The semconv exception event's attributes: type, message, stacktrace. No
+    ``exception.escaped`` (deprecated in semconv 1.44), which the SDK's ``record_exception`` writes."""
+    return {
+        "exception.type": type(exception).__qualname__,
+        "exception.message": str(exception),
+        "exception.stacktrace": "".join(traceback.format_exception(type(exception), exception,
+                                                                   exception.__traceback__)),
+    }
+
+
+def record_error(span: Span, exception: BaseException) -> None:
+    """Add the ``exception`` event to ``span`` (any span: the SDK's, ours, a proxy) the way the
+    current semconv has it; use this instead of ``span.record_exception``."""
+    span.add_event("exception", exception_attributes(exception))
+
+
 def span_writer(tracer: Any) -> SpanWriter | None:
     """A writer for an SDK tracer (resolving the API's proxy tracer), else None."""
     real = getattr(tracer, "_real_tracer", None) or tracer  # ProxyTracer once the SDK is set
@@ -425,12 +443,7 @@ class DeferredSpan(Span):
 
     def record_exception(self, exception: BaseException, attributes: Attributes = None,
                          timestamp: int | None = None, escaped: bool = False) -> None:
-        attrs: dict[str, Any] = {
-            "exception.type": type(exception).__qualname__,
-            "exception.message": str(exception),
-            "exception.stacktrace": "".join(traceback.format_exception(exception)),
-            "exception.escaped": str(escaped),
-        }
+        attrs = exception_attributes(exception)  # no exception.escaped: deprecated (semconv 1.44)
         if attributes:
             attrs.update(attributes)
         self.add_event("exception", attrs, timestamp)

@@ -71,7 +71,7 @@ from .keep import PENDING, KeepPolicy, KeepStats
 from .metrics import TracerMetrics
 from .occupancy import Occupancy
 from .otel_metrics import GLOBAL_METERS, MessagingMeters
-from .spans import DeferredSpan, SpanWriter, add_own_attributes, span_writer
+from .spans import DeferredSpan, SpanWriter, add_own_attributes, record_error, span_writer
 
 __all__ = ["BODY_ATTR", "MAX_ATTR_CHARS", "MAX_KEYS", "MessageTrace", "MessageTracer", "SendTrace", "TracerStats",
            "body_preview"]
@@ -367,7 +367,7 @@ class SendTrace:
             if message_id:
                 add_own_attributes(span, {n.MESSAGE_ID: str(message_id)})
             if error is not None:
-                span.record_exception(error)
+                record_error(span, error)
                 span.set_status(Status(_ERROR, type(error).__name__))
                 span.set_attribute(n.ERROR_TYPE, type(error).__qualname__)
         mt = self._tracer
@@ -717,7 +717,7 @@ class MessageTrace:
         handler = self._handler
         if handler is not None:
             if error is not None:
-                handler.record_exception(error)
+                record_error(handler, error)
                 handler.set_status(Status(_ERROR, type(error).__name__))
                 handler.put_attributes({n.ERROR_TYPE: error_type})
             with self._tracer._end_lock:
@@ -748,7 +748,7 @@ class MessageTrace:
                 for link in blame_links:
                     process.add_link(link.context)
             if error is not None:
-                process.record_exception(error)
+                record_error(process, error)
             for key, a, b in _GAP_ATTRS:
                 if c[a] and c[b]:
                     attrs[key] = (c[b] - c[a]) / 1e9
