@@ -164,3 +164,68 @@ def test_deferred_span_record_exception_writes_no_escaped() -> None:
     [handler] = [s for s in memory.get_finished_spans() if s.name == "handler"]
     attrs = dict(handler.events[0].attributes)
     assert "exception.escaped" not in attrs and attrs["exception.type"] == "ValueError"
+
+
+# -- 3. a nack (change_invisible_duration) on the wrapper paths finishes the trace --------------------
+def _seam(kind: str, provider, registry):
+    """(receive, ack, nack, processing or None, cleanup) of one embedded consumer through ``kind``."""
+    from tracer.embedded import EmbeddedBroker, Message, Producer, SimpleConsumer
+    from tracer.telemetry.tracer import MessageTracer
+
+    broker = EmbeddedBroker()
+    producer = Producer(broker, ["T"])
+    producer.startup()
+    m = Message()
+    m.topic, m.body = "T", b"x"
+    producer.send(m)
+    raw = SimpleConsumer(broker, "G", {"T": None}, await_duration=0)
+    raw.startup()
+    if kind == "TracedSimpleConsumer":
+        from tracer.clients.official import TracedSimpleConsumer
+
+        c = TracedSimpleConsumer(raw, MessageTracer(consumer_group="G", tracer_provider=provider,
+                                                    metrics=TracerMetrics(registry)), settle_spans=True)
+        return c.receive, c.ack, c.change_invisible_duration, c.processing, lambda: None
+    pytest.importorskip("rocketmq")
+    from tracer.clients.instrumentor import RocketMQInstrumentor
+
+    inst = RocketMQInstrumentor()
+    inst.instrument(tracer_provider=provider, registry=registry, settle_spans=True)
+    # the patched methods' wrappers, called with the embedded consumer as the instance
+    return (lambda n, d: inst._receive(raw.receive, raw, (n, d), {}),
+            lambda msg: inst._ack(raw.ack, raw, (msg,), {}),
+            lambda msg, d: inst._change_invisible(raw.change_invisible_duration, raw, (msg, d), {}),
+            None, inst.uninstrument)
+
+
+@pytest.mark.parametrize(("kind", "scope"), [("TracedSimpleConsumer", "no-scope"),
+                                           ("TracedSimpleConsumer", "after-processing"),
+                                           ("instrumentor", "no-scope")])  # it has no processing()
+def test_a_nacked_delivery_finishes_its_trace_as_a_failure_once(kind: str, scope: str) -> None:
+    """The 5.x nack (change_invisible_duration of a received message) ended nothing before: no
+    failure count, no histogram entry, no process span; the trace waited for an ack that never came."""
+    memory = InMemorySpanExporter()
+    provider = TracerProvider()
+    _PROVIDERS.append(provider)
+    provider.add_span_processor(SimpleSpanProcessor(memory))
+    reg = CollectorRegistry()
+    receive, ack, nack, processing, cleanup = _seam(kind, provider, reg)
+    try:
+        (msg,) = receive(1, 30)
+        if scope == "after-processing":
+            assert processing is not None
+            with processing(msg):
+                nack(msg, 20)  # inside the handler: a lease renewal, the trace stays open
+            assert not [s for s in memory.get_finished_spans() if s.name == "process T"]
+        nack(msg, 10)
+        nack(msg, 10)  # twice: still one finish
+    finally:
+        cleanup()
+    labels = {"topic": "T", "consumer_group": "G"}
+    assert reg.get_sample_value("rmqtrace_messages_total", {**labels, "outcome": "failure"}) == 1
+    assert not reg.get_sample_value("rmqtrace_messages_total", {**labels, "outcome": "success"})
+    assert reg.get_sample_value("rmqtrace_stage_duration_seconds_count", {**labels, "stage": "handler"}) == 1
+    assert reg.get_sample_value("rmqtrace_stage_duration_seconds_count", {**labels, "stage": "dispatch_wait"}) == 1
+    [process] = [s for s in memory.get_finished_spans() if s.name == "process T"]
+    assert process.status.status_code.name == "ERROR"
+    assert process.attributes["error.type"] == "failure"

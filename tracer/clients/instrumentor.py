@@ -250,8 +250,10 @@ class RocketMQInstrumentor(BaseInstrumentor):  # type: ignore[misc]
     def _change_invisible(self, wrapped: Any, instance: Any, args: Any, kwargs: Any) -> Any:
         if not is_instrumentation_enabled() or not args:
             return wrapped(*args, **kwargs)
-        return self._seam_for(instance, _group_of(instance)).operations.settle(
-            CHANGE_INVISIBLE_DURATION, args[0], lambda: wrapped(*args, **kwargs))
+        seam = self._seam_for(instance, _group_of(instance))
+        result = seam.operations.settle(CHANGE_INVISIBLE_DURATION, args[0], lambda: wrapped(*args, **kwargs))
+        seam.traces.nacked(args[0])  # the 5.x nack: the trace ends as a failure (see ReceivedTraces.nacked)
+        return result
 
     def _ack_async(self, wrapped: Any, instance: Any, args: Any, kwargs: Any) -> Any:
         # no timed operation (no future a thread can wait for); the message's trace ends here

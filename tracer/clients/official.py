@@ -188,6 +188,30 @@ class ReceivedTraces:
                 pass
         trace.finish(Outcome.SUCCESS)
 
+    def nacked(self, message: Any) -> None:
+        """``change_invisible_duration`` of a received message: the 5.x nack (redelivered after the
+        new invisible time), so its trace ends as a failure, once. While its handler runs (inside
+        ``processing()``) the call renews the lease instead and the trace stays open for the
+        ack; after ``processing()`` ended with an exception the trace has already finished."""
+        trace = self.get(message)
+        if trace is None:
+            self._evict(self.tracer.clock.now_ns())
+            return
+        stamps = trace.stamps
+        if stamps.has(Stage.HANDLER_START) and not stamps.has(Stage.HANDLER_END):
+            return  # a lease renewal while the handler runs
+        trace = self.pop(message)
+        self._evict(self.tracer.clock.now_ns())
+        if trace is None:  # acked, nacked or let go by another thread meanwhile
+            return
+        if not trace.stamps.has(Stage.HANDLER_START):
+            # no processing() scope: the time between receive and the nack was the handler's
+            pulled = trace.stamps.get(Stage.CLIENT_PULL)
+            trace.mark(Stage.DISPATCH_ENQUEUE, pulled)
+            with trace.handler_scope(start_ns=pulled):
+                pass
+        trace.finish(Outcome.FAILURE)
+
     def _evict(self, now_ns: int) -> None:
         """Let go of what is too old, then of the oldest beyond the count; finish each as not acked."""
         try:
@@ -284,9 +308,13 @@ class TracedSimpleConsumer:
         return result
 
     def change_invisible_duration(self, message: Any, invisible_duration: Any) -> Any:
-        """A lease change or a retry with backoff: a settle operation; the message's trace stays open."""
-        return self.operations.settle(n.CHANGE_INVISIBLE_DURATION, message,
-                                      lambda: self._consumer.change_invisible_duration(message, invisible_duration))
+        """A settle operation. Outside ``processing()`` it is the 5.x nack (a retry with backoff):
+        the message's trace finishes as a failure; inside, a lease renewal: the trace stays open
+        (:meth:`ReceivedTraces.nacked`)."""
+        result = self.operations.settle(n.CHANGE_INVISIBLE_DURATION, message,
+                                        lambda: self._consumer.change_invisible_duration(message, invisible_duration))
+        self.traces.nacked(message)
+        return result
 
     def ack_async(self, message: Any) -> Any:
         """The client's ``ack_async``; the message's trace ends here (the outcome was decided).
