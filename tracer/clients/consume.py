@@ -37,6 +37,7 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+import math
 import signal
 import threading
 import time
@@ -419,17 +420,28 @@ class ConsumeLoop:
         returns at once without receiving.
         """
         if timeout is not None:
-            deadline = time.monotonic() + max(0.0, timeout)
-            with self._changed:
-                if self._stop_deadline is None or deadline < self._stop_deadline:
+            if math.isnan(timeout) or timeout < 0:
+                raise ValueError(f"stop timeout must be >= 0 seconds (math.inf: no bound), got {timeout}")
+            if not math.isinf(timeout):
+                # no lock here: stop() may run in a signal handler that interrupted a holder of it
+                # (a float assignment is atomic; the loop reads the deadline within one tick)
+                deadline = time.monotonic() + timeout
+                current = self._stop_deadline
+                if current is None or deadline < current:
                     self._stop_deadline = deadline
         self._stop.set()
-        with self._changed:
-            self._changed.notify_all()
-            never_ran = not self._started and not self._polled
-            self._started = True
-            if never_ran:
-                self._stopped_unrun = True
+        never_ran = False
+        # never block on the loop's lock (a signal handler on the thread that holds it would
+        # deadlock): if it is busy, the loop sees the event within one tick
+        if self._lock.acquire(blocking=False):
+            try:
+                self._changed.notify_all()
+                never_ran = not self._started and not self._polled
+                self._started = True
+                if never_ran:
+                    self._stopped_unrun = True
+            finally:
+                self._lock.release()
         if never_ran:
             # no run() will close the dispatcher: its workers would outlive the loop. Nothing was
             # received, so nothing is held; a later run() returns at once.
@@ -439,6 +451,8 @@ class ConsumeLoop:
             return True
         if timeout is None:
             return self._finished.is_set()
+        if math.isinf(timeout):
+            return self._finished.wait()
         return self._finished.wait(timeout + 0.5)  # the drain's own deadline is `timeout`; a bit more to return
 
     def install_signal_handlers(self) -> None:

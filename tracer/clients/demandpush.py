@@ -37,6 +37,7 @@ message does not block its group's later messages as the stock FIFO consumer doe
 from __future__ import annotations
 
 import logging
+import math
 import threading
 from typing import Any, Callable, Mapping
 
@@ -86,7 +87,7 @@ class DemandPushConsumer:
             raise ValueError("consumer_group must not be empty")
         if consumption_thread_count < 1:
             raise ValueError(f"consumption_thread_count must be >= 1, got {consumption_thread_count}")
-        if shutdown_timeout < 0 or not startup_timeout > 0:
+        if math.isnan(shutdown_timeout) or shutdown_timeout < 0 or not startup_timeout > 0:
             raise ValueError(f"startup_timeout must be > 0 and shutdown_timeout >= 0 seconds, got "
                              f"{startup_timeout} and {shutdown_timeout}")
         self.startup_timeout = startup_timeout
@@ -161,7 +162,7 @@ class DemandPushConsumer:
         assert loop is not None and runner is not None
         try:
             loop.stop(timeout=self.shutdown_timeout)
-            runner.join(self.shutdown_timeout + 5)
+            runner.join(None if math.isinf(self.shutdown_timeout) else self.shutdown_timeout + 5)
         finally:
             consumer.shutdown()
 
