@@ -177,6 +177,15 @@ live_pid() {
     echo "$pid"
 }
 
+# During start-up the pid file names the launcher shell until it execs java, so live_pid (which
+# looks for the JVM's command line) can miss a JVM that is still starting: only a gone pid fails.
+started_pid() {
+    local f="$RUN/$1.pid" pid
+    [[ -s "$f" ]] || return 1
+    pid="$(cat "$f")"
+    [[ -n "$pid" && -d "/proc/$pid" ]]
+}
+
 launch() { # name main-class jvm-opts... -- args...
     local name="$1" main="$2"; shift 2
     local opts=() args=()
@@ -196,7 +205,7 @@ launch() { # name main-class jvm-opts... -- args...
         >>"$RUN/logs/$name.log" 2>&1 </dev/null 9>&- &
     disown 2>/dev/null || true
     local i
-    for i in $(seq 50); do [[ -s "$RUN/$name.pid" ]] && break; sleep 0.02; done
+    for i in $(seq 500); do [[ -s "$RUN/$name.pid" ]] && break; sleep 0.02; done
 }
 
 fail_start() { # name message
@@ -211,7 +220,7 @@ wait_ports() { # name deadline(SECONDS) ports...
     local p
     for p in "$@"; do
         until port_open "$p"; do
-            live_pid "$name" >/dev/null || fail_start "$name" "$name exited before port $p opened"
+            started_pid "$name" || fail_start "$name" "$name exited before port $p opened"
             ((SECONDS < deadline)) || fail_start "$name" "$name: port $p not open after ${START_TIMEOUT}s"
             sleep 0.1
         done
