@@ -94,6 +94,13 @@ class SetClock:
     def now_ns(self) -> int:
         return self.t
 
+    # both timelines at once: a test that sets any time gets exactly that stamp
+    def wall_ns(self) -> int:
+        return self.t
+
+    def monotonic_ns(self) -> int:
+        return self.t
+
 
 def write_scenario_with_tracer(path: Path, rows: Sequence[Row], *, worker_attr: bool = True,
                                topic: str = "t") -> Path:

@@ -1,107 +1,125 @@
-"""The consumer's clock: the system wall clock (what the broker and the SDK stamp with), held where
-it steps back. An anchored clock drifted 0.5-0.8 s from the wall clock in ten minutes on a CI
-machine whose wall clock was being stepped, and every cross-clock gap carried it."""
+"""The two timelines (tracer/path/clock.py): wall time for stamps, monotonic time for durations,
+and the per-message anchor that joins them. An anchor for the whole process drifted 0.5-0.8 s from
+the wall clock in ten minutes on a CI machine whose wall clock was being stepped; a wall clock held
+where it stepped back read one value for S seconds after a step of S, so every gap then was 0."""
 
 from __future__ import annotations
 
-import queue
-import threading
 import time
 
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from tracer.path.clock import MonotonicWallClock, default_clock
+from tracer.dispatch import Dispatcher
+from tracer.path.clock import Anchor, ManualClock, SystemClock, default_clock, require_clock
+from tracer.telemetry.hold import HoldingSpanProcessor
+from tracer.telemetry.keep import KeepPolicy
+from tracer.telemetry.tracer import MessageTracer
 
 S = 1_000_000_000
 
 
-class SteppingWall:
-    """A wall clock moved by hand, stepped either way."""
-
-    def __init__(self, t: int = 1_800_000_000 * S) -> None:
-        self.t = t
-
-    def __call__(self) -> int:
-        return self.t
-
-
-@given(st.lists(st.integers(-10 * S, 10 * S), max_size=60))
-def test_each_reading_is_the_latest_wall_time_read_so_far(steps: list[int]) -> None:
-    wall = SteppingWall()
-    clock = MonotonicWallClock(source=wall)
-    seen = [wall.t]
-    for step in steps:
-        wall.t += step
-        seen.append(wall.t)
-        assert clock.now_ns() == max(seen)  # never back; never behind the wall clock's latest
+@given(st.lists(st.tuples(st.integers(0, 10 * S), st.integers(-10 * S, 10 * S)), max_size=60))
+def test_an_anchored_timeline_moves_by_the_monotonic_clock_alone(moves: list[tuple[int, int]]) -> None:
+    clock = ManualClock()
+    anchor = Anchor(clock)
+    assert anchor.now() == anchor.wall_ns == clock.wall_ns()  # anchored at the wall clock
+    last, mono = anchor.now(), clock.monotonic_ns()
+    for passes, step in moves:
+        clock.advance(passes)
+        clock.step_wall(step)
+        now = anchor.now()
+        assert now - last == clock.monotonic_ns() - mono == passes  # whatever the wall clock did
+        assert anchor.mono_of(now) == clock.monotonic_ns()
+        last, mono = now, clock.monotonic_ns()
 
 
-def test_a_step_forward_is_followed_at_once() -> None:
-    wall = SteppingWall()
-    clock = MonotonicWallClock(source=wall)
-    wall.t += 700_000_000  # the CI machine's step: the broker's next store time is 0.7 s later
-    assert clock.now_ns() == wall.t
+def test_a_new_anchor_follows_a_step_of_the_wall_clock() -> None:
+    # the next message is anchored afresh: a step moves it as a whole, so cross-clock gaps stay right
+    clock = ManualClock()
+    clock.step_wall(700_000_000)  # the CI machine's step: the broker's next store time is 0.7 s later
+    assert Anchor(clock).now() == clock.wall_ns()
+    clock.step_wall(-5 * S)
+    assert Anchor(clock).now() == clock.wall_ns()
 
 
-def test_a_step_back_holds_until_the_wall_clock_passes_it() -> None:
-    wall = SteppingWall()
-    clock = MonotonicWallClock(source=wall)
-    wall.t += 5 * S
-    held = clock.now_ns()
-    wall.t -= 3 * S
-    assert clock.now_ns() == held
-    wall.t += 4 * S
-    assert clock.now_ns() == wall.t > held
+def test_the_default_clock_is_the_system_wall_and_monotonic_clocks() -> None:
+    clock = default_clock()
+    assert isinstance(clock, SystemClock)
+    before, mono_before = time.time_ns(), time.monotonic_ns()
+    wall, mono = clock.wall_ns(), clock.monotonic_ns()
+    assert before <= wall <= time.time_ns() and mono_before <= mono <= time.monotonic_ns()
 
 
-def test_the_default_clock_is_the_system_wall_clock() -> None:
-    before = time.time_ns()
-    now = default_clock().now_ns()
-    assert before <= now <= time.time_ns()
+def test_time_passes_forward_only_on_the_manual_clock() -> None:
+    with pytest.raises(ValueError, match="step_wall"):
+        ManualClock().advance(-1)
 
 
-def test_a_reading_handed_to_another_thread_is_never_later_than_its_next_reading() -> None:
-    # a message's stamps are read on the pull thread, then on a worker: the worker's must not be
-    # earlier, even while the wall clock steps back and forth and other threads read the clock too
-    wall = SteppingWall()
-    clock = MonotonicWallClock(source=wall)
-    stop = threading.Event()
-
-    def stepper() -> None:
-        k = 0
-        while not stop.is_set():
-            wall.t += (-1) ** k * 1_000_003 + 7
-            k += 1
-
-    def noise() -> None:
-        while not stop.is_set():
-            clock.now_ns()
-
-    hops: queue.Queue[int | None] = queue.Queue()
-    bad: list[tuple[int, int]] = []
-
-    def relay() -> None:
-        while (v := hops.get()) is not None:
-            w = clock.now_ns()
-            if w < v:
-                bad.append((v, w))
-
-    threads = [threading.Thread(target=f, daemon=True) for f in (stepper, noise, noise, relay)]
-    for th in threads:
-        th.start()
-    for _ in range(20_000):
-        hops.put(clock.now_ns())
-    hops.put(None)
-    threads[-1].join()
-    stop.set()
-    for th in threads:
-        th.join()
-    assert bad == []
+class _WallOnly:
+    def wall_ns(self) -> int:
+        return 0
 
 
-@pytest.mark.parametrize("source", [time.time, lambda: None, "now"], ids=["float", "none", "not-callable"])
-def test_a_source_that_is_not_an_ns_clock_fails_at_construction(source: object) -> None:
-    with pytest.raises(TypeError):
-        MonotonicWallClock(source=source)  # type: ignore[arg-type]
+class _OldClock:
+    def now_ns(self) -> int:  # the one-timeline clock of earlier versions
+        return 0
+
+
+@pytest.mark.parametrize("build", [
+    lambda c: MessageTracer(clock=c),
+    lambda c: HoldingSpanProcessor([object()], clock=c, ticker=False),  # type: ignore[list-item]
+    lambda c: KeepPolicy(clock=c),
+    lambda c: Dispatcher(lambda m: None, workers=1, clock=c),
+], ids=["tracer", "hold", "keep", "dispatcher"])
+@pytest.mark.parametrize("clock", [_WallOnly(), _OldClock()], ids=["wall-only", "now_ns-only"])
+def test_a_clock_without_the_timeline_it_needs_is_refused_at_construction(build, clock) -> None:
+    with pytest.raises(TypeError, match="monotonic_ns"):
+        build(clock)
+
+
+def test_require_clock_names_what_is_missing() -> None:
+    with pytest.raises(TypeError, match=r"wall_ns\(\)"):
+        require_clock(object(), "x", wall=True)
+    require_clock(ManualClock(), "x", wall=True, monotonic=True)
+
+
+_MIXED = '''
+from tracer.dispatch import Dispatcher
+from tracer.path.clock import MonoNs, SystemClock, WallNs
+from tracer.telemetry.hold import HoldingSpanProcessor
+from tracer.telemetry.occupancy import Occupancy
+
+
+class Wall:
+    def wall_ns(self) -> WallNs:
+        return WallNs(0)
+
+
+class Mono:
+    def monotonic_ns(self) -> MonoNs:
+        return MonoNs(0)
+
+
+Dispatcher(lambda m: None, workers=1, clock=Wall())
+HoldingSpanProcessor([], clock=Wall())
+Occupancy(1, clock=Mono())
+stamp: WallNs = SystemClock().monotonic_ns()
+'''
+
+
+def test_mypy_refuses_one_timeline_where_the_other_is_asked_for(tmp_path) -> None:
+    pytest.importorskip("mypy")
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    (tmp_path / "mixed.py").write_text(_MIXED)
+    root = Path(__file__).resolve().parent.parent
+    run = subprocess.run([sys.executable, "-m", "mypy", "--strict", "--no-incremental", "mixed.py"], cwd=tmp_path,
+                         env={**os.environ, "MYPYPATH": str(root)}, capture_output=True, text=True, timeout=300)
+    errors = [line for line in run.stdout.splitlines() if line.startswith("mixed.py:")]
+    mixed = [k for k, line in enumerate(_MIXED.splitlines(), 1) if "clock=" in line or line.startswith("stamp")]
+    assert [int(line.split(":")[1]) for line in errors] == mixed and len(mixed) == 4, run.stdout

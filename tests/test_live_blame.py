@@ -157,7 +157,7 @@ def _run_on_a_manual_clock(policy, spans, registry, *, workers: int = 2):
         assert gate.wait(30), "never released"
 
     loop = ConsumeLoop(consumer, handler, tracer=tracer, invisible_duration=30, workers=workers, policy=policy,
-                       monotonic=lambda: clock.now_ns() / 1e9)
+                       monotonic=lambda: clock.monotonic_ns() / 1e9)
 
     def settled():  # every message the dispatcher holds is in its handler, or it holds none
         s = loop.dispatcher.statistics()

@@ -16,7 +16,11 @@ small bounds (spans, traces, age) are hit. After every step the promise holds:
 - ``holds_stay_within_bounds``: held spans and traces within their bounds, nothing undecided
   older than the age limit after a tick;
 - ``every_message_is_accounted``: started = kept + dropped + pending (the policy's decisions) +
-  unfinished, and each drop is counted by reason.
+  unfinished, and each drop is counted by reason;
+- ``no_consumer_gap_is_zero_unless_its_stamps_are_equal_on_the_monotonic_clock``: the wall clock
+  steps back and forward between any two steps (NTP), and every consumer gap of every message is
+  still exactly the monotonic time between its two stamps (issue 31 item 2: a clock held after a
+  step back read 0 for every gap, and the keep policy dropped the slow messages).
 """
 
 from __future__ import annotations
@@ -79,6 +83,7 @@ class _Msg:
     open: list[Any] = field(default_factory=list)  # the user's spans not yet ended
     ended: list[int] = field(default_factory=list)  # span ids of the user's spans that ended
     opened_ids: set[int] = field(default_factory=set)
+    monos: dict[Stage, int] = field(default_factory=dict)  # the monotonic clock at each consumer stamp
 
     @property
     def must_keep(self) -> bool:
@@ -106,7 +111,7 @@ class KeepHoldModel(RuleBasedStateMachine):
         self.jobs: dict[str, tuple[int, int, _Msg]] = {}  # job -> (last_end, seen, latest), least recent first
         self.latest_end = 0
         self.settled: set[int] = set()  # messages the critical-path promise covers now
-        self.ticked_at = self.clock.now_ns()
+        self.ticked_at = self.clock.monotonic_ns()
 
     # -- helpers ------------------------------------------------------------------------------
     def _live(self) -> list[_Msg]:
@@ -114,7 +119,7 @@ class KeepHoldModel(RuleBasedStateMachine):
 
     def _decided(self, m: _Msg) -> None:
         """Mirror the policy's job state for a finished message (to know the critical path)."""
-        end = m.t.stamps.times[Stage.HANDLER_END]
+        end = m.monos.get(Stage.HANDLER_END, 0)  # the policy's timers run on the monotonic clock
         if not m.job or not end:
             return
         self.latest_end = max(self.latest_end, end)
@@ -129,7 +134,7 @@ class KeepHoldModel(RuleBasedStateMachine):
 
     def _tick(self) -> None:
         self.hold.tick()
-        now = self.ticked_at = self.clock.now_ns()
+        now = self.ticked_at = self.clock.monotonic_ns()
         for job in list(self.jobs):
             _end, seen, latest = self.jobs[job]
             if now - seen < JOB_IDLE_S * S:
@@ -138,6 +143,8 @@ class KeepHoldModel(RuleBasedStateMachine):
             del self.jobs[job]
 
     def _finish(self, m: _Msg, outcome: Outcome, error: BaseException | None) -> None:
+        if Stage.HANDLER_START in m.monos and Stage.HANDLER_END not in m.monos:
+            m.monos[Stage.HANDLER_END] = self.clock.monotonic_ns()  # the watchdog's finish stamps it
         m.t.finish(outcome, error)
         m.finished, m.outcome = True, outcome
         self._decided(m)
@@ -155,11 +162,13 @@ class KeepHoldModel(RuleBasedStateMachine):
             props[JOB_ID] = job
         t = self.mt.start_message(MessageInfo(topic="jobs", message_id=f"m{i}", properties=props,
                                               store_ms=self.clock.now_ns() // 1_000_000 - 1))
+        pulled = self.clock.monotonic_ns()
         t.mark(Stage.DISPATCH_ENQUEUE)
         self.clock.advance_s(SLOW_WAIT_S if slow else 0.001)
         ctx = contextvars.copy_context()
         ctx.run(t.__enter__)  # each handler in a context of its own, as on its own worker
-        self.msgs.append(_Msg(i, t, ctx, job, sampled, slow))
+        monos = {Stage.CLIENT_PULL: pulled, Stage.DISPATCH_ENQUEUE: pulled, Stage.HANDLER_START: self.clock.monotonic_ns()}
+        self.msgs.append(_Msg(i, t, ctx, job, sampled, slow, monos=monos))
 
     @precondition(lambda self: not self.closed and any(m.running for m in self.msgs))
     @rule(data=st.data(), nested=st.booleans())
@@ -193,6 +202,7 @@ class KeepHoldModel(RuleBasedStateMachine):
         m = data.draw(st.sampled_from(self._live()))
         self.clock.advance_s(0.001)
         error = RuntimeError("boom") if fail else None
+        m.monos.setdefault(Stage.HANDLER_END, self.clock.monotonic_ns())  # unless the watchdog stamped it
         m.ctx.run(m.t.__exit__, None if error is None else RuntimeError, error, None)
         m.running = False
         if m.finished:
@@ -219,6 +229,11 @@ class KeepHoldModel(RuleBasedStateMachine):
         """Time passes with no traffic; the hold's ticker runs."""
         self.clock.advance_s(seconds)
         self._tick()
+
+    @rule(step=st.sampled_from([-3 * S, -300_000_000, 300_000_000, 3 * S]))
+    def wall_clock_steps(self, step: int) -> None:
+        """NTP steps the wall clock; no time passes (the monotonic clock stays)."""
+        self.clock.step_wall(step)
 
     @precondition(lambda self: not self.closed)
     @rule()
@@ -284,11 +299,20 @@ class KeepHoldModel(RuleBasedStateMachine):
         assert missing_user <= self.hold.statistics().dropped, missing_user
 
     @invariant()
+    def no_consumer_gap_is_zero_unless_its_stamps_are_equal_on_the_monotonic_clock(self) -> None:
+        consumer = (Stage.CLIENT_PULL, Stage.DISPATCH_ENQUEUE, Stage.HANDLER_START, Stage.HANDLER_END)
+        for m in self.msgs:
+            times = m.t.stamps.times
+            for a, b in zip(consumer, consumer[1:]):
+                if times[a] and times[b]:
+                    assert times[b] - times[a] == m.monos[b] - m.monos[a], (m.i, a.name, b.name)
+
+    @invariant()
     def holds_stay_within_bounds(self) -> None:
         s = self.hold.statistics()
         assert s.held_spans <= MAX_SPANS and s.held_traces <= MAX_TRACES
         # nothing undecided older than the limit as of the last tick (the clock moved on since)
-        assert s.oldest_held_s <= MAX_AGE_S + (self.clock.now_ns() - self.ticked_at) / S
+        assert s.oldest_held_s <= MAX_AGE_S + (self.clock.monotonic_ns() - self.ticked_at) / S
         assert sum(s.dropped_by_reason.values()) == s.dropped
 
     @invariant()

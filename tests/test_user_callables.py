@@ -158,8 +158,6 @@ EXEMPT = {
     ("tracer.embedded.EmbeddedBroker", "monotonic"): "a clock: tests inject a manual one",
     ("tracer.embedded.EmbeddedBroker", "wall_ms"): "a clock: tests inject a manual one",
     ("tracer.clients.probe.ProbeSender", "monotonic"): "a clock",
-    ("tracer.path.clock.MonotonicWallClock", "source"): "a clock, read once at construction: TypeError there "
-                                                        "unless it returns int ns (tests/test_clock.py)",
     ("tracer.clients.probe.ProbeSender", "sleep"): "a sleeper the CLI passes",
     ("tracer.clients.probe.ProbeSender", "message_factory"): "builds a message: a coroutine fails at send",
     ("tracer.clients.probe.skip_probes", "handler"): "returns a wrapper; whoever runs it checks it "

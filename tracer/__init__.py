@@ -19,7 +19,7 @@ from .clients.consume import ConsumeLoop, ConsumeStats
 from .clients.producer import TracedProducer
 from .config import Settings, configure_tracing
 from .dispatch import AsyncDispatcher, Dispatcher, DispatchMetrics
-from .path.clock import ManualClock, MonotonicWallClock
+from .path.clock import ManualClock, SystemClock
 from .path.message import MessageInfo, describe
 from .path.stages import GAPS, Gap, Outcome, Stage
 from .telemetry.metrics import TracerMetrics
@@ -38,10 +38,10 @@ __all__ = [
     "MessageInfo",
     "MessageTrace",
     "MessageTracer",
-    "MonotonicWallClock",
     "Outcome",
     "Settings",
     "Stage",
+    "SystemClock",
     "TracedProducer",
     "TracerMetrics",
     "__version__",

@@ -52,6 +52,7 @@ from ..callables import require_plain
 from ..dispatch import Dispatcher, DispatcherClosed
 from ..logonce import OnceLogger
 from ..path import names as n
+from ..path.clock import MonoNs
 from ..path.message import body_of, describe
 from ..path.stages import Outcome
 from ..telemetry.operations import ConsumerOperations
@@ -171,13 +172,13 @@ def _never_ran(outcome: Outcome, error: BaseException | None) -> bool:
 
 
 class _SecondsClock:
-    """The loop's seconds clock as the dispatcher's ``now_ns`` clock, so handler ages match."""
+    """The loop's seconds clock as the dispatcher's monotonic clock, so handler ages match."""
 
     def __init__(self, monotonic: Callable[[], float]) -> None:
         self._monotonic = monotonic
 
-    def now_ns(self) -> int:
-        return int(self._monotonic() * 1e9)
+    def monotonic_ns(self) -> MonoNs:
+        return MonoNs(int(self._monotonic() * 1e9))
 
 
 class ConsumeLoop:
@@ -516,7 +517,7 @@ class ConsumeLoop:
         tracer = self.tracer
         if tracer is None or isinstance(messages, (str, bytes)):
             return []
-        pulled_ns = tracer.clock.now_ns()
+        pulled_ns = tracer.clock.wall_ns()
         for m in list(messages or ()):
             try:
                 into.append((m, tracer.start_message(describe(m), pulled_ns, body_of(tracer, m))))

@@ -33,6 +33,7 @@ from opentelemetry.sdk.trace import SpanProcessor
 from ..callables import require_plain
 from ..logonce import OnceLogger
 from ..path import names as n
+from ..path.clock import MonoNs
 from ..path.message import MessageInfo, body_of, describe
 from ..path.stages import Outcome, Stage
 from ..telemetry.hold import DEFAULT_MAX_AGE_S, DEFAULT_MAX_TRACES, HoldingSpanProcessor
@@ -95,7 +96,7 @@ class ReceivedStats(NamedTuple):
 class _Entry:
     __slots__ = ("ref", "since")
 
-    def __init__(self, ref: weakref.ref[Any], since: int) -> None:
+    def __init__(self, ref: weakref.ref[Any], since: MonoNs) -> None:
         self.ref = ref
         self.since = since
 
@@ -151,15 +152,16 @@ class ReceivedTraces:
     def received(self, messages: Any) -> list[MessageTrace]:
         """Start a trace for each received message; returns them (the receive span links to them)."""
         try:
-            pulled = self.tracer.clock.now_ns()
+            pulled = self.tracer.clock.wall_ns()
+            since = self.tracer.clock.monotonic_ns()  # the held traces' ages run on the monotonic clock
             started = [(m, self.tracer.start_message(describe(m), pulled, body_of(self.tracer, m)))
                        for m in messages or ()]
             with self._lock:
                 for m, t in started:
-                    entry = _Entry(weakref.ref(m), pulled)
+                    entry = _Entry(weakref.ref(m), since)
                     self._traces[m] = (t, entry)
                     self._order.append(entry)
-            self._evict(pulled)
+            self._evict(since)
             return [t for _, t in started]
         except Exception as exc:  # noqa: BLE001
             self.tracer.hook_failed("stamping received messages", exc)
@@ -177,7 +179,7 @@ class ReceivedTraces:
 
     def acked(self, message: Any) -> None:
         trace = self.pop(message)
-        self._evict(self.tracer.clock.now_ns())
+        self._evict(self.tracer.clock.monotonic_ns())
         if trace is None:
             return
         if not trace.stamps.has(Stage.HANDLER_START):
@@ -195,13 +197,13 @@ class ReceivedTraces:
         ack; after ``processing()`` ended with an exception the trace has already finished."""
         trace = self.get(message)
         if trace is None:
-            self._evict(self.tracer.clock.now_ns())
+            self._evict(self.tracer.clock.monotonic_ns())
             return
         stamps = trace.stamps
         if stamps.has(Stage.HANDLER_START) and not stamps.has(Stage.HANDLER_END):
             return  # a lease renewal while the handler runs
         trace = self.pop(message)
-        self._evict(self.tracer.clock.now_ns())
+        self._evict(self.tracer.clock.monotonic_ns())
         if trace is None:  # acked, nacked or let go by another thread meanwhile
             return
         if not trace.stamps.has(Stage.HANDLER_START):
@@ -212,7 +214,7 @@ class ReceivedTraces:
                 pass
         trace.finish(Outcome.FAILURE)
 
-    def _evict(self, now_ns: int) -> None:
+    def _evict(self, now_ns: MonoNs) -> None:
         """Let go of what is too old, then of the oldest beyond the count; finish each as not acked."""
         try:
             age_ns, count = self.limits()

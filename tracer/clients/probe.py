@@ -32,7 +32,7 @@ from typing import TYPE_CHECKING, Any, Callable, TypeVar
 
 from opentelemetry.instrumentation.utils import suppress_instrumentation
 
-from ..path.clock import Clock, default_clock
+from ..path.clock import WallClock, default_clock, require_clock
 from ..path.names import PROBE_PROPERTY, PRODUCE_NS_PROPERTY
 from ..path.stages import Outcome, Stage
 from ..path.stamps import MISSING
@@ -93,7 +93,7 @@ def settle_probe(tracer: MessageTracer | None, trace: MessageTrace | None, *,
         return False
     try:
         times = trace.stamps.times
-        now = tracer.clock.now_ns()
+        now = trace.now()
         if times[Stage.DISPATCH_ENQUEUE] == MISSING:
             times[Stage.DISPATCH_ENQUEUE] = times[Stage.CLIENT_PULL]
         if times[Stage.HANDLER_START] == MISSING:
@@ -201,7 +201,7 @@ class ProbeSender:
     """
 
     def __init__(self, producer: Any, topic: str, message_factory: Callable[[], Any], *, interval: float = 10.0,
-                 tag: str | None = None, metrics: ProbeMetrics | None = None, clock: Clock | None = None,
+                 tag: str | None = None, metrics: ProbeMetrics | None = None, clock: WallClock | None = None,
                  monotonic: Callable[[], float] = time.monotonic, sleep: Callable[[float], object] | None = None) -> None:
         if not isinstance(interval, (int, float)) or not interval > 0 or interval != interval or interval == float("inf"):
             raise ValueError(f"interval must be a number of seconds > 0, got {interval!r}")
@@ -213,7 +213,9 @@ class ProbeSender:
         self.tag = tag
         self.metrics = metrics
         self._factory = message_factory
-        self._clock: Clock = clock or default_clock()
+        if clock is not None:
+            require_clock(clock, "ProbeSender(clock=)", wall=True)
+        self._clock: WallClock = clock or default_clock()
         self._monotonic = monotonic
         self._stop = threading.Event()
         self._sleep = sleep or self._stop.wait
@@ -230,7 +232,7 @@ class ProbeSender:
             msg.tag = self.tag
         msg.keys = "rmqtrace-probe"
         msg.add_property(PROBE_PROPERTY, "1")
-        msg.add_property(PRODUCE_NS_PROPERTY, str(self._clock.now_ns()))
+        msg.add_property(PRODUCE_NS_PROPERTY, str(self._clock.wall_ns()))
         return msg
 
     def send_one(self, *, check: bool = False) -> bool:
@@ -243,17 +245,17 @@ class ProbeSender:
             self.failed += 1
             if check:
                 if self.metrics is not None:
-                    self.metrics.sent_one(self.topic, False, self._clock.now_ns())
+                    self.metrics.sent_one(self.topic, False, self._clock.wall_ns())
                 raise
             if not self._warned:
                 self._warned = True
                 log.warning("rmqtrace probe: sending to %r failed (%s); further failures are counted", self.topic, exc)
             if self.metrics is not None:
-                self.metrics.sent_one(self.topic, False, self._clock.now_ns())
+                self.metrics.sent_one(self.topic, False, self._clock.wall_ns())
             return False
         self.sent += 1
         if self.metrics is not None:
-            self.metrics.sent_one(self.topic, True, self._clock.now_ns())
+            self.metrics.sent_one(self.topic, True, self._clock.wall_ns())
         return True
 
     def run(self, count: int | None = None, *, check_first: bool = False) -> int:

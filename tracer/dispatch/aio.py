@@ -31,7 +31,7 @@ from collections.abc import Awaitable, Callable
 from typing import Any, Generic, TypeVar, cast
 
 from ..callables import require_async
-from ..path.clock import Clock
+from ..path.clock import MonotonicClock
 from ..path.stages import Outcome
 from .core import Core, EngineBase, Waiter, WaitState, WouldBlock
 from .metrics import DispatchMetrics
@@ -112,7 +112,7 @@ class AsyncDispatcher(EngineBase[T], Generic[T]):
         on_done: Callable[[T, Outcome, BaseException | None], None] | None = None,
         metrics: DispatchMetrics | None = None,
         handler_timeout: float | None = None,
-        clock: Clock | None = None,
+        clock: MonotonicClock | None = None,
         name: str = "rmqtrace",
     ) -> None:
         require_async(handler, "handler")

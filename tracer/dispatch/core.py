@@ -59,7 +59,7 @@ from typing import Any, Generic, TypeVar, cast
 from ..callables import require_plain
 from ..logonce import OnceLogger
 from ..path.blocking import BlameTracker, Verdict
-from ..path.clock import Clock
+from ..path.clock import MonotonicClock, require_clock
 from ..path.stages import Outcome, Stage
 from .metrics import BoundDispatchMetrics, DispatchMetrics
 from .policy import Policy, resolve_policy
@@ -135,7 +135,7 @@ class Core(Generic[T]):
         on_done: Callable[[T, Outcome, BaseException | None], None] | None,
         metrics: DispatchMetrics | None,
         handler_timeout: float | None,
-        clock: Clock | None,
+        clock: MonotonicClock | None,
         name: str,
         kind: str,
     ) -> None:
@@ -154,7 +154,9 @@ class Core(Generic[T]):
         self.on_done = on_done
         self.timeout_s = handler_timeout
         self.timeout_ns = None if handler_timeout is None else int(handler_timeout * 1e9)
-        self.now: Callable[[], int] = time.monotonic_ns if clock is None else clock.now_ns
+        if clock is not None:
+            require_clock(clock, f"{kind}(clock=)", monotonic=True)
+        self.now: Callable[[], int] = time.monotonic_ns if clock is None else clock.monotonic_ns
         self.name = name
         self.log = OnceLogger(f"{kind} {name!r}", logger)
         self.m: BoundDispatchMetrics | None = None if metrics is None else metrics.bind(self.policy.name, self.sched)

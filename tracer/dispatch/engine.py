@@ -52,7 +52,7 @@ from collections.abc import Callable
 from typing import Any, Generic, TypeVar, cast
 
 from ..callables import require_plain
-from ..path.clock import Clock
+from ..path.clock import MonotonicClock
 from ..path.stages import Outcome
 from .core import Core, EngineBase, Waiter, WaitState, WouldBlock
 from .metrics import DispatchMetrics
@@ -105,14 +105,16 @@ class Dispatcher(EngineBase[T], Generic[T]):
     ``key``: ordering key (message group / sharding key), ``None`` for unordered messages.
     ``cost``: cost hint for :class:`.CostAware` (ignored by the other policies).
     ``on_done(item, outcome, error)``: called once per accepted message, after ``trace.finish``.
-    ``clock``: every reading of time (slot wait, handler age and deadline, the deadlines of
-    timeouts) comes from it (default ``time.monotonic_ns``). See :mod:`.core` for what happens
+    ``clock``: a :class:`~tracer.path.clock.MonotonicClock`; every reading of time (slot wait,
+    handler age and deadline, the deadlines of timeouts, the blame) is its ``monotonic_ns()``
+    (default ``time.monotonic_ns``), the clock a message's own stamps advance by. See :mod:`.core` for what happens
     when ``key``/``cost``/``on_done``/the trace raise.
 
     Raises:
         ValueError: ``workers`` < 1, ``handler_timeout`` not a finite number > 0, unknown policy.
         TypeError: ``handler``, ``key``, ``cost`` or ``on_done`` is not callable, or is an
-            ``async def`` or generator function (calling one would not run it).
+            ``async def`` or generator function (calling one would not run it); ``clock`` has
+            no ``monotonic_ns()``.
     """
 
     def __init__(
@@ -126,7 +128,7 @@ class Dispatcher(EngineBase[T], Generic[T]):
         on_done: Callable[[T, Outcome, BaseException | None], None] | None = None,
         metrics: DispatchMetrics | None = None,
         handler_timeout: float | None = None,
-        clock: Clock | None = None,
+        clock: MonotonicClock | None = None,
         name: str = "rmqtrace",
     ) -> None:
         require_plain(handler, "handler")

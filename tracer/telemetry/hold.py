@@ -56,7 +56,7 @@ from opentelemetry.sdk.trace import ReadableSpan, Span, SpanProcessor
 from opentelemetry.sdk.trace.id_generator import IdGenerator
 from opentelemetry.trace import SpanContext, TraceFlags, TraceState
 
-from ..path.clock import Clock, default_clock
+from ..path.clock import MonotonicClock, default_clock, require_clock
 
 __all__ = ["DROP_REASONS", "HoldStats", "HoldingSpanProcessor"]
 
@@ -116,11 +116,12 @@ class HoldingSpanProcessor(SpanProcessor):
 
     Raises:
         ValueError: for an empty processor list or bounds below 1.
+        TypeError: ``clock`` has no ``monotonic_ns()`` (ages run on the monotonic clock).
     """
 
     def __init__(self, processors: Sequence[SpanProcessor], *, max_spans: int = DEFAULT_MAX_SPANS,
                  max_traces: int = DEFAULT_MAX_TRACES, max_age_s: float = DEFAULT_MAX_AGE_S,
-                 on_dropped: Callable[[int], None] | None = None, clock: Clock | None = None,
+                 on_dropped: Callable[[int], None] | None = None, clock: MonotonicClock | None = None,
                  ticker: bool = True, on_policy_dropped: Callable[[int], None] | None = None) -> None:
         if not processors:
             raise ValueError("HoldingSpanProcessor needs at least one span processor to forward to")
@@ -135,7 +136,9 @@ class HoldingSpanProcessor(SpanProcessor):
         self.on_dropped = on_dropped  # spans lost (bounds, age, shutdown, orphans)
         self.on_policy_dropped = on_policy_dropped  # late spans of dropped traces: not a loss
         self.policy_dropped = 0
-        self.clock: Clock = clock or default_clock()
+        if clock is not None:
+            require_clock(clock, "HoldingSpanProcessor(clock=)", monotonic=True)
+        self.clock: MonotonicClock = clock or default_clock()
         self._salt = random.getrandbits(64)
         self._lock = threading.Lock()
         # trace id -> its held spans; insertion order = oldest undecided trace first
@@ -202,7 +205,7 @@ class HoldingSpanProcessor(SpanProcessor):
 
     def _hold(self, trace_id: int, fresh: bool) -> None:
         """``fresh``: an id :meth:`open_trace` just drew (96 random bits), seen nowhere before."""
-        now = self.clock.now_ns()
+        now = self.clock.monotonic_ns()
         lost: list[tuple[str, _Held]] = []
         with self._lock:
             if trace_id in self._held:
@@ -267,7 +270,7 @@ class HoldingSpanProcessor(SpanProcessor):
 
     def expire(self, now_ns: int | None = None) -> int:
         """Evict undecided traces older than ``max_age_s``; how many."""
-        now = self.clock.now_ns() if now_ns is None else now_ns
+        now = self.clock.monotonic_ns() if now_ns is None else now_ns
         lost: list[tuple[str, _Held]] = []
         with self._lock:
             self._expire_locked(now, lost)
@@ -288,7 +291,7 @@ class HoldingSpanProcessor(SpanProcessor):
             return busy or bool(self._held)
 
     def statistics(self) -> HoldStats:
-        now = self.clock.now_ns()
+        now = self.clock.monotonic_ns()
         with self._lock:
             drops = dict(self._drops)
             oldest = (now - next(iter(self._held.values())).since) / 1e9 if self._held else 0.0

@@ -73,7 +73,7 @@ import threading
 from dataclasses import dataclass
 from typing import Callable, Mapping, NamedTuple, Sequence
 
-from ..path.clock import Clock, default_clock
+from ..path.clock import MonotonicClock, default_clock, require_clock
 from ..path.stages import GAP_BY_NAME, Outcome, Stage
 
 __all__ = [
@@ -194,11 +194,12 @@ class KeepPolicy:
     Raises:
         ValueError: for an unknown gap, a negative threshold, a probability outside 0–1 or a
             non-positive interval, idle time or job bound.
+        TypeError: ``clock`` has no ``monotonic_ns()`` (the timers run on the monotonic clock).
     """
 
     def __init__(self, thresholds: Mapping[str, float | Slowest] | None = None, *, background: float = 0.0,
                  interval_s: float = 60.0, job_idle_s: float = 30.0, max_jobs: int = 10_000,
-                 rng: random.Random | None = None, clock: Clock | None = None) -> None:
+                 rng: random.Random | None = None, clock: MonotonicClock | None = None) -> None:
         if not 0.0 <= background <= 1.0:
             raise ValueError(f"background must be a probability in [0, 1], got {background!r}")
         if interval_s <= 0 or job_idle_s <= 0 or max_jobs < 1:
@@ -207,8 +208,10 @@ class KeepPolicy:
         self.interval_ns = int(interval_s * 1e9)
         self.job_idle_ns = int(job_idle_s * 1e9)
         self.max_jobs = max_jobs
-        # The consumer's clock (the stamps' clock), read by tick(); the tracer's clock in tests.
-        self.clock: Clock = clock or default_clock()
+        # Read by tick(); the finishes' ``end_mono`` is on it too (the tracer's clock in tests).
+        if clock is not None:
+            require_clock(clock, "KeepPolicy(clock=)", monotonic=True)
+        self.clock: MonotonicClock = clock or default_clock()
         # Called when a job's latest finisher becomes pending, so a timer will settle it (hold.py).
         self.wake: Callable[[], None] | None = None
         self._random = (rng or random.Random()).random
@@ -269,14 +272,21 @@ class KeepPolicy:
                    max_jobs=int(number("RMQTRACE_KEEP_MAX_JOBS", 10_000)), rng=rng)
 
     def decide(self, times: Sequence[int], outcome: Outcome, job_id: str | None = None, *,
-               head: bool = False, settle: Callable[[bool], None] | None = None) -> str | None:
+               head: bool = False, settle: Callable[[bool], None] | None = None,
+               end_mono: int | None = None) -> str | None:
         """Decide one finished message from its stamps: a reason in :data:`REASONS` (keep it now),
         :data:`PENDING` (``settle(keep)`` will be called later, once, from some later call of
         this policy or :meth:`flush`), or None (drop it).
 
         ``head`` says the head sampler kept it already; it is still counted and fed to the
-        estimates, so thresholds and the critical path see every message."""
+        estimates, so thresholds and the critical path see every message.
+
+        ``end_mono``: the handler end on :attr:`clock` (the monotonic clock), which the job-idle
+        and interval timers run on, as :meth:`tick` does; without it the handler-end stamp stands
+        in (a caller that drives the policy and its ticks on one clock of its own)."""
         now = times[_END]
+        if now and end_mono is not None:
+            now = end_mono
         if not now:
             with self._lock:  # never handled: nothing was traced to keep, nothing to judge
                 self._messages += 1
@@ -390,7 +400,7 @@ class KeepPolicy:
         """Settle (keep) the latest finisher of every job idle for ``job_idle_s`` at ``now_ns``
         (default: :attr:`clock`), whether or not another message finished; True while any is
         still pending. The hold's ticker calls it; tests call it with their clock."""
-        now = self.clock.now_ns() if now_ns is None else now_ns
+        now = self.clock.monotonic_ns() if now_ns is None else now_ns
         settled: list[tuple[Callable[[bool], None], bool]] = []
         with self._lock:
             if self._jobs:

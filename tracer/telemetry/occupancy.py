@@ -53,7 +53,7 @@ from prometheus_client import CollectorRegistry, Gauge
 from prometheus_client import Counter as PromCounter
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 
-from ..path.clock import Clock, default_clock
+from ..path.clock import WallClock, default_clock, require_clock
 from .metrics import BoundedLabel
 from .registration import OnePerRegistry, Refresher, multiprocess_dir
 
@@ -96,9 +96,11 @@ class Occupancy:
         ValueError: ``workers`` is negative.
     """
 
-    def __init__(self, workers: int, *, clock: Clock | None = None) -> None:
+    def __init__(self, workers: int, *, clock: WallClock | None = None) -> None:
         _check_workers(workers)
-        self.clock: Clock = clock or default_clock()
+        if clock is not None:
+            require_clock(clock, "Occupancy(clock=)", wall=True)
+        self.clock: WallClock = clock or default_clock()
         self._lock = threading.Lock()
         self._workers = workers
         self._busy = 0
@@ -108,7 +110,7 @@ class Occupancy:
         # (invariant: sum(_times.values()) == _unstarted; heap entries not in _times are stale).
         self._heap: list[int] = []
         self._times: Counter[int] = Counter()
-        self._last = self.clock.now_ns()
+        self._last = self.clock.wall_ns()
         self._busy_s = self._idle_s = self._hol_s = self._holding_s = 0.0
         self._closed = False
 
@@ -179,7 +181,7 @@ class Occupancy:
 
     # -- internals (caller holds the lock) ------------------------------------------------------
     def _accrue(self) -> int:
-        now = self.clock.now_ns()
+        now = self.clock.wall_ns()
         dt_ns = now - self._last
         if dt_ns > 0 and not self._closed:
             dt = dt_ns / 1e9
@@ -311,7 +313,7 @@ class OccupancyMetrics(OnePerRegistry):
         if self._refresher is not None:
             self._refresher.start()
 
-    def track(self, consumer_group: str, workers: int, *, clock: Clock | None = None) -> Occupancy:
+    def track(self, consumer_group: str, workers: int, *, clock: WallClock | None = None) -> Occupancy:
         """A new tracker whose values this collector exports under ``consumer_group``."""
         occ = Occupancy(workers, clock=clock)
         with self._lock:

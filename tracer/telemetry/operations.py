@@ -16,7 +16,7 @@ consumer would otherwise write one trace per long poll.
 Settle spans are opt-in (``settle_spans=True``): one more span per message, for an operation whose
 duration the histogram already has. The histogram records every operation either way (a counter
 increment without a meter provider). Span and histogram read one pair of clock readings, so they
-agree.
+agree: the wall clock at the start, the monotonic clock for the duration (``tracer.path.clock``).
 
 The topic of a receive is known only afterwards (the 5.x client picks one of its subscriptions
 inside ``receive``), so the span is written once the call returned, with the call's start time:
@@ -35,6 +35,7 @@ from opentelemetry import context as otel_context
 from opentelemetry.trace import Link, SpanKind, Status, StatusCode
 
 from ..path import names as n
+from ..path.clock import Anchor
 from ..path.message import client_facts
 from .attributes import cap, client_attributes, server_attributes
 from .spans import add_own_attributes, record_error
@@ -70,7 +71,7 @@ class ConsumerOperations:
         """``call()`` (the client's receive) as one ``receive`` operation; its result and its
         exceptions pass through. ``traces(result)``, if given, is called with the result and
         returns the traces it started for the messages: the span links to their creation contexts."""
-        t0 = self.tracer.clock.now_ns()
+        t0 = Anchor(self.tracer.clock)
         parent = otel_context.get_current()
         try:
             result = call()
@@ -87,7 +88,7 @@ class ConsumerOperations:
         its future does. Returns a future of the result, passed through ``then`` (e.g. to take
         probes out) when given; the client's exception passes through it."""
         mt = self.tracer
-        t0 = mt.clock.now_ns()
+        t0 = Anchor(mt.clock)
         parent = otel_context.get_current()  # the future resolves on another thread
         try:
             inner = call()
@@ -114,7 +115,7 @@ class ConsumerOperations:
         inner.add_done_callback(done)
         return outer
 
-    def _receive_ended(self, parent: Any, t0: int, result: Any,
+    def _receive_ended(self, parent: Any, t0: Anchor, result: Any,
                        traces: Callable[[Any], list[MessageTrace]] | None, error: BaseException | None) -> None:
         """Traces for the received messages, then the span — written after the fact, so an empty
         receive (an idle long poll) writes none, as the OpenTelemetry Java agent's Kafka ``poll``
@@ -140,7 +141,7 @@ class ConsumerOperations:
                 attrs[n.BATCH_MESSAGE_COUNT] = len(messages)
             try:
                 span = self.tracer.start_span_at(n.operation_span_name(n.RECEIVE, topic), SpanKind.CLIENT, parent,
-                                                 t0, attrs, links)
+                                                 t0.wall_ns, attrs, links)
             except Exception as exc:  # noqa: BLE001 - a broken provider must not stop the receive
                 self.tracer.hook_failed("starting the receive span", exc)
         self._end(span, n.RECEIVE, n.RECEIVE, topic or None, t0, error)
@@ -150,7 +151,7 @@ class ConsumerOperations:
         ``settle`` operation named ``operation``; result and exceptions pass through."""
         mt = self.tracer
         topic = cap(str(getattr(message, "topic", "") or "")) or None
-        t0 = mt.clock.now_ns()
+        t0 = Anchor(mt.clock)
         span: Any = None
         if self.settle_spans:
             attrs = {**self._start, n.OPERATION_NAME: operation, n.OPERATION_TYPE: n.SETTLE}
@@ -158,7 +159,7 @@ class ConsumerOperations:
                 attrs[n.DESTINATION] = topic
             try:
                 span = mt.start_span_at(n.operation_span_name(operation, topic), SpanKind.CLIENT,
-                                        otel_context.get_current(), t0, attrs)
+                                        otel_context.get_current(), t0.wall_ns, attrs)
             except Exception as exc:  # noqa: BLE001 - a broken provider must not stop the settle
                 mt.hook_failed("starting a settle span", exc)
         try:
@@ -173,9 +174,10 @@ class ConsumerOperations:
         self._end(span, operation, n.SETTLE, topic, t0, None)
         return result
 
-    def _end(self, span: Any, name: str, kind: str, topic: str | None, t0: int, error: BaseException | None) -> None:
+    def _end(self, span: Any, name: str, kind: str, topic: str | None, t0: Anchor, error: BaseException | None) -> None:
         mt = self.tracer
-        t1 = mt.clock.now_ns()
+        # the operation's span and duration on one timeline: wall at its start, monotonic since
+        t1 = t0.now()
         try:
             if span is not None:
                 if span.is_recording():
@@ -184,7 +186,7 @@ class ConsumerOperations:
                         record_error(span, error)
                         span.set_status(Status(StatusCode.ERROR, type(error).__name__))
                         span.set_attribute(n.ERROR_TYPE, type(error).__qualname__)
-                span.end(end_time=max(t0, t1))
-            mt.meters.operation(name, kind, topic, mt.consumer_group, t1 - t0, error)
+                span.end(end_time=t1)
+            mt.meters.operation(name, kind, topic, mt.consumer_group, t1 - t0.wall_ns, error)
         except Exception as exc:  # noqa: BLE001
             mt.hook_failed(f"ending a {kind} operation", exc)

@@ -40,7 +40,7 @@ from opentelemetry.trace import Link, NonRecordingSpan, Span, SpanContext, SpanK
 
 from ..callables import require_plain
 from ..path import names as n
-from ..path.clock import Clock, default_clock
+from ..path.clock import Anchor, Clock, MonoNs, WallNs, default_clock, require_clock
 from ..path.message import ClientFacts, MessageInfo
 from ..path.propagation import (
     Carried,
@@ -116,6 +116,12 @@ class MessageTracer:
     tracer serves; a received message's own namespace and endpoint win over it. The loose
     ``client_id=``, ``namespace=``, ``server_address=``, ``server_port=`` keywords still work and
     override the matching field. :meth:`statistics` is a frozen snapshot of what happened.
+
+    ``clock`` gives both timelines (:class:`~tracer.path.clock.Clock`): each message's stamps are
+    its wall time at the pull advanced by its monotonic time (one anchor per message).
+
+    Raises:
+        TypeError: ``clock`` lacks ``wall_ns()`` or ``monotonic_ns()``.
     """
 
     def __init__(
@@ -179,6 +185,8 @@ class MessageTracer:
         # Fed from the stamps: client_pull = received, handler start/end = a worker busy.
         self.occupancy = occupancy
         self.capture_body = max(0, int(capture_body))
+        if clock is not None:
+            require_clock(clock, "MessageTracer(clock=)", wall=True, monotonic=True)
         self.clock: Clock = clock or default_clock()
         self.metrics = metrics
         self.meters: MessagingMeters = GLOBAL_METERS  # OTel metrics: the global MeterProvider's
@@ -250,14 +258,16 @@ class MessageTracer:
                                 job_id=job_id, body_size=body_size if self.record_body_size else None,
                                 delivery_ms=delivery_ms)
         # One clock for the send span and the produce stamp: the consumer's spans are drawn from
-        # the stamps, and broker_wait (a child of send) must not start before it.
-        produce_ns = self.clock.now_ns()
+        # the stamps, and broker_wait (a child of send) must not start before it. The send's
+        # duration runs on the monotonic clock from there (tracer.path.clock: one anchor per message).
+        anchor = Anchor(self.clock)
+        produce_ns = anchor.wall_ns
         span = self.start_span_at(n.send_span_name(topic), _PRODUCER, otel_context.get_current(), produce_ns, attrs)
         try:
             inject(set_property, produce_ns, trace.set_span_in_context(span), job_id=job_id, cost=cost)
         except Exception as exc:  # noqa: BLE001 - a read-only message must not fail the send
             self.errors.count("inject_failed", repr(exc))
-        return SendTrace(span, produce_ns, self, topic)
+        return SendTrace(span, produce_ns, self, topic, anchor)
 
     def start_span_at(self, name: str, kind: SpanKind, parent_ctx: Context, start_ns: int,
                       attributes: dict[str, Any], links: Sequence[Link] = ()) -> Span:
@@ -280,17 +290,29 @@ class MessageTracer:
         ``body`` is read only when ``capture_body`` is on. Timestamps that cannot be real (before
         2000, over a day ahead) are ignored and counted as ``timestamp_out_of_range``.
         """
-        now = self.clock.now_ns()
+        # The message's timeline (tracer.path.clock): anchored once, at the pull, to the wall clock;
+        # every later consumer stamp is the anchor plus monotonic time, so a wall-clock step moves
+        # the message as a whole and none of its own gaps.
+        clock = self.clock
+        mono = clock.monotonic_ns()
+        now = clock.wall_ns()
         # The traceparent is parsed only if a span is written or the context made current
         # (MessageTrace.carried): a message only measured costs no parse (BENCHMARKS.md).
         carried = extract(info.properties, self.errors, now, info.system_trace_context, defer_parent=True)
-        t = MessageTrace(self, info, carried)
-        times = t.stamps.times
-        times[_PRODUCE] = carried.produce_ns
         if pulled_ns and not plausible_ns(pulled_ns, now):
             self.errors.count("timestamp_out_of_range", f"pulled_ns={pulled_ns}")
             pulled_ns = None
-        pulled = times[_PULL] = pulled_ns if pulled_ns else now
+        if pulled_ns:
+            # read on the wall clock a moment ago (a batch's pull): that far back on the monotonic
+            # one, never ahead of now (the wall clock stepped back in between)
+            since = now - pulled_ns
+            anchor = Anchor(clock, WallNs(pulled_ns), MonoNs(mono - since if since > 0 else mono))
+        else:
+            anchor = Anchor(clock, now, mono)
+        t = MessageTrace(self, info, carried, anchor)
+        times = t.stamps.times
+        times[_PRODUCE] = carried.produce_ns
+        pulled = times[_PULL] = anchor.wall_ns
         if info.store_ms:
             if plausible_ns(info.store_ms * 1_000_000, now):
                 # millisecond resolution: placed within its millisecond (tracer.path.stamps)
@@ -353,13 +375,15 @@ class MessageTracer:
 class SendTrace:
     """The live ``send {topic}`` span; end it with the receipt or the exception."""
 
-    __slots__ = ("span", "produce_ns", "_tracer", "_topic")
+    __slots__ = ("span", "produce_ns", "_tracer", "_topic", "_anchor")
 
-    def __init__(self, span: Span, produce_ns: int, tracer: MessageTracer | None = None, topic: str = "") -> None:
+    def __init__(self, span: Span, produce_ns: int, tracer: MessageTracer | None = None, topic: str = "",
+                 anchor: Anchor | None = None) -> None:
         self.span = span
         self.produce_ns = produce_ns
         self._tracer = tracer
         self._topic = topic
+        self._anchor = anchor
 
     def end(self, message_id: str | None = None, error: BaseException | None = None) -> None:
         span = self.span
@@ -374,7 +398,7 @@ class SendTrace:
         if mt is None:
             span.end()
             return
-        now = mt.clock.now_ns()
+        now = self._anchor.now() if self._anchor is not None else mt.clock.wall_ns()
         span.end(end_time=now)
         mt.meters.sent(self._topic, now - self.produce_ns, error)
 
@@ -384,10 +408,11 @@ class MessageTrace:
 
     __slots__ = ("_tracer", "info", "_carried", "_parent", "_parsed", "stamps", "worker", "body", "_ctx", "_process",
                  "_handler", "_token", "_done", "_scope_start", "_held", "_head_held", "_overrun", "_late_end",
-                 "_open_handler", "_deferred", "_verdict", "_blame")
+                 "_open_handler", "_deferred", "_verdict", "_blame", "anchor")
 
-    def __init__(self, tracer: MessageTracer, info: MessageInfo, carried: Carried) -> None:
+    def __init__(self, tracer: MessageTracer, info: MessageInfo, carried: Carried, anchor: Anchor) -> None:
         self._tracer = tracer
+        self.anchor = anchor  # the message's timeline: every consumer stamp is read on it
         self.info = info
         self._carried = carried
         # the producer's context once parsed (see `carried`); the hot path reads only this
@@ -434,7 +459,11 @@ class MessageTrace:
         return self._parent
 
     def mark(self, stage: Stage, ns: int | None = None) -> None:
-        self.stamps.times[stage] = ns if ns else self._tracer.clock.now_ns()
+        self.stamps.times[stage] = ns if ns else self.anchor.now()
+
+    def now(self) -> WallNs:
+        """This instant on the message's timeline (its anchor plus monotonic time since)."""
+        return self.anchor.now()
 
     @property
     def trace_id(self) -> int:
@@ -481,7 +510,7 @@ class MessageTrace:
     def __enter__(self) -> Span | None:
         """The handler starts: stamp it, open (or hold) the spans, make the context current."""
         times = self.stamps.times
-        times[_START] = self._scope_start or self._tracer.clock.now_ns()
+        times[_START] = self._scope_start or self.anchor.now()
         if times[_ENQUEUE] == MISSING:
             # No dispatcher stamped it: the client's own pool dispatched from its cache.
             times[_ENQUEUE] = times[_PULL]
@@ -569,7 +598,7 @@ class MessageTrace:
 
     def __exit__(self, *exc: object) -> None:
         """The handler returned: stamp its end (or end a late handler span), restore the context."""
-        now = self._tracer.clock.now_ns()
+        now = self.anchor.now()
         handler: DeferredSpan | None = None
         with self._tracer._end_lock:
             late = self._overrun  # finished already: the stamps are the finish's, the span waits for us
@@ -604,7 +633,7 @@ class MessageTrace:
         if times[_START] != MISSING and times[_END] == MISSING:
             # A watchdog reports a timeout while the handler still runs: it ran at least until
             # now, so the message is measured (handler, end_to_end, process duration) and judged.
-            now = self._tracer.clock.now_ns()
+            now = self.anchor.now()
             with self._tracer._end_lock:
                 if times[_END] == MISSING:
                     times[_END] = now
@@ -661,8 +690,11 @@ class MessageTrace:
             def settle(kept: bool) -> None:
                 self._settle(kept, outcome, error)
         try:
-            reason = keep.decide(self.stamps.times, outcome, self._carried.job_id,
-                                 head=ctx is not None and not self._held, settle=settle)
+            times = self.stamps.times
+            # the policy's timers (job idle, intervals) run on the monotonic clock, as its tick
+            end = times[_END]
+            reason = keep.decide(times, outcome, self._carried.job_id, head=ctx is not None and not self._held,
+                                 settle=settle, end_mono=self.anchor.mono_of(end) if end else None)
         except Exception as exc:  # noqa: BLE001 - a broken policy must not cost the histograms
             self._tracer.hook_failed("the keep decision", exc)
             reason = "failure"  # err on keeping
@@ -712,7 +744,7 @@ class MessageTrace:
         if c is None:
             c = causal(self.stamps.times)
         process = self._process if self._process is not None else self._materialize()
-        end_ns = c[_END] or self._tracer.clock.now_ns()
+        end_ns = c[_END] or self.anchor.now()
         error_type = type(error).__qualname__ if error is not None else None
         handler = self._handler
         if handler is not None:
@@ -738,7 +770,7 @@ class MessageTrace:
                                     attributes={**gap_attrs, **blame_attrs}, links=blame_links)
                     elif c[b] > c[a]:
                         # An empty gap (a push listener's client_buffer, a gap clamped by skew or
-                        # held by a clock stepping back) gets no span: Jaeger flags every span that
+                        # a stamp equal on the monotonic clock) gets no span: Jaeger flags every span that
                         # does not end after it starts as "Negative duration". Its 0 is observed.
                         writer.emit(name, writer.child_context(ctx), ctx, c[a], c[b], _INTERNAL, gap_attrs)
         attrs = self._process_attributes(outcome, process)

@@ -113,6 +113,7 @@ def load_job(n: int, *, otlp: str | None, directory: Path, seed: int = 7, batch:
     from opentelemetry.sdk.trace import TracerProvider
     from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 
+    from ...path.clock import MonoNs, WallNs
     from ...path.message import MessageInfo
     from ...path.stages import Outcome, Stage
     from ...telemetry.spanfile import JsonLinesSpanExporter
@@ -121,8 +122,11 @@ def load_job(n: int, *, otlp: str | None, directory: Path, seed: int = 7, batch:
     class Clock:
         t = 0
 
-        def now_ns(self) -> int:
-            return self.t
+        def wall_ns(self) -> WallNs:
+            return WallNs(self.t)
+
+        def monotonic_ns(self) -> MonoNs:
+            return MonoNs(self.t)
 
     service = f"rmqtrace-bench-report-{uuid.uuid4().hex[:8]}"
     directory.mkdir(parents=True, exist_ok=True)
