@@ -20,7 +20,11 @@ small bounds (spans, traces, age) are hit. After every step the promise holds:
 - ``no_consumer_gap_is_zero_unless_its_stamps_are_equal_on_the_monotonic_clock``: the wall clock
   steps back and forward between any two steps (NTP), and every consumer gap of every message is
   still exactly the monotonic time between its two stamps (issue 31 item 2: a clock held after a
-  step back read 0 for every gap, and the keep policy dropped the slow messages).
+  step back read 0 for every gap, and the keep policy dropped the slow messages);
+- ``no_exported_span_starts_before_its_parent``: some producers' clocks are ahead (up to past the
+  whole consumer path); every exported span starts no earlier than its exported parent, and a
+  ``process`` span no earlier than its remote ``send`` parent, which started at the produce stamp
+  (issue 31 item 10: the consumer drew its spans from a produce time moved back, the send the raw one).
 """
 
 from __future__ import annotations
@@ -42,7 +46,7 @@ from tracer.path.message import MessageInfo
 from tracer.path.names import GAP_SPANS
 from tracer.path.propagation import JOB_ID, PRODUCE_NS, TRACEPARENT
 from tracer.path.stages import Outcome, Stage
-from tracer.path.stamps import causal
+from tracer.path.stamps import causal, drawn
 from tracer.telemetry.hold import HoldingSpanProcessor
 from tracer.telemetry.keep import KeepPolicy
 from tracer.telemetry.tracer import MessageTrace, MessageTracer
@@ -77,6 +81,7 @@ class _Msg:
     job: str | None
     sampled: bool
     slow: bool
+    produce_ns: int = 0  # the producer's stamp: its send span started there
     running: bool = True
     finished: bool = False
     outcome: Outcome | None = None
@@ -153,11 +158,13 @@ class KeepHoldModel(RuleBasedStateMachine):
     @precondition(lambda self: not self.closed and len(self.msgs) < 16)
     # biased to ordinary messages of few jobs: those are the ones held for the critical path
     @rule(job=st.sampled_from(["a", "a", "b", None, "c"]), sampled=st.sampled_from([False, False, False, True]),
-          slow=st.sampled_from([False, False, False, True]))
-    def start(self, job: str | None, sampled: bool, slow: bool) -> None:
+          slow=st.sampled_from([False, False, False, True]),
+          producer_ahead_ms=st.sampled_from([0, 0, 0, 1, 40, 900]))
+    def start(self, job: str | None, sampled: bool, slow: bool, producer_ahead_ms: int) -> None:
         i = len(self.msgs)
+        produce_ns = self.clock.now_ns() - 2_000_000 + producer_ahead_ms * 1_000_000
         props = {TRACEPARENT: f"00-{i + 1:032x}-{i + 1:016x}-{'01' if sampled else '00'}",
-                 PRODUCE_NS: str(self.clock.now_ns() - 2_000_000)}
+                 PRODUCE_NS: str(produce_ns)}
         if job:
             props[JOB_ID] = job
         t = self.mt.start_message(MessageInfo(topic="jobs", message_id=f"m{i}", properties=props,
@@ -168,7 +175,7 @@ class KeepHoldModel(RuleBasedStateMachine):
         ctx = contextvars.copy_context()
         ctx.run(t.__enter__)  # each handler in a context of its own, as on its own worker
         monos = {Stage.CLIENT_PULL: pulled, Stage.DISPATCH_ENQUEUE: pulled, Stage.HANDLER_START: self.clock.monotonic_ns()}
-        self.msgs.append(_Msg(i, t, ctx, job, sampled, slow, monos=monos))
+        self.msgs.append(_Msg(i, t, ctx, job, sampled, slow, produce_ns, monos=monos))
 
     @precondition(lambda self: not self.closed and any(m.running for m in self.msgs))
     @rule(data=st.data(), nested=st.booleans())
@@ -290,9 +297,10 @@ class KeepHoldModel(RuleBasedStateMachine):
             ours = {s.name for s in exported.values() if s.parent is not None
                     and s.parent.span_id == process.context.span_id}
             # every gap with a length is a span, and only those (an empty one would get Jaeger's warning)
-            c = causal(m.t.stamps.times)
-            gaps = {g.name for g in GAP_SPANS if c[g.start] and c[g.end] > c[g.start]}
-            assert gaps and ours - {"handler"} == gaps, (m.i, ours, gaps)
+            d = drawn(m.t.stamps.times)  # what spans are drawn on (from the send's start)
+            gaps = {g.name for g in GAP_SPANS if d[g.start] and d[g.end] > d[g.start]}
+            ahead = m.produce_ns > causal(m.t.stamps.times)[Stage.PRODUCE]  # may empty them all
+            assert (gaps or ahead) and ours - {"handler"} == gaps, (m.i, ours, gaps)
             if not m.running:
                 assert "handler" in ours, (m.i, ours)
             missing_user += sum(1 for sid in m.ended if sid not in exported)
@@ -306,6 +314,18 @@ class KeepHoldModel(RuleBasedStateMachine):
             for a, b in zip(consumer, consumer[1:]):
                 if times[a] and times[b]:
                     assert times[b] - times[a] == m.monos[b] - m.monos[a], (m.i, a.name, b.name)
+
+    @invariant()
+    def no_exported_span_starts_before_its_parent(self) -> None:
+        exported = self._exported()
+        sends = {m.i + 1: m.produce_ns for m in self.msgs}  # the remote send span ids (see start)
+        for s in exported.values():
+            if s.parent is None:
+                continue
+            if s.parent.is_remote:
+                assert s.start_time >= sends[s.parent.span_id], (s.name, s.start_time, sends[s.parent.span_id])
+            elif s.parent.span_id in exported:
+                assert s.start_time >= exported[s.parent.span_id].start_time, (s.name, s.parent.span_id)
 
     @invariant()
     def holds_stay_within_bounds(self) -> None:

@@ -135,6 +135,25 @@ def compute_gaps(stamps: Stamps, gaps: Iterable[Gap] = GAPS) -> list[GapValue]:
     return out
 
 
+def drawn(times: Sequence[int], c: Sequence[int] | None = None) -> Sequence[int]:
+    """The stamps spans are drawn on: the :func:`causal` stamps ``c``, none before the produce
+    stamp as the producer read it — the ``send`` span's start, so no span of ours starts before
+    its ``send`` parent. Equal to ``c`` unless the producer's clock is ahead of a later stamp;
+    then the stamps before it are moved up to it (their spans shorter or empty), while the gaps
+    observed stay the causal ones."""
+    if c is None:
+        c = causal(times)
+    produce = times[_PRODUCE]
+    if c is times or not produce or produce == c[_PRODUCE]:
+        return c  # in order: nothing moved, nothing to move
+    out = list(c)
+    out[_PRODUCE] = produce
+    for i in range(_STORE, _N_STAGES):
+        if out[i] and out[i] < produce:
+            out[i] = produce
+    return out
+
+
 def timeline(stamps: Stamps) -> list[tuple[Stage, int]]:
     """Present :func:`causal` stamps in stage order, each no earlier than the one before.
 
@@ -188,5 +207,5 @@ class SkewTracker:
             return dict(self._min)
 
 
-__all__ = ["MISSING", "PATH_GAPS", "GapValue", "SkewTracker", "Stamps", "causal", "compute_gaps", "in_order", "store_stamp",
-           "timeline"]
+__all__ = ["MISSING", "PATH_GAPS", "GapValue", "SkewTracker", "Stamps", "causal", "compute_gaps", "drawn", "in_order",
+           "store_stamp", "timeline"]

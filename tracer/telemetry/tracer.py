@@ -52,7 +52,7 @@ from ..path.propagation import (
     traceparent_sampled,
 )
 from ..path.stages import CROSS_CLOCK_GAPS, GAPS, Outcome, Stage
-from ..path.stamps import MISSING, SkewTracker, Stamps, causal, store_stamp
+from ..path.stamps import MISSING, SkewTracker, Stamps, causal, drawn, store_stamp
 from ..version import __version__
 from .adopt import keep_for
 from .attributes import (  # noqa: F401 - re-exported
@@ -740,14 +740,19 @@ class MessageTrace:
     def _write_spans(self, ctx: SpanContext, outcome: Outcome, error: BaseException | None,
                      c: Sequence[int] | None = None) -> None:
         """Write the spans from the causal stamps ``c`` (computed here when not given): ordered in
-        stage order with 0 for a missing stamp, so every child lies inside its parent."""
+        stage order with 0 for a missing stamp, so every child lies inside its parent; drawn
+        (:func:`~tracer.path.stamps.drawn`) never before the produce stamp, the ``send`` parent's
+        start, whatever the producer's clock. Gap values (compact attributes) stay causal."""
         if c is None:
             c = causal(self.stamps.times)
+        d = drawn(self.stamps.times, c)
         process = self._process if self._process is not None else self._materialize()
-        end_ns = c[_END] or self.anchor.now()
+        end_ns = d[_END] or self.anchor.now()
         error_type = type(error).__qualname__ if error is not None else None
         handler = self._handler
         if handler is not None:
+            if d[_START] > c[_START]:
+                handler.move_start(d[_START])  # the producer's clock is ahead of the handler's start
             if error is not None:
                 record_error(handler, error)
                 handler.set_status(Status(_ERROR, type(error).__name__))
@@ -764,15 +769,15 @@ class MessageTrace:
             writer = self._tracer.writer()
             assert writer is not None
             for name, a, b, gap_attrs in _GAP_SPANS:
-                if c[a] and c[b]:
+                if d[a] and d[b]:
                     if blame_attrs is not None and name == n.BLAME_SPAN:
-                        writer.emit(name, writer.child_context(ctx), ctx, c[a], c[b],
+                        writer.emit(name, writer.child_context(ctx), ctx, d[a], d[b],
                                     attributes={**gap_attrs, **blame_attrs}, links=blame_links)
-                    elif c[b] > c[a]:
+                    elif d[b] > d[a]:
                         # An empty gap (a push listener's client_buffer, a gap clamped by skew or
                         # a stamp equal on the monotonic clock) gets no span: Jaeger flags every span that
                         # does not end after it starts as "Negative duration". Its 0 is observed.
-                        writer.emit(name, writer.child_context(ctx), ctx, c[a], c[b], _INTERNAL, gap_attrs)
+                        writer.emit(name, writer.child_context(ctx), ctx, d[a], d[b], _INTERNAL, gap_attrs)
         attrs = self._process_attributes(outcome, process)
         if compact:
             if blame_attrs is not None:
@@ -790,7 +795,7 @@ class MessageTrace:
             attrs[n.ERROR_TYPE] = error_type or outcome.value
         # the causal timeline's: every child inside, none before it (compact: no broker_wait child,
         # so process is the consumer's processing alone, as messaging.process.duration)
-        start = (0 if compact else c[_STORE]) or c[_PULL]
+        start = (0 if compact else d[_STORE]) or d[_PULL]
         if start:
             process.move_start(start)
         process.end(end_ns)
