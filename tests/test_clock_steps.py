@@ -190,3 +190,42 @@ def test_dispatch_wait_and_its_blame_agree_across_a_step(engine, registry) -> No
     assert second.end_time - second.start_time == S  # type: ignore[operator]
     assert second.attributes[n.BLAME_AVOIDABLE_WAIT] <= (second.end_time - second.start_time) / S  # type: ignore[operator]
     assert second.attributes[n.BLAME_REASON] == "capacity"
+
+
+def test_the_keep_policy_and_the_hold_run_on_the_tracers_clock() -> None:
+    """Built without a clock, they take the tracer's: a job's latest finisher is settled after
+    job_idle_s on the clock its finish was read on (not on another monotonic clock)."""
+    from tracer.path.clock import ManualClock
+    from tracer.path.propagation import JOB_ID
+
+    clock = ManualClock()
+    out = _Collect()
+    hold = HoldingSpanProcessor([out], ticker=False)
+    provider = TracerProvider(sampler=ParentBased(ALWAYS_OFF))
+    provider.add_span_processor(hold)
+    policy = KeepPolicy(job_idle_s=10.0)
+    tracer = MessageTracer(consumer_group="g", tracer_provider=provider, clock=clock, keep=policy, hold=hold)
+    assert policy.clock is clock and hold.clock is clock
+    for i in range(2):  # the job's first is kept at once; its latest waits for the job to be idle
+        t = tracer.start_message(MessageInfo(topic="T", message_id=f"m{i}",
+                                             properties={TRACEPARENT: f"00-{i + 1:032x}-{i + 1:016x}-00", JOB_ID: "j"}))
+        with t.handler_scope():
+            clock.advance_s(0.01)
+        t.finish(Outcome.SUCCESS)
+    assert policy.statistics().pending == 1
+    clock.advance_s(9.0)
+    hold.tick()
+    assert policy.statistics().pending == 1  # idle 9 s of 10
+    clock.advance_s(2.0)
+    hold.tick()
+    assert (policy.statistics().pending, policy.statistics().by_reason["critical_path"]) == (0, 1)
+
+
+def test_a_keep_policy_on_another_clock_is_refused() -> None:
+    from tracer.path.clock import ManualClock
+
+    hold = HoldingSpanProcessor([_Collect()], ticker=False)
+    with pytest.raises(ValueError, match="another clock"):
+        MessageTracer(clock=ManualClock(), keep=KeepPolicy(clock=ManualClock()), hold=hold)
+    with pytest.raises(ValueError, match="another clock"):
+        MessageTracer(keep=KeepPolicy(), hold=HoldingSpanProcessor([_Collect()], clock=ManualClock(), ticker=False))

@@ -27,7 +27,7 @@ from collections.abc import Callable
 from typing import NewType, Protocol
 
 __all__ = ["Anchor", "Clock", "ManualClock", "MonoNs", "MonotonicClock", "SystemClock", "WallClock", "WallNs",
-           "default_clock", "require_clock"]
+           "default_clock", "require_clock", "shared_clock"]
 
 WallNs = NewType("WallNs", int)  # ns since the Unix epoch (the stamps' timeline)
 MonoNs = NewType("MonoNs", int)  # ns on a monotonic clock: meaningful only as a difference
@@ -139,6 +139,21 @@ def require_clock(clock: object, what: str, *, wall: bool = False, monotonic: bo
     if missing:
         raise TypeError(f"{what} needs a clock with {' and '.join(m + '()' for m in missing)} "
                         f"(tracer.path.clock: stamps are wall time, durations monotonic), got {type(clock).__name__}")
+
+
+def shared_clock(own: MonotonicClock, pinned: bool, offered: MonotonicClock, what: str) -> MonotonicClock:
+    """The clock a timer of ``what`` runs on once a tracer offers it its own: ``offered``
+    unless ``own`` was pinned (given at construction, or taken from a tracer already).
+
+    Raises:
+        ValueError: ``own`` is pinned and reads another timeline than ``offered`` (the times a
+            tracer hands it would be compared with readings of another clock).
+    """
+    if not pinned:
+        return offered
+    if own is offered or (isinstance(own, SystemClock) and isinstance(offered, SystemClock)):
+        return own
+    raise ValueError(f"{what} runs on another clock than the tracer's clock=: give both the same one")
 
 
 _default = SystemClock()

@@ -56,7 +56,7 @@ from opentelemetry.sdk.trace import ReadableSpan, Span, SpanProcessor
 from opentelemetry.sdk.trace.id_generator import IdGenerator
 from opentelemetry.trace import SpanContext, TraceFlags, TraceState
 
-from ..path.clock import MonotonicClock, default_clock, require_clock
+from ..path.clock import MonotonicClock, default_clock, require_clock, shared_clock
 
 __all__ = ["DROP_REASONS", "HoldStats", "HoldingSpanProcessor"]
 
@@ -139,6 +139,7 @@ class HoldingSpanProcessor(SpanProcessor):
         if clock is not None:
             require_clock(clock, "HoldingSpanProcessor(clock=)", monotonic=True)
         self.clock: MonotonicClock = clock or default_clock()
+        self._clock_pinned = clock is not None
         self._salt = random.getrandbits(64)
         self._lock = threading.Lock()
         # trace id -> its held spans; insertion order = oldest undecided trace first
@@ -187,6 +188,15 @@ class HoldingSpanProcessor(SpanProcessor):
                    on_policy_dropped=on_policy_dropped)
 
     # -- rmqtrace's side ----------------------------------------------------------------
+    def share_clock(self, clock: MonotonicClock) -> None:
+        """Age traces on ``clock``, the tracer's, the one its keep policy's timers run on.
+
+        Raises:
+            ValueError: this hold runs on another clock, given or taken before.
+        """
+        self.clock = shared_clock(self.clock, self._clock_pinned, clock, "HoldingSpanProcessor(clock=)")
+        self._clock_pinned = True
+
     def attach(self, policy: _Policy) -> None:
         """Settle ``policy`` by time (the ticker) and at ``force_flush``/``shutdown``. Idempotent."""
         with self._lock:

@@ -73,7 +73,7 @@ import threading
 from dataclasses import dataclass
 from typing import Callable, Mapping, NamedTuple, Sequence
 
-from ..path.clock import MonotonicClock, default_clock, require_clock
+from ..path.clock import MonotonicClock, default_clock, require_clock, shared_clock
 from ..path.stages import GAP_BY_NAME, Outcome, Stage
 
 __all__ = [
@@ -212,6 +212,7 @@ class KeepPolicy:
         if clock is not None:
             require_clock(clock, "KeepPolicy(clock=)", monotonic=True)
         self.clock: MonotonicClock = clock or default_clock()
+        self._clock_pinned = clock is not None
         # Called when a job's latest finisher becomes pending, so a timer will settle it (hold.py).
         self.wake: Callable[[], None] | None = None
         self._random = (rng or random.Random()).random
@@ -409,6 +410,15 @@ class KeepPolicy:
         for fn, keep in settled:
             fn(keep)
         return pending
+
+    def share_clock(self, clock: MonotonicClock) -> None:
+        """Run the timers on ``clock``, the tracer's (its finishes' ``end_mono`` are read on it).
+
+        Raises:
+            ValueError: this policy runs on another clock, given or taken before.
+        """
+        self.clock = shared_clock(self.clock, self._clock_pinned, clock, "KeepPolicy(clock=)")
+        self._clock_pinned = True
 
     def busy(self) -> bool:
         """Whether a job's latest finisher waits to be settled (the ticker keeps running)."""

@@ -122,6 +122,9 @@ class MessageTracer:
 
     Raises:
         TypeError: ``clock`` lacks ``wall_ns()`` or ``monotonic_ns()``.
+        ValueError: ``keep``/``hold`` were given another clock than ``clock`` (their timers run
+            on the tracer's; one built without a clock takes it); ``keep`` without ``hold``;
+            a ``server_port`` that is not a TCP port; an unknown ``trace_shape``.
     """
 
     def __init__(
@@ -188,6 +191,7 @@ class MessageTracer:
         if clock is not None:
             require_clock(clock, "MessageTracer(clock=)", wall=True, monotonic=True)
         self.clock: Clock = clock or default_clock()
+        self._share_clock()
         self.metrics = metrics
         self.meters: MessagingMeters = GLOBAL_METERS  # OTel metrics: the global MeterProvider's
         self._provider = tracer_provider
@@ -359,9 +363,21 @@ class MessageTracer:
             if found is not None:
                 self.keep, self.hold = found
                 found[1].attach(found[0])
+                try:
+                    self._share_clock()
+                except ValueError as exc:  # another tracer's clock took the hold first: say it, trace on
+                    self.hook_failed("sharing the clock with RMQTRACE_KEEP_*", exc)
         self.foreign_provider = self._writer is None and not isinstance(
             provider, (trace.NoOpTracerProvider, trace.ProxyTracerProvider))
         return self._writer
+
+    def _share_clock(self) -> None:
+        """The keep policy's and the hold's timers on this tracer's monotonic clock: the times a
+        finish hands them are read on it (one source for stamps, blame, hold and keep)."""
+        if self.keep is not None:
+            self.keep.share_clock(self.clock)
+        if self.hold is not None:
+            self.hold.share_clock(self.clock)
 
     def hook_failed(self, where: str, exc: BaseException) -> None:
         """Log a failure of our own code once per place; the user's message flow goes on."""
