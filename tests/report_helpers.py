@@ -128,6 +128,7 @@ def write_scenario_with_tracer(path: Path, rows: Sequence[Row], *, worker_attr: 
                                                            clock=clock, worker_attr=worker_attr))
         info = MessageInfo(topic=topic, message_id=f"ID-{r.key}", keys=(r.key,), properties=props,
                            store_ms=round(r.store) + T0 // MS, delivery_attempt=1)
+        clock.t = r.ns(Stage.CLIENT_PULL)  # the pull is read now: the message's timeline starts here
         t = tracer.start_message(info, r.ns(Stage.CLIENT_PULL))
         t.mark(Stage.DISPATCH_ENQUEUE, r.ns(Stage.DISPATCH_ENQUEUE))
         t.worker = r.worker
