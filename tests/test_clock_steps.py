@@ -229,3 +229,52 @@ def test_a_keep_policy_on_another_clock_is_refused() -> None:
         MessageTracer(clock=ManualClock(), keep=KeepPolicy(clock=ManualClock()), hold=hold)
     with pytest.raises(ValueError, match="another clock"):
         MessageTracer(keep=KeepPolicy(), hold=HoldingSpanProcessor([_Collect()], clock=ManualClock(), ticker=False))
+
+
+def test_a_head_of_line_wait_across_a_step_back_carries_no_more_blame_than_its_length(registry) -> None:
+    """The issue's case: one slow message then fast ones on two round-robin workers; m2 waits
+    behind the slow m0 while worker 1 is free, and the wall clock steps 3 s back during m0. Its
+    dispatch_wait is the whole wait on the monotonic clock, so the avoidable part fits in it (a
+    held clock made it ~0.02 s carrying ~0.25 s of avoidable wait)."""
+    from tracer.path.blocking import GRACE_NS
+
+    slow, fast = 0.25, 0.01
+    clock = SteppedClock()
+    provider = TracerProvider()
+    out = _Collect()
+    provider.add_span_processor(out)
+    tracer = MessageTracer(consumer_group="g", tracer_provider=provider, clock=clock,  # type: ignore[arg-type]
+                           metrics=TracerMetrics(registry))
+
+    async def main() -> None:
+        all_arrived, other_worker_done = asyncio.Event(), asyncio.Event()
+
+        async def handler(body: str) -> None:
+            await all_arrived.wait()
+            if body == "slow":
+                await other_worker_done.wait()
+                clock.step_wall(-STEP)
+                clock.advance_s(slow)
+            else:
+                clock.advance_s(fast)
+
+        def on_done(body: str, outcome: Outcome, error: BaseException | None) -> None:
+            if body == "c":
+                other_worker_done.set()
+
+        d = AsyncDispatcher(handler, policy=RoundRobin(buffer=4), workers=2, clock=clock,  # type: ignore[arg-type]
+                            on_done=on_done)
+        for i, body in enumerate(["slow", "a", "b", "c"]):
+            await d.submit(body, tracer.start_message(MessageInfo(topic="T", message_id=f"m{i}")))
+        all_arrived.set()
+        await d.close()
+
+    asyncio.run(main())
+    ids = {s.context.trace_id: s.attributes[n.MESSAGE_ID] for s in out.spans if s.name == "process T"}
+    waits = {ids[s.context.trace_id]: s for s in out.spans if s.name == n.BLAME_SPAN}
+    victim = waits["m2"]  # dealt to worker 0, behind m0
+    length = (victim.end_time - victim.start_time) / S  # type: ignore[operator]
+    assert victim.attributes[n.BLAME_REASON] == "head_of_line"
+    assert length == pytest.approx(2 * fast + slow)  # enqueued at 0, started when m0 ended
+    assert victim.attributes[n.BLAME_AVOIDABLE_WAIT] == pytest.approx(slow - GRACE_NS / 1e9)
+    assert victim.attributes[n.BLAME_AVOIDABLE_WAIT] <= length
