@@ -29,6 +29,7 @@ from tracer.path.stamps import compute_gaps
 from tracer.telemetry.hold import HoldingSpanProcessor
 from tracer.telemetry.keep import KeepPolicy
 from tracer.telemetry.metrics import TracerMetrics
+from tracer.telemetry.occupancy import Occupancy
 from tracer.telemetry.tracer import MessageTracer
 
 S = 1_000_000_000
@@ -193,8 +194,8 @@ def test_dispatch_wait_and_its_blame_agree_across_a_step(engine, registry) -> No
 
 
 def test_the_keep_policy_and_the_hold_run_on_the_tracers_clock() -> None:
-    """Built without a clock, they take the tracer's: a job's latest finisher is settled after
-    job_idle_s on the clock its finish was read on (not on another monotonic clock)."""
+    """Built without a clock, they take the tracer's (the occupancy tracker too): a job's latest
+    finisher is settled after job_idle_s on the clock its finish was read on, not another one."""
     from tracer.path.clock import ManualClock
     from tracer.path.propagation import JOB_ID
 
@@ -204,8 +205,10 @@ def test_the_keep_policy_and_the_hold_run_on_the_tracers_clock() -> None:
     provider = TracerProvider(sampler=ParentBased(ALWAYS_OFF))
     provider.add_span_processor(hold)
     policy = KeepPolicy(job_idle_s=10.0)
-    tracer = MessageTracer(consumer_group="g", tracer_provider=provider, clock=clock, keep=policy, hold=hold)
-    assert policy.clock is clock and hold.clock is clock
+    occupancy = Occupancy(2)
+    tracer = MessageTracer(consumer_group="g", tracer_provider=provider, clock=clock, keep=policy, hold=hold,
+                           occupancy=occupancy)
+    assert policy.clock is clock and hold.clock is clock and occupancy.clock is clock
     for i in range(2):  # the job's first is kept at once; its latest waits for the job to be idle
         t = tracer.start_message(MessageInfo(topic="T", message_id=f"m{i}",
                                              properties={TRACEPARENT: f"00-{i + 1:032x}-{i + 1:016x}-00", JOB_ID: "j"}))

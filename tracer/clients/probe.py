@@ -100,7 +100,7 @@ def settle_probe(tracer: MessageTracer | None, trace: MessageTrace | None, *,
             times[Stage.HANDLER_START] = now
         times[Stage.HANDLER_END] = times[Stage.HANDLER_START]  # no handler runs
         if tracer.occupancy is not None:
-            tracer.occupancy.discarded(times[Stage.CLIENT_PULL])  # received, never took a worker
+            tracer.occupancy.discarded(trace.anchor.mono_ns)  # received, never took a worker
         m = _metrics_for(tracer, metrics)
         if m is not None:
             m.record(trace.info.topic, tracer.consumer_group, times, now)

@@ -53,7 +53,7 @@ from prometheus_client import CollectorRegistry, Gauge
 from prometheus_client import Counter as PromCounter
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 
-from ..path.clock import WallClock, default_clock, require_clock
+from ..path.clock import MonotonicClock, default_clock, require_clock, shared_clock
 from .metrics import BoundedLabel
 from .registration import OnePerRegistry, Refresher, multiprocess_dir
 
@@ -62,13 +62,13 @@ __all__ = ["Occupancy", "OccupancyMetrics", "OccupancySnapshot"]
 
 @dataclass(frozen=True)
 class OccupancySnapshot:
-    """The state of one tracker at ``now_ns``, with its integrals brought up to that instant."""
+    """The state of one tracker at ``now_ns`` (its monotonic clock), with its integrals brought up to that instant."""
 
     now_ns: int
     workers: int
     busy: int
     unstarted: int
-    oldest_unstarted_ns: int | None  # receive time of the oldest unstarted message
+    oldest_unstarted_ns: int | None  # receive time of the oldest unstarted message (monotonic)
     busy_s: float
     idle_s: float
     hol_s: float
@@ -88,19 +88,22 @@ class OccupancySnapshot:
 class Occupancy:
     """Busy workers and unstarted messages of one consumer, and their exact time integrals.
 
-    Thread-safe; every method is O(log n) in the number of unstarted messages. Times come from
-    ``clock`` (a :class:`~tracer.path.clock.ManualClock` in tests); a clock that steps back adds
-    nothing rather than a negative amount.
+    Thread-safe; every method is O(log n) in the number of unstarted messages. Times are
+    durations on ``clock``'s monotonic timeline (a :class:`~tracer.path.clock.ManualClock` in
+    tests; the tracer's, which passes each message's pull on it), so a wall-clock step adds
+    nothing; a clock that went back anyway would add nothing rather than a negative amount.
 
     Raises:
         ValueError: ``workers`` is negative.
+        TypeError: ``clock`` has no ``monotonic_ns()``.
     """
 
-    def __init__(self, workers: int, *, clock: WallClock | None = None) -> None:
+    def __init__(self, workers: int, *, clock: MonotonicClock | None = None) -> None:
         _check_workers(workers)
         if clock is not None:
-            require_clock(clock, "Occupancy(clock=)", wall=True)
-        self.clock: WallClock = clock or default_clock()
+            require_clock(clock, "Occupancy(clock=)", monotonic=True)
+        self.clock: MonotonicClock = clock or default_clock()
+        self._clock_pinned = clock is not None
         self._lock = threading.Lock()
         self._workers = workers
         self._busy = 0
@@ -110,9 +113,19 @@ class Occupancy:
         # (invariant: sum(_times.values()) == _unstarted; heap entries not in _times are stale).
         self._heap: list[int] = []
         self._times: Counter[int] = Counter()
-        self._last = self.clock.wall_ns()
+        self._last = self.clock.monotonic_ns()
         self._busy_s = self._idle_s = self._hol_s = self._holding_s = 0.0
         self._closed = False
+
+    def share_clock(self, clock: MonotonicClock) -> None:
+        """Integrate on ``clock``, the tracer's (it passes receive times read on it).
+
+        Raises:
+            ValueError: this tracker runs on another clock, given or taken before.
+        """
+        with self._lock:
+            self.clock = shared_clock(self.clock, self._clock_pinned, clock, "Occupancy(clock=)")
+            self._clock_pinned = True
 
     # -- events ---------------------------------------------------------------------------------
     def announce(self, n: int = 1, at_ns: int | None = None) -> None:
@@ -181,7 +194,7 @@ class Occupancy:
 
     # -- internals (caller holds the lock) ------------------------------------------------------
     def _accrue(self) -> int:
-        now = self.clock.wall_ns()
+        now = self.clock.monotonic_ns()
         dt_ns = now - self._last
         if dt_ns > 0 and not self._closed:
             dt = dt_ns / 1e9
@@ -313,7 +326,7 @@ class OccupancyMetrics(OnePerRegistry):
         if self._refresher is not None:
             self._refresher.start()
 
-    def track(self, consumer_group: str, workers: int, *, clock: WallClock | None = None) -> Occupancy:
+    def track(self, consumer_group: str, workers: int, *, clock: MonotonicClock | None = None) -> Occupancy:
         """A new tracker whose values this collector exports under ``consumer_group``."""
         occ = Occupancy(workers, clock=clock)
         with self._lock:

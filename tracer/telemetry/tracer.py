@@ -324,7 +324,7 @@ class MessageTracer:
             else:
                 self.errors.count("timestamp_out_of_range", f"store_ms={info.store_ms}")
         if self.occupancy is not None:
-            self.occupancy.received(times[_PULL])
+            self.occupancy.received(anchor.mono_ns)  # the pull, on the occupancy's monotonic clock
         if self.capture_body and isinstance(body, (bytes, bytearray, str)):
             t.body = body
         return t
@@ -378,6 +378,8 @@ class MessageTracer:
             self.keep.share_clock(self.clock)
         if self.hold is not None:
             self.hold.share_clock(self.clock)
+        if self.occupancy is not None:
+            self.occupancy.share_clock(self.clock)
 
     def hook_failed(self, where: str, exc: BaseException) -> None:
         """Log a failure of our own code once per place; the user's message flow goes on."""
@@ -531,7 +533,7 @@ class MessageTrace:
             # No dispatcher stamped it: the client's own pool dispatched from its cache.
             times[_ENQUEUE] = times[_PULL]
         if self._tracer.occupancy is not None:
-            self._tracer.occupancy.started(times[_PULL])
+            self._tracer.occupancy.started(self.anchor.mono_ns)
         writer = self._tracer.writer()
         if writer is None:
             if self._tracer.foreign_provider:
@@ -645,7 +647,7 @@ class MessageTrace:
         times = self.stamps.times
         occupancy = self._tracer.occupancy
         if occupancy is not None and times[_START] == MISSING:
-            occupancy.discarded(times[_PULL])
+            occupancy.discarded(self.anchor.mono_ns)
         if times[_START] != MISSING and times[_END] == MISSING:
             # A watchdog reports a timeout while the handler still runs: it ran at least until
             # now, so the message is measured (handler, end_to_end, process duration) and judged.
