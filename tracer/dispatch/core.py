@@ -23,7 +23,8 @@ Exception rules, the same in both engines:
   reported ``trace.finish(FAILURE, error)`` then ``on_done(item, FAILURE, error)`` before
   ``submit`` returns; it never reaches a worker (without its key it cannot be ordered safely).
   Logged once.
-* **cost=** raising, or returning a non-number, NaN, an infinity or a negative number: the
+* **cost=** raising, or returning a non-number, NaN, an infinity, a negative number or one too
+  large for a float (``10**400``; never an OverflowError out of ``submit``): the
   message takes cost ``0.0`` (a cost is only a hint), counted in ``stats.cost_errors``, logged
   once.
 * **Trace methods, on_done, the metrics**: their ``Exception`` is logged once per kind (later
@@ -115,11 +116,28 @@ def exemplar_of(trace: MessageTraceLike) -> Mapping[str, str] | None:
     return cast("Mapping[str, str] | None", fn())
 
 
-def _valid_cost(c: object) -> bool:
+def _as_cost(c: object) -> float | None:
+    """``c`` as a finite float >= 0, or None when it cannot be one.
+
+    The conversion itself may raise: an int or Fraction too large for a float (``10**400``)
+    raises OverflowError, a user's ``numbers.Real`` any error from ``__float__``.
+    """
     if not isinstance(c, numbers.Real) or isinstance(c, bool):
-        return False
-    f = float(c)
-    return math.isfinite(f) and f >= 0
+        return None
+    try:
+        f = float(c)
+    except Exception:  # noqa: BLE001 - a cost is a hint: one that cannot be a float is no cost
+        return None
+    return f if math.isfinite(f) and f >= 0 else None
+
+
+def _short_repr(v: object) -> str:
+    """``repr(v)`` cut to 80 characters; never raises (an int of 5000 digits refuses ``repr``)."""
+    try:
+        r = repr(v)
+    except Exception:  # noqa: BLE001 - only for a log line
+        r = f"<{type(v).__name__}>"
+    return r if len(r) <= 80 else r[:77] + "..."
 
 
 class Core(Generic[T]):
@@ -210,10 +228,12 @@ class Core(Generic[T]):
                 self.log("cost= callable", exc, "the message takes cost 0")
                 self._cost_failed()
             else:
-                if _valid_cost(c):
-                    cost = float(cast(float, c))
+                f = _as_cost(c)
+                if f is not None:
+                    cost = f
                 else:
-                    self.log("cost= value", None, f"{c!r} is not a finite number >= 0; the message takes cost 0")
+                    self.log("cost= value", None, f"{_short_repr(c)} is not a finite number >= 0; "
+                             "the message takes cost 0")
                     self._cost_failed()
         e: Entry[Any] = Entry(item, trace, key, cost)
         e.error = key_error
