@@ -78,3 +78,88 @@ def test_a_cost_that_is_no_finite_number_takes_cost_zero_and_never_raises(engine
                     policy=CostAware(window=4))
     assert sorted(got) == [("junk", Outcome.SUCCESS), ("ok", Outcome.SUCCESS)]
     assert s.cost_errors == 1 and s.handled == 2
+
+
+# #30 item 9: math.inf is "no bound" wherever a timeout is taken; NaN (and a negative close) is refused
+def _timeouts_on(engine: str, call: Callable[[Any], Any]) -> Any:
+    """``call(d)`` (awaited for asyncio) on a 2-worker dispatcher with one message run; then close it."""
+    if engine == "threads":
+        d: Any = Dispatcher(lambda m: None, workers=2)
+        d.submit("a")
+        try:
+            return call(d)
+        finally:
+            d.close()
+
+    async def handler(m: Any) -> None:
+        return None
+
+    async def main() -> Any:
+        d = AsyncDispatcher(handler, workers=2)
+        await d.submit("a")
+        try:
+            return await call(d)
+        finally:
+            await d.close()
+
+    return asyncio.run(main())
+
+
+INF_CALLS: dict[str, Callable[[Any], Any]] = {
+    "close": lambda d: d.close(timeout=math.inf),
+    "close-no-drain": lambda d: d.close(drain=False, timeout=math.inf),
+    "close-huge": lambda d: d.close(timeout=1e300),  # past threading.TIMEOUT_MAX: OverflowError in a wait
+    "wait_idle": lambda d: d.wait_idle(timeout=math.inf),
+    "wait_for_free_slot": lambda d: d.wait_for_free_slot(timeout=math.inf),
+    "submit": lambda d: d.submit("b", timeout=math.inf),
+}
+
+
+@pytest.mark.parametrize("call", list(INF_CALLS))
+@pytest.mark.parametrize("engine", ENGINES)
+def test_an_infinite_timeout_means_no_bound(engine: str, call: str) -> None:
+    # fails before: OverflowError (int(inf * 1e9)) from every one of them
+    assert _timeouts_on(engine, INF_CALLS[call]) is True
+
+
+@pytest.mark.parametrize("engine", ENGINES)
+def test_close_with_an_infinite_timeout_ends_every_worker(engine: str) -> None:
+    def call(d: Any) -> Any:
+        settled = d.close(timeout=math.inf)
+        if engine == "threads":
+            return settled, d.statistics().live_workers
+
+        async def after() -> Any:
+            return await settled, d.statistics().live_workers
+        return after()
+
+    assert _timeouts_on(engine, call) == (True, 0)  # fails before: OverflowError, the workers leak
+
+
+BAD_TIMEOUTS: dict[str, Callable[[Any, float], Any]] = {
+    "close": lambda d, t: d.close(timeout=t),
+    "wait_idle": lambda d, t: d.wait_idle(timeout=t),
+    "wait_for_free_slot": lambda d, t: d.wait_for_free_slot(timeout=t),
+    "submit": lambda d, t: d.submit("b", timeout=t),
+}
+
+
+@pytest.mark.parametrize("bad", [math.nan, -1.0], ids=["nan", "negative"])
+@pytest.mark.parametrize("call", list(BAD_TIMEOUTS))
+@pytest.mark.parametrize("engine", ENGINES)
+def test_a_nan_or_negative_close_timeout_is_refused_before_anything_changes(engine: str, call: str, bad: float) -> None:
+    if bad < 0 and call != "close":
+        pytest.skip("a negative wait or submit timeout means: do not wait (documented)")
+
+    def refused(d: Any) -> Any:
+        with pytest.raises(ValueError, match="timeout"):
+            BAD_TIMEOUTS[call](d, bad)
+        return not d.closed
+
+    async def refused_async(d: Any) -> Any:
+        with pytest.raises(ValueError, match="timeout"):
+            await BAD_TIMEOUTS[call](d, bad)
+        return not d.closed
+
+    # fails before: close(nan) closed the dispatcher (or raised OverflowError); submit(nan) was taken
+    assert _timeouts_on(engine, refused if engine == "threads" else refused_async) is True

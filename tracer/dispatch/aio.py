@@ -33,7 +33,7 @@ from typing import Any, Generic, TypeVar, cast
 from ..callables import require_async
 from ..path.clock import Clock
 from ..path.stages import Outcome
-from .core import Core, EngineBase, Waiter, WaitState, WouldBlock
+from .core import Core, EngineBase, Waiter, WaitState, WouldBlock, check_timeout
 from .metrics import DispatchMetrics
 from .policy import Policy
 from .protocol import DispatchStats, HandlerTimeout, MessageTraceLike
@@ -159,6 +159,7 @@ class AsyncDispatcher(EngineBase[T], Generic[T]):
 
     async def _wait_until(self, ready: Callable[[], bool], timeout: float | None) -> bool:
         core = self._core
+        check_timeout(timeout, "wait timeout", negative=True)
         deadline = core.deadline(timeout)
         core.watchers += 1
         try:
@@ -191,8 +192,11 @@ class AsyncDispatcher(EngineBase[T], Generic[T]):
             DispatcherClosed: after :meth:`close` began, also in a ``submit`` waiting then.
             RuntimeError: it would wait, awaited from this dispatcher's own handler (a worker
                 waiting for room that only workers free); there, use ``timeout=0``.
+            ValueError: ``timeout`` is NaN (``math.inf``: no bound; <= 0: do not wait).
         """
         core = self._core
+        if timeout is not None:
+            check_timeout(timeout, "submit timeout", negative=True)
         if core.closed:
             raise core.closed_error()
         e = core.build(item, trace)
@@ -406,7 +410,9 @@ class AsyncDispatcher(EngineBase[T], Generic[T]):
 
         Raises:
             RuntimeError: awaited from one of this dispatcher's own handlers.
+            ValueError: ``timeout`` is NaN or negative (``math.inf``: no bound); nothing changed.
         """
+        check_timeout(timeout, "close timeout", negative=False)
         if self._on_worker():
             raise RuntimeError("close() awaited from a dispatcher worker (a handler) would wait for itself")
         core = self._core

@@ -67,7 +67,7 @@ from .policy import Policy, resolve_policy
 from .protocol import DispatcherClosed, DispatchStats, HandlerTimeout, MessageTraceLike
 from .scheduler import Admission, Entry
 
-__all__ = ["Core", "EngineBase", "WaitState", "Waiter", "WouldBlock", "exemplar_of"]
+__all__ = ["Core", "EngineBase", "WaitState", "Waiter", "WouldBlock", "check_timeout", "exemplar_of"]
 
 T = TypeVar("T")
 
@@ -129,6 +129,27 @@ def _as_cost(c: object) -> float | None:
     except Exception:  # noqa: BLE001 - a cost is a hint: one that cannot be a float is no cost
         return None
     return f if math.isfinite(f) and f >= 0 else None
+
+
+# a wait this long is no bound: beyond it threading's waits raise OverflowError, and int(inf) does
+_NO_BOUND_S = threading.TIMEOUT_MAX
+
+
+def check_timeout(timeout: float | None, what: str, *, negative: bool) -> None:
+    """Refuse a timeout no wait can use: NaN (every comparison with it is false), a negative one
+    where it cannot mean "do not wait" (``negative=False``), or not a number.
+
+    Raises:
+        TypeError: ``timeout`` is not a number (or None).
+        ValueError: NaN, or negative where ``negative`` is False.
+    """
+    if timeout is None:
+        return
+    if isinstance(timeout, bool) or not isinstance(timeout, (int, float)):
+        raise TypeError(f"{what} must be a number of seconds or None, got {type(timeout).__name__}")
+    if math.isnan(timeout) or (not negative and timeout < 0):
+        allowed = "a number" if negative else "a number >= 0"
+        raise ValueError(f"{what} must be {allowed} of seconds (math.inf or None: no bound), got {timeout!r}")
 
 
 def _short_repr(v: object) -> str:
@@ -513,7 +534,11 @@ class Core(Generic[T]):
         return 0 if self.closed else self.sched.free_slots()
 
     def deadline(self, timeout: float | None) -> int | None:
-        return None if timeout is None else self.now() + int(timeout * 1e9)
+        """The clock's reading ``timeout`` seconds from now; None for no bound (None, ``math.inf``,
+        or past what a thread can wait for, ``threading.TIMEOUT_MAX`` — about 292 years)."""
+        if timeout is None or timeout >= _NO_BOUND_S:
+            return None
+        return self.now() + int(timeout * 1e9)
 
     def remaining(self, deadline: int | None) -> float | None:
         """Seconds left until ``deadline`` on the clock (None: no deadline; <= 0: passed)."""

@@ -54,7 +54,7 @@ from typing import Any, Generic, TypeVar, cast
 from ..callables import require_plain
 from ..path.clock import Clock
 from ..path.stages import Outcome
-from .core import Core, EngineBase, Waiter, WaitState, WouldBlock
+from .core import Core, EngineBase, Waiter, WaitState, WouldBlock, check_timeout
 from .metrics import DispatchMetrics
 from .policy import Policy
 from .protocol import DispatchStats, HandlerTimeout, MessageTraceLike
@@ -169,8 +169,11 @@ class Dispatcher(EngineBase[T], Generic[T]):
             RuntimeError: it would block, called from this dispatcher's own handler, ``on_done``
                 or watchdog (a worker waiting for room that only workers free can wait for
                 itself); from there submit with ``timeout=0`` and handle False.
+            ValueError: ``timeout`` is NaN (``math.inf``: no bound; <= 0: do not block).
         """
         core = self._core
+        if timeout is not None:
+            check_timeout(timeout, "submit timeout", negative=True)
         e = core.build(item, trace)  # user callables run outside the lock
         with self._lock:
             if core.closed:
@@ -275,6 +278,7 @@ class Dispatcher(EngineBase[T], Generic[T]):
 
     def _wait_until(self, ready: Callable[[], bool], timeout: float | None) -> bool:
         core = self._core
+        check_timeout(timeout, "wait timeout", negative=True)
         deadline = core.deadline(timeout)
         with self._lock:
             core.watchers += 1
@@ -478,7 +482,10 @@ class Dispatcher(EngineBase[T], Generic[T]):
 
         Raises:
             RuntimeError: called from a handler or ``on_done`` on one of this dispatcher's threads.
+            ValueError: ``timeout`` is NaN or negative (``math.inf``: no bound, as None); nothing
+                changed.
         """
+        check_timeout(timeout, "close timeout", negative=False)
         me = threading.current_thread()
         if me in self._threads or me is self._watchdog:
             raise RuntimeError("close() called from a dispatcher worker (a handler) would wait for itself")
