@@ -5,6 +5,7 @@ See ``docs/dispatch.md``. Thread engine: :class:`Dispatcher`; asyncio: :class:`A
 
 from __future__ import annotations
 
+from ..callables import HandlerNeverRan
 from .aio import AsyncDispatcher
 from .cost import longest_first
 from .engine import Dispatcher
@@ -31,6 +32,7 @@ __all__ = [
     "DispatchStats",
     "Dispatcher",
     "DispatcherClosed",
+    "HandlerNeverRan",
     "HandlerTimeout",
     "MessageTraceLike",
     "Policy",

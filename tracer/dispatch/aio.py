@@ -30,7 +30,7 @@ import logging
 from collections.abc import Awaitable, Callable
 from typing import Any, Generic, TypeVar, cast
 
-from ..callables import require_async
+from ..callables import never_ran, require_async
 from ..path.clock import Clock
 from ..path.stages import Outcome
 from .core import Core, EngineBase, Waiter, WaitState, WouldBlock, check_timeout
@@ -344,7 +344,10 @@ class AsyncDispatcher(EngineBase[T], Generic[T]):
         if core.timeout_s is not None and task is not None:
             timer = asyncio.get_running_loop().call_later(core.timeout_s, self._expire, w, e, t0, task)
         try:
-            await self._handler(cast(T, e.item))
+            result = await self._handler(cast(T, e.item))
+            if result is not None:  # an async def that returns a coroutine (forgot an await) ran nothing
+                error = never_ran(result, "handler")
+                result = None
         except asyncio.CancelledError as exc:
             ours = w.expired is e
             if ours:

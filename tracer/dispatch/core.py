@@ -15,6 +15,8 @@ Exception rules, the same in both engines:
   ``asyncio.CancelledError`` while the asyncio worker *task itself* is being cancelled; the
   message is reported ``FAILURE`` and the cancellation propagates (the worker's next message, if
   any, goes to a fresh task). A ``CancelledError`` the handler raises on its own is a failure.
+  So is a *result* that means the handler never ran — a coroutine, another awaitable or a
+  generator (``lambda m: handle_async(m)``): ``FAILURE`` with ``HandlerNeverRan``, never a success.
 * **Timeout**: a handler that runs longer than ``handler_timeout`` on the injected clock is
   ``Outcome.TIMEOUT`` with a :class:`.HandlerTimeout`, whatever it returned or raised (its own
   exception is the ``__cause__``).

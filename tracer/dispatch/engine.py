@@ -51,7 +51,7 @@ from collections import deque
 from collections.abc import Callable
 from typing import Any, Generic, TypeVar, cast
 
-from ..callables import require_plain
+from ..callables import never_ran, require_plain
 from ..path.clock import Clock
 from ..path.stages import Outcome
 from .core import Core, EngineBase, Waiter, WaitState, WouldBlock, check_timeout
@@ -364,9 +364,13 @@ class Dispatcher(EngineBase[T], Generic[T]):
         scope = None if trace is None else core.enter_scope(trace)
         error: BaseException | None = None
         try:
-            self._handler(e.item)  # Entry[Any]: no cast call on the hot path
+            result = self._handler(e.item)  # Entry[Any]: no cast call on the hot path
         except BaseException as exc:  # noqa: BLE001 - the handler's failure is the message's outcome
             error = exc
+        else:
+            if result is not None:  # a returned coroutine ran nothing: a failure, never a success
+                error = never_ran(result, "handler")
+            result = None  # an idle worker keeps nothing of the message alive
         if scope is not None:
             core.exit_scope(scope, error)
         return core.outcome_of(error, t0)
