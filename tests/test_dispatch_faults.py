@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import math
+import threading
 from collections.abc import Callable
 from fractions import Fraction
 from typing import Any
@@ -163,3 +164,75 @@ def test_a_nan_or_negative_close_timeout_is_refused_before_anything_changes(engi
 
     # fails before: close(nan) closed the dispatcher (or raised OverflowError); submit(nan) was taken
     assert _timeouts_on(engine, refused if engine == "threads" else refused_async) is True
+
+
+# #30 item 12: a closed dispatcher leaves the gauges, even when close() gave up on hung handlers
+def _gauges(registry: Any) -> tuple[float | None, float | None]:
+    labels = {"policy": "aggressive"}
+    return (registry.get_sample_value("rmqtrace_dispatch_workers", labels),
+            registry.get_sample_value("rmqtrace_dispatch_busy_workers", labels))
+
+
+def test_after_a_bounded_close_with_hung_handlers_the_gauges_show_only_the_new_pool() -> None:
+    from prometheus_client import CollectorRegistry
+
+    from tracer.dispatch import DispatchMetrics
+
+    registry = CollectorRegistry()
+    metrics = DispatchMetrics(registry)
+    release = threading.Event()
+    started = threading.Semaphore(0)
+
+    def hang(m: Any) -> None:
+        started.release()
+        release.wait()
+
+    old = Dispatcher(hang, workers=4, metrics=metrics)
+    try:
+        for i in range(4):
+            old.submit(i)
+        for _ in range(4):
+            assert started.acquire(timeout=10)  # all four run (and hang)
+        assert old.close(timeout=0) is False
+        new = Dispatcher(lambda m: None, workers=4, metrics=metrics)
+        # fails before: (8.0, 4.0) — the closed pool's hung threads counted as the new one's
+        assert _gauges(registry) == (4.0, 0.0)
+        assert new.close() is True
+        assert _gauges(registry) == (0.0, 0.0)
+    finally:
+        release.set()
+
+
+def test_after_a_bounded_close_with_hung_tasks_the_gauges_show_only_the_new_pool() -> None:
+    from prometheus_client import CollectorRegistry
+
+    from tracer.dispatch import DispatchMetrics
+
+    registry = CollectorRegistry()
+    metrics = DispatchMetrics(registry)
+
+    async def main() -> None:
+        release = asyncio.Event()
+
+        async def hang(m: Any) -> None:
+            await release.wait()
+
+        async def quick(m: Any) -> None:
+            return None
+
+        old = AsyncDispatcher(hang, workers=4, metrics=metrics)
+        for i in range(4):
+            await old.submit(i)
+        await asyncio.sleep(0)
+        assert await old.close(timeout=0) is False
+        new = AsyncDispatcher(quick, workers=4, metrics=metrics)
+        await new.submit("x")
+        assert await new.wait_idle(timeout=None)
+        try:
+            assert _gauges(registry) == (4.0, 0.0)  # fails before: (8.0, 4.0)
+        finally:
+            release.set()
+            assert await new.close() is True
+            await old.wait_idle(timeout=None)
+
+    asyncio.run(main())

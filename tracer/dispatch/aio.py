@@ -454,8 +454,7 @@ class AsyncDispatcher(EngineBase[T], Generic[T]):
             left = core.remaining(deadline)
             await asyncio.wait(tasks, timeout=None if left is None else max(0.0, left))
         settled = core.idle_locked()
-        if core.m is not None and settled:
-            core.m.unbind()
+        core.leave_gauges()
         if not settled:
             logger.warning("async dispatcher %r: close timed out with %d in flight", self._name,
                            self.statistics().in_flight)  # fmt: skip

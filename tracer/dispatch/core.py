@@ -266,6 +266,15 @@ class Core(Generic[T]):
         with self._cost_lock:  # build runs outside the engine's lock; this path is rare
             self.cost_errors += 1
 
+    def leave_gauges(self) -> None:
+        """``close`` returns: this dispatcher no longer counts in the worker/busy/queued gauges,
+        settled or not. The gauges show live dispatchers; a closed one whose hung handlers still
+        run (close gave up on them) would otherwise add its pool to the next one's for as long
+        as they hang — a restarted loop's 4-worker pool read as 8 workers, 4 busy. Its outcome
+        counters stay bound: a late outcome is still counted."""
+        if self.m is not None:
+            self.m.unbind()
+
     def closed_error(self, blocked: bool = False) -> DispatcherClosed:
         if blocked:
             return DispatcherClosed(f"dispatcher {self.name!r} closed while submit was blocked")

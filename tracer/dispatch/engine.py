@@ -529,8 +529,7 @@ class Dispatcher(EngineBase[T], Generic[T]):
             t.join(None if left is None else max(0.0, left))
         with self._lock:
             settled = core.idle_locked()
-        if core.m is not None and settled:
-            core.m.unbind()
+        core.leave_gauges()
         if not settled:
             s = self.statistics()
             logger.warning("dispatcher %r: close timed out with %d in flight", self._name, s.in_flight)
