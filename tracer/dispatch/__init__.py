@@ -19,7 +19,7 @@ from .policy import (
     RoundRobin,
     resolve_policy,
 )
-from .protocol import DispatcherClosed, DispatchStats, HandlerTimeout, MessageTraceLike
+from .protocol import DispatcherClosed, DispatchStats, HandlerTimeout, MessageTraceLike, NotStarted
 
 __all__ = [
     "DEFAULT_BUCKETS",
@@ -35,6 +35,7 @@ __all__ = [
     "HandlerNeverRan",
     "HandlerTimeout",
     "MessageTraceLike",
+    "NotStarted",
     "Policy",
     "Random",
     "RoundRobin",

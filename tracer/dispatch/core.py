@@ -15,6 +15,8 @@ Exception rules, the same in both engines:
   ``asyncio.CancelledError`` while the asyncio worker *task itself* is being cancelled; the
   message is reported ``FAILURE`` and the cancellation propagates (the worker's next message, if
   any, goes to a fresh task). A ``CancelledError`` the handler raises on its own is a failure.
+  The other exception: :class:`.NotStarted` (the handler refuses to start this message) is
+  ``Outcome.NOT_STARTED``, counted in ``not_started`` — not a failure, whatever the clock says.
   So is a *result* that means the handler never ran — a coroutine, another awaitable or a
   generator (``lambda m: handle_async(m)``): ``FAILURE`` with ``HandlerNeverRan``, never a success.
 * **Timeout**: a handler that runs longer than ``handler_timeout`` on the injected clock is
@@ -66,7 +68,7 @@ from ..path.clock import Clock
 from ..path.stages import Outcome, Stage
 from .metrics import BoundDispatchMetrics, DispatchMetrics
 from .policy import Policy, resolve_policy
-from .protocol import DispatcherClosed, DispatchStats, HandlerTimeout, MessageTraceLike
+from .protocol import DispatcherClosed, DispatchStats, HandlerTimeout, MessageTraceLike, NotStarted
 from .scheduler import Admission, Entry
 
 __all__ = ["Core", "EngineBase", "WaitState", "Waiter", "WouldBlock", "check_timeout", "exemplar_of"]
@@ -79,6 +81,7 @@ _ENQUEUE = Stage.DISPATCH_ENQUEUE
 _FAILURE = Outcome.FAILURE
 _FULL = Admission.FULL
 _SKIPPED = Outcome.SKIPPED
+_NOT_STARTED = Outcome.NOT_STARTED
 _OK: tuple[Outcome, BaseException | None] = (Outcome.SUCCESS, None)
 
 
@@ -213,6 +216,7 @@ class Core(Generic[T]):
         self.failed = 0
         self.timed_out = 0
         self.skipped = 0
+        self.not_started = 0
         self.cost_errors = 0
         self._cost_lock = threading.Lock()
         # Live blame (tracer.path.blocking), fed from this dispatcher's own events on its clock.
@@ -437,7 +441,7 @@ class Core(Generic[T]):
         if scope is None:
             return
         try:
-            if error is None:
+            if error is None or isinstance(error, NotStarted):  # a refusal is no error of the handler
                 scope.__exit__(None, None, None)
             else:
                 scope.__exit__(type(error), error, error.__traceback__)
@@ -446,6 +450,8 @@ class Core(Generic[T]):
 
     def outcome_of(self, error: BaseException | None, t0: int) -> tuple[Outcome, BaseException | None]:
         """The outcome of a handler that started at ``t0`` and ended with ``error`` (the timeout rule)."""
+        if error is not None and isinstance(error, NotStarted):
+            return _NOT_STARTED, error  # it never started: neither a failure nor a timeout
         tns = self.timeout_ns
         if tns is not None:
             elapsed = self.now() - t0
@@ -462,6 +468,8 @@ class Core(Generic[T]):
             self.failed += 1
         elif outcome is Outcome.TIMEOUT:
             self.timed_out += 1
+        elif outcome is _NOT_STARTED:
+            self.not_started += 1
         else:
             self.skipped += 1
 
@@ -480,7 +488,7 @@ class Core(Generic[T]):
                 on_done(cast(T, e.item), outcome, error)
             except catch as exc:
                 self.log("on_done", exc)
-        elif error is not None and trace is None:
+        elif error is not None and trace is None and outcome is not _NOT_STARTED:
             self.log(f"handler ({type(error).__name__}, no on_done to report it)", error)
         m = self.m
         if m is not None:
@@ -599,6 +607,7 @@ class Core(Generic[T]):
             live_workers=live_workers,
             cost_errors=self.cost_errors,
             blame=self.blame.statistics() if self.blaming else None,
+            not_started=self.not_started,
         )
 
 

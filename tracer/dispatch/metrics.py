@@ -10,7 +10,7 @@ series                                     type      meaning
 ``rmqtrace_dispatch_busy_workers``         gauge     workers holding a message
 ``rmqtrace_dispatch_queued_messages``      gauge     accepted, not yet held by a worker
 ``rmqtrace_dispatch_messages_total``       counter   finished messages by ``outcome`` (success, failure,
-                                                     timeout, skipped)
+                                                     timeout, skipped, not_started)
 ========================================== ========= =================================================
 
 Every series has one label, ``policy``. The gauges are computed at scrape time from the live
