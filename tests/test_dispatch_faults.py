@@ -236,3 +236,40 @@ def test_after_a_bounded_close_with_hung_tasks_the_gauges_show_only_the_new_pool
             await old.wait_idle(timeout=None)
 
     asyncio.run(main())
+
+
+def test_a_restarted_loop_after_a_bounded_stop_with_hung_handlers_shows_one_pool() -> None:
+    """The issue's scenario: stop(timeout=) with every handler hung, a new loop on the same
+    consumer and the same DispatchMetrics — one idle 4-worker pool read as 8 workers, 4 busy."""
+    from prometheus_client import CollectorRegistry
+    from test_consume import pipeline, run_in_thread
+    from waiting import wait_until
+
+    from tracer import ConsumeLoop
+    from tracer.dispatch import DispatchMetrics
+
+    registry = CollectorRegistry()
+    metrics = DispatchMetrics(registry)
+    release = threading.Event()
+    started = threading.Semaphore(0)
+
+    def hang(m: Any) -> None:
+        started.release()
+        release.wait(30)
+
+    _broker, first = pipeline(4, hang, workers=4, dispatch_metrics=metrics)
+    t = run_in_thread(first)
+    try:
+        for _ in range(4):
+            assert started.acquire(timeout=10)
+        first.stop(timeout=0.1)
+        t.join(10)
+        assert not t.is_alive()
+        second = ConsumeLoop(first.consumer, lambda m: None, workers=4, dispatch_metrics=metrics)
+        t2 = run_in_thread(second)
+        wait_until(lambda: _gauges(registry)[0] is not None, what="the gauges")
+        assert _gauges(registry) == (4.0, 0.0)  # fails before: (8.0, 4.0)
+        second.stop(timeout=5)
+        t2.join(10)
+    finally:
+        release.set()
