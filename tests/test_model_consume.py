@@ -252,7 +252,7 @@ class ConsumeModel(RuleBasedStateMachine):
             with self.cond:
                 running = len(self.running)
                 released = any(c.gate.is_set() for c in self.running)
-            ok = (not released and s.reported == ds.handled + ds.failed + ds.timed_out + ds.skipped
+            ok = (not released and s.reported == ds.handled + ds.failed + ds.timed_out + ds.skipped + ds.not_started
                   and ds.in_flight + ds.overrun == running)
             if ok and self.threaded and not self.loop_finished():  # no keeper or ack call half counted
                 fired = self.client.fired

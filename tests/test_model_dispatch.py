@@ -61,6 +61,7 @@ from tracer.dispatch import (
     Dispatcher,
     DispatcherClosed,
     HandlerTimeout,
+    NotStarted,
     Random,
     RoundRobin,
 )
@@ -80,7 +81,7 @@ POLICIES = st.sampled_from(
 KINDS = ["plain", "plain", "k1", "k1", "k2", "raise_key", "int_key", "nan_cost", "neg_cost", "str_cost",
          "raise_cost", "big_cost"]  # fmt: skip
 BAD_COSTS = {"nan_cost", "neg_cost", "str_cost", "raise_cost"}
-ACTIONS = ["success", "success", "fail", "interrupt"]
+ACTIONS = ["success", "success", "fail", "interrupt", "refuse"]  # refuse: raises NotStarted
 
 
 class Item:
@@ -217,6 +218,8 @@ class Harness:
 
 def expected(it: Item, now_ns: int) -> Outcome:
     assert it.started_ns is not None
+    if it.action == "refuse":
+        return Outcome.NOT_STARTED  # a refusal is never a failure nor a timeout
     if now_ns - it.started_ns > TIMEOUT_NS:
         return Outcome.TIMEOUT
     return Outcome.SUCCESS if it.action == "success" else Outcome.FAILURE
@@ -227,6 +230,8 @@ def raise_for(it: Item) -> None:
         raise ValueError(f"handler of {it} failed")
     if it.action == "interrupt":
         raise KeyboardInterrupt
+    if it.action == "refuse":
+        raise NotStarted(f"{it} refused to start")
 
 
 class _Model(RuleBasedStateMachine):
@@ -284,10 +289,11 @@ class _Model(RuleBasedStateMachine):
             assert not h.violations, "; ".join(h.violations)
         s = self.stats()
         inv = "stats_add_up"
-        assert s.submitted == s.handled + s.failed + s.timed_out + s.skipped + s.in_flight + s.queued, violated(inv, s)
+        assert s.submitted == (s.handled + s.failed + s.timed_out + s.skipped + s.not_started + s.in_flight
+                               + s.queued), violated(inv, s)
         c = h.counts()
-        assert (s.handled, s.failed, s.timed_out, s.skipped) == (
-            c[Outcome.SUCCESS], c[Outcome.FAILURE], c[Outcome.TIMEOUT], c[Outcome.SKIPPED]
+        assert (s.handled, s.failed, s.timed_out, s.skipped, s.not_started) == (
+            c[Outcome.SUCCESS], c[Outcome.FAILURE], c[Outcome.TIMEOUT], c[Outcome.SKIPPED], c[Outcome.NOT_STARTED]
         ), violated(inv, (s, c))  # fmt: skip
         assert s.submitted == sum(it.accepted for it in self.items), violated(inv, s)
         assert all(it.accepted for it in h.outcomes), violated(inv, "an outcome for a message never accepted")
@@ -436,7 +442,8 @@ class ThreadEngineModel(_Model):
         self.quiesce()
         if want is not None:
             got = self.h.outcomes[it][0]
-            assert got is want, violated("failure_never_success" if got is Outcome.SUCCESS else "outcome_as_done",
+            assert got is want, violated("failure_never_success" if got is Outcome.SUCCESS else "not_started_never_failure"
+                                         if want is Outcome.NOT_STARTED else "outcome_as_done",
                                          (it, got, want))  # fmt: skip
 
     @precondition(lambda self: not self.closed)
@@ -690,6 +697,8 @@ class AsyncEngineModel(_Model):
 
     def expected(self, it: Item) -> Outcome:
         assert it.started_ns is not None
+        if it.action == "refuse":
+            return Outcome.NOT_STARTED
         if self.clock.now_ns() - it.started_ns > TIMEOUT_NS * 1000:
             return Outcome.TIMEOUT
         return Outcome.SUCCESS if it.action == "success" else Outcome.FAILURE
@@ -706,7 +715,8 @@ class AsyncEngineModel(_Model):
         it.agate.set()
         self.run(self.quiesce())
         got = self.h.outcomes[it][0]
-        assert got is want, violated("failure_never_success" if got is Outcome.SUCCESS else "outcome_as_done",
+        assert got is want, violated("failure_never_success" if got is Outcome.SUCCESS else "not_started_never_failure"
+                                         if want is Outcome.NOT_STARTED else "outcome_as_done",
                                      (it, got, want))  # fmt: skip
 
     @precondition(lambda self: not self.closed)

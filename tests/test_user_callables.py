@@ -287,3 +287,185 @@ def _find_listener(consumer: Any) -> Any:
     found = [v for v in vars(consumer).values() if isinstance(v, rmq.MessageListener)]
     assert len(found) == 1, vars(consumer).keys()
     return found[0]
+
+
+# --- a plain callable that RETURNS something that never ran (#30 item 1) ---------------------------
+# The kind check above cannot see `lambda m: handle_async(m)`: the seams that run a user's callable
+# once per message look at what it returned. Each seam here is found from CHECKED (and
+# CHECKED_ASYNC), so a new per-message seam cannot be added without a runner below.
+_PER_MESSAGE = ("handler", "message_listener", "listener", "callback")
+
+
+class _Body:
+    """Whether the returned object's body ever ran."""
+
+    def __init__(self) -> None:
+        self.ran = False
+
+
+class _Awaitable:
+    """Not a coroutine, but awaitable (a Future-like object)."""
+
+    def __init__(self, body: _Body) -> None:
+        self.body = body
+
+    def __await__(self) -> Any:
+        self.body.ran = True
+        yield None
+
+
+def _returning(kind: str, body: _Body) -> Callable[[Any], Any]:
+    """A plain function (it passes the kind check) whose result is a ``kind`` that runs ``body``."""
+    async def coro() -> None:
+        body.ran = True
+
+    def gen() -> Any:
+        body.ran = True
+        yield None
+
+    async def agen() -> Any:
+        body.ran = True
+        yield None
+
+    return {"coroutine": lambda m: coro(), "generator": lambda m: gen(), "async-generator": lambda m: agen(),
+            "awaitable": lambda m: _Awaitable(body)}[kind]
+
+
+def _named(error: BaseException | None) -> str | None:
+    return None if error is None else f"{type(error).__name__}: {error}"
+
+
+def _consumes(fn: Callable[[Any], Any]) -> Any:
+    """A ``MessageListener`` whose ``consume(message)`` returns ``fn(message)``."""
+    return type("Listener", (rmq.MessageListener,), {"consume": lambda self, m: fn(m)})()
+
+
+def _run_dispatcher(fn: Callable[[Any], Any]) -> tuple[bool, str | None]:
+    got: list[tuple[Any, BaseException | None]] = []
+    d = Dispatcher(fn, workers=1, on_done=lambda item, o, e: got.append((o, e)))
+    d.submit("m")
+    assert d.close() is True
+    ((outcome, error),) = got
+    return outcome.value == "success", _named(error)
+
+
+def _run_async_dispatcher(fn: Callable[[Any], Any]) -> tuple[bool, str | None]:
+    got: list[tuple[Any, BaseException | None]] = []
+
+    async def handler(m: Any) -> Any:  # an async def that returns what it should have awaited
+        return fn(m)
+
+    async def main() -> None:
+        d = AsyncDispatcher(handler, workers=1, on_done=lambda item, o, e: got.append((o, e)))
+        await d.submit("m")
+        assert await d.close() is True
+    asyncio.run(main())
+    ((outcome, error),) = got
+    return outcome.value == "success", _named(error)
+
+
+def _run_loop(fn: Callable[[Any], Any]) -> tuple[bool, str | None]:
+    from test_consume import pipeline, run_in_thread
+    from waiting import wait_until
+
+    _broker, loop = pipeline(1, fn, workers=1)
+    t = run_in_thread(loop)
+    try:
+        wait_until(lambda: loop.statistics().failed >= 1, timeout=10, what="the first delivery failed")
+    finally:
+        loop.stop()
+        t.join(10)
+    s = loop.statistics()
+    return s.acked > 0 or s.succeeded > 0, None
+
+
+def _run_demand_push(fn: Callable[[Any], Any]) -> tuple[bool, str | None]:
+    from test_demandpush import _consumer, _embedded
+    from waiting import wait_until
+
+    backend = _embedded()
+    c = _consumer(backend, _consumes(fn))
+    c.startup()
+    try:
+        backend.send("m")
+        wait_until(lambda: c.statistics().failed >= 1, timeout=10, what="the first delivery failed")
+    finally:
+        c.shutdown()
+        backend.close()
+    return c.statistics().acked > 0, None
+
+
+def _run_traced_listener(fn: Callable[[Any], Any]) -> tuple[bool, str | None]:
+    from test_clients import FakeMessage
+
+    from tracer.clients.official import TracedListener
+
+    try:
+        result = TracedListener(_consumes(fn), MessageTracer()).consume(FakeMessage())
+    except Exception as exc:  # noqa: BLE001 - the client retries a message whose listener raised
+        return False, _named(exc)
+    return getattr(result, "name", None) == "SUCCESS", None
+
+
+def _run_traced_callback(fn: Callable[[Any], Any]) -> tuple[bool, str | None]:
+    import time
+
+    from test_legacy_adapter import FakeMessage, FakeReceived
+
+    try:
+        result = traced_callback(fn, MessageTracer())(FakeReceived(FakeMessage("T"), "M1", time.time_ns() // 10**6))
+    except Exception as exc:  # noqa: BLE001 - the 2.x client reconsumes a message whose callback raised
+        return False, _named(exc)
+    return result == 0, None
+
+
+def _run_pipeline(fn: Callable[[Any], Any]) -> tuple[bool, str | None]:
+    from tracer.testing import traced_pipeline
+
+    with traced_pipeline(fn, workers=1) as pipe:
+        pipe.send("m")
+        (d,) = pipe.wait(1)
+    return d.outcome == "success", f"{d.error_type}: {d.error_message}"
+
+
+RETURNED = {
+    ("tracer.dispatch.engine.Dispatcher", "handler"): _run_dispatcher,
+    ("tracer.dispatch.aio.AsyncDispatcher", "handler"): _run_async_dispatcher,
+    ("tracer.clients.consume.ConsumeLoop", "handler"): _run_loop,
+    ("tracer.clients.demandpush.DemandPushConsumer", "message_listener"): _run_demand_push,
+    ("tracer.clients.official.TracedListener", "listener"): _run_traced_listener,
+    ("tracer.clients.legacy.traced_callback", "callback"): _run_traced_callback,
+    ("tracer.testing.traced_pipeline", "handler"): _run_pipeline,
+}
+
+
+# the loops report a failed message only in their counters: no error object to look at
+_COUNTED_ONLY = {("tracer.clients.consume.ConsumeLoop", "handler"),
+                 ("tracer.clients.demandpush.DemandPushConsumer", "message_listener")}
+
+
+def test_every_per_message_seam_is_checked_for_what_it_returns() -> None:
+    seams = {w for w in set(CHECKED) | CHECKED_ASYNC if w[1] in _PER_MESSAGE}
+    assert seams == set(RETURNED), f"a per-message seam without a runner: {sorted(seams ^ set(RETURNED))}"
+
+
+@pytest.mark.parametrize("kind", ["coroutine", "generator", "async-generator", "awaitable"])
+@pytest.mark.parametrize("where", sorted(RETURNED), ids=lambda w: f"{w[0].rsplit('.', 1)[-1]}.{w[1]}")
+def test_a_returned_awaitable_or_generator_fails_the_message_unrun_and_unwarned(where: tuple[str, str],
+                                                                                 kind: str) -> None:
+    # fails before: the thread engine counted the returned coroutine a success (acked unrun) and
+    # Python warned "coroutine ... was never awaited"; the push seams failed it without a reason
+    import gc
+    import warnings
+
+    body = _Body()
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        succeeded, error = RETURNED[where](_returning(kind, body))
+        gc.collect()
+    assert not succeeded, "a callable whose result never ran was counted a success (acked)"
+    assert not body.ran
+    if where not in _COUNTED_ONLY:  # the seam hands the error on; the loops count it (and nack)
+        assert error is not None and error.startswith("HandlerNeverRan: ") and "AsyncDispatcher" in error, error
+    unawaited = [str(w.message) for w in caught if "never awaited" in str(w.message)]
+    assert not unawaited, unawaited

@@ -4,6 +4,11 @@ Calling an ``async def`` (or a generator function) like a function only builds a
 generator): a handler would "succeed" without running, a listener's message would fail for ever,
 an ``until=`` would be true at once. Every seam that takes a user's callable checks it here,
 before anything starts (``tests/test_user_callables.py`` finds the seams).
+
+The check of the kind cannot see a plain callable that *returns* a coroutine (a decorator without
+``functools.wraps``, ``lambda m: handle_async(m)``): every seam that runs a user's per-message
+callable also looks at what it returned (:func:`never_ran`) and fails that message with
+:class:`HandlerNeverRan` instead of counting it a success (``tests/test_user_callables.py`` again).
 """
 
 from __future__ import annotations
@@ -12,7 +17,7 @@ import inspect
 from collections.abc import Callable
 from typing import Any
 
-__all__ = ["require_async", "require_plain"]
+__all__ = ["HandlerNeverRan", "never_ran", "require_async", "require_plain"]
 
 
 def _kind(fn: Callable[..., Any]) -> str:
@@ -25,6 +30,33 @@ def _kind(fn: Callable[..., Any]) -> str:
         if inspect.isgeneratorfunction(f):
             return "generator"
     return "plain"
+
+
+class HandlerNeverRan(TypeError):
+    """A plain handler (listener, callback) returned a coroutine, another awaitable or a generator:
+    its body never ran, so the message failed (it is never acked)."""
+
+
+def never_ran(result: object, what: str) -> HandlerNeverRan | None:
+    """The failure for a ``result`` that means the callable's body never ran, else None.
+
+    A coroutine or generator is closed here, so Python does not warn "never awaited" and nothing
+    of it runs later; another awaitable (a Future, a Task) is left alone — it is not ours to stop.
+    """
+    if result is None or isinstance(result, (str, bytes, int)):  # the common answers, at no cost
+        return None
+    if inspect.iscoroutine(result) or inspect.isgenerator(result):
+        kind = "a coroutine" if inspect.iscoroutine(result) else "a generator"
+        result.close()
+    elif inspect.isasyncgen(result):
+        kind = "an async generator"  # never started: nothing to close, nothing to warn
+    elif inspect.isawaitable(result):
+        kind = f"an awaitable ({type(result).__name__})"
+    else:
+        return None
+    return HandlerNeverRan(f"{what} returned {kind} instead of running, so the message failed: use an "
+                           "async def handler with the asyncio engine (AsyncDispatcher), or await it "
+                           "inside an async def handler; a generator handler must return, not yield")
 
 
 def require_plain(fn: object, what: str, *, optional: bool = False) -> None:

@@ -43,7 +43,7 @@ from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 from prometheus_client import CollectorRegistry
 
-from .callables import require_plain
+from .callables import never_ran, require_plain
 from .clients.consume import ConsumeLoop
 from .clients.producer import TracedProducer
 from .dispatch import DispatchMetrics
@@ -176,7 +176,11 @@ class _Errors:
         @functools.wraps(handler)
         def run(message: Any) -> object:
             try:
-                return handler(message)
+                result = handler(message)
+                unrun = never_ran(result, "handler")  # raised here, so the delivery names it
+                if unrun is not None:
+                    raise unrun
+                return result
             except BaseException as exc:
                 key = (str(getattr(message, "message_id", "") or ""), getattr(message, "delivery_attempt", None) or 1)
                 with self._lock:

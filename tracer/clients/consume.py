@@ -49,7 +49,7 @@ from typing import TYPE_CHECKING, Any, Callable
 from opentelemetry.instrumentation.utils import suppress_instrumentation
 
 from ..callables import require_plain
-from ..dispatch import Dispatcher, DispatcherClosed
+from ..dispatch import Dispatcher, DispatcherClosed, NotStarted
 from ..logonce import OnceLogger
 from ..path import names as n
 from ..path.clock import MonoNs
@@ -160,13 +160,13 @@ class ConsumeState:
     stopping: bool
 
 
-class _NotStarted(Exception):
+class _NotStarted(NotStarted):
     """Raised in place of the handler: this message must not start (its lease is gone, or the
     stop deadline passed). Never reaches the user; the loop counts the message ``not_started``."""
 
 
 def _never_ran(outcome: Outcome, error: BaseException | None) -> bool:
-    if outcome is Outcome.SKIPPED:
+    if outcome is Outcome.SKIPPED or outcome is Outcome.NOT_STARTED:
         return True
     return isinstance(error, _NotStarted) or isinstance(getattr(error, "__cause__", None), _NotStarted)
 

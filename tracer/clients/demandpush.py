@@ -41,7 +41,7 @@ import math
 import threading
 from typing import Any, Callable, Mapping
 
-from ..callables import require_plain
+from ..callables import never_ran, require_plain
 from ..telemetry.tracer import MessageTracer
 from .consume import ConsumeLoop, ConsumeStats, exponential_backoff
 
@@ -200,6 +200,9 @@ class DemandPushConsumer:
 
     def _handle(self, message: Any) -> None:
         result = self.message_listener.consume(message)
+        unrun = never_ran(result, "message_listener.consume")  # a coroutine is closed, not left to warn
+        if unrun is not None:
+            raise unrun
         if _succeeded(result):
             return
         if not self._warned and getattr(result, "name", None) != "FAILURE":

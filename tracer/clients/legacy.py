@@ -233,7 +233,8 @@ def traced_callback(callback: Callable[[Any], Any], tracer: MessageTracer) -> Ca
 
 # The C++ client exposes no pull time: the callback's entry is the pull (see the module docstring).
 LEGACY_SEAM = Seam(describe_legacy, lambda info: None, _is_success, "starting a legacy consumer trace",
-                   0)  # ConsumeStatus.CONSUME_SUCCESS (an IntEnum), what a settled probe returns
+                   0,  # ConsumeStatus.CONSUME_SUCCESS (an IntEnum), what a settled probe returns
+                   "callback")
 
 __all__ = [
     "KNOWN_PROPERTIES",

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 from typing import Any, Callable, NamedTuple
 
+from ..callables import never_ran
 from ..path.message import MessageInfo, body_of
 from ..path.stages import Outcome, Stage
 from ..telemetry.tracer import MessageTrace, MessageTracer
@@ -28,12 +29,14 @@ class Seam(NamedTuple):
     succeeded: Callable[[Any], bool]  # the callback's result
     where: str  # named in the log when starting a trace fails
     success: Any = None  # the callback result that acks: what a settled probe returns
+    callback: str = "listener"  # its name in errors: "message_listener.consume", "callback"
 
 
 def traced_consume(tracer: MessageTracer, seam: Seam, call: Callable[[Any], Any], message: Any) -> Any:
     """``call(message)`` as one traced message: the client dispatched it to this thread when it
     entered, so ``dispatch_enqueue`` is the pull time and the wait before us is ``dispatch_wait``.
-    Exceptions count as failures and are re-raised (``BaseException`` too)."""
+    Exceptions count as failures and are re-raised (``BaseException`` too); so does a returned
+    coroutine or generator (closed, raised as :class:`~tracer.callables.HandlerNeverRan`)."""
     trace: MessageTrace | None
     try:
         info = seam.describe(message)
@@ -43,14 +46,23 @@ def traced_consume(tracer: MessageTracer, seam: Seam, call: Callable[[Any], Any]
         tracer.hook_failed(seam.where, exc)
         trace = None
     if trace is None:
-        return call(message)
+        return _ran(call(message), seam)
     if settle_probe(tracer, trace):  # a probe: acked, the user's callback never sees it
         return seam.success
     try:
         with trace.handler_scope():
-            result = call(message)
+            result = _ran(call(message), seam)
     except BaseException as exc:
         trace.finish(Outcome.FAILURE, exc)
         raise
     trace.finish(Outcome.SUCCESS if seam.succeeded(result) else Outcome.FAILURE)
+    return result
+
+
+def _ran(result: Any, seam: Seam) -> Any:
+    """``result``, unless it says the callback's body never ran (a returned coroutine): then that
+    failure is raised, so the client retries the message as after any exception of the callback."""
+    unrun = never_ran(result, seam.callback)
+    if unrun is not None:
+        raise unrun
     return result

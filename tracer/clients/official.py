@@ -66,7 +66,7 @@ def _decoded_ns(info: MessageInfo) -> int | None:
 
 # The client decoded the message just before handing it to its pool: that is the pull time.
 PUSH_SEAM = Seam(describe, _decoded_ns, _is_success, "starting a push-consumer trace",
-                 ConsumeResult.SUCCESS if ConsumeResult is not None else None)
+                 ConsumeResult.SUCCESS if ConsumeResult is not None else None, "message_listener.consume")
 
 
 class TracedListener(MessageListener):  # type: ignore[misc,valid-type]

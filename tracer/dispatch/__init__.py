@@ -5,6 +5,7 @@ See ``docs/dispatch.md``. Thread engine: :class:`Dispatcher`; asyncio: :class:`A
 
 from __future__ import annotations
 
+from ..callables import HandlerNeverRan
 from .aio import AsyncDispatcher
 from .cost import longest_first
 from .engine import Dispatcher
@@ -18,7 +19,7 @@ from .policy import (
     RoundRobin,
     resolve_policy,
 )
-from .protocol import DispatcherClosed, DispatchStats, HandlerTimeout, MessageTraceLike
+from .protocol import DispatcherClosed, DispatchStats, HandlerTimeout, MessageTraceLike, NotStarted
 
 __all__ = [
     "DEFAULT_BUCKETS",
@@ -31,8 +32,10 @@ __all__ = [
     "DispatchStats",
     "Dispatcher",
     "DispatcherClosed",
+    "HandlerNeverRan",
     "HandlerTimeout",
     "MessageTraceLike",
+    "NotStarted",
     "Policy",
     "Random",
     "RoundRobin",

@@ -30,10 +30,10 @@ import logging
 from collections.abc import Awaitable, Callable
 from typing import Any, Generic, TypeVar, cast
 
-from ..callables import require_async
+from ..callables import never_ran, require_async
 from ..path.clock import MonotonicClock
 from ..path.stages import Outcome
-from .core import Core, EngineBase, Waiter, WaitState, WouldBlock
+from .core import Core, EngineBase, Waiter, WaitState, WouldBlock, check_timeout
 from .metrics import DispatchMetrics
 from .policy import Policy
 from .protocol import DispatchStats, HandlerTimeout, MessageTraceLike
@@ -159,6 +159,7 @@ class AsyncDispatcher(EngineBase[T], Generic[T]):
 
     async def _wait_until(self, ready: Callable[[], bool], timeout: float | None) -> bool:
         core = self._core
+        check_timeout(timeout, "wait timeout", negative=True)
         deadline = core.deadline(timeout)
         core.watchers += 1
         try:
@@ -191,8 +192,11 @@ class AsyncDispatcher(EngineBase[T], Generic[T]):
             DispatcherClosed: after :meth:`close` began, also in a ``submit`` waiting then.
             RuntimeError: it would wait, awaited from this dispatcher's own handler (a worker
                 waiting for room that only workers free); there, use ``timeout=0``.
+            ValueError: ``timeout`` is NaN (``math.inf``: no bound; <= 0: do not wait).
         """
         core = self._core
+        if timeout is not None:
+            check_timeout(timeout, "submit timeout", negative=True)
         if core.closed:
             raise core.closed_error()
         e = core.build(item, trace)
@@ -340,7 +344,10 @@ class AsyncDispatcher(EngineBase[T], Generic[T]):
         if core.timeout_s is not None and task is not None:
             timer = asyncio.get_running_loop().call_later(core.timeout_s, self._expire, w, e, t0, task)
         try:
-            await self._handler(cast(T, e.item))
+            result = await self._handler(cast(T, e.item))
+            if result is not None:  # an async def that returns a coroutine (forgot an await) ran nothing
+                error = never_ran(result, "handler")
+                result = None
         except asyncio.CancelledError as exc:
             ours = w.expired is e
             if ours:
@@ -406,7 +413,9 @@ class AsyncDispatcher(EngineBase[T], Generic[T]):
 
         Raises:
             RuntimeError: awaited from one of this dispatcher's own handlers.
+            ValueError: ``timeout`` is NaN or negative (``math.inf``: no bound); nothing changed.
         """
+        check_timeout(timeout, "close timeout", negative=False)
         if self._on_worker():
             raise RuntimeError("close() awaited from a dispatcher worker (a handler) would wait for itself")
         core = self._core
@@ -445,8 +454,7 @@ class AsyncDispatcher(EngineBase[T], Generic[T]):
             left = core.remaining(deadline)
             await asyncio.wait(tasks, timeout=None if left is None else max(0.0, left))
         settled = core.idle_locked()
-        if core.m is not None and settled:
-            core.m.unbind()
+        core.leave_gauges()
         if not settled:
             logger.warning("async dispatcher %r: close timed out with %d in flight", self._name,
                            self.statistics().in_flight)  # fmt: skip

@@ -15,6 +15,10 @@ Exception rules, the same in both engines:
   ``asyncio.CancelledError`` while the asyncio worker *task itself* is being cancelled; the
   message is reported ``FAILURE`` and the cancellation propagates (the worker's next message, if
   any, goes to a fresh task). A ``CancelledError`` the handler raises on its own is a failure.
+  The other exception: :class:`.NotStarted` (the handler refuses to start this message) is
+  ``Outcome.NOT_STARTED``, counted in ``not_started`` — not a failure, whatever the clock says.
+  So is a *result* that means the handler never ran — a coroutine, another awaitable or a
+  generator (``lambda m: handle_async(m)``): ``FAILURE`` with ``HandlerNeverRan``, never a success.
 * **Timeout**: a handler that runs longer than ``handler_timeout`` on the injected clock is
   ``Outcome.TIMEOUT`` with a :class:`.HandlerTimeout`, whatever it returned or raised (its own
   exception is the ``__cause__``).
@@ -23,7 +27,8 @@ Exception rules, the same in both engines:
   reported ``trace.finish(FAILURE, error)`` then ``on_done(item, FAILURE, error)`` before
   ``submit`` returns; it never reaches a worker (without its key it cannot be ordered safely).
   Logged once.
-* **cost=** raising, or returning a non-number, NaN, an infinity or a negative number: the
+* **cost=** raising, or returning a non-number, NaN, an infinity, a negative number or one too
+  large for a float (``10**400``; never an OverflowError out of ``submit``): the
   message takes cost ``0.0`` (a cost is only a hint), counted in ``stats.cost_errors``, logged
   once.
 * **Trace methods, on_done, the metrics**: their ``Exception`` is logged once per kind (later
@@ -63,10 +68,10 @@ from ..path.clock import MonotonicClock, require_clock
 from ..path.stages import Outcome, Stage
 from .metrics import BoundDispatchMetrics, DispatchMetrics
 from .policy import Policy, resolve_policy
-from .protocol import DispatcherClosed, DispatchStats, HandlerTimeout, MessageTraceLike
+from .protocol import DispatcherClosed, DispatchStats, HandlerTimeout, MessageTraceLike, NotStarted
 from .scheduler import Admission, Entry
 
-__all__ = ["Core", "EngineBase", "WaitState", "Waiter", "WouldBlock", "exemplar_of"]
+__all__ = ["Core", "EngineBase", "WaitState", "Waiter", "WouldBlock", "check_timeout", "exemplar_of"]
 
 T = TypeVar("T")
 
@@ -76,6 +81,7 @@ _ENQUEUE = Stage.DISPATCH_ENQUEUE
 _FAILURE = Outcome.FAILURE
 _FULL = Admission.FULL
 _SKIPPED = Outcome.SKIPPED
+_NOT_STARTED = Outcome.NOT_STARTED
 _OK: tuple[Outcome, BaseException | None] = (Outcome.SUCCESS, None)
 
 
@@ -115,11 +121,49 @@ def exemplar_of(trace: MessageTraceLike) -> Mapping[str, str] | None:
     return cast("Mapping[str, str] | None", fn())
 
 
-def _valid_cost(c: object) -> bool:
+def _as_cost(c: object) -> float | None:
+    """``c`` as a finite float >= 0, or None when it cannot be one.
+
+    The conversion itself may raise: an int or Fraction too large for a float (``10**400``)
+    raises OverflowError, a user's ``numbers.Real`` any error from ``__float__``.
+    """
     if not isinstance(c, numbers.Real) or isinstance(c, bool):
-        return False
-    f = float(c)
-    return math.isfinite(f) and f >= 0
+        return None
+    try:
+        f = float(c)
+    except Exception:  # noqa: BLE001 - a cost is a hint: one that cannot be a float is no cost
+        return None
+    return f if math.isfinite(f) and f >= 0 else None
+
+
+# a wait this long is no bound: beyond it threading's waits raise OverflowError, and int(inf) does
+_NO_BOUND_S = threading.TIMEOUT_MAX
+
+
+def check_timeout(timeout: float | None, what: str, *, negative: bool) -> None:
+    """Refuse a timeout no wait can use: NaN (every comparison with it is false), a negative one
+    where it cannot mean "do not wait" (``negative=False``), or not a number.
+
+    Raises:
+        TypeError: ``timeout`` is not a number (or None).
+        ValueError: NaN, or negative where ``negative`` is False.
+    """
+    if timeout is None:
+        return
+    if isinstance(timeout, bool) or not isinstance(timeout, (int, float)):
+        raise TypeError(f"{what} must be a number of seconds or None, got {type(timeout).__name__}")
+    if math.isnan(timeout) or (not negative and timeout < 0):
+        allowed = "a number" if negative else "a number >= 0"
+        raise ValueError(f"{what} must be {allowed} of seconds (math.inf or None: no bound), got {timeout!r}")
+
+
+def _short_repr(v: object) -> str:
+    """``repr(v)`` cut to 80 characters; never raises (an int of 5000 digits refuses ``repr``)."""
+    try:
+        r = repr(v)
+    except Exception:  # noqa: BLE001 - only for a log line
+        r = f"<{type(v).__name__}>"
+    return r if len(r) <= 80 else r[:77] + "..."
 
 
 class Core(Generic[T]):
@@ -174,6 +218,7 @@ class Core(Generic[T]):
         self.failed = 0
         self.timed_out = 0
         self.skipped = 0
+        self.not_started = 0
         self.cost_errors = 0
         self._cost_lock = threading.Lock()
         # Live blame (tracer.path.blocking), fed from this dispatcher's own events on its clock.
@@ -212,10 +257,12 @@ class Core(Generic[T]):
                 self.log("cost= callable", exc, "the message takes cost 0")
                 self._cost_failed()
             else:
-                if _valid_cost(c):
-                    cost = float(cast(float, c))
+                f = _as_cost(c)
+                if f is not None:
+                    cost = f
                 else:
-                    self.log("cost= value", None, f"{c!r} is not a finite number >= 0; the message takes cost 0")
+                    self.log("cost= value", None, f"{_short_repr(c)} is not a finite number >= 0; "
+                             "the message takes cost 0")
                     self._cost_failed()
         e: Entry[Any] = Entry(item, trace, key, cost)
         e.error = key_error
@@ -224,6 +271,15 @@ class Core(Generic[T]):
     def _cost_failed(self) -> None:
         with self._cost_lock:  # build runs outside the engine's lock; this path is rare
             self.cost_errors += 1
+
+    def leave_gauges(self) -> None:
+        """``close`` returns: this dispatcher no longer counts in the worker/busy/queued gauges,
+        settled or not. The gauges show live dispatchers; a closed one whose hung handlers still
+        run (close gave up on them) would otherwise add its pool to the next one's for as long
+        as they hang — a restarted loop's 4-worker pool read as 8 workers, 4 busy. Its outcome
+        counters stay bound: a late outcome is still counted."""
+        if self.m is not None:
+            self.m.unbind()
 
     def closed_error(self, blocked: bool = False) -> DispatcherClosed:
         if blocked:
@@ -387,7 +443,7 @@ class Core(Generic[T]):
         if scope is None:
             return
         try:
-            if error is None:
+            if error is None or isinstance(error, NotStarted):  # a refusal is no error of the handler
                 scope.__exit__(None, None, None)
             else:
                 scope.__exit__(type(error), error, error.__traceback__)
@@ -396,6 +452,8 @@ class Core(Generic[T]):
 
     def outcome_of(self, error: BaseException | None, t0: int) -> tuple[Outcome, BaseException | None]:
         """The outcome of a handler that started at ``t0`` and ended with ``error`` (the timeout rule)."""
+        if error is not None and isinstance(error, NotStarted):
+            return _NOT_STARTED, error  # it never started: neither a failure nor a timeout
         tns = self.timeout_ns
         if tns is not None:
             elapsed = self.now() - t0
@@ -412,6 +470,8 @@ class Core(Generic[T]):
             self.failed += 1
         elif outcome is Outcome.TIMEOUT:
             self.timed_out += 1
+        elif outcome is _NOT_STARTED:
+            self.not_started += 1
         else:
             self.skipped += 1
 
@@ -430,7 +490,7 @@ class Core(Generic[T]):
                 on_done(cast(T, e.item), outcome, error)
             except catch as exc:
                 self.log("on_done", exc)
-        elif error is not None and trace is None:
+        elif error is not None and trace is None and outcome is not _NOT_STARTED:
             self.log(f"handler ({type(error).__name__}, no on_done to report it)", error)
         m = self.m
         if m is not None:
@@ -495,7 +555,11 @@ class Core(Generic[T]):
         return 0 if self.closed else self.sched.free_slots()
 
     def deadline(self, timeout: float | None) -> int | None:
-        return None if timeout is None else self.now() + int(timeout * 1e9)
+        """The clock's reading ``timeout`` seconds from now; None for no bound (None, ``math.inf``,
+        or past what a thread can wait for, ``threading.TIMEOUT_MAX`` — about 292 years)."""
+        if timeout is None or timeout >= _NO_BOUND_S:
+            return None
+        return self.now() + int(timeout * 1e9)
 
     def remaining(self, deadline: int | None) -> float | None:
         """Seconds left until ``deadline`` on the clock (None: no deadline; <= 0: passed)."""
@@ -545,6 +609,7 @@ class Core(Generic[T]):
             live_workers=live_workers,
             cost_errors=self.cost_errors,
             blame=self.blame.statistics() if self.blaming else None,
+            not_started=self.not_started,
         )
 
 

@@ -51,10 +51,10 @@ from collections import deque
 from collections.abc import Callable
 from typing import Any, Generic, TypeVar, cast
 
-from ..callables import require_plain
+from ..callables import never_ran, require_plain
 from ..path.clock import MonotonicClock
 from ..path.stages import Outcome
-from .core import Core, EngineBase, Waiter, WaitState, WouldBlock
+from .core import Core, EngineBase, Waiter, WaitState, WouldBlock, check_timeout
 from .metrics import DispatchMetrics
 from .policy import Policy
 from .protocol import DispatchStats, HandlerTimeout, MessageTraceLike
@@ -171,8 +171,11 @@ class Dispatcher(EngineBase[T], Generic[T]):
             RuntimeError: it would block, called from this dispatcher's own handler, ``on_done``
                 or watchdog (a worker waiting for room that only workers free can wait for
                 itself); from there submit with ``timeout=0`` and handle False.
+            ValueError: ``timeout`` is NaN (``math.inf``: no bound; <= 0: do not block).
         """
         core = self._core
+        if timeout is not None:
+            check_timeout(timeout, "submit timeout", negative=True)
         e = core.build(item, trace)  # user callables run outside the lock
         with self._lock:
             if core.closed:
@@ -277,6 +280,7 @@ class Dispatcher(EngineBase[T], Generic[T]):
 
     def _wait_until(self, ready: Callable[[], bool], timeout: float | None) -> bool:
         core = self._core
+        check_timeout(timeout, "wait timeout", negative=True)
         deadline = core.deadline(timeout)
         with self._lock:
             core.watchers += 1
@@ -362,9 +366,13 @@ class Dispatcher(EngineBase[T], Generic[T]):
         scope = None if trace is None else core.enter_scope(trace)
         error: BaseException | None = None
         try:
-            self._handler(e.item)  # Entry[Any]: no cast call on the hot path
+            result = self._handler(e.item)  # Entry[Any]: no cast call on the hot path
         except BaseException as exc:  # noqa: BLE001 - the handler's failure is the message's outcome
             error = exc
+        else:
+            if result is not None:  # a returned coroutine ran nothing: a failure, never a success
+                error = never_ran(result, "handler")
+            result = None  # an idle worker keeps nothing of the message alive
         if scope is not None:
             core.exit_scope(scope, error)
         return core.outcome_of(error, t0)
@@ -480,7 +488,10 @@ class Dispatcher(EngineBase[T], Generic[T]):
 
         Raises:
             RuntimeError: called from a handler or ``on_done`` on one of this dispatcher's threads.
+            ValueError: ``timeout`` is NaN or negative (``math.inf``: no bound, as None); nothing
+                changed.
         """
+        check_timeout(timeout, "close timeout", negative=False)
         me = threading.current_thread()
         if me in self._threads or me is self._watchdog:
             raise RuntimeError("close() called from a dispatcher worker (a handler) would wait for itself")
@@ -520,8 +531,7 @@ class Dispatcher(EngineBase[T], Generic[T]):
             t.join(None if left is None else max(0.0, left))
         with self._lock:
             settled = core.idle_locked()
-        if core.m is not None and settled:
-            core.m.unbind()
+        core.leave_gauges()
         if not settled:
             s = self.statistics()
             logger.warning("dispatcher %r: close timed out with %d in flight", self._name, s.in_flight)

@@ -6,11 +6,11 @@ series                                     type      meaning
 ``rmqtrace_dispatch_slot_wait_seconds``    histogram accepted by ``submit`` → handler start (the hidden gap)
 ``rmqtrace_dispatch_submit_blocked_seconds`` histogram time ``submit`` spent blocked on back-pressure
                                                      (0 when it did not block; one per accepted submit)
-``rmqtrace_dispatch_workers``              gauge     workers of live dispatchers
+``rmqtrace_dispatch_workers``              gauge     workers of live (not closed) dispatchers
 ``rmqtrace_dispatch_busy_workers``         gauge     workers holding a message
 ``rmqtrace_dispatch_queued_messages``      gauge     accepted, not yet held by a worker
 ``rmqtrace_dispatch_messages_total``       counter   finished messages by ``outcome`` (success, failure,
-                                                     timeout, skipped)
+                                                     timeout, skipped, not_started)
 ========================================== ========= =================================================
 
 Every series has one label, ``policy``. The gauges are computed at scrape time from the live
@@ -90,7 +90,8 @@ class BoundDispatchMetrics:
         self._source = source
 
     def unbind(self) -> None:
-        """Stop counting this dispatcher in the gauges (``close`` calls it). Idempotent."""
+        """Stop counting this dispatcher in the gauges (``close`` calls it as it returns,
+        whether or not every handler ended). Idempotent."""
         self._sources.remove(self._source)
         self._owner.flush()
 

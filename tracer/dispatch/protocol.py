@@ -48,7 +48,7 @@ class DispatchStats:
 
     ``handled`` counts successes only. At every snapshot::
 
-        submitted == handled + failed + timed_out + skipped + in_flight + queued
+        submitted == handled + failed + timed_out + skipped + not_started + in_flight + queued
 
     ``in_flight`` counts messages a worker holds that have no outcome yet (running, or handed
     over and about to start); ``queued`` counts messages accepted but not yet held by a worker
@@ -59,6 +59,7 @@ class DispatchStats:
     blocked in ``wait_for_free_slot``, ``wait_idle`` or ``close``. ``live_workers``: worker
     threads or tasks alive (asyncio: 0 before the first ``submit``). ``cost_errors``: ``cost=``
     results that raised or were not a finite number >= 0 (those messages got cost 0).
+    ``not_started``: messages whose handler raised :class:`NotStarted` (``Outcome.NOT_STARTED``).
     ``blame``: live blame's snapshot (:class:`tracer.path.blocking.BlameStatistics`: starts
     judged, seconds waited and avoidable, head_of_line / capacity counts); None until a trace or
     metrics were attached.
@@ -79,10 +80,21 @@ class DispatchStats:
     live_workers: int = 0
     cost_errors: int = 0
     blame: BlameStatistics | None = None
+    not_started: int = 0
 
 
 class DispatcherClosed(RuntimeError):
     """Raised by ``submit`` after ``close`` (also by a ``submit`` blocked when ``close`` began)."""
+
+
+class NotStarted(Exception):
+    """Raise it from a handler, before it does anything, to refuse to start this message: it is
+    reported ``Outcome.NOT_STARTED`` (``on_done(item, NOT_STARTED, the exception)``), counted in
+    ``not_started`` — not a failure, no handler duration measured, no error on its span.
+
+    The consume loop raises it in place of the user's handler for a copy it must not start (its
+    lease is gone, its key hangs, another copy of it still runs here).
+    """
 
 
 class HandlerTimeout(TimeoutError):
@@ -97,4 +109,4 @@ class HandlerTimeout(TimeoutError):
         self.timeout_s = timeout_s
 
 
-__all__ = ["DispatchStats", "DispatcherClosed", "HandlerTimeout", "MessageTraceLike"]
+__all__ = ["DispatchStats", "DispatcherClosed", "HandlerTimeout", "MessageTraceLike", "NotStarted"]

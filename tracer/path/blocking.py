@@ -29,7 +29,11 @@ and ``ref`` objects of finished messages are let go as soon as no waiting messag
 (the caller's key and ref are often the message's own objects); a pending ``pull + grace`` mark
 holds the waiting record, not the key. A verdict hands the blocker's key and ref to the victim;
 a ``MessageTrace`` lets both go at its finish, keeping the blocker's id and handler context
-(else each live trace would hold the chain of traces that blocked one before it).
+(else each live trace would hold the chain of traces that blocked one before it). The idle list
+holds at most ``2 x workers + 1`` marks: a worker idle for good (more workers than concurrent
+messages) pins its front, so stale marks behind it are compacted away, not only popped at the
+front. Memory is bounded by the workers and the waiting messages, never by the messages handled
+(``BlameStatistics.entries`` counts it; ``tests/test_blame_idle.py``).
 
 **Wired** in :class:`tracer.dispatch.core.Core` (both engines), one tracker per dispatcher,
 ``workers`` = its pool, on the dispatcher's clock, only once a trace or metrics are attached:
@@ -92,6 +96,10 @@ class BlameStatistics:
     capacity: int
     out_of_order: int  # events stamped before the previous one (taken as at the previous one)
     unknown: int  # starts or ends of a message or worker the tracker was not told about
+    # what it holds now: idle marks + runs in the run logs + waiting records + pending grace marks
+    # (bounded by the workers and the waiting messages, never by the messages handled)
+    entries: int = 0
+    idle_marks: int = 0  # the idle list: at most 2 x workers + 1 (stale marks are compacted away)
 
 
 _UNKNOWN = Verdict(NO_WAIT, 0.0, 0.0, None)  # the start of a message the tracker was not told about (immutable)
@@ -172,7 +180,7 @@ class BlameTracker:
                 self._unknown += 1
                 return
             if w.worker is not None:
-                self._bound_waiting[w.worker] -= 1
+                self._unbind(w.worker)
             self._bound_waiting[worker] += 1
             w.worker = worker
             w.a_bound = self._a
@@ -194,7 +202,7 @@ class BlameTracker:
             else:
                 verdict = self._verdict(w, ns)
                 if w.worker is not None:
-                    self._bound_waiting[w.worker] -= 1
+                    self._unbind(w.worker)
             if self._running[worker] is not None:
                 self._unknown += 1  # a second start on a busy worker: take the new one as running
             self._running[worker] = message
@@ -221,24 +229,55 @@ class BlameTracker:
             else:  # no waiting message can be held up by it: a message bound now waits for no run
                 self._drop_runs(worker, len(log))
             self._free_from[worker] = ns + self.grace_ns
-            self._idle_since.append((ns + self.grace_ns, worker))
+            q = self._idle_since
+            q.append((ns + self.grace_ns, worker))
+            if len(q) > 2 * self.workers:
+                self._compact_idle()
 
     def forget(self, message: Hashable) -> None:
         """The message left without running (given back, expired): it is no longer waiting."""
         with self._lock:
             w = self._waiting.pop(message, None)
             if w is not None and w.worker is not None:
-                self._bound_waiting[w.worker] -= 1
+                self._unbind(w.worker)
 
     def statistics(self) -> BlameStatistics:
         with self._lock:
+            idle = len(self._idle_since)
+            held = idle + sum(map(len, self._log)) + len(self._waiting) + len(self._marks)
             return BlameStatistics(self._started, len(self._waiting), self._wait_ns / 1e9, self._avoid_ns / 1e9,
-                                   self._hol, self._cap, self._ooo, self._unknown)
+                                   self._hol, self._cap, self._ooo, self._unknown, held, idle)
 
     # -- inside ------------------------------------------------------------------------------------
     def _check(self, worker: int) -> None:
         if not 0 <= worker < self.workers:
             raise ValueError(f"worker {worker} outside 0 … {self.workers - 1}")
+
+    def _unbind(self, worker: int) -> None:
+        """A waiting message bound to ``worker`` is no longer waiting there. The last one gone,
+        the runs it could have been blamed on go too (all but the one running now, which a
+        message bound next starts its count at), not at the worker's next start or end: a
+        worker that runs no more would hold them for good."""
+        self._bound_waiting[worker] -= 1
+        if not self._bound_waiting[worker]:
+            log = self._log[worker]
+            self._drop_runs(worker, len(log) - (1 if self._running[worker] is not None else 0))
+
+    def _compact_idle(self) -> None:
+        """Keep only the live idle marks, in time order, one per worker.
+
+        Stale marks are dropped at the front only; a worker idle for good (more workers than
+        concurrent messages) pins the front, and without this every run that ended behind it
+        would leave its mark for ever. Compacting once the list exceeds 2 x workers leaves at
+        most ``workers``: O(1) amortized per end."""
+        seen: set[int] = set()
+        live: deque[tuple[float, int]] = deque()
+        for at, w in self._idle_since:
+            # a start and an end at one stamp make an older mark look live again: keep one
+            if self._running[w] is None and self._free_from[w] == at and w not in seen:
+                seen.add(w)
+                live.append((at, w))
+        self._idle_since = live
 
     def _available_from(self) -> float:
         """When some idle worker became available (inf: every worker runs)."""

@@ -92,3 +92,7 @@ class Outcome(str, enum.Enum):
     FAILURE = "failure"
     TIMEOUT = "timeout"
     SKIPPED = "skipped"
+    # the handler refused to start this copy (tracer.dispatch.NotStarted: a consume loop whose
+    # lease on it is gone, whose key hangs, whose other copy still runs): given back unrun, not a
+    # failure, and no handler ran to be measured
+    NOT_STARTED = "not_started"

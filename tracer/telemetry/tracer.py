@@ -91,6 +91,7 @@ _CROSS: tuple[tuple[int, int, str, int, str], ...] = tuple(
 _PRODUCE, _STORE, _PULL = int(Stage.PRODUCE), int(Stage.BROKER_STORE), int(Stage.CLIENT_PULL)
 _ENQUEUE, _START, _END = int(Stage.DISPATCH_ENQUEUE), int(Stage.HANDLER_START), int(Stage.HANDLER_END)
 _SUCCESS = Outcome.SUCCESS
+_NOT_STARTED = Outcome.NOT_STARTED
 _CONSUMER, _INTERNAL, _PRODUCER = SpanKind.CONSUMER, SpanKind.INTERNAL, SpanKind.PRODUCER
 _DROP = Decision.DROP
 # A held trace's creation link whose traceparent is parsed only if the trace is kept.
@@ -648,6 +649,14 @@ class MessageTrace:
         occupancy = self._tracer.occupancy
         if occupancy is not None and times[_START] == MISSING:
             occupancy.discarded(self.anchor.mono_ns)
+        if outcome is _NOT_STARTED:
+            # The dispatcher's handler refused to start this copy (tracer.dispatch.NotStarted)
+            # inside the handler scope: its start and end stamps measure no handler run, and the
+            # refusal is no error. Unstamped, it is measured as a message given back unrun: no
+            # handler or end-to-end observation, its own outcome, no error on the span.
+            error = None
+            with self._tracer._end_lock:
+                times[_START] = times[_END] = MISSING
         if times[_START] != MISSING and times[_END] == MISSING:
             # A watchdog reports a timeout while the handler still runs: it ran at least until
             # now, so the message is measured (handler, end_to_end, process duration) and judged.
@@ -807,7 +816,7 @@ class MessageTrace:
             for key, a, b in _GAP_ATTRS:
                 if c[a] and c[b]:
                     attrs[key] = (c[b] - c[a]) / 1e9
-        if outcome is not _SUCCESS:
+        if outcome is not _SUCCESS and outcome is not _NOT_STARTED:
             process.set_status(Status(_ERROR, outcome.value))
             # the exception's class; without one (a failure result, a timeout) the outcome
             attrs[n.ERROR_TYPE] = error_type or outcome.value
