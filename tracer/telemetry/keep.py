@@ -8,6 +8,8 @@ consumer trace when
 - the head decision sampled it (the producer's ``send`` span is recorded: dropping the consumer
   part would leave half a trace) — ``OTEL_TRACES_SAMPLER``/``_ARG`` keep their meaning;
 - it failed or timed out (always);
+- its consume loop lost its lease while holding it (``lease_lost``, always: the redelivery's
+  span links to it, so the run that may have gone twice is there to see);
 - a gap exceeded its threshold: an absolute number of seconds, or "the slowest X % of the last
   interval" judged against a streaming estimate of the previous interval;
 - it is the first message of a job seen here (earliest produce stamp) or, held until the job is
@@ -83,7 +85,7 @@ __all__ = [
 # Gaps a threshold may be set on: the consumer-side waits and what the user feels.
 KEEP_GAPS: tuple[str, ...] = ("dispatch_wait", "client_buffer", "consumer_wait", "end_to_end")
 # Why a message was kept; PENDING means "held as its job's latest finisher, settled later".
-REASONS: tuple[str, ...] = ("head", "failure", "slow", "job_start", "critical_path", "background")
+REASONS: tuple[str, ...] = ("head", "failure", "lease_lost", "slow", "job_start", "critical_path", "background")
 PENDING = "pending"
 # Why a message was not kept.
 DROP_REASONS: tuple[str, ...] = ("unremarkable", "superseded", "not_handled")
@@ -269,13 +271,20 @@ class KeepPolicy:
                    max_jobs=int(number("RMQTRACE_KEEP_MAX_JOBS", 10_000)), rng=rng)
 
     def decide(self, times: Sequence[int], outcome: Outcome, job_id: str | None = None, *,
-               head: bool = False, settle: Callable[[bool], None] | None = None) -> str | None:
+               head: bool = False, settle: Callable[[bool], None] | None = None,
+               flag: str | None = None) -> str | None:
         """Decide one finished message from its stamps: a reason in :data:`REASONS` (keep it now),
         :data:`PENDING` (``settle(keep)`` will be called later, once, from some later call of
         this policy or :meth:`flush`), or None (drop it).
 
         ``head`` says the head sampler kept it already; it is still counted and fed to the
-        estimates, so thresholds and the critical path see every message."""
+        estimates, so thresholds and the critical path see every message. ``flag``: a reason in
+        :data:`REASONS` the caller already knows (``lease_lost``), kept like a failure.
+
+        Raises:
+            ValueError: ``flag`` is not one of :data:`REASONS`."""
+        if flag is not None and flag not in self._counts:
+            raise ValueError(f"keep flag must be one of {', '.join(REASONS)}, got {flag!r}")
         now = times[_END]
         if not now:
             with self._lock:  # never handled: nothing was traced to keep, nothing to judge
@@ -299,6 +308,8 @@ class KeepPolicy:
             reason: str | None = "head"
         elif outcome is _FAILURE or outcome is _TIMEOUT:
             reason = "failure"
+        elif flag is not None:
+            reason = flag
         elif slow:
             reason = "slow"
         elif self.background and self._random() < self.background:

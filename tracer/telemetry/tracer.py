@@ -30,6 +30,7 @@ from __future__ import annotations
 import logging
 import os
 import threading
+from collections import OrderedDict
 from typing import Any, Callable, Mapping, NamedTuple, Sequence
 
 from opentelemetry import context as otel_context
@@ -98,6 +99,9 @@ _PARSE_IF_KEPT = object()
 _ERROR = StatusCode.ERROR
 # Topics (with their endpoint) whose process span name and sampling attributes are kept built.
 _MAX_STARTS = 256
+# Runs whose lease was lost, remembered (by message id) for the redelivery's link: the broker
+# redelivers within a lease or two, so a few hundred cover any burst; the oldest go first.
+_MAX_LOST_RUNS = 512
 
 
 class MessageTracer:
@@ -201,6 +205,9 @@ class MessageTracer:
         self._hook_lock = threading.Lock()
         # Orders a handler's end (worker thread) against a watchdog's finish (another thread).
         self._end_lock = threading.Lock()
+        # message id -> the process span context of a run whose lease was lost (see MessageTrace.lease_lost)
+        self._lost_runs: OrderedDict[str, SpanContext] = OrderedDict()
+        self._lost_lock = threading.Lock()
 
     def _set_client(self, facts: ClientFacts) -> None:
         self.client: ClientFacts = facts  # read by the attributes, and by telemetry.operations
@@ -285,6 +292,9 @@ class MessageTracer:
         # (MessageTrace.carried): a message only measured costs no parse (BENCHMARKS.md).
         carried = extract(info.properties, self.errors, now, info.system_trace_context, defer_parent=True)
         t = MessageTrace(self, info, carried)
+        if self._lost_runs and info.message_id:
+            with self._lost_lock:
+                t._lost_from = self._lost_runs.pop(info.message_id, None)
         times = t.stamps.times
         times[_PRODUCE] = carried.produce_ns
         if pulled_ns and not plausible_ns(pulled_ns, now):
@@ -341,6 +351,14 @@ class MessageTracer:
             provider, (trace.NoOpTracerProvider, trace.ProxyTracerProvider))
         return self._writer
 
+    def _remember_lost_run(self, message_id: str, ctx: SpanContext) -> None:
+        with self._lost_lock:
+            runs = self._lost_runs
+            runs[message_id] = ctx
+            runs.move_to_end(message_id)
+            while len(runs) > _MAX_LOST_RUNS:
+                runs.popitem(last=False)
+
     def hook_failed(self, where: str, exc: BaseException) -> None:
         """Log a failure of our own code once per place; the user's message flow goes on."""
         with self._hook_lock:
@@ -384,7 +402,7 @@ class MessageTrace:
 
     __slots__ = ("_tracer", "info", "_carried", "_parent", "_parsed", "stamps", "worker", "body", "_ctx", "_process",
                  "_handler", "_token", "_done", "_scope_start", "_held", "_head_held", "_overrun", "_late_end",
-                 "_open_handler", "_deferred", "_verdict", "_blame")
+                 "_open_handler", "_deferred", "_verdict", "_blame", "_lease_lost", "_lost_from", "_written")
 
     def __init__(self, tracer: MessageTracer, info: MessageInfo, carried: Carried) -> None:
         self._tracer = tracer
@@ -416,6 +434,9 @@ class MessageTrace:
         self._verdict: tuple[Any, str] | None = None  # (Verdict, policy) from the dispatcher, until the finish
         # what the spans carry of it (attributes, link to the blocker), made at the finish
         self._blame: tuple[dict[str, Any], tuple[Link, ...]] | None = None
+        self._lease_lost: str | None = None  # the consume loop lost this delivery's lease (why)
+        self._lost_from: SpanContext | None = None  # an earlier run of this message whose lease was lost
+        self._written = False  # our spans of this trace were written (so a link to it resolves)
 
     @property
     def carried(self) -> Carried:
@@ -455,6 +476,34 @@ class MessageTrace:
         if self._deferred is not None:
             return self._deferred[5]  # type: ignore[no-any-return]
         return None
+
+    def lease_lost(self, reason: str) -> None:
+        """The consume loop lost this delivery's lease while holding it (``reason``: ``expired``,
+        ran out before a renewal; ``abandoned``, given up on a hung handler): the broker may hand
+        the message out again, so it may run twice. Counted (``rmqtrace_consumer_leases_lost_total``),
+        marked on the ``process`` span (``rmqtrace.lease.lost``, when the trace is not finished yet),
+        the trace kept (keep reason ``lease_lost``), and remembered by message id: the redelivery
+        this tracer receives links its ``process`` span to this run (and is kept too). Once per
+        delivery.
+
+        Raises:
+            ValueError: ``reason`` is not one of ``names.LEASE_LOST_REASONS``.
+        """
+        if reason not in n.LEASE_LOST_REASONS:
+            raise ValueError(f"a lost lease's reason is one of {', '.join(n.LEASE_LOST_REASONS)}, got {reason!r}")
+        if self._lease_lost is not None:
+            return
+        self._lease_lost = reason
+        mt = self._tracer
+        try:
+            if mt.metrics is not None:
+                mt.metrics.lease_lost(self.info.topic, mt.consumer_group, reason)
+            ctx = self._ctx
+            # a finished trace that was not written (dropped) has no span to link to
+            if self.info.message_id and ctx is not None and ctx.is_valid and (not self._done or self._written):
+                mt._remember_lost_run(self.info.message_id, ctx)
+        except Exception as exc:  # noqa: BLE001 - the loop's settle must go on
+            mt.hook_failed("recording a lost lease", exc)
 
     @staticmethod
     def _blame_of(verdict: Any) -> tuple[dict[str, Any], tuple[Link, ...]]:
@@ -662,7 +711,10 @@ class MessageTrace:
                 self._settle(kept, outcome, error)
         try:
             reason = keep.decide(self.stamps.times, outcome, self._carried.job_id,
-                                 head=ctx is not None and not self._held, settle=settle)
+                                 head=ctx is not None and not self._held, settle=settle,
+                                 # both runs of a message that may have run twice
+                                 flag="lease_lost" if self._lease_lost is not None or self._lost_from is not None
+                                 else None)
         except Exception as exc:  # noqa: BLE001 - a broken policy must not cost the histograms
             self._tracer.hook_failed("the keep decision", exc)
             reason = "failure"  # err on keeping
@@ -711,7 +763,10 @@ class MessageTrace:
         stage order with 0 for a missing stamp, so every child lies inside its parent."""
         if c is None:
             c = causal(self.stamps.times)
+        self._written = True
         process = self._process if self._process is not None else self._materialize()
+        if self._lost_from is not None:
+            process.add_link(self._lost_from, {n.LINK_REASON: n.LINK_LEASE_LOST})
         end_ns = c[_END] or self._tracer.clock.now_ns()
         error_type = type(error).__qualname__ if error is not None else None
         handler = self._handler
@@ -742,6 +797,8 @@ class MessageTrace:
                         # does not end after it starts as "Negative duration". Its 0 is observed.
                         writer.emit(name, writer.child_context(ctx), ctx, c[a], c[b], _INTERNAL, gap_attrs)
         attrs = self._process_attributes(outcome, process)
+        if self._lease_lost is not None:
+            attrs[n.LEASE_LOST] = self._lease_lost
         if compact:
             if blame_attrs is not None:
                 attrs.update(blame_attrs)
