@@ -109,6 +109,7 @@ DISPATCH_POLICY = "rmqtrace.dispatch.policy"  # on the OTel avoidable-wait count
 # run whose lease ended; the redelivery seen by the same tracer links back to that run.
 LEASE_LOST = "rmqtrace.lease.lost"  # why: expired (ran out before renewal), abandoned (hung handler)
 LEASE_LOST_REASONS: tuple[str, ...] = ("expired", "abandoned")
+ABANDONED = "rmqtrace.abandoned"  # on a timed-out handler's span ended before the handler returned
 LINK_REASON = "rmqtrace.link.reason"  # on a span link of ours that is not the creation link
 LINK_LEASE_LOST = "lease_lost"  # the redelivery's link to the run whose lease was lost
 

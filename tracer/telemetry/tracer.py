@@ -55,6 +55,7 @@ from ..path.propagation import (
 from ..path.stages import CROSS_CLOCK_GAPS, GAPS, Outcome, Stage
 from ..path.stamps import MISSING, SkewTracker, Stamps, causal, store_stamp
 from ..version import __version__
+from .abandon import watch_shutdown
 from .adopt import keep_for
 from .attributes import (  # noqa: F401 - re-exported
     BODY_ATTR,
@@ -208,6 +209,8 @@ class MessageTracer:
         # message id -> the process span context of a run whose lease was lost (see MessageTrace.lease_lost)
         self._lost_runs: OrderedDict[str, SpanContext] = OrderedDict()
         self._lost_lock = threading.Lock()
+        # traces whose handler span waits for a timed-out handler's late return (under _end_lock)
+        self._abandonable: set[MessageTrace] = set()
 
     def _set_client(self, facts: ClientFacts) -> None:
         self.client: ClientFacts = facts  # read by the attributes, and by telemetry.operations
@@ -347,9 +350,21 @@ class MessageTracer:
             if found is not None:
                 self.keep, self.hold = found
                 found[1].attach(found[0])
+        if self._writer is not None and self._writer_resolved:
+            # after keep_for: in front of an adopted hold, so the spans it ends still reach it
+            watch_shutdown(provider, self)
         self.foreign_provider = self._writer is None and not isinstance(
             provider, (trace.NoOpTracerProvider, trace.ProxyTracerProvider))
         return self._writer
+
+    def abandon_handlers(self) -> int:
+        """End the handler span of every timed-out handler still running (status ERROR,
+        ``rmqtrace.abandoned``), so the user's spans under it are not orphans; how many. Run at the
+        provider's shutdown (:mod:`tracer.telemetry.abandon`); a dispatcher's ``close`` does it for
+        its own overrun handlers (:meth:`MessageTrace.abandon`)."""
+        with self._end_lock:
+            traces = list(self._abandonable)
+        return sum(1 for t in traces if t.abandon())
 
     def _remember_lost_run(self, message_id: str, ctx: SpanContext) -> None:
         with self._lost_lock:
@@ -476,6 +491,28 @@ class MessageTrace:
         if self._deferred is not None:
             return self._deferred[5]  # type: ignore[no-any-return]
         return None
+
+    def abandon(self) -> bool:
+        """The timed-out handler is let go while it still runs (its dispatcher closed, the
+        provider shuts down): end its handler span now — status ERROR, ``error.type`` (kept, else
+        ``timeout``), ``rmqtrace.abandoned=true`` — so the user's spans under it have an exported
+        parent. True when there was one to end; its late return then ends nothing more."""
+        mt = self._tracer
+        with mt._end_lock:
+            handler, self._open_handler = self._open_handler, None
+            mt._abandonable.discard(self)
+        if handler is None:
+            return False
+        try:
+            if handler.status.status_code is not _ERROR:
+                handler.set_status(Status(_ERROR, "abandoned"))
+            attrs = handler.own_attributes()
+            attrs.setdefault(n.ERROR_TYPE, Outcome.TIMEOUT.value)
+            attrs[n.ABANDONED] = True
+            handler.end(end_time=mt.clock.now_ns())
+        except Exception as exc:  # noqa: BLE001
+            mt.hook_failed("ending an abandoned handler span", exc)
+        return True
 
     def lease_lost(self, reason: str) -> None:
         """The consume loop lost this delivery's lease while holding it (``reason``: ``expired``,
@@ -625,6 +662,7 @@ class MessageTrace:
             if late:
                 self._late_end = now
                 handler, self._open_handler = self._open_handler, None
+                self._tracer._abandonable.discard(self)
             else:
                 self.stamps.times[_END] = now
         if late and handler is not None:
@@ -779,6 +817,7 @@ class MessageTrace:
                 still_running = self._overrun and not self._late_end
                 if still_running:
                     self._open_handler = handler  # __exit__ ends it when the handler returns
+                    self._tracer._abandonable.add(self)  # ... or abandon(), should it never
             if not still_running:
                 handler.end(end_time=self._late_end or end_ns)
         compact = self._tracer.compact
