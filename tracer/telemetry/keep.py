@@ -16,6 +16,10 @@ consumer trace when
   idle, the job's latest finisher — so a sampled recording still gives each job's completion time
   and critical path;
 - a background probability picks it;
+- it blocked a kept message (``blocker``: the head-of-line blocker a kept victim's blame links
+  to, kept even when judged alone it was dropped a moment before — within the hold's
+  ``RECENT_TRACES``/``RECENT_SPANS``; past them the victim's link is left out and counted,
+  ``blockers_unkept``, so a kept link never dangles);
 
 and drops the rest. Histograms stay complete whatever is kept; exemplars point only at kept
 traces.
@@ -85,7 +89,8 @@ __all__ = [
 # Gaps a threshold may be set on: the consumer-side waits and what the user feels.
 KEEP_GAPS: tuple[str, ...] = ("dispatch_wait", "client_buffer", "consumer_wait", "end_to_end")
 # Why a message was kept; PENDING means "held as its job's latest finisher, settled later".
-REASONS: tuple[str, ...] = ("head", "failure", "lease_lost", "slow", "job_start", "critical_path", "background")
+REASONS: tuple[str, ...] = ("head", "failure", "lease_lost", "slow", "job_start", "critical_path", "background",
+                            "blocker")
 PENDING = "pending"
 # Why a message was not kept.
 DROP_REASONS: tuple[str, ...] = ("unremarkable", "superseded", "not_handled")
@@ -140,6 +145,7 @@ class KeepStats(NamedTuple):
     slow: int  # messages over a threshold (all of them kept)
     by_reason: Mapping[str, int]
     dropped_by_reason: Mapping[str, int] = {}
+    blockers_unkept: int = 0  # kept victims whose blocker could not be kept: their blame link left out
 
 
 class _Estimate:
@@ -238,6 +244,7 @@ class KeepPolicy:
         self._drops = {r: 0 for r in DROP_REASONS}
         self._slow = 0
         self._pending = 0
+        self._blockers_unkept = 0
         self._latest_ns = 0
 
     @classmethod
@@ -433,7 +440,20 @@ class KeepPolicy:
         with self._lock:
             counts, drops = dict(self._counts), dict(self._drops)
             return KeepStats(self._messages, sum(counts.values()), sum(drops.values()), self._pending, self._slow,
-                             counts, drops)
+                             counts, drops, self._blockers_unkept)
+
+    def kept_after_all(self, reason: str, was: str = "unremarkable") -> None:
+        """A message this policy dropped (``was``: its drop reason) is kept after all (``reason``:
+        ``blocker``); the counts stay ``messages == kept + dropped + pending``."""
+        with self._lock:
+            if self._drops[was] > 0:
+                self._drops[was] -= 1
+                self._counts[reason] += 1
+
+    def blocker_unkept(self) -> None:
+        """A kept victim's blocker could not be kept (its link is left out)."""
+        with self._lock:
+            self._blockers_unkept += 1
 
     def slow_threshold_s(self, gap: str) -> float | None:
         """The threshold in force for ``gap`` (seconds): the absolute one, or the estimate from

@@ -98,6 +98,8 @@ _DROP = Decision.DROP
 # A held trace's creation link whose traceparent is parsed only if the trace is kept.
 _PARSE_IF_KEPT = object()
 _ERROR = StatusCode.ERROR
+# A held trace's keep decision, as its victims see it (blame-aware keep, MessageTrace._fate).
+_UNDECIDED, _DECIDING, _KEPT, _DROPPED, _PENDING, _GONE = range(6)
 # Topics (with their endpoint) whose process span name and sampling attributes are kept built.
 _MAX_STARTS = 256
 # Runs whose lease was lost, remembered (by message id) for the redelivery's link: the broker
@@ -211,6 +213,7 @@ class MessageTracer:
         self._lost_lock = threading.Lock()
         # traces whose handler span waits for a timed-out handler's late return (under _end_lock)
         self._abandonable: set[MessageTrace] = set()
+        self._fate_lock = threading.Lock()  # MessageTrace._fate / _must_keep (blame-aware keep)
 
     def _set_client(self, facts: ClientFacts) -> None:
         self.client: ClientFacts = facts  # read by the attributes, and by telemetry.operations
@@ -417,7 +420,8 @@ class MessageTrace:
 
     __slots__ = ("_tracer", "info", "_carried", "_parent", "_parsed", "stamps", "worker", "body", "_ctx", "_process",
                  "_handler", "_token", "_done", "_scope_start", "_held", "_head_held", "_overrun", "_late_end",
-                 "_open_handler", "_deferred", "_verdict", "_blame", "_lease_lost", "_lost_from", "_written")
+                 "_open_handler", "_deferred", "_verdict", "_blame", "_lease_lost", "_lost_from", "_written",
+                 "_fate", "_must_keep", "_dropped_outcome")
 
     def __init__(self, tracer: MessageTracer, info: MessageInfo, carried: Carried) -> None:
         self._tracer = tracer
@@ -452,6 +456,10 @@ class MessageTrace:
         self._lease_lost: str | None = None  # the consume loop lost this delivery's lease (why)
         self._lost_from: SpanContext | None = None  # an earlier run of this message whose lease was lost
         self._written = False  # our spans of this trace were written (so a link to it resolves)
+        # the keep decision of a held trace, for the victims that link to it (under _fate_lock)
+        self._fate = _UNDECIDED
+        self._must_keep = False  # a kept victim links to it: keep it whatever its own decision
+        self._dropped_outcome: Outcome | None = None  # to write its spans should it be revived
 
     @property
     def carried(self) -> Carried:
@@ -542,9 +550,10 @@ class MessageTrace:
         except Exception as exc:  # noqa: BLE001 - the loop's settle must go on
             mt.hook_failed("recording a lost lease", exc)
 
-    @staticmethod
-    def _blame_of(verdict: Any) -> tuple[dict[str, Any], tuple[Link, ...]]:
-        """The blame attributes and the link to the blocker's handler span."""
+    def _blame_of(self, verdict: Any, kept: bool) -> tuple[dict[str, Any], tuple[Link, ...]]:
+        """The blame attributes and the link to the blocker's handler span — only to a span that
+        is exported: a victim written now (``kept``) keeps its blocker (blame-aware keep); one
+        written later, if at all, links only to a blocker already kept."""
         attrs: dict[str, Any] = {n.BLAME_REASON: verdict.reason, n.BLAME_AVOIDABLE_WAIT: float(verdict.avoidable_s)}
         links: tuple[Link, ...] = ()
         blocker = verdict.blocker_ref
@@ -553,8 +562,46 @@ class MessageTrace:
                 attrs[n.BLAME_BLOCKER_MESSAGE_ID] = cap(blocker.info.message_id)
             ctx = blocker.handler_context()
             if ctx is not None and ctx.is_valid:
-                links = (Link(ctx),)
+                if blocker._exported_for_blame(kept):
+                    links = (Link(ctx),)
+                elif kept and self._tracer.keep is not None:
+                    self._tracer.keep.blocker_unkept()
         return attrs, links
+
+    def _exported_for_blame(self, keep_it: bool) -> bool:
+        """Whether this trace's spans are or will be exported, so a victim's link to it resolves.
+        ``keep_it``: keep it for that victim — when undecided, whatever its decision; when dropped
+        a moment ago, revived if the hold still has it (:meth:`HoldingSpanProcessor.revive`)."""
+        if not self._held:
+            return True  # the head decision: sampled (a context to link to) means exported
+        mt = self._tracer
+        with mt._fate_lock:
+            fate = self._fate
+            if fate == _UNDECIDED or fate == _DECIDING:
+                if keep_it:
+                    self._must_keep = True  # its _decide keeps it (reason blocker)
+                return keep_it
+            if fate == _KEPT:
+                return True
+            if fate == _PENDING and keep_it:
+                self._must_keep = True  # its settle keeps it (a job's latest finisher, superseded or not)
+                return True
+            if fate != _DROPPED or not keep_it:
+                return False
+            self._fate = _GONE  # one reviver; a victim racing with it leaves its link out
+        ctx, hold, keep, outcome = self._ctx, mt.hold, mt.keep, self._dropped_outcome
+        revived = ctx is not None and hold is not None and outcome is not None and hold.revive(ctx.trace_id)
+        if revived:
+            assert ctx is not None and outcome is not None
+            if keep is not None:
+                keep.kept_after_all("blocker")
+            try:
+                self._write_spans(ctx, outcome, None)
+            except Exception as exc:  # noqa: BLE001
+                mt.hook_failed("writing a blocker's kept trace", exc)
+            with mt._fate_lock:
+                self._fate = _KEPT
+        return revived
 
     def handler_scope(self, start_ns: int | None = None) -> MessageTrace:
         """``with trace.handler_scope():`` stamps handler start/end; the handler span is current inside.
@@ -719,7 +766,7 @@ class MessageTrace:
             # and handler context kept: held on, every live trace would keep the chain of every
             # trace that blocked one before it alive.
             self._verdict = None
-            self._blame = self._blame_of(verdict[0])
+            self._blame = self._blame_of(verdict[0], kept=ctx is not None)
             avoidable = float(verdict[0].avoidable_s)
             if metrics is not None:
                 metrics.avoidable(self.info.topic, mt.consumer_group, verdict[1], avoidable)
@@ -747,15 +794,31 @@ class MessageTrace:
         if self._held and self._carried.job_id:
             def settle(kept: bool) -> None:
                 self._settle(kept, outcome, error)
+        mt = self._tracer
+        flag: str | None = None
+        if self._lease_lost is not None or self._lost_from is not None:
+            flag = "lease_lost"  # both runs of a message that may have run twice
+        if self._held:
+            with mt._fate_lock:
+                self._fate = _DECIDING
+                if flag is None and self._must_keep:
+                    flag = "blocker"
         try:
             reason = keep.decide(self.stamps.times, outcome, self._carried.job_id,
-                                 head=ctx is not None and not self._held, settle=settle,
-                                 # both runs of a message that may have run twice
-                                 flag="lease_lost" if self._lease_lost is not None or self._lost_from is not None
-                                 else None)
+                                 head=ctx is not None and not self._held, settle=settle, flag=flag)
         except Exception as exc:  # noqa: BLE001 - a broken policy must not cost the histograms
             self._tracer.hook_failed("the keep decision", exc)
             reason = "failure"  # err on keeping
+        if self._held:
+            flipped = False
+            with mt._fate_lock:
+                if reason is None and self._must_keep:  # a kept victim linked to it meanwhile
+                    reason, flipped = "blocker", True
+                self._fate = _PENDING if reason is PENDING else _KEPT if reason is not None else _DROPPED
+                if reason is None:
+                    self._dropped_outcome = outcome
+            if flipped:
+                keep.kept_after_all("blocker")
         if self._head_held and ctx is not None and hold is not None:
             hold.release(ctx.trace_id, True)
             return ctx
@@ -768,9 +831,17 @@ class MessageTrace:
 
     def _settle(self, kept: bool, outcome: Outcome, error: BaseException | None) -> None:
         """The policy's later word on a job's latest finisher (called from another message's finish)."""
-        ctx, hold = self._ctx, self._tracer.hold
+        ctx, hold, mt = self._ctx, self._tracer.hold, self._tracer
         if ctx is None or hold is None:
             return
+        with mt._fate_lock:
+            if not kept and self._must_keep:  # a kept victim was promised it while it was pending
+                kept = True
+                if mt.keep is not None:
+                    mt.keep.kept_after_all("blocker", was="superseded")
+            self._fate = _KEPT if kept else _DROPPED
+            if not kept:
+                self._dropped_outcome = outcome
         hold.release(ctx.trace_id, kept)
         if kept and (self._process is not None or self._deferred is not None):
             try:
