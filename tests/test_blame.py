@@ -380,3 +380,20 @@ def test_item12_a_negligible_avoidable_wait_reads_as_seconds_not_a_share() -> No
     assert nobody.line("x") == "x: nobody waited while a worker was free"
     d = b.as_dict()
     assert d["material"] is False and d["avoidable_wait_per_message_s"] == pytest.approx(0.00002)
+
+
+def test_item6_a_worker_busy_with_another_jobs_message_is_not_idle_in_the_fleet_view() -> None:
+    """One instance, one worker: job X's message runs 0-1000 ms; job Y's arrives at 10 ms and waits
+    for that worker — a pure capacity wait. Before, Y's fleet view saw only Y's runs, so the worker
+    looked idle: 99 % "avoidable", and ~1 idle worker-second while it was held."""
+    from tracer.report.fleet import FleetCollector
+
+    c = FleetCollector()
+    c.add("a", _attrs("X", 0, 0, 0, 1000))
+    c.add("a", _attrs("Y", 0, 10, 1000, 1100))
+    views = {j.job: j for j in c.job_views()}
+    y = views["Y"]
+    assert y.avoidable["consumer_wait_s"] == pytest.approx(0.99)
+    assert y.avoidable["avoidable_fleet_s"] == 0.0 and y.avoidable["fleet_share"] == 0.0, y.avoidable
+    assert y.avoidable["avoidable_inside_s"] == 0.0
+    assert y.inprocess_idle_while_held_s == pytest.approx(0.0), "the worker ran X's message: not idle"

@@ -435,17 +435,22 @@ def blame(runs: Sequence[Run], workers: int, *, grace_ns: int = GRACE_NS, blocke
 
 
 def fleet_avoidable(instances: Sequence[Sequence[Run]], workers: Sequence[int], *,
-                    grace_ns: int = GRACE_NS) -> dict[str, float]:
+                    grace_ns: int = GRACE_NS, occupied: Sequence[Sequence[Run]] | None = None) -> dict[str, float]:
     """Across instances: consumer_wait, the part avoidable inside the message's own instance, and the
     part during which another instance had an available worker (``elsewhere``), in seconds; shares of
     consumer_wait for both, and for either (``fleet``).
 
+    ``occupied``: per instance, every run that held one of its workers (other jobs' messages
+    too), when ``instances`` are only some of them (one job's): a worker busy with another job's
+    message is not available. Default: the runs of ``instances`` themselves.
+
     Raises:
-        ValueError: ``instances`` and ``workers`` differ in length.
+        ValueError: ``instances``, ``workers`` (and ``occupied``) differ in length.
     """
-    if len(instances) != len(workers):
-        raise ValueError(f"{len(instances)} instances but {len(workers)} worker counts")
-    busy = [all_busy(rs, max(1, w), grace_ns) for rs, w in zip(instances, workers)]
+    if len(instances) != len(workers) or (occupied is not None and len(occupied) != len(instances)):
+        raise ValueError(f"{len(instances)} instances but {len(workers)} worker counts"
+                         + ("" if occupied is None else f" and {len(occupied)} occupied run lists"))
+    busy = _busy_of(instances if occupied is None else occupied, workers, grace_ns)
     everyone = _intersection(busy)
     wait = inside = elsewhere = either = 0
     for i, rs in enumerate(instances):
@@ -489,7 +494,8 @@ class FleetBlocker:
 
 def fleet_blame(instances: Sequence[Sequence[Run]], workers: Sequence[int], names: Sequence[str], *,
                 blockers_known: Sequence[bool] | None = None, grace_ns: int = GRACE_NS, top: int = 10,
-                max_overlaps: int | None = None) -> tuple[dict[str, float], tuple[FleetBlocker, ...]]:
+                max_overlaps: int | None = None, occupied: Sequence[Sequence[Run]] | None = None,
+                ) -> tuple[dict[str, float], tuple[FleetBlocker, ...]]:
     """:func:`fleet_avoidable`, and the runs that held up the fleet-avoidable waits, ranked.
 
     Every instance is blamed with :func:`blame` on the fleet's ``busy`` (no worker of any instance
@@ -499,7 +505,8 @@ def fleet_blame(instances: Sequence[Sequence[Run]], workers: Sequence[int], name
     up to at most its share of ``avoidable_fleet_s``. Ranked by ``held_up_s``, then instance name,
     then message id; an instance whose worker ids are not known (``blockers_known``) names none.
 
-    ``max_overlaps`` bounds the steps of all instances together (:func:`blame`).
+    ``max_overlaps`` bounds the steps of all instances together (:func:`blame`). ``occupied``: as
+    for :func:`fleet_avoidable` (only ``instances`` are victims and blockers).
 
     Raises:
         ValueError: ``instances``, ``workers`` and ``names`` differ in length.
@@ -508,8 +515,8 @@ def fleet_blame(instances: Sequence[Sequence[Run]], workers: Sequence[int], name
     if not len(instances) == len(workers) == len(names):
         raise ValueError(f"{len(instances)} instances, {len(workers)} worker counts, {len(names)} names")
     known = list(blockers_known) if blockers_known is not None else [True] * len(instances)
-    shares = fleet_avoidable(instances, workers, grace_ns=grace_ns)
-    everyone = _intersection([all_busy(rs, max(1, w), grace_ns) for rs, w in zip(instances, workers)])
+    shares = fleet_avoidable(instances, workers, grace_ns=grace_ns, occupied=occupied)
+    everyone = _intersection(_busy_of(instances if occupied is None else occupied, workers, grace_ns))
     ranked: list[FleetBlocker] = []
     for rs, w, name, k in zip(instances, workers, names, known):
         if not rs or not k:
@@ -521,6 +528,10 @@ def fleet_blame(instances: Sequence[Sequence[Run]], workers: Sequence[int], name
                    for x in b.top]
     ranked.sort(key=lambda x: (-x.held_up_s, x.instance, x.message_id))
     return shares, tuple(ranked[:max(0, top)])
+
+
+def _busy_of(occupied: Sequence[Sequence[Run]], workers: Sequence[int], grace_ns: int) -> list[IntervalSet]:
+    return [all_busy(rs, max(1, w), grace_ns) for rs, w in zip(occupied, workers)]
 
 
 def pack_lanes(spans: Sequence[tuple[int, int]]) -> list[int]:
