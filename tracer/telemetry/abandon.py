@@ -19,15 +19,12 @@ from __future__ import annotations
 import logging
 import threading
 import weakref
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 from opentelemetry.sdk.trace import SpanProcessor
 from opentelemetry.sdk.trace import TracerProvider as SdkTracerProvider
 
-if TYPE_CHECKING:
-    from .tracer import MessageTracer
-
-__all__ = ["AbandonOnShutdown", "watch_shutdown"]
+__all__ = ["AbandonOnShutdown", "Abandons", "watch_shutdown"]
 
 log = logging.getLogger(__name__)
 
@@ -35,14 +32,20 @@ _lock = threading.Lock()
 _hooks: weakref.WeakKeyDictionary[Any, AbandonOnShutdown] = weakref.WeakKeyDictionary()
 
 
+class Abandons(Protocol):
+    """What the hook needs of a tracer (``MessageTracer``; this module sits below it)."""
+
+    def abandon_handlers(self) -> int: ...
+
+
 class AbandonOnShutdown(SpanProcessor):
     """At the provider's shutdown, ends the open handler spans of every tracer it watches."""
 
     def __init__(self) -> None:
-        self._tracers: weakref.WeakSet[MessageTracer] = weakref.WeakSet()
+        self._tracers: weakref.WeakSet[Abandons] = weakref.WeakSet()
         self._lock = threading.Lock()
 
-    def watch(self, tracer: MessageTracer) -> None:
+    def watch(self, tracer: Abandons) -> None:
         with self._lock:
             self._tracers.add(tracer)
 
@@ -59,7 +62,7 @@ class AbandonOnShutdown(SpanProcessor):
         return True
 
 
-def watch_shutdown(provider: Any, tracer: MessageTracer) -> None:
+def watch_shutdown(provider: Any, tracer: Abandons) -> None:
     """Have ``provider``'s shutdown end ``tracer``'s abandoned handler spans (one hook per provider)."""
     if not isinstance(provider, SdkTracerProvider):
         return
