@@ -15,6 +15,7 @@ from tracer.report.blame import (
     CAPACITY,
     HEAD_OF_LINE,
     NO_WAIT,
+    Blame,
     Run,
     TooManyOverlaps,
     blame,
@@ -248,7 +249,8 @@ def test_line_and_json_carry_the_numbers() -> None:
     [g] = build_report(scenario_spans(KNOWN)).groups
     assert g.blame is not None
     line = g.blame.line("round_robin")
-    assert line.startswith("round_robin: 80% of consumer_wait was avoidable")
+    assert line.startswith("round_robin: 798 ms of consumer_wait was avoidable (266 ms per message, 80% of the "
+                           "993 ms waited)")
     assert "m1 (handler 1.0 s) held up 1 messages for 798 ms" in line
     d = g.blame.as_dict()
     assert d["avoidable_wait_share"] == pytest.approx(0.798 / 0.993)
@@ -328,12 +330,13 @@ def test_terminal_and_html_show_who_blocked_whom() -> None:
 
     report = build_report(scenario_spans(KNOWN))
     page = render_html(report)
-    assert 'id="blame"' in page and "<b>80%</b> of consumer_wait was avoidable" in page and ">m1<" in page
+    assert 'id="blame"' in page and "798 ms of consumer_wait was avoidable (266 ms per message, 80% of" in page
+    assert ">m1<" in page
     console = Console(width=100, record=True, highlight=False)
     render(report, console, top=0)  # --top 0 hides the slowest table, not the blockers
     text = console.export_text()
     assert "Who blocked whom" in text and "m1" in text.split("Who blocked whom", 1)[1]
-    assert "g-rr: 80% of consumer_wait was avoidable" in " ".join(text.split())
+    assert "g-rr: 798 ms of consumer_wait was avoidable (266 ms per message, 80% of" in " ".join(text.split())
 
 
 @settings(max_examples=150, deadline=None)
@@ -346,3 +349,51 @@ def test_blame_does_not_depend_on_the_order_the_spans_came_in(case: tuple[list[R
     # invariant: the same verdict per message and the same ranking, whatever the input order
     assert sorted(a.messages, key=lambda m: m.message_id) == sorted(b.messages, key=lambda m: m.message_id)
     assert a.top == b.top
+
+
+def _blame_of(wait_s: float, avoidable_s: float, n: int) -> Blame:
+    from tracer.report.blame import MessageBlame
+
+    msgs = tuple(MessageBlame(f"m{i}", wait_s / n, avoidable_s / n, CAPACITY, None) for i in range(n))
+    return Blame(4, wait_s, avoidable_s, 0, n, True, msgs, ())
+
+
+def test_item12_a_negligible_avoidable_wait_reads_as_seconds_not_a_share() -> None:
+    """The demo's aggressive policy: 4 ms avoidable of 8 ms waited over 200 messages read
+    "50% of consumer_wait was avoidable" — a share of an almost empty total — and the HTML card
+    said "Nobody waited while a worker was free" right under it."""
+    from types import SimpleNamespace
+
+    from tracer.report.html import _blame as html_blame
+
+    b = _blame_of(0.008, 0.004, 200)
+    line = b.line("aggressive")
+    assert line.startswith("aggressive: 4 ms of consumer_wait was avoidable (20 µs per message: negligible)")
+    assert "%" not in line
+    card = html_blame(SimpleNamespace(groups=[SimpleNamespace(group="demo-aggressive", blame=b)]))
+    assert "4 ms of consumer_wait was avoidable" in card and "%</b>" not in card
+    assert "Nobody waited" not in card, "two verdicts that contradict"
+    material = _blame_of(10.0, 8.0, 100)
+    assert material.line("rr").startswith("rr: 8.0 s of consumer_wait was avoidable (80 ms per message, 80% of the "
+                                          "10.0 s waited)")
+    nobody = _blame_of(1.0, 0.0, 10)
+    assert nobody.line("x") == "x: nobody waited while a worker was free"
+    d = b.as_dict()
+    assert d["material"] is False and d["avoidable_wait_per_message_s"] == pytest.approx(0.00002)
+
+
+def test_item6_a_worker_busy_with_another_jobs_message_is_not_idle_in_the_fleet_view() -> None:
+    """One instance, one worker: job X's message runs 0-1000 ms; job Y's arrives at 10 ms and waits
+    for that worker — a pure capacity wait. Before, Y's fleet view saw only Y's runs, so the worker
+    looked idle: 99 % "avoidable", and ~1 idle worker-second while it was held."""
+    from tracer.report.fleet import FleetCollector
+
+    c = FleetCollector()
+    c.add("a", _attrs("X", 0, 0, 0, 1000))
+    c.add("a", _attrs("Y", 0, 10, 1000, 1100))
+    views = {j.job: j for j in c.job_views()}
+    y = views["Y"]
+    assert y.avoidable["consumer_wait_s"] == pytest.approx(0.99)
+    assert y.avoidable["avoidable_fleet_s"] == 0.0 and y.avoidable["fleet_share"] == 0.0, y.avoidable
+    assert y.avoidable["avoidable_inside_s"] == 0.0
+    assert y.inprocess_idle_while_held_s == pytest.approx(0.0), "the worker ran X's message: not idle"

@@ -25,6 +25,10 @@ small bounds (spans, traces, age) are hit. After every step the promise holds:
   whole consumer path); every exported span starts no earlier than its exported parent, and a
   ``process`` span no earlier than its remote ``send`` parent, which started at the produce stamp
   (issue 31 item 10: the consumer drew its spans from a produce time moved back, the send the raw one).
+- ``a_kept_victims_blocker_is_kept_or_its_link_is_absent`` (issue 31 item 7): a message blamed on
+  another (head-of-line, the live blame's verdict) whose wait span is exported links to its
+  blocker's handler span only when that span is exported too — or the blocker is still undecided
+  (running, unfinished, or pending as its job's latest finisher): it is then promised kept.
 """
 
 from __future__ import annotations
@@ -41,6 +45,7 @@ from opentelemetry import trace
 from opentelemetry.sdk.trace import ReadableSpan, SpanProcessor, TracerProvider
 from opentelemetry.sdk.trace.sampling import ALWAYS_OFF, ParentBased
 
+from tracer.path.blocking import Verdict
 from tracer.path.clock import ManualClock
 from tracer.path.message import MessageInfo
 from tracer.path.names import GAP_SPANS
@@ -117,6 +122,7 @@ class KeepHoldModel(RuleBasedStateMachine):
         self.latest_end = 0
         self.settled: set[int] = set()  # messages the critical-path promise covers now
         self.ticked_at = self.clock.monotonic_ns()
+        self.blame: dict[int, int] = {}  # victim -> blocker (message indexes)
 
     # -- helpers ------------------------------------------------------------------------------
     def _live(self) -> list[_Msg]:
@@ -224,6 +230,21 @@ class KeepHoldModel(RuleBasedStateMachine):
         self.clock.advance_s(5.0)
         self._finish(m, Outcome.TIMEOUT, TimeoutError("over 5 s"))
 
+    @precondition(lambda self: not self.closed and len(self.msgs) >= 2
+                  and any(m.running and not m.finished and m.slow for m in self.msgs))
+    @rule(data=st.data())
+    def blamed(self, data: st.DataObject) -> None:
+        """The dispatcher's verdict on a slow-waiting running message (a head-of-line victim):
+        it waited behind another (any other, finished or not: the blocker's decision usually
+        came first)."""
+        victim = data.draw(st.sampled_from([m for m in self.msgs if m.running and not m.finished and m.slow]))
+        others = [m for m in self.msgs if m is not victim]
+        # the usual head-of-line order: an ordinary blocker decided before its victim, drawn first
+        quiet = [m for m in others if m.finished and not m.must_keep]
+        blocker = data.draw(st.sampled_from(quiet * 3 + others))
+        victim.t.blame(Verdict("head_of_line", SLOW_WAIT_S, SLOW_WAIT_S, f"m{blocker.i}", blocker.t), "round_robin")
+        self.blame[victim.i] = blocker.i
+
     @precondition(lambda self: not self.closed and any(not m.running and not m.finished for m in self.msgs))
     @rule(data=st.data())
     def acked_late(self, data: st.DataObject) -> None:
@@ -326,6 +347,26 @@ class KeepHoldModel(RuleBasedStateMachine):
                 assert s.start_time >= sends[s.parent.span_id], (s.name, s.start_time, sends[s.parent.span_id])
             elif s.parent.span_id in exported:
                 assert s.start_time >= exported[s.parent.span_id].start_time, (s.name, s.parent.span_id)
+
+    @invariant()
+    def a_kept_victims_blocker_is_kept_or_its_link_is_absent(self) -> None:
+        exported = self._exported()
+        for s in exported.values():
+            if s.name != "dispatch_wait" or not s.links:
+                continue
+            for link in s.links:
+                target = link.context.span_id
+                if target in exported:
+                    continue
+                blockers = [m for m in self.msgs if m.t.handler_context() is not None
+                            and m.t.handler_context().span_id == target]
+                assert len(blockers) == 1, "a blame link to a span that is none of the handlers"
+                b = blockers[0]
+                # undecided: not finished, or its job's latest finisher pending (promised kept)
+                undecided = not b.finished or (b.job is not None and any(
+                    latest is b for _e, _s, latest in self.jobs.values()))
+                assert undecided or (b.running and b.finished), (
+                    f"m{b.i} blocked a kept victim, its decision came, and its handler span was never exported")
 
     @invariant()
     def holds_stay_within_bounds(self) -> None:

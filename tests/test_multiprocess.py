@@ -57,6 +57,7 @@ _WORKER = textwrap.dedent("""
     metrics.skew_bound.labels("broker").set(-0.001)
     metrics.count_propagation_error("malformed_traceparent")
     metrics.avoidable(f"{name}0", "g", "round_robin", 0.5)
+    metrics.lease_lost(f"{name}0", "g", "expired")
     probes = ProbeMetrics(registry, label_limit=limit)
     now = time.time_ns()
     probes.record(f"{name}p", "g", [now - 3_000_000, now - 2_000_000, now - 1_000_000, now, now, 0], now)

@@ -754,6 +754,8 @@ class ConsumeLoop:
                 except Exception as exc:  # noqa: BLE001 - the broker redelivers after the lease
                     self._count("ack_errors", exc)
                     what = ""
+            elif not h.given_up and h.trace is not None:
+                h.trace.lease_lost("expired")  # it ran out between two keeper passes
         with self._changed:
             if what:
                 self._n[what] += 1

@@ -44,9 +44,8 @@ from ..telemetry.metrics import TracerMetrics
 from ..telemetry.operations import ConsumerOperations
 from ..telemetry.tracer import MessageTracer
 from .legacy import traced_callback, traced_legacy_send
-from .official import ReceivedTraces, TracedListener
+from .official import ReceivedTraces, TracedListener, settle_received
 from .package import _instruments, _instruments_legacy
-from .probe import settle_received
 from .producer import traced_send, traced_send_async
 
 __all__ = ["RocketMQInstrumentor"]

@@ -57,6 +57,12 @@ class Held:
                 self.message.receipt_handle = self.handle
 
 
+def _mark_lost(h: Held, reason: str) -> None:
+    """The message's trace hears of it (counter, span mark, the redelivery's link)."""
+    if h.trace is not None:
+        h.trace.lease_lost(reason)
+
+
 # what the keeper tells its owner: (counter, error or None, why) — counted and logged once per kind
 Report = Callable[[str, "BaseException | None", str], None]
 
@@ -125,12 +131,14 @@ class LeaseKeeper:
         timeout = self._handler_timeout
         if timeout is not None and age is not None and age > timeout + self._options.grace:
             h.given_up = True
+            _mark_lost(h, "abandoned")
             self._report("abandoned", None, "a handler ran past handler_timeout + hang_grace; its lease is "
                          "given up and the broker will redeliver it")
             return False
         started = self._monotonic()
         if started >= h.deadline:
             h.given_up = True
+            _mark_lost(h, "expired")
             self._report("leases_lost", None, "a lease ran out before it could be renewed")
             return False
         h.restore_handle()

@@ -28,6 +28,7 @@ from collections.abc import Mapping
 from concurrent.futures import Future
 from typing import Any, NamedTuple
 
+from opentelemetry.instrumentation.utils import suppress_instrumentation
 from opentelemetry.sdk.trace import SpanProcessor
 
 from ..callables import require_plain
@@ -40,10 +41,10 @@ from ..telemetry.hold import DEFAULT_MAX_AGE_S, DEFAULT_MAX_TRACES, HoldingSpanP
 from ..telemetry.operations import ConsumerOperations
 from ..telemetry.tracer import MessageTrace, MessageTracer
 from .listener import Seam, traced_consume
-from .probe import settle_received
+from .probe import settle_probe
 
 __all__ = ["PUSH_SEAM", "NotAcked", "Processing", "ReceivedStats", "ReceivedTraces", "TracedListener",
-           "TracedSimpleConsumer"]
+           "TracedSimpleConsumer", "settle_received"]
 
 log = logging.getLogger(__name__)
 
@@ -355,3 +356,29 @@ class Processing:
         if exc is not None:
             self._traces.pop(self._message)
             t.finish(Outcome.FAILURE, exc)
+
+
+def settle_received(traces: ReceivedTraces, consumer: Any, messages: Any) -> Any:
+    """What a traced ``SimpleConsumer.receive`` returns: ``messages`` without its probes, each of
+    them settled (:func:`settle_probe`) and acked through ``consumer`` on the spot — the caller's
+    own loop never sees one, so for these consumers a probe shows the broker's wait only.
+    ``messages`` itself when it holds no probe. Never raises."""
+    if not messages:
+        return messages
+    try:
+        items = list(messages)
+    except Exception:  # noqa: BLE001 - not a batch we can read: leave it to the caller
+        return messages
+    kept = []
+    for m in items:
+        trace = traces.get(m)
+        if not settle_probe(traces.tracer, trace):
+            kept.append(m)
+            continue
+        traces.pop(m)
+        try:
+            with suppress_instrumentation():  # an instrumented ack must not look for the trace
+                consumer.ack(m)
+        except Exception as exc:  # noqa: BLE001 - unacked, it comes back after its lease and is settled again
+            traces.tracer.hook_failed("acking a probe", exc)
+    return kept if len(kept) != len(items) else messages

@@ -14,7 +14,7 @@ would do to the workers (a probe frees its slot at once).
 
 A ``SimpleConsumer`` the user drives (:class:`~tracer.clients.official.TracedSimpleConsumer`, the
 instrumentor's patched ``receive``) gets its probes taken out of ``receive``'s result
-(:func:`settle_received`), acked on the spot.
+(:func:`tracer.clients.official.settle_received`), acked on the spot.
 
 The consume loop's dispatcher stamps and finishes its own trace object, so there a probe rides
 the dispatcher as a :class:`ProbeTrace` (built by :func:`probe_stage`) whose finish is
@@ -28,9 +28,7 @@ import logging
 import threading
 import time
 from collections import abc
-from typing import TYPE_CHECKING, Any, Callable, TypeVar
-
-from opentelemetry.instrumentation.utils import suppress_instrumentation
+from typing import Any, Callable, TypeVar
 
 from ..path.clock import WallClock, default_clock, require_clock
 from ..path.names import PROBE_PROPERTY, PRODUCE_NS_PROPERTY
@@ -39,11 +37,8 @@ from ..path.stamps import MISSING
 from ..telemetry.probe_metrics import ProbeMetrics
 from ..telemetry.tracer import MessageTrace, MessageTracer
 
-if TYPE_CHECKING:  # official imports this module
-    from .official import ReceivedTraces
-
 __all__ = ["PROBE_BODY", "PROBE_PROPERTY", "ProbeSender", "ProbeTrace", "is_probe", "probe_stage", "settle_probe",
-           "settle_received", "skip_probes"]
+           "skip_probes"]
 
 log = logging.getLogger(__name__)
 
@@ -157,32 +152,6 @@ def skip_probes(handler: Callable[[Any], _R]) -> Callable[[Any], _R | None]:
 
     run.__wrapped__ = handler  # type: ignore[attr-defined]
     return run
-
-
-def settle_received(traces: ReceivedTraces, consumer: Any, messages: Any) -> Any:
-    """What a traced ``SimpleConsumer.receive`` returns: ``messages`` without its probes, each of
-    them settled (:func:`settle_probe`) and acked through ``consumer`` on the spot — the caller's
-    own loop never sees one, so for these consumers a probe shows the broker's wait only.
-    ``messages`` itself when it holds no probe. Never raises."""
-    if not messages:
-        return messages
-    try:
-        items = list(messages)
-    except Exception:  # noqa: BLE001 - not a batch we can read: leave it to the caller
-        return messages
-    kept = []
-    for m in items:
-        trace = traces.get(m)
-        if not settle_probe(traces.tracer, trace):
-            kept.append(m)
-            continue
-        traces.pop(m)
-        try:
-            with suppress_instrumentation():  # an instrumented ack must not look for the trace
-                consumer.ack(m)
-        except Exception as exc:  # noqa: BLE001 - unacked, it comes back after its lease and is settled again
-            traces.tracer.hook_failed("acking a probe", exc)
-    return kept if len(kept) != len(items) else messages
 
 
 class ProbeSender:

@@ -449,6 +449,7 @@ class AsyncDispatcher(EngineBase[T], Generic[T]):
                 if iw.task is not None and not iw.task.done():
                     iw.entry = None
                     iw.event.set()
+        core.abandon([w.expired for w in ws if w.expired is not None])  # never awaited: their open spans end now
         tasks = [w.task for w in ws if w.task is not None and not w.task.done() and w.expired is None]
         if tasks:
             left = core.remaining(deadline)

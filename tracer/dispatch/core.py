@@ -543,6 +543,19 @@ class Core(Generic[T]):
         self.reporting += 1
         return self.give_back_locked(self.sched.expire(worker, e))
 
+    def abandon(self, entries: list[Entry[Any]]) -> None:
+        """``close`` leaves these overrun handlers running (a thread cannot be stopped): each
+        trace's optional ``abandon()`` ends what it still keeps open for them, so nothing the
+        handler started is left without its parent. Guarded like the other trace methods."""
+        for e in entries:
+            fn = getattr(e.trace, "abandon", None)
+            if fn is None:
+                continue
+            try:
+                fn()
+            except Exception as exc:  # noqa: BLE001
+                self.log("trace.abandon", exc)
+
     def report_skipped(self, entries: list[Entry[Any]], *, on_worker: bool) -> None:
         for e in entries:
             self.report(e, _SKIPPED, None, on_worker=on_worker)

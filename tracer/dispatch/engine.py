@@ -525,7 +525,9 @@ class Dispatcher(EngineBase[T], Generic[T]):
                     self._wake_one_locked()
             self._watch.notify_all()
             hung = {w.thread for w in self._workers if w.expired is not None}
+            overrun = [w.expired for w in self._workers if w.expired is not None]
         self._give_back(back)
+        core.abandon(overrun)  # close never waits for them: their open spans end now
         for t in self._threads - hung:
             left = core.remaining(deadline)
             t.join(None if left is None else max(0.0, left))

@@ -30,9 +30,11 @@ class MessageTraceLike(Protocol):
     handler returns). Exceptions from any of these are logged once per kind and swallowed. An
     optional writable ``worker`` attribute receives the worker's index before the handler starts.
 
-    Optional extra: a method ``exemplar() -> Mapping[str, str] | None``; when present and metrics
+    Optional extras: a method ``exemplar() -> Mapping[str, str] | None``; when present and metrics
     are enabled, its result is attached as the exemplar of the slot-wait observation (so a slow
-    bucket links to the trace).
+    bucket links to the trace). A method ``abandon()``: called by ``close`` for every handler
+    reported ``TIMEOUT`` that still runs when ``close`` returns (``close`` never waits for it), so
+    the trace ends what it kept open for that handler's late return.
     """
 
     def mark(self, stage: Stage) -> None: ...

@@ -104,6 +104,15 @@ BLAME_BLOCKER_MESSAGE_ID = "rmqtrace.blame.blocker.message.id"  # the message th
 BLAME_SPAN = "dispatch_wait"  # the gap span that covers the wait the dispatcher can blame
 DISPATCH_POLICY = "rmqtrace.dispatch.policy"  # on the OTel avoidable-wait counter: the dispatcher's policy
 
+# A consume loop's lease that ended while the loop still held the message (tracer.clients.lease):
+# the broker may hand it out again, so the message can run twice. On the ``process`` span of the
+# run whose lease ended; the redelivery seen by the same tracer links back to that run.
+LEASE_LOST = "rmqtrace.lease.lost"  # why: expired (ran out before renewal), abandoned (hung handler)
+LEASE_LOST_REASONS: tuple[str, ...] = ("expired", "abandoned")
+ABANDONED = "rmqtrace.abandoned"  # on a timed-out handler's span ended before the handler returned
+LINK_REASON = "rmqtrace.link.reason"  # on a span link of ours that is not the creation link
+LINK_LEASE_LOST = "lease_lost"  # the redelivery's link to the run whose lease was lost
+
 # -- message properties (what travels) -----------------------------------------------------------
 # W3C keys, as the OpenTelemetry Java agent's RocketMQ instrumentation writes them.
 TRACEPARENT = "traceparent"

@@ -68,6 +68,13 @@ _new_tuple = tuple.__new__  # a NamedTuple's own __new__ is a Python function ar
 _first = operator.itemgetter(0)
 
 
+# A share of consumer_wait reads as a problem; of an almost empty total it is noise (the demo's
+# aggressive policy: "48 %" of a few milliseconds, 0.4-48 % from run to run). Below both bounds a
+# verdict gives the seconds alone and calls them negligible.
+MATERIAL_S = 0.1  # avoidable wait in all
+MATERIAL_PER_MESSAGE_S = 0.005  # avoidable wait per message
+
+
 def _s(seconds: float) -> str:
     """Seconds for a sentence: 38.2 s, 412 ms, 85 µs."""
     if seconds >= 1 or seconds == 0:
@@ -215,10 +222,29 @@ class Blame:
     def avoidable_share(self) -> float:
         return self.avoidable_s / self.wait_s if self.wait_s > 0 else 0.0
 
+    @property
+    def avoidable_per_message_s(self) -> float:
+        return self.avoidable_s / len(self.messages) if self.messages else 0.0
+
+    @property
+    def material(self) -> bool:
+        """Whether the avoidable wait is large enough for its share to mean something
+        (:data:`MATERIAL_S` in all and :data:`MATERIAL_PER_MESSAGE_S` per message)."""
+        return self.avoidable_s >= MATERIAL_S and self.avoidable_per_message_s >= MATERIAL_PER_MESSAGE_S
+
+    def verdict(self) -> str:
+        """The one verdict the terminal, the HTML card and the demo print: absolute avoidable
+        seconds first (in all, per message), the share of consumer_wait only when material."""
+        if self.avoidable_s <= 0:
+            return "nobody waited while a worker was free"
+        text = f"{_s(self.avoidable_s)} of consumer_wait was avoidable ({_s(self.avoidable_per_message_s)} per message"
+        if self.material:
+            return text + f", {self.avoidable_share:.0%} of the {_s(self.wait_s)} waited)"
+        return text + ": negligible)"
+
     def line(self, name: str) -> str:
-        """One sentence: the avoidable share and the worst blocker, numbers from the run."""
-        text = (f"{name}: {self.avoidable_share:.0%} of consumer_wait was avoidable "
-                f"({_s(self.avoidable_s)} of {_s(self.wait_s)} waited while a worker was free)")
+        """One sentence: the verdict and the worst blocker, numbers from the run."""
+        text = f"{name}: {self.verdict()}"
         if self.top:
             b = self.top[0]
             text += f"; {b.label} (handler {_s(b.handler_s)}) held up {b.victims} messages for {_s(b.held_up_s)}"
@@ -231,6 +257,7 @@ class Blame:
     def as_dict(self, top: int | None = None) -> dict[str, Any]:
         d = {"workers": self.workers, "consumer_wait_s": round(self.wait_s, 6),
              "avoidable_wait_s": round(self.avoidable_s, 6), "avoidable_wait_share": self.avoidable_share,
+             "avoidable_wait_per_message_s": round(self.avoidable_per_message_s, 6), "material": self.material,
              "head_of_line": self.head_of_line, "capacity": self.capacity,
              "blockers_known": self.blockers_known,
              "top_blockers": [b.as_dict() for b in self.top[:top]]}
@@ -408,17 +435,22 @@ def blame(runs: Sequence[Run], workers: int, *, grace_ns: int = GRACE_NS, blocke
 
 
 def fleet_avoidable(instances: Sequence[Sequence[Run]], workers: Sequence[int], *,
-                    grace_ns: int = GRACE_NS) -> dict[str, float]:
+                    grace_ns: int = GRACE_NS, occupied: Sequence[Sequence[Run]] | None = None) -> dict[str, float]:
     """Across instances: consumer_wait, the part avoidable inside the message's own instance, and the
     part during which another instance had an available worker (``elsewhere``), in seconds; shares of
     consumer_wait for both, and for either (``fleet``).
 
+    ``occupied``: per instance, every run that held one of its workers (other jobs' messages
+    too), when ``instances`` are only some of them (one job's): a worker busy with another job's
+    message is not available. Default: the runs of ``instances`` themselves.
+
     Raises:
-        ValueError: ``instances`` and ``workers`` differ in length.
+        ValueError: ``instances``, ``workers`` (and ``occupied``) differ in length.
     """
-    if len(instances) != len(workers):
-        raise ValueError(f"{len(instances)} instances but {len(workers)} worker counts")
-    busy = [all_busy(rs, max(1, w), grace_ns) for rs, w in zip(instances, workers)]
+    if len(instances) != len(workers) or (occupied is not None and len(occupied) != len(instances)):
+        raise ValueError(f"{len(instances)} instances but {len(workers)} worker counts"
+                         + ("" if occupied is None else f" and {len(occupied)} occupied run lists"))
+    busy = _busy_of(instances if occupied is None else occupied, workers, grace_ns)
     everyone = _intersection(busy)
     wait = inside = elsewhere = either = 0
     for i, rs in enumerate(instances):
@@ -462,7 +494,8 @@ class FleetBlocker:
 
 def fleet_blame(instances: Sequence[Sequence[Run]], workers: Sequence[int], names: Sequence[str], *,
                 blockers_known: Sequence[bool] | None = None, grace_ns: int = GRACE_NS, top: int = 10,
-                max_overlaps: int | None = None) -> tuple[dict[str, float], tuple[FleetBlocker, ...]]:
+                max_overlaps: int | None = None, occupied: Sequence[Sequence[Run]] | None = None,
+                ) -> tuple[dict[str, float], tuple[FleetBlocker, ...]]:
     """:func:`fleet_avoidable`, and the runs that held up the fleet-avoidable waits, ranked.
 
     Every instance is blamed with :func:`blame` on the fleet's ``busy`` (no worker of any instance
@@ -472,7 +505,8 @@ def fleet_blame(instances: Sequence[Sequence[Run]], workers: Sequence[int], name
     up to at most its share of ``avoidable_fleet_s``. Ranked by ``held_up_s``, then instance name,
     then message id; an instance whose worker ids are not known (``blockers_known``) names none.
 
-    ``max_overlaps`` bounds the steps of all instances together (:func:`blame`).
+    ``max_overlaps`` bounds the steps of all instances together (:func:`blame`). ``occupied``: as
+    for :func:`fleet_avoidable` (only ``instances`` are victims and blockers).
 
     Raises:
         ValueError: ``instances``, ``workers`` and ``names`` differ in length.
@@ -481,8 +515,8 @@ def fleet_blame(instances: Sequence[Sequence[Run]], workers: Sequence[int], name
     if not len(instances) == len(workers) == len(names):
         raise ValueError(f"{len(instances)} instances, {len(workers)} worker counts, {len(names)} names")
     known = list(blockers_known) if blockers_known is not None else [True] * len(instances)
-    shares = fleet_avoidable(instances, workers, grace_ns=grace_ns)
-    everyone = _intersection([all_busy(rs, max(1, w), grace_ns) for rs, w in zip(instances, workers)])
+    shares = fleet_avoidable(instances, workers, grace_ns=grace_ns, occupied=occupied)
+    everyone = _intersection(_busy_of(instances if occupied is None else occupied, workers, grace_ns))
     ranked: list[FleetBlocker] = []
     for rs, w, name, k in zip(instances, workers, names, known):
         if not rs or not k:
@@ -494,6 +528,10 @@ def fleet_blame(instances: Sequence[Sequence[Run]], workers: Sequence[int], name
                    for x in b.top]
     ranked.sort(key=lambda x: (-x.held_up_s, x.instance, x.message_id))
     return shares, tuple(ranked[:max(0, top)])
+
+
+def _busy_of(occupied: Sequence[Sequence[Run]], workers: Sequence[int], grace_ns: int) -> list[IntervalSet]:
+    return [all_busy(rs, max(1, w), grace_ns) for rs, w in zip(occupied, workers)]
 
 
 def pack_lanes(spans: Sequence[tuple[int, int]]) -> list[int]:

@@ -29,6 +29,7 @@ page parsed whole). BENCHMARKS.md ("bench report") has the numbers behind the ch
 
 from __future__ import annotations
 
+import bisect
 import json
 import time
 import urllib.error
@@ -40,7 +41,7 @@ from typing import Any, Callable, Iterable, Iterator, NamedTuple, Sequence
 
 from ..path import names
 from ..path.stages import Stage
-from .blame import MAX_OVERLAPS, FleetBlocker, Run, TooManyOverlaps, fleet_avoidable, fleet_blame, pack_lanes
+from .blame import GRACE_NS, MAX_OVERLAPS, FleetBlocker, Run, TooManyOverlaps, fleet_avoidable, fleet_blame, pack_lanes
 from .model import STAMP_MAX_NS, exact_int, stamp_ns
 from .sources import any_value
 
@@ -65,9 +66,12 @@ class Handled(NamedTuple):
     end_ns: int
 
 
-def sweep_waits(records: Sequence[Handled], workers: Sequence[int], t0_ns: int) -> dict[str, Any]:
+def sweep_waits(records: Sequence[Handled], workers: Sequence[int], t0_ns: int,
+                busy_only: Sequence[Handled] = ()) -> dict[str, Any]:
     """Exact, from the stamps: fleet idle worker-seconds while another instance held unstarted
     messages (and each holder's part of it), idle-while-held inside instances, the most each held.
+    ``busy_only``: other runs that held workers meanwhile (another job's messages): they make a
+    worker busy, and are not held messages of this view.
 
     Raises:
         ValueError: a record names an instance ``workers`` has no count for.
@@ -80,6 +84,11 @@ def sweep_waits(records: Sequence[Handled], workers: Sequence[int], t0_ns: int) 
             raise ValueError(f"record of instance {r.instance}, but worker counts for {n} instances")
         events.append((min(r.pull_ns, r.start_ns), 0, r.instance, +1, 0))
         events.append((r.start_ns, 2, r.instance, -1, +1))
+        events.append((r.end_ns, 1, r.instance, 0, -1))
+    for r in busy_only:
+        if not 0 <= r.instance < n:
+            raise ValueError(f"record of instance {r.instance}, but worker counts for {n} instances")
+        events.append((r.start_ns, 2, r.instance, 0, +1))
         events.append((r.end_ns, 1, r.instance, 0, -1))
     events.sort()
     held, busy, most = [0] * n, [0] * n, [0] * n
@@ -266,7 +275,9 @@ class FleetCollector:
                     seen[r.instance].add(r.worker)
         workers = [len(seen[i]) if seen[i] else _max_overlap(mine[i]) for i in range(n)]
         inferred = [not seen[i] for i in range(n)]
-        return [self._view(job, recs, workers, inferred) for job, recs in sorted(self.jobs.items())]
+        # a worker busy with another job's message is busy for this job too (not idle)
+        windows = [_Occupancy(mine[i], inferred[i]) for i in range(n)]
+        return [self._view(job, recs, workers, inferred, windows) for job, recs in sorted(self.jobs.items())]
 
     def _canonical(self) -> None:
         """Instances by name and each job's records by time: the views must not depend on the order
@@ -280,11 +291,21 @@ class FleetCollector:
                                     key=lambda r: (r.pull_ns, r.start_ns, r.end_ns, r.instance, r.worker, r.produce_ns,
                                                    r.message_id))
 
-    def _view(self, job: str, recs: list[_Rec], workers: list[int], inferred: list[bool]) -> FleetJob:
+    def _view(self, job: str, recs: list[_Rec], workers: list[int], inferred: list[bool],
+              windows: list[_Occupancy]) -> FleetJob:
         n = len(self.instances)
         t0 = min(r.pull_ns for r in recs)
+        t1 = max(r.end_ns for r in recs)
         handled = [Handled(k, r.instance, r.pull_ns, r.start_ns, r.end_ns) for k, r in enumerate(recs)]
-        waits = sweep_waits(handled, workers, t0)
+        ours = {id(r) for r in recs}
+        occupied: list[list[Run]] = []
+        others: list[Handled] = []
+        for w in windows:  # only what overlaps the job: a fleet view reads every job of a window
+            ks = w.overlapping(t0 - GRACE_NS, t1)
+            occupied.append([w.runs[k] for k in ks])
+            others += [Handled(-1, r.instance, r.pull_ns, r.start_ns, r.end_ns) for r in (w.recs[k] for k in ks)
+                       if id(r) not in ours]
+        waits = sweep_waits(handled, workers, t0, others)
         busy = [0.0] * n
         count = [0] * n
         for r in recs:
@@ -300,7 +321,8 @@ class FleetCollector:
             "ended_s": round((last.end_ns - t0) / 1e9, 3),
         }
         lanes = [Handled(r.worker, r.instance, r.pull_ns, r.start_ns, r.end_ns) for r in recs]
-        avoidable, blockers, note = _job_blame(recs, self.instances, workers, inferred, max_overlaps=self.max_overlaps)
+        avoidable, blockers, note = _job_blame(recs, self.instances, workers, inferred, max_overlaps=self.max_overlaps,
+                                               occupied=occupied)
         section = FleetSection(
             f"job {job}", f"{len(recs)} messages, completed in {(last.end_ns - t0) / 1e9:.2f} s; "
             f"{waits['fleet_idle_while_held_s']:.1f} idle worker-s while another instance held unstarted messages; "
@@ -315,8 +337,29 @@ class FleetCollector:
             critical, section, avoidable, list(blockers), note)
 
 
+class _Occupancy:
+    """Every run of one instance, whatever its job, by handler start: what held its workers
+    (packed lanes where the spans carry no worker id, as for one job's runs)."""
+
+    def __init__(self, recs: Sequence[_Rec], inferred: bool) -> None:
+        self.recs = sorted(recs, key=lambda r: (r.start_ns, r.end_ns))
+        packed = inferred or any(r.worker < 0 for r in self.recs)
+        lanes = pack_lanes([(r.start_ns, r.end_ns) for r in self.recs]) if packed else None
+        self.runs = [Run(r.message_id, r.message_id, lanes[k] if lanes else r.worker, min(r.pull_ns, r.start_ns),
+                         r.start_ns, r.end_ns) for k, r in enumerate(self.recs)]
+        self.starts = [r.start_ns for r in self.recs]
+        self.longest = max((r.end_ns - r.start_ns for r in self.recs), default=0)
+
+    def overlapping(self, lo: int, hi: int) -> list[int]:
+        """Indexes of the runs that overlap [lo, hi)."""
+        first = bisect.bisect_left(self.starts, lo - self.longest)
+        last = bisect.bisect_left(self.starts, hi)
+        return [k for k in range(first, last) if self.recs[k].end_ns > lo]
+
+
 def _job_blame(recs: Sequence[_Rec], instances: Sequence[str], workers: Sequence[int], inferred: Sequence[bool],
                *, top: int = FLEET_BLAME_TOP, max_overlaps: int = MAX_OVERLAPS,
+               occupied: Sequence[Sequence[Run]] | None = None,
                ) -> tuple[dict[str, float], tuple[FleetBlocker, ...], str]:
     """How much of the job's consumer_wait was avoidable inside its instance and in the fleet, and
     the runs that held up the fleet-avoidable part (:func:`tracer.report.blame.fleet_blame`). An
@@ -335,10 +378,13 @@ def _job_blame(recs: Sequence[_Rec], instances: Sequence[str], workers: Sequence
                          r.start_ns, r.end_ns, r.enqueue_ns if r.enqueue_ns else None) for k, r in enumerate(mine)])
         known.append(not packed and not inferred[i])
     counts = [max(w, len({x.worker for x in rs}), 1) for w, rs in zip(workers, runs)]
+    if occupied is not None:
+        counts = [max(c, len({x.worker for x in rs})) for c, rs in zip(counts, occupied)]
     try:
-        shares, blockers = fleet_blame(runs, counts, instances, blockers_known=known, top=top, max_overlaps=max_overlaps)
+        shares, blockers = fleet_blame(runs, counts, instances, blockers_known=known, top=top, max_overlaps=max_overlaps,
+                                       occupied=occupied)
     except TooManyOverlaps as exc:  # the share is cheap; say why the names are missing rather than run for hours
-        return fleet_avoidable(runs, counts), (), f"{exc}; read one job (--job) or a shorter window"
+        return fleet_avoidable(runs, counts, occupied=occupied), (), f"{exc}; read one job (--job) or a shorter window"
     unknown = [instances[i] for i, mine in enumerate(per) if mine and not known[i]]
     if not blockers and shares["avoidable_fleet_s"] and unknown:
         return shares, (), (f"the spans of {', '.join(unknown)} carry no rmqtrace.worker (packed lanes are not the "

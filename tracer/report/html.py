@@ -541,10 +541,13 @@ def _blame(report: Report, top: int = 5) -> str:
                  f"<th>victims</th></tr>{rows}</table>") if rows else (
             f"<p class='note'>No blocker named: {escape(b.note)}.</p>" if b.note else
             "<p class='note'>No blocker named: the worker ids were inferred.</p>" if not b.blockers_known
-            and b.avoidable_s > 0 else "<p class='note'>Nobody waited while a worker was free.</p>")
+            and b.avoidable_s > 0 else
+            "<p class='note'>No blocker named: no message waited behind another on its worker.</p>"
+            if b.avoidable_s > 0 else "")  # nobody waited avoidably: the verdict above says so
+        verdict = b.verdict()  # the one sentence the terminal and the demo print too
         cards.append(f'<div class="card" data-group="{escape(g.group)}"><h3>{escape(g.group)}</h3>'
-                     f"<p><b>{b.avoidable_share:.0%}</b> of consumer_wait was avoidable ({fmt_s(b.avoidable_s)} of "
-                     f"{fmt_s(b.wait_s)}); {b.head_of_line} head-of-line, {b.capacity} capacity waits</p>{table}</div>")
+                     f"<p><b>{escape(verdict[0].upper() + verdict[1:])}</b>; {b.head_of_line} head-of-line, "
+                     f"{b.capacity} capacity waits</p>{table}</div>")
     return ('<section id="blame"><h2>Who blocked whom</h2><p class="help">Avoidable: the part of a message\'s '
             f"consumer_wait during which another worker of its consumer was free (the first {GRACE_NS / 1e6:g} ms of a "
             "wait and of "

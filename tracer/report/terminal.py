@@ -104,11 +104,14 @@ def blame_table(report: Report, top: int = 5) -> Any:
         b = g.blame
         if b is None:
             continue
-        head = [name, f"{b.avoidable_share:.0%}", f"{b.head_of_line}/{b.capacity}"]
+        # seconds first; the share only where it means something (Blame.material)
+        avoidable = seconds(b.avoidable_s) + (f" ({b.avoidable_share:.0%})" if b.material else "")
+        head = [name, avoidable, f"{b.head_of_line}/{b.capacity}"]
         blockers = list(b.top[:top])
         if not blockers:
             why = ("— (too many overlaps: see the notes)" if b.note else
-                   "— (worker ids inferred)" if not b.blockers_known and b.avoidable_s > 0 else "—")
+                   "— (worker ids inferred)" if not b.blockers_known and b.avoidable_s > 0 else
+                   "— (no wait behind a message on its worker)" if b.avoidable_s > 0 else "—")
             t.add_row(*head, why, "", "", "", end_section=True)
             continue
         for i, x in enumerate(blockers):

@@ -76,6 +76,11 @@ _LOW32 = 0xFFFF_FFFF
 # without orphans) and evicted ones (so a late decision to keep still knows what was lost). Beyond
 # this a late span of one of our traces is dropped (counted), never exported blind.
 _REMEMBERED = 4096
+# Dropped traces whose spans are kept a little longer, so a later decision can still keep them
+# (:meth:`HoldingSpanProcessor.revive`: a kept head-of-line victim keeps its blocker, whose
+# decision came first). The oldest beyond either bound is forgotten for good.
+RECENT_TRACES = 256
+RECENT_SPANS = 4096
 
 
 class _Policy(Protocol):
@@ -99,16 +104,18 @@ class HoldStats(NamedTuple):
     # late spans of traces the keep policy dropped on purpose: not lost (not in ``dropped``), the
     # decision covers them as it covered the trace's held spans
     policy_dropped: int = 0
+    revived: int = 0  # dropped traces kept after all (revive: a kept victim's blocker)
 
 
 class _Held:
-    __slots__ = ("spans", "lost", "since", "ours")
+    __slots__ = ("spans", "lost", "since", "ours", "late")
 
     def __init__(self, since: int, ours: bool) -> None:
         self.spans: list[ReadableSpan] = []
         self.lost: set[int] = set()
         self.since = since
         self.ours = ours  # HoldingSpanProcessor.ours(its trace id), known when it was held
+        self.late = 0  # spans that ended after its drop (counted policy_dropped unless revived)
 
 
 class HoldingSpanProcessor(SpanProcessor):
@@ -148,6 +155,10 @@ class HoldingSpanProcessor(SpanProcessor):
         self._kept: OrderedDict[int, set[int]] = OrderedDict()  # decided kept: lost span ids
         self._evicted: OrderedDict[int, set[int]] = OrderedDict()  # lost undecided: their span ids
         self._gone: OrderedDict[int, None] = OrderedDict()  # ids of traces the policy dropped
+        # dropped traces still revivable (RECENT_TRACES, RECENT_SPANS); oldest first
+        self._recent: OrderedDict[int, _Held] = OrderedDict()
+        self._n_recent = 0
+        self.revived = 0
         self._drops = {r: 0 for r in DROP_REASONS}
         self._evictions = {r: 0 for r in ("max_spans", "max_traces", "max_age", "shutdown")}
         self.forwarded = 0
@@ -260,23 +271,55 @@ class HoldingSpanProcessor(SpanProcessor):
                 return False
             self._n_spans -= len(held.spans)
             if not keep:  # a decided drop is the policy's to count, not a loss
-                # remembered (ours too) so its late spans count as the policy's, not as lost
-                self._remember(self._gone, trace_id, None)
+                # kept for a while in case a later decision needs it (revive), then remembered
+                # (ours too) so its late spans count as the policy's, not as lost
+                self._recent[trace_id] = held
+                self._n_recent += len(held.spans)
+                self._trim_recent_locked()
                 return True
-            lost = held.lost
-            if lost:
-                out, orphans = _without_orphans(held.spans, lost)
-            else:
-                out = held.spans
-            self._remember(self._kept, trace_id, lost)
-            self._drops["parent_lost"] += orphans
-            self.forwarded += len(out)
+            out, orphans = self._keep_locked(trace_id, held)
+        self._forward(out, orphans)
+        return True
+
+    def revive(self, trace_id: int) -> bool:
+        """Keep a trace dropped a moment ago after all: its spans (also those ended since) are
+        forwarded now, and later ones join it. False when it is no longer revivable (dropped
+        longer ago than the last ``RECENT_TRACES`` / ``RECENT_SPANS``, or never held here)."""
+        with self._lock:
+            held = self._recent.pop(trace_id, None)
+            if held is None:
+                return False
+            self._n_recent -= len(held.spans)
+            self.policy_dropped -= held.late  # they leave after all
+            self.revived += 1
+            out, orphans = self._keep_locked(trace_id, held)
+        self._forward(out, orphans)
+        return True
+
+    def _keep_locked(self, trace_id: int, held: _Held) -> tuple[list[ReadableSpan], int]:
+        lost = held.lost
+        if lost:
+            out, orphans = _without_orphans(held.spans, lost)
+        else:
+            out, orphans = held.spans, 0
+        self._remember(self._kept, trace_id, lost)
+        self._drops["parent_lost"] += orphans
+        self.forwarded += len(out)
+        return out, orphans
+
+    def _forward(self, out: list[ReadableSpan], orphans: int) -> None:
         for span in out:
             for p in self.processors:
                 p.on_end(span)
         if orphans:
             self._notify(orphans)
-        return True
+
+    def _trim_recent_locked(self) -> None:
+        recent = self._recent
+        while recent and (len(recent) > RECENT_TRACES or self._n_recent > RECENT_SPANS):
+            trace_id, held = recent.popitem(last=False)
+            self._n_recent -= len(held.spans)
+            self._remember(self._gone, trace_id, None)
 
     def expire(self, now_ns: int | None = None) -> int:
         """Evict undecided traces older than ``max_age_s``; how many."""
@@ -306,7 +349,7 @@ class HoldingSpanProcessor(SpanProcessor):
             drops = dict(self._drops)
             oldest = (now - next(iter(self._held.values())).since) / 1e9 if self._held else 0.0
             return HoldStats(self._n_spans, len(self._held), sum(drops.values()), self.forwarded, drops,
-                             dict(self._evictions), oldest, self.policy_dropped)
+                             dict(self._evictions), oldest, self.policy_dropped, self.revived)
 
 
     # -- internals (under self._lock unless said) -----------------------------------------
@@ -421,7 +464,7 @@ class HoldingSpanProcessor(SpanProcessor):
                         drop = 1
                 passing = False
             else:
-                drop, passing = self._late_locked(trace_id, ctx.span_id, parent)
+                drop, passing = self._late_locked(trace_id, ctx.span_id, parent, span)
         if lost:
             self._count_lost(lost)
         if drop < 0:  # a late span of a trace the policy dropped
@@ -432,7 +475,7 @@ class HoldingSpanProcessor(SpanProcessor):
             for p in self.processors:
                 p.on_end(span)
 
-    def _late_locked(self, trace_id: int, span_id: int, parent: int) -> tuple[int, bool]:
+    def _late_locked(self, trace_id: int, span_id: int, parent: int, span: ReadableSpan) -> tuple[int, bool]:
         """A span of no held trace: (spans lost, pass it on); -1 spans: the policy's drop."""
         kept = self._kept.get(trace_id)
         if kept is not None:
@@ -446,6 +489,14 @@ class HoldingSpanProcessor(SpanProcessor):
             evicted.add(span_id)
             self._drops["dropped_trace"] += 1
             return 1, False
+        recent = self._recent.get(trace_id)
+        if recent is not None:  # dropped, still revivable: it waits with its trace
+            recent.spans.append(span)
+            recent.late += 1
+            self._n_recent += 1
+            self.policy_dropped += 1
+            self._trim_recent_locked()
+            return -1, False
         if trace_id in self._gone:
             self.policy_dropped += 1  # its trace was dropped on purpose: a late span goes with it
             return -1, False
@@ -466,6 +517,9 @@ class HoldingSpanProcessor(SpanProcessor):
             self._closed = True
             for trace_id in list(self._held):
                 self._evict_locked(trace_id, "shutdown", lost)
+            while self._recent:
+                self._remember(self._gone, self._recent.popitem(last=False)[0], None)
+            self._n_recent = 0
         self._count_lost(lost)
         for p in self.processors:
             p.shutdown()

@@ -8,12 +8,18 @@ consumer trace when
 - the head decision sampled it (the producer's ``send`` span is recorded: dropping the consumer
   part would leave half a trace) — ``OTEL_TRACES_SAMPLER``/``_ARG`` keep their meaning;
 - it failed or timed out (always);
+- its consume loop lost its lease while holding it (``lease_lost``, always: the redelivery's
+  span links to it, so the run that may have gone twice is there to see);
 - a gap exceeded its threshold: an absolute number of seconds, or "the slowest X % of the last
   interval" judged against a streaming estimate of the previous interval;
 - it is the first message of a job seen here (earliest produce stamp) or, held until the job is
   idle, the job's latest finisher — so a sampled recording still gives each job's completion time
   and critical path;
 - a background probability picks it;
+- it blocked a kept message (``blocker``: the head-of-line blocker a kept victim's blame links
+  to, kept even when judged alone it was dropped a moment before — within the hold's
+  ``RECENT_TRACES``/``RECENT_SPANS``; past them the victim's link is left out and counted,
+  ``blockers_unkept``, so a kept link never dangles);
 
 and drops the rest. Histograms stay complete whatever is kept; exemplars point only at kept
 traces.
@@ -83,7 +89,8 @@ __all__ = [
 # Gaps a threshold may be set on: the consumer-side waits and what the user feels.
 KEEP_GAPS: tuple[str, ...] = ("dispatch_wait", "client_buffer", "consumer_wait", "end_to_end")
 # Why a message was kept; PENDING means "held as its job's latest finisher, settled later".
-REASONS: tuple[str, ...] = ("head", "failure", "slow", "job_start", "critical_path", "background")
+REASONS: tuple[str, ...] = ("head", "failure", "lease_lost", "slow", "job_start", "critical_path", "background",
+                            "blocker")
 PENDING = "pending"
 # Why a message was not kept.
 DROP_REASONS: tuple[str, ...] = ("unremarkable", "superseded", "not_handled")
@@ -138,6 +145,7 @@ class KeepStats(NamedTuple):
     slow: int  # messages over a threshold (all of them kept)
     by_reason: Mapping[str, int]
     dropped_by_reason: Mapping[str, int] = {}
+    blockers_unkept: int = 0  # kept victims whose blocker could not be kept: their blame link left out
 
 
 class _Estimate:
@@ -240,6 +248,7 @@ class KeepPolicy:
         self._drops = {r: 0 for r in DROP_REASONS}
         self._slow = 0
         self._pending = 0
+        self._blockers_unkept = 0
         self._latest_ns = 0
 
     @classmethod
@@ -274,17 +283,23 @@ class KeepPolicy:
 
     def decide(self, times: Sequence[int], outcome: Outcome, job_id: str | None = None, *,
                head: bool = False, settle: Callable[[bool], None] | None = None,
-               end_mono: int | None = None) -> str | None:
+               end_mono: int | None = None, flag: str | None = None) -> str | None:
         """Decide one finished message from its stamps: a reason in :data:`REASONS` (keep it now),
         :data:`PENDING` (``settle(keep)`` will be called later, once, from some later call of
         this policy or :meth:`flush`), or None (drop it).
 
         ``head`` says the head sampler kept it already; it is still counted and fed to the
-        estimates, so thresholds and the critical path see every message.
+        estimates, so thresholds and the critical path see every message. ``flag``: a reason in
+        :data:`REASONS` the caller already knows (``lease_lost``), kept like a failure.
 
         ``end_mono``: the handler end on :attr:`clock` (the monotonic clock), which the job-idle
         and interval timers run on, as :meth:`tick` does; without it the handler-end stamp stands
-        in (a caller that drives the policy and its ticks on one clock of its own)."""
+        in (a caller that drives the policy and its ticks on one clock of its own).
+
+        Raises:
+            ValueError: ``flag`` is not one of :data:`REASONS`."""
+        if flag is not None and flag not in self._counts:
+            raise ValueError(f"keep flag must be one of {', '.join(REASONS)}, got {flag!r}")
         now = times[_END]
         if now and end_mono is not None:
             now = end_mono
@@ -310,6 +325,8 @@ class KeepPolicy:
             reason: str | None = "head"
         elif outcome is _FAILURE or outcome is _TIMEOUT:
             reason = "failure"
+        elif flag is not None:
+            reason = flag
         elif slow:
             reason = "slow"
         elif self.background and self._random() < self.background:
@@ -442,7 +459,20 @@ class KeepPolicy:
         with self._lock:
             counts, drops = dict(self._counts), dict(self._drops)
             return KeepStats(self._messages, sum(counts.values()), sum(drops.values()), self._pending, self._slow,
-                             counts, drops)
+                             counts, drops, self._blockers_unkept)
+
+    def kept_after_all(self, reason: str, was: str = "unremarkable") -> None:
+        """A message this policy dropped (``was``: its drop reason) is kept after all (``reason``:
+        ``blocker``); the counts stay ``messages == kept + dropped + pending``."""
+        with self._lock:
+            if self._drops[was] > 0:
+                self._drops[was] -= 1
+                self._counts[reason] += 1
+
+    def blocker_unkept(self) -> None:
+        """A kept victim's blocker could not be kept (its link is left out)."""
+        with self._lock:
+            self._blockers_unkept += 1
 
     def slow_threshold_s(self, gap: str) -> float | None:
         """The threshold in force for ``gap`` (seconds): the absolute one, or the estimate from

@@ -360,9 +360,17 @@ class TracerMetrics(OnePerRegistry):
             "Seconds messages waited in a dispatcher while one of its workers was idle (live blame).",
             ["topic", "consumer_group", "policy"], registry=None,
         )
+        # A lost lease is a message the broker may hand out again while (or after) it ran here:
+        # the duplicate run that follows is otherwise a plain success in every other series.
+        self.leases_lost = Counter(
+            "rmqtrace_consumer_leases_lost",
+            "Messages whose lease ended while the consume loop still held them (reason: expired before "
+            "renewal, abandoned hung handler); the broker may deliver each again.",
+            ["topic", "consumer_group", "reason"], registry=None,
+        )
         collectors += [self.skew_clamped, self.skew_bound, self.propagation_errors, self.spans_dropped,
                        self.spans_policy_dropped,
-                       self.avoidable_wait]
+                       self.avoidable_wait, self.leases_lost]
         self._pairs = PairLabels(label_limit, shared="stage")
         self._lock = threading.Lock()
         self._skew_clamped = {g.name: self.skew_clamped.labels(g.name) for g in GAPS if g.crosses_clocks}
@@ -422,6 +430,11 @@ class TracerMetrics(OnePerRegistry):
         """One message's avoidable wait (live blame) under its dispatcher's ``policy``."""
         t, g = self._pairs(topic, group)
         self.avoidable_wait.labels(t, g, policy).inc(seconds if seconds > 0 else 0.0)
+
+    def lease_lost(self, topic: str, group: str, reason: str) -> None:
+        """One message whose consume-loop lease ended while held (``reason``: expired, abandoned)."""
+        t, g = self._pairs(topic, group)
+        self.leases_lost.labels(t, g, reason).inc()
 
     def count_propagation_error(self, kind: str) -> None:
         self.propagation_errors.labels(kind).inc()

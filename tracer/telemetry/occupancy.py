@@ -46,13 +46,14 @@ import heapq
 import threading
 from collections import Counter
 from dataclasses import dataclass
-from typing import Any, Iterator
+from typing import Any, Callable, Iterator
 
 from prometheus_client import REGISTRY as DEFAULT_REGISTRY
 from prometheus_client import CollectorRegistry, Gauge
 from prometheus_client import Counter as PromCounter
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 
+from ..callables import require_plain
 from ..path.clock import MonotonicClock, default_clock, require_clock, shared_clock
 from .metrics import BoundedLabel
 from .registration import OnePerRegistry, Refresher, multiprocess_dir
@@ -98,12 +99,15 @@ class Occupancy:
         TypeError: ``clock`` has no ``monotonic_ns()``.
     """
 
-    def __init__(self, workers: int, *, clock: MonotonicClock | None = None) -> None:
+    def __init__(self, workers: int, *, clock: MonotonicClock | None = None,
+                 on_close: Callable[[], None] | None = None) -> None:
         _check_workers(workers)
+        require_plain(on_close, "on_close", optional=True)
         if clock is not None:
             require_clock(clock, "Occupancy(clock=)", monotonic=True)
         self.clock: MonotonicClock = clock or default_clock()
         self._clock_pinned = clock is not None
+        self._on_close = on_close  # its collector writes the final totals (multiprocess mode)
         self._lock = threading.Lock()
         self._workers = workers
         self._busy = 0
@@ -178,10 +182,14 @@ class Occupancy:
             self._workers = workers
 
     def close(self) -> None:
-        """The consumer stopped: nothing accrues from now on; the totals stay readable."""
+        """The consumer stopped: nothing accrues from now on; the totals stay readable (and, in
+        multiprocess mode, are written to the directory now, not at the next refresh)."""
         with self._lock:
             self._accrue()
+            first = not self._closed
             self._closed = True
+        if first and self._on_close is not None:
+            self._on_close()
 
     # -- reading --------------------------------------------------------------------------------
     def snapshot(self) -> OccupancySnapshot:
@@ -287,8 +295,10 @@ class OccupancyMetrics(OnePerRegistry):
 
     Values are read at scrape time, so the hot path never touches a metric object. Under
     ``PROMETHEUS_MULTIPROC_DIR`` a scrape reads the directory's files, not this process: the
-    values are then written into stock multiprocess metrics every ``refresh_interval`` seconds
-    (and by :meth:`flush`); the gauges are ``livesum`` (the oldest age ``livemax``), so a dead
+    values are then written into stock multiprocess metrics every ``refresh_interval`` seconds,
+    when a tracker is made (:meth:`track`) and closed (:meth:`Occupancy.close`), at the
+    interpreter's exit, and by :meth:`flush` — a worker that lives less than a refresh interval
+    shows, and none loses its last interval at exit; the gauges are ``livesum`` (the oldest age ``livemax``), so a dead
     process's gauges leave the aggregate and its counters stay in it. The group label's cap is
     then shared by every process of the directory.
 
@@ -327,10 +337,12 @@ class OccupancyMetrics(OnePerRegistry):
             self._refresher.start()
 
     def track(self, consumer_group: str, workers: int, *, clock: MonotonicClock | None = None) -> Occupancy:
-        """A new tracker whose values this collector exports under ``consumer_group``."""
-        occ = Occupancy(workers, clock=clock)
+        """A new tracker whose values this collector exports under ``consumer_group`` (in
+        multiprocess mode written at once, and again when it is closed)."""
+        occ = Occupancy(workers, clock=clock, on_close=self.flush if self._stock else None)
         with self._lock:
             self._trackers.append((self._label(consumer_group), occ))
+        self.flush()  # its series exist from now on, not from the first refresh
         return occ
 
     def totals(self) -> dict[str, dict[str, float]]:

@@ -16,6 +16,7 @@ that grow with time) into stock multiprocess metrics every ``interval`` seconds,
 
 from __future__ import annotations
 
+import atexit
 import fcntl
 import logging
 import os
@@ -123,9 +124,32 @@ class OnePerRegistry:
 _Self = TypeVar("_Self", bound=OnePerRegistry)
 
 
+_exiting_lock = threading.Lock()
+_at_exit: weakref.WeakSet[Refresher] = weakref.WeakSet()
+_exit_hooked = False
+
+
+def _flush_at_exit() -> None:
+    with _exiting_lock:
+        refreshers = list(_at_exit)
+    for r in refreshers:
+        r.flush_now()
+
+
+def _flush_me_at_exit(refresher: Refresher) -> None:
+    global _exit_hooked
+    with _exiting_lock:
+        _at_exit.add(refresher)
+        if not _exit_hooked:  # on first use, not at import
+            atexit.register(_flush_at_exit)
+            _exit_hooked = True
+
+
 class Refresher:
     """Calls ``flush`` of an owner every ``interval`` seconds on a daemon thread, as long as the
-    owner lives (held weakly: a dropped collector stops its thread)."""
+    owner lives (held weakly: a dropped collector stops its thread), and once more at the
+    interpreter's exit (``atexit``): a process's last interval is not lost with it, and one that
+    lived less than ``interval`` is counted at all."""
 
     def __init__(self, owner: Any, flush: Callable[[Any], None], interval: float) -> None:
         if not interval > 0:
@@ -142,9 +166,23 @@ class Refresher:
             if self._thread is None:
                 self._thread = threading.Thread(target=self._run, name="rmqtrace-metrics-refresh", daemon=True)
                 self._thread.start()
+        _flush_me_at_exit(self)
 
     def stop(self) -> None:
         self._stop.set()
+        with _exiting_lock:
+            _at_exit.discard(self)
+
+    def flush_now(self) -> None:
+        """One flush now, in this thread (at exit, or when the owner's state just changed);
+        a failed write is swallowed like the thread's."""
+        owner = self._owner()
+        if owner is None or self._stop.is_set():
+            return
+        try:
+            self._flush(owner)
+        except Exception:  # noqa: BLE001
+            pass
 
     def _run(self) -> None:
         while not self._stop.wait(self._interval):

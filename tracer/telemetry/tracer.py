@@ -30,6 +30,7 @@ from __future__ import annotations
 import logging
 import os
 import threading
+from collections import OrderedDict
 from typing import Any, Callable, Mapping, NamedTuple, Sequence
 
 from opentelemetry import context as otel_context
@@ -54,6 +55,7 @@ from ..path.propagation import (
 from ..path.stages import CROSS_CLOCK_GAPS, GAPS, Outcome, Stage
 from ..path.stamps import MISSING, SkewTracker, Stamps, causal, drawn, store_stamp
 from ..version import __version__
+from .abandon import watch_shutdown
 from .adopt import keep_for
 from .attributes import (  # noqa: F401 - re-exported
     BODY_ATTR,
@@ -97,8 +99,13 @@ _DROP = Decision.DROP
 # A held trace's creation link whose traceparent is parsed only if the trace is kept.
 _PARSE_IF_KEPT = object()
 _ERROR = StatusCode.ERROR
+# A held trace's keep decision, as its victims see it (blame-aware keep, MessageTrace._fate).
+_UNDECIDED, _DECIDING, _KEPT, _DROPPED, _PENDING, _GONE = range(6)
 # Topics (with their endpoint) whose process span name and sampling attributes are kept built.
 _MAX_STARTS = 256
+# Runs whose lease was lost, remembered (by message id) for the redelivery's link: the broker
+# redelivers within a lease or two, so a few hundred cover any burst; the oldest go first.
+_MAX_LOST_RUNS = 512
 
 
 class MessageTracer:
@@ -214,6 +221,12 @@ class MessageTracer:
         self._hook_lock = threading.Lock()
         # Orders a handler's end (worker thread) against a watchdog's finish (another thread).
         self._end_lock = threading.Lock()
+        # message id -> the process span context of a run whose lease was lost (see MessageTrace.lease_lost)
+        self._lost_runs: OrderedDict[str, SpanContext] = OrderedDict()
+        self._lost_lock = threading.Lock()
+        # traces whose handler span waits for a timed-out handler's late return (under _end_lock)
+        self._abandonable: set[MessageTrace] = set()
+        self._fate_lock = threading.Lock()  # MessageTrace._fate / _must_keep (blame-aware keep)
 
     def _set_client(self, facts: ClientFacts) -> None:
         self.client: ClientFacts = facts  # read by the attributes, and by telemetry.operations
@@ -315,6 +328,9 @@ class MessageTracer:
         else:
             anchor = Anchor(clock, now, mono)
         t = MessageTrace(self, info, carried, anchor)
+        if self._lost_runs and info.message_id:
+            with self._lost_lock:
+                t._lost_from = self._lost_runs.pop(info.message_id, None)
         times = t.stamps.times
         times[_PRODUCE] = carried.produce_ns
         pulled = times[_PULL] = anchor.wall_ns
@@ -368,6 +384,9 @@ class MessageTracer:
                     self._share_clock()
                 except ValueError as exc:  # another tracer's clock took the hold first: say it, trace on
                     self.hook_failed("sharing the clock with RMQTRACE_KEEP_*", exc)
+        if self._writer is not None and self._writer_resolved:
+            # after keep_for: in front of an adopted hold, so the spans it ends still reach it
+            watch_shutdown(provider, self)
         self.foreign_provider = self._writer is None and not isinstance(
             provider, (trace.NoOpTracerProvider, trace.ProxyTracerProvider))
         return self._writer
@@ -381,6 +400,23 @@ class MessageTracer:
             self.hold.share_clock(self.clock)
         if self.occupancy is not None:
             self.occupancy.share_clock(self.clock)
+
+    def abandon_handlers(self) -> int:
+        """End the handler span of every timed-out handler still running (status ERROR,
+        ``rmqtrace.abandoned``), so the user's spans under it are not orphans; how many. Run at the
+        provider's shutdown (:mod:`tracer.telemetry.abandon`); a dispatcher's ``close`` does it for
+        its own overrun handlers (:meth:`MessageTrace.abandon`)."""
+        with self._end_lock:
+            traces = list(self._abandonable)
+        return sum(1 for t in traces if t.abandon())
+
+    def _remember_lost_run(self, message_id: str, ctx: SpanContext) -> None:
+        with self._lost_lock:
+            runs = self._lost_runs
+            runs[message_id] = ctx
+            runs.move_to_end(message_id)
+            while len(runs) > _MAX_LOST_RUNS:
+                runs.popitem(last=False)
 
     def hook_failed(self, where: str, exc: BaseException) -> None:
         """Log a failure of our own code once per place; the user's message flow goes on."""
@@ -427,7 +463,8 @@ class MessageTrace:
 
     __slots__ = ("_tracer", "info", "_carried", "_parent", "_parsed", "stamps", "worker", "body", "_ctx", "_process",
                  "_handler", "_token", "_done", "_scope_start", "_held", "_head_held", "_overrun", "_late_end",
-                 "_open_handler", "_deferred", "_verdict", "_blame", "anchor")
+                 "_open_handler", "_deferred", "_verdict", "_blame", "anchor", "_lease_lost", "_lost_from",
+                 "_written", "_fate", "_must_keep", "_dropped_outcome")
 
     def __init__(self, tracer: MessageTracer, info: MessageInfo, carried: Carried, anchor: Anchor) -> None:
         self._tracer = tracer
@@ -460,6 +497,13 @@ class MessageTrace:
         self._verdict: tuple[Any, str] | None = None  # (Verdict, policy) from the dispatcher, until the finish
         # what the spans carry of it (attributes, link to the blocker), made at the finish
         self._blame: tuple[dict[str, Any], tuple[Link, ...]] | None = None
+        self._lease_lost: str | None = None  # the consume loop lost this delivery's lease (why)
+        self._lost_from: SpanContext | None = None  # an earlier run of this message whose lease was lost
+        self._written = False  # our spans of this trace were written (so a link to it resolves)
+        # the keep decision of a held trace, for the victims that link to it (under _fate_lock)
+        self._fate = _UNDECIDED
+        self._must_keep = False  # a kept victim links to it: keep it whatever its own decision
+        self._dropped_outcome: Outcome | None = None  # to write its spans should it be revived
 
     @property
     def carried(self) -> Carried:
@@ -504,9 +548,60 @@ class MessageTrace:
             return self._deferred[5]  # type: ignore[no-any-return]
         return None
 
-    @staticmethod
-    def _blame_of(verdict: Any) -> tuple[dict[str, Any], tuple[Link, ...]]:
-        """The blame attributes and the link to the blocker's handler span."""
+    def abandon(self) -> bool:
+        """The timed-out handler is let go while it still runs (its dispatcher closed, the
+        provider shuts down): end its handler span now — status ERROR, ``error.type`` (kept, else
+        ``timeout``), ``rmqtrace.abandoned=true`` — so the user's spans under it have an exported
+        parent. True when there was one to end; its late return then ends nothing more."""
+        mt = self._tracer
+        with mt._end_lock:
+            handler, self._open_handler = self._open_handler, None
+            mt._abandonable.discard(self)
+        if handler is None:
+            return False
+        try:
+            if handler.status.status_code is not _ERROR:
+                handler.set_status(Status(_ERROR, "abandoned"))
+            attrs = handler.own_attributes()
+            attrs.setdefault(n.ERROR_TYPE, Outcome.TIMEOUT.value)
+            attrs[n.ABANDONED] = True
+            handler.end(end_time=self.anchor.now())
+        except Exception as exc:  # noqa: BLE001
+            mt.hook_failed("ending an abandoned handler span", exc)
+        return True
+
+    def lease_lost(self, reason: str) -> None:
+        """The consume loop lost this delivery's lease while holding it (``reason``: ``expired``,
+        ran out before a renewal; ``abandoned``, given up on a hung handler): the broker may hand
+        the message out again, so it may run twice. Counted (``rmqtrace_consumer_leases_lost_total``),
+        marked on the ``process`` span (``rmqtrace.lease.lost``, when the trace is not finished yet),
+        the trace kept (keep reason ``lease_lost``), and remembered by message id: the redelivery
+        this tracer receives links its ``process`` span to this run (and is kept too). Once per
+        delivery.
+
+        Raises:
+            ValueError: ``reason`` is not one of ``names.LEASE_LOST_REASONS``.
+        """
+        if reason not in n.LEASE_LOST_REASONS:
+            raise ValueError(f"a lost lease's reason is one of {', '.join(n.LEASE_LOST_REASONS)}, got {reason!r}")
+        if self._lease_lost is not None:
+            return
+        self._lease_lost = reason
+        mt = self._tracer
+        try:
+            if mt.metrics is not None:
+                mt.metrics.lease_lost(self.info.topic, mt.consumer_group, reason)
+            ctx = self._ctx
+            # a finished trace that was not written (dropped) has no span to link to
+            if self.info.message_id and ctx is not None and ctx.is_valid and (not self._done or self._written):
+                mt._remember_lost_run(self.info.message_id, ctx)
+        except Exception as exc:  # noqa: BLE001 - the loop's settle must go on
+            mt.hook_failed("recording a lost lease", exc)
+
+    def _blame_of(self, verdict: Any, kept: bool) -> tuple[dict[str, Any], tuple[Link, ...]]:
+        """The blame attributes and the link to the blocker's handler span — only to a span that
+        is exported: a victim written now (``kept``) keeps its blocker (blame-aware keep); one
+        written later, if at all, links only to a blocker already kept."""
         attrs: dict[str, Any] = {n.BLAME_REASON: verdict.reason, n.BLAME_AVOIDABLE_WAIT: float(verdict.avoidable_s)}
         links: tuple[Link, ...] = ()
         blocker = verdict.blocker_ref
@@ -515,8 +610,46 @@ class MessageTrace:
                 attrs[n.BLAME_BLOCKER_MESSAGE_ID] = cap(blocker.info.message_id)
             ctx = blocker.handler_context()
             if ctx is not None and ctx.is_valid:
-                links = (Link(ctx),)
+                if blocker._exported_for_blame(kept):
+                    links = (Link(ctx),)
+                elif kept and self._tracer.keep is not None:
+                    self._tracer.keep.blocker_unkept()
         return attrs, links
+
+    def _exported_for_blame(self, keep_it: bool) -> bool:
+        """Whether this trace's spans are or will be exported, so a victim's link to it resolves.
+        ``keep_it``: keep it for that victim — when undecided, whatever its decision; when dropped
+        a moment ago, revived if the hold still has it (:meth:`HoldingSpanProcessor.revive`)."""
+        if not self._held:
+            return True  # the head decision: sampled (a context to link to) means exported
+        mt = self._tracer
+        with mt._fate_lock:
+            fate = self._fate
+            if fate == _UNDECIDED or fate == _DECIDING:
+                if keep_it:
+                    self._must_keep = True  # its _decide keeps it (reason blocker)
+                return keep_it
+            if fate == _KEPT:
+                return True
+            if fate == _PENDING and keep_it:
+                self._must_keep = True  # its settle keeps it (a job's latest finisher, superseded or not)
+                return True
+            if fate != _DROPPED or not keep_it:
+                return False
+            self._fate = _GONE  # one reviver; a victim racing with it leaves its link out
+        ctx, hold, keep, outcome = self._ctx, mt.hold, mt.keep, self._dropped_outcome
+        revived = ctx is not None and hold is not None and outcome is not None and hold.revive(ctx.trace_id)
+        if revived:
+            assert ctx is not None and outcome is not None
+            if keep is not None:
+                keep.kept_after_all("blocker")
+            try:
+                self._write_spans(ctx, outcome, None)
+            except Exception as exc:  # noqa: BLE001
+                mt.hook_failed("writing a blocker's kept trace", exc)
+            with mt._fate_lock:
+                self._fate = _KEPT
+        return revived
 
     def handler_scope(self, start_ns: int | None = None) -> MessageTrace:
         """``with trace.handler_scope():`` stamps handler start/end; the handler span is current inside.
@@ -624,6 +757,7 @@ class MessageTrace:
             if late:
                 self._late_end = now
                 handler, self._open_handler = self._open_handler, None
+                self._tracer._abandonable.discard(self)
             else:
                 self.stamps.times[_END] = now
         if late and handler is not None:
@@ -688,7 +822,7 @@ class MessageTrace:
             # and handler context kept: held on, every live trace would keep the chain of every
             # trace that blocked one before it alive.
             self._verdict = None
-            self._blame = self._blame_of(verdict[0])
+            self._blame = self._blame_of(verdict[0], kept=ctx is not None)
             avoidable = float(verdict[0].avoidable_s)
             if metrics is not None:
                 metrics.avoidable(self.info.topic, mt.consumer_group, verdict[1], avoidable)
@@ -716,15 +850,34 @@ class MessageTrace:
         if self._held and self._carried.job_id:
             def settle(kept: bool) -> None:
                 self._settle(kept, outcome, error)
+        mt = self._tracer
+        flag: str | None = None
+        if self._lease_lost is not None or self._lost_from is not None:
+            flag = "lease_lost"  # both runs of a message that may have run twice
+        if self._held:
+            with mt._fate_lock:
+                self._fate = _DECIDING
+                if flag is None and self._must_keep:
+                    flag = "blocker"
         try:
             times = self.stamps.times
             # the policy's timers (job idle, intervals) run on the monotonic clock, as its tick
             end = times[_END]
             reason = keep.decide(times, outcome, self._carried.job_id, head=ctx is not None and not self._held,
-                                 settle=settle, end_mono=self.anchor.mono_of(end) if end else None)
+                                 settle=settle, end_mono=self.anchor.mono_of(end) if end else None, flag=flag)
         except Exception as exc:  # noqa: BLE001 - a broken policy must not cost the histograms
             self._tracer.hook_failed("the keep decision", exc)
             reason = "failure"  # err on keeping
+        if self._held:
+            flipped = False
+            with mt._fate_lock:
+                if reason is None and self._must_keep:  # a kept victim linked to it meanwhile
+                    reason, flipped = "blocker", True
+                self._fate = _PENDING if reason is PENDING else _KEPT if reason is not None else _DROPPED
+                if reason is None:
+                    self._dropped_outcome = outcome
+            if flipped:
+                keep.kept_after_all("blocker")
         if self._head_held and ctx is not None and hold is not None:
             hold.release(ctx.trace_id, True)
             return ctx
@@ -737,9 +890,17 @@ class MessageTrace:
 
     def _settle(self, kept: bool, outcome: Outcome, error: BaseException | None) -> None:
         """The policy's later word on a job's latest finisher (called from another message's finish)."""
-        ctx, hold = self._ctx, self._tracer.hold
+        ctx, hold, mt = self._ctx, self._tracer.hold, self._tracer
         if ctx is None or hold is None:
             return
+        with mt._fate_lock:
+            if not kept and self._must_keep:  # a kept victim was promised it while it was pending
+                kept = True
+                if mt.keep is not None:
+                    mt.keep.kept_after_all("blocker", was="superseded")
+            self._fate = _KEPT if kept else _DROPPED
+            if not kept:
+                self._dropped_outcome = outcome
         hold.release(ctx.trace_id, kept)
         if kept and (self._process is not None or self._deferred is not None):
             try:
@@ -773,7 +934,10 @@ class MessageTrace:
         if c is None:
             c = causal(self.stamps.times)
         d = drawn(self.stamps.times, c)
+        self._written = True
         process = self._process if self._process is not None else self._materialize()
+        if self._lost_from is not None:
+            process.add_link(self._lost_from, {n.LINK_REASON: n.LINK_LEASE_LOST})
         end_ns = d[_END] or self.anchor.now()
         error_type = type(error).__qualname__ if error is not None else None
         handler = self._handler
@@ -788,6 +952,7 @@ class MessageTrace:
                 still_running = self._overrun and not self._late_end
                 if still_running:
                     self._open_handler = handler  # __exit__ ends it when the handler returns
+                    self._tracer._abandonable.add(self)  # ... or abandon(), should it never
             if not still_running:
                 handler.end(end_time=self._late_end or end_ns)
         compact = self._tracer.compact
@@ -806,6 +971,8 @@ class MessageTrace:
                         # does not end after it starts as "Negative duration". Its 0 is observed.
                         writer.emit(name, writer.child_context(ctx), ctx, d[a], d[b], _INTERNAL, gap_attrs)
         attrs = self._process_attributes(outcome, process)
+        if self._lease_lost is not None:
+            attrs[n.LEASE_LOST] = self._lease_lost
         if compact:
             if blame_attrs is not None:
                 attrs.update(blame_attrs)
