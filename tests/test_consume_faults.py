@@ -4,7 +4,6 @@ import threading
 import time
 
 import pytest
-
 from test_consume import pipeline, run_in_thread
 
 
@@ -49,3 +48,71 @@ def test_demandpush_refuses_nan_shutdown_timeout_at_construction():
                            message_listener=Listener(), subscription={"t": None}, shutdown_timeout=math.nan)
     DemandPushConsumer(client_configuration=EmbeddedBroker(), consumer_group="g",
                        message_listener=Listener(), subscription={"t": None}, shutdown_timeout=math.inf)
+
+
+# -- a BaseException from user code the loop calls on its own threads (#30 item 6) --------------
+class _Interrupt(BaseException):
+    """Stands for KeyboardInterrupt/SystemExit without disturbing pytest's own handling of them."""
+
+
+def _raise_on(fn_name, exc_type):
+    """One user callable of the loop that raises ``exc_type`` on its first call, then behaves."""
+    fired = []
+
+    def fn(*args):
+        if not fired:
+            fired.append(1)
+            raise exc_type("Ctrl-C while user code ran")
+        return {"cost": 1.0, "key": None, "until": False, "retry_backoff": 1.0}[fn_name]
+    return fn, fired
+
+
+_CALLABLES = ["cost", "key", "until", "retry_backoff"]
+
+
+@pytest.mark.parametrize("exc_type", [_Interrupt, KeyboardInterrupt, SystemExit])
+@pytest.mark.parametrize("where", _CALLABLES)
+@pytest.mark.parametrize("prefetch", [0, 4])
+def test_base_exception_from_user_callable_stops_run_and_leaves_nothing_held(where, exc_type, prefetch):
+    fn, fired = _raise_on(where, exc_type)
+    kw = {"prefetch": prefetch}
+    until = None
+    if where == "until":
+        until = fn
+    else:
+        kw[where] = fn
+    handler = (lambda m: 1 / 0) if where == "retry_backoff" else (lambda m: None)  # a nack asks retry_backoff
+    broker, loop = pipeline(3, handler, **kw)
+    raised = []
+
+    def run():
+        try:
+            loop.run(until)
+        except BaseException as exc:  # noqa: BLE001 - the test reads it
+            raised.append(exc)
+
+    t = threading.Thread(target=run, daemon=True)
+    t.start()
+    t.join(10)  # fails before (cost=, key=): run() spins for ever on a message left "submitted"
+    assert fired, f"{where}= was never called"
+    assert not t.is_alive(), f"run() did not return after {exc_type.__name__} from {where}="
+    assert loop.stopping
+    assert [type(e) for e in raised] == [exc_type]  # re-raised once, on run()'s thread
+    s = loop.statistics()
+    assert s.held == 0
+    assert s.received == s.acked + s.retry_scheduled + s.given_back + s.ack_errors + s.expired
+
+
+def test_base_exception_from_a_wait_predicate_leaves_the_loop_usable():
+    broker, loop = pipeline(3, lambda m: None)
+    t = run_in_thread(loop)
+
+    def pred(s):
+        raise KeyboardInterrupt
+
+    with pytest.raises(KeyboardInterrupt):
+        loop.wait(pred, 5)
+    assert loop.wait(lambda s: s.acked == 3, 10)  # the lock was released: the loop goes on
+    loop.stop()
+    t.join(10)
+    assert not t.is_alive()

@@ -286,6 +286,9 @@ class ConsumeLoop:
         self._feeder: threading.Thread | None = None
         self._ack_workers: list[threading.Thread] = []
         self._keeper_thread: threading.Thread | None = None
+        # the first BaseException (KeyboardInterrupt, SystemExit) user code raised on one of the
+        # loop's own threads: it stops the loop, and run() re-raises it once the drain is done
+        self._interrupt: BaseException | None = None
 
     # -- public state ------------------------------------------------------------------------
     @property
@@ -363,7 +366,18 @@ class ConsumeLoop:
                 failures = 0
         finally:
             self._shutdown()
+        if self._interrupt is not None:  # raised on a helper thread (the feeder, an ack thread)
+            raise self._interrupt
         return self.statistics()
+
+    def _interrupted(self, exc: BaseException) -> None:
+        """User code raised a BaseException on one of the loop's threads: the loop stops (a Ctrl-C
+        or a SystemExit means the program wants out), and run() re-raises it after the drain."""
+        with self._changed:
+            if self._interrupt is None:
+                self._interrupt = exc
+            self._stop.set()
+            self._changed.notify_all()
 
     def poll(self) -> int | None:
         """One step of the receive side, never blocking on the dispatcher: hand the backlog to
@@ -507,7 +521,7 @@ class ConsumeLoop:
             return None
         try:
             k = fn(msg)
-        except Exception:  # noqa: BLE001 - the dispatcher reports it
+        except Exception:  # noqa: BLE001 - the dispatcher reports it (a BaseException propagates)
             return None
         return k if isinstance(k, str) else None
 
@@ -528,12 +542,22 @@ class ConsumeLoop:
         """Own the whole batch at once: held (so renewed) before any of it is submitted.
         ``traces``: those the receive operation started, by ``id(message)`` (None: start them here)."""
         deadline = self._monotonic() + self.lease.invisible_duration
-        held = [Held(m, deadline, self._key_of(m)) for m in batch]
+        held = [Held(m, deadline) for m in batch]
         with self._lock:
             for h in held:
                 self._held[id(h.message)] = h
             self._n["received"] += len(held)
             self._n["redelivered"] += sum(1 for m in batch if _attempt(m) > 1)
+        try:
+            for h in held:
+                h.key = self._key_of(h.message)
+        except BaseException as exc:
+            # key= raised a Ctrl-C: the batch is ours (held), so it goes back, none of it runs
+            for h in held:
+                h.state = SUBMITTED
+                self._report(h, Outcome.SKIPPED, ran=False)
+            self._interrupted(exc)
+            raise
         if self.tracer is not None:
             if traces is None:
                 started: list[tuple[Any, MessageTrace]] = []
@@ -560,6 +584,18 @@ class ConsumeLoop:
         refused_keys: set[str] = set()
         pool_full = False  # an unkeyed message was refused: the pool has no free worker
         taken = 0
+        try:
+            taken = self._offer(offer, hung, refused_keys, pool_full)
+        finally:
+            # also after a BaseException: an entry left "submitted" in the backlog would count as
+            # waiting for ever, and the drain at shutdown would wait for it for ever
+            with self._changed:
+                self._backlog = deque(h for h in self._backlog if h.state == WAITING)
+                self._changed.notify_all()
+        return taken
+
+    def _offer(self, offer: list[Held], hung: set[str], refused_keys: set[str], pool_full: bool) -> int:
+        taken = 0
         for h in offer:
             if h.key is not None and h.key in hung:
                 taken += self._give_back_key(h.key)
@@ -576,6 +612,11 @@ class ConsumeLoop:
                 with self._lock:
                     h.state = WAITING
                 break
+            except BaseException as exc:
+                # key= or cost= raised a Ctrl-C or a SystemExit: this message goes back unrun
+                self._report(h, Outcome.SKIPPED, ran=False)
+                self._interrupted(exc)
+                raise
             except Exception as exc:  # noqa: BLE001 - one message the dispatcher refuses must not stop the loop
                 self._count("submit_errors", exc)
                 self._report(h, Outcome.FAILURE, ran=False)
@@ -590,10 +631,6 @@ class ConsumeLoop:
                 pool_full = True
             else:
                 refused_keys.add(h.key)
-        if taken:
-            with self._changed:
-                self._backlog = deque(h for h in self._backlog if h.state == WAITING)
-                self._changed.notify_all()
         return taken
 
     def _hung_keys(self) -> set[str]:
@@ -615,7 +652,11 @@ class ConsumeLoop:
                         return
                     self._changed.wait(tick)
                     continue
-            if not self._feed():
+            try:
+                fed = self._feed()
+            except BaseException:  # noqa: BLE001 - _feed recorded it: run() re-raises it
+                return
+            if not fed:
                 with self._changed:
                     self._changed.wait(min(tick, 0.05))  # room frees just after an outcome
 
@@ -725,7 +766,10 @@ class ConsumeLoop:
         while True:
             item = self._take_outcome(tick)
             if item is not None:
-                self._settle(*item)
+                try:
+                    self._settle(*item)
+                except BaseException as exc:  # noqa: BLE001 - settled all the same; run() re-raises it
+                    self._interrupted(exc)
                 item = None  # an idle ack thread keeps no message alive (its trace, its body)
                 continue
             with self._lock:
@@ -736,6 +780,7 @@ class ConsumeLoop:
         """Ack a message whose handler succeeded; nack (give back with a backoff) any other; or
         let it expire when the loop no longer holds its lease. Once per delivery."""
         what = "expired"
+        interrupt: BaseException | None = None
         with h.lock, suppress_instrumentation():
             h.done = True  # from here on no renewal: on the proxy it would revive an acked message
             msg = h.message
@@ -746,7 +791,13 @@ class ConsumeLoop:
                         self._call(n.ACK, msg, lambda: self.consumer.ack(msg))
                         what = "acked"
                     else:
-                        backoff = whole_seconds(self._nack_seconds(msg, ran))
+                        try:
+                            seconds = self._nack_seconds(msg, ran)
+                        except BaseException as exc:  # noqa: BLE001 - re-raised after the nack
+                            # retry_backoff= raised a Ctrl-C: the message is still given back (with
+                            # the default backoff), then the interrupt goes on
+                            interrupt, seconds = exc, exponential_backoff(_attempt(msg))
+                        backoff = whole_seconds(seconds)
                         self._call(n.CHANGE_INVISIBLE_DURATION, msg,
                                    lambda: self.consumer.change_invisible_duration(msg, backoff))
                         what = "retry_scheduled" if ran else "given_back"
@@ -759,6 +810,8 @@ class ConsumeLoop:
             self._held.pop(id(h.message), None)
             self._settling -= 1
             self._changed.notify_all()
+        if interrupt is not None:
+            raise interrupt
 
     def _call(self, operation: str, msg: Any, call: Callable[[], object]) -> None:
         """An ack or nack of ``msg``: a settle operation when the loop traces (never a renewal)."""
@@ -838,14 +891,21 @@ class ConsumeLoop:
         if self._feeder is not None:
             self._feeder.join(self._left())
         else:
-            while self.state().waiting and not self._past_stop_deadline():
-                if not self._feed():
-                    left = self._left()
-                    with self._changed:
-                        self._changed.wait(0.05 if left is None else min(0.05, left))
+            try:
+                while self.state().waiting and not self._past_stop_deadline():
+                    if not self._feed():
+                        left = self._left()
+                        with self._changed:
+                            self._changed.wait(0.05 if left is None else min(0.05, left))
+            except BaseException as exc:  # noqa: BLE001 - key=/cost= again: run() re-raises it
+                self._interrupted(exc)
+        if self._interrupt is not None:
+            self._give_back_backlog()  # the program wants out: what has not started goes back
         self.dispatcher.close(drain=True, timeout=self._left())
         if self._past_stop_deadline():
             self._cut_at_deadline()
+        else:
+            self._give_back_backlog()  # the feeder ended early (interrupted): nothing is left held unfed
         self._dispatch_closed.set()
         with self._changed:
             self._ack_side_open = False  # the ack threads drain what is queued; later outcomes settle inline
@@ -861,10 +921,14 @@ class ConsumeLoop:
         reported what it had not started SKIPPED; the loop's backlog is given back the same way."""
         with self._lock:
             self._no_more_starts = True
+        self._give_back_backlog()
+
+    def _give_back_backlog(self) -> None:
+        with self._lock:
             rest = [h for h in self._backlog if h.state == WAITING]
             for h in rest:
-                h.state = SUBMITTED
-            self._backlog.clear()
+                h.state = SUBMITTED  # out of the feeder's reach
+            self._backlog = deque(h for h in self._backlog if h.state == WAITING)
         for h in rest:
             self._report(h, Outcome.SKIPPED, ran=False)
 
