@@ -116,3 +116,32 @@ def test_base_exception_from_a_wait_predicate_leaves_the_loop_usable():
     loop.stop()
     t.join(10)
     assert not t.is_alive()
+
+
+# -- only the probe sender's own marker makes a probe (#30 item 13) ------------------------------
+@pytest.mark.parametrize("value", ["false", "0", "true", "yes", " 1", "11"])
+def test_a_user_message_with_another_probe_value_runs_and_is_acked(value):
+    from tracer.embedded import Message
+    from tracer.path.names import PROBE_PROPERTY
+
+    ran = []
+    broker, loop = pipeline(0, lambda m: ran.append(m.body))
+    producer = __import__("tracer.embedded", fromlist=["Producer"]).Producer(broker, ["T"])
+    producer.startup()
+    m = Message()
+    m.topic, m.body = "T", b"user"
+    m.add_property(PROBE_PROPERTY, value)
+    producer.send(m)
+    t = run_in_thread(loop)
+    assert loop.wait(lambda s: s.acked == 1, 10)
+    loop.stop()
+    t.join(10)
+    assert ran == [b"user"]  # fails before: any non-empty value was acked unrun as a probe
+
+
+@pytest.mark.parametrize("value", ["1", b"1"])
+def test_the_probe_senders_marker_still_makes_a_probe(value):
+    from tracer.clients.probe import is_probe
+    from tracer.path.names import PROBE_PROPERTY
+
+    assert is_probe({PROBE_PROPERTY: value})
