@@ -5,6 +5,9 @@ import time
 
 import pytest
 from test_consume import pipeline, run_in_thread
+from waiting import wait_until
+
+from tracer.clients.consume import ConsumeLoop
 
 
 def test_stop_while_this_thread_holds_the_lock_returns_and_the_loop_stops():
@@ -145,3 +148,56 @@ def test_the_probe_senders_marker_still_makes_a_probe(value):
     from tracer.path.names import PROBE_PROPERTY
 
     assert is_probe({PROBE_PROPERTY: value})
+
+
+# -- no two copies at once in the process, across loops (#30 item 7) -----------------------------
+def test_a_new_loop_on_the_same_consumer_does_not_run_the_copy_beside_the_hung_first_call():
+    from manual_clock import Clock
+
+    from tracer.embedded import EmbeddedBroker, Message, Producer, SimpleConsumer
+
+    clock = Clock()
+    broker = EmbeddedBroker(min_receive_invisible=1, monotonic=clock)
+    broker.create_topic("T")
+    producer = Producer(broker, ["T"])
+    producer.startup()
+    m = Message()
+    m.topic, m.body = "T", b"x"
+    producer.send(m)
+    consumer = SimpleConsumer(broker, "G", {"T": None}, await_duration=0.05)
+    consumer.startup()
+    started, release, ended = threading.Event(), threading.Event(), threading.Event()
+
+    def hang(msg):
+        started.set()
+        try:
+            release.wait(30)
+        finally:
+            ended.set()
+
+    first = ConsumeLoop(consumer, hang, invisible_duration=10, workers=1, monotonic=clock)
+    t = run_in_thread(first)
+    ran = []
+    second = ConsumeLoop(consumer, lambda msg: ran.append(msg.delivery_attempt), invisible_duration=10,
+                         workers=1, monotonic=clock)
+    try:
+        assert started.wait(10)
+        assert first.stop(timeout=0.05) is True  # run() returned; the hung call goes on
+        t.join(5)
+        clock.advance(11)  # its lease ends (no keeper any more): the broker hands the copy out again
+        assert second.poll() == 1
+        wait_until(lambda: second.statistics().reported == 1, what="the copy's outcome")
+        second.settle_ready()
+        s = second.statistics()
+        assert ran == []  # fails before: the second loop ran the copy beside the hung first call
+        assert (s.not_started, s.given_back, s.failed) == (1, 1, 0)
+    finally:
+        release.set()
+    assert ended.wait(10)
+    # the first call really ended: the guard is released, the next copy runs
+    clock.advance(11)
+    wait_until(lambda: second.poll() == 1, what="the next copy")
+    wait_until(lambda: second.statistics().reported == 2, what="its outcome")
+    second.settle_ready()
+    assert len(ran) == 1 and second.statistics().acked == 1
+    second.dispatcher.close()

@@ -175,6 +175,11 @@ def _whole_seconds(value: object, what: str) -> int:
     return value
 
 
+# One counter for every broker in the process: like the proxy's, a message id is unique (the consume
+# loop's no-two-copies guard is process-wide, keyed by group and message id).
+_MESSAGE_IDS = itertools.count(1)
+
+
 def _decode_handle(handle: str | None) -> tuple[str, int, float] | None:
     """(message id, delivery, deadline): a handle carries its own invisible-time end, as the
     proxy's does (pop time + invisible time)."""
@@ -214,7 +219,6 @@ class EmbeddedBroker:
         self._cond = threading.Condition()
         self._topics: dict[str, _Topic] = {}
         self._subs: dict[tuple[str, str], _Subscription] = {}
-        self._ids = itertools.count(1)
         self._handles = itertools.count(1)
         self._deliveries = itertools.count(1)
 
@@ -263,7 +267,7 @@ class EmbeddedBroker:
             topic = self._topic(msg.topic)
             if topic.fifo and not msg.message_group:
                 raise EmbeddedBrokerError(f"FIFO topic {topic.name!r} needs a message_group")
-            mid = f"EMB{next(self._ids):020d}"
+            mid = f"EMB{next(_MESSAGE_IDS):020d}"
             topic.log.append(_Stored(topic.end(), mid, topic.name, body, msg.tag, tuple(msg.keys),
                                      msg.message_group, dict(msg.properties),
                                      born_ms=self._wall_ms(), store_ms=self._wall_ms()))

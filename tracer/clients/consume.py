@@ -170,6 +170,36 @@ def _never_ran(outcome: Outcome, error: BaseException | None) -> bool:
     return isinstance(error, _NotStarted) or isinstance(getattr(error, "__cause__", None), _NotStarted)
 
 
+class _RunningCopies:
+    """The messages whose handler runs now in this process, hung ones included, by (consumer
+    group, message id): process-wide, not per loop, because a loop stopped with ``stop(timeout=)``
+    leaves its hung calls running, and a new loop on the same group would otherwise start the
+    broker's redelivered copy beside them. An entry ends when its call really returns."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._ids: set[tuple[str | None, Any]] = set()
+
+    def claim(self, key: tuple[str | None, Any]) -> bool:
+        """Mark ``key`` running; False (nothing changed) when a copy of it already runs."""
+        with self._lock:
+            if key in self._ids:
+                return False
+            self._ids.add(key)
+            return True
+
+    def release(self, key: tuple[str | None, Any]) -> None:
+        with self._lock:
+            self._ids.discard(key)
+
+    def __contains__(self, key: object) -> bool:
+        with self._lock:
+            return key in self._ids
+
+
+_RUNNING = _RunningCopies()
+
+
 class _SecondsClock:
     """The loop's seconds clock as the dispatcher's ``now_ns`` clock, so handler ages match."""
 
@@ -275,7 +305,9 @@ class ConsumeLoop:
         self._settling = 0  # outcomes reported and not yet settled (queued or being settled)
         self._ack_side_open = True  # False once the ack threads stop taking: outcomes settle inline
         self._no_more_starts = False  # the stop deadline passed: nothing held may start any more
-        self._running_ids: set[Any] = set()  # message ids whose handler runs now (hung ones included)
+        group = getattr(consumer, "consumer_group", None)
+        # one message id is two deliveries in two groups: the process-wide guard is per group
+        self._group: str | None = group if isinstance(group, str) else None
         self._stop = threading.Event()
         self._stop_deadline: float | None = None  # real monotonic seconds
         self._dispatch_closed = threading.Event()
@@ -666,6 +698,7 @@ class ConsumeLoop:
         (a hung first run's redelivery), and no message of its key hangs past its TIMEOUT; else it
         does not start and is given back."""
         mid = getattr(msg, "message_id", None)
+        copy = (self._group, mid)
         with self._lock:
             h = self._held.get(id(msg))
         # the dispatcher frees a key at its message's TIMEOUT, before the loop hears of it: a
@@ -675,16 +708,13 @@ class ConsumeLoop:
         with self._lock:
             if h is not None and (self._no_more_starts or not h.live(self._monotonic())):
                 raise _NotStarted("the lease is gone or the stop deadline passed")
-            if mid is not None:
-                if mid in self._running_ids:
-                    raise _NotStarted("another copy of this message still runs here")
-                self._running_ids.add(mid)
+            if mid is not None and not _RUNNING.claim(copy):
+                raise _NotStarted("another copy of this message still runs in this process")
         try:
             return self._user_handler(msg)
         finally:
             if mid is not None:
-                with self._lock:
-                    self._running_ids.discard(mid)
+                _RUNNING.release(copy)
 
     def _on_done(self, msg: Any, outcome: Outcome, error: BaseException | None) -> None:
         with self._lock:
@@ -827,9 +857,8 @@ class ConsumeLoop:
         backoff = self.flow.retry_backoff(_attempt(msg))
         if not ran:
             mid = getattr(msg, "message_id", None)
-            with self._lock:
-                if mid is not None and mid in self._running_ids:
-                    return max(backoff, self.lease.invisible_duration)
+            if mid is not None and (self._group, mid) in _RUNNING:
+                return max(backoff, self.lease.invisible_duration)
         return backoff
 
     def renew_leases(self) -> int:
