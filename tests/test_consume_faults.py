@@ -201,3 +201,76 @@ def test_a_new_loop_on_the_same_consumer_does_not_run_the_copy_beside_the_hung_f
     second.settle_ready()
     assert len(ran) == 1 and second.statistics().acked == 1
     second.dispatcher.close()
+
+
+# -- one slow renewal does not hold up the others (#30 item 4) ----------------------------------
+class _OneSlowRenewal:
+    """A client double whose first renewal of message ``A`` stalls: the clock jumps to when ``B``
+    falls due, the call waits (bounded) for ``B``'s renewal, then the clock jumps past ``B``'s
+    original deadline and the call returns. A keeper that waits for ``A`` before its next pass
+    renews ``B`` too late: lost."""
+
+    def __init__(self, consumer, clock, t0):
+        self._c, self._clock, self._t0 = consumer, clock, t0
+        self.b_renewed = threading.Event()
+        self.slow_entered = threading.Event()
+
+    def __getattr__(self, name):
+        return getattr(self._c, name)
+
+    def change_invisible_duration(self, m, seconds):
+        body = m.body
+        answer = self._c.change_invisible_duration(m, seconds)  # the broker decided; its answer is slow
+        if body == b"A" and seconds > 1 and not self.slow_entered.is_set():
+            self.slow_entered.set()
+            self._clock.advance(self._t0 + 12 - self._clock())  # B falls due while A's call is in flight
+            self.b_renewed.wait(5)  # bounded: a keeper stuck on this call loses B, it does not hang
+            self._clock.advance(self._t0 + 16 - self._clock())  # past B's first deadline (t0 + 15)
+        elif body == b"B" and seconds > 1:
+            self.b_renewed.set()
+        return answer
+
+
+def test_one_slow_renewal_does_not_delay_the_renewal_of_others_falling_due():
+    from manual_clock import Clock
+
+    from tracer.embedded import EmbeddedBroker, Message, Producer, SimpleConsumer
+
+    clock = Clock()
+    t0 = clock()
+    broker = EmbeddedBroker(min_receive_invisible=1, monotonic=clock)
+    broker.create_topic("T")
+    producer = Producer(broker, ["T"])
+    producer.startup()
+    consumer = SimpleConsumer(broker, "G", {"T": None}, await_duration=0.05)
+    consumer.startup()
+    client = _OneSlowRenewal(consumer, clock, t0)
+    release = threading.Event()
+    loop = ConsumeLoop(client, lambda m: release.wait(30), invisible_duration=10, workers=2, monotonic=clock)
+
+    def send(body):
+        m = Message()
+        m.topic, m.body = "T", body
+        producer.send(m)
+
+    t = run_in_thread(loop)
+    try:
+        send(b"A")
+        wait_until(lambda: loop.statistics().received == 1, what="A held")  # deadline t0 + 10
+        clock.advance(5)
+        send(b"B")
+        wait_until(lambda: loop.statistics().received == 2, what="B held")  # deadline t0 + 15
+        clock.advance(2)  # t0 + 7: A is due (margin 3.3 s), B is not
+        assert client.slow_entered.wait(10)
+        wait_until(lambda: (s := loop.statistics()).leases_extended >= 2 or s.leases_lost > 0,
+                   what="A's slow and B's renewals")
+        s = loop.statistics()
+        # fails before: the keeper waited for A's call, B's lease ended unrenewed (leases_lost 1)
+        assert client.b_renewed.is_set() and s.leases_lost == 0
+        release.set()
+        assert loop.wait(lambda s: s.acked == 2, 10)
+        assert loop.statistics().leases_lost == 0
+    finally:
+        release.set()
+        loop.stop(timeout=5)
+        t.join(10)

@@ -861,10 +861,12 @@ class ConsumeLoop:
                 return max(backoff, self.lease.invisible_duration)
         return backoff
 
-    def renew_leases(self) -> int:
+    def renew_leases(self, *, wait: bool = True) -> int:
         """One pass of the lease keeper: renew every held message whose lease ends within
-        ``renew_margin`` (side by side, at most ``renew_threads`` calls at once); give up on hung
-        handlers and on leases already lost. Returns how many were renewed."""
+        ``renew_margin`` (on the keeper's pool, at most ``renew_threads`` calls at once); give up
+        on hung handlers and on leases already lost. Returns how many were renewed; with
+        ``wait=False`` (the keeper thread) it returns at once, so one slow broker answer never
+        delays the next pass."""
         now = self._monotonic()
         with self._lock:
             due = self._keeper.due(list(self._held.values()), now)
@@ -873,13 +875,13 @@ class ConsumeLoop:
         ages: dict[int, float] = {}
         if self.dispatch_options.handler_timeout is not None and any(h.state == SUBMITTED for h in due):
             ages = {id(item): age for item, age in self.dispatcher.running()}
-        return self._keeper.renew(due, ages)
+        return self._keeper.renew(due, ages, wait=wait)
 
     def _lease_keeper(self) -> None:
         tick = self._tick()
         while not self._finished.wait(tick):
             try:
-                self.renew_leases()
+                self.renew_leases(wait=False)
             except Exception as exc:  # noqa: BLE001 - the keeper must outlive any one bug
                 self._count("lease_errors", exc)
 
@@ -944,6 +946,7 @@ class ConsumeLoop:
         self._finished.set()  # ends the lease keeper: whatever is still held now goes back to the broker
         if self._keeper_thread is not None:
             self._keeper_thread.join(1.0)
+        self._keeper.close()
 
     def _cut_at_deadline(self) -> None:
         """The stop deadline passed: nothing held may start any more. The dispatcher's close has
