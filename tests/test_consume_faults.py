@@ -238,7 +238,8 @@ def test_one_slow_renewal_does_not_delay_the_renewal_of_others_falling_due():
 
     clock = Clock()
     t0 = clock()
-    broker = EmbeddedBroker(min_receive_invisible=1, monotonic=clock)
+    # one clock for both timelines: the broker's pop time (wall, in its handles) moves with it
+    broker = EmbeddedBroker(min_receive_invisible=1, monotonic=clock, wall_ms=lambda: int(clock() * 1000))
     broker.create_topic("T")
     producer = Producer(broker, ["T"])
     producer.startup()
@@ -246,7 +247,8 @@ def test_one_slow_renewal_does_not_delay_the_renewal_of_others_falling_due():
     consumer.startup()
     client = _OneSlowRenewal(consumer, clock, t0)
     release = threading.Event()
-    loop = ConsumeLoop(client, lambda m: release.wait(30), invisible_duration=10, workers=2, monotonic=clock)
+    loop = ConsumeLoop(client, lambda m: release.wait(30), invisible_duration=10, workers=2, monotonic=clock,
+                       wall=clock)
 
     def send(body):
         m = Message()
@@ -274,3 +276,118 @@ def test_one_slow_renewal_does_not_delay_the_renewal_of_others_falling_due():
         release.set()
         loop.stop(timeout=5)
         t.join(10)
+
+
+# -- a lease is dated from what the broker decided (#30 item 3) ----------------------------------
+class _StallInReceive:
+    """A client double: the broker pops the batch, then the process stalls while the answer is in
+    flight (the clock jumps ``stall`` s) before ``receive`` returns. ``opaque``: the handles it
+    returns cannot be read (another broker's layout)."""
+
+    def __init__(self, consumer, clock, stall, opaque=False):
+        self._c, self._clock, self._stall, self._opaque = consumer, clock, stall, opaque
+
+    def __getattr__(self, name):
+        return getattr(self._c, name)
+
+    def receive(self, n, invisible):
+        got = self._c.receive(n, invisible)
+        if got:
+            self._clock.advance(self._stall)
+            if self._opaque:
+                for m in got:
+                    m.receipt_handle = "opaque-" + m.receipt_handle.replace(" ", "_")
+        return got
+
+
+@pytest.mark.parametrize("opaque", [False, True], ids=["handle-read", "handle-unreadable"])
+def test_a_stall_while_receive_is_in_flight_does_not_start_a_dead_lease(opaque):
+    from manual_clock import Clock
+
+    from tracer.embedded import EmbeddedBroker, Message, Producer, SimpleConsumer
+
+    clock = Clock()
+    broker = EmbeddedBroker(min_receive_invisible=1, monotonic=clock, wall_ms=lambda: int(clock() * 1000))
+    broker.create_topic("T")
+    producer = Producer(broker, ["T"])
+    producer.startup()
+    m = Message()
+    m.topic, m.body = "T", b"x"
+    producer.send(m)
+    consumer = SimpleConsumer(broker, "G", {"T": None}, await_duration=0.05)
+    consumer.startup()
+    ran = []
+    loop = ConsumeLoop(_StallInReceive(consumer, clock, 11, opaque), lambda msg: ran.append(msg), workers=1,
+                       invisible_duration=10, monotonic=clock, wall=clock)
+    try:
+        assert loop.poll() == 1  # the broker's lease (10 s) ended during the 11 s stall
+        wait_until(lambda: loop.statistics().reported == 1, what="its outcome")
+        loop.settle_ready()
+        assert ran == []  # fails before: dated from receive's return, the dead lease looked live
+        s = loop.statistics()
+        assert s.not_started == 1 and s.expired == 1 and s.held == 0
+        assert len(consumer.receive(1, 10)) == 1  # the broker's again: a peer would have it now
+    finally:
+        loop.dispatcher.close(timeout=5)
+
+
+def test_the_embedded_handle_carries_the_pop_time_and_lease_as_the_proxys_does():
+    from manual_clock import Clock
+
+    from tracer.clients.lease import broker_lease
+    from tracer.embedded import EmbeddedBroker, Message, Producer, SimpleConsumer
+
+    clock = Clock()
+    broker = EmbeddedBroker(min_receive_invisible=1, monotonic=clock, wall_ms=lambda: int(clock() * 1000))
+    broker.create_topic("T")
+    producer = Producer(broker, ["T"])
+    producer.startup()
+    m = Message()
+    m.topic, m.body = "T", b"x"
+    producer.send(m)
+    consumer = SimpleConsumer(broker, "G", {"T": None}, await_duration=0)
+    consumer.startup()
+    got = consumer.receive(1, 7)
+    assert broker_lease(got[0].receipt_handle) == (int(clock() * 1000), 7000)
+    clock.advance(3)
+    consumer.change_invisible_duration(got[0], 12)  # a renewal's handle: the renewal's time and length
+    assert broker_lease(got[0].receipt_handle) == (int(clock() * 1000), 12000)
+    consumer.ack(got[0])
+
+
+@pytest.mark.parametrize("junk", [None, "", "a b c", "0 x 15000 7 0 b 1 0 9", "0 0 15000 7 0 b 1 0", 5])
+def test_a_handle_not_in_the_proxys_layout_is_not_read(junk):
+    from tracer.clients.lease import broker_lease
+
+    assert broker_lease(junk) is None
+
+
+def test_the_real_proxys_handle_brackets_the_receive_call():
+    from rmq_real import ensure_broker, fresh_group, fresh_topic, message, quietly, start_producer, start_simple
+
+    from tracer.clients.lease import broker_lease
+
+    ensure_broker()
+    topic, group = fresh_topic("rt-handle"), fresh_group("rt-handle")
+    producer = start_producer(topic)
+    consumer = start_simple(group, topic)
+    try:
+        producer.send(message(topic, "x"))
+        got: list = []
+        for _ in range(20):  # a new group's first receives may come back empty
+            before = time.time()
+            got = consumer.receive(1, 15)
+            after = time.time()
+            if got:
+                break
+        assert got, "the proxy returned nothing"
+        decided = broker_lease(got[0].receipt_handle)
+        assert decided is not None, got[0].receipt_handle
+        popped_ms, invisible_ms = decided
+        # the same host, so the same wall clock: the broker popped it while the call was in flight
+        assert math.floor(before * 1000) <= popped_ms <= math.ceil(after * 1000)
+        assert invisible_ms == 15000
+        consumer.ack(got[0])
+    finally:
+        quietly(consumer.shutdown)
+        quietly(producer.shutdown)

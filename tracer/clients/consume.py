@@ -68,7 +68,7 @@ from .consume_options import (
     resolve_options,
     whole_seconds,
 )
-from .lease import SETTLING, SUBMITTED, WAITING, Held, LeaseKeeper
+from .lease import SETTLING, SUBMITTED, WAITING, Held, LeaseKeeper, broker_lease
 from .probe import probe_stage, skip_probes
 
 if TYPE_CHECKING:  # typing.Unpack is 3.11+; only the annotation needs it
@@ -250,8 +250,17 @@ class ConsumeLoop:
     for its own worker. When the pool is full the dispatcher refuses it (``RuntimeError``, so that
     message fails and is retried); hand such follow-up work to another dispatcher or a queue.
 
-    ``monotonic``: the loop's clock in seconds (leases, renewals, handler ages); tests pass a
-    manual one and drive the loop with :meth:`poll`, :meth:`renew_leases` and
+    **When a lease starts.** A message's lease is dated from what the broker decided: the pop
+    time its receipt handle carries (the 5.x proxy's and the embedded broker's handles both do,
+    :func:`~tracer.clients.lease.broker_lease`), placed on the loop's clock by the ``wall``
+    reading taken when ``receive`` returned (how long ago the broker popped it), and kept within
+    the call (a skewed broker clock never dates it before the call began nor after it returned). A handle that cannot be read
+    dates it from the call's start. So a stall while ``receive`` was in flight does not make a
+    lease the broker already ended look live.
+
+    ``monotonic``: the loop's clock in seconds (leases, renewals, handler ages); ``wall``: the
+    wall clock in seconds (only to read the pop time in receipt handles); tests pass manual
+    ones and drive the loop with :meth:`poll`, :meth:`renew_leases` and
     :meth:`settle_ready` instead of :meth:`run`.
 
     Raises:
@@ -272,6 +281,7 @@ class ConsumeLoop:
         lease: LeaseOptions | None = None,
         flow: FlowOptions | None = None,
         monotonic: Callable[[], float] = time.monotonic,
+        wall: Callable[[], float] = time.time,
         **keywords: Unpack[ConsumeKeywords],
     ) -> None:
         self.dispatch_options, self.lease, self.flow = resolve_options(dispatch, lease, flow, dict(keywords))
@@ -285,6 +295,7 @@ class ConsumeLoop:
             raise ValueError(f"invisible_duration={self.lease.invisible_duration:g} s is below the broker's "
                              f"minimum receive invisible time ({minimum:g} s): every receive would be refused")
         self._monotonic = monotonic
+        self._wall = wall
         self._n: Counter[str] = Counter()  # the counters; snapshots via statistics()
         self._errors: Counter[str] = Counter()
         self._log = OnceLogger("rmqtrace consume loop", log, logging.WARNING)
@@ -429,6 +440,7 @@ class ConsumeLoop:
             return None
         size = min(free, self.flow.max_batch)
         started: list[tuple[Any, MessageTrace]] = []
+        called = self._monotonic()  # no lease of this batch began before this
         try:
             # the loop traces its messages itself: an instrumented client must not too
             with suppress_instrumentation():
@@ -446,7 +458,7 @@ class ConsumeLoop:
             raise
         batch = list(messages or ())
         if batch:
-            self._hold(batch, dict((id(m), t) for m, t in started) if self._ops is not None else None)
+            self._hold(batch, dict((id(m), t) for m, t in started) if self._ops is not None else None, called)
             if self.flow.prefetch == 0:
                 self._feed()
         return len(batch)
@@ -570,11 +582,28 @@ class ConsumeLoop:
                 tracer.hook_failed("starting a message trace", exc)
         return [t for _, t in into]
 
-    def _hold(self, batch: list[Any], traces: dict[int, MessageTrace] | None = None) -> None:
+    def _lease_end(self, msg: Any, called: float, returned: float, returned_wall: float) -> float:
+        """When ``msg``'s lease ends on the loop's clock. From what the broker decided: its pop
+        time (in the receipt handle), as time elapsed before ``receive`` returned
+        (``returned_wall`` - pop time, on the wall clock), kept within the call (``called`` ..
+        ``returned``, monotonic) so a skewed broker clock never dates it outside the call. From
+        the call's start when the handle cannot be read."""
+        popped = called
+        decided = broker_lease(getattr(msg, "receipt_handle", None))
+        if decided is not None:
+            ago = max(0.0, returned_wall - decided[0] / 1000.0)
+            popped = max(called, returned - ago)
+        return popped + self.lease.invisible_duration
+
+    def _hold(self, batch: list[Any], traces: dict[int, MessageTrace] | None = None,
+              called: float | None = None) -> None:
         """Own the whole batch at once: held (so renewed) before any of it is submitted.
-        ``traces``: those the receive operation started, by ``id(message)`` (None: start them here)."""
-        deadline = self._monotonic() + self.lease.invisible_duration
-        held = [Held(m, deadline) for m in batch]
+        ``traces``: those the receive operation started, by ``id(message)`` (None: start them here);
+        ``called``: the loop's clock when ``receive`` was called (None: now)."""
+        returned, returned_wall = self._monotonic(), self._wall()
+        if called is None:
+            called = returned
+        held = [Held(m, self._lease_end(m, called, returned, returned_wall)) for m in batch]
         with self._lock:
             for h in held:
                 self._held[id(h.message)] = h

@@ -28,7 +28,29 @@ from opentelemetry.instrumentation.utils import suppress_instrumentation
 from ..telemetry.tracer import MessageTrace
 from .consume_options import LeaseOptions, whole_seconds
 
-__all__ = ["Held", "LeaseKeeper"]
+__all__ = ["Held", "LeaseKeeper", "broker_lease"]
+
+def broker_lease(handle: object) -> tuple[int, int] | None:
+    """What the broker decided for this delivery, read from its receipt handle: (pop time in
+    wall-clock ms, invisible time in ms), or None when the handle is not in that layout.
+
+    The 5.x proxy hands out the broker's POP receipt handle as is (apache/rocketmq
+    ``common/consumer/ReceiptHandle``): space-separated fields ``startOffset retrieveTime
+    invisibleTime reviveQueueId topicType brokerName queueId offset [commitLogOffset]``, its lease
+    ending at ``retrieveTime + invisibleTime`` on the broker's clock; a renewal's new handle
+    carries the renewal's time and length. The embedded broker's handles use the same layout.
+    Never raises."""
+    if not isinstance(handle, str):
+        return None
+    fields = handle.split(" ")
+    if len(fields) < 8:
+        return None
+    try:
+        retrieved, invisible = int(fields[1]), int(fields[2])
+    except ValueError:
+        return None
+    return (retrieved, invisible) if retrieved > 0 and invisible > 0 else None
+
 
 WAITING, SUBMITTED, SETTLING = 0, 1, 2  # where a held message is: loop backlog, dispatcher, ack side
 
