@@ -8,6 +8,7 @@ from test_consume import pipeline, run_in_thread
 from waiting import wait_until
 
 from tracer.clients.consume import ConsumeLoop
+from tracer.embedded import Message
 
 
 def test_stop_while_this_thread_holds_the_lock_returns_and_the_loop_stops():
@@ -391,3 +392,79 @@ def test_the_real_proxys_handle_brackets_the_receive_call():
     finally:
         quietly(consumer.shutdown)
         quietly(producer.shutdown)
+
+
+# -- every worker hung: no room, and what waits for them is let go (#30 item 5) -------------------
+@pytest.mark.parametrize("policy", ["aggressive", "cost_aware", "round_robin", "random"])
+def test_with_every_worker_hung_the_loop_receives_nothing_and_lets_unstartable_leases_go(policy):
+    from manual_clock import Clock
+
+    clock = Clock()
+    release = threading.Event()
+    ran = []
+
+    def hang(m):
+        ran.append(m.body)
+        release.wait(30)
+
+    broker, loop = pipeline(2, hang, clock=clock, workers=2, policy=policy, handler_timeout=1.0,
+                            invisible=30, retry_backoff=lambda attempt: 60)
+    try:
+        assert loop.poll() == 2
+        wait_until(lambda: len(ran) == 2, what="both workers hang")
+        clock.advance(2)
+        assert loop.dispatcher.check_timeouts() == 2  # reported TIMEOUT: both workers now overrun
+        wait_until(lambda: loop.statistics().reported == 2, what="the TIMEOUTs")
+        loop.settle_ready()
+        producer = __import__("tracer.embedded", fromlist=["Producer"]).Producer(broker, ["T"])
+        producer.startup()
+        for i in range(3):
+            m = Message()
+            m.topic, m.body = "T", f"late{i}".encode()
+            producer.send(m)
+        # fails before (cost_aware: its window; round_robin/random: the hung workers' buffers):
+        # the loop received messages no worker can start, and renewed them
+        got = loop.poll()
+        assert not got, f"{policy}: received {got} with every worker hung"
+        assert loop.statistics().received == 2
+    finally:
+        release.set()
+        loop.dispatcher.close(timeout=5)
+
+
+@pytest.mark.parametrize("policy", ["aggressive", "cost_aware", "round_robin", "random"])
+def test_with_every_worker_hung_queued_messages_are_not_renewed(policy):
+    from manual_clock import Clock
+
+    clock = Clock()
+    release = threading.Event()
+    ran = []
+
+    def hang(m):
+        ran.append(m.body)
+        release.wait(30)
+
+    broker, loop = pipeline(6, hang, clock=clock, workers=2, policy=policy, handler_timeout=1.0,
+                            invisible=30, retry_backoff=lambda attempt: 60)
+    try:
+        loop.poll()
+        wait_until(lambda: len(ran) == 2, what="both workers hang")
+        clock.advance(2)
+        loop.dispatcher.check_timeouts()
+        wait_until(lambda: loop.statistics().reported >= 2, what="the TIMEOUTs")
+        loop.settle_ready()
+        queued = loop.statistics().held  # received, waiting in the dispatcher for a worker
+        clock.advance(20)  # their leases fall due
+        loop.renew_leases()
+        s = loop.statistics()
+        # fails before (cost_aware): the window's messages were renewed for as long as the hang lasted
+        assert s.leases_extended == 0 and s.let_go == queued, (policy, queued, s)
+        release.set()
+        assert loop.dispatcher.wait_idle(timeout=10)
+        loop.settle_ready()
+        s = loop.statistics()
+        assert len(ran) == 2 and s.held == 0  # none of them started on its dead lease
+        assert s.received == s.acked + s.retry_scheduled + s.given_back + s.ack_errors + s.expired
+    finally:
+        release.set()
+        loop.dispatcher.close(timeout=5)

@@ -131,6 +131,7 @@ class ConsumeStats:
     lease_errors: int = 0
     leases_lost: int = 0  # the lease ran out before it could be renewed (broker unreachable, a stall)
     abandoned: int = 0  # handlers past handler_timeout + hang_grace: lease given up on purpose
+    let_go: int = 0  # held unstarted while every worker hung: lease not renewed, a peer may take it
     submit_errors: int = 0  # the dispatcher refused one message (given back for a retry)
     redelivered: int = 0  # received with delivery_attempt > 1
     receive_errors: int = 0
@@ -146,6 +147,7 @@ _LOG_KIND = {  # counter -> what failed, as one OnceLogger kind
     "lease_errors": "lease renewal", "ack_errors": "ack or nack", "receive_errors": "receive",
     "resync_errors": "settings resync", "submit_errors": "dispatcher submit",
     "abandoned": "a hung handler's lease (given up)", "leases_lost": "a lease (ran out before renewal)",
+    "let_go": "a lease no worker could start (every worker hung)",
 }
 
 
@@ -549,6 +551,10 @@ class ConsumeLoop:
                 return 0
             waiting, settling = len(self._backlog), len(self._acks)
             blocked_unkeyed = any(h.key is None for h in self._backlog)
+        if self._all_workers_hung():
+            # a window or a worker's buffer is no room when no worker can ever start from it:
+            # what the loop received now would only be held and renewed, out of every peer's reach
+            return 0
         if self.flow.prefetch > 0:
             return self.flow.prefetch - waiting - settling
         # Messages waiting behind busy keys do not stop receiving for other keys, up to a bound
@@ -693,6 +699,12 @@ class ConsumeLoop:
             else:
                 refused_keys.add(h.key)
         return taken
+
+    def _all_workers_hung(self) -> bool:
+        """Every worker runs a handler already reported TIMEOUT (only known with handler_timeout)."""
+        if self.dispatch_options.handler_timeout is None:
+            return False
+        return len(self.dispatcher.overrun()) >= self.dispatch_options.workers
 
     def _hung_keys(self) -> set[str]:
         if self.dispatch_options.handler_timeout is None:
@@ -904,7 +916,27 @@ class ConsumeLoop:
         ages: dict[int, float] = {}
         if self.dispatch_options.handler_timeout is not None and any(h.state == SUBMITTED for h in due):
             ages = {id(item): age for item, age in self.dispatcher.running()}
+            if self._all_workers_hung():
+                due = self._let_go_unstartable(due, ages)
         return self._keeper.renew(due, ages, wait=wait)
+
+    def _let_go_unstartable(self, due: list[Held], running: dict[int, float]) -> list[Held]:
+        """Every worker hung: a message queued in the dispatcher (a window, a worker's buffer)
+        cannot start, so its lease is not renewed — the broker hands it to a peer once it ends;
+        should a worker free first, the message does not start (its lease is gone). The rest of
+        ``due`` is returned, to be renewed."""
+        keep: list[Held] = []
+        for h in due:
+            if h.state == SUBMITTED and id(h.message) not in running:
+                with h.lock:
+                    if h.done or h.given_up:
+                        continue
+                    h.given_up = True
+                self._count("let_go", None, "every worker hangs: a queued message's lease is not renewed, "
+                            "the broker hands it to a peer")
+            else:
+                keep.append(h)
+        return keep
 
     def _lease_keeper(self) -> None:
         tick = self._tick()
