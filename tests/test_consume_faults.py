@@ -468,3 +468,23 @@ def test_with_every_worker_hung_queued_messages_are_not_renewed(policy):
     finally:
         release.set()
         loop.dispatcher.close(timeout=5)
+
+
+def test_base_exception_from_a_finish_listener_is_contained_and_the_loop_goes_on():
+    # listeners run where a trace finishes: on a dispatcher worker, which logs and swallows even a
+    # BaseException (a worker never dies, docs/dispatch.md); the loop acks all and run() returns
+    from tracer.telemetry.tracer import MessageTracer
+
+    fired = []
+
+    def listener(trace, outcome):
+        if not fired:
+            fired.append(1)
+            raise KeyboardInterrupt
+
+    broker, loop = pipeline(3, lambda m: None, tracer=MessageTracer(consumer_group="G", listeners=[listener]))
+    t = run_in_thread(loop)
+    assert loop.wait(lambda s: s.acked == 3, 10) and fired
+    loop.stop()
+    t.join(10)
+    assert not t.is_alive() and loop.statistics().held == 0
