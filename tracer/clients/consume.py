@@ -36,6 +36,7 @@ refuses every receive ("settings is null") until it has them again.
 from __future__ import annotations
 
 import dataclasses
+import enum
 import logging
 import math
 import signal
@@ -159,6 +160,24 @@ class ConsumeState:
     waiting: int  # received, not yet taken by the dispatcher
     settling: int  # outcome known, ack or nack not yet done
     stopping: bool
+
+
+class _Phase(enum.IntEnum):
+    """The loop's life cycle. It only moves forward, under the loop's lock; lock-free readers (the
+    feeder, stop() from a signal handler) read one atomic attribute.
+
+    Two events stay beside it, each for a reason the lock cannot serve: ``_stop`` is the stop
+    *request* (set from a signal handler, which must never take the loop's lock) and ``_finished``
+    is what :meth:`ConsumeLoop.stop` and the lease keeper wait on without the lock.
+    """
+
+    NEW = 0  # built: neither run() nor poll() yet
+    POLLED = 1  # the caller drives it with poll(): stop() only asks
+    RUNNING = 2  # run() receives
+    DRAINING = 3  # run() stopped receiving: the backlog goes to the dispatcher, which then closes
+    SETTLING = 4  # the dispatcher is closed: the ack threads drain their queue; later outcomes settle inline
+    FINISHED = 5  # the helpers ended; run() returns
+    UNRUN = 6  # stop() came before run() or poll(): the dispatcher is closed, run() returns at once
 
 
 class _NotStarted(Exception):
@@ -316,18 +335,13 @@ class ConsumeLoop:
         self._backlog: deque[Held] = deque()  # received, not yet taken by the dispatcher (in order)
         self._acks: deque[tuple[Held, Outcome, bool]] = deque()  # (held, outcome, ran) not yet taken
         self._settling = 0  # outcomes reported and not yet settled (queued or being settled)
-        self._ack_side_open = True  # False once the ack threads stop taking: outcomes settle inline
-        self._no_more_starts = False  # the stop deadline passed: nothing held may start any more
         group = getattr(consumer, "consumer_group", None)
         # one message id is two deliveries in two groups: the process-wide guard is per group
         self._group: str | None = group if isinstance(group, str) else None
-        self._stop = threading.Event()
+        self._phase = _Phase.NEW
+        self._stop = threading.Event()  # the stop request (see _Phase: why an event)
         self._stop_deadline: float | None = None  # real monotonic seconds
-        self._dispatch_closed = threading.Event()
-        self._finished = threading.Event()
-        self._started = False  # run() began, or stop() before it: a loop runs once
-        self._stopped_unrun = False  # stop() came first: run() returns at once
-        self._polled = False  # poll() was called: the caller drives the loop (stop() only asks)
+        self._finished = threading.Event()  # phase FINISHED or UNRUN reached (see _Phase)
         self._feeder: threading.Thread | None = None
         self._ack_workers: list[threading.Thread] = []
         self._keeper_thread: threading.Thread | None = None
@@ -378,11 +392,13 @@ class ConsumeLoop:
         """
         require_plain(until, "until", optional=True)  # a coroutine is truthy: run() would end at once
         with self._lock:
-            started, self._started = self._started, True
-        if started:
-            if self._stopped_unrun:
-                self._finished.wait()  # stop() closes the dispatcher
-                return self.statistics()  # stopped before it ran: it never receives
+            phase = self._phase
+            if phase <= _Phase.POLLED:
+                self._phase = _Phase.RUNNING
+        if phase == _Phase.UNRUN:
+            self._finished.wait()  # stop() closes the dispatcher
+            return self.statistics()  # stopped before it ran: it never receives
+        if phase > _Phase.POLLED:
             raise RuntimeError("a ConsumeLoop runs once")
         self._start_helpers()
         failures = 0  # receives failed in a row
@@ -432,9 +448,10 @@ class ConsumeLoop:
         Receive errors propagate (``run`` counts them). With ``prefetch`` > 0 the backlog is
         handed out by :meth:`run`'s feeder thread, not here.
         """
-        if not self._polled:
+        if self._phase == _Phase.NEW:
             with self._lock:
-                self._polled = True
+                if self._phase == _Phase.NEW:
+                    self._phase = _Phase.POLLED
         if self.flow.prefetch == 0:
             self._feed()
         free = self._room()
@@ -496,17 +513,15 @@ class ConsumeLoop:
         if self._lock.acquire(blocking=False):
             try:
                 self._changed.notify_all()
-                never_ran = not self._started and not self._polled
-                self._started = True
+                never_ran = self._phase == _Phase.NEW
                 if never_ran:
-                    self._stopped_unrun = True
+                    self._phase = _Phase.UNRUN
             finally:
                 self._lock.release()
         if never_ran:
             # no run() will close the dispatcher: its workers would outlive the loop. Nothing was
             # received, so nothing is held; a later run() returns at once.
             self.dispatcher.close(drain=False)
-            self._dispatch_closed.set()
             self._finished.set()
             return True
         if timeout is None:
@@ -718,7 +733,7 @@ class ConsumeLoop:
     def _feed_loop(self) -> None:
         """Prefetch mode: move backlog messages into the dispatcher while it takes them."""
         tick = self._tick()
-        while not self._dispatch_closed.is_set():
+        while self._phase < _Phase.SETTLING:
             with self._changed:
                 if not self._backlog:
                     if self._stop.is_set():
@@ -747,7 +762,7 @@ class ConsumeLoop:
         if h is not None and h.key is not None and h.key in self._hung_keys():
             raise _NotStarted("a message of its key timed out and still runs: it follows that one back")
         with self._lock:
-            if h is not None and (self._no_more_starts or not h.live(self._monotonic())):
+            if h is not None and (self._past_stop_deadline() or not h.live(self._monotonic())):
                 raise _NotStarted("the lease is gone or the stop deadline passed")
             if mid is not None and not _RUNNING.claim(copy):
                 raise _NotStarted("another copy of this message still runs in this process")
@@ -796,7 +811,7 @@ class ConsumeLoop:
             else:
                 self._n["failed"] += 1
             self._settling += 1
-            inline = not self._ack_side_open
+            inline = self._phase >= _Phase.SETTLING
             if not inline:
                 self._acks.append((h, outcome, ran))
             self._changed.notify_all()
@@ -844,7 +859,7 @@ class ConsumeLoop:
                 item = None  # an idle ack thread keeps no message alive (its trace, its body)
                 continue
             with self._lock:
-                if not self._ack_side_open and not self._acks:
+                if self._phase >= _Phase.SETTLING and not self._acks:
                     return
 
     def _settle(self, h: Held, outcome: Outcome, ran: bool) -> None:
@@ -977,6 +992,7 @@ class ConsumeLoop:
                     self._stop_deadline = own
         self._stop.set()
         with self._changed:
+            self._phase = _Phase.DRAINING
             self._changed.notify_all()
         # the backlog is drained into the dispatcher before it closes (nothing is redelivered on
         # a stop), as far as the deadline allows
@@ -998,12 +1014,13 @@ class ConsumeLoop:
             self._cut_at_deadline()
         else:
             self._give_back_backlog()  # the feeder ended early (interrupted): nothing is left held unfed
-        self._dispatch_closed.set()
         with self._changed:
-            self._ack_side_open = False  # the ack threads drain what is queued; later outcomes settle inline
+            self._phase = _Phase.SETTLING  # the ack threads drain what is queued; later outcomes settle inline
             self._changed.notify_all()
         for t in self._ack_workers:
             t.join(self._left())
+        with self._changed:
+            self._phase = _Phase.FINISHED
         self._finished.set()  # ends the lease keeper: whatever is still held now goes back to the broker
         if self._keeper_thread is not None:
             self._keeper_thread.join(1.0)
@@ -1012,9 +1029,7 @@ class ConsumeLoop:
     def _cut_at_deadline(self) -> None:
         """The stop deadline passed: nothing held may start any more. The dispatcher's close has
         reported what it had not started SKIPPED; the loop's backlog is given back the same way."""
-        with self._lock:
-            self._no_more_starts = True
-        self._give_back_backlog()
+        self._give_back_backlog()  # nothing starts past the deadline: _start_handler checks it too
 
     def _give_back_backlog(self) -> None:
         with self._lock:
