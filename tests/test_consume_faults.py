@@ -488,3 +488,48 @@ def test_base_exception_from_a_finish_listener_is_contained_and_the_loop_goes_on
     loop.stop()
     t.join(10)
     assert not t.is_alive() and loop.statistics().held == 0
+
+
+def test_a_ctrl_c_from_key_on_a_hung_message_in_the_feeder_stops_run():
+    # the feeder asks key= of the hung (overrun) messages before it marks anything: a Ctrl-C there
+    # ended the feeder silently, and run() went on receiving into a backlog nobody fed
+    from manual_clock import Clock
+
+    clock = Clock()
+    release = threading.Event()
+    armed = []
+
+    def key(m):
+        if armed and m.body == b"0":  # only the hung one: the next message is held as usual
+            raise KeyboardInterrupt
+        return "k"
+
+    broker, loop = pipeline(1, lambda m: release.wait(30), clock=clock, workers=1, key=key, prefetch=2,
+                            handler_timeout=1.0)
+    raised = []
+
+    def run():
+        try:
+            loop.run()
+        except BaseException as exc:  # noqa: BLE001 - the test reads it
+            raised.append(exc)
+
+    t = threading.Thread(target=run, daemon=True)
+    t.start()
+    try:
+        wait_until(lambda: len(loop.dispatcher.running()) == 1, what="the first message runs")
+        clock.advance(2)
+        loop.dispatcher.check_timeouts()  # it hangs past its timeout: the feeder now asks its key
+        armed.append(1)
+        producer = __import__("tracer.embedded", fromlist=["Producer"]).Producer(broker, ["T"])
+        producer.startup()
+        m = Message()
+        m.topic, m.body = "T", b"next"
+        producer.send(m)
+        t.join(10)
+        assert not t.is_alive(), "run() went on after the feeder died"  # fails before
+        assert [type(e) for e in raised] == [KeyboardInterrupt]
+    finally:
+        release.set()
+        loop.stop(timeout=1)
+        t.join(10)

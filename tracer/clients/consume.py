@@ -112,7 +112,8 @@ class ConsumeStats:
         received == acked + retry_scheduled + given_back + ack_errors + expired + held
 
     ``expired`` messages (their lease lost or given up before their ack or nack) are left to the
-    broker without a call. ``succeeded + failed`` count handlers that ran and ended (``failed``
+    broker without a call; ``let_go`` counts leases not renewed because every worker hung while
+    the message waited in the dispatcher (it then expires, unrun). ``succeeded + failed`` count handlers that ran and ended (``failed``
     includes TIMEOUT); ``not_started`` counts messages given back or expired without running
     (their lease was gone when a worker was about to start them, the stop deadline had passed, or
     the dispatcher skipped them).
@@ -742,7 +743,8 @@ class ConsumeLoop:
                     continue
             try:
                 fed = self._feed()
-            except BaseException:  # noqa: BLE001 - _feed recorded it: run() re-raises it
+            except BaseException as exc:  # noqa: BLE001 - run() re-raises it (the first one recorded)
+                self._interrupted(exc)  # also one raised before any message was marked (key= of a hung one)
                 return
             if not fed:
                 with self._changed:
