@@ -113,10 +113,10 @@ class ConsumeStats:
 
     ``expired`` messages (their lease lost or given up before their ack or nack) are left to the
     broker without a call; ``let_go`` counts leases not renewed because every worker hung while
-    the message waited in the dispatcher (it then expires, unrun). ``succeeded + failed`` count handlers that ran and ended (``failed``
-    includes TIMEOUT); ``not_started`` counts messages given back or expired without running
-    (their lease was gone when a worker was about to start them, the stop deadline had passed, or
-    the dispatcher skipped them).
+    the message waited in the dispatcher (it then expires, unrun). ``succeeded + failed`` count
+    handlers that ran and ended (``failed`` includes TIMEOUT); ``not_started`` counts messages
+    given back or expired without running (their lease was gone when a worker was about to start
+    them, the stop deadline had passed, or the dispatcher skipped them).
     """
 
     received: int = 0
