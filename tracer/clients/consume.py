@@ -69,7 +69,7 @@ from .consume_options import (
     resolve_options,
     whole_seconds,
 )
-from .lease import SETTLING, SUBMITTED, WAITING, Held, LeaseKeeper, broker_lease
+from .lease import SETTLING, SUBMITTED, WAITING, Lease, LeaseKeeper, broker_lease
 from .probe import probe_stage, skip_probes
 
 if TYPE_CHECKING:  # typing.Unpack is 3.11+; only the annotation needs it
@@ -332,9 +332,9 @@ class ConsumeLoop:
         # one lock for all of the loop's state and its counters: _room() and snapshots are consistent
         self._lock = threading.Lock()
         self._changed = threading.Condition(self._lock)  # any state change: receive loop, waiters
-        self._held: dict[int, Held] = {}
-        self._backlog: deque[Held] = deque()  # received, not yet taken by the dispatcher (in order)
-        self._acks: deque[tuple[Held, Outcome, bool]] = deque()  # (held, outcome, ran) not yet taken
+        self._leases: dict[int, Lease] = {}
+        self._backlog: deque[Lease] = deque()  # received, not yet taken by the dispatcher (in order)
+        self._acks: deque[tuple[Lease, Outcome, bool]] = deque()  # (held, outcome, ran) not yet taken
         self._settling = 0  # outcomes reported and not yet settled (queued or being settled)
         group = getattr(consumer, "consumer_group", None)
         # one message id is two deliveries in two groups: the process-wide guard is per group
@@ -366,7 +366,7 @@ class ConsumeLoop:
 
     def _snapshot_locked(self) -> ConsumeStats:
         n = self._n
-        return ConsumeStats(**{name: n[name] for name in _COUNTERS}, held=len(self._held),
+        return ConsumeStats(**{name: n[name] for name in _COUNTERS}, held=len(self._leases),
                             errors_by_kind=dict(self._errors))  # a copy: the snapshot shares nothing
 
     def state(self) -> ConsumeState:
@@ -374,7 +374,7 @@ class ConsumeLoop:
             # a backlog entry whose outcome is already reported (its submit failed) is settling, not
             # waiting, until the feeder rebuilds the backlog: counted once
             waiting = sum(1 for h in self._backlog if h.state != SETTLING)
-            return ConsumeState(len(self._held), waiting, self._settling, self._stop.is_set())
+            return ConsumeState(len(self._leases), waiting, self._settling, self._stop.is_set())
 
     def wait(self, predicate: Callable[[ConsumeStats], bool], timeout: float | None = None) -> bool:
         """Block until ``predicate(snapshot)`` holds (True) or ``timeout`` passes (False); the
@@ -478,7 +478,7 @@ class ConsumeLoop:
             raise
         batch = list(messages or ())
         if batch:
-            self._hold(batch, dict((id(m), t) for m, t in started) if self._ops is not None else None, called)
+            self._own(batch, dict((id(m), t) for m, t in started) if self._ops is not None else None, called)
             if self.flow.prefetch == 0:
                 self._feed()
         return len(batch)
@@ -617,7 +617,7 @@ class ConsumeLoop:
             popped = max(called, returned - ago)
         return popped + self.lease.invisible_duration
 
-    def _hold(self, batch: list[Any], traces: dict[int, MessageTrace] | None = None,
+    def _own(self, batch: list[Any], traces: dict[int, MessageTrace] | None = None,
               called: float | None = None) -> None:
         """Own the whole batch at once: held (so renewed) before any of it is submitted.
         ``traces``: those the receive operation started, by ``id(message)`` (None: start them here);
@@ -625,10 +625,10 @@ class ConsumeLoop:
         returned, returned_wall = self._monotonic(), self._wall()
         if called is None:
             called = returned
-        held = [Held(m, self._lease_end(m, called, returned, returned_wall)) for m in batch]
+        held = [Lease(m, self._lease_end(m, called, returned, returned_wall)) for m in batch]
         with self._lock:
             for h in held:
-                self._held[id(h.message)] = h
+                self._leases[id(h.message)] = h
             self._n["received"] += len(held)
             self._n["redelivered"] += sum(1 for m in batch if _attempt(m) > 1)
         try:
@@ -677,7 +677,7 @@ class ConsumeLoop:
                 self._changed.notify_all()
         return taken
 
-    def _offer(self, offer: list[Held], hung: set[str], refused_keys: set[str], pool_full: bool) -> int:
+    def _offer(self, offer: list[Lease], hung: set[str], refused_keys: set[str], pool_full: bool) -> int:
         taken = 0
         for h in offer:
             if h.key is not None and h.key in hung:
@@ -758,7 +758,7 @@ class ConsumeLoop:
         mid = getattr(msg, "message_id", None)
         copy = (self._group, mid)
         with self._lock:
-            h = self._held.get(id(msg))
+            h = self._leases.get(id(msg))
         # the dispatcher frees a key at its message's TIMEOUT, before the loop hears of it: a
         # successor must not start while that message is given back (it follows it instead)
         if h is not None and h.key is not None and h.key in self._hung_keys():
@@ -777,7 +777,7 @@ class ConsumeLoop:
     def _on_done(self, msg: Any, outcome: Outcome, error: BaseException | None) -> None:
         with self._lock:
             self._n["reported"] += 1
-            h = self._held.get(id(msg))
+            h = self._leases.get(id(msg))
         if h is None:
             return
         self._report(h, outcome, ran=not _never_ran(outcome, error))
@@ -799,7 +799,7 @@ class ConsumeLoop:
             self._report(h, Outcome.SKIPPED, ran=False)
         return len(follow)
 
-    def _report(self, h: Held, outcome: Outcome, *, ran: bool) -> None:
+    def _report(self, h: Lease, outcome: Outcome, *, ran: bool) -> None:
         """The message's outcome is known: queue its settle (or settle it here once the ack
         threads have stopped taking, so no late outcome — a TIMEOUT after close — is left held)."""
         with self._changed:
@@ -831,7 +831,7 @@ class ConsumeLoop:
             if t is not None:
                 t.start()
 
-    def _take_outcome(self, timeout: float | None) -> tuple[Held, Outcome, bool] | None:
+    def _take_outcome(self, timeout: float | None) -> tuple[Lease, Outcome, bool] | None:
         with self._changed:
             if not self._acks and timeout:
                 self._changed.wait(timeout)
@@ -864,7 +864,7 @@ class ConsumeLoop:
                 if self._phase >= _Phase.SETTLING and not self._acks:
                     return
 
-    def _settle(self, h: Held, outcome: Outcome, ran: bool) -> None:
+    def _settle(self, h: Lease, outcome: Outcome, ran: bool) -> None:
         """Ack a message whose handler succeeded; nack (give back with a backoff) any other; or
         let it expire when the loop no longer holds its lease. Once per delivery."""
         what = "expired"
@@ -895,7 +895,7 @@ class ConsumeLoop:
         with self._changed:
             if what:
                 self._n[what] += 1
-            self._held.pop(id(h.message), None)
+            self._leases.pop(id(h.message), None)
             self._settling -= 1
             self._changed.notify_all()
         if interrupt is not None:
@@ -927,7 +927,7 @@ class ConsumeLoop:
         delays the next pass."""
         now = self._monotonic()
         with self._lock:
-            due = self._keeper.due(list(self._held.values()), now)
+            due = self._keeper.due(list(self._leases.values()), now)
         if not due:
             return 0
         ages: dict[int, float] = {}
@@ -937,12 +937,12 @@ class ConsumeLoop:
                 due = self._let_go_unstartable(due, ages)
         return self._keeper.renew(due, ages, wait=wait)
 
-    def _let_go_unstartable(self, due: list[Held], running: dict[int, float]) -> list[Held]:
+    def _let_go_unstartable(self, due: list[Lease], running: dict[int, float]) -> list[Lease]:
         """Every worker hung: a message queued in the dispatcher (a window, a worker's buffer)
         cannot start, so its lease is not renewed — the broker hands it to a peer once it ends;
         should a worker free first, the message does not start (its lease is gone). The rest of
         ``due`` is returned, to be renewed."""
-        keep: list[Held] = []
+        keep: list[Lease] = []
         for h in due:
             if h.state == SUBMITTED and id(h.message) not in running:
                 with h.lock:

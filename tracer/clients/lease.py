@@ -10,7 +10,7 @@ asked for again). It gives a lease up on
 purpose when its handler hung past ``handler_timeout + hang_grace``, and counts it lost when it
 ended before it could be renewed (a process stall, an unreachable broker). A given-up or lost
 lease is never renewed again, and a message whose lease is gone never starts (the loop checks
-:meth:`Held.live` when a worker is about to run it).
+:meth:`Lease.live` when a worker is about to run it).
 
 One lock per message orders a renewal against that message's ack or nack: once ``done`` is set
 (the settle began) no renewal may happen — on the proxy, renewing an acked message revives it.
@@ -28,7 +28,7 @@ from opentelemetry.instrumentation.utils import suppress_instrumentation
 from ..telemetry.tracer import MessageTrace
 from .consume_options import LeaseOptions, whole_seconds
 
-__all__ = ["Held", "LeaseKeeper", "broker_lease"]
+__all__ = ["Lease", "LeaseKeeper", "broker_lease"]
 
 def broker_lease(handle: object) -> tuple[int, int] | None:
     """What the broker decided for this delivery, read from its receipt handle: (pop time in
@@ -55,8 +55,10 @@ def broker_lease(handle: object) -> tuple[int, int] | None:
 WAITING, SUBMITTED, SETTLING = 0, 1, 2  # where a held message is: loop backlog, dispatcher, ack side
 
 
-class Held:
-    """One received message from ``receive`` until its ack or nack (see the module docstring)."""
+class Lease:
+    """One message the loop owns, from ``receive`` until its ack or nack (see the module
+    docstring): its lease on the broker, its handle, where it is in the loop. (Named for what it
+    is: "hold" is kept for the spans waiting for a keep decision, :mod:`tracer.telemetry.hold`.)"""
 
     __slots__ = ("deadline", "done", "given_up", "handle", "key", "lock", "message", "state", "trace")
 
@@ -102,18 +104,18 @@ class LeaseKeeper:
         self._report = report
         self._handler_timeout = handler_timeout
         self._cond = threading.Condition()  # the pool's queue, its threads, the renewals in flight
-        self._queue: deque[tuple[Held, float | None]] = deque()
-        self._inflight: set[int] = set()  # id(Held) queued or being renewed
+        self._queue: deque[tuple[Lease, float | None]] = deque()
+        self._inflight: set[int] = set()  # id(Lease) queued or being renewed
         self._threads: list[threading.Thread] = []
         self._idle = 0  # pool threads not in a call (waiting for work, or about to)
         self._closed = False
 
-    def due(self, held: list[Held], now: float) -> list[Held]:
+    def due(self, held: list[Lease], now: float) -> list[Lease]:
         """The messages whose lease ends within the margin and may still be renewed."""
         margin = self._options.margin
         return [h for h in held if not h.done and not h.given_up and h.deadline - now <= margin]
 
-    def renew(self, due: list[Held], ages: dict[int, float], *, wait: bool = True) -> int:
+    def renew(self, due: list[Lease], ages: dict[int, float], *, wait: bool = True) -> int:
         """Renew each of ``due`` (``ages``: seconds each running handler has run, by ``id(message)``).
         A lease whose renewal is still in flight (a slow broker answer) is not asked for again.
 
@@ -138,7 +140,7 @@ class LeaseKeeper:
                     self._inflight.discard(id(h))
         return renewed
 
-    def _hand_to_pool(self, due: list[Held], ages: dict[int, float]) -> None:
+    def _hand_to_pool(self, due: list[Lease], ages: dict[int, float]) -> None:
         with self._cond:
             if self._closed:
                 return
@@ -188,7 +190,7 @@ class LeaseKeeper:
             self._inflight.clear()
             self._cond.notify_all()
 
-    def _renew_if_free(self, h: Held, age: float | None) -> bool:
+    def _renew_if_free(self, h: Lease, age: float | None) -> bool:
         # a message whose ack is being sent is skipped, not waited for: one slow ack must not
         # hold up a renewal (and it is about to be settled anyway)
         if not h.lock.acquire(blocking=False):
@@ -198,7 +200,7 @@ class LeaseKeeper:
         finally:
             h.lock.release()
 
-    def _renew_one(self, h: Held, age: float | None) -> bool:
+    def _renew_one(self, h: Lease, age: float | None) -> bool:
         """Renew ``h``'s lease (its lock held); False when given up, refused, or settled."""
         if h.done or h.given_up:
             return False
