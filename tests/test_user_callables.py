@@ -154,6 +154,7 @@ CHECKED_ASYNC = {("tracer.dispatch.aio.AsyncDispatcher", "handler")}
 # (a clock, a progress printer), where a wrong kind fails loudly on first use instead of silently.
 EXEMPT = {
     ("tracer.clients.consume.ConsumeLoop", "monotonic"): "a clock: a coroutine fails at the first subtraction",
+    ("tracer.clients.consume.ConsumeLoop", "wall"): "a clock: a coroutine fails at the first subtraction",
     ("tracer.clients.lease.LeaseKeeper", "monotonic"): "a clock (internal)",
     ("tracer.embedded.EmbeddedBroker", "monotonic"): "a clock: tests inject a manual one",
     ("tracer.embedded.EmbeddedBroker", "wall_ms"): "a clock: tests inject a manual one",

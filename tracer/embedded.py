@@ -175,13 +175,23 @@ def _whole_seconds(value: object, what: str) -> int:
     return value
 
 
+# One counter for every broker in the process: like the proxy's, a message id is unique (the consume
+# loop's no-two-copies guard is process-wide, keyed by group and message id).
+_MESSAGE_IDS = itertools.count(1)
+
+
 def _decode_handle(handle: str | None) -> tuple[str, int, float] | None:
     """(message id, delivery, deadline): a handle carries its own invisible-time end, as the
-    proxy's does (pop time + invisible time)."""
+    proxy's does. Its layout is the proxy's (``startOffset retrieveTime invisibleTime
+    reviveQueueId topicType brokerName queueId offset commitLogOffset``, space-separated: pop time
+    in wall ms, invisible time in ms; :func:`tracer.clients.lease.broker_lease` reads both the
+    same way), with two fields of ours after it: the message id and the deadline on the
+    broker's monotonic clock."""
     try:
-        head, deadline = str(handle).rsplit("@", 1)
-        mid, delivery, _ = head.split("#")
-        return mid, int(delivery), float(deadline)
+        fields = str(handle).split(" ")
+        if len(fields) != 11:
+            return None
+        return fields[9], int(fields[7]), float(fields[10])
     except ValueError:
         return None
 
@@ -214,7 +224,6 @@ class EmbeddedBroker:
         self._cond = threading.Condition()
         self._topics: dict[str, _Topic] = {}
         self._subs: dict[tuple[str, str], _Subscription] = {}
-        self._ids = itertools.count(1)
         self._handles = itertools.count(1)
         self._deliveries = itertools.count(1)
 
@@ -263,7 +272,7 @@ class EmbeddedBroker:
             topic = self._topic(msg.topic)
             if topic.fifo and not msg.message_group:
                 raise EmbeddedBrokerError(f"FIFO topic {topic.name!r} needs a message_group")
-            mid = f"EMB{next(self._ids):020d}"
+            mid = f"EMB{next(_MESSAGE_IDS):020d}"
             topic.log.append(_Stored(topic.end(), mid, topic.name, body, msg.tag, tuple(msg.keys),
                                      msg.message_group, dict(msg.properties),
                                      born_ms=self._wall_ms(), store_ms=self._wall_ms()))
@@ -367,14 +376,15 @@ class EmbeddedBroker:
             del topic.log[:low - topic.base]
             topic.base = low
 
-    def _new_handle(self, message_id: str, delivery: int, deadline: float) -> str:
-        return f"{message_id}#{delivery}#{next(self._handles)}@{deadline!r}"
+    def _new_handle(self, message_id: str, delivery: int, deadline: float, invisible: float) -> str:
+        seq = next(self._handles)
+        return f"{seq} {self._wall_ms()} {int(invisible * 1000)} 0 0 embedded 0 {delivery} {seq} {message_id} {deadline!r}"
 
     def _lease(self, sub: _Subscription, rec: _Stored, attempt: int, invisible: float, now: float,
                new_group_hold: bool) -> Message:
         deadline = now + invisible
         delivery = next(self._deliveries)
-        handle = self._new_handle(rec.message_id, delivery, deadline)
+        handle = self._new_handle(rec.message_id, delivery, deadline, invisible)
         sub.inflight[rec.message_id] = _InFlight(rec, attempt, handle, deadline, delivery)
         heapq.heappush(sub.expiry, (deadline, rec.message_id, handle))
         if new_group_hold and rec.group is not None:
@@ -446,7 +456,7 @@ class EmbeddedBroker:
                 if g is not None and self._topics[topic].fifo:
                     sub.busy_groups[g] = sub.busy_groups.get(g, 0) + 1
             lease.deadline = self._monotonic() + invisible
-            lease.handle = self._new_handle(lease.record.message_id, lease.delivery, lease.deadline)
+            lease.handle = self._new_handle(lease.record.message_id, lease.delivery, lease.deadline, invisible)
             heapq.heappush(sub.expiry, (lease.deadline, lease.record.message_id, lease.handle))
             self._cond.notify_all()
             return lease.handle

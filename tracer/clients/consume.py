@@ -36,6 +36,7 @@ refuses every receive ("settings is null") until it has them again.
 from __future__ import annotations
 
 import dataclasses
+import enum
 import logging
 import math
 import signal
@@ -69,7 +70,7 @@ from .consume_options import (
     resolve_options,
     whole_seconds,
 )
-from .lease import SETTLING, SUBMITTED, WAITING, Held, LeaseKeeper
+from .lease import SETTLING, SUBMITTED, WAITING, Lease, LeaseKeeper, broker_lease
 from .probe import probe_stage, skip_probes
 
 if TYPE_CHECKING:  # typing.Unpack is 3.11+; only the annotation needs it
@@ -112,10 +113,11 @@ class ConsumeStats:
         received == acked + retry_scheduled + given_back + ack_errors + expired + held
 
     ``expired`` messages (their lease lost or given up before their ack or nack) are left to the
-    broker without a call. ``succeeded + failed`` count handlers that ran and ended (``failed``
-    includes TIMEOUT); ``not_started`` counts messages given back or expired without running
-    (their lease was gone when a worker was about to start them, the stop deadline had passed, or
-    the dispatcher skipped them).
+    broker without a call; ``let_go`` counts leases not renewed because every worker hung while
+    the message waited in the dispatcher (it then expires, unrun). ``succeeded + failed`` count
+    handlers that ran and ended (``failed`` includes TIMEOUT); ``not_started`` counts messages
+    given back or expired without running (their lease was gone when a worker was about to start
+    them, the stop deadline had passed, or the dispatcher skipped them).
     """
 
     received: int = 0
@@ -132,6 +134,7 @@ class ConsumeStats:
     lease_errors: int = 0
     leases_lost: int = 0  # the lease ran out before it could be renewed (broker unreachable, a stall)
     abandoned: int = 0  # handlers past handler_timeout + hang_grace: lease given up on purpose
+    let_go: int = 0  # held unstarted while every worker hung: lease not renewed, a peer may take it
     submit_errors: int = 0  # the dispatcher refused one message (given back for a retry)
     redelivered: int = 0  # received with delivery_attempt > 1
     receive_errors: int = 0
@@ -147,6 +150,7 @@ _LOG_KIND = {  # counter -> what failed, as one OnceLogger kind
     "lease_errors": "lease renewal", "ack_errors": "ack or nack", "receive_errors": "receive",
     "resync_errors": "settings resync", "submit_errors": "dispatcher submit",
     "abandoned": "a hung handler's lease (given up)", "leases_lost": "a lease (ran out before renewal)",
+    "let_go": "a lease no worker could start (every worker hung)",
 }
 
 
@@ -160,6 +164,24 @@ class ConsumeState:
     stopping: bool
 
 
+class _Phase(enum.IntEnum):
+    """The loop's life cycle. It only moves forward, under the loop's lock; lock-free readers (the
+    feeder, stop() from a signal handler) read one atomic attribute.
+
+    Two events stay beside it, each for a reason the lock cannot serve: ``_stop`` is the stop
+    *request* (set from a signal handler, which must never take the loop's lock) and ``_finished``
+    is what :meth:`ConsumeLoop.stop` and the lease keeper wait on without the lock.
+    """
+
+    NEW = 0  # built: neither run() nor poll() yet
+    POLLED = 1  # the caller drives it with poll(): stop() only asks
+    RUNNING = 2  # run() receives
+    DRAINING = 3  # run() stopped receiving: the backlog goes to the dispatcher, which then closes
+    SETTLING = 4  # the dispatcher is closed: the ack threads drain their queue; later outcomes settle inline
+    FINISHED = 5  # the helpers ended; run() returns
+    UNRUN = 6  # stop() came before run() or poll(): the dispatcher is closed, run() returns at once
+
+
 class _NotStarted(NotStarted):
     """Raised in place of the handler: this message must not start (its lease is gone, or the
     stop deadline passed). Never reaches the user; the loop counts the message ``not_started``."""
@@ -169,6 +191,36 @@ def _never_ran(outcome: Outcome, error: BaseException | None) -> bool:
     if outcome is Outcome.SKIPPED or outcome is Outcome.NOT_STARTED:
         return True
     return isinstance(error, _NotStarted) or isinstance(getattr(error, "__cause__", None), _NotStarted)
+
+
+class _RunningCopies:
+    """The messages whose handler runs now in this process, hung ones included, by (consumer
+    group, message id): process-wide, not per loop, because a loop stopped with ``stop(timeout=)``
+    leaves its hung calls running, and a new loop on the same group would otherwise start the
+    broker's redelivered copy beside them. An entry ends when its call really returns."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._ids: set[tuple[str | None, Any]] = set()
+
+    def claim(self, key: tuple[str | None, Any]) -> bool:
+        """Mark ``key`` running; False (nothing changed) when a copy of it already runs."""
+        with self._lock:
+            if key in self._ids:
+                return False
+            self._ids.add(key)
+            return True
+
+    def release(self, key: tuple[str | None, Any]) -> None:
+        with self._lock:
+            self._ids.discard(key)
+
+    def __contains__(self, key: object) -> bool:
+        with self._lock:
+            return key in self._ids
+
+
+_RUNNING = _RunningCopies()
 
 
 class _SecondsClock:
@@ -221,8 +273,17 @@ class ConsumeLoop:
     for its own worker. When the pool is full the dispatcher refuses it (``RuntimeError``, so that
     message fails and is retried); hand such follow-up work to another dispatcher or a queue.
 
-    ``monotonic``: the loop's clock in seconds (leases, renewals, handler ages); tests pass a
-    manual one and drive the loop with :meth:`poll`, :meth:`renew_leases` and
+    **When a lease starts.** A message's lease is dated from what the broker decided: the pop
+    time its receipt handle carries (the 5.x proxy's and the embedded broker's handles both do,
+    :func:`~tracer.clients.lease.broker_lease`), placed on the loop's clock by the ``wall``
+    reading taken when ``receive`` returned (how long ago the broker popped it), and kept within
+    the call (a skewed broker clock never dates it before the call began nor after it returned). A handle that cannot be read
+    dates it from the call's start. So a stall while ``receive`` was in flight does not make a
+    lease the broker already ended look live.
+
+    ``monotonic``: the loop's clock in seconds (leases, renewals, handler ages); ``wall``: the
+    wall clock in seconds (only to read the pop time in receipt handles); tests pass manual
+    ones and drive the loop with :meth:`poll`, :meth:`renew_leases` and
     :meth:`settle_ready` instead of :meth:`run`.
 
     Raises:
@@ -243,6 +304,7 @@ class ConsumeLoop:
         lease: LeaseOptions | None = None,
         flow: FlowOptions | None = None,
         monotonic: Callable[[], float] = time.monotonic,
+        wall: Callable[[], float] = time.time,
         **keywords: Unpack[ConsumeKeywords],
     ) -> None:
         self.dispatch_options, self.lease, self.flow = resolve_options(dispatch, lease, flow, dict(keywords))
@@ -256,6 +318,7 @@ class ConsumeLoop:
             raise ValueError(f"invisible_duration={self.lease.invisible_duration:g} s is below the broker's "
                              f"minimum receive invisible time ({minimum:g} s): every receive would be refused")
         self._monotonic = monotonic
+        self._wall = wall
         self._n: Counter[str] = Counter()  # the counters; snapshots via statistics()
         self._errors: Counter[str] = Counter()
         self._log = OnceLogger("rmqtrace consume loop", log, logging.WARNING)
@@ -270,23 +333,23 @@ class ConsumeLoop:
         # one lock for all of the loop's state and its counters: _room() and snapshots are consistent
         self._lock = threading.Lock()
         self._changed = threading.Condition(self._lock)  # any state change: receive loop, waiters
-        self._held: dict[int, Held] = {}
-        self._backlog: deque[Held] = deque()  # received, not yet taken by the dispatcher (in order)
-        self._acks: deque[tuple[Held, Outcome, bool]] = deque()  # (held, outcome, ran) not yet taken
+        self._leases: dict[int, Lease] = {}
+        self._backlog: deque[Lease] = deque()  # received, not yet taken by the dispatcher (in order)
+        self._acks: deque[tuple[Lease, Outcome, bool]] = deque()  # (held, outcome, ran) not yet taken
         self._settling = 0  # outcomes reported and not yet settled (queued or being settled)
-        self._ack_side_open = True  # False once the ack threads stop taking: outcomes settle inline
-        self._no_more_starts = False  # the stop deadline passed: nothing held may start any more
-        self._running_ids: set[Any] = set()  # message ids whose handler runs now (hung ones included)
-        self._stop = threading.Event()
+        group = getattr(consumer, "consumer_group", None)
+        # one message id is two deliveries in two groups: the process-wide guard is per group
+        self._group: str | None = group if isinstance(group, str) else None
+        self._phase = _Phase.NEW
+        self._stop = threading.Event()  # the stop request (see _Phase: why an event)
         self._stop_deadline: float | None = None  # real monotonic seconds
-        self._dispatch_closed = threading.Event()
-        self._finished = threading.Event()
-        self._started = False  # run() began, or stop() before it: a loop runs once
-        self._stopped_unrun = False  # stop() came first: run() returns at once
-        self._polled = False  # poll() was called: the caller drives the loop (stop() only asks)
+        self._finished = threading.Event()  # phase FINISHED or UNRUN reached (see _Phase)
         self._feeder: threading.Thread | None = None
         self._ack_workers: list[threading.Thread] = []
         self._keeper_thread: threading.Thread | None = None
+        # the first BaseException (KeyboardInterrupt, SystemExit) user code raised on one of the
+        # loop's own threads: it stops the loop, and run() re-raises it once the drain is done
+        self._interrupt: BaseException | None = None
 
     # -- public state ------------------------------------------------------------------------
     @property
@@ -304,7 +367,7 @@ class ConsumeLoop:
 
     def _snapshot_locked(self) -> ConsumeStats:
         n = self._n
-        return ConsumeStats(**{name: n[name] for name in _COUNTERS}, held=len(self._held),
+        return ConsumeStats(**{name: n[name] for name in _COUNTERS}, held=len(self._leases),
                             errors_by_kind=dict(self._errors))  # a copy: the snapshot shares nothing
 
     def state(self) -> ConsumeState:
@@ -312,7 +375,7 @@ class ConsumeLoop:
             # a backlog entry whose outcome is already reported (its submit failed) is settling, not
             # waiting, until the feeder rebuilds the backlog: counted once
             waiting = sum(1 for h in self._backlog if h.state != SETTLING)
-            return ConsumeState(len(self._held), waiting, self._settling, self._stop.is_set())
+            return ConsumeState(len(self._leases), waiting, self._settling, self._stop.is_set())
 
     def wait(self, predicate: Callable[[ConsumeStats], bool], timeout: float | None = None) -> bool:
         """Block until ``predicate(snapshot)`` holds (True) or ``timeout`` passes (False); the
@@ -331,11 +394,13 @@ class ConsumeLoop:
         """
         require_plain(until, "until", optional=True)  # a coroutine is truthy: run() would end at once
         with self._lock:
-            started, self._started = self._started, True
-        if started:
-            if self._stopped_unrun:
-                self._finished.wait()  # stop() closes the dispatcher
-                return self.statistics()  # stopped before it ran: it never receives
+            phase = self._phase
+            if phase <= _Phase.POLLED:
+                self._phase = _Phase.RUNNING
+        if phase == _Phase.UNRUN:
+            self._finished.wait()  # stop() closes the dispatcher
+            return self.statistics()  # stopped before it ran: it never receives
+        if phase > _Phase.POLLED:
             raise RuntimeError("a ConsumeLoop runs once")
         self._start_helpers()
         failures = 0  # receives failed in a row
@@ -364,7 +429,18 @@ class ConsumeLoop:
                 failures = 0
         finally:
             self._shutdown()
+        if self._interrupt is not None:  # raised on a helper thread (the feeder, an ack thread)
+            raise self._interrupt
         return self.statistics()
+
+    def _interrupted(self, exc: BaseException) -> None:
+        """User code raised a BaseException on one of the loop's threads: the loop stops (a Ctrl-C
+        or a SystemExit means the program wants out), and run() re-raises it after the drain."""
+        with self._changed:
+            if self._interrupt is None:
+                self._interrupt = exc
+            self._stop.set()
+            self._changed.notify_all()
 
     def poll(self) -> int | None:
         """One step of the receive side, never blocking on the dispatcher: hand the backlog to
@@ -374,9 +450,10 @@ class ConsumeLoop:
         Receive errors propagate (``run`` counts them). With ``prefetch`` > 0 the backlog is
         handed out by :meth:`run`'s feeder thread, not here.
         """
-        if not self._polled:
+        if self._phase == _Phase.NEW:
             with self._lock:
-                self._polled = True
+                if self._phase == _Phase.NEW:
+                    self._phase = _Phase.POLLED
         if self.flow.prefetch == 0:
             self._feed()
         free = self._room()
@@ -384,6 +461,7 @@ class ConsumeLoop:
             return None
         size = min(free, self.flow.max_batch)
         started: list[tuple[Any, MessageTrace]] = []
+        called = self._monotonic()  # no lease of this batch began before this
         try:
             # the loop traces its messages itself: an instrumented client must not too
             with suppress_instrumentation():
@@ -401,7 +479,7 @@ class ConsumeLoop:
             raise
         batch = list(messages or ())
         if batch:
-            self._hold(batch, dict((id(m), t) for m, t in started) if self._ops is not None else None)
+            self._own(batch, dict((id(m), t) for m, t in started) if self._ops is not None else None, called)
             if self.flow.prefetch == 0:
                 self._feed()
         return len(batch)
@@ -437,17 +515,15 @@ class ConsumeLoop:
         if self._lock.acquire(blocking=False):
             try:
                 self._changed.notify_all()
-                never_ran = not self._started and not self._polled
-                self._started = True
+                never_ran = self._phase == _Phase.NEW
                 if never_ran:
-                    self._stopped_unrun = True
+                    self._phase = _Phase.UNRUN
             finally:
                 self._lock.release()
         if never_ran:
             # no run() will close the dispatcher: its workers would outlive the loop. Nothing was
             # received, so nothing is held; a later run() returns at once.
             self.dispatcher.close(drain=False)
-            self._dispatch_closed.set()
             self._finished.set()
             return True
         if timeout is None:
@@ -492,6 +568,10 @@ class ConsumeLoop:
                 return 0
             waiting, settling = len(self._backlog), len(self._acks)
             blocked_unkeyed = any(h.key is None for h in self._backlog)
+        if self._all_workers_hung():
+            # a window or a worker's buffer is no room when no worker can ever start from it:
+            # what the loop received now would only be held and renewed, out of every peer's reach
+            return 0
         if self.flow.prefetch > 0:
             return self.flow.prefetch - waiting - settling
         # Messages waiting behind busy keys do not stop receiving for other keys, up to a bound
@@ -508,7 +588,7 @@ class ConsumeLoop:
             return None
         try:
             k = fn(msg)
-        except Exception:  # noqa: BLE001 - the dispatcher reports it
+        except Exception:  # noqa: BLE001 - the dispatcher reports it (a BaseException propagates)
             return None
         return k if isinstance(k, str) else None
 
@@ -525,16 +605,43 @@ class ConsumeLoop:
                 tracer.hook_failed("starting a message trace", exc)
         return [t for _, t in into]
 
-    def _hold(self, batch: list[Any], traces: dict[int, MessageTrace] | None = None) -> None:
+    def _lease_end(self, msg: Any, called: float, returned: float, returned_wall: float) -> float:
+        """When ``msg``'s lease ends on the loop's clock. From what the broker decided: its pop
+        time (in the receipt handle), as time elapsed before ``receive`` returned
+        (``returned_wall`` - pop time, on the wall clock), kept within the call (``called`` ..
+        ``returned``, monotonic) so a skewed broker clock never dates it outside the call. From
+        the call's start when the handle cannot be read."""
+        popped = called
+        decided = broker_lease(getattr(msg, "receipt_handle", None))
+        if decided is not None:
+            ago = max(0.0, returned_wall - decided[0] / 1000.0)
+            popped = max(called, returned - ago)
+        return popped + self.lease.invisible_duration
+
+    def _own(self, batch: list[Any], traces: dict[int, MessageTrace] | None = None,
+              called: float | None = None) -> None:
         """Own the whole batch at once: held (so renewed) before any of it is submitted.
-        ``traces``: those the receive operation started, by ``id(message)`` (None: start them here)."""
-        deadline = self._monotonic() + self.lease.invisible_duration
-        held = [Held(m, deadline, self._key_of(m)) for m in batch]
+        ``traces``: those the receive operation started, by ``id(message)`` (None: start them here);
+        ``called``: the loop's clock when ``receive`` was called (None: now)."""
+        returned, returned_wall = self._monotonic(), self._wall()
+        if called is None:
+            called = returned
+        held = [Lease(m, self._lease_end(m, called, returned, returned_wall)) for m in batch]
         with self._lock:
             for h in held:
-                self._held[id(h.message)] = h
+                self._leases[id(h.message)] = h
             self._n["received"] += len(held)
             self._n["redelivered"] += sum(1 for m in batch if _attempt(m) > 1)
+        try:
+            for h in held:
+                h.key = self._key_of(h.message)
+        except BaseException as exc:
+            # key= raised a Ctrl-C: the batch is ours (held), so it goes back, none of it runs
+            for h in held:
+                h.state = SUBMITTED
+                self._report(h, Outcome.SKIPPED, ran=False)
+            self._interrupted(exc)
+            raise
         if self.tracer is not None:
             if traces is None:
                 started: list[tuple[Any, MessageTrace]] = []
@@ -561,6 +668,18 @@ class ConsumeLoop:
         refused_keys: set[str] = set()
         pool_full = False  # an unkeyed message was refused: the pool has no free worker
         taken = 0
+        try:
+            taken = self._offer(offer, hung, refused_keys, pool_full)
+        finally:
+            # also after a BaseException: an entry left "submitted" in the backlog would count as
+            # waiting for ever, and the drain at shutdown would wait for it for ever
+            with self._changed:
+                self._backlog = deque(h for h in self._backlog if h.state == WAITING)
+                self._changed.notify_all()
+        return taken
+
+    def _offer(self, offer: list[Lease], hung: set[str], refused_keys: set[str], pool_full: bool) -> int:
+        taken = 0
         for h in offer:
             if h.key is not None and h.key in hung:
                 taken += self._give_back_key(h.key)
@@ -577,6 +696,11 @@ class ConsumeLoop:
                 with self._lock:
                     h.state = WAITING
                 break
+            except BaseException as exc:
+                # key= or cost= raised a Ctrl-C or a SystemExit: this message goes back unrun
+                self._report(h, Outcome.SKIPPED, ran=False)
+                self._interrupted(exc)
+                raise
             except Exception as exc:  # noqa: BLE001 - one message the dispatcher refuses must not stop the loop
                 self._count("submit_errors", exc)
                 self._report(h, Outcome.FAILURE, ran=False)
@@ -591,11 +715,13 @@ class ConsumeLoop:
                 pool_full = True
             else:
                 refused_keys.add(h.key)
-        if taken:
-            with self._changed:
-                self._backlog = deque(h for h in self._backlog if h.state == WAITING)
-                self._changed.notify_all()
         return taken
+
+    def _all_workers_hung(self) -> bool:
+        """Every worker runs a handler already reported TIMEOUT (only known with handler_timeout)."""
+        if self.dispatch_options.handler_timeout is None:
+            return False
+        return len(self.dispatcher.overrun()) >= self.dispatch_options.workers
 
     def _hung_keys(self) -> set[str]:
         if self.dispatch_options.handler_timeout is None:
@@ -609,14 +735,19 @@ class ConsumeLoop:
     def _feed_loop(self) -> None:
         """Prefetch mode: move backlog messages into the dispatcher while it takes them."""
         tick = self._tick()
-        while not self._dispatch_closed.is_set():
+        while self._phase < _Phase.SETTLING:
             with self._changed:
                 if not self._backlog:
                     if self._stop.is_set():
                         return
                     self._changed.wait(tick)
                     continue
-            if not self._feed():
+            try:
+                fed = self._feed()
+            except BaseException as exc:  # noqa: BLE001 - run() re-raises it (the first one recorded)
+                self._interrupted(exc)  # also one raised before any message was marked (key= of a hung one)
+                return
+            if not fed:
                 with self._changed:
                     self._changed.wait(min(tick, 0.05))  # room frees just after an outcome
 
@@ -626,30 +757,28 @@ class ConsumeLoop:
         (a hung first run's redelivery), and no message of its key hangs past its TIMEOUT; else it
         does not start and is given back."""
         mid = getattr(msg, "message_id", None)
+        copy = (self._group, mid)
         with self._lock:
-            h = self._held.get(id(msg))
+            h = self._leases.get(id(msg))
         # the dispatcher frees a key at its message's TIMEOUT, before the loop hears of it: a
         # successor must not start while that message is given back (it follows it instead)
         if h is not None and h.key is not None and h.key in self._hung_keys():
             raise _NotStarted("a message of its key timed out and still runs: it follows that one back")
         with self._lock:
-            if h is not None and (self._no_more_starts or not h.live(self._monotonic())):
+            if h is not None and (self._past_stop_deadline() or not h.live(self._monotonic())):
                 raise _NotStarted("the lease is gone or the stop deadline passed")
-            if mid is not None:
-                if mid in self._running_ids:
-                    raise _NotStarted("another copy of this message still runs here")
-                self._running_ids.add(mid)
+            if mid is not None and not _RUNNING.claim(copy):
+                raise _NotStarted("another copy of this message still runs in this process")
         try:
             return self._user_handler(msg)
         finally:
             if mid is not None:
-                with self._lock:
-                    self._running_ids.discard(mid)
+                _RUNNING.release(copy)
 
     def _on_done(self, msg: Any, outcome: Outcome, error: BaseException | None) -> None:
         with self._lock:
             self._n["reported"] += 1
-            h = self._held.get(id(msg))
+            h = self._leases.get(id(msg))
         if h is None:
             return
         self._report(h, outcome, ran=not _never_ran(outcome, error))
@@ -671,7 +800,7 @@ class ConsumeLoop:
             self._report(h, Outcome.SKIPPED, ran=False)
         return len(follow)
 
-    def _report(self, h: Held, outcome: Outcome, *, ran: bool) -> None:
+    def _report(self, h: Lease, outcome: Outcome, *, ran: bool) -> None:
         """The message's outcome is known: queue its settle (or settle it here once the ack
         threads have stopped taking, so no late outcome — a TIMEOUT after close — is left held)."""
         with self._changed:
@@ -685,7 +814,7 @@ class ConsumeLoop:
             else:
                 self._n["failed"] += 1
             self._settling += 1
-            inline = not self._ack_side_open
+            inline = self._phase >= _Phase.SETTLING
             if not inline:
                 self._acks.append((h, outcome, ran))
             self._changed.notify_all()
@@ -703,7 +832,7 @@ class ConsumeLoop:
             if t is not None:
                 t.start()
 
-    def _take_outcome(self, timeout: float | None) -> tuple[Held, Outcome, bool] | None:
+    def _take_outcome(self, timeout: float | None) -> tuple[Lease, Outcome, bool] | None:
         with self._changed:
             if not self._acks and timeout:
                 self._changed.wait(timeout)
@@ -726,17 +855,21 @@ class ConsumeLoop:
         while True:
             item = self._take_outcome(tick)
             if item is not None:
-                self._settle(*item)
+                try:
+                    self._settle(*item)
+                except BaseException as exc:  # noqa: BLE001 - settled all the same; run() re-raises it
+                    self._interrupted(exc)
                 item = None  # an idle ack thread keeps no message alive (its trace, its body)
                 continue
             with self._lock:
-                if not self._ack_side_open and not self._acks:
+                if self._phase >= _Phase.SETTLING and not self._acks:
                     return
 
-    def _settle(self, h: Held, outcome: Outcome, ran: bool) -> None:
+    def _settle(self, h: Lease, outcome: Outcome, ran: bool) -> None:
         """Ack a message whose handler succeeded; nack (give back with a backoff) any other; or
         let it expire when the loop no longer holds its lease. Once per delivery."""
         what = "expired"
+        interrupt: BaseException | None = None
         with h.lock, suppress_instrumentation():
             h.done = True  # from here on no renewal: on the proxy it would revive an acked message
             msg = h.message
@@ -747,7 +880,13 @@ class ConsumeLoop:
                         self._call(n.ACK, msg, lambda: self.consumer.ack(msg))
                         what = "acked"
                     else:
-                        backoff = whole_seconds(self._nack_seconds(msg, ran))
+                        try:
+                            seconds = self._nack_seconds(msg, ran)
+                        except BaseException as exc:  # noqa: BLE001 - re-raised after the nack
+                            # retry_backoff= raised a Ctrl-C: the message is still given back (with
+                            # the default backoff), then the interrupt goes on
+                            interrupt, seconds = exc, exponential_backoff(_attempt(msg))
+                        backoff = whole_seconds(seconds)
                         self._call(n.CHANGE_INVISIBLE_DURATION, msg,
                                    lambda: self.consumer.change_invisible_duration(msg, backoff))
                         what = "retry_scheduled" if ran else "given_back"
@@ -759,9 +898,11 @@ class ConsumeLoop:
         with self._changed:
             if what:
                 self._n[what] += 1
-            self._held.pop(id(h.message), None)
+            self._leases.pop(id(h.message), None)
             self._settling -= 1
             self._changed.notify_all()
+        if interrupt is not None:
+            raise interrupt
 
     def _call(self, operation: str, msg: Any, call: Callable[[], object]) -> None:
         """An ack or nack of ``msg``: a settle operation when the loop traces (never a renewal)."""
@@ -777,30 +918,51 @@ class ConsumeLoop:
         backoff = self.flow.retry_backoff(_attempt(msg))
         if not ran:
             mid = getattr(msg, "message_id", None)
-            with self._lock:
-                if mid is not None and mid in self._running_ids:
-                    return max(backoff, self.lease.invisible_duration)
+            if mid is not None and (self._group, mid) in _RUNNING:
+                return max(backoff, self.lease.invisible_duration)
         return backoff
 
-    def renew_leases(self) -> int:
+    def renew_leases(self, *, wait: bool = True) -> int:
         """One pass of the lease keeper: renew every held message whose lease ends within
-        ``renew_margin`` (side by side, at most ``renew_threads`` calls at once); give up on hung
-        handlers and on leases already lost. Returns how many were renewed."""
+        ``renew_margin`` (on the keeper's pool, at most ``renew_threads`` calls at once); give up
+        on hung handlers and on leases already lost. Returns how many were renewed; with
+        ``wait=False`` (the keeper thread) it returns at once, so one slow broker answer never
+        delays the next pass."""
         now = self._monotonic()
         with self._lock:
-            due = self._keeper.due(list(self._held.values()), now)
+            due = self._keeper.due(list(self._leases.values()), now)
         if not due:
             return 0
         ages: dict[int, float] = {}
         if self.dispatch_options.handler_timeout is not None and any(h.state == SUBMITTED for h in due):
             ages = {id(item): age for item, age in self.dispatcher.running()}
-        return self._keeper.renew(due, ages)
+            if self._all_workers_hung():
+                due = self._let_go_unstartable(due, ages)
+        return self._keeper.renew(due, ages, wait=wait)
+
+    def _let_go_unstartable(self, due: list[Lease], running: dict[int, float]) -> list[Lease]:
+        """Every worker hung: a message queued in the dispatcher (a window, a worker's buffer)
+        cannot start, so its lease is not renewed — the broker hands it to a peer once it ends;
+        should a worker free first, the message does not start (its lease is gone). The rest of
+        ``due`` is returned, to be renewed."""
+        keep: list[Lease] = []
+        for h in due:
+            if h.state == SUBMITTED and id(h.message) not in running:
+                with h.lock:
+                    if h.done or h.given_up:
+                        continue
+                    h.given_up = True
+                self._count("let_go", None, "every worker hangs: a queued message's lease is not renewed, "
+                            "the broker hands it to a peer")
+            else:
+                keep.append(h)
+        return keep
 
     def _lease_keeper(self) -> None:
         tick = self._tick()
         while not self._finished.wait(tick):
             try:
-                self.renew_leases()
+                self.renew_leases(wait=False)
             except Exception as exc:  # noqa: BLE001 - the keeper must outlive any one bug
                 self._count("lease_errors", exc)
 
@@ -835,39 +997,51 @@ class ConsumeLoop:
                     self._stop_deadline = own
         self._stop.set()
         with self._changed:
+            self._phase = _Phase.DRAINING
             self._changed.notify_all()
         # the backlog is drained into the dispatcher before it closes (nothing is redelivered on
         # a stop), as far as the deadline allows
         if self._feeder is not None:
             self._feeder.join(self._left())
         else:
-            while self.state().waiting and not self._past_stop_deadline():
-                if not self._feed():
-                    left = self._left()
-                    with self._changed:
-                        self._changed.wait(0.05 if left is None else min(0.05, left))
+            try:
+                while self.state().waiting and not self._past_stop_deadline():
+                    if not self._feed():
+                        left = self._left()
+                        with self._changed:
+                            self._changed.wait(0.05 if left is None else min(0.05, left))
+            except BaseException as exc:  # noqa: BLE001 - key=/cost= again: run() re-raises it
+                self._interrupted(exc)
+        if self._interrupt is not None:
+            self._give_back_backlog()  # the program wants out: what has not started goes back
         self.dispatcher.close(drain=True, timeout=self._left())
         if self._past_stop_deadline():
             self._cut_at_deadline()
-        self._dispatch_closed.set()
+        else:
+            self._give_back_backlog()  # the feeder ended early (interrupted): nothing is left held unfed
         with self._changed:
-            self._ack_side_open = False  # the ack threads drain what is queued; later outcomes settle inline
+            self._phase = _Phase.SETTLING  # the ack threads drain what is queued; later outcomes settle inline
             self._changed.notify_all()
         for t in self._ack_workers:
             t.join(self._left())
+        with self._changed:
+            self._phase = _Phase.FINISHED
         self._finished.set()  # ends the lease keeper: whatever is still held now goes back to the broker
         if self._keeper_thread is not None:
             self._keeper_thread.join(1.0)
+        self._keeper.close()
 
     def _cut_at_deadline(self) -> None:
         """The stop deadline passed: nothing held may start any more. The dispatcher's close has
         reported what it had not started SKIPPED; the loop's backlog is given back the same way."""
+        self._give_back_backlog()  # nothing starts past the deadline: _start_handler checks it too
+
+    def _give_back_backlog(self) -> None:
         with self._lock:
-            self._no_more_starts = True
             rest = [h for h in self._backlog if h.state == WAITING]
             for h in rest:
-                h.state = SUBMITTED
-            self._backlog.clear()
+                h.state = SUBMITTED  # out of the feeder's reach
+            self._backlog = deque(h for h in self._backlog if h.state == WAITING)
         for h in rest:
             self._report(h, Outcome.SKIPPED, ran=False)
 

@@ -1,13 +1,16 @@
 """The consume loop's leases: one record per held message, and the keeper that renews them.
 
 A message the loop received is invisible to every other consumer until its lease ends; the
-keeper renews every lease that ends within ``renew_margin``, several at once (at most
-``renew_threads`` broker calls side by side: with a slow broker, leases ending together are
-renewed together instead of one after the other past their end). It gives a lease up on
+keeper renews every lease that ends within ``renew_margin``, several at once on a small pool it
+owns (at most ``renew_threads`` broker calls side by side: with a slow broker, leases ending
+together are renewed together instead of one after the other past their end). The keeper's pass
+hands the due leases to the pool and does not wait for the calls: one answer slower than the
+margin holds up one pool thread, not the next pass (a lease whose renewal is in flight is not
+asked for again). It gives a lease up on
 purpose when its handler hung past ``handler_timeout + hang_grace``, and counts it lost when it
 ended before it could be renewed (a process stall, an unreachable broker). A given-up or lost
 lease is never renewed again, and a message whose lease is gone never starts (the loop checks
-:meth:`Held.live` when a worker is about to run it).
+:meth:`Lease.live` when a worker is about to run it).
 
 One lock per message orders a renewal against that message's ack or nack: once ``done`` is set
 (the settle began) no renewal may happen — on the proxy, renewing an acked message revives it.
@@ -17,6 +20,7 @@ from __future__ import annotations
 
 import contextlib
 import threading
+from collections import deque
 from typing import Any, Callable
 
 from opentelemetry.instrumentation.utils import suppress_instrumentation
@@ -24,13 +28,37 @@ from opentelemetry.instrumentation.utils import suppress_instrumentation
 from ..telemetry.tracer import MessageTrace
 from .consume_options import LeaseOptions, whole_seconds
 
-__all__ = ["Held", "LeaseKeeper"]
+__all__ = ["Lease", "LeaseKeeper", "broker_lease"]
+
+def broker_lease(handle: object) -> tuple[int, int] | None:
+    """What the broker decided for this delivery, read from its receipt handle: (pop time in
+    wall-clock ms, invisible time in ms), or None when the handle is not in that layout.
+
+    The 5.x proxy hands out the broker's POP receipt handle as is (apache/rocketmq
+    ``common/consumer/ReceiptHandle``): space-separated fields ``startOffset retrieveTime
+    invisibleTime reviveQueueId topicType brokerName queueId offset [commitLogOffset]``, its lease
+    ending at ``retrieveTime + invisibleTime`` on the broker's clock; a renewal's new handle
+    carries the renewal's time and length. The embedded broker's handles use the same layout.
+    Never raises."""
+    if not isinstance(handle, str):
+        return None
+    fields = handle.split(" ")
+    if len(fields) < 8:
+        return None
+    try:
+        retrieved, invisible = int(fields[1]), int(fields[2])
+    except ValueError:
+        return None
+    return (retrieved, invisible) if retrieved > 0 and invisible > 0 else None
+
 
 WAITING, SUBMITTED, SETTLING = 0, 1, 2  # where a held message is: loop backlog, dispatcher, ack side
 
 
-class Held:
-    """One received message from ``receive`` until its ack or nack (see the module docstring)."""
+class Lease:
+    """One message the loop owns, from ``receive`` until its ack or nack (see the module
+    docstring): its lease on the broker, its handle, where it is in the loop. (Named for what it
+    is: "hold" is kept for the spans waiting for a keep decision, :mod:`tracer.telemetry.hold`.)"""
 
     __slots__ = ("deadline", "done", "given_up", "handle", "key", "lock", "message", "state", "trace")
 
@@ -57,7 +85,10 @@ class Held:
                 self.message.receipt_handle = self.handle
 
 
-def _mark_lost(h: Held, reason: str) -> None:
+_IDLE_EXIT_S = 5.0  # seconds a renewal pool thread waits for work before it ends
+
+
+def _mark_lost(h: Lease, reason: str) -> None:
     """The message's trace hears of it (counter, span mark, the redelivery's link)."""
     if h.trace is not None:
         h.trace.lease_lost(reason)
@@ -78,43 +109,94 @@ class LeaseKeeper:
         self._monotonic = monotonic
         self._report = report
         self._handler_timeout = handler_timeout
+        self._cond = threading.Condition()  # the pool's queue, its threads, the renewals in flight
+        self._queue: deque[tuple[Lease, float | None]] = deque()
+        self._inflight: set[int] = set()  # id(Lease) queued or being renewed
+        self._threads: list[threading.Thread] = []
+        self._idle = 0  # pool threads not in a call (waiting for work, or about to)
+        self._closed = False
 
-    def due(self, held: list[Held], now: float) -> list[Held]:
+    def due(self, held: list[Lease], now: float) -> list[Lease]:
         """The messages whose lease ends within the margin and may still be renewed."""
         margin = self._options.margin
         return [h for h in held if not h.done and not h.given_up and h.deadline - now <= margin]
 
-    def renew(self, due: list[Held], ages: dict[int, float]) -> int:
-        """Renew each of ``due`` (``ages``: seconds each running handler has run, by ``id(message)``);
-        returns how many were renewed. Calls run side by side, at most ``renew_threads`` at once;
-        returns when all have."""
-        if not due:
+    def renew(self, due: list[Lease], ages: dict[int, float], *, wait: bool = True) -> int:
+        """Renew each of ``due`` (``ages``: seconds each running handler has run, by ``id(message)``).
+        A lease whose renewal is still in flight (a slow broker answer) is not asked for again.
+
+        ``wait=False`` (the keeper thread): hand them to the keeper's pool, at most
+        ``renew_threads`` calls at once, and return at once (0), so one slow answer never delays
+        the next pass — leases falling due meanwhile are renewed by the other pool threads.
+        ``wait=True`` (a caller driving the loop by hand, e.g. with a manual clock): renew them
+        on the calling thread, one after another, and return how many were renewed."""
+        if not wait:
+            self._hand_to_pool(due, ages)
             return 0
-        renewed = [0]
-        count = threading.Lock()
-        pending = iter(due)
-        take = threading.Lock()
+        renewed = 0
+        for h in due:
+            with self._cond:
+                if self._closed or id(h) in self._inflight:
+                    continue
+                self._inflight.add(id(h))
+            try:
+                renewed += self._renew_if_free(h, ages.get(id(h.message)))
+            finally:
+                with self._cond:
+                    self._inflight.discard(id(h))
+        return renewed
 
-        def drain() -> None:
-            while True:
-                with take:
-                    h = next(pending, None)
-                if h is None:
-                    return
-                if self._renew_if_free(h, ages.get(id(h.message))):
-                    with count:
-                        renewed[0] += 1
+    def _hand_to_pool(self, due: list[Lease], ages: dict[int, float]) -> None:
+        with self._cond:
+            if self._closed:
+                return
+            for h in due:
+                if id(h) in self._inflight:
+                    continue
+                self._inflight.add(id(h))
+                self._queue.append((h, ages.get(id(h.message))))
+            # the pool grows to renew_threads on demand; its threads end on close() or when idle
+            # for _IDLE_EXIT_S: no thread started and joined per pass
+            while len(self._queue) > self._idle and len(self._threads) < self._options.renew_threads:
+                t = threading.Thread(target=self._work, name=f"rmqtrace-renew-{len(self._threads)}", daemon=True)
+                self._threads.append(t)
+                t.start()
+                self._idle += 1  # counted idle from the start: it takes one of the queued at once
+            self._cond.notify_all()
 
-        helpers = [threading.Thread(target=drain, name="rmqtrace-renew", daemon=True)
-                   for _ in range(min(len(due), self._options.renew_threads) - 1)]
-        for t in helpers:
-            t.start()
-        drain()
-        for t in helpers:
-            t.join()
-        return renewed[0]
+    def _work(self) -> None:
+        while True:
+            with self._cond:
+                while not self._queue and not self._closed:
+                    # an idle pool thread ends after a while (a loop driven by poll() is never
+                    # closed); the next pass that needs one starts it again
+                    if not self._cond.wait(_IDLE_EXIT_S) and not self._queue:
+                        break
+                self._idle -= 1
+                if not self._queue:
+                    self._threads.remove(threading.current_thread())
+                    return  # closed or idle, nothing left
+                h, age = self._queue.popleft()
+            try:
+                self._renew_if_free(h, age)
+            except Exception as exc:  # noqa: BLE001 - a pool thread outlives any one bug
+                self._report("lease_errors", exc, "a lease renewal failed")
+            finally:
+                with self._cond:
+                    self._inflight.discard(id(h))
+                    self._idle += 1
+                    self._cond.notify_all()
 
-    def _renew_if_free(self, h: Held, age: float | None) -> bool:
+    def close(self) -> None:
+        """End the pool: queued renewals are dropped (the loop no longer holds those leases);
+        calls in flight finish on their own daemon threads."""
+        with self._cond:
+            self._closed = True
+            self._queue.clear()
+            self._inflight.clear()
+            self._cond.notify_all()
+
+    def _renew_if_free(self, h: Lease, age: float | None) -> bool:
         # a message whose ack is being sent is skipped, not waited for: one slow ack must not
         # hold up a renewal (and it is about to be settled anyway)
         if not h.lock.acquire(blocking=False):
@@ -124,7 +206,7 @@ class LeaseKeeper:
         finally:
             h.lock.release()
 
-    def _renew_one(self, h: Held, age: float | None) -> bool:
+    def _renew_one(self, h: Lease, age: float | None) -> bool:
         """Renew ``h``'s lease (its lock held); False when given up, refused, or settled."""
         if h.done or h.given_up:
             return False

@@ -31,7 +31,7 @@ from collections import abc
 from typing import Any, Callable, TypeVar
 
 from ..path.clock import WallClock, default_clock, require_clock
-from ..path.names import PROBE_PROPERTY, PRODUCE_NS_PROPERTY
+from ..path.names import PROBE_PROPERTY, PROBE_VALUE, PRODUCE_NS_PROPERTY
 from ..path.stages import Outcome, Stage
 from ..path.stamps import MISSING
 from ..telemetry.probe_metrics import ProbeMetrics
@@ -48,24 +48,33 @@ _R = TypeVar("_R")
 
 def is_probe(source: Any) -> bool:
     """Whether ``source`` — a message (5.x, embedded, 2.x with ``get_property``), a
-    :class:`~tracer.path.message.MessageInfo` or a properties mapping — carries the probe marker.
-    Never raises: anything unreadable is not a probe."""
+    :class:`~tracer.path.message.MessageInfo` or a properties mapping — carries the probe marker:
+    the property with exactly the value the probe sender writes (``"1"``; a 2.x client may hand
+    it back as bytes). Never raises: anything unreadable is not a probe."""
     # On every message's path: a plain dict (what describe() and the 5.x client hold) is read
     # without an ABC check, which costs ten times the lookup (typing.Mapping's more still).
     if type(source) is dict:
-        return bool(source.get(PROBE_PROPERTY))
+        return _marks(source.get(PROBE_PROPERTY))
     try:
         props = getattr(source, "properties", None)
         if type(props) is dict:
-            return bool(props.get(PROBE_PROPERTY))
+            return _marks(props.get(PROBE_PROPERTY))
         if isinstance(source, abc.Mapping):
             props = source
         if isinstance(props, abc.Mapping):
-            return bool(props.get(PROBE_PROPERTY))
+            return _marks(props.get(PROBE_PROPERTY))
         get = getattr(source, "get_property", None)
-        return bool(get(PROBE_PROPERTY)) if get is not None else False
+        return _marks(get(PROBE_PROPERTY)) if get is not None else False
     except Exception:  # noqa: BLE001 - a foreign message object
         return False
+
+
+_PROBE_BYTES = PROBE_VALUE.encode()
+
+
+def _marks(value: object) -> bool:
+    # exact match only: a user message carrying the property with any other value is not acked unrun
+    return value == PROBE_VALUE or value == _PROBE_BYTES
 
 
 def _metrics_for(tracer: MessageTracer, metrics: ProbeMetrics | None) -> ProbeMetrics | None:
@@ -200,7 +209,7 @@ class ProbeSender:
         if self.tag:
             msg.tag = self.tag
         msg.keys = "rmqtrace-probe"
-        msg.add_property(PROBE_PROPERTY, "1")
+        msg.add_property(PROBE_PROPERTY, PROBE_VALUE)
         msg.add_property(PRODUCE_NS_PROPERTY, str(self._clock.wall_ns()))
         return msg
 

@@ -18,7 +18,8 @@ __all__ = [
     "COST", "COST_PROPERTY", "DELIVERY_ATTEMPT", "DESTINATION", "ERROR_TYPE", "GAP_SPANS",
     "HANDLER_SPAN", "JOB_ID", "JOB_ID_PROPERTY", "LEGACY_DELIVERY_ATTEMPT", "MESSAGE_GROUP",
     "MESSAGE_ID", "MESSAGE_KEYS", "MESSAGE_TAG", "MESSAGE_TYPE", "NAMESPACE", "OPERATION_NAME",
-    "OPERATION_TYPE", "OUTCOME", "PROBE_PROPERTY", "PROCESS", "PRODUCE_NS_PROPERTY", "SCHEMA_URL", "SEND", "SERVER_ADDRESS",
+    "OPERATION_TYPE", "OUTCOME", "PROBE_PROPERTY", "PROBE_VALUE",
+    "PROCESS", "PRODUCE_NS_PROPERTY", "SCHEMA_URL", "SEND", "SERVER_ADDRESS",
     "SERVER_PORT", "STAGE", "STAMP_ATTRS", "SYSTEM", "SYSTEM_VALUE", "TRACEPARENT", "TRACESTATE",
     "WORKER", "process_span_name", "send_span_name",
     # live blame (tracer.path.blocking), on the wait span
@@ -120,8 +121,11 @@ TRACESTATE = "tracestate"
 PRODUCE_NS_PROPERTY = "rmqtrace_produce_ns"
 JOB_ID_PROPERTY = "rmqtrace_job"
 COST_PROPERTY = "rmqtrace_cost"
-# Marks a probe (tracer.clients.probe): consumers settle it without running the handler.
+# Marks a probe (tracer.clients.probe): consumers settle it without running the handler. Only
+# PROBE_VALUE, what the probe sender writes, marks one: a user message that happens to carry the
+# property with another value ("false", "0") is the user's and must run.
 PROBE_PROPERTY = "rmqtrace_probe"
+PROBE_VALUE = "1"
 
 # -- gap spans ----------------------------------------------------------------------------------
 # The path gaps written as child spans of ``process``: every gap from the broker's store to the
