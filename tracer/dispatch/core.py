@@ -61,6 +61,7 @@ from ..logonce import OnceLogger
 from ..path.blocking import BlameTracker, Verdict
 from ..path.clock import Clock
 from ..path.stages import Outcome, Stage
+from .accrual import Accrual
 from .metrics import BoundDispatchMetrics, DispatchMetrics
 from .policy import Policy, resolve_policy
 from .protocol import DispatcherClosed, DispatchStats, HandlerTimeout, MessageTraceLike
@@ -138,6 +139,7 @@ class Core(Generic[T]):
         clock: Clock | None,
         name: str,
         kind: str,
+        consumer_group: str = "",
     ) -> None:
         if isinstance(workers, bool) or not isinstance(workers, int) or workers < 1:
             raise ValueError(f"workers must be an int >= 1, got {workers!r}")
@@ -157,7 +159,13 @@ class Core(Generic[T]):
         self.now: Callable[[], int] = time.monotonic_ns if clock is None else clock.now_ns
         self.name = name
         self.log = OnceLogger(f"{kind} {name!r}", logger)
-        self.m: BoundDispatchMetrics | None = None if metrics is None else metrics.bind(self.policy.name, self.sched)
+        if not isinstance(consumer_group, str):
+            raise TypeError(f"consumer_group must be a str, got {type(consumer_group).__name__}")
+        # worker-seconds for the alerts; only with metrics, so a bare dispatcher reads no clock for it
+        self.accrual: Accrual | None = None if metrics is None else Accrual(self.sched, self.now)
+        self.m: BoundDispatchMetrics | None = (
+            None if metrics is None or self.accrual is None
+            else metrics.bind(self.policy.name, self.accrual, consumer_group))
         self.closed = False
         self.stopping = False  # workers exit once idle
         self.waiters: deque[Waiter] = deque()  # blocked submitters, oldest first
@@ -241,6 +249,8 @@ class Core(Generic[T]):
         """
         sched = self.sched
         r = sched.admit(e)
+        if self.accrual is not None and r is not _FULL:
+            self.accrual.mark()
         if isinstance(r, int):  # a worker holds it (narrows the type without a cast call)
             self._accept(e)
             return r
@@ -468,7 +478,10 @@ class Core(Generic[T]):
 
     def take_queued_locked(self) -> list[Entry[Any]]:
         """Every queued entry leaves unrun, counted SKIPPED; :meth:`report_skipped` them after the lock."""
-        return self.give_back_locked(self.sched.take_queued())
+        out = self.sched.take_queued()
+        if self.accrual is not None:
+            self.accrual.mark()
+        return self.give_back_locked(out)
 
     def expire_locked(self, worker: int, e: Entry[Any]) -> list[Entry[Any]]:
         """``e`` on ``worker`` ran past its deadline: count it TIMEOUT (overrun) and release what waited behind it.
@@ -479,7 +492,18 @@ class Core(Generic[T]):
         self.timed_out += 1
         self.overrun += 1
         self.reporting += 1
-        return self.give_back_locked(self.sched.expire(worker, e))
+        out = self.sched.expire(worker, e)
+        if self.accrual is not None:
+            self.accrual.mark()
+        return self.give_back_locked(out)
+
+    def done_locked(self, worker: int, e: Entry[Any]) -> Entry[Any] | None:
+        """``worker`` finished ``e``: the scheduler's next entry for it (None: idle now). Every
+        engine frees a worker through here, so the worker-seconds see each change."""
+        nxt = self.sched.done(worker, e)
+        if self.accrual is not None:
+            self.accrual.mark()
+        return nxt
 
     def report_skipped(self, entries: list[Entry[Any]], *, on_worker: bool) -> None:
         for e in entries:

@@ -108,10 +108,12 @@ class Dispatcher(EngineBase[T], Generic[T]):
     ``clock``: every reading of time (slot wait, handler age and deadline, the deadlines of
     timeouts) comes from it (default ``time.monotonic_ns``). See :mod:`.core` for what happens
     when ``key``/``cost``/``on_done``/the trace raise.
+    ``consumer_group``: the ``consumer_group`` label of its gauges and worker-seconds counters
+    (``metrics=``), so dispatchers of two consumers in one process are told apart.
 
     Raises:
         ValueError: ``workers`` < 1, ``handler_timeout`` not a finite number > 0, unknown policy.
-        TypeError: ``handler``, ``key``, ``cost`` or ``on_done`` is not callable, or is an
+        TypeError: ``consumer_group`` is not a str; ``handler``, ``key``, ``cost`` or ``on_done`` is not callable, or is an
             ``async def`` or generator function (calling one would not run it).
     """
 
@@ -128,11 +130,13 @@ class Dispatcher(EngineBase[T], Generic[T]):
         handler_timeout: float | None = None,
         clock: Clock | None = None,
         name: str = "rmqtrace",
+        consumer_group: str = "",
     ) -> None:
         require_plain(handler, "handler")
         self._core = Core(
             policy=policy, workers=workers, key=key, cost=cost, on_done=on_done, metrics=metrics,
             handler_timeout=handler_timeout, clock=clock, name=name, kind="dispatcher",
+            consumer_group=consumer_group,
         )  # fmt: skip
         self._sched = self._core.sched
         self._handler = handler
@@ -388,7 +392,7 @@ class Dispatcher(EngineBase[T], Generic[T]):
                 core.count_locked(outcome)
             else:
                 core.overrun -= 1
-            nxt = self._sched.done(slot, e)
+            nxt = self._core.done_locked(slot, e)
             if core.waiters:
                 self._admit_waiters_locked()
             if core.watchers:
@@ -504,7 +508,7 @@ class Dispatcher(EngineBase[T], Generic[T]):
                 while ready:  # handed to a slot, not claimed: it must not start after we return
                     slot, e = ready.popleft()
                     back.append(e)
-                    self._sched.done(slot, e)
+                    self._core.done_locked(slot, e)
                 core.give_back_locked(back[n:])
             if not core.stopping:
                 core.stopping = True  # a thread that finds nothing ready now exits
