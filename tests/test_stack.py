@@ -20,9 +20,9 @@ import urllib.request
 from pathlib import Path
 
 import pytest
+from waiting import wait_until
 
 from services import REPO, free_port, unavailable
-from waiting import wait_until
 
 STACK = REPO / "services" / "stack.sh"
 DOCUMENTED = ("rmqtrace-alerts.yml", "rmqtrace-broker.yml", "rmqtrace-fleet.yml", "rmqtrace-probe.yml")
