@@ -38,7 +38,7 @@ class Accrual:
         # (last change ns, busy_s, hol_s, busy rate, hol rate) replaced whole at each mark, so a
         # scrape on another thread reads one consistent state without the engine's lock.
         self._state: tuple[int, float, float, int, int] = (now(), 0.0, 0.0, 0, 0)
-        self.mark()
+        self.mark()  # a scheduler that starts busy (none today) starts its rates now
 
     @property
     def workers(self) -> int:
@@ -54,13 +54,22 @@ class Accrual:
 
     def mark(self) -> None:
         """The scheduler's counts changed: close the interval at the old rates, start the new ones.
-        The caller holds the engine's lock (or is the event loop)."""
-        t0, busy_s, hol_s, busy, hol = self._state
-        now = self._now()
-        dt = (now - t0) / 1e9 if now > t0 else 0.0  # a clock that steps back adds nothing
+        The caller holds the engine's lock (or is the event loop). On the hot path: plain
+        arithmetic, one clock read only when a rate changed."""
         s = self._sched
-        idle = max(0, s.workers - s.busy)
-        self._state = (max(now, t0), busy_s + busy * dt, hol_s + hol * dt, s.busy, min(idle, s.queued))
+        busy = s.busy
+        idle = s.workers - busy
+        queued = s.queued
+        hol = queued if queued < idle else (idle if idle > 0 else 0)
+        t0, busy_s, hol_s, old_busy, old_hol = self._state
+        if busy == old_busy and hol == old_hol:
+            return  # same rates: the open interval just goes on
+        now = self._now()
+        if now > t0:
+            dt = (now - t0) * 1e-9
+            self._state = (now, busy_s + old_busy * dt, hol_s + old_hol * dt, busy, hol)
+        else:  # a clock that steps back adds nothing
+            self._state = (t0, busy_s, hol_s, busy, hol)
 
     def accrued(self) -> tuple[float, float]:
         """``(busy_s, hol_s)`` brought up to now. Safe from any thread; callers that export a
