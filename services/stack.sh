@@ -90,7 +90,7 @@ cmd_up() {
         echo "               broker metrics http://$BROKER_METRICS/metrics (scraped as job rocketmq-broker)"
     fi
     if has jaeger; then
-        echo "  Jaeger       UI http://127.0.0.1:16686/ (query API http://127.0.0.1:16686/api/services)"
+        echo "  Jaeger       query API http://127.0.0.1:16686/api/services"
         echo "               OTLP 127.0.0.1:4318 (HTTP), 127.0.0.1:4317 (gRPC)"
     fi
     if has prometheus; then
