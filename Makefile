@@ -6,7 +6,7 @@ BIN := $(VENV)/bin
 PIP := $(BIN)/python -m pip
 export PIP_DISABLE_PIP_VERSION_CHECK := 1
 
-.PHONY: demo test test-unit bench lint dist seeded mutation services-up services-down stack stack-down clean help
+.PHONY: demo test test-unit bench lint dist seeded mutation services-up services-down stack stack-down alerts-demo clean help
 
 help:
 	@echo "make demo         the incident and its fix on the embedded broker (no Java, no Go)"
@@ -14,6 +14,7 @@ help:
 	@echo "make test-unit    only the tests that need no service"
 	@echo "make bench        the benchmarks behind BENCHMARKS.md"
 	@echo "make stack        RocketMQ + Jaeger + Prometheus on loopback for your own app (stack-down stops it)"
+	@echo "make alerts-demo  Prometheus + Alertmanager + a webhook and the incident: the real rules fire (~1-2 min)"
 	@echo "make lint         ruff + mypy --strict"
 	@echo "make dist         build dist/rmqtrace-VERSION.tar.gz and the wheel, twine check them"
 
@@ -82,6 +83,13 @@ stack: $(VENV)/.installed
 
 stack-down:
 	bash services/stack.sh down
+
+# The real rules of dashboards/prometheus/rmqtrace-alerts.yml, only `for:` shortened
+# (RMQTRACE_ALERTS_DEMO_FOR, default 10s): prints each alert the webhook gets, stops all it started.
+alerts-demo: $(VENV)/.installed
+	bash services/prometheus/prom.sh install
+	bash services/alertmanager/am.sh install
+	$(BIN)/python services/alerts_demo.py
 
 lint: $(VENV)/.installed-test
 	$(BIN)/ruff check tracer tests

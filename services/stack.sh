@@ -3,52 +3,105 @@
 #
 #   services/stack.sh up       RocketMQ (rmq.sh), Jaeger (jaeger.sh), Prometheus (prom.sh) scraping
 #                              127.0.0.1:$RMQTRACE_METRICS_PORT and the broker's exporter 127.0.0.1:5557
-#                              with dashboards/prometheus/rmqtrace-alerts.yml and rmqtrace-broker.yml
+#                              with every rule file dashboards/README.md documents (alerts, broker,
+#                              fleet, probe); with STACK_ALERTMANAGER=1 also Alertmanager (am.sh),
+#                              which Prometheus then sends its alerts to. Prints the URLs to open.
 #   services/stack.sh status   one line per service; exit 0 all up, 3 all down, 1 partly up
-#   services/stack.sh down     stop all three (each even if another fails)
+#   services/stack.sh down     stop them (each even if another fails)
 #
 # Env: RMQTRACE_METRICS_PORT (9464) — where your application serves /metrics;
+#      PROM_RULE_FILES — comma-separated rule files instead of the four shipped ones (add your own
+#      with PROM_RULE_FILES="$(services/stack.sh rules),my-rules.yml");
+#      STACK_ALERTMANAGER=1 — Alertmanager on 127.0.0.1:$AM_PORT (19093), posting to $AM_WEBHOOK_URL;
+#      STACK_SERVICES — the services to manage (default "rocketmq jaeger prometheus", plus
+#      alertmanager with STACK_ALERTMANAGER=1);
 #      PROM_PORT (19090), PROM_SCRAPE_INTERVAL / PROM_EVAL_INTERVAL (5s),
-#      PROM_STATE_DIR (<repo>/.cache/stack/prometheus: apart from the instances tests start);
-#      the other RMQ_* / JAEGER_* / PROM_* variables of the three scripts pass through.
+#      PROM_STATE_DIR (<repo>/.cache/stack/prometheus: apart from the instances tests start),
+#      AM_STATE_DIR (<repo>/.cache/stack/alertmanager);
+#      the other RMQ_* / JAEGER_* / PROM_* / AM_* variables of the scripts pass through.
 # `make stack` / `make stack-down` call this. The same stack in containers: dashboards/docker-compose.yml.
 set -euo pipefail
 
 HERE="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
 REPO="$(cd "$HERE/.." && pwd)"
-RULES="$REPO/dashboards/prometheus/rmqtrace-alerts.yml,$REPO/dashboards/prometheus/rmqtrace-broker.yml"
+RULES=""
+for f in rmqtrace-alerts rmqtrace-broker rmqtrace-fleet rmqtrace-probe; do
+    RULES+="${RULES:+,}$REPO/dashboards/prometheus/$f.yml"
+done
 BROKER_METRICS="127.0.0.1:5557"  # metricsPromExporterPort in services/rocketmq/conf/broker.conf
 METRICS_PORT="${RMQTRACE_METRICS_PORT:-9464}"
+DEFAULT_SERVICES="rocketmq jaeger prometheus"
+[[ "${STACK_ALERTMANAGER:-0}" == 1 ]] && DEFAULT_SERVICES+=" alertmanager"
+SERVICES="${STACK_SERVICES:-$DEFAULT_SERVICES}"
 
 export PROM_PORT="${PROM_PORT:-19090}"
 export PROM_STATE_DIR="${PROM_STATE_DIR:-$REPO/.cache/stack/prometheus}"
 export PROM_TARGETS="127.0.0.1:$METRICS_PORT"
-export PROM_BROKER_TARGETS="$BROKER_METRICS"
-export PROM_RULE_FILES="$RULES"
+export PROM_BROKER_TARGETS="${PROM_BROKER_TARGETS-$BROKER_METRICS}"
+export PROM_RULE_FILES="${PROM_RULE_FILES:-$RULES}"
 export PROM_SCRAPE_INTERVAL="${PROM_SCRAPE_INTERVAL:-5s}"
 export PROM_EVAL_INTERVAL="${PROM_EVAL_INTERVAL:-5s}"
 export PROM_WAIT_SCRAPE=0  # the application may not be running yet
+export AM_PORT="${AM_PORT:-19093}"
+export AM_STATE_DIR="${AM_STATE_DIR:-$REPO/.cache/stack/alertmanager}"
+if [[ " $SERVICES " == *" alertmanager "* ]]; then
+    export PROM_ALERTMANAGERS="${PROM_ALERTMANAGERS:-127.0.0.1:$AM_PORT}"
+fi
 
 RMQ="$HERE/rocketmq/rmq.sh"
 JAEGER="$HERE/jaeger/jaeger.sh"
 PROM="$HERE/prometheus/prom.sh"
+AM="$HERE/alertmanager/am.sh"
 
 log() { echo "[stack] $*" >&2; }
+has() { [[ " $SERVICES " == *" $1 "* ]]; }
+
+# The page that answers on this Prometheus: Debian's 2.42 ships only the classic UI (/alerts is a 404).
+prom_page() {
+    local page="$1" base="http://127.0.0.1:$PROM_PORT"
+    if [[ "$(curl -s -o /dev/null -m 3 -w '%{http_code}' "$base/$page")" == 200 ]]; then
+        echo "$base/$page"
+    else
+        echo "$base/classic/$page"
+    fi
+}
 
 cmd_up() {
-    log "starting RocketMQ (name server + proxy/broker; first run resolves jars from Maven Central)"
-    bash "$RMQ" start
-    log "starting Jaeger (first run builds it with Go: minutes)"
-    bash "$JAEGER" start
-    log "starting Prometheus on 127.0.0.1:$PROM_PORT, scraping $PROM_TARGETS and the broker's $BROKER_METRICS"
-    bash "$PROM" start
+    if has rocketmq; then
+        log "starting RocketMQ (name server + proxy/broker; first run resolves jars from Maven Central)"
+        bash "$RMQ" start
+    fi
+    if has jaeger; then
+        log "starting Jaeger (first run builds it with Go: minutes)"
+        bash "$JAEGER" start
+    fi
+    if has alertmanager; then
+        log "starting Alertmanager on 127.0.0.1:$AM_PORT"
+        bash "$AM" start
+    fi
+    if has prometheus; then
+        log "starting Prometheus on 127.0.0.1:$PROM_PORT, scraping $PROM_TARGETS${PROM_BROKER_TARGETS:+ and the broker exporter $PROM_BROKER_TARGETS}"
+        bash "$PROM" start
+    fi
+    echo
+    echo "rmqtrace stack is up:"
+    if has rocketmq; then
+        echo "  RocketMQ     gRPC proxy 127.0.0.1:8081, name server 127.0.0.1:9876 (topic rmqtrace-test exists)"
+        echo "               broker metrics http://$BROKER_METRICS/metrics (scraped as job rocketmq-broker)"
+    fi
+    if has jaeger; then
+        echo "  Jaeger       query API http://127.0.0.1:16686/api/services"
+        echo "               OTLP 127.0.0.1:4318 (HTTP), 127.0.0.1:4317 (gRPC)"
+    fi
+    if has prometheus; then
+        echo "  Prometheus   alerts $(prom_page alerts)"
+        echo "               rules  $(prom_page rules)"
+        echo "               rule files: ${PROM_RULE_FILES//,/ }"
+    fi
+    if has alertmanager; then
+        echo "  Alertmanager http://127.0.0.1:$AM_PORT/ (receives Prometheus' alerts; webhook ${AM_WEBHOOK_URL:-http://127.0.0.1:9095/rmqtrace-alerts})"
+    fi
     cat <<TXT
-
-rmqtrace stack is up:
-  RocketMQ   gRPC proxy 127.0.0.1:8081, name server 127.0.0.1:9876 (topic rmqtrace-test exists),
-             broker metrics http://$BROKER_METRICS/metrics (scraped as job rocketmq-broker)
-  Jaeger     OTLP http://127.0.0.1:4318 (gRPC :4317), query API http://127.0.0.1:16686/api/services
-  Prometheus http://127.0.0.1:$PROM_PORT  (alerts: /alerts, rules: ${RULES//,/ })
 
 Run your application with:
   export RMQTRACE_METRICS_PORT=$METRICS_PORT OTEL_EXPORTER_OTLP_ENDPOINT=http://127.0.0.1:4318 RMQ_ENDPOINT=127.0.0.1:8081
@@ -59,22 +112,29 @@ TXT
 
 cmd_down() {
     local rc=0
-    bash "$PROM" stop || rc=1
-    bash "$JAEGER" stop || rc=1
-    bash "$RMQ" stop || rc=1
+    has prometheus && { bash "$PROM" stop || rc=1; }
+    has alertmanager && { bash "$AM" stop || rc=1; }
+    has jaeger && { bash "$JAEGER" stop || rc=1; }
+    has rocketmq && { bash "$RMQ" stop || rc=1; }
     return $rc
 }
 
 cmd_status() {
-    local up=0 total=3 line
-    for svc in "RocketMQ:$RMQ" "Jaeger:$JAEGER" "Prometheus:$PROM"; do
+    local up=0 total=0 line svc
+    local -a all=()
+    has rocketmq && all+=("RocketMQ:$RMQ")
+    has jaeger && all+=("Jaeger:$JAEGER")
+    has prometheus && all+=("Prometheus:$PROM")
+    has alertmanager && all+=("Alertmanager:$AM")
+    total=${#all[@]}
+    for svc in "${all[@]}"; do
         if line="$(bash "${svc#*:}" status 2>&1)"; then
             up=$((up + 1))
         fi
         echo "${svc%%:*}:"
         echo "$line" | sed 's/^/  /'
     done
-    if [[ $up -gt 0 ]] && bash "$PROM" status >/dev/null 2>&1; then
+    if has prometheus && bash "$PROM" status >/dev/null 2>&1; then
         curl -fsS -m 2 "http://127.0.0.1:$PROM_PORT/api/v1/targets?state=active" 2>/dev/null | python3 -c '
 import json, sys
 for t in json.load(sys.stdin)["data"]["activeTargets"]:
@@ -89,5 +149,6 @@ case "${1:-}" in
     up) cmd_up ;;
     down) cmd_down ;;
     status) cmd_status ;;
-    *) echo "usage: $0 up|down|status" >&2; exit 2 ;;
+    rules) echo "$RULES" ;;
+    *) echo "usage: $0 up|down|status|rules" >&2; exit 2 ;;
 esac

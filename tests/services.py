@@ -185,7 +185,11 @@ def start_prometheus(targets: list[str], rule_files: list[Path], *, state_dir: P
 # stay as shipped (VARIANT_THRESHOLDS could scale one down for a shorter run). At 30 ms per test
 # case the round-robin consumer-wait p99 reaches ~9 s, above the production 5 s.
 VARIANT_FOR = "2s"
-VARIANT_THRESHOLDS: dict[str, float] = {}
+# The long-tail job runs ~20 s: it cannot accrue the 150 idle worker-seconds a 5-minute mean of
+# 0.5 workers needs, so here the head-of-line rule keeps its expression with a lower bar. Its
+# production threshold fires on the recorded 11-minute incident (dashboards/prometheus/tests/
+# incident_test.yml) and in `make alerts-demo` (tests/test_alerts_demo.py).
+VARIANT_THRESHOLDS: dict[str, float] = {"RmqtraceHeadOfLineBlocking": 0.05}
 DISPATCH_ALERTS = ("RmqtraceConsumerWaitHigh", "RmqtraceDispatchShareHigh")
 
 

@@ -105,8 +105,12 @@ def test_occupancy_series_are_in_the_aggregate(two_live_workers: CollectorRegist
 
 
 def test_dispatch_worker_gauge_sums_the_live_processes(two_live_workers: CollectorRegistry) -> None:
-    assert two_live_workers.get_sample_value("rmqtrace_dispatch_workers", {"policy": "aggressive"}) == 2 + 3
-    assert two_live_workers.get_sample_value("rmqtrace_dispatch_busy_workers", {"policy": "aggressive"}) == 0
+    labels = {"policy": "aggressive", "consumer_group": ""}
+    assert two_live_workers.get_sample_value("rmqtrace_dispatch_workers", labels) == 2 + 3
+    assert two_live_workers.get_sample_value("rmqtrace_dispatch_busy_workers", labels) == 0
+    # the worker-seconds counters reach the files too (written by flush, not at scrape time)
+    for name in ("rmqtrace_dispatch_busy_worker_seconds_total", "rmqtrace_dispatch_hol_idle_worker_seconds_total"):
+        assert two_live_workers.get_sample_value(name, labels) is not None, name
 
 
 def test_the_joint_label_cap_holds_in_the_aggregate(two_live_workers: CollectorRegistry) -> None:

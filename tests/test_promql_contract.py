@@ -7,6 +7,8 @@ from __future__ import annotations
 
 import json
 import re
+import subprocess
+import sys
 from dataclasses import dataclass
 from functools import cache
 from pathlib import Path
@@ -21,11 +23,15 @@ from services import REPO, Scenario, load_rules, long_tail_scenario, split_alert
 from tracer.dispatch import DispatchMetrics
 from tracer.path.stages import GAPS, Outcome, Stage
 from tracer.telemetry.metrics import TracerMetrics
+from tracer.telemetry.occupancy import OccupancyMetrics
+from tracer.telemetry.probe_metrics import ProbeMetrics
 
 DASHBOARD = REPO / "dashboards" / "grafana" / "rmqtrace-dashboard.json"
 GRAFANA_ALERTS = REPO / "dashboards" / "grafana" / "provisioning" / "alerting" / "rmqtrace-alerts.yml"
 DATASOURCES = REPO / "dashboards" / "grafana" / "provisioning" / "datasources" / "datasources.yml"
 BROKER_RULES = REPO / "dashboards" / "prometheus" / "rmqtrace-broker.yml"
+FLEET_RULES = REPO / "dashboards" / "prometheus" / "rmqtrace-fleet.yml"
+PROBE_RULES = REPO / "dashboards" / "prometheus" / "rmqtrace-probe.yml"
 TARGET_LABELS = {"job", "instance"}  # added by Prometheus at scrape time
 STAGES = {g.name for g in GAPS}
 
@@ -83,6 +89,9 @@ def shipped_expressions() -> list[Expr]:
 class _Source:
     workers, busy, queued = 8, 3, 2
 
+    def accrued(self) -> tuple[float, float]:
+        return 30.0, 2.0
+
 
 @cache
 def exported() -> dict[str, frozenset[str]]:
@@ -100,6 +109,12 @@ def exported() -> dict[str, frozenset[str]]:
     bound.slot_wait.observe(0.1)
     bound.submit_blocked.observe(0.0)
     bound.outcomes[Outcome.SUCCESS].inc()
+    # the fleet and probe rule files' series too: Grafana carries their alerts
+    OccupancyMetrics(reg).track("G", 4)
+    probes = ProbeMetrics(reg)
+    now = 1_800_000_000_000_000_000
+    probes.record("T", "G", [now - 3_000_000, now - 2_000_000, now - 1_000_000, now, now, 0], now)
+    probes.sent_one("T", True, now)
     names: dict[str, set[str]] = {}
     for family in text_string_to_metric_families(generate_latest(reg).decode()):
         for s in family.samples:
@@ -134,7 +149,8 @@ def test_metric_and_label_names_exist_in_what_the_code_exports(e: Expr) -> None:
     used = _SELECTOR.findall(e.expr)
     recorded = _RECORDED.findall(e.expr)
     assert used or recorded, "no rmqtrace series referenced"
-    known = recorded_names() | broker_recorded_names()
+    known = recorded_names() | broker_recorded_names() | {r["record"] for path in (FLEET_RULES, PROBE_RULES)
+                                                           for r in load_rules(path) if "record" in r}
     assert set(recorded) <= known, f"unknown recording rules: {set(recorded) - known}"
     labels_in_play = set(TARGET_LABELS) | {"le"}
     for metric, body in used:
@@ -164,8 +180,18 @@ def test_alert_rules_have_the_shape_the_tooling_relies_on() -> None:
         assert re.fullmatch(r"\d+[smh]", r["for"])
 
 
+def test_grafana_rules_are_generated_from_the_prometheus_rules() -> None:
+    """One source: the committed Grafana file is what render_alerts.py writes from dashboards/prometheus."""
+    proc = subprocess.run([sys.executable, str(REPO / "dashboards" / "grafana" / "render_alerts.py"), "--check"],
+                          capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 0, proc.stderr
+
+
 def test_grafana_alerts_are_the_prometheus_alerts() -> None:
-    prom = {r["alert"]: r for r in load_rules() if "alert" in r}
+    """Every alert of every documented rule file (alerts, broker, fleet, probe), same signal,
+    threshold, `for`, labels and annotations."""
+    prom = {r["alert"]: r for path in sorted((REPO / "dashboards" / "prometheus").glob("rmqtrace-*.yml"))
+            for r in load_rules(path) if "alert" in r}
     graf = {r["title"]: r for r in grafana_rules()}
     assert set(graf) == set(prom)
     for name, g in graf.items():

@@ -233,6 +233,16 @@ class _SecondsClock:
         return MonoNs(int(self._monotonic() * 1e9))
 
 
+def _group_of(tracer: MessageTracer | None, consumer: Any) -> str:
+    """The consumer group the dispatcher's gauges are labelled with: the tracer's (the label of
+    the stage histograms too), else the consumer's own, else ""."""
+    group = tracer.consumer_group if tracer is not None else ""
+    if not group:
+        own = getattr(consumer, "consumer_group", "")
+        group = own if isinstance(own, str) else ""
+    return group
+
+
 class ConsumeLoop:
     """Receive → dispatch → settle (ack or nack), with lease renewal and retry backoff.
 
@@ -328,7 +338,7 @@ class ConsumeLoop:
         self.dispatcher: Dispatcher[Any] = Dispatcher(
             self._start_handler, policy=d.policy, workers=d.workers, key=d.key, cost=d.cost,
             on_done=self._on_done, metrics=d.metrics, handler_timeout=d.handler_timeout,
-            clock=_SecondsClock(monotonic), name="consume")
+            clock=_SecondsClock(monotonic), name="consume", consumer_group=_group_of(tracer, consumer))
         self._keeper = LeaseKeeper(consumer, self.lease, monotonic, self._count, d.handler_timeout)
         # one lock for all of the loop's state and its counters: _room() and snapshots are consistent
         self._lock = threading.Lock()

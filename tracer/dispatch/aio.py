@@ -114,11 +114,13 @@ class AsyncDispatcher(EngineBase[T], Generic[T]):
         handler_timeout: float | None = None,
         clock: MonotonicClock | None = None,
         name: str = "rmqtrace",
+        consumer_group: str = "",
     ) -> None:
         require_async(handler, "handler")
         self._core = Core(
             policy=policy, workers=workers, key=key, cost=cost, on_done=on_done, metrics=metrics,
             handler_timeout=handler_timeout, clock=clock, name=name, kind="async dispatcher",
+            consumer_group=consumer_group,
         )  # fmt: skip
         self._sched = self._core.sched
         self._handler = handler
@@ -401,7 +403,7 @@ class AsyncDispatcher(EngineBase[T], Generic[T]):
             core.count_locked(outcome)
         else:
             core.overrun -= 1
-        nxt = self._sched.done(w.index, e)
+        nxt = self._core.done_locked(w.index, e)
         if core.waiters:
             nxt = self._admit_waiters(w.index, nxt)
         self._notify()
@@ -438,7 +440,7 @@ class AsyncDispatcher(EngineBase[T], Generic[T]):
                 e = w.entry
                 if e is not None:  # handed over, its task has not started it: it must not start now
                     w.entry = None
-                    self._sched.done(w.index, e)
+                    self._core.done_locked(w.index, e)
                     stolen.append(e)
             back.extend(core.give_back_locked(stolen))
         self._give_back(back)

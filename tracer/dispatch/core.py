@@ -66,6 +66,7 @@ from ..logonce import OnceLogger
 from ..path.blocking import BlameTracker, Verdict
 from ..path.clock import MonotonicClock, require_clock
 from ..path.stages import Outcome, Stage
+from .accrual import Accrual
 from .metrics import BoundDispatchMetrics, DispatchMetrics
 from .policy import Policy, resolve_policy
 from .protocol import DispatcherClosed, DispatchStats, HandlerTimeout, MessageTraceLike, NotStarted
@@ -182,6 +183,7 @@ class Core(Generic[T]):
         clock: MonotonicClock | None,
         name: str,
         kind: str,
+        consumer_group: str = "",
     ) -> None:
         if isinstance(workers, bool) or not isinstance(workers, int) or workers < 1:
             raise ValueError(f"workers must be an int >= 1, got {workers!r}")
@@ -203,7 +205,13 @@ class Core(Generic[T]):
         self.now: Callable[[], int] = time.monotonic_ns if clock is None else clock.monotonic_ns
         self.name = name
         self.log = OnceLogger(f"{kind} {name!r}", logger)
-        self.m: BoundDispatchMetrics | None = None if metrics is None else metrics.bind(self.policy.name, self.sched)
+        if not isinstance(consumer_group, str):
+            raise TypeError(f"consumer_group must be a str, got {type(consumer_group).__name__}")
+        # worker-seconds for the alerts; only with metrics, so a bare dispatcher reads no clock for it
+        self.accrual: Accrual | None = None if metrics is None else Accrual(self.sched, self.now)
+        self.m: BoundDispatchMetrics | None = (
+            None if metrics is None or self.accrual is None
+            else metrics.bind(self.policy.name, self.accrual, consumer_group))
         self.closed = False
         self.stopping = False  # workers exit once idle
         self.waiters: deque[Waiter] = deque()  # blocked submitters, oldest first
@@ -299,6 +307,8 @@ class Core(Generic[T]):
         """
         sched = self.sched
         r = sched.admit(e)
+        if self.accrual is not None and r is not _FULL:
+            self.accrual.mark()
         if isinstance(r, int):  # a worker holds it (narrows the type without a cast call)
             self._accept(e)
             return r
@@ -530,7 +540,10 @@ class Core(Generic[T]):
 
     def take_queued_locked(self) -> list[Entry[Any]]:
         """Every queued entry leaves unrun, counted SKIPPED; :meth:`report_skipped` them after the lock."""
-        return self.give_back_locked(self.sched.take_queued())
+        out = self.sched.take_queued()
+        if self.accrual is not None:
+            self.accrual.mark()
+        return self.give_back_locked(out)
 
     def expire_locked(self, worker: int, e: Entry[Any]) -> list[Entry[Any]]:
         """``e`` on ``worker`` ran past its deadline: count it TIMEOUT (overrun) and release what waited behind it.
@@ -541,7 +554,18 @@ class Core(Generic[T]):
         self.timed_out += 1
         self.overrun += 1
         self.reporting += 1
-        return self.give_back_locked(self.sched.expire(worker, e))
+        out = self.sched.expire(worker, e)
+        if self.accrual is not None:
+            self.accrual.mark()
+        return self.give_back_locked(out)
+
+    def done_locked(self, worker: int, e: Entry[Any]) -> Entry[Any] | None:
+        """``worker`` finished ``e``: the scheduler's next entry for it (None: idle now). Every
+        engine frees a worker through here, so the worker-seconds see each change."""
+        nxt = self.sched.done(worker, e)
+        if self.accrual is not None:
+            self.accrual.mark()
+        return nxt
 
     def abandon(self, entries: list[Entry[Any]]) -> None:
         """``close`` leaves these overrun handlers running (a thread cannot be stopped): each

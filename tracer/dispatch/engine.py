@@ -109,12 +109,14 @@ class Dispatcher(EngineBase[T], Generic[T]):
     handler age and deadline, the deadlines of timeouts, the blame) is its ``monotonic_ns()``
     (default ``time.monotonic_ns``), the clock a message's own stamps advance by. See :mod:`.core` for what happens
     when ``key``/``cost``/``on_done``/the trace raise.
+    ``consumer_group``: the ``consumer_group`` label of its gauges and worker-seconds counters
+    (``metrics=``), so dispatchers of two consumers in one process are told apart.
 
     Raises:
         ValueError: ``workers`` < 1, ``handler_timeout`` not a finite number > 0, unknown policy.
-        TypeError: ``handler``, ``key``, ``cost`` or ``on_done`` is not callable, or is an
-            ``async def`` or generator function (calling one would not run it); ``clock`` has
-            no ``monotonic_ns()``.
+        TypeError: ``consumer_group`` is not a str; ``handler``, ``key``, ``cost`` or ``on_done`` is
+            not callable, or is an ``async def`` or generator function (calling one would not run
+            it); ``clock`` has no ``monotonic_ns()``.
     """
 
     def __init__(
@@ -130,11 +132,13 @@ class Dispatcher(EngineBase[T], Generic[T]):
         handler_timeout: float | None = None,
         clock: MonotonicClock | None = None,
         name: str = "rmqtrace",
+        consumer_group: str = "",
     ) -> None:
         require_plain(handler, "handler")
         self._core = Core(
             policy=policy, workers=workers, key=key, cost=cost, on_done=on_done, metrics=metrics,
             handler_timeout=handler_timeout, clock=clock, name=name, kind="dispatcher",
+            consumer_group=consumer_group,
         )  # fmt: skip
         self._sched = self._core.sched
         self._handler = handler
@@ -398,7 +402,7 @@ class Dispatcher(EngineBase[T], Generic[T]):
                 core.count_locked(outcome)
             else:
                 core.overrun -= 1
-            nxt = self._sched.done(slot, e)
+            nxt = self._core.done_locked(slot, e)
             if core.waiters:
                 self._admit_waiters_locked()
             if core.watchers:
@@ -517,7 +521,7 @@ class Dispatcher(EngineBase[T], Generic[T]):
                 while ready:  # handed to a slot, not claimed: it must not start after we return
                     slot, e = ready.popleft()
                     back.append(e)
-                    self._sched.done(slot, e)
+                    self._core.done_locked(slot, e)
                 core.give_back_locked(back[n:])
             if not core.stopping:
                 core.stopping = True  # a thread that finds nothing ready now exits
