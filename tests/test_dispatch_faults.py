@@ -168,9 +168,11 @@ def test_a_nan_or_negative_close_timeout_is_refused_before_anything_changes(engi
 
 # #30 item 12: a closed dispatcher leaves the gauges, even when close() gave up on hung handlers
 def _gauges(registry: Any) -> tuple[float | None, float | None]:
-    labels = {"policy": "aggressive"}
-    return (registry.get_sample_value("rmqtrace_dispatch_workers", labels),
-            registry.get_sample_value("rmqtrace_dispatch_busy_workers", labels))
+    def total(name: str) -> float | None:  # over every consumer_group of the policy
+        found = [s.value for m in registry.collect() for s in m.samples
+                 if s.name == name and s.labels.get("policy") == "aggressive"]
+        return sum(found) if found else None
+    return total("rmqtrace_dispatch_workers"), total("rmqtrace_dispatch_busy_workers")
 
 
 def test_after_a_bounded_close_with_hung_handlers_the_gauges_show_only_the_new_pool() -> None:

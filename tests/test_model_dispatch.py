@@ -225,6 +225,12 @@ def expected(it: Item, now_ns: int) -> Outcome:
     return Outcome.SUCCESS if it.action == "success" else Outcome.FAILURE
 
 
+def _ran(action: str) -> str:
+    """A hung handler has started: it cannot refuse to start any more (the loop refuses at the
+    start, before the user's handler runs), so a late refusal is modelled as a failure."""
+    return "fail" if action == "refuse" else action
+
+
 def raise_for(it: Item) -> None:
     if it.action == "fail":
         raise ValueError(f"handler of {it} failed")
@@ -514,7 +520,7 @@ class ThreadEngineModel(_Model):
             with h.cond:
                 h.auto_release = True
                 for it in hung:
-                    it.action = actions[it.n % len(actions)]
+                    it.action = _ran(actions[it.n % len(actions)])
             now = self.clock.advance_s(late)
             wants.update((it, Outcome.TIMEOUT if it.expired else expected(it, now)) for it in hung)
             for it in self.items:
@@ -793,7 +799,7 @@ class AsyncEngineModel(_Model):
                 return
             h.auto_release = True
             for it in hung:
-                it.action = actions[it.n % len(actions)]
+                it.action = _ran(actions[it.n % len(actions)])
             self.clock.advance_s(late)
             wants.update((it, self.expected(it)) for it in hung)
             for it in self.items:
