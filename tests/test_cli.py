@@ -164,10 +164,9 @@ def test_the_benchmarks_share_one_percentile_and_one_drop_exporter() -> None:
 
 def test_the_license_is_an_spdx_string_so_installing_is_quiet() -> None:
     """setuptools >= 77 warns at every build (dozens of lines before `make demo`) for the table form."""
-    import tomllib
-    from conftest import REPO
+    from conftest import pyproject
 
-    project = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]
+    project = pyproject()["project"]
     assert project["license"] == "Apache-2.0"
 
 
