@@ -156,8 +156,19 @@ def _unwritable(target: str | None) -> str | None:
         folder = folder.parent
     if not folder.is_dir():
         return f"{folder} is not a folder"
-    if not os.access(folder, os.W_OK | os.X_OK) or (path.exists() and not os.access(path, os.W_OK)):
-        return "cannot write there (permission denied)"
+    # Tried, not asked: os.access says yes to root everywhere, and a folder can refuse files for
+    # other reasons (read-only mount, /proc), so asking let such a target through to fail after
+    # the tables with the run-failure status. An existing target is opened without truncating.
+    try:
+        if path.exists():
+            with path.open("ab"):
+                pass
+        else:
+            fd, probe = tempfile.mkstemp(dir=folder, prefix=".rmqtrace-write-check-")
+            os.close(fd)
+            os.unlink(probe)
+    except OSError as exc:
+        return f"cannot write there ({exc.strerror or exc})"
     return None
 
 
