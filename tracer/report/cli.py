@@ -176,13 +176,24 @@ def _read(args: argparse.Namespace) -> tuple[list[MessageRecord], int, str, str]
     """The message records, how many spans they came from, where from, and why some of the source
     was not used ("" when all was)."""
     from .model import messages_from_spans
-    from .sources import SourceError, paused_gc, read_jaeger
+    from .sources import NoTracesForService, SourceError, paused_gc, read_jaeger
     from .spanread import read_span_file
 
     try:
         if args.jaeger:
-            spans = read_jaeger(args.jaeger, args.service, limit=args.limit, lookback_s=args.lookback_s,
-                                timeout=args.timeout)
+            try:
+                spans = read_jaeger(args.jaeger, args.service, limit=args.limit, lookback_s=args.lookback_s,
+                                    timeout=args.timeout)
+            except NoTracesForService as exc:
+                if len(exc.consumer_services) != 1:
+                    raise
+                # one service has rmqtrace consumer spans: that is the one meant (the default name,
+                # or OTEL_SERVICE_NAME unset where the spans were written)
+                args.service = exc.consumer_services[0]
+                print(f"rmqtrace report: no traces for service {exc.service!r}; reading {args.service!r}, the only "
+                      "service with rmqtrace consumer spans (--service picks another)", file=sys.stderr)
+                spans = read_jaeger(args.jaeger, args.service, limit=args.limit, lookback_s=args.lookback_s,
+                                    timeout=args.timeout)
             traces = len({s.trace_id for s in spans})
             left_out = (f"Jaeger returned --limit {args.limit} traces; there may be more (raise --limit or narrow "
                         "--lookback)") if traces >= args.limit else ""
