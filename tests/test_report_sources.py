@@ -219,7 +219,7 @@ def test_read_jaeger_queries_the_service_window_and_maps(jaeger_stub: tuple[str,
     path, q = stub.queries[0]
     assert path == "/api/traces"
     assert q == {"service": ["rmqtrace"], "limit": ["50"], "start": [str(1_700_000_000_000_000 - 600_000_000)],
-                 "end": ["1700000000000000"]}
+                 "end": ["1700000000000000"], "tags": ['{"messaging.operation.type": "process"}']}
     assert build_report(spans).groups[0].jobs[0].lower_bound_s == pytest.approx(1.0)
 
 

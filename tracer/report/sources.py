@@ -233,13 +233,19 @@ def _get_json(url: str, timeout: float) -> dict[str, Any]:
 
 def read_jaeger(base_url: str = DEFAULT_JAEGER, service: str = DEFAULT_SERVICE, *, limit: int = 2000,
                 lookback_s: float = 3600.0, timeout: float = 30.0, now_s: float | None = None) -> list[SpanRecord]:
-    """Traces of ``service`` from the last ``lookback_s`` seconds, at most ``limit`` of them."""
+    """The message traces (those with a ``process`` span) of ``service`` from the last
+    ``lookback_s`` seconds, at most ``limit`` of them."""
     base = base_url.rstrip("/")
     if not base.startswith(("http://", "https://")):
         raise SourceError(f"--jaeger wants an http(s) URL like {DEFAULT_JAEGER}, got {base_url!r}")
+    from ..path import names as n
+
     end_us = int((time.time() if now_s is None else now_s) * 1e6)
+    # only traces with a process span, so `limit` counts messages: each receive call is a trace of
+    # its own (142 of them for 200 messages), and --limit 100 found no message at all (issue 33)
     query = urllib.parse.urlencode({"service": service, "limit": limit,
-                                    "start": end_us - int(lookback_s * 1e6), "end": end_us})
+                                    "start": end_us - int(lookback_s * 1e6), "end": end_us,
+                                    "tags": json.dumps({n.OPERATION_TYPE: n.PROCESS})})
     payload = _get_json(f"{base}/api/traces?{query}", timeout)
     with paused_gc():
         spans = list(spans_from_jaeger_json(payload))
