@@ -209,12 +209,32 @@ PUSH_FIX = "tracer.clients.demandpush.DemandPushConsumer"
 BASELINES = ("round_robin", "random")
 
 
-def next_step(runs: Sequence[PolicyRun]) -> str:
-    """The closing line: which run is the incident, the fix, where to read more."""
+def spans_went(settings: Settings) -> str:
+    """Where the spans went when no span file was written (OTLP, or another exporter), and the
+    command that reads them back."""
+    import urllib.parse
+
+    exporters = (settings.traces_exporter or "otlp").split(",")
+    if exporters == ["none"]:
+        return "spans: not written (OTEL_TRACES_EXPORTER=none); no report.html"
+    service = settings.service_name or "rmqtrace"
+    if "otlp" not in exporters:
+        return f"spans: to the {', '.join(exporters)} exporter as service {service!r}; no report.html"
+    grpc = settings.otlp_protocol == "grpc"
+    # the SDK's defaults when no endpoint is set (OTLP/gRPC 4317, OTLP/HTTP 4318)
+    endpoint = settings.otlp_endpoint or ("http://localhost:4317" if grpc else "http://localhost:4318")
+    host = urllib.parse.urlsplit(endpoint if "//" in endpoint else f"//{endpoint}").hostname or "localhost"
+    return (f"spans: sent over OTLP ({settings.otlp_protocol}) to {endpoint} as service {service!r}, no report.html; "
+            f"read them back from Jaeger: rmqtrace report --jaeger http://{host}:16686 --service {service} --html report.html")
+
+
+def next_step(runs: Sequence[PolicyRun], *, report_written: bool = True) -> str:
+    """The closing line: which run is the incident, the fix, where to read more (report.html only
+    when this run wrote it)."""
     from ..path.stages import HEADLINE_GAP
     from ..report.model import NEAR_LOWER_BOUND
 
-    more = "read more: README \"The dispatcher\", docs/dispatch.md, and report.html"
+    more = "read more: README \"The dispatcher\", docs/dispatch.md" + (", and report.html" if report_written else "")
     fix = (f"the fix in your consumer is {FIX}: every worker holds at most one message and whichever is free "
            f"takes the next (a PushConsumer: {PUSH_FIX}, same constructor)")
     incident = max((r for r in runs if r.policy in BASELINES), key=lambda r: r.over_lb, default=None)
@@ -283,9 +303,12 @@ def cmd_demo(args: argparse.Namespace) -> int:
     report = _maybe_report(out, settings.spans_file)
     if report:
         console.print(f"report: open {report}")
+    else:  # an earlier run's page would be taken for this one's
+        (out / "report.html").unlink(missing_ok=True)
+        console.print(spans_went(settings))
     console.print(f"summary: {out / 'summary.json'}")
     from ..report.terminal import hanging
-    hanging(console, "[bold]Next:[/]", [next_step(runs)])
+    hanging(console, "[bold]Next:[/]", [next_step(runs, report_written=report is not None)])
     if args.json:
         print(json.dumps([r.as_dict() for r in runs]))
     return 0
