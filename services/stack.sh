@@ -36,6 +36,12 @@ PROM="$HERE/prometheus/prom.sh"
 log() { echo "[stack] $*" >&2; }
 
 cmd_up() {
+    # every port first: a taken Jaeger port found after RocketMQ started (or after a 12-minute
+    # build) wastes the wait; each script's line names the port and what to do
+    local script
+    for script in "$RMQ" "$JAEGER" "$PROM"; do
+        bash "$script" check-ports
+    done
     log "starting RocketMQ (name server + proxy/broker; first run resolves jars from Maven Central)"
     bash "$RMQ" start
     log "starting Jaeger (first run builds it with Go: minutes)"
