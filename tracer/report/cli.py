@@ -55,7 +55,7 @@ JAEGER_DEFAULTS = {"limit": 2000, "lookback": "1h", "timeout": 30.0}  # options 
 
 def add_cli(subparsers: Any) -> argparse.ArgumentParser:
     """Register ``report`` on the ``rmqtrace`` parser's subparsers."""
-    from ..tools.argtypes import interval
+    from ..argtypes import interval
     from .sources import DEFAULT_JAEGER, DEFAULT_SERVICE
 
     p: argparse.ArgumentParser = subparsers.add_parser(

@@ -18,7 +18,7 @@ if TYPE_CHECKING:
     from ..config import Settings
     from .demo import PolicyRun
 
-from .argtypes import port, positive_number, probability, whole_at_least
+from ..argtypes import port, positive_number, probability, whole_at_least
 
 __all__ = ["Parser", "build_parser", "main"]
 

@@ -19,8 +19,8 @@ import sys
 import threading
 from typing import Any, Callable
 
+from ..argtypes import interval, port, whole_at_least
 from ..report.broker_side import prometheus_url
-from .argtypes import interval, port, whole_at_least
 
 __all__ = ["PROG", "add_cli", "cmd_probe"]
 
