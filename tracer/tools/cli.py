@@ -166,11 +166,10 @@ def run_demo_job(args: argparse.Namespace, settings: Settings, registry: Any, co
 
 def policy_table(runs: Sequence[PolicyRun]) -> Any:
     """Job time against the lower bound, and the headline: the share spent waiting in the consumer."""
-    from rich.table import Table
-
     from ..path.stages import HEADLINE_GAP
+    from ..report.terminal import titled_table
 
-    table = Table(title="Job completion per policy (LB = lower bound)")
+    table = titled_table("Job completion per policy (LB = lower bound)")
     # Short headers, unwrapped names: the table fits an 80-column terminal (and a pipe's default).
     for col in ("policy", "job time", "LB", "× LB", "busy", HEADLINE_GAP.name, "failed"):
         table.add_column(col, justify="right" if col != "policy" else "left", no_wrap=True)
@@ -184,13 +183,13 @@ def gap_table(runs: Sequence[PolicyRun]) -> Any:
     """Percentiles of every gap, the headline first, one row per gap and policy (fits 80 columns),
     in the report's units (µs, ms, s)."""
     from rich import box
-    from rich.table import Table
 
     from ..path.stages import GAPS, HEADLINE_GAP
     from ..report.model import format_seconds
+    from ..report.terminal import titled_table
 
     # No vertical rules: with the report's units (up to "655.6 ms") the table still fits 80 columns.
-    gaps = Table(title="Stage gaps (share = of all end-to-end time)", box=box.SIMPLE_HEAD, show_edge=False, pad_edge=False)
+    gaps = titled_table("Stage gaps (share = of all end-to-end time)", box=box.SIMPLE_HEAD, show_edge=False, pad_edge=False)
     for col in ("gap", "policy", "p50", "p95", "p99", "max", "share"):
         gaps.add_column(col, justify="left" if col in ("gap", "policy") else "right", no_wrap=True)
     for g in (HEADLINE_GAP, *(g for g in GAPS if g is not HEADLINE_GAP)):
