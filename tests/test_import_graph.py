@@ -1,5 +1,5 @@
 """The package's layers, read from the source (every import, also those inside functions): the
-library never imports tracer.tools (tracer/__init__.py, README "Layout"), and the command-line side
+library never imports tracer.tools (tracer/__init__.py, docs/layout.md), and the command-line side
 (tools, report) has no import cycle. tools/bench/report.py imported the parser from tools/cli.py,
 which imports it back (issue 33); report/cli.py took its argument types from tools/."""
 
