@@ -6,12 +6,13 @@ BIN := $(VENV)/bin
 PIP := $(BIN)/python -m pip
 export PIP_DISABLE_PIP_VERSION_CHECK := 1
 
-.PHONY: demo test test-unit bench lint dist seeded mutation services-up services-down stack stack-down alerts-demo clean help
+.PHONY: demo test test-unit test-py bench lint dist seeded mutation services-up services-down stack stack-down alerts-demo clean help
 
 help:
 	@echo "make demo         the incident and its fix on the embedded broker (no Java, no Go)"
 	@echo "make test         install test deps, start RocketMQ + Jaeger + Prometheus, run every test"
 	@echo "make test-unit    only the tests that need no service"
+	@echo "make test-py V=3.13  those under another Python (venv built once in .cache/venvs)"
 	@echo "make bench        the benchmarks behind BENCHMARKS.md"
 	@echo "make stack        RocketMQ + Jaeger + Prometheus on loopback for your own app (stack-down stops it)"
 	@echo "make alerts-demo  Prometheus + Alertmanager + a webhook and the incident: the real rules fire (~1-2 min)"
@@ -48,6 +49,11 @@ test: $(VENV)/.installed-test
 
 test-unit: $(VENV)/.installed-test
 	$(BIN)/python -m pytest -ra -m "not integration" tests
+
+# The checkout on PYTHONPATH wins over the copy installed in the shared venv (.ci/pyvenv.sh says why).
+test-py:
+	@test -n "$(V)" || { echo "make test-py: say which Python, e.g. make test-py V=3.10" >&2; exit 2; }
+	@py="$$(bash .ci/pyvenv.sh $(V))" && PYTHONPATH="$(CURDIR)" "$$py" -m pytest -ra -m "not integration" tests
 
 services-up:
 	bash services/prometheus/prom.sh install

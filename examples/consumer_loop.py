@@ -31,12 +31,7 @@ def main() -> None:
     serve_metrics(settings)
     consumer = SimpleConsumer(client_configuration(), GROUP, {TOPIC: FilterExpression()}, await_duration=5,
                               tls_enable=False)
-    consumer.startup()
-    # rocketmq-python-client 5.1.2: startup() returns before the proxy has the consumer's settings,
-    # and a receive before that fails ("settings is null"); the loop would retry, this is quieter.
-    settled = getattr(consumer, "_init_settings_event", None)
-    if settled is not None:
-        settled.wait(10)
+    consumer.startup()  # the loop waits for the client's settings before its first receive
     loop = ConsumeLoop(consumer, handle, policy=POLICY, workers=WORKERS,
                        tracer=MessageTracer(consumer_group=GROUP, metrics=metrics),
                        dispatch_metrics=DispatchMetrics(), invisible_duration=30)

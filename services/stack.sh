@@ -67,6 +67,11 @@ prom_page() {
 }
 
 cmd_up() {
+    # every port first: a taken Jaeger port found after RocketMQ started (or after a 12-minute
+    # build) wastes the wait; each script's line names the port and what to do
+    if has rocketmq; then bash "$RMQ" check-ports; fi
+    if has jaeger; then bash "$JAEGER" check-ports; fi
+    if has prometheus; then bash "$PROM" check-ports; fi
     if has rocketmq; then
         log "starting RocketMQ (name server + proxy/broker; first run resolves jars from Maven Central)"
         bash "$RMQ" start

@@ -11,6 +11,7 @@ import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 from opentelemetry.sdk.trace import TracerProvider
@@ -29,6 +30,15 @@ if os.environ.get("RMQTRACE_SEEDED") == "1":
     settings.load_profile("seeded")
 
 REPO = Path(__file__).resolve().parent.parent
+
+
+def pyproject() -> dict[str, Any]:
+    """This checkout's pyproject.toml, parsed (tomllib is new in 3.11; 3.10 has the tomli backport)."""
+    try:
+        import tomllib
+    except ModuleNotFoundError:  # Python 3.10
+        import tomli as tomllib
+    return tomllib.loads((REPO / "pyproject.toml").read_text())
 
 
 def require_services() -> bool:

@@ -164,10 +164,9 @@ def test_the_benchmarks_share_one_percentile_and_one_drop_exporter() -> None:
 
 def test_the_license_is_an_spdx_string_so_installing_is_quiet() -> None:
     """setuptools >= 77 warns at every build (dozens of lines before `make demo`) for the table form."""
-    import tomllib
-    from conftest import REPO
+    from conftest import pyproject
 
-    project = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]
+    project = pyproject()["project"]
     assert project["license"] == "Apache-2.0"
 
 
@@ -260,3 +259,33 @@ def test_a_real_ctrl_c_mid_run_ends_at_once_and_says_so(tmp_path) -> None:
     lines = err.strip().splitlines()
     assert "Traceback" not in err and "interrupted" in lines[-1] and str(spans) in lines[-1], err[-2000:]
     assert not (tmp_path / "summary.json").exists()
+
+
+@pytest.mark.integration
+def test_demo_over_otlp_says_where_the_spans_went_and_leaves_no_stale_report(
+        tmp_path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
+    """With OTLP set it wrote no report and pointed at the previous run's report.html (issue 33)."""
+    import uuid
+
+    from conftest import unavailable
+    from waiting import wait_until
+
+    try:
+        socket.create_connection(("127.0.0.1", 4318), timeout=2).close()
+    except OSError as exc:
+        unavailable(f"no OTLP receiver (Jaeger) on 127.0.0.1:4318: {exc}")
+    service = f"rmqtrace-demo-otlp-{uuid.uuid4().hex[:8]}"
+    monkeypatch.setenv("OTEL_EXPORTER_OTLP_ENDPOINT", "http://127.0.0.1:4318")
+    monkeypatch.setenv("OTEL_SERVICE_NAME", service)
+    (tmp_path / "report.html").write_text("an earlier run's page")
+    assert main([*DEMO_SMALL, "--out", str(tmp_path)]) == 0
+    out = " ".join(capsys.readouterr().out.split())
+    assert not (tmp_path / "report.html").exists()  # fails before: the stale page stayed, and was pointed at
+    command = f"rmqtrace report --jaeger http://127.0.0.1:16686 --service {service} --html report.html"
+    assert (f"spans: sent over OTLP (http/protobuf) to http://127.0.0.1:4318 as service '{service}', no "
+            f"report.html; read them back from Jaeger: {command}") in out, out
+    assert "report.html" not in out.split("Next:")[1]
+    # the command it names reads this run back
+    argv = command.split()[1:]
+    argv[argv.index("report.html")] = str(tmp_path / "from-jaeger.html")
+    wait_until(lambda: main(argv) == 0, timeout=30, interval=0.5, what=f"{service}'s traces in Jaeger")

@@ -123,10 +123,10 @@ def test_an_export_that_fails_names_the_endpoint_once(env, caplog):
 def test_the_readme_names_the_extra_that_brings_opentelemetry_instrument() -> None:
     import pathlib
 
-    import tomllib
+    from conftest import pyproject
 
     root = pathlib.Path(__file__).resolve().parents[1]
-    extras = tomllib.loads((root / "pyproject.toml").read_text())["project"]["optional-dependencies"]
+    extras = pyproject()["project"]["optional-dependencies"]
     assert any(d.startswith("opentelemetry-distro") for d in extras["instrument"])
     readme = (root / "README.md").read_text()
     block = readme[readme.index("pip install -e '.[rocketmq,instrument]'"):]

@@ -111,11 +111,22 @@ def test_push_consumer_traced_listener_settles_probes_without_calling_the_listen
     assert registry.get_sample_value("rmqtrace_messages_total", {"outcome": "success", **lab}) == 1
 
 
-def test_cli_against_an_endpoint_nobody_answers_is_one_line_and_status_2(rmq, capsys):
-    topic = fresh_topic("rt-probe-cli")
-    assert main(["probe", "--endpoint", "127.0.0.1:1", "--topic", topic, "--count", "1"]) == 2
+@pytest.mark.parametrize(("endpoint", "made", "says"), [
+    ("127.0.0.1:1", True, ["no RocketMQ proxy answers at 127.0.0.1:1", "make stack"]),
+    (ENDPOINT, False, ["does not exist on the broker at", "rmq.sh topic "]),
+], ids=["broker-down", "topic-missing"])
+def test_cli_says_whether_the_broker_is_down_or_the_topic_missing(rmq, capsys, endpoint, made, says):
+    """Both failed with the same line ("failed to fetch topic:T route.") and exit 2, the bad-argument
+    status; each is a failure of the run (1) with its own line and next step (issue 33)."""
+    from rmq_real import unique
+
+    topic = fresh_topic("rt-probe-cli") if made else unique("rt-probe-missing")
+    assert main(["probe", "--endpoint", endpoint, "--topic", topic, "--count", "1"]) == 1
     err = capsys.readouterr().err
-    assert err.count("\n") == 1 and err.startswith("rmqtrace probe: error: --endpoint 127.0.0.1:1"), err
+    assert err.count("\n") == 1 and err.startswith("rmqtrace probe: error: "), err
+    assert all(word in err for word in says) and "failed to fetch" not in err, err
+    if not made:
+        assert f"rmq.sh topic {topic}" in err
 
 
 def test_instrumented_simple_consumer_never_returns_a_probe_and_acks_it(rmq, registry):

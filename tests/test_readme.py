@@ -74,6 +74,31 @@ def test_readme_block_runs_against_the_real_broker(line: int, code: str, tmp_pat
     proc = _run(renamed, tmp_path)
     assert proc.returncode == 0, f"README.md line {line}:\n{proc.stderr[-3000:]}"
     assert "running 3 cases of" in proc.stdout, proc.stdout
+    # a first real run that prints a traceback looks like a crash, even when it exits 0 (issue 33)
+    assert "Traceback" not in proc.stderr, f"README.md line {line}:\n{proc.stderr[-3000:]}"
+
+
+@pytest.mark.integration
+@pytest.mark.parametrize("what", ["broker-down", "topic-missing"])
+def test_the_readme_program_without_its_broker_or_topic_says_which_in_its_last_line(what: str, tmp_path: Path) -> None:
+    """It died with the client's "failed to fetch topic:jobs route." for both (issue 33)."""
+    from rmq_real import ensure_broker, fresh_group, unique
+
+    ensure_broker()
+    line, code = BROKER[0]
+    topic = unique("readme-missing")
+    code = code.replace('"jobs"', f'"{topic}"').replace('"workers"', f'"{fresh_group("readme")}"')
+    if what == "broker-down":
+        code = code.replace('"127.0.0.1:8081"', '"127.0.0.1:1"')
+        says = "no RocketMQ proxy answers at 127.0.0.1:1: start one (`make stack`"
+    else:
+        says = (f"topic {topic!r} does not exist on the broker at 127.0.0.1:8081: "
+                f"create it (`bash services/rocketmq/rmq.sh topic {topic}`")
+    proc = _run(code, tmp_path)
+    assert proc.returncode == 1, proc.stderr[-3000:]
+    last = proc.stderr.strip().splitlines()[-1]
+    assert last.startswith("tracer.clients.route.TopicRouteError: ") and says in last, proc.stderr[-3000:]
+    assert "failed to fetch" not in proc.stderr, proc.stderr[-3000:]
 
 
 def test_the_copyable_handler_example_runs(tmp_path: Path) -> None:

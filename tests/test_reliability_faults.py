@@ -343,8 +343,11 @@ def test_trace_backend_down_or_black_holed_handling_keeps_full_speed_and_drops_a
     for cond in ("closed", "blackhole"):
         r = results[cond]
         assert r["acked"] == n and r["failed"] == 0
-        # a dead backend costs no more than a healthy one (tracing's own cost is BENCHMARKS.md's)
-        assert rate[cond] >= 0.8 * rate["healthy"] and rate[cond] >= 0.6 * rate["off"], (cond, rate)
+        # a dead backend never holds up the handling path. An export on it would cost up to
+        # OTEL_EXPORTER_OTLP_TIMEOUT (2 s) per span against 20 ms of work: a rate below 1/100 of
+        # healthy. Half is a margin a loaded 2-core machine keeps (0.8 failed at 0.79 in a loaded
+        # `make test`, issue 33); the measured ratios are figures (RELIABILITY.md), not asserted.
+        assert rate[cond] >= 0.5 * rate["healthy"] and rate[cond] >= 0.4 * rate["off"], (cond, rate)
         # five spans per message (process, handler, three gaps) plus a receive span per receive
         # call; none reached a backend: all counted
         assert r["operation_spans"] >= 1 and r["spans_ended"] == 5 * n + r["operation_spans"]

@@ -246,3 +246,41 @@ def test_the_fleet_page_has_axes_a_legend_and_follows_the_window(browser: str, f
         assert len(svg["ticks"]) >= 4, svg["ticks"]  # labelled ticks, not only 0 and the end
         assert min(svg["tickHeights"]) >= 11, svg["tickHeights"]  # readable, not ~9 px
         assert svg["instances"] == 3 and svg["heldScales"] == [2, 2, 2], svg  # 0 and the peak per held line
+
+
+CHART_PROBE = """<pre id="chart-probe"></pre><script>
+window.addEventListener("load", () => {
+  const out = {charts: [], verdicts: []};
+  const main = ["svg#compare", "#waterfall svg.waterfall", "#heatmap svg.heat", "#occupancy svg.occupancy"];
+  for (const sel of main) {
+    for (const svg of document.querySelectorAll(sel)) {
+      const box = (svg.closest(".card") || svg.closest("section")), cs = getComputedStyle(box);
+      const room = box.getBoundingClientRect().width - parseFloat(cs.paddingLeft) - parseFloat(cs.paddingRight)
+                   - parseFloat(cs.borderLeftWidth) - parseFloat(cs.borderRightWidth);
+      out.charts.push({sel, width: svg.getBoundingClientRect().width, room});
+    }
+  }
+  for (const v of document.querySelectorAll(".verdict")) {
+    const ok = v.closest(".job").querySelector(".big .ok") !== null;
+    out.verdicts.push({ok, accent: getComputedStyle(v).borderLeftColor});
+  }
+  document.getElementById("chart-probe").textContent = JSON.stringify(out);
+});
+</script>"""
+
+
+@pytest.mark.parametrize("width", FIT_WIDTHS)
+def test_charts_follow_their_cards_width_and_the_accent_follows_the_verdict(browser: str, demo_report3: Path,
+                                                                           tmp_path: Path, width: int) -> None:
+    """At 1920 px the charts kept a fixed width (the job view ~55 % of the page, the others ~two
+    thirds of their cards) and every verdict had the same red accent, the good ones too (issue 33)."""
+    seen = _probe(browser, demo_report3, CHART_PROBE, "chart-probe", width, tmp_path)
+    charts = seen["charts"]
+    assert isinstance(charts, list) and {c["sel"] for c in charts} == {
+        "svg#compare", "#waterfall svg.waterfall", "#heatmap svg.heat", "#occupancy svg.occupancy"}
+    narrow = [c for c in charts if c["width"] < c["room"] - 1]
+    assert narrow == [], (width, narrow)
+    verdicts = seen["verdicts"]
+    assert isinstance(verdicts, list) and verdicts
+    green = "rgb(30, 122, 52)"  # the page's .ok colour, as its ratio beside the verdict
+    assert all((v["accent"] == green) == v["ok"] for v in verdicts), verdicts  # fails before: all #d55e00

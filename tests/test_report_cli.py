@@ -120,6 +120,9 @@ BAD_REPORT = [
     (["{spans}", "--html", "{tmp}/a-file/r.html"], 2, "is not a folder"),
     (["{spans}", "--png", "{tmp}"], 2, "is a folder"),
     (["{spans}", "--png", "{tmp}/a-file/r.png"], 2, "is not a folder"),
+    # a folder that says it is writable (root: os.access says yes to everything) and takes no file
+    (["{spans}", "--html", "/proc/rmqtrace-report.html"], 2, "cannot write there"),
+    (["{spans}", "--png", "/proc/rmqtrace-report.png"], 2, "cannot write there"),
     (["--jaeger", "http://127.0.0.1:1", "--timeout", "-5"], 2, "--timeout"),
     (["--jaeger", "http://127.0.0.1:1", "--timeout", "soon"], 2, "--timeout"),
     (["--jaeger", "notaurl"], 2, "http(s) URL"),
@@ -214,3 +217,22 @@ def test_where_the_time_went_bullets_stay_indented_when_piped(spans_file: Path, 
     assert code == 0
     head = out.split("Job view")[0].splitlines()[1:]
     assert head and head[0].startswith("  • ") and all(w.startswith(("  • ", "    ")) for w in head), head
+
+
+@pytest.mark.parametrize("fleet", [False, True], ids=["report", "fleet"])
+def test_an_html_write_failing_after_the_checks_is_a_failed_run(fleet: bool, spans_file: Path, tmp_path: Path,
+                                                               capsys: pytest.CaptureFixture[str],
+                                                               monkeypatch: pytest.MonkeyPatch) -> None:
+    """The checks passed, then the disk filled: a failure of the run (1), one line, not a bad argument (2)."""
+    import errno
+
+    def full(*args: object, **kwargs: object) -> None:
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    if fleet:
+        monkeypatch.setattr(Path, "write_text", full)  # the fleet page is written in place
+    else:
+        from tracer.report import html
+        monkeypatch.setattr(html, "write_html", full)
+    code, _, err = run(capsys, str(spans_file), *(["--fleet"] if fleet else []), "--html", str(tmp_path / "r.html"))
+    assert code == 1 and err.strip().splitlines() == [f"rmqtrace report: --html {tmp_path / 'r.html'}: No space left on device"]

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import os
+import urllib.parse
 import urllib.request
 import uuid
 from pathlib import Path
@@ -235,3 +236,17 @@ def test_fleet_blockers_from_jaeger_are_those_of_the_span_file(jaeger: str, flee
     assert view["top_blockers"], "the long-tailed job held messages up while other instances idled"
     assert view["top_blockers"] == [b.as_dict() for b in ranked]
     assert view["avoidable_wait"] == {k: round(v, 6) for k, v in shares.items()}
+
+
+def test_limit_counts_messages_not_receive_traces(jaeger: str, run: tuple[str, Path]) -> None:
+    """Each receive call is a trace of its own: --limit 100 of 200 messages found none (issue 33)."""
+    service, _ = run
+    expected = len(POLICIES) * GROUPS
+    query = urllib.parse.urlencode({"service": service, "limit": 10 * expected, "lookback": "1h"})
+    with urllib.request.urlopen(f"{jaeger}/api/traces?{query}", timeout=10) as resp:
+        traces = json.load(resp)["data"]
+    receive_only = [t for t in traces if not any(s["operationName"].startswith("process ") for s in t["spans"])]
+    assert receive_only and len(traces) == expected + len(receive_only)  # the run has receive traces
+    spans = read_jaeger(jaeger, service, limit=expected, lookback_s=3600, timeout=10)
+    assert sum(1 for s in spans if is_process_span(s)) == expected  # fails before: the receive traces took part
+    assert len({s.trace_id for s in spans}) == expected

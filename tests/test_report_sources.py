@@ -15,6 +15,7 @@ from report_helpers import KNOWN, MS, T0, scenario_spans, write_scenario_with_tr
 from tracer.path.stages import Stage
 from tracer.report.model import build_report, messages_from_spans
 from tracer.report.sources import (
+    NoTracesForService,
     SourceError,
     jaeger_span,
     parse_duration,
@@ -170,6 +171,8 @@ class _Stub:
         self.payload = payload
         self.status = status
         self.services = services or []
+        self.operations: dict[str, list[str]] = {}  # per service, for /api/services/{name}/operations
+        self.payload_of: dict[str, dict[str, Any]] = {}  # per service: its traces (else payload)
         self.queries: list[tuple[str, dict[str, list[str]]]] = []
 
 
@@ -181,7 +184,12 @@ def jaeger_stub() -> Iterator[tuple[str, _Stub]]:
         def do_GET(self) -> None:  # noqa: N802 - http.server's name
             url = urllib.parse.urlsplit(self.path)
             stub.queries.append((url.path, urllib.parse.parse_qs(url.query)))
-            body: Any = {"data": stub.services} if url.path == "/api/services" else stub.payload
+            query = urllib.parse.parse_qs(url.query)
+            body: Any = stub.payload_of.get(query.get("service", [""])[0], stub.payload)
+            if url.path == "/api/services":
+                body = {"data": stub.services}
+            elif url.path.startswith("/api/services/") and url.path.endswith("/operations"):
+                body = {"data": stub.operations.get(urllib.parse.unquote(url.path.split("/")[3]))}
             raw = json.dumps(body).encode() if stub.status == 200 else b"boom"
             self.send_response(stub.status)
             self.send_header("Content-Type", "application/json")
@@ -211,7 +219,7 @@ def test_read_jaeger_queries_the_service_window_and_maps(jaeger_stub: tuple[str,
     path, q = stub.queries[0]
     assert path == "/api/traces"
     assert q == {"service": ["rmqtrace"], "limit": ["50"], "start": [str(1_700_000_000_000_000 - 600_000_000)],
-                 "end": ["1700000000000000"]}
+                 "end": ["1700000000000000"], "tags": ['{"messaging.operation.type": "process"}']}
     assert build_report(spans).groups[0].jobs[0].lower_bound_s == pytest.approx(1.0)
 
 
@@ -220,6 +228,38 @@ def test_read_jaeger_no_traces_names_the_known_services(jaeger_stub: tuple[str, 
     stub.services = ["other", "jaeger"]
     with pytest.raises(SourceError, match=r"no traces for service 'rmqtrace'.*services known: jaeger, other"):
         read_jaeger(url, "rmqtrace", timeout=5)
+
+
+CONSUMER_OPS = ["handler", "dispatch_wait", "process jobs", "receive jobs"]
+
+
+def test_read_jaeger_no_traces_names_the_services_with_consumer_spans(jaeger_stub: tuple[str, _Stub]) -> None:
+    url, stub = jaeger_stub
+    stub.services = ["unknown_service:python", "producer-app", "workers"]
+    stub.operations = {"unknown_service:python": CONSUMER_OPS, "producer-app": ["send jobs"], "workers": CONSUMER_OPS}
+    with pytest.raises(NoTracesForService) as caught:
+        read_jaeger(url, "rmqtrace", timeout=5)
+    assert caught.value.consumer_services == ["unknown_service:python", "workers"]
+    assert str(caught.value).endswith("(services with rmqtrace consumer spans: unknown_service:python, workers; "
+                                      "give --service NAME)")
+
+
+def test_report_reads_the_only_service_with_consumer_spans(jaeger_stub: tuple[str, _Stub],
+                                                            capsys: pytest.CaptureFixture[str]) -> None:
+    """The README's program set no OTEL_SERVICE_NAME: its traces were unknown_service:python, and
+    `report --jaeger` looked for rmqtrace and listed every service (issue 33)."""
+    from tracer.tools.cli import main
+
+    url, stub = jaeger_stub
+    stub.services = ["unknown_service:python", "producer-app"]
+    stub.operations = {"unknown_service:python": CONSUMER_OPS, "producer-app": ["send jobs"]}
+    stub.payload_of = {"unknown_service:python": jaeger_payload(scenario_spans(KNOWN))}
+    code = main(["report", "--jaeger", url, "--json"])
+    out, err = capsys.readouterr()
+    assert code == 0, err
+    assert ("rmqtrace report: no traces for service 'rmqtrace'; reading 'unknown_service:python', the only service "
+            "with rmqtrace consumer spans (--service picks another)") in err
+    assert json.loads(out)["groups"]
 
 
 def test_read_jaeger_http_error(jaeger_stub: tuple[str, _Stub]) -> None:

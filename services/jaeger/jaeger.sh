@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Local Jaeger v2 (v1.76.0, built from the Go module pinned in go.mod/go.sum):
-#   build | start | stop | status | logs
+#   build | start | check-ports | stop | status | logs
 #
 # Env (all optional):
 #   JAEGER_OTLP_GRPC_PORT (4317)  JAEGER_OTLP_HTTP_PORT (4318)
@@ -27,7 +27,6 @@ export JAEGER_OTLP_HTTP_PORT="${JAEGER_OTLP_HTTP_PORT:-4318}"
 export JAEGER_QUERY_PORT="${JAEGER_QUERY_PORT:-16686}"
 export JAEGER_QUERY_GRPC_PORT="${JAEGER_QUERY_GRPC_PORT:-16685}"
 export JAEGER_PROM_EXPORTER_PORT="${JAEGER_PROM_EXPORTER_PORT:-8889}"
-PORTS=("$JAEGER_QUERY_PORT" "$JAEGER_QUERY_GRPC_PORT" "$JAEGER_OTLP_GRPC_PORT" "$JAEGER_OTLP_HTTP_PORT" "$JAEGER_PROM_EXPORTER_PORT")
 QUERY_URL="http://127.0.0.1:$JAEGER_QUERY_PORT"
 
 log() { echo "[jaeger] $*" >&2; }
@@ -80,6 +79,20 @@ is_ready() {
     done
 }
 
+# Each port with the variable that moves it, so the error can say what to do.
+PORT_VARS=(JAEGER_QUERY_PORT JAEGER_QUERY_GRPC_PORT JAEGER_OTLP_GRPC_PORT JAEGER_OTLP_HTTP_PORT JAEGER_PROM_EXPORTER_PORT)
+check_ports() {
+    local var p
+    for var in "${PORT_VARS[@]}"; do
+        p="${!var}"
+        if port_open "$p"; then
+            die "127.0.0.1:$p ($var) is already in use by another process (\`ss -ltnp 'sport = :$p'\` names it):" \
+                "stop it, or start this one elsewhere ($var=<free port>), or, if it is a Jaeger or OTLP collector" \
+                "you run, skip this one and point the app at it (OTEL_EXPORTER_OTLP_ENDPOINT)"
+        fi
+    done
+}
+
 cmd_start() {
     if pid_alive; then
         if is_ready; then
@@ -89,11 +102,8 @@ cmd_start() {
         die "pid $(cat "$PIDFILE") is running but not ready on $QUERY_URL (other ports? try: $0 stop)"
     fi
     rm -f "$PIDFILE"
+    check_ports  # before the build: a cold one takes minutes, and would end in this error anyway
     cmd_build
-    local p
-    for p in "${PORTS[@]}"; do
-        port_open "$p" && die "127.0.0.1:$p is already in use by another process"
-    done
     : >"$LOG"
     echo "$JAEGER_QUERY_PORT" >"$STATE/query_port"
     nohup setsid sh -c 'echo $$ >"$0"; exec "$@"' "$PIDFILE" \
@@ -121,8 +131,9 @@ cmd_status() {
 case "${1:-}" in
     build) cmd_build ;;
     start) cmd_start ;;
+    check-ports) if ! pid_alive; then check_ports; fi ;;
     stop) cmd_stop ;;
     status) cmd_status ;;
     logs) tail -n "${2:-50}" "$LOG" ;;
-    *) echo "usage: $0 build|start|stop|status|logs [N]" >&2; exit 2 ;;
+    *) echo "usage: $0 build|start|check-ports|stop|status|logs [N]" >&2; exit 2 ;;
 esac

@@ -163,6 +163,12 @@ cmd_reload() {
     wait_scraped
 }
 
+check_port() {
+    port_busy && die "127.0.0.1:$PORT is already in use by another process (\`ss -ltnp 'sport = :$PORT'\` names it):" \
+        "stop it, or start this one elsewhere (PROM_PORT=<free port>)"
+    return 0
+}
+
 cmd_start() {
     command -v prometheus >/dev/null || cmd_install
     if pid_alive; then
@@ -178,7 +184,7 @@ cmd_start() {
         return 0
     fi
     rm -f "$PIDFILE" "$STATE/port"
-    port_busy && die "127.0.0.1:$PORT is already in use by another process (set PROM_PORT)"
+    check_port
     render
     if [[ "${PROM_KEEP_DATA:-0}" != 1 ]]; then rm -rf "$DATA"; fi
     mkdir -p "$DATA"
@@ -219,9 +225,10 @@ cmd_status() {
 case "${1:-}" in
     install) cmd_install ;;
     start) cmd_start ;;
+    check-ports) if ! pid_alive; then check_port; fi ;;
     stop) cmd_stop ;;
     status) cmd_status ;;
     reload) cmd_reload ;;
     render) render && cat "$CONFIG" ;;
-    *) echo "usage: $0 install|start|stop|status|reload|render" >&2; exit 2 ;;
+    *) echo "usage: $0 install|start|check-ports|stop|status|reload|render" >&2; exit 2 ;;
 esac

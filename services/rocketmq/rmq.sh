@@ -6,6 +6,7 @@
 #   rmq.sh stop [kill]           stop everything started from this run dir (TERM, KILL after
 #                                RMQ_STOP_TIMEOUT; ~13 s); `kill`: SIGKILL at once
 #   rmq.sh status                show pids/ports; exit 0 if all up, 3 if all down, 1 if partly up
+#   rmq.sh check-ports           exit 1 with the next step if a port start needs is taken (make stack)
 #   rmq.sh topic NAME... [fifo] [--queues N]
 #                                create/update topics (default 4 queues); `fifo` makes every named
 #                                topic FIFO, NAME:fifo marks a single one. Uses rmq_admin.py (python3,
@@ -250,7 +251,7 @@ prepare_run_dir() {
 start_namesrv() {
     local deadline=$((SECONDS + START_TIMEOUT))
     if live_pid namesrv >/dev/null; then return 0; fi
-    port_open $NAMESRV_PORT && die "port $NAMESRV_PORT is in use by a process not started from $RUN"
+    port_open $NAMESRV_PORT && die "$(port_taken $NAMESRV_PORT)"
     launch namesrv org.apache.rocketmq.namesrv.NamesrvStartup \
         -Xms64m -Xmx256m -XX:MaxDirectMemorySize=128m -XX:+UseSerialGC ${RMQ_NAMESRV_JVM_OPTS:-} \
         -- -c "$RUN/conf/namesrv.conf"
@@ -262,7 +263,7 @@ start_proxy() { # [extra admin ops run in the same JVM as the registration wait]
     if ! live_pid proxy >/dev/null; then
         local p
         for p in $GRPC_PORT $REMOTING_PORT $BROKER_PORT $METRICS_PORT; do
-            port_open $p && die "port $p is in use by a process not started from $RUN"
+            port_open $p && die "$(port_taken $p)"
         done
         launch proxy org.apache.rocketmq.proxy.ProxyStartup \
             -Xms512m -Xmx512m -XX:MaxDirectMemorySize=512m -XX:+UseG1GC ${RMQ_PROXY_JVM_OPTS:-} \
@@ -375,9 +376,26 @@ all_up() {
         && port_open $BROKER_PORT && port_open $GRPC_PORT && port_open $REMOTING_PORT && port_open $METRICS_PORT
 }
 
+# The ports a start needs, checked before the jars are resolved (minutes on a cold cache).
+check_ports() {
+    local p need=()
+    live_pid namesrv >/dev/null || need+=($NAMESRV_PORT)
+    live_pid proxy >/dev/null || need+=($GRPC_PORT $REMOTING_PORT $BROKER_PORT $METRICS_PORT)
+    for p in "${need[@]}"; do
+        port_open $p && die "$(port_taken $p)"
+    done
+    return 0
+}
+
+port_taken() { # PORT: the cause and the next step, one line
+    echo "port $1 is in use by a process not started from $RUN (\`ss -ltnp 'sport = :$1'\` names it): stop it," \
+        "or, if it is a RocketMQ you run, skip this one and point the app at its proxy (RMQ_ENDPOINT=HOST:PORT)"
+}
+
 cmd_start() {
     with_lock
     if all_up; then log "already running"; return 0; fi
+    check_ports
     local t0=$SECONDS
     ensure_lib
     JAVA="$(find_java)"
@@ -484,6 +502,7 @@ main() {
     [[ $# -gt 0 ]] && shift
     case "$cmd" in
         start) cmd_start ;;
+        check-ports) if ! all_up; then check_ports; fi ;;
         stop) cmd_stop "$@" ;;
         status) cmd_status ;;
         topic) cmd_admin_kind topic "$@" ;;

@@ -20,7 +20,10 @@ import tempfile
 import time
 from pathlib import Path
 
-import tomllib
+try:
+    import tomllib
+except ModuleNotFoundError:  # Python 3.10: the backport the test extra installs there
+    import tomli as tomllib
 
 ROOT = Path(__file__).resolve().parents[2]
 BUGS = ROOT / "tests" / "mutation" / "seeded_bugs.toml"

@@ -72,6 +72,7 @@ from .consume_options import (
 )
 from .lease import SETTLING, SUBMITTED, WAITING, Lease, LeaseKeeper, broker_lease
 from .probe import probe_stage, skip_probes
+from .startup import SETTINGS_WAIT_S, wait_for_settings
 
 if TYPE_CHECKING:  # typing.Unpack is 3.11+; only the annotation needs it
     from typing_extensions import Unpack
@@ -413,6 +414,9 @@ class ConsumeLoop:
         if phase > _Phase.POLLED:
             raise RuntimeError("a ConsumeLoop runs once")
         self._start_helpers()
+        # the 5.1.2 client's first receive before its settings fails with a traceback (startup.py)
+        if wait_for_settings(self.consumer, SETTINGS_WAIT_S, self._stop) is False and not self._stop.is_set():
+            log.debug("rmqtrace consume loop: no settings from the proxy within %g s; receiving anyway", SETTINGS_WAIT_S)
         failures = 0  # receives failed in a row
         tick = self._tick()
         try:

@@ -44,6 +44,7 @@ from typing import Any, Callable, Mapping
 from ..callables import never_ran, require_plain
 from ..telemetry.tracer import MessageTracer
 from .consume import ConsumeLoop, ConsumeStats, exponential_backoff
+from .startup import wait_for_settings
 
 __all__ = ["ConsumeFailed", "DemandPushConsumer"]
 
@@ -130,8 +131,7 @@ class DemandPushConsumer:
             try:
                 # 5.1.2: startup() returns before the proxy's settings, and without them every receive
                 # fails ("settings is null"); against a dead endpoint it returns at once and never gets them
-                settled = getattr(consumer, "_init_settings_event", None)
-                if settled is not None and not settled.wait(self.startup_timeout):
+                if wait_for_settings(consumer, self.startup_timeout) is False:
                     raise ConnectionError(f"no settings from the RocketMQ proxy within {self.startup_timeout:g} s "
                                           f"(consumer group {self.consumer_group!r}): is it reachable?")
                 loop = ConsumeLoop(consumer, self._handle, tracer=self.tracer, settle_spans=self.settle_spans,

@@ -47,6 +47,7 @@ from .legacy import traced_callback, traced_legacy_send
 from .official import ReceivedTraces, TracedListener, settle_received
 from .package import _instruments, _instruments_legacy
 from .producer import traced_send, traced_send_async
+from .startup import SETTINGS_WAIT_S, wait_for_settings
 
 __all__ = ["RocketMQInstrumentor"]
 
@@ -56,8 +57,17 @@ class _Seam(NamedTuple):
 
     traces: ReceivedTraces
     operations: ConsumerOperations
+    settings_waited: threading.Event  # set once its first receive waited for the client's settings (startup.py)
 
 log = logging.getLogger(__name__)
+
+
+def _await_settings(seam: _Seam, consumer: Any) -> None:
+    """The 5.1.2 client's first receive before its settings fails (startup.py): wait once per consumer."""
+    if not seam.settings_waited.is_set():
+        if wait_for_settings(consumer) is False:
+            log.debug("rmqtrace: no settings from the proxy within %g s; receiving anyway", SETTINGS_WAIT_S)
+        seam.settings_waited.set()
 
 _PRODUCER = "rocketmq.v5.producer.producer"
 _SIMPLE = "rocketmq.v5.consumer.simple.simple_consumer"
@@ -194,7 +204,7 @@ class RocketMQInstrumentor(BaseInstrumentor):  # type: ignore[misc]
                 tracer = MessageTracer(consumer_group=group or self._default_group, tracer_provider=self._provider,
                                        metrics=self.metrics)
                 found = _Seam(ReceivedTraces(tracer),
-                              ConsumerOperations(tracer, consumer, settle_spans=self._settle_spans))
+                              ConsumerOperations(tracer, consumer, settle_spans=self._settle_spans), threading.Event())
                 if consumer_key is not None:
                     self._seams[consumer_key] = found
                 else:
@@ -228,6 +238,7 @@ class RocketMQInstrumentor(BaseInstrumentor):  # type: ignore[misc]
         if not is_instrumentation_enabled():
             return wrapped(*args, **kwargs)
         seam = self._seam_for(instance, _group_of(instance))
+        _await_settings(seam, instance)
         messages = seam.operations.receive(lambda: wrapped(*args, **kwargs), seam.traces.received)
         return settle_received(seam.traces, instance, messages)  # probes acked here, not returned
 
@@ -235,6 +246,7 @@ class RocketMQInstrumentor(BaseInstrumentor):  # type: ignore[misc]
         if not is_instrumentation_enabled():
             return wrapped(*args, **kwargs)
         seam = self._seam_for(instance, _group_of(instance))
+        _await_settings(seam, instance)
         return seam.operations.receive_async(lambda: wrapped(*args, **kwargs), seam.traces.received,
                                              lambda messages: settle_received(seam.traces, instance, messages))
 

@@ -42,6 +42,7 @@ from ..telemetry.operations import ConsumerOperations
 from ..telemetry.tracer import MessageTrace, MessageTracer
 from .listener import Seam, traced_consume
 from .probe import settle_probe
+from .startup import SETTINGS_WAIT_S, wait_for_settings
 
 __all__ = ["PUSH_SEAM", "NotAcked", "Processing", "ReceivedStats", "ReceivedTraces", "TracedListener",
            "TracedSimpleConsumer", "settle_received"]
@@ -284,18 +285,27 @@ class TracedSimpleConsumer:
         self._consumer = consumer
         self.operations = ConsumerOperations(tracer, consumer, settle_spans=settle_spans)
         self.traces = ReceivedTraces(tracer)
+        self._settled = False  # the client's settings were waited for (startup.py: the 5.1.2 race)
+
+    def _await_settings(self) -> None:
+        if not self._settled:
+            self._settled = True
+            if wait_for_settings(self._consumer) is False:
+                log.debug("rmqtrace: no settings from the proxy within %g s; receiving anyway", SETTINGS_WAIT_S)
 
     @property
     def wrapped(self) -> Any:
         return self._consumer
 
     def receive(self, max_message_num: int, invisible_duration: Any) -> Any:
+        self._await_settings()
         messages = self.operations.receive(lambda: self._consumer.receive(max_message_num, invisible_duration),
                                            self.traces.received)
         return settle_received(self.traces, self._consumer, messages)  # probes acked here, not returned
 
     def receive_async(self, max_message_num: int, invisible_duration: Any) -> Future[Any]:
         """``receive`` with the client's future: traces start, and the span ends, when it resolves."""
+        self._await_settings()
         return self.operations.receive_async(
             lambda: self._consumer.receive_async(max_message_num, invisible_duration), self.traces.received,
             lambda messages: settle_received(self.traces, self._consumer, messages))

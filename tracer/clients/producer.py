@@ -13,6 +13,7 @@ from opentelemetry.instrumentation.utils import suppress_instrumentation
 
 from ..path.message import client_facts
 from ..telemetry.tracer import MessageTracer, SendTrace
+from .route import explain_route_failure
 
 __all__ = ["ProducerProxy", "SendOpener", "TracedProducer", "start_send", "traced_send", "traced_send_async"]
 
@@ -50,6 +51,8 @@ def traced_send(tracer: MessageTracer, send: Callable[..., Any], message: Any, *
                 job_id: str | None = None, cost: float | None = None, opener: SendOpener = start_send,
                 id_attr: str = "message_id", **kwargs: Any) -> Any:
     """``send(message, ...)`` inside a ``send {topic}`` span; the user's exceptions pass through.
+    The 5.x client's "failed to fetch topic:T route." becomes a :class:`.route.TopicRouteError`
+    that says whether the broker is down or the topic missing, and the next step.
 
     ``opener`` reads the message (the 2.x client's differs) and ``id_attr`` names the receipt's
     message id."""
@@ -63,6 +66,11 @@ def traced_send(tracer: MessageTracer, send: Callable[..., Any], message: Any, *
             receipt = send(message, *args, **kwargs)
     except BaseException as exc:
         st.end(error=exc)
+        explained = explain_route_failure(exc, getattr(send, "__self__", None), getattr(message, "topic", None))
+        if explained is not None:
+            # the 5.x client says "failed to fetch topic:T route." for a broker that is down and for
+            # a topic that is missing alike; say which, and what to do (client_error keeps its own)
+            raise explained from None
         raise
     st.end(message_id=getattr(receipt, id_attr, None))
     return receipt

@@ -55,7 +55,7 @@ JAEGER_DEFAULTS = {"limit": 2000, "lookback": "1h", "timeout": 30.0}  # options 
 
 def add_cli(subparsers: Any) -> argparse.ArgumentParser:
     """Register ``report`` on the ``rmqtrace`` parser's subparsers."""
-    from ..tools.argtypes import interval
+    from ..argtypes import interval
     from .sources import DEFAULT_JAEGER, DEFAULT_SERVICE
 
     p: argparse.ArgumentParser = subparsers.add_parser(
@@ -156,8 +156,19 @@ def _unwritable(target: str | None) -> str | None:
         folder = folder.parent
     if not folder.is_dir():
         return f"{folder} is not a folder"
-    if not os.access(folder, os.W_OK | os.X_OK) or (path.exists() and not os.access(path, os.W_OK)):
-        return "cannot write there (permission denied)"
+    # Tried, not asked: os.access says yes to root everywhere, and a folder can refuse files for
+    # other reasons (read-only mount, /proc), so asking let such a target through to fail after
+    # the tables with the run-failure status. An existing target is opened without truncating.
+    try:
+        if path.exists():
+            with path.open("ab"):
+                pass
+        else:
+            fd, probe = tempfile.mkstemp(dir=folder, prefix=".rmqtrace-write-check-")
+            os.close(fd)
+            os.unlink(probe)
+    except OSError as exc:
+        return f"cannot write there ({exc.strerror or exc})"
     return None
 
 
@@ -165,13 +176,24 @@ def _read(args: argparse.Namespace) -> tuple[list[MessageRecord], int, str, str]
     """The message records, how many spans they came from, where from, and why some of the source
     was not used ("" when all was)."""
     from .model import messages_from_spans
-    from .sources import SourceError, paused_gc, read_jaeger
+    from .sources import NoTracesForService, SourceError, paused_gc, read_jaeger
     from .spanread import read_span_file
 
     try:
         if args.jaeger:
-            spans = read_jaeger(args.jaeger, args.service, limit=args.limit, lookback_s=args.lookback_s,
-                                timeout=args.timeout)
+            try:
+                spans = read_jaeger(args.jaeger, args.service, limit=args.limit, lookback_s=args.lookback_s,
+                                    timeout=args.timeout)
+            except NoTracesForService as exc:
+                if len(exc.consumer_services) != 1:
+                    raise
+                # one service has rmqtrace consumer spans: that is the one meant (the default name,
+                # or OTEL_SERVICE_NAME unset where the spans were written)
+                args.service = exc.consumer_services[0]
+                print(f"rmqtrace report: no traces for service {exc.service!r}; reading {args.service!r}, the only "
+                      "service with rmqtrace consumer spans (--service picks another)", file=sys.stderr)
+                spans = read_jaeger(args.jaeger, args.service, limit=args.limit, lookback_s=args.lookback_s,
+                                    timeout=args.timeout)
             traces = len({s.trace_id for s in spans})
             left_out = (f"Jaeger returned --limit {args.limit} traces; there may be more (raise --limit or narrow "
                         "--lookback)") if traces >= args.limit else ""

@@ -759,7 +759,12 @@ def cli_fleet(args: Any) -> int:
         print(f"read {collector.traces} traces in {collector.pages} pages from {args.jaeger or spans} ({collector.api})")
     if args.html:
         page = Path(args.html)
-        page.parent.mkdir(parents=True, exist_ok=True)
-        page.write_text(fleet_page(f"Fleet of {args.service}", [j.section for j in jobs if j.section]), encoding="utf-8")
+        try:  # checked before the work (report/cli.py _unwritable); the disk can still fill
+            page.parent.mkdir(parents=True, exist_ok=True)
+            page.write_text(fleet_page(f"Fleet of {args.service}", [j.section for j in jobs if j.section]),
+                            encoding="utf-8")
+        except OSError as exc:
+            print(f"rmqtrace report: --html {page}: {exc.strerror or exc}", file=sys.stderr)
+            return 1
         print(f"html: open {page.resolve().as_uri()}", file=sys.stderr if args.json else sys.stdout)
     return 0

@@ -70,9 +70,13 @@ nav a { margin-right: 14px; color: #1a5fb4; text-decoration: none; } nav a:hover
 .jobs { display: grid; grid-template-columns: repeat(auto-fit, minmax(min(360px, 100%), 1fr)); gap: 10px 24px; }
 .job, .card > * { min-width: 0; }
 .card svg, svg#compare { display: block; max-width: 100%; height: auto; }
+/* the charts fill their card at any window (drawn for PAGE_W; at 1920 px a fixed width left a third
+   of each card empty); small inline drawings such as the split bars keep their own size */
+svg#compare, .card svg.waterfall, .card svg.heat, .card svg.occupancy { width: 100%; }
 .big { font-size: 26px; font-weight: 650; } .big small { font-size: 14px; font-weight: 400; color: var(--muted); }
 .bad { color: #b3261e; } .ok { color: #1e7a34; }
 .verdict { margin: 8px 0; padding: 6px 10px; border-left: 4px solid #d55e00; background: #fff; }
+.verdict.ok { border-left-color: #1e7a34; }
 table { border-collapse: collapse; font-size: 13px; font-variant-numeric: tabular-nums; }
 th, td { padding: 3px 8px; border-bottom: 1px solid var(--line); text-align: right; white-space: nowrap; }
 th { background: #eef0f3; font-weight: 600; } .gs { border-left: 2px solid #c4c7cc; } td.l, th.l { text-align: left; }
@@ -270,7 +274,7 @@ def _job_card(g: GroupStats, width: int) -> str:
         out.append('<div class="note">' + " · ".join(
             f'<span class="sw" style="background:{STAGE_COLOR[p]}"></span>{STAGE_LABEL[p]} {fmt_s(c.split_s[p])}'
             for p in SPLIT_PARTS if c.split_s[p] > 0) + "</div>")
-        out.append(f'<div class="verdict">{escape(c.verdict)}</div></div>')
+        out.append(f'<div class="verdict {cls}">{escape(c.verdict)}</div></div>')  # the accent follows the ratio
     out.append("</div></div>")
     return "".join(out)
 

@@ -37,6 +37,16 @@ class SourceError(Exception):
     """The spans could not be read; the message says why and what to try."""
 
 
+class NoTracesForService(SourceError):
+    """Jaeger has no traces of the service asked for; ``consumer_services`` are the ones that have
+    rmqtrace consumer spans (a ``process {topic}`` span with its ``handler`` child)."""
+
+    def __init__(self, message: str, service: str, consumer_services: list[str]) -> None:
+        super().__init__(message)
+        self.service = service
+        self.consumer_services = consumer_services
+
+
 T = TypeVar("T")
 
 
@@ -223,21 +233,52 @@ def _get_json(url: str, timeout: float) -> dict[str, Any]:
 
 def read_jaeger(base_url: str = DEFAULT_JAEGER, service: str = DEFAULT_SERVICE, *, limit: int = 2000,
                 lookback_s: float = 3600.0, timeout: float = 30.0, now_s: float | None = None) -> list[SpanRecord]:
-    """Traces of ``service`` from the last ``lookback_s`` seconds, at most ``limit`` of them."""
+    """The message traces (those with a ``process`` span) of ``service`` from the last
+    ``lookback_s`` seconds, at most ``limit`` of them."""
     base = base_url.rstrip("/")
     if not base.startswith(("http://", "https://")):
         raise SourceError(f"--jaeger wants an http(s) URL like {DEFAULT_JAEGER}, got {base_url!r}")
+    from ..path import names as n
+
     end_us = int((time.time() if now_s is None else now_s) * 1e6)
+    # only traces with a process span, so `limit` counts messages: each receive call is a trace of
+    # its own (142 of them for 200 messages), and --limit 100 found no message at all (issue 33)
     query = urllib.parse.urlencode({"service": service, "limit": limit,
-                                    "start": end_us - int(lookback_s * 1e6), "end": end_us})
+                                    "start": end_us - int(lookback_s * 1e6), "end": end_us,
+                                    "tags": json.dumps({n.OPERATION_TYPE: n.PROCESS})})
     payload = _get_json(f"{base}/api/traces?{query}", timeout)
     with paused_gc():
         spans = list(spans_from_jaeger_json(payload))
     if not spans:
-        services = _get_json(f"{base}/api/services", timeout).get("data") or []
-        hint = f"services known: {', '.join(sorted(services))}" if services else "Jaeger knows no services yet"
-        raise SourceError(f"no traces for service {service!r} in the last {lookback_s:g} s at {base} ({hint})")
+        services = sorted(_get_json(f"{base}/api/services", timeout).get("data") or [])
+        consumers = consumer_services(base, services, timeout)
+        if consumers:  # without OTEL_SERVICE_NAME the SDK names it unknown_service:python (issue 33)
+            hint = f"services with rmqtrace consumer spans: {', '.join(consumers)}; give --service NAME"
+        elif services:
+            hint = f"no service has rmqtrace consumer spans; services known: {', '.join(services)}"
+        else:
+            hint = "Jaeger knows no services yet"
+        raise NoTracesForService(f"no traces for service {service!r} in the last {lookback_s:g} s at {base} ({hint})",
+                                 service, consumers)
     return spans
+
+
+MAX_SERVICES_ASKED = 200  # one operations query per service: bounded on a Jaeger shared by many teams
+
+
+def consumer_services(base_url: str, services: list[str], timeout: float = 30.0) -> list[str]:
+    """Which of ``services`` have rmqtrace consumer spans in Jaeger (by their operation names:
+    ``process {topic}`` and ``handler``); the first :data:`MAX_SERVICES_ASKED` are asked."""
+    from ..path import names as n
+
+    base = base_url.rstrip("/")
+    found = []
+    for service in services[:MAX_SERVICES_ASKED]:
+        quoted = urllib.parse.quote(service, safe="")
+        ops = _get_json(f"{base}/api/services/{quoted}/operations", timeout).get("data") or []
+        if n.HANDLER_SPAN in ops and any(str(o).startswith(n.process_span_name("")) for o in ops):
+            found.append(service)
+    return found
 
 
 def read_jaeger_trace(base_url: str, trace_id: str, *, timeout: float = 30.0) -> list[SpanRecord]:
@@ -355,7 +396,8 @@ def count_processes(spans: Iterable[SpanRecord]) -> int:
     return sum(1 for s in spans if is_process_span(s))
 
 
-__all__ = ["DEFAULT_JAEGER", "DEFAULT_SERVICE", "DEFAULT_V3_PORT", "SearchDepthTooLarge", "SourceError", "any_value",
-           "count_processes", "find_traces_request", "find_traces_v3", "jaeger_span", "parse_duration", "paused_gc",
-           "read_jaeger",
-           "read_jaeger_trace", "read_jsonl", "read_jsonl_counted", "read_span_path", "spans_from_jaeger_json", "v3_target"]
+__all__ = ["DEFAULT_JAEGER", "DEFAULT_SERVICE", "DEFAULT_V3_PORT", "MAX_SERVICES_ASKED", "NoTracesForService",
+           "SearchDepthTooLarge", "SourceError", "any_value", "consumer_services", "count_processes",
+           "find_traces_request", "find_traces_v3", "jaeger_span", "parse_duration", "paused_gc", "read_jaeger",
+           "read_jaeger_trace", "read_jsonl", "read_jsonl_counted", "read_span_path", "spans_from_jaeger_json",
+           "v3_target"]

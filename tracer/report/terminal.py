@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import os
 from typing import Any, Sequence
 
@@ -42,10 +43,37 @@ def _split_bar(split: dict[str, float], width: int = 40) -> Any:
     return bar
 
 
+@functools.lru_cache(maxsize=1)
+def _titled_class() -> Any:
+    from rich.table import Table
+    from rich.text import Text
+
+    class TitledTable(Table):  # type: ignore[misc]
+        """A table whose title and caption are lines of their own, as wide as the console: rich
+        wraps a table's title into the table's width, so a piped narrow table printed its title as
+        a column of words (issue 33)."""
+
+        def __init__(self, *args: Any, title: str, caption: str | None = None, **kwargs: Any) -> None:
+            super().__init__(*args, **kwargs)
+            self.own_title, self.own_caption = title, caption
+
+        def __rich_console__(self, console: Any, options: Any) -> Any:
+            yield Text(self.own_title, style="bold")
+            yield from super().__rich_console__(console, options)
+            if self.own_caption:
+                yield Text(self.own_caption, style="dim")
+
+    return TitledTable
+
+
+def titled_table(title: str, *, caption: str | None = None, **kwargs: Any) -> Any:
+    """A rich ``Table`` whose ``title`` (and ``caption``) wrap at the console's width, not the table's."""
+    return _titled_class()(title=title, caption=caption, **kwargs)
+
+
 def _table(title: str) -> Any:
     from rich import box
-    from rich.table import Table
-    return Table(title=title, title_justify="left", title_style="bold", box=box.SIMPLE_HEAD, pad_edge=False)
+    return titled_table(title, box=box.SIMPLE_HEAD, pad_edge=False)
 
 
 def job_table(report: Report) -> Any:
@@ -190,4 +218,4 @@ def render(report: Report, console: Any, *, top: int = 10) -> None:
     console.print(f"[dim]stages:[/] {legend}")
 
 
-__all__ = ["blame_table", "hanging", "job_table", "render", "seconds", "slowest_table", "stage_table"]
+__all__ = ["blame_table", "hanging", "job_table", "render", "seconds", "slowest_table", "stage_table", "titled_table"]

@@ -18,7 +18,7 @@ if TYPE_CHECKING:
     from ..config import Settings
     from .demo import PolicyRun
 
-from .argtypes import port, positive_number, probability, whole_at_least
+from ..argtypes import port, positive_number, probability, whole_at_least
 
 __all__ = ["Parser", "build_parser", "main"]
 
@@ -166,11 +166,10 @@ def run_demo_job(args: argparse.Namespace, settings: Settings, registry: Any, co
 
 def policy_table(runs: Sequence[PolicyRun]) -> Any:
     """Job time against the lower bound, and the headline: the share spent waiting in the consumer."""
-    from rich.table import Table
-
     from ..path.stages import HEADLINE_GAP
+    from ..report.terminal import titled_table
 
-    table = Table(title="Job completion per policy (LB = lower bound)")
+    table = titled_table("Job completion per policy (LB = lower bound)")
     # Short headers, unwrapped names: the table fits an 80-column terminal (and a pipe's default).
     for col in ("policy", "job time", "LB", "× LB", "busy", HEADLINE_GAP.name, "failed"):
         table.add_column(col, justify="right" if col != "policy" else "left", no_wrap=True)
@@ -184,13 +183,13 @@ def gap_table(runs: Sequence[PolicyRun]) -> Any:
     """Percentiles of every gap, the headline first, one row per gap and policy (fits 80 columns),
     in the report's units (µs, ms, s)."""
     from rich import box
-    from rich.table import Table
 
     from ..path.stages import GAPS, HEADLINE_GAP
     from ..report.model import format_seconds
+    from ..report.terminal import titled_table
 
     # No vertical rules: with the report's units (up to "655.6 ms") the table still fits 80 columns.
-    gaps = Table(title="Stage gaps (share = of all end-to-end time)", box=box.SIMPLE_HEAD, show_edge=False, pad_edge=False)
+    gaps = titled_table("Stage gaps (share = of all end-to-end time)", box=box.SIMPLE_HEAD, show_edge=False, pad_edge=False)
     for col in ("gap", "policy", "p50", "p95", "p99", "max", "share"):
         gaps.add_column(col, justify="left" if col in ("gap", "policy") else "right", no_wrap=True)
     for g in (HEADLINE_GAP, *(g for g in GAPS if g is not HEADLINE_GAP)):
@@ -209,12 +208,32 @@ PUSH_FIX = "tracer.clients.demandpush.DemandPushConsumer"
 BASELINES = ("round_robin", "random")
 
 
-def next_step(runs: Sequence[PolicyRun]) -> str:
-    """The closing line: which run is the incident, the fix, where to read more."""
+def spans_went(settings: Settings) -> str:
+    """Where the spans went when no span file was written (OTLP, or another exporter), and the
+    command that reads them back."""
+    import urllib.parse
+
+    exporters = (settings.traces_exporter or "otlp").split(",")
+    if exporters == ["none"]:
+        return "spans: not written (OTEL_TRACES_EXPORTER=none); no report.html"
+    service = settings.service_name or "rmqtrace"
+    if "otlp" not in exporters:
+        return f"spans: to the {', '.join(exporters)} exporter as service {service!r}; no report.html"
+    grpc = settings.otlp_protocol == "grpc"
+    # the SDK's defaults when no endpoint is set (OTLP/gRPC 4317, OTLP/HTTP 4318)
+    endpoint = settings.otlp_endpoint or ("http://localhost:4317" if grpc else "http://localhost:4318")
+    host = urllib.parse.urlsplit(endpoint if "//" in endpoint else f"//{endpoint}").hostname or "localhost"
+    return (f"spans: sent over OTLP ({settings.otlp_protocol}) to {endpoint} as service {service!r}, no report.html; "
+            f"read them back from Jaeger: rmqtrace report --jaeger http://{host}:16686 --service {service} --html report.html")
+
+
+def next_step(runs: Sequence[PolicyRun], *, report_written: bool = True) -> str:
+    """The closing line: which run is the incident, the fix, where to read more (report.html only
+    when this run wrote it)."""
     from ..path.stages import HEADLINE_GAP
     from ..report.model import NEAR_LOWER_BOUND
 
-    more = "read more: README \"The dispatcher\", docs/dispatch.md, and report.html"
+    more = "read more: README \"The dispatcher\", docs/dispatch.md" + (", and report.html" if report_written else "")
     fix = (f"the fix in your consumer is {FIX}: every worker holds at most one message and whichever is free "
            f"takes the next (a PushConsumer: {PUSH_FIX}, same constructor)")
     incident = max((r for r in runs if r.policy in BASELINES), key=lambda r: r.over_lb, default=None)
@@ -283,9 +302,12 @@ def cmd_demo(args: argparse.Namespace) -> int:
     report = _maybe_report(out, settings.spans_file)
     if report:
         console.print(f"report: open {report}")
+    else:  # an earlier run's page would be taken for this one's
+        (out / "report.html").unlink(missing_ok=True)
+        console.print(spans_went(settings))
     console.print(f"summary: {out / 'summary.json'}")
     from ..report.terminal import hanging
-    hanging(console, "[bold]Next:[/]", [next_step(runs)])
+    hanging(console, "[bold]Next:[/]", [next_step(runs, report_written=report is not None)])
     if args.json:
         print(json.dumps([r.as_dict() for r in runs]))
     return 0

@@ -239,12 +239,12 @@ def _no_progress() -> None:
 
 def fleet_table(runs: Sequence[FleetModeRun]) -> Any:
     """One row per mode and consumer instance, the mode's totals on its first row (fits 80 columns)."""
-    from rich.table import Table
+    from ..report.terminal import titled_table
 
-    table = Table(title=f"One job over {runs[0].consumers} consumers of one group",
-                  caption="#: consumer instance; held: most messages received, not started; HOL: idle "
-                          "worker-s while its own messages waited; fleet: idle worker-s while "
-                          "another consumer held work")
+    table = titled_table(f"One job over {runs[0].consumers} consumers of one group",
+                         caption="#: consumer instance; held: most messages received, not started; HOL: idle "
+                                 "worker-s while its own messages waited; fleet: idle worker-s while "
+                                 "another consumer held work")
     for col in ("mode", "job", "÷ greedy", "#", "msgs", "busy", "held", "HOL", "fleet"):
         table.add_column(col, justify="left" if col in ("mode", "#") else "right", no_wrap=col == "mode")
     for r in runs:

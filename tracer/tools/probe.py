@@ -19,8 +19,8 @@ import sys
 import threading
 from typing import Any, Callable
 
+from ..argtypes import interval, port, whole_at_least
 from ..report.broker_side import prometheus_url
-from .argtypes import interval, port, whole_at_least
 
 __all__ = ["PROG", "add_cli", "cmd_probe"]
 
@@ -29,9 +29,26 @@ DEFAULT_TOPIC = "rmqtrace-probe"
 DEFAULT_ENDPOINT = "127.0.0.1:8081"
 
 
-def _fail(message: str) -> int:
+def _fail(message: str, code: int = 2) -> int:
+    """One line on stderr; 2 for a bad argument, 1 for a failure of the run (README: Commands)."""
     print(f"{PROG}: error: {message}", file=sys.stderr)
-    return 2
+    return code
+
+
+def _cannot_send(args: argparse.Namespace, what: str, exc: BaseException) -> int:
+    """The run failed at its start: say whether the broker is down or the topic missing (the
+    client says "failed to fetch topic:T route." for both), exit 1."""
+    from ..clients.route import TopicRouteError, check_route, route_hint
+
+    if isinstance(exc, TopicRouteError):
+        return _fail(str(exc), 1)
+    try:
+        trouble = check_route(args.endpoint, args.topic)
+    except Exception:  # noqa: BLE001 - the client's own words below
+        trouble = None
+    if trouble is not None:
+        return _fail(route_hint(args.endpoint, args.topic, trouble), 1)
+    return _fail(f"--endpoint {args.endpoint}: {what} topic {args.topic!r} ({' '.join(str(exc).split())[:200]})", 1)
 
 
 
@@ -124,13 +141,12 @@ def _real(args: argparse.Namespace, metrics: Any) -> int:
 
         rocketmq = import_quietly()
     except ImportError:
-        return _fail("the RocketMQ 5.x client is not installed (pip install 'rmqtrace[rocketmq]')")
+        return _fail("the RocketMQ 5.x client is not installed (pip install 'rmqtrace[rocketmq]')", 1)
     try:
         producer = rocketmq.Producer(rocketmq.ClientConfiguration(args.endpoint, rocketmq.Credentials()), (args.topic,))
         producer.startup()
     except Exception as exc:  # noqa: BLE001 - the client raises plain Exceptions for an unreachable proxy
-        return _fail(f"--endpoint {args.endpoint}: could not start a producer for topic {args.topic!r} "
-                     f"({' '.join(str(exc).split())[:200]})")
+        return _cannot_send(args, "could not start a producer for", exc)
     sender = ProbeSender(producer, args.topic, rocketmq.Message, interval=args.interval, tag=args.tag, metrics=metrics)
     _until_signal(sender.stop)
     print(f"{PROG}: a probe to {args.topic!r} every {args.interval:g} s via {args.endpoint}"
@@ -138,8 +154,7 @@ def _real(args: argparse.Namespace, metrics: Any) -> int:
     try:
         sender.run(args.count, check_first=True)
     except Exception as exc:  # noqa: BLE001 - the first probe failed: wrong endpoint or topic
-        return _fail(f"--endpoint {args.endpoint}: cannot send a probe to topic {args.topic!r} "
-                     f"({' '.join(str(exc).split())[:200]})")
+        return _cannot_send(args, "cannot send a probe to", exc)
     finally:
         producer.shutdown()
     print(f"{sender.sent} probes sent, {sender.failed} failed")
@@ -205,7 +220,7 @@ def _embedded(args: argparse.Namespace, registry: Any, metrics: Any) -> int:
             if stop.is_set() or not sender.send_one():
                 break
             if not loop.wait(_acked_at_least(i), timeout=10):
-                return _fail(f"probe {i} was not acked within 10 s")
+                return _fail(f"probe {i} was not acked within 10 s", 1)
             acked = i
             reading = metrics.latest().get((args.topic, group))
             if reading is not None:

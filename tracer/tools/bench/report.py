@@ -215,19 +215,22 @@ def _peak_rss_kib() -> int:
 
 def _child_work(kind: str, params: dict[str, Any]) -> dict[str, Any]:
     """Runs in the child: import, note the resident set, do the work once, time it."""
+    # the report command from its own pieces (tracer.report.cli), not the whole `rmqtrace` parser:
+    # tools/cli.py imports this module, so importing it back made the package's one import cycle
+    from ...report import add_cli as add_report_cli
     from ...report import fleet, model, sources, spanread  # noqa: F401 - imported before the clock starts
     from ...report.fleet import read_jaeger_fleet
-    from ..cli import build_parser
-    from ..cli import main as main_cli
 
-    build_parser()  # the commands' imports, before the clock starts
+    parser = argparse.ArgumentParser(prog="rmqtrace")
+    add_report_cli(parser.add_subparsers(dest="command"))  # the command's imports, before the clock starts
 
     base_kib = _peak_rss_kib()
     t0 = time.perf_counter()
     if kind == "file":  # the command itself, its JSON caught
         out = io.StringIO()
         with contextlib.redirect_stdout(out):
-            code = main_cli(["report", params["path"], "--json"])
+            args = parser.parse_args(["report", params["path"], "--json"])
+            code = int(args.func(args) or 0)
         if code != 0:
             raise RuntimeError(f"rmqtrace report {params['path']} --json exited {code}")
         text = out.getvalue()

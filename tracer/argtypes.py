@@ -1,4 +1,5 @@
-"""argparse types for the ``rmqtrace`` commands: each names the rule it enforces.
+"""argparse types for the ``rmqtrace`` commands: each names the rule it enforces. Below both
+``tools/`` and ``report/`` (each command's parser uses them; the library never imports ``tools/``).
 
 A bad value becomes argparse's one-line error and exit status 2, so every command checks its
 arguments the same way before anything runs.
