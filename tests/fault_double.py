@@ -27,7 +27,7 @@ import threading
 from collections import Counter
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 from manual_clock import Clock
 
@@ -76,6 +76,9 @@ class FaultyClient:
         self.calls: Counter[str] = Counter()
         self.ack_gate: threading.Event | None = None  # set: the next ack waits on it (in flight)
         self.ack_entered = threading.Event()
+        # called just before a fault moves the clock inside a call of `op`: the shared manual clock
+        # then moves for the calls running beside it too, which in real time would not wait
+        self.before_jump: Callable[[str, float], None] = lambda op, seconds: None
 
     # -- planning ---------------------------------------------------------------------------------
     def plan(self, op: str, plan: Plan) -> None:
@@ -117,6 +120,7 @@ class FaultyClient:
                 with self.lock:
                     self.pending_after += p.seconds
             else:
+                self.before_jump(op, p.seconds)
                 self.clock.advance(p.seconds)
             return
         if p.kind == "raise":
@@ -124,6 +128,7 @@ class FaultyClient:
                 self.errors[op] += 1
             raise Injected(f"injected {op} failure ({p.when})")
         if p.kind == "timeout":  # the client waited its request timeout, then gave up
+            self.before_jump(op, p.seconds)
             self.clock.advance(p.seconds)
             with self.lock:
                 self.errors[op] += 1
