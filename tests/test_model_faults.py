@@ -986,3 +986,39 @@ def test_a_base_exception_from_a_settle_leaves_nothing_held(op: str) -> None:
 @pytest.mark.parametrize("fault", ["key-raise", "key-int"])
 def test_a_message_whose_key_failed_is_not_a_handler_failure(fault: str) -> None:
     replay("key-error-counted-failed", [("send_junk_for_a_callable", {"fault": fault}), ("poll", {}), ("settle", {})])
+
+
+@pytest.mark.xfail(strict=True, raises=AssertionError,
+                   reason="found by this harness (base-kills-the-keeper): a BaseException from one renewal ends "
+                          "the lease keeper's thread; no lease is renewed again")
+def test_a_base_exception_from_a_renewal_leaves_the_keeper_running() -> None:
+    """The threaded twin of ``fail_a_call(op=renew, kind=base)``: the driven model calls
+    renew_leases() itself, so only run()'s own keeper thread shows it."""
+    clock = Clock()
+    broker = EmbeddedBroker(monotonic=clock, min_receive_invisible=1)
+    broker.create_topic("T")
+    producer = Producer(broker, ["T"])
+    producer.startup()
+    m = Message()
+    m.topic, m.body = "T", b"x"
+    producer.send(m)
+    consumer = SimpleConsumer(broker, "G", {"T": None}, await_duration=0)
+    consumer.startup()
+    client = FaultyClient(consumer, clock)
+    client.plan("renew", Plan("base", "before"))
+    release = threading.Event()
+    loop = ConsumeLoop(client, lambda msg: release.wait(30), monotonic=clock, invisible_duration=LEASE,
+                       renew_margin=MARGIN, workers=1)
+    runner = threading.Thread(target=loop.run, daemon=True)
+    runner.start()
+    try:
+        wait_until(lambda: loop.state().held == 1, timeout=10, what="the message to be held")
+        clock.advance(LEASE - MARGIN / 2)  # due: the keeper's next tick renews it, and the call raises
+        wait_until(lambda: client.fired["renew:base"] == 1, timeout=10, what="the failing renewal")
+        keeper = loop._keeper_thread
+        assert keeper is not None
+        keeper.join(1.0)  # it returns at once when the thread died; alive otherwise
+        assert keeper.is_alive(), "invariant held_leases_stay_renewed: the lease keeper's thread ended"
+    finally:
+        release.set()
+        loop.stop(timeout=5)
