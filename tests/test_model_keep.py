@@ -48,7 +48,7 @@ from opentelemetry.sdk.trace.sampling import ALWAYS_OFF, ParentBased
 from tracer.path.blocking import Verdict
 from tracer.path.clock import ManualClock
 from tracer.path.message import MessageInfo
-from tracer.path.names import GAP_SPANS
+from tracer.path.names import BLAME_REASON, BLAME_SPAN, GAP_SPANS
 from tracer.path.propagation import JOB_ID, PRODUCE_NS, TRACEPARENT
 from tracer.path.stages import Outcome, Stage
 from tracer.path.stamps import causal, drawn
@@ -320,6 +320,9 @@ class KeepHoldModel(RuleBasedStateMachine):
             # every gap with a length is a span, and only those (an empty one would get Jaeger's warning)
             d = drawn(m.t.stamps.times)  # what spans are drawn on (from the send's start)
             gaps = {g.name for g in GAP_SPANS if d[g.start] and d[g.end] > d[g.start]}
+            # the wait span carries the live blame's verdict, so it is drawn even when empty
+            gaps |= {s.name for s in exported.values() if s.name == BLAME_SPAN and BLAME_REASON in s.attributes
+                     and s.parent is not None and s.parent.span_id == process.context.span_id}
             ahead = m.produce_ns > causal(m.t.stamps.times)[Stage.PRODUCE]  # may empty them all
             assert (gaps or ahead) and ours - {"handler"} == gaps, (m.i, ours, gaps)
             if not m.running:

@@ -179,6 +179,7 @@ EXEMPT = {
     ("tracer.report.sources.read_span_path", "read"): "internal: the report's own readers",
     ("tracer.telemetry.hold.HoldingSpanProcessor", "on_dropped"): "internal: the tracer's metrics hook",
     ("tracer.telemetry.hold.HoldingSpanProcessor", "on_policy_dropped"): "internal: the tracer's metrics hook",
+    ("tracer.dispatch.accrual.Accrual", "now"): "internal: the core passes its own monotonic clock",
     ("tracer.telemetry.occupancy.Occupancy", "on_close"): "internal: its collector's flush (OccupancyMetrics.track)",
     ("tracer.telemetry.keep.KeepPolicy.decide", "settle"): "internal: the hold's release",
     ("tracer.telemetry.operations.ConsumerOperations.receive", "call"): "the client's own receive",

@@ -962,9 +962,7 @@ class MessageTrace:
             assert writer is not None
             for name, a, b, gap_attrs in _GAP_SPANS:
                 if d[a] and d[b]:
-                    # a drawn gap can be empty though its causal one is not (a producer clock ahead
-                    # moves the drawn stamps to the send's start): no span for it, blame or not
-                    if blame_attrs is not None and name == n.BLAME_SPAN and d[b] > d[a]:
+                    if blame_attrs is not None and name == n.BLAME_SPAN:  # drawn even when empty: it carries the verdict
                         writer.emit(name, writer.child_context(ctx), ctx, d[a], d[b],
                                     attributes={**gap_attrs, **blame_attrs}, links=blame_links)
                     elif d[b] > d[a]:
