@@ -15,6 +15,7 @@ import threading
 from typing import Any
 
 import pytest
+from embedded_rig import consumer_with_messages
 from opentelemetry import trace
 from opentelemetry.sdk.trace import TracerProvider
 from opentelemetry.sdk.trace.export import SimpleSpanProcessor
@@ -124,19 +125,10 @@ def test_item9_consume_loop_stop_with_timeout_ends_a_hung_handlers_span():
     from manual_clock import Clock
 
     from tracer.clients.consume import ConsumeLoop
-    from tracer.embedded import EmbeddedBroker, Message, Producer, SimpleConsumer
 
     rig = Rig()
     clock = Clock()
-    broker = EmbeddedBroker(min_receive_invisible=1, monotonic=clock)
-    broker.create_topic("T")
-    producer = Producer(broker, ["T"])
-    producer.startup()
-    m = Message()
-    m.topic, m.body = "T", b"x"
-    producer.send(m)
-    consumer = SimpleConsumer(broker, "G", {"T": None}, await_duration=0)
-    consumer.startup()
+    broker, consumer = consumer_with_messages(clock, await_duration=0)
     release = threading.Event()
     started = threading.Event()
 

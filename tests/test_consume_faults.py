@@ -4,6 +4,7 @@ import threading
 import time
 
 import pytest
+from embedded_rig import consumer_with_messages
 from test_consume import pipeline, run_in_thread
 from waiting import wait_until
 
@@ -155,18 +156,9 @@ def test_the_probe_senders_marker_still_makes_a_probe(value):
 def test_a_new_loop_on_the_same_consumer_does_not_run_the_copy_beside_the_hung_first_call():
     from manual_clock import Clock
 
-    from tracer.embedded import EmbeddedBroker, Message, Producer, SimpleConsumer
 
     clock = Clock()
-    broker = EmbeddedBroker(min_receive_invisible=1, monotonic=clock)
-    broker.create_topic("T")
-    producer = Producer(broker, ["T"])
-    producer.startup()
-    m = Message()
-    m.topic, m.body = "T", b"x"
-    producer.send(m)
-    consumer = SimpleConsumer(broker, "G", {"T": None}, await_duration=0.05)
-    consumer.startup()
+    broker, consumer = consumer_with_messages(clock, await_duration=0.05)
     started, release, ended = threading.Event(), threading.Event(), threading.Event()
 
     def hang(msg):
@@ -305,18 +297,9 @@ class _StallInReceive:
 def test_a_stall_while_receive_is_in_flight_does_not_start_a_dead_lease(opaque):
     from manual_clock import Clock
 
-    from tracer.embedded import EmbeddedBroker, Message, Producer, SimpleConsumer
 
     clock = Clock()
-    broker = EmbeddedBroker(min_receive_invisible=1, monotonic=clock, wall_ms=lambda: int(clock() * 1000))
-    broker.create_topic("T")
-    producer = Producer(broker, ["T"])
-    producer.startup()
-    m = Message()
-    m.topic, m.body = "T", b"x"
-    producer.send(m)
-    consumer = SimpleConsumer(broker, "G", {"T": None}, await_duration=0.05)
-    consumer.startup()
+    broker, consumer = consumer_with_messages(clock, await_duration=0.05, wall=True)
     ran = []
     loop = ConsumeLoop(_StallInReceive(consumer, clock, 11, opaque), lambda msg: ran.append(msg), workers=1,
                        invisible_duration=10, monotonic=clock, wall=clock)
@@ -336,18 +319,9 @@ def test_the_embedded_handle_carries_the_pop_time_and_lease_as_the_proxys_does()
     from manual_clock import Clock
 
     from tracer.clients.lease import broker_lease
-    from tracer.embedded import EmbeddedBroker, Message, Producer, SimpleConsumer
 
     clock = Clock()
-    broker = EmbeddedBroker(min_receive_invisible=1, monotonic=clock, wall_ms=lambda: int(clock() * 1000))
-    broker.create_topic("T")
-    producer = Producer(broker, ["T"])
-    producer.startup()
-    m = Message()
-    m.topic, m.body = "T", b"x"
-    producer.send(m)
-    consumer = SimpleConsumer(broker, "G", {"T": None}, await_duration=0)
-    consumer.startup()
+    broker, consumer = consumer_with_messages(clock, await_duration=0, wall=True)
     got = consumer.receive(1, 7)
     assert broker_lease(got[0].receipt_handle) == (int(clock() * 1000), 7000)
     clock.advance(3)

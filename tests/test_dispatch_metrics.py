@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import asyncio
 import threading
-import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Any
@@ -12,6 +11,7 @@ from typing import Any
 import pytest
 from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.openmetrics.exposition import generate_latest as generate_openmetrics
+from waiting import wait_until
 
 from tracer.dispatch import DEFAULT_BUCKETS, AsyncDispatcher, CostAware, Dispatcher, DispatchMetrics, RoundRobin
 from tracer.path.clock import ManualClock
@@ -281,12 +281,9 @@ class _AsyncDriver:
 def _settle(reg: CollectorRegistry, busy: int, queued: int) -> None:
     """Wait until the engine has applied a release (a worker frees after its outcome is reported)."""
     labels = {"policy": "round_robin", "consumer_group": "g"}
-    for _ in range(10_000):
-        if (value(reg, "rmqtrace_dispatch_busy_workers", **labels),
-                value(reg, "rmqtrace_dispatch_queued_messages", **labels)) == (busy, queued):
-            return
-        time.sleep(0.001)
-    raise AssertionError(f"dispatcher never reached busy={busy} queued={queued}")
+    wait_until(lambda: (value(reg, "rmqtrace_dispatch_busy_workers", **labels),
+                        value(reg, "rmqtrace_dispatch_queued_messages", **labels)) == (busy, queued),
+               interval=0.001, what=f"the dispatcher at busy={busy} queued={queued}")
 
 
 @pytest.mark.parametrize("driver", [_ThreadDriver, _AsyncDriver], ids=["threads", "asyncio"])

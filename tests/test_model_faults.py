@@ -69,6 +69,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import pytest
+from embedded_rig import consumer_with_messages
 from fault_double import FaultyClient, Injected, InjectedBase, Plan
 from hypothesis import HealthCheck, Phase, settings
 from hypothesis import strategies as st
@@ -1002,15 +1003,7 @@ def test_a_base_exception_from_a_renewal_leaves_the_keeper_running() -> None:
     """The threaded twin of ``fail_a_call(op=renew, kind=base)``: the driven model calls
     renew_leases() itself, so only run()'s own keeper thread shows it."""
     clock = Clock()
-    broker = EmbeddedBroker(monotonic=clock, min_receive_invisible=1)
-    broker.create_topic("T")
-    producer = Producer(broker, ["T"])
-    producer.startup()
-    m = Message()
-    m.topic, m.body = "T", b"x"
-    producer.send(m)
-    consumer = SimpleConsumer(broker, "G", {"T": None}, await_duration=0)
-    consumer.startup()
+    broker, consumer = consumer_with_messages(clock, await_duration=0)
     client = FaultyClient(consumer, clock)
     client.plan("renew", Plan("base", "before"))
     release = threading.Event()
