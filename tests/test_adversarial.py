@@ -30,14 +30,20 @@ OPEN: dict[str, str] = {
 }
 
 
+# These reproduce with real sleeps (a slow key=, a stop mid-submit): on a loaded machine one can miss
+# its window and pass by chance, so they are not strict; the rest fail every time (a value, a deadlock).
+TIMING = {"11_stop_then_bounded_stop", "12_prefetch_stop_strands", "14_start_after_timeout", "15_tiny_renew_margin"}
+
+
 def test_every_open_finding_has_its_script() -> None:
     assert set(OPEN) <= {p.stem for p in SCRIPTS}, set(OPEN) - {p.stem for p in SCRIPTS}
+    assert TIMING <= set(OPEN), TIMING - set(OPEN)
 
 
 @pytest.mark.parametrize("script", SCRIPTS, ids=lambda p: p.stem)
 def test_the_finding_is_fixed(script: Path, request: pytest.FixtureRequest) -> None:
     if script.stem in OPEN:
-        request.applymarker(pytest.mark.xfail(strict=True, reason=OPEN[script.stem]))
+        request.applymarker(pytest.mark.xfail(strict=script.stem not in TIMING, reason=OPEN[script.stem]))
     try:
         done = subprocess.run([sys.executable, script.name], cwd=HERE, capture_output=True, text=True, timeout=120)
     except subprocess.TimeoutExpired:
