@@ -164,6 +164,7 @@ class TracedProducer(ProducerProxy):
             ValueError: an unknown ``order``; a junk cost (NaN, negative, too large, not a number)
                 or a raising ``cost``, naming the message; nothing is sent then.
             TypeError: ``cost`` is neither a function nor a table.
+            Exception: whatever a send raises, as ``send`` does; the messages before it were sent.
         """
         receipts = []
         for message, c in ordered_job(messages, cost, order, key):
