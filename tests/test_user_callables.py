@@ -246,6 +246,7 @@ EXEMPT = {
     ("tracer.tools.bench.broker.run_broker_bench", "progress"): "the CLI's progress printer",
     ("tracer.tools.bench.dispatch.run_dispatch_bench", "progress"): "the CLI's progress printer",
     ("tracer.tools.bench.fleet.run_fleet_bench", "progress"): "the CLI's progress printer",
+    ("tracer.tools.bench.fleet.run_order_bench", "progress"): "the CLI's progress printer",
     ("tracer.tools.bench.overhead.run_overhead_bench", "progress"): "the CLI's progress printer",
     ("tracer.tools.demo.run_policy", "on_message"): "the demo's progress printer",
 }

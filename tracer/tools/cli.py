@@ -261,9 +261,10 @@ def _order_words(order: str) -> str:
 def sent_line(runs: Sequence[PolicyRun]) -> str:
     """Which order the job was sent in, as the consumers read it back from the messages."""
     orders = {r.sent_order for r in runs}
-    said = _order_words(orders.pop()) if len(orders) == 1 else "differently per policy"
-    return (f"The job was sent {said} (read back from each message's rmqtrace_order); "
-            "--order longest_first sends it longest first (TracedProducer.send_job).")
+    said = _order_words(next(iter(orders))) if len(orders) == 1 else "differently per policy"
+    hint = ("" if orders != {"arrival"} else
+            "; --order longest_first sends it longest first (TracedProducer.send_job)")
+    return f"The job was sent {said} (read back from each message's rmqtrace_order){hint}."
 
 
 def print_results(console: Any, runs: Sequence[PolicyRun]) -> None:
