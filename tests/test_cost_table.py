@@ -158,3 +158,32 @@ def test_job_costs_names_the_message_a_cost_function_raised_on() -> None:
 
 def test_job_costs_from_a_table() -> None:
     assert job_costs([Msg("a", 0), Msg("new", 0)], CostTable({"a": 4.0, "b": 1.0, "c": 2.0})) == [4.0, 2.0]
+
+
+def test_cost_aware_reads_the_table_through_table_cost() -> None:
+    """``cost_aware`` with ``cost=table_cost(table)``: among the waiting messages the table's most
+    expensive starts first, an unknown key at the table's median (no engine change: the cost= seam)."""
+    from test_dispatch_engine import Gates
+
+    from tracer.dispatch import CostAware, Dispatcher
+
+    class M:
+        def __init__(self, key: str) -> None:
+            self.keys = key
+
+        def __repr__(self) -> str:
+            return self.keys
+
+    table = CostTable({"first": 0.1, "short": 0.2, "long": 5.0, "mid": 1.0})  # median 0.6
+    g = Gates()
+    d = Dispatcher(g.handler, workers=1, policy=CostAware(window=10), cost=table_cost(table))
+    first = M("first")
+    d.submit(first)
+    g.wait_started(first)
+    waiting = [M("short"), M("new"), M("long"), M("mid")]
+    for m in waiting:
+        assert d.submit(m, timeout=0)
+    g.open(*waiting)
+    g.open(first)
+    d.close()
+    assert [m.keys for m in g.order] == ["first", "long", "mid", "new", "short"]

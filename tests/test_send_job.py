@@ -172,3 +172,19 @@ def test_a_message_without_the_order_is_not_mixed_with_stamps_rebuilt() -> None:
     records = messages_from_spans(spans)
     assert {r.order for r in records} == {"arrival"}
     assert all(r.stamps.times[Stage.HANDLER_END] for r in records)
+
+
+def test_the_readme_example_sends_in_the_order_the_readme_says() -> None:
+    from tracer.dispatch import learn_costs
+
+    _, producer, consumer = _rig()
+    messages = []
+    for group in ("tg-0001", "tg-0002", "tg-0003", "tg-0004"):
+        m = Message()
+        m.topic, m.keys, m.body = "T", group, group.encode()
+        messages.append(m)
+    costs = learn_costs([("tg-0001", 0.04), ("tg-0002", 3.9), ("tg-0003", 0.3)])
+    producer.send_job(messages, cost=costs, job_id="job-42")
+    got = _received(consumer)
+    assert [message_key(m) for m in got] == ["tg-0002", "tg-0003", "tg-0004", "tg-0001"]
+    assert float(got[2].properties[names.COST_PROPERTY]) == 0.3  # unknown: the median
