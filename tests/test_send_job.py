@@ -161,6 +161,10 @@ def test_report_terminal_and_costs_option(tmp_path: Path, capsys: pytest.Capture
     table = load_costs(costs)
     # KNOWN: m1 1000 ms, m2 200 ms, m3 100 ms of handler
     assert dict(table.costs) == pytest.approx({"m1": 1.0, "m2": 0.2, "m3": 0.1})
+    html = tmp_path / "r.html"
+    assert main(["report", str(spans), "--html", str(html)]) == 0
+    assert "<td>sent</td><td class='l'>longest first</td>" in html.read_text()
+    capsys.readouterr()
     assert main(["report", str(spans), "--costs", str(tmp_path), "--json"]) == 2
     assert "--costs" in capsys.readouterr().err
     assert main(["report", str(spans), "--fleet", "--costs", str(costs)]) == 2
