@@ -131,6 +131,12 @@ def _send_job(**kw: Any) -> Any:
     return TracedProducer(Producer(broker, ["T"]), MessageTracer()).send_job([], **{"cost": _one, **kw})
 
 
+def _legacy_send_job(**kw: Any) -> Any:
+    from tracer.clients.legacy import TracedLegacyProducer
+
+    return TracedLegacyProducer(object(), MessageTracer()).send_job([], **{"cost": _one, **kw})
+
+
 def _one(m: Any) -> float:
     return 1.0
 
@@ -188,6 +194,8 @@ CHECKED: dict[tuple[str, str], Callable[[Callable[..., Any]], object]] = {
     ("tracer.telemetry.tracer.MessageTracer", "listeners"): lambda fn: MessageTracer(listeners=[_plain, fn]),
     ("tracer.clients.producer.TracedProducer.send_job", "cost"): lambda fn: _send_job(cost=fn),
     ("tracer.clients.producer.TracedProducer.send_job", "key"): lambda fn: _send_job(key=fn),
+    ("tracer.clients.legacy.TracedLegacyProducer.send_job", "cost"): lambda fn: _legacy_send_job(cost=fn),
+    ("tracer.clients.legacy.TracedLegacyProducer.send_job", "key"): lambda fn: _legacy_send_job(key=fn),
     ("tracer.clients.producer.ordered_job", "cost"): lambda fn: _costs("tracer.clients.producer", "ordered_job", fn),
     ("tracer.clients.producer.ordered_job", "key"): lambda fn: _costs("tracer.clients.producer", "ordered_job", key=fn),
     ("tracer.dispatch.cost.job_costs", "cost"): lambda fn: _costs("tracer.dispatch.cost", "job_costs", fn),

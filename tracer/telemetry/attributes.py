@@ -157,6 +157,8 @@ def process_attributes(info: MessageInfo, client: ClientFacts, outcome: Outcome,
     if props:
         # read here, once per written span, not in extract(): only a span shows it (the report's job view)
         order = props.get(n.JOB_ORDER_PROPERTY)
+        if isinstance(order, bytes):  # the 2.x client's property values
+            order = order.decode("ascii", "replace")
         if order is not None and order in _JOB_ORDERS:
             attrs[n.JOB_ORDER] = order
     if worker is not None:
