@@ -102,3 +102,17 @@ def test_quick_order_bench_on_the_real_broker() -> None:
         # to it is a timing figure of the loaded machine: BENCHMARKS.md, not asserted)
         lpt = result["kinds"][kind]["longest_first"]["runs"][0]
         assert lpt["greedy_s"] <= lpt["lower_bound_s"] * 1.01
+
+
+def test_order_bench_kinds_are_checked_before_any_run() -> None:
+    from tracer.tools.bench.fleet import check_kinds, main, run_order_bench
+
+    assert check_kinds(["prefetch", "demand_driven", "prefetch"], 1) == ("prefetch", "demand_driven")
+    for kinds, prefetch in ((["pull"], 1), ([], 1), (["prefetch"], 0)):
+        with pytest.raises(ValueError, match="kinds must be some of"):
+            check_kinds(kinds, prefetch)
+    with pytest.raises(ValueError, match="kinds must be some of"):
+        run_order_bench(kinds=["pull"])
+    with pytest.raises(SystemExit) as err:
+        main(["--orders", "--kinds", "pull"])
+    assert err.value.code == 2

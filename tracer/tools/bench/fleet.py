@@ -72,6 +72,7 @@ __all__ = [
     "ORDER_MODES",
     "ORDER_TARGETS",
     "format_fleet_bench",
+    "check_kinds",
     "format_order_bench",
     "learned_table",
     "long_tail_job",
@@ -267,10 +268,11 @@ class _Member:
 def run_fleet(mode: str, durations: Sequence[float], *, instances: int, workers: int,
               endpoint: str = ENDPOINT, metrics_ports: Sequence[int] | None = None,
               timeout: float = 120.0, linger: float = 0.0, order: str | None = None,
-              costs: Sequence[float] | CostTable | None = None) -> FleetRun:
+              costs: Sequence[float] | CostTable | None = None, prefetch: int = PREFETCH) -> FleetRun:
     """Run one job once in ``mode``; see the module docstring. ``linger``: seconds the members stay
     up after the job (so a scraper sees their last values). ``order``: send the job with
     ``send_job`` in this order (by ``costs``, default the true durations); None: all at once.
+    ``prefetch``: the ``prefetch`` mode's buffer.
 
     Raises:
         ValueError: an unknown mode or order, fewer than one instance or worker, ports not one per instance.
@@ -294,7 +296,7 @@ def run_fleet(mode: str, durations: Sequence[float], *, instances: int, workers:
     run = FleetRun(mode, instances, workers, list(durations), group=group, sent=sent)
     members = [
         _Member(i, {"mode": mode, "endpoint": endpoint, "topic": topic, "group": group, "workers": workers,
-                    "port": metrics_ports[i] if metrics_ports else None})
+                    "port": metrics_ports[i] if metrics_ports else None, "prefetch": prefetch})
         for i in range(instances)]
     try:
         deadline = time.monotonic() + 60
@@ -393,7 +395,8 @@ def _member(config: dict[str, Any], out: IO[str], inp: IO[str]) -> int:
         if settled is not None:
             settled.wait(15)
         loop = ConsumeLoop(consumer, lambda msg: work(msg.body), tracer=tracer, policy="aggressive",
-                           workers=workers, prefetch=PREFETCH if mode == "prefetch" else 0, invisible_duration=60)
+                           workers=workers, prefetch=int(config.get("prefetch", PREFETCH)) if mode == "prefetch" else 0,
+                           invisible_duration=60)
         runner = threading.Thread(target=loop.run, name="fleet-loop", daemon=True)
 
         def close_loop() -> None:
@@ -484,13 +487,31 @@ def learned_table(run: FleetRun, seed: int, folder: str, noise: float = NOISE) -
     return load_costs(path)
 
 
+def check_kinds(kinds: Sequence[str], prefetch: int) -> tuple[str, ...]:
+    """``kinds`` without repeats, if each is one of :data:`MODES` and ``prefetch`` >= 1.
+
+    Raises:
+        ValueError: an unknown or no kind, or ``prefetch`` < 1.
+    """
+    if not kinds or any(k not in MODES for k in kinds) or prefetch < 1:
+        raise ValueError(f"kinds must be some of {', '.join(MODES)} and prefetch >= 1, "
+                         f"got {','.join(kinds)} and {prefetch}")
+    return tuple(dict.fromkeys(kinds))
+
+
 def run_order_bench(*, messages: int = 500, instances: int = 3, workers: int = 4, runs: int = 5,
-                    quick: bool = False, endpoint: str = ENDPOINT,
-                    progress: Callable[[str], None] | None = None) -> dict[str, Any]:
+                    quick: bool = False, endpoint: str = ENDPOINT, kinds: Sequence[str] = ORDER_KINDS,
+                    prefetch: int = 1, progress: Callable[[str], None] | None = None) -> dict[str, Any]:
     """``runs`` runs of the same long-tailed job per run seed, for the demand-driven loop and the
     push replacement, sent in arrival order, longest first by the true durations, and longest
     first by costs learned from that kind's arrival run (±30 % noise). Job time ÷ the fleet's LB,
-    median and worst. ``quick``: 150 messages, 3 × 2 workers, one run, shorter long messages."""
+    median and worst. ``quick``: 150 messages, 3 × 2 workers, one run, shorter long messages.
+    ``kinds``: any of :data:`MODES` (``prefetch`` with a buffer of ``prefetch`` messages).
+
+    Raises:
+        ValueError: an unknown kind, or ``prefetch`` < 1.
+    """
+    kinds = check_kinds(kinds, prefetch)
     if quick:
         messages, instances, workers, runs = 150, 3, 2, 1
     import tempfile
@@ -498,29 +519,30 @@ def run_order_bench(*, messages: int = 500, instances: int = 3, workers: int = 4
     import rocketmq  # noqa: F401 - the members need it: say so before the first progress line
     job_kw: dict[str, Any] = {"long_s": (0.4, 1.5)} if quick else {}
     load_before = loadavg()
-    per: dict[str, dict[str, list[dict[str, Any]]]] = {k: {o: [] for o in ORDER_MODES} for k in ORDER_KINDS}
+    per: dict[str, dict[str, list[dict[str, Any]]]] = {k: {o: [] for o in ORDER_MODES} for k in kinds}
     jobs = []
     with tempfile.TemporaryDirectory(prefix="rmqtrace-costs-") as folder:
         for r in range(runs):
             durations = long_tail_job(messages, seed=1000 + r, **job_kw)
             jobs.append({"messages": len(durations), "work_s": round(sum(durations), 2),
                          "longest_s": max(durations)})
-            kinds = ORDER_KINDS[r % 2:] + ORDER_KINDS[:r % 2]
+            turn = r % len(kinds)
             tables: dict[str, CostTable] = {}
-            for kind in kinds:  # arrival first: the learned costs come from it
+            for kind in kinds[turn:] + kinds[:turn]:  # arrival first: the learned costs come from it
                 if progress is not None:
                     progress(f"run {r + 1}/{runs}: {kind} arrival")
                 done = run_fleet(kind, durations, instances=instances, workers=workers, endpoint=endpoint,
-                                 order="arrival")
+                                 order="arrival", prefetch=prefetch)
                 per[kind]["arrival"].append({"run": r + 1, **done.summary()})
                 tables[kind] = learned_table(done, seed=2000 + r, folder=folder)
-            rest = [(k, o) for o in ORDER_MODES[1:] for k in ORDER_KINDS]
+            rest = [(k, o) for o in ORDER_MODES[1:] for k in kinds]
             rest = rest[r % len(rest):] + rest[:r % len(rest)]
             for kind, mode in rest:
                 if progress is not None:
                     progress(f"run {r + 1}/{runs}: {kind} {mode}")
                 done = run_fleet(kind, durations, instances=instances, workers=workers, endpoint=endpoint,
-                                 order="longest_first", costs=tables[kind] if mode == "learned" else None)
+                                 order="longest_first", costs=tables[kind] if mode == "learned" else None,
+                                 prefetch=prefetch)
                 per[kind][mode].append({"run": r + 1, **done.summary()})
     kinds_out: dict[str, Any] = {}
     met = True
@@ -541,6 +563,7 @@ def run_order_bench(*, messages: int = 500, instances: int = 3, workers: int = 4
     return {
         "bench": "fleet --orders", "instances": instances, "workers": workers, "runs": runs, "jobs": jobs,
         "noise": NOISE, "targets": ORDER_TARGETS, "target_met": met, "kinds": kinds_out,
+        **({"prefetch": prefetch} if "prefetch" in kinds else {}),
         "loadavg": {"before": load_before, "after": loadavg()},
         "client": client_version(), "python": platform.python_version(),
         "machine": f"{platform.machine()}, {os.cpu_count()} CPUs",
@@ -619,6 +642,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     p.add_argument("--runs", type=int, default=None, help="runs per mode (default 3; 5 with --orders)")
     p.add_argument("--orders", action="store_true",
                    help="arrival order vs longest first (true and learned costs), demand-driven and push replacement")
+    p.add_argument("--kinds", default=",".join(ORDER_KINDS),
+                   help=f"--orders: comma-separated consumers, any of {','.join(MODES)} (default %(default)s)")
+    p.add_argument("--prefetch", type=int, default=1, help="--orders, kind prefetch: its buffer (default 1)")
     p.add_argument("--quick", action="store_true")
     p.add_argument("--json", action="store_true")
     args = p.parse_args(argv)
@@ -633,7 +659,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     kw = {"messages": args.messages, "instances": args.instances, "workers": args.workers, "quick": args.quick,
           "progress": lambda s: print(s, file=sys.stderr, flush=True)}
     if args.orders:
-        result = run_order_bench(runs=args.runs or 5, **kw)
+        try:
+            kinds = check_kinds(args.kinds.split(","), args.prefetch)
+        except ValueError as exc:
+            p.error(str(exc))
+        result = run_order_bench(runs=args.runs or 5, kinds=kinds, prefetch=args.prefetch, **kw)
         print(json.dumps(result) if args.json else format_order_bench(result))
         return 0
     result = run_fleet_bench(runs=args.runs or 3, **kw)
