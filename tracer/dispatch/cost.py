@@ -25,9 +25,11 @@ What it costs
       and so no such waiting.
     * Memory and redelivery exposure of W received-but-unstarted messages on a crash.
 
-Where it costs nothing: the producer. A job producer that knows every cost before sending can
-simply send longest first (:func:`longest_first`); then even plain ``aggressive`` consumers start
-the long-tail groups first, with no window and no extra lease time.
+Where it costs nothing: the producer. A job producer that knows every cost before sending (or
+learned it: :mod:`.costtable`) can simply send longest first
+(:meth:`~tracer.clients.producer.TracedProducer.send_job`, or :func:`longest_first` for a sort);
+then even plain ``aggressive`` consumers start the long-tail groups first, with no window and no
+extra lease time — and across a fleet of them it is the only lever (docs/dispatch.md).
 """
 
 from __future__ import annotations
@@ -37,7 +39,7 @@ from typing import Any, TypeVar
 
 from ..callables import require_plain
 from ..path.names import JOB_ORDERS
-from .costtable import CostTable, CostTableError, check_cost
+from .costtable import MAX_COST_S, CostTable, CostTableError, check_cost
 
 T = TypeVar("T")
 
@@ -94,20 +96,24 @@ def job_costs(messages: Sequence[Any], cost: Callable[[Any], float] | CostTable,
     require_plain(fn, "cost=")
     out: list[float] = []
     for i, m in enumerate(messages):
-        what = f"message {i}" + (f" (key {k!r})" if (k := _safe_key(key, m)) else "")
         try:
             value = fn(m)
         except Exception as exc:  # noqa: BLE001 - said with the message it failed on
-            raise CostTableError(f"cost= raised {type(exc).__name__} for {what}: {exc}") from exc
-        out.append(check_cost(value, what))
+            raise CostTableError(f"cost= raised {type(exc).__name__} for {_which(i, key, m)}: {exc}") from exc
+        if value.__class__ is float and 0.0 <= value < MAX_COST_S:  # the usual: no label built
+            out.append(value)
+        else:
+            out.append(check_cost(value, _which(i, key, m)))
     return out
 
 
-def _safe_key(key: Callable[[Any], str | None], message: Any) -> str | None:
+def _which(index: int, key: Callable[[Any], str | None], message: Any) -> str:
+    """How an error names a message: its index in the job and, when it has one, its key."""
     try:
-        return key(message)
+        k = key(message)
     except Exception:  # noqa: BLE001 - only for the error message
-        return None
+        k = None
+    return f"message {index}" + (f" (key {k!r})" if k else "")
 
 
 __all__ = ["ARRIVAL", "JOB_ORDERS", "LONGEST_FIRST", "job_costs", "longest_first", "message_key", "table_cost"]
