@@ -304,10 +304,13 @@ class KeepPolicy:
         if now and end_mono is not None:
             now = end_mono
         if not now:
-            with self._lock:  # never handled: nothing was traced to keep, nothing to judge
+            with self._lock:  # never handled: nothing to judge, kept only for what the caller knows
                 self._messages += 1
-                self._drops["not_handled"] += 1
-            return None
+                if flag is None:  # (a lost lease: its redelivery links to this trace)
+                    self._drops["not_handled"] += 1
+                    return None
+                self._counts[flag] += 1
+            return flag
         if now >= self._interval_end:
             self._roll(now)
         slow = False
