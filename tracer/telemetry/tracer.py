@@ -864,7 +864,7 @@ class MessageTrace:
             # the policy's timers (job idle, intervals) run on the monotonic clock, as its tick
             end = times[_END]
             reason = keep.decide(times, outcome, self._carried.job_id, head=ctx is not None and not self._held,
-                                 settle=settle, end_mono=self.anchor.mono_of(end) if end else None, flag=flag)
+                                 settle=settle, end_mono=self.anchor.mono_of(WallNs(end)) if end else None, flag=flag)
         except Exception as exc:  # noqa: BLE001 - a broken policy must not cost the histograms
             self._tracer.hook_failed("the keep decision", exc)
             reason = "failure"  # err on keeping
