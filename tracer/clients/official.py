@@ -336,6 +336,13 @@ class TracedSimpleConsumer:
         self.traces.acked(message)
         return result
 
+    def change_invisible_duration_async(self, message: Any, invisible_duration: Any) -> Any:
+        """The client's ``change_invisible_duration_async``: the nack of :meth:`change_invisible_duration`
+        (the trace finishes as a failure outside ``processing()``), no timed operation (see :meth:`ack_async`)."""
+        result = self._consumer.change_invisible_duration_async(message, invisible_duration)
+        self.traces.nacked(message)
+        return result
+
     def __getattr__(self, name: str) -> Any:
         return getattr(self._consumer, name)
 

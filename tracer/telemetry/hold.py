@@ -56,7 +56,7 @@ from opentelemetry.sdk.trace import ReadableSpan, Span, SpanProcessor
 from opentelemetry.sdk.trace.id_generator import IdGenerator
 from opentelemetry.trace import SpanContext, TraceFlags, TraceState
 
-from ..path.clock import MonotonicClock, default_clock, require_clock, shared_clock
+from ..path.clock import MonoNs, MonotonicClock, default_clock, require_clock, shared_clock
 
 __all__ = ["DROP_REASONS", "HoldStats", "HoldingSpanProcessor"]
 
@@ -84,7 +84,7 @@ RECENT_SPANS = 4096
 
 
 class _Policy(Protocol):
-    def tick(self, now_ns: int | None = None) -> bool: ...
+    def tick(self, now_ns: MonoNs | None = None) -> bool: ...
     def flush(self) -> None: ...
     def tick_interval_s(self) -> float: ...
     def busy(self) -> bool: ...
@@ -110,7 +110,7 @@ class HoldStats(NamedTuple):
 class _Held:
     __slots__ = ("spans", "lost", "since", "ours", "late")
 
-    def __init__(self, since: int, ours: bool) -> None:
+    def __init__(self, since: MonoNs, ours: bool) -> None:
         self.spans: list[ReadableSpan] = []
         self.lost: set[int] = set()
         self.since = since
@@ -321,7 +321,7 @@ class HoldingSpanProcessor(SpanProcessor):
             self._n_recent -= len(held.spans)
             self._remember(self._gone, trace_id, None)
 
-    def expire(self, now_ns: int | None = None) -> int:
+    def expire(self, now_ns: MonoNs | None = None) -> int:
         """Evict undecided traces older than ``max_age_s``; how many."""
         now = self.clock.monotonic_ns() if now_ns is None else now_ns
         lost: list[tuple[str, _Held]] = []
@@ -331,7 +331,7 @@ class HoldingSpanProcessor(SpanProcessor):
             self._count_lost(lost)
         return len(lost)
 
-    def tick(self, now_ns: int | None = None) -> bool:
+    def tick(self, now_ns: MonoNs | None = None) -> bool:
         """One round of the ticker: expire old traces, settle idle jobs; True while work remains."""
         self.expire(now_ns)
         busy = False

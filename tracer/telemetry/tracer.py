@@ -864,7 +864,7 @@ class MessageTrace:
             # the policy's timers (job idle, intervals) run on the monotonic clock, as its tick
             end = times[_END]
             reason = keep.decide(times, outcome, self._carried.job_id, head=ctx is not None and not self._held,
-                                 settle=settle, end_mono=self.anchor.mono_of(end) if end else None, flag=flag)
+                                 settle=settle, end_mono=self.anchor.mono_of(WallNs(end)) if end else None, flag=flag)
         except Exception as exc:  # noqa: BLE001 - a broken policy must not cost the histograms
             self._tracer.hook_failed("the keep decision", exc)
             reason = "failure"  # err on keeping
@@ -938,12 +938,15 @@ class MessageTrace:
         process = self._process if self._process is not None else self._materialize()
         if self._lost_from is not None:
             process.add_link(self._lost_from, {n.LINK_REASON: n.LINK_LEASE_LOST})
-        end_ns = d[_END] or self.anchor.now()
+        # No handler end (a copy refused unstarted is unstamped): the finish, yet never before the
+        # latest stamp drawn, which the producer's clock may have moved past it.
+        end_ns = d[_END] or max(self.anchor.now(), *d)
         error_type = type(error).__qualname__ if error is not None else None
         handler = self._handler
         if handler is not None:
-            if d[_START] > c[_START]:
-                handler.move_start(d[_START])  # the producer's clock is ahead of the handler's start
+            floor = d[_START] or d[_PULL]  # unstamped (not started): still inside its process span
+            if floor > handler.start_time:
+                handler.move_start(floor)  # the producer's clock is ahead of the handler's start
             if error is not None:
                 record_error(handler, error)
                 handler.set_status(Status(_ERROR, type(error).__name__))
