@@ -827,13 +827,17 @@ class MessageTrace:
             if metrics is not None:
                 metrics.avoidable(self.info.topic, mt.consumer_group, verdict[1], avoidable)
             mt.meters.avoidable(self.info.topic, mt.consumer_group, verdict[1], avoidable)
+        mono_now = -1
         for start, end, peer, tolerance, gap_name in _CROSS:
             a, b = times[start], times[end]
             if a == MISSING or b == MISSING:
                 continue
             raw = b - a
-            if mt.skew.observe(peer, raw) and metrics is not None:
-                metrics.skew_bound.labels(peer).set(raw / 1e9)
+            if mono_now < 0:
+                mono_now = mt.clock.monotonic_ns()  # the skew window's age (ages are monotonic)
+            bound = mt.skew.observe(peer, raw, mono_now)
+            if bound is not None and metrics is not None:
+                metrics.skew_bound.labels(peer).set(bound / 1e9)
             if -raw > tolerance and metrics is not None:
                 metrics.clamped(gap_name)
         if ctx is not None and (self._process is not None or self._deferred is not None):
@@ -1009,6 +1013,6 @@ class TracerStats(NamedTuple):
 
     hook_failures: Mapping[str, int]  # our own code's failures, by place (the first of each is logged)
     propagation_errors: Mapping[str, int]  # bad trace context or stamps in received messages, by kind
-    skew_bounds_ns: Mapping[str, int]  # per clock pair, the smallest cross-clock gap seen
+    skew_bounds_ns: Mapping[str, int]  # per clock pair, the smallest cross-clock gap of the recent messages
     keep: KeepStats | None
     hold: HoldStats | None
