@@ -21,6 +21,7 @@ WAIT = 10.0
 
 
 def value(reg: CollectorRegistry, name: str, **labels: str) -> float:
+    labels.setdefault("consumer_group", "")  # every dispatcher series has it ("" for none)
     v = reg.get_sample_value(name, labels)
     return 0.0 if v is None else v
 
@@ -42,7 +43,7 @@ def test_slot_wait_count_equals_messages_handled_and_outcomes_counted() -> None:
     assert value(reg, "rmqtrace_dispatch_messages_total", policy="aggressive", outcome="success") == s.handled == 75
     assert value(reg, "rmqtrace_dispatch_messages_total", policy="aggressive", outcome="failure") == s.failed == 25
     for o in Outcome:  # every outcome child exists from the start (pre-bound)
-        labels = {"policy": "aggressive", "outcome": o.value}
+        labels = {"policy": "aggressive", "consumer_group": "", "outcome": o.value}
         assert reg.get_sample_value("rmqtrace_dispatch_messages_total", labels) is not None
 
 
@@ -138,7 +139,7 @@ def test_no_unbounded_labels() -> None:
     for fam in reg.collect():
         for sample in fam.samples:
             labelsets.add(tuple(sorted(k for k in sample.labels if k != "le")))
-    assert labelsets <= {("policy",), ("outcome", "policy"), ("consumer_group", "policy")}
+    assert labelsets <= {("consumer_group", "outcome", "policy"), ("consumer_group", "policy")}
 
 
 def test_gauge_sources_are_public_and_unbind_is_idempotent() -> None:
