@@ -301,9 +301,16 @@ class MessageTracer:
         return writer.start(name, kind, parent_ctx, start_ns, attributes, links)
 
     # -- consumer side -------------------------------------------------------------------
-    def start_message(self, info: MessageInfo, pulled_ns: int | None = None,
+    def start_message(self, info: MessageInfo, pulled_ns: Anchor | int | None = None,
                       body: bytes | bytearray | str | None = None) -> MessageTrace:
         """A trace for one received message, stamped with produce, broker store and client pull.
+
+        ``pulled_ns``: when the message was pulled. An :class:`~tracer.path.clock.Anchor` read on
+        this tracer's clock (a batch's pull: ``Anchor(tracer.clock)`` once, then passed for each
+        message) is the pull on both clocks, so a wall-clock step between the batch's reading and
+        this call moves the message as a whole and none of its gaps. An ``int`` is a wall time
+        read elsewhere (a client's decode time): it is placed that far back on the monotonic
+        clock, so a step in between does enter the gaps; ``None`` is now.
 
         ``body`` is read only when ``capture_body`` is on. Timestamps that cannot be real (before
         2000, over a day ahead) are ignored and counted as ``timestamp_out_of_range``.
@@ -317,12 +324,20 @@ class MessageTracer:
         # The traceparent is parsed only if a span is written or the context made current
         # (MessageTrace.carried): a message only measured costs no parse (BENCHMARKS.md).
         carried = extract(info.properties, self.errors, now, info.system_trace_context, defer_parent=True)
+        pulled_at: Anchor | None = None
+        if isinstance(pulled_ns, Anchor):
+            if pulled_ns.read_on(clock):  # the batch's pull, read on both clocks at once
+                pulled_at, pulled_ns = pulled_ns, None
+            else:  # read on another clock: only its wall time means anything here
+                pulled_ns = pulled_ns.wall_ns
         if pulled_ns and not plausible_ns(pulled_ns, now):
             self.errors.count("timestamp_out_of_range", f"pulled_ns={pulled_ns}")
             pulled_ns = None
-        if pulled_ns:
-            # read on the wall clock a moment ago (a batch's pull): that far back on the monotonic
-            # one, never ahead of now (the wall clock stepped back in between)
+        if pulled_at is not None:
+            anchor = Anchor(clock, pulled_at.wall_ns, pulled_at.mono_ns)
+        elif pulled_ns:
+            # a wall time read elsewhere (a client's decode): that far back on the monotonic clock,
+            # never ahead of now (the wall clock stepped back in between)
             since = now - pulled_ns
             anchor = Anchor(clock, WallNs(pulled_ns), MonoNs(mono - since if since > 0 else mono))
         else:
