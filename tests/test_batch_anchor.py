@@ -13,7 +13,6 @@ from __future__ import annotations
 import ast
 import time
 from collections.abc import Callable
-from typing import Any
 
 import pytest
 from conftest import REPO
