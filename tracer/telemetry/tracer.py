@@ -727,7 +727,7 @@ class MessageTrace:
             # child of the unrecorded send span would be an orphan; see tracer.telemetry.keep).
             return self._open_held(writer, name, attrs, parent, pulled_ns, start_ns, base)
         if start_attrs is not None and self._tracer.hold is not None and keep is not None:
-            self._tracer.hold.hold(ctx.trace_id)
+            self._tracer.hold.hold(ctx.trace_id, running=True)  # not aged out while the handler runs
             self._head_held = True
         current = base if base is not None else otel_context.get_current()  # read once, used twice
         if start_attrs is None:
@@ -757,7 +757,7 @@ class MessageTrace:
         attributes copied and the creation link made then."""
         hold = self._tracer.hold
         assert hold is not None
-        ctx = self._ctx = hold.open_trace(writer.tracer.id_generator)
+        ctx = self._ctx = hold.open_trace(writer.tracer.id_generator, running=True)  # not aged while it runs
         self._held = True
         inner = ctx if self._tracer.compact else writer.child_context(ctx)
         self._deferred = (writer, name, creation, pulled_ns, attrs, inner, start_ns)
@@ -780,6 +780,12 @@ class MessageTrace:
                 handler.end(end_time=now)  # joins its trace, kept at the finish
             except Exception as exc:  # noqa: BLE001
                 self._tracer.hook_failed("ending a late handler span", exc)
+        hold, ctx = self._tracer.hold, self._ctx
+        if hold is not None and ctx is not None and (self._held or self._head_held):
+            try:
+                hold.ran(ctx.trace_id)  # undecided from now on (an unacked message): aged from here
+            except Exception as exc:  # noqa: BLE001
+                self._tracer.hook_failed("marking a held trace's handler ended", exc)
         if self._tracer.occupancy is not None:
             self._tracer.occupancy.ended()
         if self._token is not None:
