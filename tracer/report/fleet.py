@@ -43,12 +43,11 @@ from ..path import names
 from ..path.stages import Stage
 from .blame import GRACE_NS, MAX_OVERLAPS, FleetBlocker, Run, TooManyOverlaps, fleet_avoidable, fleet_blame, pack_lanes
 from .model import STAMP_MAX_NS, exact_int, stamp_ns
-from .sources import any_value
+from .sources import INSTANCE_KEY, any_value, jaeger_instance
 
 __all__ = ["FleetCollector", "FleetInstance", "FleetJob", "FleetSection", "Handled", "cli_fleet", "fleet_lines",
            "fleet_page", "read_jaeger_fleet", "sweep_waits"]
 
-INSTANCE_KEY = "service.instance.id"
 _PULL, _START, _END = (names.STAMP_ATTRS[s] for s in (Stage.CLIENT_PULL, Stage.HANDLER_START, Stage.HANDLER_END))
 _PRODUCE, _ENQUEUE = (names.STAMP_ATTRS[s] for s in (Stage.PRODUCE, Stage.DISPATCH_ENQUEUE))
 # what :meth:`FleetCollector.add` reads: the stamps, job and worker, and what names a blocker
@@ -411,9 +410,7 @@ def _max_overlap(recs: Sequence[_Rec]) -> int:
     return best
 
 
-def _instance_of(process: dict[str, Any]) -> str:
-    tags = {t.get("key"): t.get("value") for t in process.get("tags") or ()}
-    return str(tags.get(INSTANCE_KEY) or tags.get("hostname") or process.get("serviceName") or "?")
+_instance_of = jaeger_instance  # the group report reads instances the same way
 
 
 def _instance_of_resource(resource: Any) -> str:
