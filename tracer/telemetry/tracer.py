@@ -854,8 +854,8 @@ class MessageTrace:
             if a == MISSING or b == MISSING:
                 continue
             raw = b - a
-            if mono_now < 0:
-                mono_now = mt.clock.monotonic_ns()  # the skew window's age (ages are monotonic)
+            if mono_now < 0:  # the skew window's age (ages are monotonic): the latest stamp's, no clock read
+                mono_now = self.anchor.mono_of(times[_END] if times[_END] != MISSING else times[_PULL])
             bound = mt.skew.observe(peer, raw, mono_now)
             if bound is not None and metrics is not None:
                 metrics.skew_bound.labels(peer).set(bound / 1e9)
