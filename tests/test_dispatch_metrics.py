@@ -21,6 +21,7 @@ WAIT = 10.0
 
 
 def value(reg: CollectorRegistry, name: str, **labels: str) -> float:
+    labels.setdefault("consumer_group", "")  # every dispatcher series has it ("" for none)
     v = reg.get_sample_value(name, labels)
     return 0.0 if v is None else v
 

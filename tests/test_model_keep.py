@@ -441,6 +441,21 @@ class KeepHoldModel(RuleBasedStateMachine):
         assert sum(s.dropped_by_reason.values()) == s.dropped
 
     @invariant()
+    def a_running_handlers_trace_is_never_aged_out(self) -> None:
+        """Review #31 finding 8: a handler running past max_age lost its trace (and the user's
+        spans) to the age limit meant for a message never acked. Only a memory bound or shutdown may
+        evict it."""
+        s = self.hold.statistics()
+        gone = 0
+        for m in self.msgs:
+            ctx = m.t._ctx  # noqa: SLF001
+            held = m.t._held or m.t._head_held  # noqa: SLF001
+            if m.running and not m.finished and held and ctx is not None and ctx.trace_id not in self.hold._held:  # noqa: SLF001
+                gone += 1
+        bounds = s.traces_evicted["max_spans"] + s.traces_evicted["max_traces"] + s.traces_evicted["shutdown"]
+        assert gone <= bounds, (gone, s.traces_evicted)
+
+    @invariant()
     def every_message_is_accounted(self) -> None:
         k = self.policy.statistics()
         finished = sum(1 for m in self.msgs if m.finished)

@@ -12,6 +12,7 @@ from typing import Any, Callable
 from opentelemetry.instrumentation.utils import suppress_instrumentation
 
 from ..path.message import client_facts
+from ..telemetry.futures import future_error
 from ..telemetry.tracer import MessageTracer, SendTrace
 from .route import explain_route_failure
 
@@ -92,7 +93,7 @@ def traced_send_async(tracer: MessageTracer, send_async: Callable[..., Future[An
         raise
 
     def _done(f: Future[Any]) -> None:
-        exc = f.exception()
+        exc = future_error(f)
         st.end(message_id=None if exc else getattr(f.result(), "message_id", None), error=exc)
 
     fut.add_done_callback(_done)

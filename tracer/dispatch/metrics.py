@@ -16,11 +16,12 @@ series                                     type      meaning
                                                      messages waiting here could have used
 ========================================== ========= =================================================
 
-Every series has the labels ``policy`` and ``consumer_group`` (the dispatcher's ``consumer_group=``,
-"" if none), so two consumers' dispatchers in one process are not summed into one (a saturated group
-beside an idle one would read as head-of-line blocking). The gauges are computed at scrape time
-from the live dispatchers bound to a (policy, consumer_group) pair (summed), so the hot path never
-touches them, and several
+Every series has the labels ``policy`` and ``consumer_group`` (the dispatcher's
+``consumer_group=``, "" if none), so two consumers' dispatchers in one process are not summed into
+one (a saturated group beside an idle one would read as head-of-line blocking; one group's failures
+as the other's); Prometheus adds ``instance``. The gauges are computed at scrape time from the
+live dispatchers bound to a (policy, consumer_group) pair (summed), so the hot path never touches
+them, and several
 dispatchers may share one :class:`DispatchMetrics`. A registry holds one ``DispatchMetrics``
 (:class:`~tracer.telemetry.registration.OnePerRegistry`): build it once and share it, or use
 :meth:`DispatchMetrics.shared`. Multiprocess mode: see :class:`DispatchMetrics`.
@@ -158,7 +159,7 @@ class DispatchMetrics(OnePerRegistry):
         reg = REGISTRY if registry is None else registry
         self.registry = reg
         self.multiprocess = multiprocess_dir() is not None
-        pair = ["policy", "consumer_group"]
+        pair = ["policy", "consumer_group"]  # every series: two groups' dispatchers never sum into one
         self.slot_wait = Histogram(
             "rmqtrace_dispatch_slot_wait_seconds",
             "Time from dispatcher enqueue (submit accepted) to handler start.",

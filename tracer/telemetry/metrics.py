@@ -338,8 +338,8 @@ class TracerMetrics(OnePerRegistry):
         )
         self.skew_bound = Gauge(
             "rmqtrace_clock_skew_bound_seconds",
-            "Smallest cross-clock gap seen per clock pair; a cross-clock gap is trustworthy only "
-            "to about its absolute value.",
+            "Smallest cross-clock gap of the recent messages per clock pair (at most 128 of them, "
+            "from the last 2 minutes); a cross-clock gap is trustworthy only to about its absolute value.",
             ["peer"], registry=None, multiprocess_mode="livemin",
         )
         self.propagation_errors = Counter(
