@@ -158,3 +158,33 @@ def test_the_recorder_writes_promtool_notation() -> None:
 
     assert _values({1: 0.0, 2: 0.0, 3: 5.5}, 5) == "_ 0x1 5.5 _"
     assert _values({0: 3.0, 1: 3.0, 2: 3.0}, 3) == "3x2"
+
+
+# The review asked by issue #32: an alert whose condition is an instant reading of gauges, held
+# under `for:`, is reset by one evaluation where the reading dips — the head-of-line rule never
+# fired so. Each alert either reads a window (a range selector in its expression or in a recording
+# rule it uses) or is named here with why its reading cannot dip during the incident it names.
+INSTANT_BY_DESIGN = {
+    "RmqtraceConsumerStalled": "the oldest unstarted message only ages while no worker starts it",
+    "RmqtraceProbeNotSeen": "time since the last settled probe only grows while none is settled",
+    "RmqtraceBrokerLagLatencyHigh": "the oldest message the group has not taken only ages while it takes none",
+    "RmqtraceBrokerNoConsumer": "ready messages stay while no consumer is connected to take them",
+}
+_RANGE = re.compile(r"\[\d+[smhd]\]")
+
+
+def _reads_a_window(expr: str, recorded: dict[str, str], seen: frozenset[str] = frozenset()) -> bool:
+    if _RANGE.search(expr):
+        return True
+    return any(_reads_a_window(recorded[name], recorded, seen | {name})
+               for name in recorded if name not in seen and re.search(rf"{re.escape(name)}\b", expr))
+
+
+@pytest.mark.parametrize("rule", [r for r in all_rules() if "alert" in r], ids=lambda r: r["alert"])
+def test_no_alert_holds_an_instant_reading_that_the_incident_interrupts(rule: dict[str, object]) -> None:
+    recorded = {str(r["record"]): str(r["expr"]) for r in all_rules() if "record" in r}
+    windowed = _reads_a_window(str(rule["expr"]), recorded)
+    assert windowed != (rule["alert"] in INSTANT_BY_DESIGN), (
+        f"{rule['alert']}: an instant condition under for: (name it in INSTANT_BY_DESIGN with why no "
+        "evaluation of its incident dips below the threshold, or read a window)" if not windowed
+        else f"{rule['alert']} reads a window now: drop it from INSTANT_BY_DESIGN")
