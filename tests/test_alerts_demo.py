@@ -99,3 +99,23 @@ def test_the_readme_sample_is_what_the_command_prints() -> None:
         assert m is not None and m[1] in summaries, m
         assert {kv.split("=")[0] for kv in m[2].split()} <= {"consumer_group", "policy", "instance"}, m[2]
         assert _summary_pattern(summaries[m[1]]).match(m[3]), (m[3], summaries[m[1]])
+
+
+def test_the_command_needs_only_the_base_install() -> None:
+    """`make alerts-demo` installs rmqtrace without extras (.venv/.installed): every module the
+    command imports is the standard library's, rmqtrace's, or a base dependency's. From a fresh
+    clone it died on `import yaml` (pyyaml comes only with the test extra)."""
+    import ast
+    import importlib.metadata
+
+    from conftest import pyproject
+
+    base = {re.split(r"[<>=!~\[ ;]", d)[0].lower().replace("_", "-") for d in pyproject()["project"]["dependencies"]}
+    dists = importlib.metadata.packages_distributions()
+    tree = ast.parse((REPO / "services" / "alerts_demo.py").read_text(encoding="utf-8"))
+    tops = {alias.name.split(".")[0] for node in ast.walk(tree) if isinstance(node, ast.Import) for alias in node.names}
+    tops |= {node.module.split(".")[0] for node in ast.walk(tree)
+             if isinstance(node, ast.ImportFrom) and node.module and node.level == 0}
+    outside = sorted(m for m in tops - set(sys.stdlib_module_names) - {"tracer", "__future__"}
+                     if not {d.lower().replace("_", "-") for d in dists.get(m, [])} & base)
+    assert outside == [], f"imported by services/alerts_demo.py, not in the base install: {outside}"
