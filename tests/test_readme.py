@@ -325,3 +325,17 @@ def test_the_quick_start_gets_a_newcomer_to_a_trace(tmp_path: Path) -> None:
     wait_until(found, timeout=60, interval=1.0, what=f"the program's message in Jaeger as {service}: {seen}")
     (grp,) = seen["groups"]  # type: ignore[misc]
     assert grp["group"] == group and grp["stages"]["consumer_wait"]["count"] == 1, grp
+
+
+def test_the_readme_stays_a_front_page() -> None:
+    """Issue 33, item 9: the README had grown to 771 lines of reference. The quick start fits the
+    first screen (40 lines), and the reference lives in docs/, linked from "Where to read more"."""
+    text = README.read_text(encoding="utf-8")
+    lines = text.splitlines()
+    start = lines.index("## Quick start")
+    end = next(i for i in range(start + 1, len(lines)) if lines[i].startswith("## "))
+    assert start < 10 and end <= 40, (start, end)
+    assert len(lines) <= 400, f"README.md has {len(lines)} lines: move reference to docs/"
+    more = text.split("## Where to read more")[1]
+    linked = set(re.findall(r"\]\((docs/[\w-]+\.md)\)", more))
+    assert linked == {f"docs/{p.name}" for p in (REPO / "docs").glob("*.md")}, "every docs/ page is linked"
