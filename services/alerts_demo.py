@@ -35,8 +35,6 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
 
-import yaml
-
 REPO = Path(__file__).resolve().parent.parent
 RULES = REPO / "dashboards" / "prometheus" / "rmqtrace-alerts.yml"
 PROM_SH = REPO / "services" / "prometheus" / "prom.sh"
@@ -45,20 +43,27 @@ FOR_SETTING = "RMQTRACE_ALERTS_DEMO_FOR"
 _DURATION = re.compile(r"^\d+(ms|s|m|h)$")
 
 
+_FOR_LINE = re.compile(r"^(?P<indent>\s+)for: \S+[ \t]*$", re.M)
+_ALERT_LINE = re.compile(r"^\s+- alert: ", re.M)
+
+
 def render_demo_rules(dst: Path, for_: str, src: Path = RULES) -> Path:
-    """``src`` with every alert's ``for:`` set to ``for_``; nothing else changes.
+    """``src`` with every alert's ``for:`` set to ``for_``; nothing else changes, comments included.
+
+    Text, not a YAML round trip: `make alerts-demo` runs on the base install, which has no YAML
+    library; in the rule files only alerts carry a ``for:`` line, one each.
 
     Raises:
-        ValueError: ``for_`` is not a Prometheus duration such as ``10s``.
+        ValueError: ``for_`` is not a Prometheus duration such as ``10s``, or ``src`` has an alert
+            without its own ``for:`` line.
     """
     if not _DURATION.match(for_):
         raise ValueError(f"{FOR_SETTING} must be a Prometheus duration like 10s or 1m, got {for_!r}")
-    doc = yaml.safe_load(src.read_text())
-    for group in doc["groups"]:
-        for rule in group["rules"]:
-            if "alert" in rule:
-                rule["for"] = for_
-    dst.write_text(yaml.safe_dump(doc, sort_keys=False, allow_unicode=True))
+    text = src.read_text(encoding="utf-8")
+    out, n = _FOR_LINE.subn(lambda m: f"{m['indent']}for: {for_}", text)
+    if n != len(_ALERT_LINE.findall(text)):
+        raise ValueError(f"{src}: {len(_ALERT_LINE.findall(text))} alerts but {n} for: lines")
+    dst.write_text(out, encoding="utf-8")
     return dst
 
 

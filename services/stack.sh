@@ -8,6 +8,7 @@
 #                              which Prometheus then sends its alerts to. Prints the URLs to open.
 #   services/stack.sh status   one line per service; exit 0 all up, 3 all down, 1 partly up
 #   services/stack.sh down     stop them (each even if another fails)
+#   services/stack.sh urls     print again the URLs `up` printed (starts nothing)
 #
 # Env: RMQTRACE_METRICS_PORT (9464) — where your application serves /metrics;
 #      PROM_RULE_FILES — comma-separated rule files instead of the four shipped ones (add your own
@@ -43,6 +44,10 @@ export PROM_SCRAPE_INTERVAL="${PROM_SCRAPE_INTERVAL:-5s}"
 export PROM_EVAL_INTERVAL="${PROM_EVAL_INTERVAL:-5s}"
 export PROM_WAIT_SCRAPE=0  # the application may not be running yet
 export AM_PORT="${AM_PORT:-19093}"
+# jaeger.sh's defaults, here too: the URLs printed below are the ones it listens on
+export JAEGER_QUERY_PORT="${JAEGER_QUERY_PORT:-16686}"
+export JAEGER_OTLP_HTTP_PORT="${JAEGER_OTLP_HTTP_PORT:-4318}"
+export JAEGER_OTLP_GRPC_PORT="${JAEGER_OTLP_GRPC_PORT:-4317}"
 export AM_STATE_DIR="${AM_STATE_DIR:-$REPO/.cache/stack/alertmanager}"
 if [[ " $SERVICES " == *" alertmanager "* ]]; then
     export PROM_ALERTMANAGERS="${PROM_ALERTMANAGERS:-127.0.0.1:$AM_PORT}"
@@ -90,13 +95,18 @@ cmd_up() {
     fi
     echo
     echo "rmqtrace stack is up:"
+    cmd_urls
+}
+
+# What to open and how to point an application at the stack (also `stack.sh urls`, after `up`).
+cmd_urls() {
     if has rocketmq; then
         echo "  RocketMQ     gRPC proxy 127.0.0.1:8081, name server 127.0.0.1:9876 (topic rmqtrace-test exists)"
         echo "               broker metrics http://$BROKER_METRICS/metrics (scraped as job rocketmq-broker)"
     fi
     if has jaeger; then
-        echo "  Jaeger       query API http://127.0.0.1:16686/api/services"
-        echo "               OTLP 127.0.0.1:4318 (HTTP), 127.0.0.1:4317 (gRPC)"
+        echo "  Jaeger       query API http://127.0.0.1:$JAEGER_QUERY_PORT/api/services"
+        echo "               OTLP 127.0.0.1:$JAEGER_OTLP_HTTP_PORT (HTTP), 127.0.0.1:$JAEGER_OTLP_GRPC_PORT (gRPC)"
     fi
     if has prometheus; then
         echo "  Prometheus   alerts $(prom_page alerts)"
@@ -109,7 +119,7 @@ cmd_up() {
     cat <<TXT
 
 Run your application with:
-  export RMQTRACE_METRICS_PORT=$METRICS_PORT OTEL_EXPORTER_OTLP_ENDPOINT=http://127.0.0.1:4318 RMQ_ENDPOINT=127.0.0.1:8081
+  export RMQTRACE_METRICS_PORT=$METRICS_PORT OTEL_EXPORTER_OTLP_ENDPOINT=http://127.0.0.1:$JAEGER_OTLP_HTTP_PORT RMQ_ENDPOINT=127.0.0.1:8081
 Import dashboards/grafana/rmqtrace-dashboard.json into your Grafana (see dashboards/README.md).
 Stop with: services/stack.sh down   (or make stack-down)
 TXT
@@ -155,5 +165,6 @@ case "${1:-}" in
     down) cmd_down ;;
     status) cmd_status ;;
     rules) echo "$RULES" ;;
-    *) echo "usage: $0 up|down|status|rules" >&2; exit 2 ;;
+    urls) cmd_urls ;;
+    *) echo "usage: $0 up|down|status|urls|rules" >&2; exit 2 ;;
 esac

@@ -73,3 +73,49 @@ def test_the_command_delivers_the_head_of_line_alert_and_stops_everything() -> N
     ports = [int(p) for p in re.findall(r"http://127\.0\.0\.1:(\d+)", out)]
     assert len(set(ports)) >= 4, out  # Alertmanager, webhook, Prometheus, /metrics
     assert all(_closed(p) for p in set(ports)), out
+
+
+def _summary_pattern(template: str) -> re.Pattern[str]:
+    """A rule's summary template as the text Alertmanager delivers: every {{ … }} any text."""
+    parts = re.split(r"\{\{.*?\}\}", template)
+    return re.compile("^" + ".+?".join(re.escape(p) for p in parts) + "$")
+
+
+def test_the_readme_sample_is_what_the_command_prints() -> None:
+    """The README's sample output of `make alerts-demo`: its first and last lines are the ones the
+    command says, and each webhook line is a real alert's, with the summary its rule writes."""
+    text = (REPO / "README.md").read_text(encoding="utf-8")
+    block = re.search(r"make alerts-demo\n```\n.*?```text\n(.*?)```", text, re.S)
+    assert block, "the README's alert section shows the command's output"
+    lines = block.group(1).splitlines()
+    assert lines[0].startswith(f"alerts-demo: the real rules of {RULES.relative_to(REPO)} with every for: set to 10s "
+                               f"({FOR_SETTING}) and a 1 s evaluation interval: ")
+    assert lines[-1] == "alerts-demo: stopped Prometheus, Alertmanager, the webhook and /metrics"
+    summaries = {r["alert"]: str(r["annotations"]["summary"]) for r in load_rules(RULES) if "alert" in r}
+    webhook = [re.match(r"^\[\s*[\d.]+ s\] webhook got FIRING (\w+) ((?:\w+=\S+ ?)+): (.*)$", line) for line in lines[1:-1]]
+    assert webhook and all(webhook), lines
+    assert "RmqtraceHeadOfLineBlocking" in {m[1] for m in webhook if m}
+    for m in webhook:
+        assert m is not None and m[1] in summaries, m
+        assert {kv.split("=")[0] for kv in m[2].split()} <= {"consumer_group", "policy", "instance"}, m[2]
+        assert _summary_pattern(summaries[m[1]]).match(m[3]), (m[3], summaries[m[1]])
+
+
+def test_the_command_needs_only_the_base_install() -> None:
+    """`make alerts-demo` installs rmqtrace without extras (.venv/.installed): every module the
+    command imports is the standard library's, rmqtrace's, or a base dependency's. From a fresh
+    clone it died on `import yaml` (pyyaml comes only with the test extra)."""
+    import ast
+    import importlib.metadata
+
+    from conftest import pyproject
+
+    base = {re.split(r"[<>=!~\[ ;]", d)[0].lower().replace("_", "-") for d in pyproject()["project"]["dependencies"]}
+    dists = importlib.metadata.packages_distributions()
+    tree = ast.parse((REPO / "services" / "alerts_demo.py").read_text(encoding="utf-8"))
+    tops = {alias.name.split(".")[0] for node in ast.walk(tree) if isinstance(node, ast.Import) for alias in node.names}
+    tops |= {node.module.split(".")[0] for node in ast.walk(tree)
+             if isinstance(node, ast.ImportFrom) and node.module and node.level == 0}
+    outside = sorted(m for m in tops - set(sys.stdlib_module_names) - {"tracer", "__future__"}
+                     if not {d.lower().replace("_", "-") for d in dists.get(m, [])} & base)
+    assert outside == [], f"imported by services/alerts_demo.py, not in the base install: {outside}"

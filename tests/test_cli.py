@@ -1,4 +1,5 @@
 import json
+import math
 import subprocess
 import sys
 from pathlib import Path
@@ -20,12 +21,11 @@ def test_bench_overhead_json_has_the_ratios():
     out = subprocess.run([sys.executable, "-m", "tracer", "bench", "overhead", "--json", "--messages", "2000",
                           "--rounds", "2"], capture_output=True, text=True, check=True).stdout
     result = json.loads(out)
-    assert result["stamps_metrics_over_span"] > 0 and result["full_trace_over_span"] > 0
-    assert result["full_trace_over_span"] > result["stamps_metrics_over_span"]
-    for key in ("contrib_process_over_span", "full_trace_over_contrib", "compact_trace_over_contrib",
-                "sampled_out_over_contrib"):
-        assert result[key] > 0, key
-    assert result["full_trace_over_contrib"] > result["compact_trace_over_contrib"]
+    # which path is cheaper is a benchmark figure (BENCHMARKS.md), measured on a quiet machine: two
+    # rounds of 2000 messages on a loaded one can order them either way (issue 33, item 10)
+    for key in ("stamps_metrics_over_span", "full_trace_over_span", "contrib_process_over_span",
+                "full_trace_over_contrib", "compact_trace_over_contrib", "sampled_out_over_contrib"):
+        assert isinstance(result[key], float) and 0 < result[key] < math.inf, key
 
 
 def test_the_contrib_baseline_is_one_consumer_span_under_the_extracted_context_current_in_the_handler():

@@ -87,8 +87,10 @@ def test_require_clock_names_what_is_missing() -> None:
 
 _MIXED = '''
 from tracer.dispatch import Dispatcher
-from tracer.path.clock import MonoNs, SystemClock, WallNs
+from tracer.path.clock import Anchor, MonoNs, SystemClock, WallNs
+from tracer.path.stages import Outcome
 from tracer.telemetry.hold import HoldingSpanProcessor
+from tracer.telemetry.keep import KeepPolicy
 from tracer.telemetry.occupancy import Occupancy
 from tracer.telemetry.tracer import MessageTracer
 
@@ -103,11 +105,15 @@ class Mono:
         return MonoNs(0)
 
 
-Dispatcher(lambda m: None, workers=1, clock=Wall())
-HoldingSpanProcessor([], clock=Wall())
-Occupancy(1, clock=Wall())
-MessageTracer(clock=Mono())
-stamp: WallNs = SystemClock().monotonic_ns()
+Dispatcher(lambda m: None, workers=1, clock=Wall())  # mixed
+HoldingSpanProcessor([], clock=Wall())  # mixed
+Occupancy(1, clock=Wall())  # mixed
+MessageTracer(clock=Mono())  # mixed
+stamp: WallNs = SystemClock().monotonic_ns()  # mixed
+HoldingSpanProcessor([]).tick(SystemClock().wall_ns())  # mixed
+KeepPolicy().decide([], Outcome.SUCCESS, end_mono=stamp)  # mixed
+Anchor(SystemClock()).mono_of(SystemClock().monotonic_ns())  # mixed
+KeepPolicy().tick(SystemClock().monotonic_ns())
 '''
 
 
@@ -123,5 +129,5 @@ def test_mypy_refuses_one_timeline_where_the_other_is_asked_for(tmp_path) -> Non
     run = subprocess.run([sys.executable, "-m", "mypy", "--strict", "--no-incremental", "mixed.py"], cwd=tmp_path,
                          env={**os.environ, "MYPYPATH": str(root)}, capture_output=True, text=True, timeout=300)
     errors = [line for line in run.stdout.splitlines() if line.startswith("mixed.py:") and ": error:" in line]
-    mixed = [k for k, line in enumerate(_MIXED.splitlines(), 1) if "clock=" in line or line.startswith("stamp")]
-    assert [int(line.split(":")[1]) for line in errors] == mixed and len(mixed) == 5, run.stdout
+    mixed = [k for k, line in enumerate(_MIXED.splitlines(), 1) if line.endswith("# mixed")]
+    assert [int(line.split(":")[1]) for line in errors] == mixed and len(mixed) == 8, run.stdout

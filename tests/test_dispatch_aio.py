@@ -200,7 +200,8 @@ def test_stamps_and_metrics() -> None:
                 await d.submit(i)
             assert await d.wait_idle(WAIT)
         assert log[:5] == [("mark", Stage.DISPATCH_ENQUEUE), "start", "handler", "end", ("finish", Outcome.SUCCESS)]
-        n = reg.get_sample_value("rmqtrace_dispatch_slot_wait_seconds_count", {"policy": "aggressive"})
+        n = reg.get_sample_value("rmqtrace_dispatch_slot_wait_seconds_count",
+                                {"policy": "aggressive", "consumer_group": ""})
         assert n == d.statistics().handled == 10
 
     run(main)

@@ -839,7 +839,8 @@ def test_time_blocked_in_submit_is_read_from_the_injected_clock() -> None:
     g.open(0, 1)
     t.join(WAIT)
     d.close()
-    total = reg.get_sample_value("rmqtrace_dispatch_submit_blocked_seconds_sum", {"policy": "aggressive"})
+    total = reg.get_sample_value("rmqtrace_dispatch_submit_blocked_seconds_sum",
+                                 {"policy": "aggressive", "consumer_group": ""})
     assert total == pytest.approx(2.0)
 
 

@@ -24,6 +24,7 @@ from tracer.clients.consume import ConsumeLoop
 from tracer.embedded import EmbeddedBroker, Message, Producer, SimpleConsumer
 from tracer.path import names as n
 from tracer.path.message import MessageInfo
+from tracer.path.stages import Outcome
 from tracer.telemetry.hold import HoldingSpanProcessor
 from tracer.telemetry.keep import KeepPolicy
 from tracer.telemetry.metrics import TracerMetrics
@@ -142,3 +143,25 @@ def test_item5_a_lost_lease_reason_outside_the_set_is_refused():
             trace.lease_lost("stolen")
     finally:
         rig.loop.dispatcher.close(timeout=5)
+
+
+@pytest.mark.parametrize("multiprocess", [False, True], ids=["collector", "stock"])
+def test_item5_the_lost_lease_series_start_at_zero_with_the_consumers_first_message(
+        multiprocess: bool, monkeypatch: pytest.MonkeyPatch, tmp_path: Any) -> None:
+    """A counter child created by the first loss is born at 1: rate() and increase() see no
+    increase, so the dashboard and any alert missed a consumer's first lost lease (and the panel
+    had no series at all until then)."""
+    if multiprocess:
+        monkeypatch.setenv("PROMETHEUS_MULTIPROC_DIR", str(tmp_path))
+    reg = CollectorRegistry()
+    metrics = TracerMetrics(reg)
+    try:
+        t = MessageTracer(consumer_group="G", metrics=metrics).start_message(MessageInfo(topic="T", message_id="m"))
+        with t.handler_scope():
+            pass
+        t.finish(Outcome.SUCCESS)
+        for reason in n.LEASE_LOST_REASONS:
+            labels = {"topic": "T", "consumer_group": "G", "reason": reason}
+            assert reg.get_sample_value("rmqtrace_consumer_leases_lost_total", labels) == 0, reason
+    finally:
+        metrics.unregister()

@@ -29,6 +29,13 @@ small bounds (spans, traces, age) are hit. After every step the promise holds:
   another (head-of-line, the live blame's verdict) whose wait span is exported links to its
   blocker's handler span only when that span is exported too — or the blocker is still undecided
   (running, unfinished, or pending as its job's latest finisher): it is then promised kept.
+- ``every_settled_delivery_is_measured_once_with_its_outcome`` (issue 31 items 1, 3, 5): every
+  finished message — acked, failed, nacked after its handler returned (the wrappers'
+  ``change_invisible_duration``), timed out (and its hung handler returning later), refused
+  unstarted (``not_started``: no handler observation), or run under a lease that was lost — is
+  counted once under its own outcome in ``rmqtrace_messages_total``; the handler and end-to-end
+  histograms hold exactly one observation per finished message whose handler ran; every lost
+  lease is counted once by reason, and its message is kept.
 """
 
 from __future__ import annotations
@@ -44,16 +51,18 @@ from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, 
 from opentelemetry import trace
 from opentelemetry.sdk.trace import ReadableSpan, SpanProcessor, TracerProvider
 from opentelemetry.sdk.trace.sampling import ALWAYS_OFF, ParentBased
+from prometheus_client import CollectorRegistry
 
 from tracer.path.blocking import Verdict
 from tracer.path.clock import ManualClock
 from tracer.path.message import MessageInfo
-from tracer.path.names import BLAME_REASON, BLAME_SPAN, GAP_SPANS
+from tracer.path.names import BLAME_REASON, BLAME_SPAN, GAP_SPANS, LEASE_LOST_REASONS
 from tracer.path.propagation import JOB_ID, PRODUCE_NS, TRACEPARENT
 from tracer.path.stages import Outcome, Stage
 from tracer.path.stamps import causal, drawn
 from tracer.telemetry.hold import HoldingSpanProcessor
 from tracer.telemetry.keep import KeepPolicy
+from tracer.telemetry.metrics import TracerMetrics
 from tracer.telemetry.tracer import MessageTrace, MessageTracer
 
 LONG = os.environ.get("RMQTRACE_LONG") == "1"
@@ -94,10 +103,14 @@ class _Msg:
     ended: list[int] = field(default_factory=list)  # span ids of the user's spans that ended
     opened_ids: set[int] = field(default_factory=set)
     monos: dict[Stage, int] = field(default_factory=dict)  # the monotonic clock at each consumer stamp
+    lease_lost: str | None = None  # the loop lost its lease while holding it (before the finish)
 
     @property
     def must_keep(self) -> bool:
-        return self.finished and (self.sampled or self.slow or self.outcome in (Outcome.FAILURE, Outcome.TIMEOUT))
+        # a copy refused unstarted has no dispatch_wait (no handler start) to be slow by
+        slow = self.slow and self.outcome is not Outcome.NOT_STARTED
+        return self.finished and (self.sampled or slow or self.lease_lost is not None
+                                  or self.outcome in (Outcome.FAILURE, Outcome.TIMEOUT))
 
 
 class KeepHoldModel(RuleBasedStateMachine):
@@ -110,8 +123,9 @@ class KeepHoldModel(RuleBasedStateMachine):
         self.provider = TracerProvider(sampler=ParentBased(ALWAYS_OFF))
         self.provider.add_span_processor(self.hold)
         self.policy = KeepPolicy({"dispatch_wait": 0.1}, job_idle_s=JOB_IDLE_S, max_jobs=2, clock=self.clock)
+        self.registry = CollectorRegistry()
         self.mt = MessageTracer(consumer_group="g", tracer_provider=self.provider, clock=self.clock,
-                                keep=self.policy, hold=self.hold)
+                                keep=self.policy, hold=self.hold, metrics=TracerMetrics(self.registry))
         self.user = self.provider.get_tracer("user")
         self.msgs: list[_Msg] = []
         self.closed = False
@@ -252,6 +266,37 @@ class KeepHoldModel(RuleBasedStateMachine):
         m = data.draw(st.sampled_from([m for m in self.msgs if not m.running and not m.finished]))
         self._finish(m, Outcome.SUCCESS, None)
 
+    @precondition(lambda self: not self.closed and any(not m.running and not m.finished for m in self.msgs))
+    @rule(data=st.data())
+    def nacked_after_handling(self, data: st.DataObject) -> None:
+        """The user gives a handled message back (``change_invisible_duration`` after ``processing()``,
+        ``ReceivedTraces.nacked``): a failure with no exception."""
+        m = data.draw(st.sampled_from([m for m in self.msgs if not m.running and not m.finished]))
+        self._finish(m, Outcome.FAILURE, None)
+
+    @precondition(lambda self: not self.closed and any(m.running and not m.finished and not m.opened_ids
+                                                         for m in self.msgs))
+    @rule(data=st.data())
+    def refused_to_start(self, data: st.DataObject) -> None:
+        """The loop's handler refuses this copy (``tracer.dispatch.NotStarted``: its lease is gone,
+        its key hangs, another copy runs): the scope exits at once, the outcome is not_started."""
+        m = data.draw(st.sampled_from([m for m in self.msgs if m.running and not m.finished and not m.opened_ids]))
+        m.ctx.run(m.t.__exit__, None, None, None)  # the dispatcher reports it without an error
+        m.running = False
+        del m.monos[Stage.HANDLER_START]  # unstamped at the finish: no handler ran, no job finisher
+        self._finish(m, Outcome.NOT_STARTED, None)
+
+    @precondition(lambda self: not self.closed and any(not m.finished and m.lease_lost is None for m in self.msgs))
+    @rule(data=st.data(), reason=st.sampled_from(LEASE_LOST_REASONS), again=st.booleans())
+    def lease_lost(self, data: st.DataObject, reason: str, again: bool) -> None:
+        """The loop's lease on a held message ran out (or was given up on a hung handler): the
+        broker may hand it out again; the handler's outcome comes later."""
+        m = data.draw(st.sampled_from([m for m in self.msgs if not m.finished and m.lease_lost is None]))
+        m.t.lease_lost(reason)
+        if again:
+            m.t.lease_lost("expired")  # the keeper and the settle both found it gone: once
+        m.lease_lost = reason
+
     @rule(seconds=st.sampled_from([0.5, 3.0, 11.0, 61.0]))
     def clock_advances(self, seconds: float) -> None:
         """Time passes with no traffic; the hold's ticker runs."""
@@ -372,12 +417,43 @@ class KeepHoldModel(RuleBasedStateMachine):
                     f"m{b.i} blocked a kept victim, its decision came, and its handler span was never exported")
 
     @invariant()
+    def every_settled_delivery_is_measured_once_with_its_outcome(self) -> None:
+        labels = {"topic": "jobs", "consumer_group": "g"}
+        value = self.registry.get_sample_value
+        finished = [m for m in self.msgs if m.finished]
+        for outcome in (Outcome.SUCCESS, Outcome.FAILURE, Outcome.TIMEOUT, Outcome.NOT_STARTED):
+            counted = value("rmqtrace_messages_total", {**labels, "outcome": outcome.value}) or 0
+            assert counted == sum(1 for m in finished if m.outcome is outcome), outcome
+        ran = sum(1 for m in finished if m.outcome is not Outcome.NOT_STARTED)
+        for stage in ("handler", "end_to_end"):
+            observed = value("rmqtrace_stage_duration_seconds_count", {**labels, "stage": stage}) or 0
+            assert observed == ran, (stage, observed, ran)
+        for reason in LEASE_LOST_REASONS:
+            lost = value("rmqtrace_consumer_leases_lost_total", {**labels, "reason": reason}) or 0
+            assert lost == sum(1 for m in self.msgs if m.lease_lost == reason), reason
+
+    @invariant()
     def holds_stay_within_bounds(self) -> None:
         s = self.hold.statistics()
         assert s.held_spans <= MAX_SPANS and s.held_traces <= MAX_TRACES
         # nothing undecided older than the limit as of the last tick (the clock moved on since)
         assert s.oldest_held_s <= MAX_AGE_S + (self.clock.monotonic_ns() - self.ticked_at) / S
         assert sum(s.dropped_by_reason.values()) == s.dropped
+
+    @invariant()
+    def a_running_handlers_trace_is_never_aged_out(self) -> None:
+        """Review #31 finding 8: a handler running past max_age lost its trace (and the user's
+        spans) to the age limit meant for a message never acked. Only a memory bound or shutdown may
+        evict it."""
+        s = self.hold.statistics()
+        gone = 0
+        for m in self.msgs:
+            ctx = m.t._ctx  # noqa: SLF001
+            held = m.t._held or m.t._head_held  # noqa: SLF001
+            if m.running and not m.finished and held and ctx is not None and ctx.trace_id not in self.hold._held:  # noqa: SLF001
+                gone += 1
+        bounds = s.traces_evicted["max_spans"] + s.traces_evicted["max_traces"] + s.traces_evicted["shutdown"]
+        assert gone <= bounds, (gone, s.traces_evicted)
 
     @invariant()
     def every_message_is_accounted(self) -> None:

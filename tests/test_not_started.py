@@ -77,8 +77,9 @@ def test_a_refused_start_is_its_own_outcome_with_no_handler_observation_and_no_e
     def sample(name: str, **labels: str) -> float | None:
         return registry.get_sample_value(name, labels)
 
-    assert sample("rmqtrace_dispatch_messages_total", policy="aggressive", outcome="not_started") == 1
-    assert sample("rmqtrace_dispatch_messages_total", policy="aggressive", outcome="failure") == 0
+    dispatch = {"policy": "aggressive", "consumer_group": ""}  # a Dispatcher built without a group
+    assert sample("rmqtrace_dispatch_messages_total", outcome="not_started", **dispatch) == 1
+    assert sample("rmqtrace_dispatch_messages_total", outcome="failure", **dispatch) == 0
     group = {"topic": "T", "consumer_group": "G"}
     assert sample("rmqtrace_messages_total", outcome="not_started", **group) == 1
     assert sample("rmqtrace_messages_total", outcome="failure", **group) in (None, 0.0)
@@ -126,7 +127,7 @@ def test_the_consume_loop_counts_a_bounced_copy_not_started_never_failed(registr
         # fails before: failed == 1 and the failure counter 1, for a copy that never ran
         assert d.failed == 0, d
         assert d.not_started == 1, d
-        labels = {"policy": "aggressive"}
+        labels = {"policy": "aggressive", "consumer_group": "G"}
         assert registry.get_sample_value("rmqtrace_dispatch_messages_total", {**labels, "outcome": "failure"}) == 0
         assert registry.get_sample_value("rmqtrace_dispatch_messages_total", {**labels, "outcome": "not_started"}) == 1
         loop.stop(timeout=0.5)

@@ -7,12 +7,19 @@ topic and group names ("jobs", "workers") replaced by fresh ones, because a new 
 from its start and a shared topic would hand it other runs' messages. Any other ``# needs …`` first
 line fails the test: a new kind of prerequisite must be given a runner here, not skipped quietly.
 The examples named in the README run too.
+
+Every ```sh line is a command that exists as written: a make target of the Makefile, a services/
+script's subcommand, a pip install of the clone with extras pyproject.toml declares, an `rmqtrace`
+command line its parser takes, a Python script there is. The quick start's path to a trace runs
+for real (an integration test).
 """
 
 from __future__ import annotations
 
+import itertools
 import os
 import re
+import shlex
 import subprocess
 import sys
 from pathlib import Path
@@ -21,6 +28,7 @@ import pytest
 from conftest import REPO
 
 README = REPO / "README.md"
+SETTINGS = REPO / "docs" / "settings.md"
 NEEDS_BROKER = "# needs a RocketMQ 5 proxy"
 TIMEOUT = 120  # s for one block: a real broker's first receive waits for the proxy's settings
 
@@ -151,14 +159,183 @@ def test_the_readme_leads_with_an_install_that_works_today() -> None:
 
 def test_every_variable_the_code_reads_is_in_the_settings_table() -> None:
     """Discovered from the source: every RMQTRACE_* / RMQ_* name in tracer/ (a name ending in _ is a
-    prefix, named as PREFIX*) has a row in the README's settings table."""
+    prefix, named as PREFIX*) has a row in the settings table (docs/settings.md, linked from the README)."""
     names = set()
     for path in [*(REPO / "tracer").rglob("*.py"), REPO / "examples" / "_env.py"]:
         names |= set(re.findall(r"[\"'](RMQ(?:TRACE)?_[A-Z_]+)[\"']", path.read_text(encoding="utf-8")))
-    settings = README.read_text(encoding="utf-8").split("### Settings")[1].split("\n### ")[0]
+    settings = SETTINGS.read_text(encoding="utf-8").split("## Settings")[1].split("\n## ")[0]
     rows = set(re.findall(r"^\| `(RMQ[A-Z_]*\*?)`", settings, re.M))
     missing = sorted(n for n in names if n not in rows and not any(r.endswith("*") and n.startswith(r[:-1]) for r in rows)
                      and n.removesuffix("_") + "_*" not in rows)
     missing = [n for n in missing if n not in ("RMQ_TOPIC", "RMQ_GROUP") or n not in settings]
-    assert not missing, f"read by the code, not in README's settings table: {missing}"
+    assert not missing, f"read by the code, not in docs/settings.md's settings table: {missing}"
     assert {"RMQTRACE_OUT", "RMQTRACE_CHROMIUM", "RMQ_ENDPOINT"} <= rows
+
+
+# -- the shell lines --------------------------------------------------------------------------------
+MAKE_TARGETS = set(re.findall(r"^([a-z][\w-]*):", (REPO / "Makefile").read_text(encoding="utf-8"), re.M))
+PLACEHOLDERS = {"/path/to/rmqtrace", "."}  # the clone, as the README names it
+SCRIPTS_THE_README_NAMES = {"consumer.py": "the program under \"Using it\"", "your_consumer.py": "the reader's own"}
+
+
+def shell_commands(text: str) -> list[tuple[int, list[str]]]:
+    """(line, argv) of every command in every ```sh block: continuations joined, comments dropped,
+    `a && b` split, leading VAR=value assignments dropped."""
+    out: list[tuple[int, list[str]]] = []
+    for m in re.finditer(r"^```sh\n(.*?)^```", text, re.S | re.M):
+        first = text[:m.start()].count("\n") + 2
+        for offset, line in enumerate(m.group(1).replace("\\\n", " ").splitlines()):
+            words = shlex.split(line, comments=True)
+            while words:
+                cut = words.index("&&") if "&&" in words else len(words)
+                argv = list(itertools.dropwhile(lambda w: re.match(r"^[A-Z_]+=", w), words[:cut]))
+                if argv:
+                    out.append((first + offset, argv))
+                words = words[cut + 1:]
+    return out
+
+
+def _pip_install(args: list[str]) -> str | None:
+    from conftest import pyproject
+
+    from tracer.version import __version__
+
+    extras = set(pyproject()["project"]["optional-dependencies"])
+    for arg in (a for a in args if not a.startswith("-")):
+        m = re.match(r"^(?P<where>[^\[]+)(\[(?P<extras>[\w,]+)\])?$", arg)
+        if m is None:
+            return f"not a path with extras: {arg}"
+        unknown = set((m["extras"] or "").split(",")) - extras - {""}
+        if unknown:
+            return f"no such extra {sorted(unknown)} in pyproject.toml"
+        where = m["where"]
+        wheel = re.search(r"/dist/rmqtrace-([^-]+)-py3-none-any\.whl$", where)
+        if wheel:
+            if wheel[1] != __version__:
+                return f"the wheel `make dist` builds is rmqtrace-{__version__}, not {wheel[1]}"
+        elif where not in PLACEHOLDERS:
+            return f"pip installs the clone or its wheel, not {where}"
+    return None
+
+
+def check_command(argv: list[str]) -> str | None:
+    """None when the command exists as written (as far as it can be checked without running it),
+    else why not. A command of a new kind is refused: give it a case here."""
+    from tracer.tools.cli import build_parser
+
+    tool = argv[0].removeprefix(".venv/bin/")
+    if tool == "cd":
+        return None if argv[1:] == ["rmqtrace"] else f"cd into {argv[1:]}"
+    if tool == "make":
+        unknown = [a for a in argv[1:] if "=" not in a and a not in MAKE_TARGETS]
+        return f"no make target {unknown}" if unknown else None
+    if tool.endswith(".sh"):
+        script = REPO / tool
+        if not script.exists():
+            return f"no {tool}"
+        sub = argv[1] if len(argv) > 1 else ""
+        if not re.search(rf"^\s*(\w[\w|-]*\|)?{re.escape(sub)}(\|[\w|-]+)?\)", script.read_text(), re.M):
+            return f"{tool} has no subcommand {sub!r}"
+        return None
+    if tool == "pip":
+        return _pip_install(argv[2:]) if argv[1:2] == ["install"] else f"pip {argv[1:2]}"
+    if tool == "python":
+        script = argv[1]
+        return None if script in SCRIPTS_THE_README_NAMES or (REPO / script).exists() else f"no {script}"
+    if tool == "rmqtrace":
+        try:
+            build_parser().parse_args(argv[1:])
+        except SystemExit:
+            return f"rmqtrace refuses {argv[1:]}"
+        return None
+    if tool == "opentelemetry-instrument":
+        return check_command(argv[1:])
+    return f"a command of a kind this test does not know: {argv}"
+
+
+SHELL = shell_commands(README.read_text(encoding="utf-8"))
+
+
+def test_the_readme_has_shell_lines_for_every_step_of_the_quick_start() -> None:
+    text = README.read_text(encoding="utf-8")
+    first_screen = text[:text.index("\n## ", text.index("## Quick start"))].count("\n")
+    quick = [argv for line, argv in SHELL if line < first_screen]
+    tools = [argv[0].removeprefix(".venv/bin/") + (f" {argv[1]}" if argv[0].endswith(("make", ".sh")) else "")
+             for argv in quick]
+    assert tools == ["cd", "make demo", "make stack", "services/rocketmq/rmq.sh topic", "services/rocketmq/rmq.sh group",
+                     "pip", "python", "rmqtrace", "make alerts-demo"], tools
+
+
+@pytest.mark.parametrize(("line", "argv"), SHELL, ids=[f"README.md:{line}:{argv[0]}" for line, argv in SHELL])
+def test_every_shell_line_of_the_readme_is_a_command_that_exists(line: int, argv: list[str]) -> None:
+    assert check_command(argv) is None, f"README.md line {line}: {shlex.join(argv)}: {check_command(argv)}"
+
+
+@pytest.mark.parametrize("argv", [["make", "stak"], ["services/rocketmq/rmq.sh", "topics", "jobs"],
+                                  ["pip", "install", "-e", ".[rocketmqq]"], ["rmqtrace", "report", "--jaegre", "x"],
+                                  ["python", "examples/nope.py"], ["docker", "compose", "up"]])
+def test_a_shell_line_that_does_not_exist_is_named(argv: list[str]) -> None:
+    assert check_command(argv)
+
+
+@pytest.mark.integration
+def test_the_quick_start_gets_a_newcomer_to_a_trace(tmp_path: Path) -> None:
+    """The first screen's path, on the real broker and Jaeger: the "Using it" program, as written but
+    for fresh topic/group names and its own service name (a shared Jaeger holds other runs' traces
+    of service rmqtrace), sends its spans over OTLP; `rmqtrace report --jaeger` reads its message back."""
+    import json
+    import urllib.request
+    import uuid
+
+    from rmq_real import ensure_broker, fresh_group, fresh_topic
+
+    ensure_broker()
+    query = f"http://127.0.0.1:{os.environ.get('JAEGER_QUERY_PORT', '16686')}"
+    try:
+        urllib.request.urlopen(f"{query}/api/services", timeout=5).close()
+    except OSError as exc:
+        from conftest import unavailable
+
+        unavailable(f"Jaeger not running at {query} ({exc}): make services-up")
+    (program,) = [code for _, code in BROKER if "ConsumeLoop(consumer, handle" in code]
+    topic, group = fresh_topic("quick"), fresh_group("quick")
+    service = f"rmqtrace-quick-{uuid.uuid4().hex[:8]}"
+    script = tmp_path / "consumer.py"
+    script.write_text(program.replace('"jobs"', f'"{topic}"').replace('"workers"', f'"{group}"'), encoding="utf-8")
+    env = {k: v for k, v in _env(tmp_path).items() if k != "OTEL_TRACES_EXPORTER"}
+    otlp = f"http://127.0.0.1:{os.environ.get('JAEGER_OTLP_HTTP_PORT', '4318')}"
+    env.update(OTEL_SERVICE_NAME=service, OTEL_EXPORTER_OTLP_ENDPOINT=otlp)
+    proc = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=TIMEOUT, cwd=tmp_path,
+                          env=env, check=False)
+    assert proc.returncode == 0 and "Traceback" not in proc.stderr, proc.stderr[-3000:]
+
+    def report() -> dict[str, object]:
+        out = subprocess.run([sys.executable, "-m", "tracer", "report", "--jaeger", query, "--service", service, "--json"],
+                             capture_output=True, text=True, timeout=120, env=env, check=False)
+        return json.loads(out.stdout) if out.returncode == 0 else {"error": out.stderr}
+
+    from waiting import wait_until
+
+    seen: dict[str, object] = {}
+
+    def found() -> bool:  # Jaeger indexes what it received within a second or two
+        seen.update(report())
+        return seen.get("messages") == 1
+
+    wait_until(found, timeout=60, interval=1.0, what=f"the program's message in Jaeger as {service}: {seen}")
+    (grp,) = seen["groups"]  # type: ignore[misc]
+    assert grp["group"] == group and grp["stages"]["consumer_wait"]["count"] == 1, grp
+
+
+def test_the_readme_stays_a_front_page() -> None:
+    """Issue 33, item 9: the README had grown to 771 lines of reference. The quick start fits the
+    first screen (40 lines), and the reference lives in docs/, linked from "Where to read more"."""
+    text = README.read_text(encoding="utf-8")
+    lines = text.splitlines()
+    start = lines.index("## Quick start")
+    end = next(i for i in range(start + 1, len(lines)) if lines[i].startswith("## "))
+    assert start < 10 and end <= 40, (start, end)
+    assert len(lines) <= 400, f"README.md has {len(lines)} lines: move reference to docs/"
+    more = text.split("## Where to read more")[1]
+    linked = set(re.findall(r"\]\((docs/[\w-]+\.md)\)", more))
+    assert linked == {f"docs/{p.name}" for p in (REPO / "docs").glob("*.md")}, "every docs/ page is linked"

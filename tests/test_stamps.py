@@ -60,11 +60,11 @@ def test_timeline_is_monotonic_even_under_skew():
     assert dict(line)[Stage.BROKER_STORE] == dict(line)[Stage.PRODUCE]  # moved up, not down
 
 
-def test_skew_tracker_keeps_smallest_gap_per_peer():
+def test_skew_tracker_keeps_smallest_recent_gap_per_peer():
     sk = SkewTracker()
-    assert sk.observe("producer->broker", 5 * MS)
-    assert not sk.observe("producer->broker", 9 * MS)
-    assert sk.observe("producer->broker", -2 * MS)
+    assert sk.observe("producer->broker", 5 * MS, 0) == 5 * MS
+    assert sk.observe("producer->broker", 9 * MS, 0) is None
+    assert sk.observe("producer->broker", -2 * MS, 0) == -2 * MS
     assert sk.bound_ns("producer->broker") == -2 * MS
     assert sk.bound_ns("broker->consumer") is None
 

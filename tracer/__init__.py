@@ -1,18 +1,21 @@
 """rmqtrace: stamps on every RocketMQ message, turned into spans and histograms per stage gap.
 
-The folders follow the data path, top to bottom:
+The folders follow the data path, and each imports only from those above it in this list
+(``tests/test_layers.py`` fails on an upward import):
 
 * :mod:`tracer.path` — what is stamped and what travels: stages and gaps, stamps, clocks,
   message properties, attribute names;
 * :mod:`tracer.telemetry` — stamps become spans and histograms; the span file;
-* :mod:`tracer.clients` — the seams: traced producer, consume loop, the 5.x and 2.x clients,
-  the ``opentelemetry-instrument`` instrumentor;
+  :mod:`tracer.config` (one-call SDK setup) sits on it;
 * :mod:`tracer.dispatch` — who runs the message, and how long it waited for a worker;
+* :mod:`tracer.clients` — the seams: traced producer, consume loop, the 5.x and 2.x clients,
+  the ``opentelemetry-instrument`` instrumentor (:mod:`tracer.instrumentor` is its documented
+  import path);
 * :mod:`tracer.report` — reading spans back: terminal, HTML, PNG;
 * :mod:`tracer.tools` — the ``rmqtrace`` command, demo and benchmarks (the library never imports it).
 
-Beside them: :mod:`tracer.config` (one-call SDK setup), :mod:`tracer.embedded` (an in-process
-broker, a test double of the proxy) and :mod:`tracer.instrumentor` (the documented import path).
+Below them all: small leaf modules (``version``, ``callables``, ``logonce``, ``argtypes``) and
+:mod:`tracer.embedded` (an in-process broker, a test double of the proxy, importing nothing of ours).
 """
 
 from .clients.consume import ConsumeLoop, ConsumeStats

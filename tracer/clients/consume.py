@@ -53,7 +53,7 @@ from ..callables import require_plain
 from ..dispatch import Dispatcher, DispatcherClosed, NotStarted
 from ..logonce import OnceLogger
 from ..path import names as n
-from ..path.clock import MonoNs
+from ..path.clock import Anchor, MonoNs
 from ..path.message import body_of, describe
 from ..path.stages import Outcome
 from ..telemetry.operations import ConsumerOperations
@@ -611,10 +611,10 @@ class ConsumeLoop:
         tracer = self.tracer
         if tracer is None or isinstance(messages, (str, bytes)):
             return []
-        pulled_ns = tracer.clock.wall_ns()
+        pulled = Anchor(tracer.clock)  # the batch's pull on both clocks: a wall step after it is no gap
         for m in list(messages or ()):
             try:
-                into.append((m, tracer.start_message(describe(m), pulled_ns, body_of(tracer, m))))
+                into.append((m, tracer.start_message(describe(m), pulled, body_of(tracer, m))))
             except Exception as exc:  # noqa: BLE001
                 tracer.hook_failed("starting a message trace", exc)
         return [t for _, t in into]

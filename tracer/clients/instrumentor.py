@@ -142,6 +142,7 @@ class RocketMQInstrumentor(BaseInstrumentor):  # type: ignore[misc]
         wrap_function_wrapper(_SIMPLE, "SimpleConsumer.ack", self._ack)
         wrap_function_wrapper(_SIMPLE, "SimpleConsumer.change_invisible_duration", self._change_invisible)
         wrap_function_wrapper(_SIMPLE, "SimpleConsumer.ack_async", self._ack_async)
+        wrap_function_wrapper(_SIMPLE, "SimpleConsumer.change_invisible_duration_async", self._change_invisible_async)
         wrap_function_wrapper(_PUSH, "PushConsumer.__init__", self._push_init)
 
     def _uninstrument(self, **kwargs: Any) -> None:
@@ -168,6 +169,7 @@ class RocketMQInstrumentor(BaseInstrumentor):  # type: ignore[misc]
         unwrap(simple.SimpleConsumer, "ack")
         unwrap(simple.SimpleConsumer, "change_invisible_duration")
         unwrap(simple.SimpleConsumer, "ack_async")
+        unwrap(simple.SimpleConsumer, "change_invisible_duration_async")
         unwrap(push.PushConsumer, "__init__")
 
     # -- per consumer --------------------------------------------------------------------
@@ -272,6 +274,14 @@ class RocketMQInstrumentor(BaseInstrumentor):  # type: ignore[misc]
             return wrapped(*args, **kwargs)
         result = wrapped(*args, **kwargs)
         self._seam_for(instance, _group_of(instance)).traces.acked(args[0])
+        return result
+
+    def _change_invisible_async(self, wrapped: Any, instance: Any, args: Any, kwargs: Any) -> Any:
+        # the nack of _change_invisible, untimed like _ack_async
+        if not is_instrumentation_enabled() or not args:
+            return wrapped(*args, **kwargs)
+        result = wrapped(*args, **kwargs)
+        self._seam_for(instance, _group_of(instance)).traces.nacked(args[0])
         return result
 
     def _push_init(self, wrapped: Any, instance: Any, args: Any, kwargs: Any) -> Any:

@@ -34,7 +34,7 @@ from opentelemetry.sdk.trace import SpanProcessor
 from ..callables import require_plain
 from ..logonce import OnceLogger
 from ..path import names as n
-from ..path.clock import MonoNs
+from ..path.clock import Anchor, MonoNs
 from ..path.message import MessageInfo, body_of, describe
 from ..path.stages import Outcome, Stage
 from ..telemetry.hold import DEFAULT_MAX_AGE_S, DEFAULT_MAX_TRACES, HoldingSpanProcessor
@@ -154,7 +154,7 @@ class ReceivedTraces:
     def received(self, messages: Any) -> list[MessageTrace]:
         """Start a trace for each received message; returns them (the receive span links to them)."""
         try:
-            pulled = self.tracer.clock.wall_ns()
+            pulled = Anchor(self.tracer.clock)  # on both clocks: a wall step after it is no gap
             since = self.tracer.clock.monotonic_ns()  # the held traces' ages run on the monotonic clock
             started = [(m, self.tracer.start_message(describe(m), pulled, body_of(self.tracer, m)))
                        for m in messages or ()]
@@ -334,6 +334,13 @@ class TracedSimpleConsumer:
         Not a timed operation: the 5.1 client's future cannot be waited for from a thread."""
         result = self._consumer.ack_async(message)
         self.traces.acked(message)
+        return result
+
+    def change_invisible_duration_async(self, message: Any, invisible_duration: Any) -> Any:
+        """The client's ``change_invisible_duration_async``: the nack of :meth:`change_invisible_duration`
+        (the trace finishes as a failure outside ``processing()``), no timed operation (see :meth:`ack_async`)."""
+        result = self._consumer.change_invisible_duration_async(message, invisible_duration)
+        self.traces.nacked(message)
         return result
 
     def __getattr__(self, name: str) -> Any:

@@ -16,6 +16,7 @@ from ..dispatch.cost import JOB_ORDERS, LONGEST_FIRST, job_costs, message_key
 from ..dispatch.costtable import CostTable
 from ..path.message import client_facts
 from ..path.names import JOB_ORDER_PROPERTY
+from ..telemetry.futures import future_error
 from ..telemetry.tracer import MessageTracer, SendTrace
 from .route import explain_route_failure
 
@@ -97,7 +98,7 @@ def traced_send_async(tracer: MessageTracer, send_async: Callable[..., Future[An
         raise
 
     def _done(f: Future[Any]) -> None:
-        exc = f.exception()
+        exc = future_error(f)
         st.end(message_id=None if exc else getattr(f.result(), "message_id", None), error=exc)
 
     fut.add_done_callback(_done)

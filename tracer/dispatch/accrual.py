@@ -22,6 +22,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
+from ..path.clock import MonoNs
 from .scheduler import Scheduler
 
 __all__ = ["Accrual"]
@@ -32,7 +33,7 @@ class Accrual:
 
     __slots__ = ("__weakref__", "_now", "_sched", "_state")
 
-    def __init__(self, sched: Scheduler, now: Callable[[], int]) -> None:
+    def __init__(self, sched: Scheduler, now: Callable[[], MonoNs]) -> None:
         self._sched = sched
         self._now = now
         # (last change ns, busy_s, hol_s, busy rate, hol rate) replaced whole at each mark, so a

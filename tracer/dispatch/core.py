@@ -64,7 +64,7 @@ from typing import Any, Generic, TypeVar, cast
 from ..callables import require_plain
 from ..logonce import OnceLogger
 from ..path.blocking import BlameTracker, Verdict
-from ..path.clock import MonotonicClock, require_clock
+from ..path.clock import MonoNs, MonotonicClock, require_clock
 from ..path.stages import Outcome, Stage
 from .accrual import Accrual
 from .metrics import BoundDispatchMetrics, DispatchMetrics
@@ -202,7 +202,7 @@ class Core(Generic[T]):
         self.timeout_ns = None if handler_timeout is None else int(handler_timeout * 1e9)
         if clock is not None:
             require_clock(clock, f"{kind}(clock=)", monotonic=True)
-        self.now: Callable[[], int] = time.monotonic_ns if clock is None else clock.monotonic_ns
+        self.now: Callable[[], MonoNs] = time.monotonic_ns if clock is None else clock.monotonic_ns  # type: ignore[assignment]
         self.name = name
         self.log = OnceLogger(f"{kind} {name!r}", logger)
         if not isinstance(consumer_group, str):
@@ -591,14 +591,14 @@ class Core(Generic[T]):
     def free_slots_locked(self) -> int:
         return 0 if self.closed else self.sched.free_slots()
 
-    def deadline(self, timeout: float | None) -> int | None:
+    def deadline(self, timeout: float | None) -> MonoNs | None:
         """The clock's reading ``timeout`` seconds from now; None for no bound (None, ``math.inf``,
         or past what a thread can wait for, ``threading.TIMEOUT_MAX`` — about 292 years)."""
         if timeout is None or timeout >= _NO_BOUND_S:
             return None
-        return self.now() + int(timeout * 1e9)
+        return MonoNs(self.now() + int(timeout * 1e9))
 
-    def remaining(self, deadline: int | None) -> float | None:
+    def remaining(self, deadline: MonoNs | None) -> float | None:
         """Seconds left until ``deadline`` on the clock (None: no deadline; <= 0: passed)."""
         return None if deadline is None else (deadline - self.now()) / 1e9
 

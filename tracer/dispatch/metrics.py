@@ -16,11 +16,12 @@ series                                     type      meaning
                                                      messages waiting here could have used
 ========================================== ========= =================================================
 
-Every series has the label ``policy``; the gauges and the worker-seconds counters also have
-``consumer_group`` (the dispatcher's ``consumer_group=``, "" if none), so two consumers' dispatchers
-in one process are not summed into one (a saturated group beside an idle one would read as
-head-of-line blocking). They are computed at scrape time from the live dispatchers bound to a
-(policy, consumer_group) pair (summed), so the hot path never touches them, and several
+Every series has the labels ``policy`` and ``consumer_group`` (the dispatcher's
+``consumer_group=``, "" if none), so two consumers' dispatchers in one process are not summed into
+one (a saturated group beside an idle one would read as head-of-line blocking; one group's failures
+as the other's); Prometheus adds ``instance``. The gauges are computed at scrape time from the
+live dispatchers bound to a (policy, consumer_group) pair (summed), so the hot path never touches
+them, and several
 dispatchers may share one :class:`DispatchMetrics`. A registry holds one ``DispatchMetrics``
 (:class:`~tracer.telemetry.registration.OnePerRegistry`): build it once and share it, or use
 :meth:`DispatchMetrics.shared`. Multiprocess mode: see :class:`DispatchMetrics`.
@@ -118,15 +119,16 @@ class GaugeSources:
 
 
 class BoundDispatchMetrics:
-    """The children of one ``policy`` label (gauges: one (policy, consumer_group)), ready for the hot path."""
+    """The children of one (policy, consumer_group) pair, ready for the hot path."""
 
     __slots__ = ("_owner", "_source", "_sources", "outcomes", "policy", "slot_wait", "submit_blocked")
 
     def __init__(self, owner: DispatchMetrics, policy: str, source: GaugeSource, consumer_group: str = "") -> None:
         self.policy = policy
-        self.slot_wait = owner.slot_wait.labels(policy=policy)
-        self.submit_blocked = owner.submit_blocked.labels(policy=policy)
-        self.outcomes = {o: owner.messages.labels(policy=policy, outcome=o.value) for o in Outcome}
+        self.slot_wait = owner.slot_wait.labels(policy=policy, consumer_group=consumer_group)
+        self.submit_blocked = owner.submit_blocked.labels(policy=policy, consumer_group=consumer_group)
+        self.outcomes = {o: owner.messages.labels(policy=policy, consumer_group=consumer_group, outcome=o.value)
+                         for o in Outcome}
         self._owner = owner
         self._sources = owner.sources_for(policy, consumer_group)
         self._sources.add(source)
@@ -157,18 +159,18 @@ class DispatchMetrics(OnePerRegistry):
         reg = REGISTRY if registry is None else registry
         self.registry = reg
         self.multiprocess = multiprocess_dir() is not None
+        pair = ["policy", "consumer_group"]  # every series: two groups' dispatchers never sum into one
         self.slot_wait = Histogram(
             "rmqtrace_dispatch_slot_wait_seconds",
             "Time from dispatcher enqueue (submit accepted) to handler start.",
-            ["policy"], buckets=buckets, registry=None,
+            pair, buckets=buckets, registry=None,
         )  # fmt: skip
         self.submit_blocked = Histogram(
             "rmqtrace_dispatch_submit_blocked_seconds",
             "Time submit() spent blocked by back-pressure before the dispatcher accepted the message.",
-            ["policy"], buckets=buckets, registry=None,
+            pair, buckets=buckets, registry=None,
         )  # fmt: skip
         mode: Literal["livesum"] = "livesum"  # multiprocess only: the sum over live processes
-        pair = ["policy", "consumer_group"]
         self.workers = Gauge("rmqtrace_dispatch_workers", "Workers of live dispatchers.", pair, registry=None,
                              multiprocess_mode=mode)
         self.busy = Gauge("rmqtrace_dispatch_busy_workers", "Workers holding a message.", pair, registry=None,
@@ -186,7 +188,7 @@ class DispatchMetrics(OnePerRegistry):
             pair, registry=None,
         )  # fmt: skip
         self.messages = Counter(
-            "rmqtrace_dispatch_messages", "Messages finished by the dispatcher, by outcome.", ["policy", "outcome"],
+            "rmqtrace_dispatch_messages", "Messages finished by the dispatcher, by outcome.", [*pair, "outcome"],
             registry=None,
         )  # fmt: skip
         self._lock = threading.Lock()

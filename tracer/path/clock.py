@@ -78,7 +78,11 @@ class Anchor:
         """The wall time of this instant on the message's timeline."""
         return self.wall_ns + (self._read() - self.mono_ns)  # type: ignore[return-value]  # no NewType call: hot
 
-    def mono_of(self, wall_ns: int) -> MonoNs:
+    def read_on(self, clock: MonotonicClock) -> bool:
+        """Whether this anchor's monotonic time is ``clock``'s (its partner means nothing on another)."""
+        return bool(self._read == clock.monotonic_ns)
+
+    def mono_of(self, wall_ns: WallNs) -> MonoNs:
         """The monotonic time of a stamp taken on this timeline."""
         return MonoNs(self.mono_ns + (wall_ns - self.wall_ns))
 

@@ -34,6 +34,7 @@ from opentelemetry.context import Context
 from opentelemetry.propagators.textmap import Getter, Setter, TextMapPropagator
 from opentelemetry.trace import SpanContext, TraceFlags, TraceState
 
+from .clock import WallNs
 from .names import COST_PROPERTY, JOB_ID_PROPERTY, PRODUCE_NS_PROPERTY, TRACEPARENT, TRACESTATE
 
 __all__ = [
@@ -269,7 +270,7 @@ def parse_tracestate(value: str, errors: PropagationErrors) -> TraceState:
     return TraceState(list(pairs.items()))
 
 
-def plausible_ns(ns: int, now_ns: int) -> bool:
+def plausible_ns(ns: int, now_ns: WallNs) -> bool:
     """A wall-clock time that can be a real stamp: after 2000 and at most a day ahead of ``now_ns``.
 
     Anything else would poison the skew bounds and make spans the OTLP encoder rejects (its
@@ -278,7 +279,7 @@ def plausible_ns(ns: int, now_ns: int) -> bool:
     return _NS_MIN <= ns <= now_ns + _NS_FUTURE_SLACK
 
 
-def parse_produce_ns(value: str, errors: PropagationErrors, now_ns: int) -> int:
+def parse_produce_ns(value: str, errors: PropagationErrors, now_ns: WallNs) -> int:
     if not value.isascii() or not value.isdigit() or len(value) > 20:
         errors.count("produce_ns_malformed", value)
         return 0
@@ -289,7 +290,7 @@ def parse_produce_ns(value: str, errors: PropagationErrors, now_ns: int) -> int:
     return ns
 
 
-def extract(properties: Mapping[str, Any] | None, errors: PropagationErrors, now_ns: int,
+def extract(properties: Mapping[str, Any] | None, errors: PropagationErrors, now_ns: WallNs,
             system_trace_context: Any = None, *, defer_parent: bool = False) -> Carried:
     """Read what a producer carried. Never raises.
 
@@ -329,7 +330,7 @@ def resolve(carried: Carried, errors: PropagationErrors) -> Carried:
                    carried.context)
 
 
-def _extract(props: Mapping[str, Any], errors: PropagationErrors, now_ns: int,
+def _extract(props: Mapping[str, Any], errors: PropagationErrors, now_ns: WallNs,
              system_trace_context: Any, defer_parent: bool = False) -> Carried:
     parent = None
     context: Context | None = None

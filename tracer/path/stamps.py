@@ -3,8 +3,8 @@
 Pure data and pure functions: no telemetry, no clients. Cross-clock gaps (producer→broker,
 broker→consumer, producer→consumer) include the clocks' offset; when that makes one negative it
 is clamped to zero and reported, and :class:`SkewTracker` keeps, per clock pair, the smallest gap
-ever seen — as in NTP, the true offset can be no larger than that, so it bounds how far any
-cross-clock gap can be trusted.
+of the recent messages — as in NTP, the true offset can be no larger than that, so it bounds how
+far any cross-clock gap can be trusted now.
 
 **One message's gaps are consistent** (no part exceeds the whole, the path gaps add up to
 end_to_end): every number is computed on :func:`causal` stamps. The consumer's stamps are exact
@@ -22,6 +22,7 @@ from __future__ import annotations
 import threading
 from typing import Iterable, NamedTuple, Sequence
 
+from .clock import MonoNs
 from .stages import GAPS, PATH_GAPS, STAGES, Gap, Stage
 
 MISSING = 0
@@ -174,38 +175,83 @@ def timeline(stamps: Stamps) -> list[tuple[Stage, int]]:
     return out
 
 
-class SkewTracker:
-    """Per clock pair, the smallest cross-clock gap observed (ns, may be negative).
+SKEW_WINDOW_MESSAGES = 64  # per clock pair, a bucket of the skew window holds at most this many gaps
+SKEW_WINDOW_NS = 60 * 10**9  # and only gaps of one slot of this much monotonic time
 
-    If the smallest producer→broker gap ever seen is -4 ms, the broker clock is at least 4 ms
-    behind the producer's; if it is +2 ms, the offset is at most 2 ms the other way. Either way a
-    single cross-clock gap is trustworthy only to about ``abs(bound)``.
+
+class _SkewWindow:
+    __slots__ = ("current", "count", "slot", "previous")
+
+    def __init__(self, raw_ns: int, slot: int) -> None:
+        self.current, self.count, self.slot = raw_ns, 1, slot
+        self.previous: int | None = None
+
+    def bound(self) -> int:
+        prev = self.previous
+        return self.current if prev is None or self.current <= prev else prev
+
+
+class SkewTracker:
+    """Per clock pair, the smallest cross-clock gap of the recent messages (ns, may be negative).
+
+    If the smallest producer→broker gap is -4 ms, the broker clock is at least 4 ms behind the
+    producer's; if it is +2 ms, the offset is at most 2 ms the other way. Either way a single
+    cross-clock gap is trustworthy only to about ``abs(bound)``.
+
+    "Recent", so that a skew that was fixed (NTP back) stops showing — a lifetime minimum read one
+    bad message an hour ago as the accuracy of every gap since: the minimum of two buckets, the
+    current one and the one before it. Monotonic time is cut into slots of ``bucket_ns``; a bucket
+    holds gaps of one slot, at most ``bucket_messages`` of them; the previous bucket counts only if
+    it is of this slot or the one before. So the bound is the smallest of at most
+    ``2 * bucket_messages`` gaps, none measured more than ``2 * bucket_ns`` before the latest, and
+    no larger than any of the last ``bucket_messages`` gaps of the current slot
+    (``tests/test_skew_window.py`` checks these against a model).
     """
 
-    def __init__(self) -> None:
+    def __init__(self, bucket_messages: int = SKEW_WINDOW_MESSAGES, bucket_ns: int = SKEW_WINDOW_NS) -> None:
+        if isinstance(bucket_messages, bool) or not isinstance(bucket_messages, int) or bucket_messages < 1:
+            raise ValueError(f"SkewTracker(bucket_messages=) must be an int >= 1, not {bucket_messages!r}")
+        if isinstance(bucket_ns, bool) or not isinstance(bucket_ns, int) or bucket_ns < 1:
+            raise ValueError(f"SkewTracker(bucket_ns=) must be an int >= 1, not {bucket_ns!r}")
+        self.bucket_messages = bucket_messages
+        self.bucket_ns = bucket_ns
         self._lock = threading.Lock()
-        self._min: dict[str, int] = {}
+        self._windows: dict[str, _SkewWindow] = {}
 
-    def observe(self, peer: str, raw_ns: int) -> bool:
-        """Record one gap; True when it lowered the bound (callers may then export it)."""
-        cur = self._min.get(peer)
-        if cur is not None and raw_ns >= cur:
-            return False  # the common case, decided without the lock
+    def observe(self, peer: str, raw_ns: int, mono_ns: MonoNs) -> int | None:
+        """Record one gap, measured at ``mono_ns`` (monotonic); the pair's new bound when it
+        changed (callers then export it), else ``None``."""
+        slot = mono_ns // self.bucket_ns
         with self._lock:
-            cur = self._min.get(peer)
-            if cur is None or raw_ns < cur:
-                self._min[peer] = raw_ns
-                return True
-            return False
+            w = self._windows.get(peer)
+            if w is None:
+                self._windows[peer] = _SkewWindow(raw_ns, slot)
+                return raw_ns
+            old = w.bound()
+            if slot != w.slot:  # a new slot: the bucket just ended is the previous one if adjacent
+                w.previous = w.current if slot == w.slot + 1 else None
+                w.current, w.count, w.slot = raw_ns, 1, slot
+            elif w.count >= self.bucket_messages:  # a full bucket, of this slot
+                w.previous = w.current
+                w.current, w.count = raw_ns, 1
+            else:
+                w.count += 1
+                if raw_ns < w.current:
+                    w.current = raw_ns
+            new = w.bound()
+            return new if new != old else None
 
     def bound_ns(self, peer: str) -> int | None:
         with self._lock:
-            return self._min.get(peer)
+            w = self._windows.get(peer)
+            return None if w is None else w.bound()
 
     def bounds(self) -> dict[str, int]:
         with self._lock:
-            return dict(self._min)
+            return {peer: w.bound() for peer, w in self._windows.items()}
 
 
-__all__ = ["MISSING", "PATH_GAPS", "GapValue", "SkewTracker", "Stamps", "causal", "compute_gaps", "drawn", "in_order",
-           "store_stamp", "timeline"]
+__all__ = [
+    "MISSING", "PATH_GAPS", "SKEW_WINDOW_MESSAGES", "SKEW_WINDOW_NS", "GapValue", "SkewTracker", "Stamps",
+    "causal", "compute_gaps", "drawn", "in_order", "store_stamp", "timeline",
+]

@@ -53,8 +53,8 @@ from typing import Any, Iterable, NamedTuple, Sequence
 from ..path.blocking import CAPACITY, GRACE_NS, HEAD_OF_LINE, NO_WAIT  # one definition, live and offline
 
 __all__ = ["GRACE_NS", "HEAD_OF_LINE", "CAPACITY", "MAX_OVERLAPS", "NO_WAIT", "Blame", "Blocker", "FleetBlocker",
-           "IntervalSet", "MessageBlame", "Run", "TooManyOverlaps", "all_busy", "blame", "fleet_avoidable", "fleet_blame",
-           "pack_lanes"]
+           "IntervalSet", "MessageBlame", "Run", "TooManyOverlaps", "all_busy", "avoidable_cell", "avoidable_verdict",
+           "blame", "fleet_avoidable", "fleet_blame", "fleet_verdict", "is_material", "pack_lanes"]
 
 # (victim, run) overlap steps naming the blockers of one consumer group (the report) or one job
 # (the fleet view) may take, ~2.5 µs each, so ~8 s: the 10⁵-message bench job takes 0.75·10⁶, its
@@ -82,6 +82,47 @@ def _s(seconds: float) -> str:
     if seconds >= 1e-3:
         return f"{seconds * 1e3:.0f} ms"
     return f"{seconds * 1e6:.0f} µs"
+
+
+# -- the one rule every report view words avoidable wait by -------------------------------------
+def is_material(avoidable_s: float, messages: int) -> bool:
+    """Whether avoidable wait is large enough for its share of consumer_wait to mean something:
+    :data:`MATERIAL_S` in all and :data:`MATERIAL_PER_MESSAGE_S` per message. A share of an almost
+    empty total (48 % of a few ms) reads as a problem that is not there."""
+    return avoidable_s >= MATERIAL_S and messages > 0 and avoidable_s / messages >= MATERIAL_PER_MESSAGE_S
+
+
+def avoidable_verdict(avoidable_s: float, wait_s: float, messages: int, where: str = "") -> str:
+    """The one verdict every view prints (group report, fleet view, demos; terminal, HTML):
+    absolute avoidable seconds first (in all, per message), the share of consumer_wait only when
+    :func:`is_material`; "nobody waited" only when nothing was avoidable, so two views of one run
+    never say opposite things. ``where`` qualifies it (" in the fleet")."""
+    if avoidable_s <= 0:
+        return "nobody waited while a worker was free" + where
+    per = avoidable_s / messages if messages else 0.0
+    text = f"{_s(avoidable_s)} of consumer_wait was avoidable{where} ({_s(per)} per message"
+    if is_material(avoidable_s, messages):
+        share = avoidable_s / wait_s if wait_s > 0 else 0.0
+        return text + f", {share:.0%} of the {_s(wait_s)} waited)"
+    return text + ": negligible)"
+
+
+def avoidable_cell(avoidable_s: float, wait_s: float, messages: int) -> str:
+    """:func:`avoidable_verdict` for a table cell: the seconds, the share only when material."""
+    if not is_material(avoidable_s, messages):
+        return _s(avoidable_s)
+    return f"{_s(avoidable_s)} ({avoidable_s / wait_s if wait_s > 0 else 0.0:.0%})"
+
+
+def fleet_verdict(avoidable: dict[str, float], messages: int) -> str:
+    """:func:`avoidable_verdict` for a job across instances (:func:`fleet_avoidable`'s dict), then
+    where a free worker was, in seconds."""
+    fleet_s = avoidable.get("avoidable_fleet_s", 0.0)
+    text = avoidable_verdict(fleet_s, avoidable.get("consumer_wait_s", 0.0), messages, " in the fleet")
+    if fleet_s > 0:
+        text += (f" — {_s(avoidable.get('avoidable_elsewhere_s', 0.0))} while another instance had a free worker, "
+                 f"{_s(avoidable.get('avoidable_inside_s', 0.0))} while its own instance had one")
+    return text
 
 
 class Run(NamedTuple):
@@ -228,19 +269,12 @@ class Blame:
 
     @property
     def material(self) -> bool:
-        """Whether the avoidable wait is large enough for its share to mean something
-        (:data:`MATERIAL_S` in all and :data:`MATERIAL_PER_MESSAGE_S` per message)."""
-        return self.avoidable_s >= MATERIAL_S and self.avoidable_per_message_s >= MATERIAL_PER_MESSAGE_S
+        """:func:`is_material` of this consumer's avoidable wait."""
+        return is_material(self.avoidable_s, len(self.messages))
 
     def verdict(self) -> str:
-        """The one verdict the terminal, the HTML card and the demo print: absolute avoidable
-        seconds first (in all, per message), the share of consumer_wait only when material."""
-        if self.avoidable_s <= 0:
-            return "nobody waited while a worker was free"
-        text = f"{_s(self.avoidable_s)} of consumer_wait was avoidable ({_s(self.avoidable_per_message_s)} per message"
-        if self.material:
-            return text + f", {self.avoidable_share:.0%} of the {_s(self.wait_s)} waited)"
-        return text + ": negligible)"
+        """:func:`avoidable_verdict`: what the terminal, the HTML card and the demo print."""
+        return avoidable_verdict(self.avoidable_s, self.wait_s, len(self.messages))
 
     def line(self, name: str) -> str:
         """One sentence: the verdict and the worst blocker, numbers from the run."""

@@ -41,14 +41,23 @@ from typing import Any, Callable, Iterable, Iterator, NamedTuple, Sequence
 
 from ..path import names
 from ..path.stages import Stage
-from .blame import GRACE_NS, MAX_OVERLAPS, FleetBlocker, Run, TooManyOverlaps, fleet_avoidable, fleet_blame, pack_lanes
+from .blame import (
+    GRACE_NS,
+    MAX_OVERLAPS,
+    FleetBlocker,
+    Run,
+    TooManyOverlaps,
+    fleet_avoidable,
+    fleet_blame,
+    fleet_verdict,
+    pack_lanes,
+)
 from .model import STAMP_MAX_NS, exact_int, stamp_ns
-from .sources import any_value
+from .sources import INSTANCE_KEY, any_value, jaeger_instance
 
 __all__ = ["FleetCollector", "FleetInstance", "FleetJob", "FleetSection", "Handled", "cli_fleet", "fleet_lines",
            "fleet_page", "read_jaeger_fleet", "sweep_waits"]
 
-INSTANCE_KEY = "service.instance.id"
 _PULL, _START, _END = (names.STAMP_ATTRS[s] for s in (Stage.CLIENT_PULL, Stage.HANDLER_START, Stage.HANDLER_END))
 _PRODUCE, _ENQUEUE = (names.STAMP_ATTRS[s] for s in (Stage.PRODUCE, Stage.DISPATCH_ENQUEUE))
 # what :meth:`FleetCollector.add` reads: the stamps, job and worker, and what names a blocker
@@ -326,8 +335,7 @@ class FleetCollector:
         section = FleetSection(
             f"job {job}", f"{len(recs)} messages, completed in {(last.end_ns - t0) / 1e9:.2f} s; "
             f"{waits['fleet_idle_while_held_s']:.1f} idle worker-s while another instance held unstarted messages; "
-            f"{avoidable['fleet_share']:.0%} of consumer_wait avoidable in the fleet "
-            f"({avoidable['elsewhere_share']:.0%} while another instance had a free worker)",
+            f"{fleet_verdict(avoidable, len(recs))}",
             list(self.instances), workers, lanes, waits["max_held"], by_worker=True, blockers=list(blockers),
             blockers_note=note)
         return FleetJob(job, len(recs), (last.end_ns - t0) / 1e9, [
@@ -411,9 +419,7 @@ def _max_overlap(recs: Sequence[_Rec]) -> int:
     return best
 
 
-def _instance_of(process: dict[str, Any]) -> str:
-    tags = {t.get("key"): t.get("value") for t in process.get("tags") or ()}
-    return str(tags.get(INSTANCE_KEY) or tags.get("hostname") or process.get("serviceName") or "?")
+_instance_of = jaeger_instance  # the group report reads instances the same way
 
 
 def _instance_of_resource(resource: Any) -> str:
@@ -557,9 +563,7 @@ def fleet_lines(jobs: Iterable[FleetJob]) -> list[str]:
                    f"handler {c['handler_s']:.2f} s")
         a = j.avoidable
         if a.get("consumer_wait_s"):
-            out.append(f"  avoidable: {a['fleet_share']:.0%} of {a['consumer_wait_s']:.1f} s consumer_wait was spent while "
-                       f"a worker of the fleet was free — {a['elsewhere_share']:.0%} while another instance had one, "
-                       f"{a['inside_share']:.0%} while its own instance had one")
+            out.append(f"  avoidable: {fleet_verdict(a, j.messages)}")
         out += _blocker_lines(j)
         width = max(len(i.name) for i in j.instances)
         out.append(f"  {'instance':<{width}}  messages   busy  workers  most held  held while others idled")

@@ -20,10 +20,14 @@ Definitions (also in ``docs/report.md``):
   handler start = client_buffer + dispatch_wait, the time a message waited inside the consumer.
 * **critical path**: the message that finished last, and how the job's completion splits
   across its stages: produced late, send, broker wait, client buffer, dispatch wait, handler.
-* **workers**: distinct ``rmqtrace.worker`` values; when a group's spans do not carry that
-  attribute, workers are inferred by greedy interval packing of the handler intervals (sorted by
-  start, each into the lowest-numbered lane free at that moment). That yields the fewest lanes
-  that fit — the peak number of concurrent handlers, a lower bound on the real pool size.
+* **workers**: distinct (instance, ``rmqtrace.worker``) pairs — each consumer instance numbers
+  its workers from 0, so a group run by several instances has the sum of theirs (the instance is
+  the span's ``service.instance.id``; a span file names the service, which stands for it, as in
+  the fleet view); a record's ``worker`` is then its lane in the group. When a group's spans do
+  not carry that attribute, workers are inferred per instance by greedy interval packing of the
+  handler intervals (sorted by start, each into the lowest-numbered lane free at that moment).
+  That yields the fewest lanes that fit — the peak number of concurrent handlers, a lower bound
+  on the real pool size.
 * **percentiles**: nearest rank — ``pq`` is the smallest value with at least ``q·n`` values at
   or below it (:func:`percentile`; the demo and the benchmarks use it too).
 """
@@ -90,6 +94,7 @@ class MessageRecord:
     outcome: str = ""
     attempt: int = 1
     keys: str = ""
+    instance: str = ""  # the consumer instance that handled it (instance_of); worker ids are per instance
     order: str = ""  # the job's send order (rmqtrace.job.order, set by send_job), "" when not recorded
     # compute_gaps(stamps), made when first asked for: the report's tables read the stamps'
     # columns instead (gap_columns), and seven GapValues and a dict per message were a sixth of the read
@@ -155,7 +160,8 @@ class MessageRecord:
     def as_dict(self) -> dict[str, Any]:
         return {
             "trace_id": self.trace_id, "message_id": self.message_id, "group": self.group, "job": self.job_id,
-            "topic": self.topic, "keys": self.keys, "worker": self.worker, "worker_inferred": self.worker_inferred,
+            "topic": self.topic, "keys": self.keys, "instance": self.instance, "worker": self.worker,
+            "worker_inferred": self.worker_inferred,
             "attempt": self.attempt, "outcome": self.outcome, "cost": self.cost, "timing": self.timing,
             "stamps_ns": self.stamps.as_dict(), "gaps_s": {k: v.seconds for k, v in self.gaps.items()},
             "total_s": self.total_s, "critical_stage": self.critical_stage,
@@ -274,8 +280,14 @@ def message_record(span: SpanRecord, stamps: Stamps, timing: str = "stamps") -> 
         job_id=str(a.get(JOB_ATTR) or NO_JOB), stamps=stamps, timing=timing, worker=exact_int(a.get(WORKER_ATTR)),
         cost=_num(a.get(names.COST), float, None), outcome=str(a.get(names.OUTCOME) or ""),
         attempt=_num(a.get(names.DELIVERY_ATTEMPT, a.get(names.LEGACY_DELIVERY_ATTEMPT)), int, 1),
-        keys=_keys(a.get(names.MESSAGE_KEYS)), order=_order(a.get(names.JOB_ORDER)),
+        keys=_keys(a.get(names.MESSAGE_KEYS)), instance=instance_of(span), order=_order(a.get(names.JOB_ORDER)),
     )
+
+
+def instance_of(span: SpanRecord) -> str:
+    """The consumer instance of a span: its resource's ``service.instance.id`` where the source
+    names it, else its service (a span file: one service per instance, as the fleet view takes it)."""
+    return span.instance or span.service or ""
 
 
 _STAMP_KEYS: tuple[tuple[int, str], ...] = tuple((int(stage), key) for stage, key in STAMP_ATTRS.items())
@@ -288,7 +300,8 @@ _new_run = tuple.__new__  # Run's own __new__ is a Python function around this o
 _STAGE_GETTERS = tuple(operator.itemgetter(int(stage)) for stage in Stage)
 
 
-def record_from_fields(trace_id: str, span_id: str, name: str, end_ns: int, attrs: dict[str, Any]) -> MessageRecord | None:
+def record_from_fields(trace_id: str, span_id: str, name: str, end_ns: int, attrs: dict[str, Any],
+                       instance: str = "") -> MessageRecord | None:
     """``message_record(span, exact_stamps(span))`` for a process span given by its fields, without
     building the span; None where :func:`exact_stamps` is None. The span-file reader's path: the
     common case (stamps in stage order) takes no :func:`~tracer.path.stamps.causal` copy, the rest
@@ -331,7 +344,7 @@ def record_from_fields(trace_id: str, span_id: str, name: str, end_ns: int, attr
         str(a.get(names.MESSAGE_ID) or span_id), str(a.get(JOB_ATTR) or NO_JOB), stamps, "stamps",
         worker if type(worker) is int else exact_int(worker), False, None if cost is None else _num(cost, float, None),
         str(a.get(names.OUTCOME) or ""), attempt if type(attempt) is int else _num(attempt, int, 1),
-        _keys(keys), _order(a.get(names.JOB_ORDER)))
+        _keys(keys), instance, _order(a.get(names.JOB_ORDER)))
 
 
 def _order(value: Any) -> str:
@@ -388,6 +401,20 @@ def by_start(r: MessageRecord) -> tuple[int, str]:
     property spelled out: this runs once per record of every read)."""
     t = r.stamps.times
     return t[0] or t[1] or t[2] or t[3] or t[4] or t[5], r.message_id
+
+
+def group_lanes(records: Sequence[MessageRecord]) -> int:
+    """Number the group's workers across its instances and return how many there are: every
+    instance numbers its own workers from 0 (``rmqtrace.worker``), so worker 0 of instance a and
+    worker 0 of instance b are two workers. ``worker`` becomes the group's lane, one per
+    (instance, worker) pair in that order; a group of one instance keeps its ids."""
+    pairs = sorted({(r.instance, r.worker) for r in records if r.worker is not None})
+    if len({i for i, _ in pairs}) > 1:
+        lane = {p: k for k, p in enumerate(pairs)}
+        for r in records:
+            if r.worker is not None:
+                r.worker = lane[(r.instance, r.worker)]
+    return len(pairs)
 
 
 def infer_workers(records: Sequence[MessageRecord]) -> int:
@@ -892,12 +919,22 @@ def build_group(group: str, records: list[MessageRecord], *, top: int = 10, work
     handled = [r for r, v in zip(records, cols.seconds["handler"]) if v is not None]
     if workers:
         source = "given"
+        group_lanes(handled)
     elif all(r.worker is not None and not r.worker_inferred for r in handled):
         source = "attribute"
-        workers = len({r.worker for r in handled})
+        workers = group_lanes(handled)
     else:
         source = "inferred"
-        workers = infer_workers(records)
+        by_instance: dict[str, list[MessageRecord]] = {}
+        for r in records:
+            by_instance.setdefault(r.instance, []).append(r)
+        workers = 0
+        for _, rs in sorted(by_instance.items()):  # each instance's own peak, lanes numbered on
+            lanes = infer_workers(rs)
+            for r in rs:
+                if r.worker_inferred and r.worker is not None:
+                    r.worker += workers
+            workers += lanes
     if intervals is None:
         intervals = busy_intervals(records)
     jobs: dict[str, list[MessageRecord]] = {}
@@ -988,11 +1025,10 @@ def report_from_messages(records: list[MessageRecord], spans: int, *, group: str
 
 
 __all__ = [
-    "HEATMAP_GAPS", "NO_GROUP", "NO_JOB", "PERCENTILES", "PRODUCED_LATE", "SPLIT_PARTS", "STAMP_MAX_NS",
-    "WAITING_PARTS", "CriticalPath", "GapColumns", "GroupStats", "Heatmap", "JobStats", "MessageRecord", "Occupancy", "Report",
-    "StageStats", "build_group", "build_report", "by_start", "exact_int", "exact_stamps", "format_seconds", "group_blame",
-    "group_line", "heatmap", "infer_workers", "is_process_span", "mean_busy", "message_record",
-    "messages_from_spans", "notes", "occupancy", "percentile", "record_from_fields", "report_from_messages",
-    "MIXED_ORDER", "sent_order", "sent_order_words", "stage_stats", "stamp_ns", "step_means", "wait_edges",
-    "where_time_went_line",
+    "HEATMAP_GAPS", "NO_GROUP", "NO_JOB", "PERCENTILES", "PRODUCED_LATE", "SPLIT_PARTS", "STAMP_MAX_NS", "WAITING_PARTS",
+    "CriticalPath", "GapColumns", "GroupStats", "Heatmap", "JobStats", "MessageRecord", "Occupancy", "Report", "StageStats",
+    "build_group", "build_report", "by_start", "exact_int", "exact_stamps", "format_seconds", "group_blame", "group_line",
+    "heatmap", "infer_workers", "is_process_span", "mean_busy", "message_record", "messages_from_spans", "notes",
+    "occupancy", "percentile", "record_from_fields", "report_from_messages", "stage_stats", "stamp_ns", "step_means",
+    "wait_edges", "where_time_went_line", "group_lanes", "instance_of", "MIXED_ORDER", "sent_order", "sent_order_words",
 ]

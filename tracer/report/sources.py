@@ -178,6 +178,16 @@ def _parent_of(span: dict[str, Any]) -> str | None:
     return None
 
 
+INSTANCE_KEY = "service.instance.id"
+
+
+def jaeger_instance(process: dict[str, Any]) -> str:
+    """The consumer instance a Jaeger process (a span's resource) names: ``service.instance.id``,
+    else its host, else its service."""
+    tags = {t.get("key"): t.get("value") for t in process.get("tags") or ()}
+    return str(tags.get(INSTANCE_KEY) or tags.get("hostname") or process.get("serviceName") or "?")
+
+
 def jaeger_span(span: dict[str, Any], processes: dict[str, Any]) -> SpanRecord:
     """One span of Jaeger's JSON (``/api/traces``) as a :class:`SpanRecord` (µs → ns)."""
     tags = {str(t.get("key")): t for t in span.get("tags") or ()}
@@ -196,6 +206,7 @@ def jaeger_span(span: dict[str, Any], processes: dict[str, Any]) -> SpanRecord:
         name=str(span.get("operationName", "")), kind=kind, start_ns=start_us * 1000,
         end_ns=(start_us + duration_us) * 1000, status=status, service=proc.get("serviceName"),
         attributes={k: _tag_value(t) for k, t in tags.items() if k not in _SKIP_TAGS},
+        instance=jaeger_instance(proc) if proc else None,
     )
 
 
@@ -396,7 +407,8 @@ def count_processes(spans: Iterable[SpanRecord]) -> int:
     return sum(1 for s in spans if is_process_span(s))
 
 
-__all__ = ["DEFAULT_JAEGER", "DEFAULT_SERVICE", "DEFAULT_V3_PORT", "MAX_SERVICES_ASKED", "NoTracesForService",
+__all__ = ["DEFAULT_JAEGER", "DEFAULT_SERVICE", "DEFAULT_V3_PORT", "INSTANCE_KEY", "MAX_SERVICES_ASKED",
+           "NoTracesForService", "jaeger_instance",
            "SearchDepthTooLarge", "SourceError", "any_value", "consumer_services", "count_processes",
            "find_traces_request", "find_traces_v3", "jaeger_span", "parse_duration", "paused_gc", "read_jaeger",
            "read_jaeger_trace", "read_jsonl", "read_jsonl_counted", "read_span_path", "spans_from_jaeger_json",

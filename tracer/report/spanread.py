@@ -136,7 +136,8 @@ def _read(p: Path) -> SpanFile:
             if key in seen:
                 continue  # a span written twice: the first one counts (messages_from_spans' rule)
             seen.add(key)
-            record = record_from_fields(trace_id, span_id, name, end_ns, attrs)
+            service = d.get("service")
+            record = record_from_fields(trace_id, span_id, name, end_ns, attrs, "" if service is None else str(service))
             if record is None:
                 pending.append(_record(d, attrs))
             else:

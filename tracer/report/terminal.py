@@ -7,6 +7,7 @@ import os
 from typing import Any, Sequence
 
 from ..path.stages import GAPS, HEADLINE_GAP
+from .blame import avoidable_cell
 from .model import PRODUCED_LATE, SPLIT_PARTS, GroupStats, Report, format_seconds, group_line, notes, sent_order_words
 
 STAGE_STYLE = {PRODUCED_LATE: "grey50", "send": "grey62", "broker_wait": "sky_blue2", "client_buffer": "orange1",
@@ -135,7 +136,7 @@ def blame_table(report: Report, top: int = 5) -> Any:
         if b is None:
             continue
         # seconds first; the share only where it means something (Blame.material)
-        avoidable = seconds(b.avoidable_s) + (f" ({b.avoidable_share:.0%})" if b.material else "")
+        avoidable = avoidable_cell(b.avoidable_s, b.wait_s, len(b.messages))
         head = [name, avoidable, f"{b.head_of_line}/{b.capacity}"]
         blockers = list(b.top[:top])
         if not blockers:

@@ -12,9 +12,13 @@ limit, because its trace was dropped or evicted — is remembered by span id wit
 span whose parent was lost is lost too (at release, and when it ends later). The trace ids
 :meth:`open_trace` makes carry a keyed check value in their low 32 bits, so a span ending after
 its trace was decided is recognised as one of ours however long ago that was: it joins its trace
-when the trace was kept (and its parent was not lost), and is dropped and counted otherwise — no
-table of dropped ids to outgrow. (A foreign trace id passes the check with probability 2⁻³²; such a
-span, ending outside any held trace, would be dropped.)
+when the trace was kept (and its parent was not lost), and is dropped otherwise. Kept and evicted
+traces are the rare outcomes, and remembered (the last 4096 of each); a trace of ours remembered as
+neither was dropped by the policy, so its late span is the policy's drop (``policy_dropped``,
+never an export loss) however many traces were dropped since — no table of dropped ids to outgrow.
+A late span of a kept or evicted trace that many decisions old counts as the policy's drop too (it
+is dropped: what its trace lost is forgotten). (A foreign trace id passes the check with
+probability 2⁻³²; such a span, ending outside any held trace, would be dropped.)
 
 **Bounds**, each counted by reason in :meth:`statistics` when hit:
 
@@ -23,7 +27,10 @@ span, ending outside any held trace, would be dropped.)
 - ``max_traces`` undecided traces: the oldest is evicted (``max_traces``);
 - ``max_age_s``: an undecided trace older than this is evicted (``max_age``) — a message handled
   but never acked or finished (a ``TracedSimpleConsumer.processing()`` without an ack) must not
-  hold its spans forever. Checked when a trace is held and by the ticker.
+  hold its spans forever. A trace held with ``running=True`` (rmqtrace holds a message's trace so
+  when its handler starts) is not aged while its handler runs: its age counts from :meth:`ran`,
+  the handler's return — a handler that runs an hour is rmqtrace's domain, not a leak; the memory
+  bounds above still apply to it. Checked when a trace is held and by the ticker.
 
 rmqtrace's own ``process``/``handler``/gap spans are written after the decision and never held, so
 a bound can cost a kept message the user's spans (counted), never its own.
@@ -56,7 +63,7 @@ from opentelemetry.sdk.trace import ReadableSpan, Span, SpanProcessor
 from opentelemetry.sdk.trace.id_generator import IdGenerator
 from opentelemetry.trace import SpanContext, TraceFlags, TraceState
 
-from ..path.clock import MonotonicClock, default_clock, require_clock, shared_clock
+from ..path.clock import MonoNs, MonotonicClock, default_clock, require_clock, shared_clock
 
 __all__ = ["DROP_REASONS", "HoldStats", "HoldingSpanProcessor"]
 
@@ -68,13 +75,13 @@ DEFAULT_MAX_AGE_S = 600.0
 # Why spans were lost: a bound, the age limit, undecided at shutdown, their trace evicted (a span
 # ending after the eviction), or their parent lost (exporting them would make orphans). A span
 # ending after its trace was dropped on purpose is no loss: it counts in ``policy_dropped``.
-DROP_REASONS: tuple[str, ...] = ("max_spans", "max_traces", "max_age", "shutdown", "dropped_trace", "parent_lost",
-                                 "forgotten")
+DROP_REASONS: tuple[str, ...] = ("max_spans", "max_traces", "max_age", "shutdown", "dropped_trace", "parent_lost")
 _SAMPLED = TraceFlags(TraceFlags.SAMPLED)
 _LOW32 = 0xFFFF_FFFF
 # Traces remembered after their decision: kept ones (their lost span ids, so late spans can join
-# without orphans) and evicted ones (so a late decision to keep still knows what was lost). Beyond
-# this a late span of one of our traces is dropped (counted), never exported blind.
+# without orphans), evicted ones (so a late decision to keep still knows what was lost) and dropped
+# foreign ones (ids without our check). Beyond this a late span of one of our traces is dropped
+# with the policy's drops, never exported blind.
 _REMEMBERED = 4096
 # Dropped traces whose spans are kept a little longer, so a later decision can still keep them
 # (:meth:`HoldingSpanProcessor.revive`: a kept head-of-line victim keeps its blocker, whose
@@ -84,7 +91,7 @@ RECENT_SPANS = 4096
 
 
 class _Policy(Protocol):
-    def tick(self, now_ns: int | None = None) -> bool: ...
+    def tick(self, now_ns: MonoNs | None = None) -> bool: ...
     def flush(self) -> None: ...
     def tick_interval_s(self) -> float: ...
     def busy(self) -> bool: ...
@@ -100,7 +107,9 @@ class HoldStats(NamedTuple):
     forwarded: int  # held spans handed on when their trace was kept
     dropped_by_reason: Mapping[str, int] = {}  # spans, by DROP_REASONS
     traces_evicted: Mapping[str, int] = {}  # undecided traces lost to max_spans, max_traces, max_age, shutdown
-    oldest_held_s: float = 0.0  # age of the oldest undecided trace (by the hold's clock)
+    # age of the oldest undecided trace the age limit applies to (its handler not running), by the
+    # hold's clock
+    oldest_held_s: float = 0.0
     # late spans of traces the keep policy dropped on purpose: not lost (not in ``dropped``), the
     # decision covers them as it covered the trace's held spans
     policy_dropped: int = 0
@@ -108,13 +117,14 @@ class HoldStats(NamedTuple):
 
 
 class _Held:
-    __slots__ = ("spans", "lost", "since", "ours", "late")
+    __slots__ = ("spans", "lost", "since", "ours", "late", "running")
 
-    def __init__(self, since: int, ours: bool) -> None:
+    def __init__(self, since: MonoNs, ours: bool, running: bool) -> None:
         self.spans: list[ReadableSpan] = []
         self.lost: set[int] = set()
-        self.since = since
+        self.since = since  # when it was held, or when its handler returned (ran)
         self.ours = ours  # HoldingSpanProcessor.ours(its trace id), known when it was held
+        self.running = running  # its handler runs: not aged (max_age) until ran()
         self.late = 0  # spans that ended after its drop (counted policy_dropped unless revived)
 
 
@@ -154,7 +164,8 @@ class HoldingSpanProcessor(SpanProcessor):
         self._n_spans = 0
         self._kept: OrderedDict[int, set[int]] = OrderedDict()  # decided kept: lost span ids
         self._evicted: OrderedDict[int, set[int]] = OrderedDict()  # lost undecided: their span ids
-        self._gone: OrderedDict[int, None] = OrderedDict()  # ids of traces the policy dropped
+        # ids without our check (hold(), not open_trace) the policy dropped; ours need no table
+        self._gone: OrderedDict[int, None] = OrderedDict()
         # dropped traces still revivable (RECENT_TRACES, RECENT_SPANS); oldest first
         self._recent: OrderedDict[int, _Held] = OrderedDict()
         self._n_recent = 0
@@ -220,11 +231,24 @@ class HoldingSpanProcessor(SpanProcessor):
         """Whether :meth:`open_trace` made this trace id (its low 32 bits check its high 96)."""
         return trace_id & _LOW32 == hash((trace_id >> 32, self._salt)) & _LOW32
 
-    def hold(self, trace_id: int) -> None:
-        """Hold every span of ``trace_id`` that ends from now on, until :meth:`release`."""
-        self._hold(trace_id, False)
+    def hold(self, trace_id: int, *, running: bool = False) -> None:
+        """Hold every span of ``trace_id`` that ends from now on, until :meth:`release`.
+        ``running``: its handler runs now; it is not aged until :meth:`ran`."""
+        self._hold(trace_id, False, running)
 
-    def _hold(self, trace_id: int, fresh: bool) -> None:
+    def ran(self, trace_id: int) -> None:
+        """The handler of a trace held ``running`` returned: its age counts from now. A no-op
+        for a trace no longer held (decided, or evicted by a bound)."""
+        now = self.clock.monotonic_ns()
+        with self._lock:
+            held = self._held.get(trace_id)
+            if held is None or not held.running:
+                return
+            held.running = False
+            held.since = now
+            self._held[trace_id] = self._held.pop(trace_id)  # to the end: the table stays in age order
+
+    def _hold(self, trace_id: int, fresh: bool, running: bool) -> None:
         """``fresh``: an id :meth:`open_trace` just drew (96 random bits), seen nowhere before."""
         now = self.clock.monotonic_ns()
         lost: list[tuple[str, _Held]] = []
@@ -238,17 +262,19 @@ class HoldingSpanProcessor(SpanProcessor):
             self._expire_locked(now, lost)
             if len(self._held) >= self.max_traces:
                 self._evict_oldest_locked("max_traces", lost)
-            self._held[trace_id] = _Held(now, fresh or self.ours(trace_id))
+            self._held[trace_id] = _Held(now, fresh or self.ours(trace_id), running)
         if lost:
             self._count_lost(lost)
         self._wake()
 
-    def open_trace(self, ids: IdGenerator, trace_state: TraceState | None = None) -> SpanContext:
-        """A new sampled root context, its trace held (the trace a keep policy decides later)."""
+    def open_trace(self, ids: IdGenerator, trace_state: TraceState | None = None, *,
+                   running: bool = False) -> SpanContext:
+        """A new sampled root context, its trace held (the trace a keep policy decides later).
+        ``running``: its handler runs now; it is not aged until :meth:`ran`."""
         high = ids.generate_trace_id() >> 32
         trace_id = (high << 32) | (hash((high, self._salt)) & _LOW32)
         ctx = SpanContext(trace_id, ids.generate_span_id(), False, _SAMPLED, trace_state)
-        self._hold(trace_id, True)
+        self._hold(trace_id, True, running)
         return ctx
 
     def release(self, trace_id: int, keep: bool) -> bool:
@@ -267,7 +293,7 @@ class HoldingSpanProcessor(SpanProcessor):
                     if keep:  # what it lost stays lost; our own spans and the rest may join
                         self._remember(self._kept, trace_id, evicted)
                     else:  # its late spans are the policy's drop now, not a loss
-                        self._remember(self._gone, trace_id, None)
+                        self._remember_gone(trace_id, self.ours(trace_id))
                 return False
             self._n_spans -= len(held.spans)
             if not keep:  # a decided drop is the policy's to count, not a loss
@@ -319,9 +345,9 @@ class HoldingSpanProcessor(SpanProcessor):
         while recent and (len(recent) > RECENT_TRACES or self._n_recent > RECENT_SPANS):
             trace_id, held = recent.popitem(last=False)
             self._n_recent -= len(held.spans)
-            self._remember(self._gone, trace_id, None)
+            self._remember_gone(trace_id, held.ours)
 
-    def expire(self, now_ns: int | None = None) -> int:
+    def expire(self, now_ns: MonoNs | None = None) -> int:
         """Evict undecided traces older than ``max_age_s``; how many."""
         now = self.clock.monotonic_ns() if now_ns is None else now_ns
         lost: list[tuple[str, _Held]] = []
@@ -331,7 +357,7 @@ class HoldingSpanProcessor(SpanProcessor):
             self._count_lost(lost)
         return len(lost)
 
-    def tick(self, now_ns: int | None = None) -> bool:
+    def tick(self, now_ns: MonoNs | None = None) -> bool:
         """One round of the ticker: expire old traces, settle idle jobs; True while work remains."""
         self.expire(now_ns)
         busy = False
@@ -347,7 +373,8 @@ class HoldingSpanProcessor(SpanProcessor):
         now = self.clock.monotonic_ns()
         with self._lock:
             drops = dict(self._drops)
-            oldest = (now - next(iter(self._held.values())).since) / 1e9 if self._held else 0.0
+            since = next((h.since for h in self._held.values() if not h.running), now)
+            oldest = (now - since) / 1e9
             return HoldStats(self._n_spans, len(self._held), sum(drops.values()), self.forwarded, drops,
                              dict(self._evictions), oldest, self.policy_dropped, self.revived)
 
@@ -358,14 +385,21 @@ class HoldingSpanProcessor(SpanProcessor):
         if len(table) > _REMEMBERED:
             table.popitem(last=False)
 
+    def _remember_gone(self, trace_id: int, ours: bool) -> None:
+        """A dropped trace forgotten by :meth:`revive`: ours are known by their check, no table."""
+        if not ours:
+            self._remember(self._gone, trace_id, None)
+
     def _expire_locked(self, now: int, lost: list[tuple[str, _Held]]) -> None:
-        held = self._held
         limit = now - self.max_age_ns
-        while held:
-            oldest = next(iter(held))
-            if held[oldest].since > limit:
-                return
-            self._evict_locked(oldest, "max_age", lost)
+        old = []
+        for trace_id, h in self._held.items():  # in age order (ran() moves a trace to the end)
+            if h.since > limit:
+                break
+            if not h.running:  # a running handler's trace is not aged
+                old.append(trace_id)
+        for trace_id in old:
+            self._evict_locked(trace_id, "max_age", lost)
 
     def _evict_oldest_locked(self, reason: str, lost: list[tuple[str, _Held]], spare: int = 0) -> bool:
         for trace_id in self._held:
@@ -497,13 +531,11 @@ class HoldingSpanProcessor(SpanProcessor):
             self.policy_dropped += 1
             self._trim_recent_locked()
             return -1, False
-        if trace_id in self._gone:
-            self.policy_dropped += 1  # its trace was dropped on purpose: a late span goes with it
+        if trace_id in self._gone or self.ours(trace_id):
+            # its trace was dropped on purpose (ours and neither kept nor evicted: dropped, however
+            # long ago): a late span goes with it, the policy's drop, never exported blind
+            self.policy_dropped += 1
             return -1, False
-        if self.ours(trace_id):
-            # dropped, or decided so long ago that what it lost is forgotten: never exported blind
-            self._drops["forgotten"] += 1
-            return 1, False
         return 0, True
 
     def force_flush(self, timeout_millis: int = 30000) -> bool:
@@ -518,7 +550,8 @@ class HoldingSpanProcessor(SpanProcessor):
             for trace_id in list(self._held):
                 self._evict_locked(trace_id, "shutdown", lost)
             while self._recent:
-                self._remember(self._gone, self._recent.popitem(last=False)[0], None)
+                trace_id, held = self._recent.popitem(last=False)
+                self._remember_gone(trace_id, held.ours)
             self._n_recent = 0
         self._count_lost(lost)
         for p in self.processors:

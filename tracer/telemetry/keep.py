@@ -79,7 +79,7 @@ import threading
 from dataclasses import dataclass
 from typing import Callable, Mapping, NamedTuple, Sequence
 
-from ..path.clock import MonotonicClock, default_clock, require_clock, shared_clock
+from ..path.clock import MonoNs, MonotonicClock, default_clock, require_clock, shared_clock
 from ..path.stages import GAP_BY_NAME, Outcome, Stage
 
 __all__ = [
@@ -283,7 +283,7 @@ class KeepPolicy:
 
     def decide(self, times: Sequence[int], outcome: Outcome, job_id: str | None = None, *,
                head: bool = False, settle: Callable[[bool], None] | None = None,
-               end_mono: int | None = None, flag: str | None = None) -> str | None:
+               end_mono: MonoNs | None = None, flag: str | None = None) -> str | None:
         """Decide one finished message from its stamps: a reason in :data:`REASONS` (keep it now),
         :data:`PENDING` (``settle(keep)`` will be called later, once, from some later call of
         this policy or :meth:`flush`), or None (drop it).
@@ -304,10 +304,13 @@ class KeepPolicy:
         if now and end_mono is not None:
             now = end_mono
         if not now:
-            with self._lock:  # never handled: nothing was traced to keep, nothing to judge
+            with self._lock:  # never handled: nothing to judge, kept only for what the caller knows
                 self._messages += 1
-                self._drops["not_handled"] += 1
-            return None
+                if flag is None:  # (a lost lease: its redelivery links to this trace)
+                    self._drops["not_handled"] += 1
+                    return None
+                self._counts[flag] += 1
+            return flag
         if now >= self._interval_end:
             self._roll(now)
         slow = False
@@ -414,7 +417,7 @@ class KeepPolicy:
                     est.roll()
             self._interval_end = now + self.interval_ns
 
-    def tick(self, now_ns: int | None = None) -> bool:
+    def tick(self, now_ns: MonoNs | None = None) -> bool:
         """Settle (keep) the latest finisher of every job idle for ``job_idle_s`` at ``now_ns``
         (default: :attr:`clock`), whether or not another message finished; True while any is
         still pending. The hold's ticker calls it; tests call it with their clock."""

@@ -34,6 +34,7 @@ from prometheus_client.core import CounterMetricFamily, HistogramMetricFamily, M
 from prometheus_client.samples import Exemplar
 from prometheus_client.utils import floatToGoString
 
+from ..path.names import LEASE_LOST_REASONS
 from ..path.stages import GAPS, Outcome, Stage
 from .registration import OnePerRegistry, SharedAdmission, multiprocess_dir
 
@@ -337,8 +338,8 @@ class TracerMetrics(OnePerRegistry):
         )
         self.skew_bound = Gauge(
             "rmqtrace_clock_skew_bound_seconds",
-            "Smallest cross-clock gap seen per clock pair; a cross-clock gap is trustworthy only "
-            "to about its absolute value.",
+            "Smallest cross-clock gap of the recent messages per clock pair (at most 128 of them, "
+            "from the last 2 minutes); a cross-clock gap is trustworthy only to about its absolute value.",
             ["peer"], registry=None, multiprocess_mode="livemin",
         )
         self.propagation_errors = Counter(
@@ -390,7 +391,14 @@ class TracerMetrics(OnePerRegistry):
             found = series.get(key)
             if found is None:
                 found = series[key] = _Series(len(self._stages.bounds))
+                self._first_seen(*key)
         return found
+
+    def _first_seen(self, topic: str, group: str) -> None:
+        # A consumer's lost-lease series exist at 0 from its first message: a counter born at 1
+        # has no increase a rate() or increase() can see, so a first lost lease would read as none.
+        for reason in LEASE_LOST_REASONS:
+            self.leases_lost.labels(topic, group, reason)
 
     def observe(self, topic: str, group: str, times: Sequence[int], outcome: Outcome,
                 exemplar: dict[str, str] | None = None, trace_id: int = 0) -> None:
@@ -420,6 +428,7 @@ class TracerMetrics(OnePerRegistry):
                 if found is None:
                     assert self._hist is not None and self._msgs is not None
                     found = self._stock[key] = _StockSeries(self._hist, self._msgs, *key)
+                    self._first_seen(*key)
         for gi, start, end in _GAP_INDEX:
             a, b = times[start], times[end]
             if a and b:

@@ -38,6 +38,7 @@ from ..path import names as n
 from ..path.clock import Anchor
 from ..path.message import client_facts
 from .attributes import cap, client_attributes, server_attributes
+from .futures import future_error
 from .spans import add_own_attributes, record_error
 
 if TYPE_CHECKING:
@@ -98,10 +99,13 @@ class ConsumerOperations:
         outer: Future[Any] = Future()
 
         def done(f: Future[Any]) -> None:
-            error = f.exception()
+            error = future_error(f)
             if error is not None:
                 self._receive_ended(parent, t0, None, None, error)
-                outer.set_exception(error)
+                if f.cancelled():
+                    outer.cancel()  # the caller sees the client's cancellation as it is
+                else:
+                    outer.set_exception(error)
                 return
             result = f.result()
             self._receive_ended(parent, t0, result, traces, None)

@@ -72,6 +72,9 @@ class SpanRecord:
     status: str = "UNSET"
     service: str | None = None
     attributes: dict[str, Any] = field(default_factory=dict)
+    # the resource's service.instance.id where the source names it (Jaeger); a span file names the
+    # service only, which then stands for the instance (tracer.report.model.instance_of)
+    instance: str | None = None
 
 
 def read_spans(path: str | Path) -> Iterator[SpanRecord]:

@@ -301,9 +301,16 @@ class MessageTracer:
         return writer.start(name, kind, parent_ctx, start_ns, attributes, links)
 
     # -- consumer side -------------------------------------------------------------------
-    def start_message(self, info: MessageInfo, pulled_ns: int | None = None,
+    def start_message(self, info: MessageInfo, pulled_ns: Anchor | int | None = None,
                       body: bytes | bytearray | str | None = None) -> MessageTrace:
         """A trace for one received message, stamped with produce, broker store and client pull.
+
+        ``pulled_ns``: when the message was pulled. An :class:`~tracer.path.clock.Anchor` read on
+        this tracer's clock (a batch's pull: ``Anchor(tracer.clock)`` once, then passed for each
+        message) is the pull on both clocks, so a wall-clock step between the batch's reading and
+        this call moves the message as a whole and none of its gaps. An ``int`` is a wall time
+        read elsewhere (a client's decode time): it is placed that far back on the monotonic
+        clock, so a step in between does enter the gaps; ``None`` is now.
 
         ``body`` is read only when ``capture_body`` is on. Timestamps that cannot be real (before
         2000, over a day ahead) are ignored and counted as ``timestamp_out_of_range``.
@@ -317,12 +324,20 @@ class MessageTracer:
         # The traceparent is parsed only if a span is written or the context made current
         # (MessageTrace.carried): a message only measured costs no parse (BENCHMARKS.md).
         carried = extract(info.properties, self.errors, now, info.system_trace_context, defer_parent=True)
+        pulled_at: Anchor | None = None
+        if isinstance(pulled_ns, Anchor):
+            if pulled_ns.read_on(clock):  # the batch's pull, read on both clocks at once
+                pulled_at, pulled_ns = pulled_ns, None
+            else:  # read on another clock: only its wall time means anything here
+                pulled_ns = pulled_ns.wall_ns
         if pulled_ns and not plausible_ns(pulled_ns, now):
             self.errors.count("timestamp_out_of_range", f"pulled_ns={pulled_ns}")
             pulled_ns = None
-        if pulled_ns:
-            # read on the wall clock a moment ago (a batch's pull): that far back on the monotonic
-            # one, never ahead of now (the wall clock stepped back in between)
+        if pulled_at is not None:
+            anchor = Anchor(clock, pulled_at.wall_ns, pulled_at.mono_ns)
+        elif pulled_ns:
+            # a wall time read elsewhere (a client's decode): that far back on the monotonic clock,
+            # never ahead of now (the wall clock stepped back in between)
             since = now - pulled_ns
             anchor = Anchor(clock, WallNs(pulled_ns), MonoNs(mono - since if since > 0 else mono))
         else:
@@ -712,7 +727,7 @@ class MessageTrace:
             # child of the unrecorded send span would be an orphan; see tracer.telemetry.keep).
             return self._open_held(writer, name, attrs, parent, pulled_ns, start_ns, base)
         if start_attrs is not None and self._tracer.hold is not None and keep is not None:
-            self._tracer.hold.hold(ctx.trace_id)
+            self._tracer.hold.hold(ctx.trace_id, running=True)  # not aged out while the handler runs
             self._head_held = True
         current = base if base is not None else otel_context.get_current()  # read once, used twice
         if start_attrs is None:
@@ -742,7 +757,7 @@ class MessageTrace:
         attributes copied and the creation link made then."""
         hold = self._tracer.hold
         assert hold is not None
-        ctx = self._ctx = hold.open_trace(writer.tracer.id_generator)
+        ctx = self._ctx = hold.open_trace(writer.tracer.id_generator, running=True)  # not aged while it runs
         self._held = True
         inner = ctx if self._tracer.compact else writer.child_context(ctx)
         self._deferred = (writer, name, creation, pulled_ns, attrs, inner, start_ns)
@@ -765,6 +780,12 @@ class MessageTrace:
                 handler.end(end_time=now)  # joins its trace, kept at the finish
             except Exception as exc:  # noqa: BLE001
                 self._tracer.hook_failed("ending a late handler span", exc)
+        hold, ctx = self._tracer.hold, self._ctx
+        if hold is not None and ctx is not None and (self._held or self._head_held):
+            try:
+                hold.ran(ctx.trace_id)  # undecided from now on (an unacked message): aged from here
+            except Exception as exc:  # noqa: BLE001
+                self._tracer.hook_failed("marking a held trace's handler ended", exc)
         if self._tracer.occupancy is not None:
             self._tracer.occupancy.ended()
         if self._token is not None:
@@ -827,13 +848,17 @@ class MessageTrace:
             if metrics is not None:
                 metrics.avoidable(self.info.topic, mt.consumer_group, verdict[1], avoidable)
             mt.meters.avoidable(self.info.topic, mt.consumer_group, verdict[1], avoidable)
+        mono_now = MonoNs(-1)
         for start, end, peer, tolerance, gap_name in _CROSS:
             a, b = times[start], times[end]
             if a == MISSING or b == MISSING:
                 continue
             raw = b - a
-            if mt.skew.observe(peer, raw) and metrics is not None:
-                metrics.skew_bound.labels(peer).set(raw / 1e9)
+            if mono_now < 0:  # the skew window's age (ages are monotonic): the latest stamp's, no clock read
+                mono_now = self.anchor.mono_of(WallNs(times[_END] if times[_END] != MISSING else times[_PULL]))
+            bound = mt.skew.observe(peer, raw, mono_now)
+            if bound is not None and metrics is not None:
+                metrics.skew_bound.labels(peer).set(bound / 1e9)
             if -raw > tolerance and metrics is not None:
                 metrics.clamped(gap_name)
         if ctx is not None and (self._process is not None or self._deferred is not None):
@@ -864,7 +889,7 @@ class MessageTrace:
             # the policy's timers (job idle, intervals) run on the monotonic clock, as its tick
             end = times[_END]
             reason = keep.decide(times, outcome, self._carried.job_id, head=ctx is not None and not self._held,
-                                 settle=settle, end_mono=self.anchor.mono_of(end) if end else None, flag=flag)
+                                 settle=settle, end_mono=self.anchor.mono_of(WallNs(end)) if end else None, flag=flag)
         except Exception as exc:  # noqa: BLE001 - a broken policy must not cost the histograms
             self._tracer.hook_failed("the keep decision", exc)
             reason = "failure"  # err on keeping
@@ -938,12 +963,15 @@ class MessageTrace:
         process = self._process if self._process is not None else self._materialize()
         if self._lost_from is not None:
             process.add_link(self._lost_from, {n.LINK_REASON: n.LINK_LEASE_LOST})
-        end_ns = d[_END] or self.anchor.now()
+        # No handler end (a copy refused unstarted is unstamped): the finish, yet never before the
+        # latest stamp drawn, which the producer's clock may have moved past it.
+        end_ns = d[_END] or max(self.anchor.now(), *d)
         error_type = type(error).__qualname__ if error is not None else None
         handler = self._handler
         if handler is not None:
-            if d[_START] > c[_START]:
-                handler.move_start(d[_START])  # the producer's clock is ahead of the handler's start
+            floor = d[_START] or d[_PULL]  # unstamped (not started): still inside its process span
+            if floor > handler.start_time:
+                handler.move_start(floor)  # the producer's clock is ahead of the handler's start
             if error is not None:
                 record_error(handler, error)
                 handler.set_status(Status(_ERROR, type(error).__name__))
@@ -1009,6 +1037,6 @@ class TracerStats(NamedTuple):
 
     hook_failures: Mapping[str, int]  # our own code's failures, by place (the first of each is logged)
     propagation_errors: Mapping[str, int]  # bad trace context or stamps in received messages, by kind
-    skew_bounds_ns: Mapping[str, int]  # per clock pair, the smallest cross-clock gap seen
+    skew_bounds_ns: Mapping[str, int]  # per clock pair, the smallest cross-clock gap of the recent messages
     keep: KeepStats | None
     hold: HoldStats | None

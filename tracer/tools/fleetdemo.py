@@ -34,7 +34,7 @@ from ..dispatch.simulate import lower_bound
 from ..embedded import EmbeddedBroker, Message, Producer, SimpleConsumer
 from ..path.names import JOB_ORDERS
 from ..path.stages import Outcome, Stage
-from ..report.blame import Run, fleet_avoidable
+from ..report.blame import Run, fleet_avoidable, fleet_verdict
 from ..report.fleet import FleetSection, Handled, fleet_page
 from ..report.model import sent_order_words
 from ..telemetry.occupancy import OccupancyMetrics, OccupancySnapshot
@@ -302,8 +302,7 @@ def cli_fleet_demo(args: Any, settings: Any, registry: CollectorRegistry, consol
 
     hanging(console, "  •", [f"{r.mode}: job {r.makespan_s:.2f} s = {r.makespan_s / r.greedy_s:.2f}x the fleet's greedy "
                              f"schedule; {r.fleet_idle_while_held_s:.1f} idle worker-s while another consumer held work; "
-                             f"{r.avoidable.get('fleet_share', 0.0):.0%} of consumer_wait avoidable in the fleet "
-                             f"({r.avoidable.get('elsewhere_share', 0.0):.0%} while another consumer had a free worker)"
+                             f"{fleet_verdict(r.avoidable, sum(r.messages))}"
                              for r in runs])
     out = Path(args.out) / "fleet.json"
     write_fleet_json(runs, out)
@@ -320,7 +319,7 @@ def write_fleet_html(runs: Sequence[FleetModeRun], path: Path) -> Path:
     sections = [FleetSection(
         r.mode, f"job {r.makespan_s:.2f} s = {r.makespan_s / r.greedy_s:.2f}× the fleet's greedy schedule; "
         f"{r.fleet_idle_while_held_s:.1f} idle worker-s while another consumer held work; "
-        f"{r.avoidable.get('fleet_share', 0.0):.0%} of consumer_wait avoidable in the fleet; messages per consumer "
+        f"{fleet_verdict(r.avoidable, sum(r.messages))}; messages per consumer "
         f"{' / '.join(map(str, r.messages))}", [f"consumer-{i}" for i in range(r.consumers)],
         [r.workers] * r.consumers, r.records, r.max_held) for r in runs]
     path.parent.mkdir(parents=True, exist_ok=True)

@@ -30,7 +30,7 @@ DEFAULT_ENDPOINT = "127.0.0.1:8081"
 
 
 def _fail(message: str, code: int = 2) -> int:
-    """One line on stderr; 2 for a bad argument, 1 for a failure of the run (README: Commands)."""
+    """One line on stderr; 2 for a bad argument, 1 for a failure of the run (docs/commands.md)."""
     print(f"{PROG}: error: {message}", file=sys.stderr)
     return code
 

@@ -55,6 +55,7 @@ from prometheus_client import CollectorRegistry
 
 from ...clients.consume import ConsumeLoop
 from ...clients.producer import TracedProducer
+from ...telemetry.futures import future_error
 from ...telemetry.hold import HoldingSpanProcessor
 from ...telemetry.keep import KeepPolicy
 from ...telemetry.metrics import TracerMetrics
@@ -104,8 +105,9 @@ def _produce(producer: Any, rmq: Any, topic: str, n: int, run: str, window: int)
 
     def release(f: Future[Any]) -> None:
         sem.release()
-        if f.exception() is not None:
-            errors.append(f.exception())  # type: ignore[arg-type]
+        error = future_error(f)
+        if error is not None:
+            errors.append(error)
 
     cpu0 = time.process_time()
     t0 = time.perf_counter()
