@@ -1,0 +1,188 @@
+"""The export child (tracer.telemetry.exportchild): a real child process, a real OTLP/HTTP receiver.
+
+What every test checks at its end, after ``shutdown``: every span ended is either accepted or
+dropped (``accepted + dropped == ended``); every accepted span is exported, failed or lost
+(``accepted == exported + failed + lost``); every span not exported went to the drop counter; and
+the receiver holds exactly the exported spans, each one once.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import signal
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from export_child_helpers import OtlpReceiver
+from opentelemetry.exporter.otlp.proto.common.trace_encoder import encode_spans
+from opentelemetry.sdk.resources import Resource
+from opentelemetry.sdk.trace import ReadableSpan, TracerProvider
+from opentelemetry.sdk.trace.export import SimpleSpanProcessor
+from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+from opentelemetry.trace import Link, SpanKind, Status, StatusCode, TraceFlags, TraceState
+from opentelemetry.trace import SpanContext as Ctx
+from waiting import wait_until
+
+from tracer.config import DropCounter, Settings, configure_tracing
+from tracer.telemetry.exportchild import ChildExportProcessor, span_from_record, span_record
+
+TESTS = Path(__file__).resolve().parent
+
+
+@pytest.fixture
+def receiver() -> Iterator[OtlpReceiver]:
+    r = OtlpReceiver()
+    yield r
+    r.close()
+
+
+class Rig:
+    """A provider whose only processor is the child exporter, gated by a file (the child does
+    not export, and so stops reading its pipe, while the gate is shut)."""
+
+    def __init__(self, receiver: OtlpReceiver, tmp_path: Path, *, gate_open: bool = True, **kw: Any) -> None:
+        self.gate = tmp_path / "gate"
+        if gate_open:
+            self.gate.touch()
+        self.receiver = receiver
+        self.drops = DropCounter()
+        env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(TESTS), os.environ.get("PYTHONPATH", "")]))
+        self.processor = ChildExportProcessor("export_child_helpers:gated_otlp",
+                                              {"gate": str(self.gate), "endpoint": receiver.endpoint},
+                                              drops=self.drops, env=env, **kw)
+        self.provider = TracerProvider(resource=Resource.create({"service.name": "child-test"}))
+        self.provider.add_span_processor(self.processor)
+        self.tracer = self.provider.get_tracer("t")
+        self.ended: list[int] = []
+
+    def end(self, n: int) -> None:
+        for i in range(n):
+            span = self.tracer.start_span(f"s{len(self.ended)}", attributes={"i": i})
+            span.end()
+            self.ended.append(span.get_span_context().span_id)
+
+    def check_accounts(self) -> None:
+        st = self.processor.statistics()
+        assert st.accepted + st.dropped == len(self.ended), st
+        assert st.accepted == st.exported + st.failed + st.lost, st
+        assert self.drops.dropped == st.dropped + st.failed + st.lost, (self.drops.dropped, st)
+        got = self.receiver.span_ids()
+        assert len(got) == len(set(got)) == st.exported, (len(got), st)
+        assert set(got) <= set(self.ended)
+
+
+def _rich_span() -> ReadableSpan:
+    exporter = InMemorySpanExporter()
+    provider = TracerProvider(resource=Resource.create({"service.name": "r", "n": 3}))
+    provider.add_span_processor(SimpleSpanProcessor(exporter))
+    tracer = provider.get_tracer("scope", "1.2", schema_url="https://opentelemetry.io/schemas/1.26.0")
+    parent = Ctx(0xABC, 0xDEF, True, TraceFlags(1), TraceState([("k", "v")]))
+    from opentelemetry import trace
+
+    ctx = trace.set_span_in_context(trace.NonRecordingSpan(parent))
+    span = tracer.start_span("process t", context=ctx, kind=SpanKind.CONSUMER,
+                             attributes={"s": "x", "i": 7, "f": 1.5, "b": True, "keys": ("a", "b")},
+                             links=[Link(Ctx(0x1, 0x2, True, TraceFlags(0)), {"l": 1})])
+    span.add_event("e", {"ea": "v"}, timestamp=123)
+    span.set_status(Status(StatusCode.ERROR, "boom"))
+    span.end()
+    provider.shutdown()
+    return exporter.get_finished_spans()[0]
+
+
+def test_a_record_rebuilds_the_span_the_otlp_encoder_sees() -> None:
+    span = _rich_span()
+    rebuilt = span_from_record(span_record(span, 0, 0), [span.resource], [span.instrumentation_scope])  # type: ignore[list-item]
+    assert encode_spans([rebuilt]).SerializeToString() == encode_spans([span]).SerializeToString()
+
+
+def test_shutdown_flushes_every_accepted_span(receiver: OtlpReceiver, tmp_path: Path) -> None:
+    rig = Rig(receiver, tmp_path)
+    rig.end(700)  # more than one batch, and no flush before shutdown
+    rig.provider.shutdown()
+    st = rig.processor.statistics()
+    assert (st.accepted, st.exported, st.dropped, st.lost) == (700, 700, 0, 0)
+    assert sorted(receiver.span_ids()) == sorted(rig.ended)
+    assert set(receiver.resources[0].items()) >= {("service.name", "child-test")}
+    rig.check_accounts()
+
+
+def test_a_full_queue_drops_and_counts_and_never_blocks(receiver: OtlpReceiver, tmp_path: Path) -> None:
+    # the child is alive and stops reading: its pipe fills, then the queue; on_end keeps returning
+    rig = Rig(receiver, tmp_path, gate_open=False, max_queue_size=8, max_batch_size=4, interval_s=0.01)
+    rig.end(5000)  # ~1 MB of spans: far more than the pipe (64 KiB) and the queue hold
+    st = rig.processor.statistics()
+    assert st.dropped > 0 and st.exported == 0
+    assert rig.drops.dropped == st.dropped
+    rig.gate.touch()
+    rig.provider.shutdown()
+    rig.check_accounts()
+    assert rig.processor.statistics().lost == 0  # everything accepted reached the receiver
+
+
+def test_a_dead_child_is_restarted_and_its_unacknowledged_spans_counted_lost(
+        receiver: OtlpReceiver, tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    rig = Rig(receiver, tmp_path, gate_open=False, max_batch_size=4, interval_s=0.01, restart_delay_s=0)
+    rig.end(20)
+    wait_until(lambda: rig.processor.statistics().unacknowledged == 20, what="20 spans written to the child")
+    first = rig.processor.child_pid
+    assert first is not None
+    with caplog.at_level(logging.WARNING, logger="tracer.telemetry.exportchild"):
+        os.kill(first, signal.SIGKILL)
+        wait_until(lambda: rig.processor.statistics().lost == 20, what="the dead child's spans counted")
+    assert rig.drops.dropped == 20
+    assert any("died" in r.getMessage() and "20 span(s)" in r.getMessage() for r in caplog.records)
+    rig.gate.touch()
+    rig.end(10)
+    assert rig.processor.force_flush(30_000)
+    st = rig.processor.statistics()
+    assert st.restarts == 1 and st.exported == 10 and rig.processor.child_pid != first
+    assert sorted(receiver.span_ids()) == sorted(rig.ended[20:])
+    rig.provider.shutdown()
+    rig.check_accounts()
+
+
+def test_a_child_whose_exports_fail_counts_every_span(tmp_path: Path) -> None:
+    receiver = OtlpReceiver(status=400)  # refuses every batch
+    try:
+        rig = Rig(receiver, tmp_path, max_batch_size=50)
+        rig.end(60)
+        rig.provider.shutdown()
+        st = rig.processor.statistics()
+        assert st.failed == 60 and st.exported == 0
+        rig.check_accounts()
+    finally:
+        receiver.close()
+
+
+def test_the_setting_puts_the_exporters_in_a_child(receiver: OtlpReceiver, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT", receiver.endpoint)
+    settings = Settings.from_env({"RMQTRACE_EXPORT_CHILD": "true", "OTEL_TRACES_EXPORTER": "otlp",
+                                  "OTEL_SERVICE_NAME": "child-setting"})
+    assert settings.export_child
+    drops = DropCounter()
+    provider = configure_tracing(settings, set_global=False, drops=drops)
+    assert provider is not None
+    processors = provider._active_span_processor._span_processors  # noqa: SLF001 - what was built
+    assert [type(p) for p in processors] == [ChildExportProcessor]
+    span = provider.get_tracer("t").start_span("one")
+    span.end()
+    provider.shutdown()
+    assert receiver.span_ids() == [span.get_span_context().span_id]
+    assert receiver.resources[0]["service.name"] == "child-setting"
+
+
+@pytest.mark.parametrize("value", ["yes", "1", "child"])
+def test_the_setting_refuses_what_it_cannot_mean(value: str) -> None:
+    with pytest.raises(ValueError, match="RMQTRACE_EXPORT_CHILD"):
+        Settings.from_env({"RMQTRACE_EXPORT_CHILD": value})
+
+
+@pytest.mark.parametrize("kw", [{"max_queue_size": 0}, {"max_batch_size": -1}, {"interval_s": float("nan")},
+                                {"restart_delay_s": -1}, {"factory": "no_colon"}])
+def test_arguments_that_cannot_work_are_refused(kw: dict[str, Any]) -> None:
+    with pytest.raises(ValueError):
+        ChildExportProcessor(**kw)
