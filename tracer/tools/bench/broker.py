@@ -1,7 +1,7 @@
 """Throughput on the real broker, traced against untraced, in the same run.
 
 Needs the local RocketMQ 5 (``services/rocketmq/rmq.sh start``, proxy gRPC ``127.0.0.1:8081``)
-and ``rocketmq-python-client``. One topic and one consumer group are created for the run. Six
+and ``rocketmq-python-client``. One topic and one consumer group are created for the run. Seven
 modes run in every round, in a rotating order (so a drift of the shared machine hits all alike):
 
 - ``untraced``: a plain ``Producer`` and ``ConsumeLoop(tracer=None)``;
@@ -16,6 +16,10 @@ modes run in every round, in a rotating order (so a drift of the shared machine 
   baseline a user compares a tracer with; rmqtrace's figures are also given against it);
 - ``traced_compact``: ``traced`` with the compact trace shape (one ``process`` span per message,
   the gaps as its attributes: ``RMQTRACE_TRACE_SHAPE=compact``), against ``contrib`` span for span;
+- ``traced_child``: ``traced`` with its spans exported through a child process
+  (:class:`~tracer.telemetry.exportchild.ChildExportProcessor`, ``RMQTRACE_EXPORT_CHILD=true``),
+  the child encoding every batch to OTLP protobuf bytes and dropping them, as ``traced_otlp`` does
+  in the process: what the consumer keeps of the export's cost when the export leaves its GIL;
 - ``traced_keep``: histograms for every message, head sampling at 1 %
   (``parentbased_traceidratio``) and a :class:`~tracer.telemetry.keep.KeepPolicy` behind a
   :class:`~tracer.telemetry.hold.HoldingSpanProcessor` on the consumer (thresholds no bench
@@ -55,13 +59,14 @@ from prometheus_client import CollectorRegistry
 
 from ...clients.consume import ConsumeLoop
 from ...clients.producer import TracedProducer
+from ...telemetry.exportchild import ChildExportProcessor
 from ...telemetry.hold import HoldingSpanProcessor
 from ...telemetry.keep import KeepPolicy
 from ...telemetry.metrics import TracerMetrics
 from ...telemetry.tracer import MessageTracer
 from . import DropExporter, client_version, contrib_process, loadavg, rmq_admin
 
-__all__ = ["format_broker_bench", "main", "run_broker_bench", "run_cli"]
+__all__ = ["EncodeOnlyExporter", "format_broker_bench", "main", "run_broker_bench", "run_cli"]
 
 ENDPOINT = "127.0.0.1:8081"
 DEFAULT_MESSAGES = 500
@@ -69,7 +74,7 @@ DEFAULT_ROUNDS = 15
 TARGET = 0.95
 
 
-class _EncodeOnlyExporter(SpanExporter):
+class EncodeOnlyExporter(SpanExporter):
     """Encodes every batch to OTLP protobuf bytes, as the OTLP exporter does, and drops them."""
 
     def __init__(self) -> None:
@@ -142,7 +147,7 @@ def _role(name: str | None) -> str:
         return "loop_workers"
     if name.startswith("rmqtrace-ack"):
         return "loop_acks"
-    if name.startswith("OtelBatch"):
+    if name.startswith(("OtelBatch", "rmqtrace-export")):
         return "exporter"
     if name == "MainThread":
         return "main"
@@ -336,6 +341,16 @@ def _traced_mode(clients: _Clients, exporter: SpanExporter, shape: str = "full")
                  provider)
 
 
+def _child_mode(clients: _Clients) -> _Mode:
+    """``traced`` (full shape) with the spans exported by a child process that OTLP-encodes them."""
+    provider = TracerProvider()
+    provider.add_span_processor(ChildExportProcessor(f"{__name__}:EncodeOnlyExporter", max_queue_size=1 << 16))
+    return _Mode(TracedProducer(clients.producer, MessageTracer(tracer_provider=provider)),
+                 MessageTracer(consumer_group=clients.group, tracer_provider=provider,
+                               metrics=TracerMetrics(CollectorRegistry()), trace_shape="full"),
+                 provider)
+
+
 def _keep_mode(clients: _Clients) -> _Mode:
     """Head sampling at 1 %, the keep policy deciding the rest on the consumer (see the module doc)."""
     provider = TracerProvider(sampler=ParentBased(TraceIdRatioBased(0.01)))
@@ -400,6 +415,12 @@ def _summarize(results: dict[str, dict[str, list[float]]]) -> dict[str, Any]:
         "compact_over_untraced": statistics.median(ratios("traced_compact", "consume")),
         "compact_consume_ratios": ratios("traced_compact", "consume"),
         "cpu_compact_over_untraced": statistics.median(ratios("traced_compact", "cpu_us")),
+        "child_over_untraced": statistics.median(ratios("traced_child", "consume")),
+        "child_consume_ratios": ratios("traced_child", "consume"),
+        "produce_child_over_untraced": statistics.median(ratios("traced_child", "produce")),
+        "produce_child_ratios": ratios("traced_child", "produce"),
+        "cpu_child_over_untraced": statistics.median(ratios("traced_child", "cpu_us")),
+        "produce_cpu_child_over_untraced": statistics.median(ratios("traced_child", "produce_cpu_us")),
         "keep_over_untraced": statistics.median(ratios("traced_keep", "consume")),
         "keep_consume_ratios": ratios("traced_keep", "consume"),
         "produce_keep_over_untraced": statistics.median(ratios("traced_keep", "produce")),
@@ -433,11 +454,12 @@ def run_broker_bench(messages: int = DEFAULT_MESSAGES, handler_ms: float = 1.0, 
                      progress: Callable[[int, int], None] | None = None) -> dict[str, Any]:
     """Traced vs untraced produce and consume throughput on the real broker (see the module doc)."""
     clients = _open_clients(_client(), endpoint)
-    encoder = _EncodeOnlyExporter()
+    encoder = EncodeOnlyExporter()
     modes = {"untraced": _Mode(clients.producer, None, None),
              "traced": _traced_mode(clients, DropExporter()),
              "traced_otlp": _traced_mode(clients, encoder),
              "traced_compact": _traced_mode(clients, DropExporter(), "compact"),
+             "traced_child": _child_mode(clients),
              "traced_keep": _keep_mode(clients),
              "contrib": _contrib_mode(clients)}
     load_before = loadavg()
@@ -503,6 +525,10 @@ def format_broker_bench(result: dict[str, Any]) -> str:
         f"{result['contrib_over_untraced']:.3f} of untraced, produce {result['produce_contrib_over_untraced']:.3f}; "
         f"rmqtrace traced/contrib = {result['traced_over_contrib']:.3f}, compact/contrib = "
         f"{result['compact_over_contrib']:.3f}, keep/contrib = {result['keep_over_contrib']:.3f}",
+        f"full trace exported by a child process (RMQTRACE_EXPORT_CHILD=true): consume "
+        f"{m['traced_child']['consume']:.0f} msg/s = {result['child_over_untraced']:.3f} of untraced, produce "
+        f"{result['produce_child_over_untraced']:.3f} (target >= {result['target']} for both), CPU of this process "
+        f"per consumed message {result['cpu_child_over_untraced']:.3f}",
         f"compact trace (RMQTRACE_TRACE_SHAPE=compact): consume {m['traced_compact']['consume']:.0f} msg/s = "
         f"{result['compact_over_untraced']:.3f} of untraced, CPU per consumed message "
         f"{result['cpu_compact_over_untraced']:.3f}",
