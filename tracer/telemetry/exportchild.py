@@ -41,10 +41,12 @@ from collections import deque
 from pathlib import Path
 from typing import IO, Any, Callable, Mapping, Sequence
 
+from opentelemetry.attributes import BoundedAttributes
 from opentelemetry.context import Context
 from opentelemetry.sdk.resources import Resource
 from opentelemetry.sdk.trace import Event, ReadableSpan, Span, SpanProcessor
 from opentelemetry.sdk.trace.export import SpanExporter, SpanExportResult
+from opentelemetry.sdk.util import BoundedList
 from opentelemetry.sdk.util.instrumentation import InstrumentationScope
 from opentelemetry.trace import Link, SpanContext, SpanKind, Status, StatusCode, TraceFlags, TraceState
 
@@ -57,30 +59,44 @@ _PACKAGE_ROOT = str(Path(__file__).resolve().parents[2])  # the directory holdin
 
 
 def _attrs(values: Any) -> dict[str, Any]:
-    return dict(values) if values else {}
+    if not values:
+        return {}
+    return values if type(values) is dict else dict(values)
 
 
 def _dropped(values: Any) -> int:
     return int(getattr(values, "dropped", 0) or 0)
 
 
+def _event(e: Event) -> tuple[Any, ...]:
+    return (e.name, e.timestamp, _attrs(e.attributes), _dropped(e.attributes))
+
+
+def _link(lk: Link) -> tuple[Any, ...]:
+    c = lk.context
+    return (c[0], c[1], int(c[3]), c[2], c[4].to_header() if c[4] else "", _attrs(lk.attributes),
+            _dropped(lk.attributes))
+
+
 def span_record(span: ReadableSpan, resource_ix: int, scope_ix: int) -> tuple[Any, ...]:
     """``span`` as a tuple of marshal-able values (``resource_ix``/``scope_ix``: its resource's and
-    scope's places in the batch's tables)."""
-    ctx = span.context
-    parent = span.parent
-    status = span.status
+    scope's places in the batch's tables). Read from the SDK span's fields, not its properties
+    (which copy events, links and attributes): this runs once per exported span, under the GIL."""
+    ctx = span._context  # a SpanContext is a tuple: trace_id, span_id, is_remote, flags, state, valid
+    parent = span._parent
+    status = span._status
+    attrs = span._attributes
+    events = span._events
+    links = span._links
     return (
-        span.name, ctx.trace_id, ctx.span_id, int(ctx.trace_flags),
-        ctx.trace_state.to_header() if ctx.trace_state else "",
-        parent.span_id if parent is not None else 0, bool(parent is not None and parent.is_remote),
-        span.kind.value, span.start_time, span.end_time, _attrs(span.attributes),
-        tuple((e.name, e.timestamp, _attrs(e.attributes), _dropped(e.attributes)) for e in span.events),
-        tuple((lk.context.trace_id, lk.context.span_id, int(lk.context.trace_flags), bool(lk.context.is_remote),
-               lk.context.trace_state.to_header() if lk.context.trace_state else "", _attrs(lk.attributes),
-               _dropped(lk.attributes)) for lk in span.links),
-        status.status_code.value, status.description,
-        resource_ix, scope_ix, span.dropped_attributes, span.dropped_events, span.dropped_links,
+        span._name, ctx[0], ctx[1], int(ctx[3]), ctx[4].to_header() if ctx[4] else "",  # type: ignore[index]
+        parent[1] if parent is not None else 0, bool(parent is not None and parent[2]),
+        span._kind.value, span._start_time, span._end_time, _attrs(attrs),
+        tuple(map(_event, events)) if events else (), tuple(map(_link, links)) if links else (),
+        status.status_code.value, status.description, resource_ix, scope_ix,
+        attrs.dropped if isinstance(attrs, BoundedAttributes) else 0,
+        events.dropped if isinstance(events, BoundedList) else 0,
+        links.dropped if isinstance(links, BoundedList) else 0,
     )
 
 
