@@ -10,13 +10,18 @@ from __future__ import annotations
 
 import logging
 import os
+import shutil
 import signal
+import tempfile
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
 from export_child_helpers import OtlpReceiver
+from hypothesis import HealthCheck, settings
+from hypothesis import strategies as st
+from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
 from opentelemetry.exporter.otlp.proto.common.trace_encoder import encode_spans
 from opentelemetry.sdk.resources import Resource
 from opentelemetry.sdk.trace import ReadableSpan, TracerProvider
@@ -186,3 +191,82 @@ def test_the_setting_refuses_what_it_cannot_mean(value: str) -> None:
 def test_arguments_that_cannot_work_are_refused(kw: dict[str, Any]) -> None:
     with pytest.raises(ValueError):
         ChildExportProcessor(**kw)
+
+
+# -- model: any sequence of ends, stalls, kills and flushes keeps the books ------------------------------------
+class ExportChildModel(RuleBasedStateMachine):
+    """Spans ended in bursts while the child is stalled (gate shut) or exporting, killed at any
+    moment, flushed when it can export. Named invariants after every step; at teardown, after
+    shutdown, the books balance exactly and the receiver holds exactly the exported spans."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.tmp = Path(tempfile.mkdtemp(prefix="rmqtrace-export-model-"))
+        self.receiver = OtlpReceiver()
+        self.rig = Rig(self.receiver, self.tmp, gate_open=True, max_queue_size=64, max_batch_size=16,
+                       interval_s=0.01, restart_delay_s=0)
+        self.kills = 0
+
+    @rule(n=st.integers(1, 120))
+    def end_spans(self, n: int) -> None:
+        self.rig.end(n)
+
+    @rule()
+    def stall(self) -> None:
+        self.rig.gate.unlink(missing_ok=True)
+
+    @rule()
+    def resume(self) -> None:
+        self.rig.gate.touch()
+
+    @precondition(lambda self: self.rig.processor.child_pid is not None)
+    @rule()
+    def kill_child(self) -> None:
+        pid = self.rig.processor.child_pid
+        assert pid is not None
+        os.kill(pid, signal.SIGKILL)
+        self.kills += 1
+        wait_until(lambda: self.rig.processor.child_pid != pid, what="the dead child reaped")
+
+    @precondition(lambda self: self.rig.gate.exists())
+    @rule()
+    def flush(self) -> None:
+        assert self.rig.processor.force_flush(60_000)
+        st_ = self.rig.processor.statistics()
+        assert st_.queued == 0 and st_.unacknowledged == 0, st_
+        assert st_.accepted == st_.exported + st_.failed + st_.lost, st_
+
+    @invariant()
+    def every_span_ended_is_accepted_or_dropped(self) -> None:
+        st_ = self.rig.processor.statistics()
+        assert st_.accepted + st_.dropped == len(self.rig.ended), st_
+
+    @invariant()
+    def no_span_is_counted_twice(self) -> None:
+        st_ = self.rig.processor.statistics()
+        assert st_.exported + st_.failed + st_.lost + st_.queued <= st_.accepted, st_
+
+    @invariant()
+    def every_loss_reaches_the_drop_counter(self) -> None:
+        st_ = self.rig.processor.statistics()
+        assert self.rig.drops.dropped == st_.dropped + st_.failed + st_.lost, (self.rig.drops.dropped, st_)
+
+    @invariant()
+    def restarts_follow_deaths(self) -> None:
+        assert self.rig.processor.statistics().restarts <= self.kills
+
+    def teardown(self) -> None:
+        try:
+            self.rig.gate.touch()
+            self.rig.provider.shutdown()
+            self.rig.check_accounts()
+            st_ = self.rig.processor.statistics()
+            assert st_.queued == 0 and st_.unacknowledged == 0, st_
+        finally:
+            self.receiver.close()
+            shutil.rmtree(self.tmp, ignore_errors=True)
+
+
+ExportChildModel.TestCase.settings = settings(max_examples=6, stateful_step_count=10, deadline=None,
+                                              suppress_health_check=list(HealthCheck))
+test_export_child_model = ExportChildModel.TestCase
