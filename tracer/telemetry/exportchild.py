@@ -227,8 +227,8 @@ class ChildExportProcessor(SpanProcessor):
             self._count_drop(1)
             return
         queue.append(span)
-        if len(queue) >= self._batch:
-            self._wake.set()
+        if len(queue) >= self._batch and not self._wake.is_set():
+            self._wake.set()  # a lock and a notify: once per batch, not per span while the writer is busy
 
     def _count_drop(self, n: int) -> None:
         with self._lock:
