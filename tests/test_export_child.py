@@ -9,6 +9,7 @@ the receiver holds exactly the exported spans, each one once.
 from __future__ import annotations
 
 import logging
+import multiprocessing
 import os
 import shutil
 import signal
@@ -161,6 +162,32 @@ def test_a_child_whose_exports_fail_counts_every_span(tmp_path: Path) -> None:
         rig.check_accounts()
     finally:
         receiver.close()
+
+
+def _end_in_forked_worker(rig: Rig, n: int) -> None:
+    rig.end(n)
+    rig.provider.shutdown()
+    st_ = rig.processor.statistics()
+    os._exit(0 if (st_.accepted, st_.exported, st_.lost) == (n, n, 0) else 1)
+
+
+@pytest.mark.skipif(not hasattr(os, "fork"), reason="no fork on this platform")
+def test_a_forked_worker_exports_its_own_spans_and_not_the_parents(receiver: OtlpReceiver, tmp_path: Path) -> None:
+    # gunicorn's preload: the provider is set up, spans are ended, then the worker is forked
+    rig = Rig(receiver, tmp_path, gate_open=False, interval_s=0.01)
+    rig.end(30)  # queued or at the stalled child when the fork happens: the parent's to export
+    ctx = multiprocessing.get_context("fork")
+    worker = ctx.Process(target=_end_in_forked_worker, args=(rig, 50))
+    rig.gate.touch()  # the forked worker's own child exports at once
+    worker.start()
+    worker.join(120)
+    assert worker.exitcode == 0
+    rig.provider.shutdown()
+    st_ = rig.processor.statistics()  # the parent's books: its own 30, exported once
+    assert (st_.accepted, st_.exported, st_.lost, rig.drops.dropped) == (30, 30, 0, 0), st_
+    got = receiver.span_ids()
+    assert len(got) == len(set(got)) == 80  # the worker's 50 besides, none of the parent's twice
+    assert set(rig.ended) <= set(got)
 
 
 def test_the_setting_puts_the_exporters_in_a_child(receiver: OtlpReceiver, monkeypatch: pytest.MonkeyPatch) -> None:

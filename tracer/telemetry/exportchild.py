@@ -37,6 +37,7 @@ import subprocess
 import sys
 import threading
 import time
+import weakref
 from collections import deque
 from pathlib import Path
 from typing import IO, Any, Callable, Mapping, Sequence
@@ -211,6 +212,33 @@ class ChildExportProcessor(SpanProcessor):
         self._flushed = 0
         self._writer = threading.Thread(target=self._run, name="rmqtrace-export-writer", daemon=True)
         self._writer.start()
+        if hasattr(os, "register_at_fork"):  # a worker forked after set-up (gunicorn's preload) exports too
+            method = weakref.WeakMethod(self._after_fork)
+            os.register_at_fork(after_in_child=lambda: _call_if_alive(method))
+
+    def _after_fork(self) -> None:
+        """In a forked process: the parent's child, queue and threads are the parent's. Close
+        this copy's ends of the parent's pipes (the parent's child must see the parent's EOF
+        only), forget the spans queued before the fork (the parent exports them), start afresh."""
+        inherited, self._child = self._child, None
+        if inherited is not None:
+            for stream in (inherited.proc.stdin, inherited.proc.stdout):
+                if stream is not None:
+                    try:
+                        os.close(stream.fileno())
+                    except (OSError, ValueError):
+                        pass
+        self._queue = deque()
+        self._wake = threading.Event()
+        self._lock = threading.Lock()  # a thread of the parent may have held it at the fork
+        self._acked = threading.Condition(self._lock)
+        self._seq = self._taken = self._dropped = self._exported = self._failed = self._lost = 0
+        self._restarts = self._flush_asked = self._flushed = 0
+        self._last_start = -float("inf")
+        self._closing_started = False
+        self._writer = threading.Thread(target=self._run, name="rmqtrace-export-writer", daemon=True)
+        if not self._closed:
+            self._writer.start()
 
     # --- the consumer's side: never waits --------------------------------------------------
 
@@ -457,6 +485,12 @@ class ChildExportProcessor(SpanProcessor):
         """The running child's process id (None between a death and the restart)."""
         child = self._child
         return child.proc.pid if child is not None else None
+
+
+def _call_if_alive(method: weakref.WeakMethod[Callable[[], None]]) -> None:
+    bound = method()
+    if bound is not None:
+        bound()
 
 
 def _write_all(fd: int, data: bytes) -> None:

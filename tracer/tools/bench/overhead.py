@@ -173,7 +173,7 @@ def run_overhead_bench(messages: int = 20_000, rounds: int = 7, runs: int = 3,
         if progress is not None:
             progress(done[0], rounds * runs)
 
-    run_results = []
+    run_results: list[dict[str, Any]] = []
     for _ in range(runs):
         per_msg = _one_run(messages, rounds, tick)
         med = {k: statistics.median(v) for k, v in per_msg.items()}
