@@ -129,6 +129,19 @@ def test_a_full_queue_drops_and_counts_and_never_blocks(receiver: OtlpReceiver, 
     assert rig.processor.statistics().lost == 0  # everything accepted reached the receiver
 
 
+def test_shutdown_with_a_child_that_stopped_reading_returns_and_counts_the_rest_lost(
+        receiver: OtlpReceiver, tmp_path: Path) -> None:
+    # the gate never opens: the pipe fills and the writer blocks in its write; shutdown's
+    # timeout stops the child, and everything accepted is lost, every span counted
+    rig = Rig(receiver, tmp_path, gate_open=False, max_queue_size=4096, max_batch_size=64, interval_s=0.01)
+    rig.end(3000)
+    rig.processor.shutdown(timeout_millis=300)
+    rig.provider.shutdown()  # the processor's shutdown again: a no-op
+    st_ = rig.processor.statistics()
+    assert st_.exported == 0 and st_.lost == st_.accepted > 0, st_
+    rig.check_accounts()
+
+
 def test_a_dead_child_is_restarted_and_its_unacknowledged_spans_counted_lost(
         receiver: OtlpReceiver, tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
     rig = Rig(receiver, tmp_path, gate_open=False, max_batch_size=4, interval_s=0.01, restart_delay_s=0)

@@ -208,6 +208,8 @@ class ChildExportProcessor(SpanProcessor):
         self._child: _Child | None = None
         self._last_start = -float("inf")
         self._closing_started = False
+        self._abandoned = False  # shutdown ran out of time: write nothing more
+        self._deadline = float("inf")  # of the shutdown, on the monotonic clock
         self._flush_asked = 0
         self._flushed = 0
         self._writer = threading.Thread(target=self._run, name="rmqtrace-export-writer", daemon=True)
@@ -278,7 +280,7 @@ class ChildExportProcessor(SpanProcessor):
 
     def _pump(self) -> None:
         """Write every queued span to the child, starting or restarting it as needed."""
-        while True:
+        while not self._abandoned:
             self._reap_if_dead()
             with self._lock:
                 asked = self._flush_asked
@@ -342,7 +344,7 @@ class ChildExportProcessor(SpanProcessor):
         return resource_list, scope_list, records
 
     def _ensure_child(self) -> _Child | None:
-        if self._child is not None:
+        if self._child is not None or self._abandoned:
             return self._child
         now = time.monotonic()
         if now - self._last_start < self._restart_delay and not (self._closed and not self._closing_started):
@@ -424,13 +426,10 @@ class ChildExportProcessor(SpanProcessor):
         except OSError:
             pass
         try:
-            child.proc.wait(self._stop_timeout)
+            child.proc.wait(max(0.0, self._deadline - time.monotonic()))
         except subprocess.TimeoutExpired:
-            log.warning("rmqtrace: the span export child did not finish within %.0f s of shutdown; stopped",
-                        self._stop_timeout)
+            log.warning("rmqtrace: the span export child did not finish before the shutdown's timeout; stopped")
         self._reap(child, "shutdown")
-
-    _stop_timeout = 30.0
 
     # --- life cycle ---------------------------------------------------------------------------
 
@@ -460,9 +459,17 @@ class ChildExportProcessor(SpanProcessor):
             if self._closed:
                 return
             self._closed = True
-        self._stop_timeout = max(0.0, timeout_millis / 1000)
+        self._deadline = time.monotonic() + max(0.0, timeout_millis / 1000)
         self._wake.set()
-        self._writer.join()
+        self._writer.join(max(0.0, self._deadline - time.monotonic()))
+        if self._writer.is_alive():
+            # blocked writing to a child that stopped reading: stop it (the write then fails), and
+            # count what is still queued as lost rather than start another child now
+            self._abandoned = True
+            child = self._child
+            if child is not None:
+                child.proc.kill()
+            self._writer.join()
         left = len(self._queue)
         self._queue.clear()
         if left:
