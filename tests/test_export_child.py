@@ -227,10 +227,13 @@ def test_the_setting_refuses_what_it_cannot_mean(value: str) -> None:
 
 
 @pytest.mark.parametrize("kw", [{"max_queue_size": 0}, {"max_batch_size": -1}, {"interval_s": float("nan")},
-                                {"restart_delay_s": -1}, {"factory": "no_colon"}])
+                                {"interval_s": 0}, {"interval_s": float("inf")}, {"restart_delay_s": -1},
+                                {"restart_delay_s": 10**400}, {"max_queue_size": 2.5}, {"factory": "no_colon"},
+                                {"drops": 3}])
 def test_arguments_that_cannot_work_are_refused(kw: dict[str, Any]) -> None:
-    with pytest.raises(ValueError):
+    with pytest.raises((ValueError, TypeError)) as info:
         ChildExportProcessor(**kw)
+    assert "\n" not in str(info.value)
 
 
 # -- model: any sequence of ends, stalls, kills and flushes keeps the books ------------------------------------

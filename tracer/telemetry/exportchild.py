@@ -51,6 +51,8 @@ from opentelemetry.sdk.util import BoundedList
 from opentelemetry.sdk.util.instrumentation import InstrumentationScope
 from opentelemetry.trace import Link, SpanContext, SpanKind, Status, StatusCode, TraceFlags, TraceState
 
+from ..callables import require_plain
+
 __all__ = ["ChildExportProcessor", "ChildExportStats", "child_main", "span_from_record", "span_record"]
 
 log = logging.getLogger(__name__)
@@ -176,14 +178,16 @@ class ChildExportProcessor(SpanProcessor):
                  *, drops: Callable[[int], None] | None = None, max_queue_size: int = 2048,
                  max_batch_size: int = 512, interval_s: float = 0.2, restart_delay_s: float = 1.0,
                  env: Mapping[str, str] | None = None) -> None:
+        require_plain(drops, "ChildExportProcessor(drops=...)", optional=True)
         if ":" not in factory:
             raise ValueError(f"factory must be 'module:function', got {factory!r}")
         for name, value in (("max_queue_size", max_queue_size), ("max_batch_size", max_batch_size)):
             if not isinstance(value, int) or isinstance(value, bool) or value < 1:
                 raise ValueError(f"{name} must be an int >= 1, got {value!r}")
-        for name, seconds in (("interval_s", interval_s), ("restart_delay_s", restart_delay_s)):
-            if not (isinstance(seconds, (int, float)) and 0 <= seconds < 3600):
-                raise ValueError(f"{name} must be seconds in [0, 3600), got {seconds!r}")
+        if not (isinstance(interval_s, (int, float)) and 0 < interval_s < 3600):  # 0: the writer would spin
+            raise ValueError(f"interval_s must be seconds in (0, 3600), got {interval_s!r}")
+        if not (isinstance(restart_delay_s, (int, float)) and 0 <= restart_delay_s < 3600):
+            raise ValueError(f"restart_delay_s must be seconds in [0, 3600), got {restart_delay_s!r}")
         self._spec = json.dumps({"factory": factory, "args": dict(factory_args or {})})
         self._drops = drops
         self.max_queue_size = max_queue_size
