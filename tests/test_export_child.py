@@ -14,6 +14,7 @@ import os
 import shutil
 import signal
 import tempfile
+import threading
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -140,6 +141,30 @@ def test_shutdown_with_a_child_that_stopped_reading_returns_and_counts_the_rest_
     st_ = rig.processor.statistics()
     assert st_.exported == 0 and st_.lost == st_.accepted > 0, st_
     rig.check_accounts()
+
+
+def test_spans_ended_while_shutdown_runs_are_each_exported_or_counted(receiver: OtlpReceiver, tmp_path: Path) -> None:
+    rig = Rig(receiver, tmp_path, max_batch_size=32, interval_s=0.01)
+    ended: list[list[int]] = [[] for _ in range(4)]
+    go = threading.Event()
+
+    def worker(mine: list[int]) -> None:
+        go.wait()
+        for i in range(3000):
+            span = rig.tracer.start_span(f"w{i}")
+            span.end()
+            mine.append(span.get_span_context().span_id)
+
+    threads = [threading.Thread(target=worker, args=(e,)) for e in ended]
+    for t in threads:
+        t.start()
+    go.set()
+    rig.processor.shutdown()  # while the four threads end spans
+    for t in threads:
+        t.join()
+    rig.ended = [sid for e in ended for sid in e]
+    rig.check_accounts()  # accepted + dropped == 12 000; accepted == exported + failed + lost
+    assert rig.processor.statistics().lost == 0
 
 
 def test_a_dead_child_is_restarted_and_its_unacknowledged_spans_counted_lost(

@@ -255,20 +255,19 @@ class ChildExportProcessor(SpanProcessor):
         if not span.context.trace_flags.sampled:
             return  # as the batch processor: only sampled spans are exported
         queue = self._queue
-        # len() and append() are each atomic; between them another thread may append too, so the
-        # queue can exceed its size by the number of threads ending spans at that instant
-        if self._closed or len(queue) >= self.max_queue_size:
-            self._count_drop(1)
-            return
-        queue.append(span)
-        if len(queue) >= self._batch and not self._wake.is_set():
-            self._wake.set()  # a lock and a notify: once per batch, not per span while the writer is busy
-
-    def _count_drop(self, n: int) -> None:
+        # under the lock: the bound is exact, and no span slips in after shutdown counted the rest
         with self._lock:
-            self._dropped += n
-        if self._drops is not None:
-            self._drops(n)
+            room = not self._closed and len(queue) < self.max_queue_size
+            if room:
+                queue.append(span)
+                wake = len(queue) >= self._batch
+            else:
+                self._dropped += 1
+        if not room:
+            if self._drops is not None:
+                self._drops(1)
+        elif wake and not self._wake.is_set():
+            self._wake.set()  # a lock and a notify: once per batch, not per span while the writer is busy
 
     # --- the writer thread ---------------------------------------------------------------------
 
