@@ -245,6 +245,19 @@ def test_the_setting_puts_the_exporters_in_a_child(receiver: OtlpReceiver, monke
     assert receiver.resources[0]["service.name"] == "child-setting"
 
 
+def test_the_setting_says_when_a_provider_installed_before_keeps_its_processors(
+        monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture) -> None:
+    from opentelemetry import trace
+
+    installed = TracerProvider()
+    monkeypatch.setattr(trace, "get_tracer_provider", lambda: installed)
+    with caplog.at_level(logging.WARNING, logger="tracer.config"):
+        got = configure_tracing(Settings(export_child=True), set_global=False)
+    assert got is installed
+    assert not installed._active_span_processor._span_processors  # noqa: SLF001 - nothing added
+    assert any("RMQTRACE_EXPORT_CHILD" in r.getMessage() for r in caplog.records)
+
+
 @pytest.mark.parametrize("value", ["yes", "1", "child"])
 def test_the_setting_refuses_what_it_cannot_mean(value: str) -> None:
     with pytest.raises(ValueError, match="RMQTRACE_EXPORT_CHILD"):

@@ -331,6 +331,10 @@ def configure_tracing(settings: Settings, *, set_global: bool = True,
     current = trace.get_tracer_provider()
     if isinstance(current, TracerProvider):
         keep_for(current)  # RMQTRACE_KEEP_* still applies, in front of the processors it has
+        if settings.export_child:
+            log.warning("rmqtrace: RMQTRACE_EXPORT_CHILD is set, but a tracer provider was installed before "
+                        "(opentelemetry-instrument or the application): its span processors are kept as they are; "
+                        "add tracer.telemetry.exportchild.ChildExportProcessor to it yourself")
         return current
     # Resource.create reads OTEL_RESOURCE_ATTRIBUTES and OTEL_SERVICE_NAME and falls back to
     # "unknown_service:<executable>"; only an explicit name is passed on top.
