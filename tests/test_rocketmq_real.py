@@ -465,6 +465,8 @@ def test_broker_bench_runs_every_mode_and_reports_ratios(rmq):
     assert result["compact_over_contrib"] > 0 and len(result["compact_consume_ratios"]) == 1
     assert result["traced_over_untraced"] > 0 and len(result["consume_ratios"]) == 1
     assert result["child_over_untraced"] > 0 and result["produce_child_over_untraced"] > 0
+    # the export child's CPU is read every round (in 10 ms ticks: 60 messages may take less than one)
+    assert len(result["per_round"]["traced_child"]["helper_cpu_us"]) == 1 and result["child_process_cpu_us"] >= 0
     assert result["spans_encoded"] >= 60 * 6  # warm-up included: every message's send + 5 consumer spans
     text = format_broker_bench(result)
     assert "traced/untraced" in text and "OTLP" in text and "compact/contrib" in text and "child process" in text

@@ -260,6 +260,19 @@ class _Mode(NamedTuple):
     tracer: MessageTracer | None
     provider: TracerProvider | None
     wrap: Callable[[Callable[[Any], None]], Callable[[Any], None]] | None = None
+    helper_cpu_s: Callable[[], float] | None = None  # CPU seconds so far of a helper process (the export child)
+
+
+def _process_cpu_s(pid: int | None) -> float:
+    """CPU seconds (user + system) of process ``pid`` so far (Linux ``/proc``; 0 elsewhere or when gone)."""
+    if pid is None:
+        return 0.0
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            fields = f.read().rsplit(")", 1)[1].split()
+    except OSError:
+        return 0.0
+    return (int(fields[11]) + int(fields[12])) / (os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100)
 
 
 class _ContribProducer:
@@ -344,11 +357,12 @@ def _traced_mode(clients: _Clients, exporter: SpanExporter, shape: str = "full")
 def _child_mode(clients: _Clients) -> _Mode:
     """``traced`` (full shape) with the spans exported by a child process that OTLP-encodes them."""
     provider = TracerProvider()
-    provider.add_span_processor(ChildExportProcessor(f"{__name__}:EncodeOnlyExporter", max_queue_size=1 << 16))
+    processor = ChildExportProcessor(f"{__name__}:EncodeOnlyExporter", max_queue_size=1 << 16)
+    provider.add_span_processor(processor)
     return _Mode(TracedProducer(clients.producer, MessageTracer(tracer_provider=provider)),
                  MessageTracer(consumer_group=clients.group, tracer_provider=provider,
                                metrics=TracerMetrics(CollectorRegistry()), trace_shape="full"),
-                 provider)
+                 provider, helper_cpu_s=lambda: _process_cpu_s(processor.child_pid))
 
 
 def _keep_mode(clients: _Clients) -> _Mode:
@@ -369,7 +383,7 @@ def _run_rounds(clients: _Clients, modes: dict[str, _Mode], *, messages: int, ro
     consume throughput (msg/s) and consumer CPU per message (µs) per round and mode."""
     names = list(modes)
     results: dict[str, dict[str, list[float]]] = {
-        m: {"produce": [], "produce_cpu_us": [], "consume": [], "cpu_us": [],
+        m: {"produce": [], "produce_cpu_us": [], "consume": [], "cpu_us": [], "helper_cpu_us": [],
             **{part: [] for part in PARTS}} for m in modes}
     # warm-up: routes, channels, thread pools, the tracers' first spans
     for mode in modes.values():
@@ -378,6 +392,7 @@ def _run_rounds(clients: _Clients, modes: dict[str, _Mode], *, messages: int, ro
     for r in range(rounds):
         for name in names[r % len(names):] + names[:r % len(names)]:
             mode = modes[name]
+            helper0 = mode.helper_cpu_s() if mode.helper_cpu_s is not None else 0.0
             took, cpu = _produce(mode.producer, clients.rmq, clients.topic, messages, f"r{r}", window)
             results[name]["produce"].append(messages / took)
             results[name]["produce_cpu_us"].append(cpu / messages * 1e6)
@@ -390,6 +405,8 @@ def _run_rounds(clients: _Clients, modes: dict[str, _Mode], *, messages: int, ro
             for m in modes.values():
                 if m.provider is not None:
                     m.provider.force_flush()
+            if mode.helper_cpu_s is not None:  # this round's messages, sent and consumed, exported
+                results[name]["helper_cpu_us"].append((mode.helper_cpu_s() - helper0) / messages * 1e6)
         if progress is not None:
             progress(r + 1, rounds)
     return results
@@ -420,6 +437,8 @@ def _summarize(results: dict[str, dict[str, list[float]]]) -> dict[str, Any]:
         "produce_child_over_untraced": statistics.median(ratios("traced_child", "produce")),
         "produce_child_ratios": ratios("traced_child", "produce"),
         "cpu_child_over_untraced": statistics.median(ratios("traced_child", "cpu_us")),
+        # the export child's own CPU a message (its send and consumer spans), beside this process's
+        "child_process_cpu_us": statistics.median(results["traced_child"]["helper_cpu_us"] or [0.0]),
         "produce_cpu_child_over_untraced": statistics.median(ratios("traced_child", "produce_cpu_us")),
         "keep_over_untraced": statistics.median(ratios("traced_keep", "consume")),
         "keep_consume_ratios": ratios("traced_keep", "consume"),
@@ -528,7 +547,8 @@ def format_broker_bench(result: dict[str, Any]) -> str:
         f"full trace exported by a child process (RMQTRACE_EXPORT_CHILD=true): consume "
         f"{m['traced_child']['consume']:.0f} msg/s = {result['child_over_untraced']:.3f} of untraced, produce "
         f"{result['produce_child_over_untraced']:.3f} (target >= {result['target']} for both), CPU of this process "
-        f"per consumed message {result['cpu_child_over_untraced']:.3f}",
+        f"per consumed message {result['cpu_child_over_untraced']:.3f}; the child's own CPU "
+        f"{result['child_process_cpu_us']:.0f} µs a message",
         f"compact trace (RMQTRACE_TRACE_SHAPE=compact): consume {m['traced_compact']['consume']:.0f} msg/s = "
         f"{result['compact_over_untraced']:.3f} of untraced, CPU per consumed message "
         f"{result['cpu_compact_over_untraced']:.3f}",
