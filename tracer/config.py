@@ -159,7 +159,7 @@ class CountingExporter(SpanExporter):
         return result
 
     def shutdown(self) -> None:
-        self.inner.shutdown()  # type: ignore[no-untyped-call]
+        self.inner.shutdown()
 
     def force_flush(self, timeout_millis: int = 30000) -> bool:
         return self.inner.force_flush(timeout_millis)
