@@ -145,6 +145,8 @@ CHECKED: dict[tuple[str, str], Callable[[Callable[..., Any]], object]] = {
     ("tracer.dispatch.aio.AsyncDispatcher", "on_done"): lambda fn: _async_dispatcher(fn, "on_done"),
     ("tracer.testing.traced_pipeline", "handler"): _pipeline,
     ("tracer.telemetry.tracer.MessageTracer", "listeners"): lambda fn: MessageTracer(listeners=[_plain, fn]),
+    ("tracer.telemetry.exportchild.ChildExportProcessor", "drops"):
+        lambda fn: __import__("tracer.telemetry.exportchild", fromlist=["x"]).ChildExportProcessor(drops=fn),
 }
 
 # Checked the other way round: it must be an async def (a plain function would block the loop).
