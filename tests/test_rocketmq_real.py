@@ -457,13 +457,16 @@ def test_broker_bench_runs_every_mode_and_reports_ratios(rmq):
     from tracer.tools.bench.broker import format_broker_bench, run_broker_bench
 
     result = run_broker_bench(messages=60, rounds=1, handler_ms=1.0)
-    for mode in ("untraced", "traced", "traced_otlp", "traced_compact", "traced_keep", "contrib"):
+    for mode in ("untraced", "traced", "traced_otlp", "traced_compact", "traced_child", "traced_keep", "contrib"):
         assert all(v > 0 for v in result["msgs_per_s"][mode].values()), result["msgs_per_s"]
         # the client's I/O thread does the RPCs in every mode: a breakdown that misses it names no thread
         assert result["cpu_breakdown_us"][mode]["client_io"] > 0, result["cpu_breakdown_us"]
     assert result["contrib_over_untraced"] > 0 and result["traced_over_contrib"] > 0
     assert result["compact_over_contrib"] > 0 and len(result["compact_consume_ratios"]) == 1
     assert result["traced_over_untraced"] > 0 and len(result["consume_ratios"]) == 1
+    assert result["child_over_untraced"] > 0 and result["produce_child_over_untraced"] > 0
+    # the export child's CPU is read every round (in 10 ms ticks: 60 messages may take less than one)
+    assert len(result["per_round"]["traced_child"]["helper_cpu_us"]) == 1 and result["child_process_cpu_us"] >= 0
     assert result["spans_encoded"] >= 60 * 6  # warm-up included: every message's send + 5 consumer spans
     text = format_broker_bench(result)
-    assert "traced/untraced" in text and "OTLP" in text and "compact/contrib" in text
+    assert "traced/untraced" in text and "OTLP" in text and "compact/contrib" in text and "child process" in text

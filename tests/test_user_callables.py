@@ -192,6 +192,8 @@ CHECKED: dict[tuple[str, str], Callable[[Callable[..., Any]], object]] = {
     ("tracer.dispatch.aio.AsyncDispatcher", "on_done"): lambda fn: _async_dispatcher(fn, "on_done"),
     ("tracer.testing.traced_pipeline", "handler"): _pipeline,
     ("tracer.telemetry.tracer.MessageTracer", "listeners"): lambda fn: MessageTracer(listeners=[_plain, fn]),
+    ("tracer.telemetry.exportchild.ChildExportProcessor", "drops"):
+        lambda fn: __import__("tracer.telemetry.exportchild", fromlist=["x"]).ChildExportProcessor(drops=fn),
     ("tracer.clients.producer.TracedProducer.send_job", "cost"): lambda fn: _send_job(cost=fn),
     ("tracer.clients.producer.TracedProducer.send_job", "key"): lambda fn: _send_job(key=fn),
     ("tracer.clients.legacy.TracedLegacyProducer.send_job", "cost"): lambda fn: _legacy_send_job(cost=fn),

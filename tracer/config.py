@@ -34,7 +34,7 @@ from .telemetry.metrics import TracerMetrics, multiprocess_dir
 
 __all__ = [
     "EXPORTERS", "PROTOCOLS", "CountingExporter", "CountingSpanProcessor", "DropCounter", "Settings",
-    "configure_tracing", "default_instance_id", "exporter_endpoint", "make_exporters", "serve_metrics",
+    "child_exporters", "configure_tracing", "default_instance_id", "exporter_endpoint", "make_exporters", "serve_metrics",
 ]
 
 log = logging.getLogger(__name__)
@@ -63,6 +63,8 @@ class Settings:
     consumer_group: str = ""  # RMQTRACE_CONSUMER_GROUP: label for wrapped push consumers
     # RMQTRACE_INSTANCE_ID, else service.instance.id from OTEL_RESOURCE_ATTRIBUTES; empty = host:pid
     instance_id: str = ""
+    # RMQTRACE_EXPORT_CHILD=true: the exporters run in a child process (telemetry.exportchild)
+    export_child: bool = False
 
     def __post_init__(self) -> None:
         if self.otlp_protocol not in PROTOCOLS:
@@ -84,6 +86,9 @@ class Settings:
         if port and not port.isdigit():
             raise ValueError(f"RMQTRACE_METRICS_PORT must be a port number, got {port!r}")
         exporters = [x.strip().lower() for x in (e.get("OTEL_TRACES_EXPORTER") or "").split(",") if x.strip()]
+        child = (e.get("RMQTRACE_EXPORT_CHILD") or "").strip().lower()
+        if child not in ("", "true", "false"):
+            raise ValueError(f"RMQTRACE_EXPORT_CHILD must be true or false, got {child!r}")
         return cls(
             service_name=(e.get("OTEL_SERVICE_NAME") or "").strip() or _resource_attribute(e, "service.name")
             or default_service_name,
@@ -97,6 +102,7 @@ class Settings:
             metrics_addr=e.get("RMQTRACE_METRICS_ADDR") or "127.0.0.1",
             consumer_group=e.get("RMQTRACE_CONSUMER_GROUP") or "",
             instance_id=e.get("RMQTRACE_INSTANCE_ID") or _resource_attribute(e, "service.instance.id") or "",
+            export_child=child == "true",
         )
 
 
@@ -153,7 +159,7 @@ class CountingExporter(SpanExporter):
         return result
 
     def shutdown(self) -> None:
-        self.inner.shutdown()  # type: ignore[no-untyped-call]
+        self.inner.shutdown()
 
     def force_flush(self, timeout_millis: int = 30000) -> bool:
         return self.inner.force_flush(timeout_millis)
@@ -268,6 +274,44 @@ def make_exporters(settings: Settings) -> list[SpanExporter]:
     return out  # "none" adds nothing
 
 
+def child_exporters(**fields: object) -> list[SpanExporter]:
+    """The export child's exporters (:mod:`tracer.telemetry.exportchild`): :func:`make_exporters`
+    of the parent's :class:`Settings` fields, built in the child from its (inherited) environment."""
+    return make_exporters(Settings(**fields))  # type: ignore[arg-type]
+
+
+def _child_fields(settings: Settings) -> dict[str, object]:
+    return {"otlp_endpoint": settings.otlp_endpoint, "otlp_protocol": settings.otlp_protocol,
+            "traces_exporter": settings.traces_exporter, "spans_file": settings.spans_file}
+
+
+def _processors(settings: Settings, drops: DropCounter | None) -> list[SpanProcessor]:
+    """One processor per exporter, or with ``export_child`` one that sends every span to the child."""
+    if settings.export_child:
+        if (settings.traces_exporter or "") == "none":
+            return []
+        from .telemetry.exportchild import ChildExportProcessor
+
+        log.info("rmqtrace: spans go to an export child process (RMQTRACE_EXPORT_CHILD), which sends them %s",
+                 f"to {settings.otlp_endpoint}" if settings.otlp_endpoint else "as OTEL_TRACES_EXPORTER says")
+        return [ChildExportProcessor(factory_args=_child_fields(settings), drops=drops or DropCounter(),
+                                     max_queue_size=max(1, _env_int("OTEL_BSP_MAX_QUEUE_SIZE", 2048)),
+                                     max_batch_size=max(1, _env_int("OTEL_BSP_MAX_EXPORT_BATCH_SIZE", 512)))]
+    exporters = make_exporters(settings)
+    for exporter in exporters:
+        endpoint = exporter_endpoint(exporter)
+        if endpoint is not None:
+            # The standard OTel behaviour: OTLP by default, to the SDK's default endpoint when
+            # OTEL_EXPORTER_OTLP_ENDPOINT is unset. Said once, so a missing collector is no mystery.
+            log.info("rmqtrace: spans go by OTLP to %s%s", endpoint,
+                     "" if settings.otlp_endpoint else " (OTEL_EXPORTER_OTLP_ENDPOINT is unset: the SDK's default)")
+    return [
+        CountingSpanProcessor(exporter, drops) if drops is not None
+        else BatchSpanProcessor(CountingExporter(exporter, DropCounter()))
+        for exporter in exporters
+    ]
+
+
 def configure_tracing(settings: Settings, *, set_global: bool = True,
                       drops: DropCounter | None = None, metrics: TracerMetrics | None = None) -> TracerProvider | None:
     """Build an SDK tracer provider for ``settings``, unless one is already installed.
@@ -287,6 +331,10 @@ def configure_tracing(settings: Settings, *, set_global: bool = True,
     current = trace.get_tracer_provider()
     if isinstance(current, TracerProvider):
         keep_for(current)  # RMQTRACE_KEEP_* still applies, in front of the processors it has
+        if settings.export_child:
+            log.warning("rmqtrace: RMQTRACE_EXPORT_CHILD is set, but a tracer provider was installed before "
+                        "(opentelemetry-instrument or the application): its span processors are kept as they are; "
+                        "add tracer.telemetry.exportchild.ChildExportProcessor to it yourself")
         return current
     # Resource.create reads OTEL_RESOURCE_ATTRIBUTES and OTEL_SERVICE_NAME and falls back to
     # "unknown_service:<executable>"; only an explicit name is passed on top.
@@ -294,19 +342,7 @@ def configure_tracing(settings: Settings, *, set_global: bool = True,
     if settings.service_name:
         attrs["service.name"] = settings.service_name
     provider = TracerProvider(resource=Resource.create(attrs))
-    exporters = make_exporters(settings)
-    for exporter in exporters:
-        endpoint = exporter_endpoint(exporter)
-        if endpoint is not None:
-            # The standard OTel behaviour: OTLP by default, to the SDK's default endpoint when
-            # OTEL_EXPORTER_OTLP_ENDPOINT is unset. Said once, so a missing collector is no mystery.
-            log.info("rmqtrace: spans go by OTLP to %s%s", endpoint,
-                     "" if settings.otlp_endpoint else " (OTEL_EXPORTER_OTLP_ENDPOINT is unset: the SDK's default)")
-    processors: list[SpanProcessor] = [
-        CountingSpanProcessor(exporter, drops) if drops is not None
-        else BatchSpanProcessor(CountingExporter(exporter, DropCounter()))
-        for exporter in exporters
-    ]
+    processors = _processors(settings, drops)
     keep = KeepPolicy.from_env()  # RMQTRACE_KEEP_*: decide again at handler end (telemetry.keep)
     if keep is not None and processors:  # OTEL_TRACES_EXPORTER=none: nothing exported, nothing to keep
         # spans the hold loses (bounds, age, shutdown) count with the export losses

@@ -64,6 +64,7 @@ from opentelemetry.sdk.trace.id_generator import IdGenerator
 from opentelemetry.trace import SpanContext, TraceFlags, TraceState
 
 from ..path.clock import MonoNs, MonotonicClock, default_clock, require_clock, shared_clock
+from ..path.propagation import span_context
 
 __all__ = ["DROP_REASONS", "HoldStats", "HoldingSpanProcessor"]
 
@@ -273,7 +274,7 @@ class HoldingSpanProcessor(SpanProcessor):
         ``running``: its handler runs now; it is not aged until :meth:`ran`."""
         high = ids.generate_trace_id() >> 32
         trace_id = (high << 32) | (hash((high, self._salt)) & _LOW32)
-        ctx = SpanContext(trace_id, ids.generate_span_id(), False, _SAMPLED, trace_state)
+        ctx = span_context(trace_id, ids.generate_span_id(), False, _SAMPLED, trace_state)
         self._hold(trace_id, True, running)
         return ctx
 

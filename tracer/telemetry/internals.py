@@ -28,7 +28,21 @@ OTEL_SDK = "opentelemetry-sdk >=1.25, tested 1.45"
 ROCKETMQ = "rocketmq-python-client 5.1.2"
 LEGACY = "rocketmq-client-python 2.0.0 (librocketmq 2.x)"
 
+# The export child reads a finished span's fields, not its properties (which copy events, links and
+# attributes), once per exported span under the consumer's GIL.
+_SPAN_FIELDS = "none: RMQTRACE_EXPORT_CHILD needs it (off by default); tests/test_layers.py names the missing one"
+
 INTERNALS: tuple[Internal, ...] = (
+    Internal("opentelemetry.sdk.trace.ReadableSpan", "_name", False, OTEL_SDK, _SPAN_FIELDS),
+    Internal("opentelemetry.sdk.trace.ReadableSpan", "_context", False, OTEL_SDK, _SPAN_FIELDS),
+    Internal("opentelemetry.sdk.trace.ReadableSpan", "_parent", False, OTEL_SDK, _SPAN_FIELDS),
+    Internal("opentelemetry.sdk.trace.ReadableSpan", "_kind", False, OTEL_SDK, _SPAN_FIELDS),
+    Internal("opentelemetry.sdk.trace.ReadableSpan", "_start_time", False, OTEL_SDK, _SPAN_FIELDS),
+    Internal("opentelemetry.sdk.trace.ReadableSpan", "_end_time", False, OTEL_SDK, _SPAN_FIELDS),
+    Internal("opentelemetry.sdk.trace.ReadableSpan", "_attributes", False, OTEL_SDK, _SPAN_FIELDS),
+    Internal("opentelemetry.sdk.trace.ReadableSpan", "_events", False, OTEL_SDK, _SPAN_FIELDS),
+    Internal("opentelemetry.sdk.trace.ReadableSpan", "_links", False, OTEL_SDK, _SPAN_FIELDS),
+    Internal("opentelemetry.sdk.trace.ReadableSpan", "_status", False, OTEL_SDK, _SPAN_FIELDS),
     Internal("opentelemetry.sdk.trace.TracerProvider", "_active_span_processor", False, OTEL_SDK,
              "the hold and the abandon hook are added with add_span_processor (after the exporters)"),
     Internal("opentelemetry.sdk.trace.SynchronousMultiSpanProcessor", "_span_processors", True, OTEL_SDK,

@@ -56,6 +56,7 @@ from opentelemetry.trace import (
 from opentelemetry.util.types import Attributes, AttributeValue
 
 from ..path.names import SCHEMA_URL
+from ..path.propagation import span_context
 from ..version import __version__
 
 __all__ = ["SCOPE", "DeferredSpan", "SpanWriter", "add_own_attributes", "exception_attributes", "record_error",
@@ -194,8 +195,8 @@ class SpanWriter:
             decision, trace_state, result_attrs = result.decision, result.trace_state, result.attributes
         if decision is _DROP and not dropped_context:
             return INVALID_SPAN_CONTEXT, None
-        ctx = SpanContext(trace_id, self._ids.generate_span_id(), False,
-                          _NEW_FLAGS[decision is _SAMPLE, bool(random_id)], trace_state)
+        ctx = span_context(trace_id, self._ids.generate_span_id(), False,
+                           _NEW_FLAGS[decision is _SAMPLE, bool(random_id)], trace_state)
         if decision is _DROP:
             return ctx, None
         return ctx, dict(result_attrs or {})
@@ -207,8 +208,8 @@ class SpanWriter:
         return table[remote][sampled] if table is not None else None
 
     def child_context(self, parent: SpanContext) -> SpanContext:
-        return SpanContext(parent.trace_id, self._ids.generate_span_id(), False, parent.trace_flags,
-                           parent.trace_state)
+        return span_context(parent.trace_id, self._ids.generate_span_id(), False, parent.trace_flags,
+                            parent.trace_state)
 
     def start(self, name: str, kind: SpanKind, parent_ctx: Context, start_ns: int, attributes: dict[str, Any],
               links: Sequence[Link] = ()) -> Span:

@@ -1,7 +1,7 @@
 """Throughput on the real broker, traced against untraced, in the same run.
 
 Needs the local RocketMQ 5 (``services/rocketmq/rmq.sh start``, proxy gRPC ``127.0.0.1:8081``)
-and ``rocketmq-python-client``. One topic and one consumer group are created for the run. Six
+and ``rocketmq-python-client``. One topic and one consumer group are created for the run. Seven
 modes run in every round, in a rotating order (so a drift of the shared machine hits all alike):
 
 - ``untraced``: a plain ``Producer`` and ``ConsumeLoop(tracer=None)``;
@@ -16,6 +16,10 @@ modes run in every round, in a rotating order (so a drift of the shared machine 
   baseline a user compares a tracer with; rmqtrace's figures are also given against it);
 - ``traced_compact``: ``traced`` with the compact trace shape (one ``process`` span per message,
   the gaps as its attributes: ``RMQTRACE_TRACE_SHAPE=compact``), against ``contrib`` span for span;
+- ``traced_child``: ``traced`` with its spans exported through a child process
+  (:class:`~tracer.telemetry.exportchild.ChildExportProcessor`, ``RMQTRACE_EXPORT_CHILD=true``),
+  the child encoding every batch to OTLP protobuf bytes and dropping them, as ``traced_otlp`` does
+  in the process: what the consumer keeps of the export's cost when the export leaves its GIL;
 - ``traced_keep``: histograms for every message, head sampling at 1 %
   (``parentbased_traceidratio``) and a :class:`~tracer.telemetry.keep.KeepPolicy` behind a
   :class:`~tracer.telemetry.hold.HoldingSpanProcessor` on the consumer (thresholds no bench
@@ -55,6 +59,7 @@ from prometheus_client import CollectorRegistry
 
 from ...clients.consume import ConsumeLoop
 from ...clients.producer import TracedProducer
+from ...telemetry.exportchild import ChildExportProcessor
 from ...telemetry.futures import future_error
 from ...telemetry.hold import HoldingSpanProcessor
 from ...telemetry.keep import KeepPolicy
@@ -62,7 +67,7 @@ from ...telemetry.metrics import TracerMetrics
 from ...telemetry.tracer import MessageTracer
 from . import DropExporter, client_version, contrib_process, loadavg, rmq_admin
 
-__all__ = ["format_broker_bench", "main", "run_broker_bench", "run_cli"]
+__all__ = ["EncodeOnlyExporter", "format_broker_bench", "main", "run_broker_bench", "run_cli"]
 
 ENDPOINT = "127.0.0.1:8081"
 DEFAULT_MESSAGES = 500
@@ -70,7 +75,7 @@ DEFAULT_ROUNDS = 15
 TARGET = 0.95
 
 
-class _EncodeOnlyExporter(SpanExporter):
+class EncodeOnlyExporter(SpanExporter):
     """Encodes every batch to OTLP protobuf bytes, as the OTLP exporter does, and drops them."""
 
     def __init__(self) -> None:
@@ -144,7 +149,7 @@ def _role(name: str | None) -> str:
         return "loop_workers"
     if name.startswith("rmqtrace-ack"):
         return "loop_acks"
-    if name.startswith("OtelBatch"):
+    if name.startswith(("OtelBatch", "rmqtrace-export")):
         return "exporter"
     if name == "MainThread":
         return "main"
@@ -257,6 +262,19 @@ class _Mode(NamedTuple):
     tracer: MessageTracer | None
     provider: TracerProvider | None
     wrap: Callable[[Callable[[Any], None]], Callable[[Any], None]] | None = None
+    helper_cpu_s: Callable[[], float] | None = None  # CPU seconds so far of a helper process (the export child)
+
+
+def _process_cpu_s(pid: int | None) -> float:
+    """CPU seconds (user + system) of process ``pid`` so far (Linux ``/proc``; 0 elsewhere or when gone)."""
+    if pid is None:
+        return 0.0
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            fields = f.read().rsplit(")", 1)[1].split()
+    except OSError:
+        return 0.0
+    return (int(fields[11]) + int(fields[12])) / (os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100)
 
 
 class _ContribProducer:
@@ -338,6 +356,17 @@ def _traced_mode(clients: _Clients, exporter: SpanExporter, shape: str = "full")
                  provider)
 
 
+def _child_mode(clients: _Clients) -> _Mode:
+    """``traced`` (full shape) with the spans exported by a child process that OTLP-encodes them."""
+    provider = TracerProvider()
+    processor = ChildExportProcessor(f"{__name__}:EncodeOnlyExporter", max_queue_size=1 << 16)
+    provider.add_span_processor(processor)
+    return _Mode(TracedProducer(clients.producer, MessageTracer(tracer_provider=provider)),
+                 MessageTracer(consumer_group=clients.group, tracer_provider=provider,
+                               metrics=TracerMetrics(CollectorRegistry()), trace_shape="full"),
+                 provider, helper_cpu_s=lambda: _process_cpu_s(processor.child_pid))
+
+
 def _keep_mode(clients: _Clients) -> _Mode:
     """Head sampling at 1 %, the keep policy deciding the rest on the consumer (see the module doc)."""
     provider = TracerProvider(sampler=ParentBased(TraceIdRatioBased(0.01)))
@@ -356,7 +385,7 @@ def _run_rounds(clients: _Clients, modes: dict[str, _Mode], *, messages: int, ro
     consume throughput (msg/s) and consumer CPU per message (µs) per round and mode."""
     names = list(modes)
     results: dict[str, dict[str, list[float]]] = {
-        m: {"produce": [], "produce_cpu_us": [], "consume": [], "cpu_us": [],
+        m: {"produce": [], "produce_cpu_us": [], "consume": [], "cpu_us": [], "helper_cpu_us": [],
             **{part: [] for part in PARTS}} for m in modes}
     # warm-up: routes, channels, thread pools, the tracers' first spans
     for mode in modes.values():
@@ -365,6 +394,7 @@ def _run_rounds(clients: _Clients, modes: dict[str, _Mode], *, messages: int, ro
     for r in range(rounds):
         for name in names[r % len(names):] + names[:r % len(names)]:
             mode = modes[name]
+            helper0 = mode.helper_cpu_s() if mode.helper_cpu_s is not None else 0.0
             took, cpu = _produce(mode.producer, clients.rmq, clients.topic, messages, f"r{r}", window)
             results[name]["produce"].append(messages / took)
             results[name]["produce_cpu_us"].append(cpu / messages * 1e6)
@@ -377,6 +407,8 @@ def _run_rounds(clients: _Clients, modes: dict[str, _Mode], *, messages: int, ro
             for m in modes.values():
                 if m.provider is not None:
                     m.provider.force_flush()
+            if mode.helper_cpu_s is not None:  # this round's messages, sent and consumed, exported
+                results[name]["helper_cpu_us"].append((mode.helper_cpu_s() - helper0) / messages * 1e6)
         if progress is not None:
             progress(r + 1, rounds)
     return results
@@ -402,6 +434,14 @@ def _summarize(results: dict[str, dict[str, list[float]]]) -> dict[str, Any]:
         "compact_over_untraced": statistics.median(ratios("traced_compact", "consume")),
         "compact_consume_ratios": ratios("traced_compact", "consume"),
         "cpu_compact_over_untraced": statistics.median(ratios("traced_compact", "cpu_us")),
+        "child_over_untraced": statistics.median(ratios("traced_child", "consume")),
+        "child_consume_ratios": ratios("traced_child", "consume"),
+        "produce_child_over_untraced": statistics.median(ratios("traced_child", "produce")),
+        "produce_child_ratios": ratios("traced_child", "produce"),
+        "cpu_child_over_untraced": statistics.median(ratios("traced_child", "cpu_us")),
+        # the export child's own CPU a message (its send and consumer spans), beside this process's
+        "child_process_cpu_us": statistics.median(results["traced_child"]["helper_cpu_us"] or [0.0]),
+        "produce_cpu_child_over_untraced": statistics.median(ratios("traced_child", "produce_cpu_us")),
         "keep_over_untraced": statistics.median(ratios("traced_keep", "consume")),
         "keep_consume_ratios": ratios("traced_keep", "consume"),
         "produce_keep_over_untraced": statistics.median(ratios("traced_keep", "produce")),
@@ -435,11 +475,12 @@ def run_broker_bench(messages: int = DEFAULT_MESSAGES, handler_ms: float = 1.0, 
                      progress: Callable[[int, int], None] | None = None) -> dict[str, Any]:
     """Traced vs untraced produce and consume throughput on the real broker (see the module doc)."""
     clients = _open_clients(_client(), endpoint)
-    encoder = _EncodeOnlyExporter()
+    encoder = EncodeOnlyExporter()
     modes = {"untraced": _Mode(clients.producer, None, None),
              "traced": _traced_mode(clients, DropExporter()),
              "traced_otlp": _traced_mode(clients, encoder),
              "traced_compact": _traced_mode(clients, DropExporter(), "compact"),
+             "traced_child": _child_mode(clients),
              "traced_keep": _keep_mode(clients),
              "contrib": _contrib_mode(clients)}
     load_before = loadavg()
@@ -505,6 +546,11 @@ def format_broker_bench(result: dict[str, Any]) -> str:
         f"{result['contrib_over_untraced']:.3f} of untraced, produce {result['produce_contrib_over_untraced']:.3f}; "
         f"rmqtrace traced/contrib = {result['traced_over_contrib']:.3f}, compact/contrib = "
         f"{result['compact_over_contrib']:.3f}, keep/contrib = {result['keep_over_contrib']:.3f}",
+        f"full trace exported by a child process (RMQTRACE_EXPORT_CHILD=true): consume "
+        f"{m['traced_child']['consume']:.0f} msg/s = {result['child_over_untraced']:.3f} of untraced, produce "
+        f"{result['produce_child_over_untraced']:.3f} (target >= {result['target']} for both), CPU of this process "
+        f"per consumed message {result['cpu_child_over_untraced']:.3f}; the child's own CPU "
+        f"{result['child_process_cpu_us']:.0f} µs a message",
         f"compact trace (RMQTRACE_TRACE_SHAPE=compact): consume {m['traced_compact']['consume']:.0f} msg/s = "
         f"{result['compact_over_untraced']:.3f} of untraced, CPU per consumed message "
         f"{result['cpu_compact_over_untraced']:.3f}",

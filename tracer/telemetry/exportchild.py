@@ -1,0 +1,566 @@
+"""Span export in a child process: the OTLP encoding and sending off the consumer's GIL.
+
+:class:`ChildExportProcessor` is a span processor. ``on_end`` appends the finished span (already
+written once, at its end) to a bounded in-process queue and returns; when the queue is full it
+drops the span and counts it — it never waits, so a slow or dead backend never blocks a handler.
+One thread (``rmqtrace-export-writer``) takes the queued spans in batches, turns each into a
+plain tuple (:func:`span_record`) and writes the batch, ``marshal``-ed, to a child process's stdin;
+the pipe write releases the GIL. The child (``python -m tracer.telemetry.exportchild``) rebuilds
+the spans as SDK ``ReadableSpan`` objects and hands them to its exporters (the OTLP one by
+default, built in the child from the same ``OTEL_*`` environment), then acknowledges the batch on
+its stdout: how many spans were exported and how many failed. A reader thread
+(``rmqtrace-export-acks``) records the acknowledgements.
+
+Every span ``on_end`` accepted ends in exactly one of: ``exported`` (the child's exporter said
+success), ``failed`` (the child's exporter said failure), ``lost`` (the child died, or could not be
+started, while the span was on its way or unacknowledged: the whole unacknowledged batch counts,
+even the part the child may have sent before it died) or, if :meth:`shutdown` runs out of time,
+``lost`` too. Spans refused at a full queue or after shutdown are ``dropped``. Every one but the
+exported is also added to the ``drops`` counter (``rmqtrace_spans_dropped_total`` when built by
+:func:`tracer.config.configure_tracing`). A dead child is logged (a warning per death) and
+started again at the next batch, no sooner than ``restart_delay_s`` after the previous start.
+
+Frames on the child's stdin: a 4-byte big-endian length, then ``marshal.dumps((seq, resources,
+scopes, records))``; length 0 asks the child to flush, shut its exporters down and exit. Lines on
+its stdout: ``seq exported failed``.
+"""
+
+from __future__ import annotations
+
+import importlib
+import json
+import logging
+import marshal
+import os
+import struct
+import subprocess
+import sys
+import threading
+import time
+import weakref
+from collections import deque
+from pathlib import Path
+from typing import IO, Any, Callable, Mapping, Sequence
+
+from opentelemetry.attributes import BoundedAttributes
+from opentelemetry.context import Context
+from opentelemetry.sdk.resources import Resource
+from opentelemetry.sdk.trace import Event, ReadableSpan, Span, SpanProcessor
+from opentelemetry.sdk.trace.export import SpanExporter, SpanExportResult
+from opentelemetry.sdk.util import BoundedList
+from opentelemetry.sdk.util.instrumentation import InstrumentationScope
+from opentelemetry.trace import Link, SpanContext, SpanKind, Status, StatusCode, TraceFlags, TraceState
+
+from ..callables import require_plain
+
+__all__ = ["ChildExportProcessor", "ChildExportStats", "child_main", "span_from_record", "span_record"]
+
+log = logging.getLogger(__name__)
+
+_LEN = struct.Struct(">I")
+_PACKAGE_ROOT = str(Path(__file__).resolve().parents[2])  # the directory holding the tracer package
+
+
+def _attrs(values: Any) -> dict[str, Any]:
+    if not values:
+        return {}
+    return values if type(values) is dict else dict(values)
+
+
+def _dropped(values: Any) -> int:
+    return int(getattr(values, "dropped", 0) or 0)
+
+
+def _event(e: Event) -> tuple[Any, ...]:
+    return (e.name, e.timestamp, _attrs(e.attributes), _dropped(e.attributes))
+
+
+def _link(lk: Link) -> tuple[Any, ...]:
+    c = lk.context
+    return (c[0], c[1], int(c[3]), c[2], c[4].to_header() if c[4] else "", _attrs(lk.attributes),
+            _dropped(lk.attributes))
+
+
+def span_record(span: ReadableSpan, resource_ix: int, scope_ix: int) -> tuple[Any, ...]:
+    """``span`` as a tuple of marshal-able values (``resource_ix``/``scope_ix``: its resource's and
+    scope's places in the batch's tables). Read from the SDK span's fields, not its properties
+    (which copy events, links and attributes): this runs once per exported span, under the GIL."""
+    ctx = span._context  # a SpanContext is a tuple: trace_id, span_id, is_remote, flags, state, valid
+    parent = span._parent
+    status = span._status
+    attrs = span._attributes
+    events = span._events
+    links = span._links
+    return (
+        span._name, ctx[0], ctx[1], int(ctx[3]), ctx[4].to_header() if ctx[4] else "",  # type: ignore[index]
+        parent[1] if parent is not None else 0, bool(parent is not None and parent[2]),
+        span._kind.value, span._start_time, span._end_time, _attrs(attrs),
+        tuple(map(_event, events)) if events else (), tuple(map(_link, links)) if links else (),
+        status.status_code.value, status.description, resource_ix, scope_ix,
+        attrs.dropped if isinstance(attrs, BoundedAttributes) else 0,
+        events.dropped if isinstance(events, BoundedList) else 0,
+        links.dropped if isinstance(links, BoundedList) else 0,
+    )
+
+
+class _Replayed(ReadableSpan):
+    """A span rebuilt in the child, with the dropped counts the parent's span had."""
+
+    def __init__(self, dropped: tuple[int, int, int], **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        self._dropped_counts = dropped
+
+    @property
+    def dropped_attributes(self) -> int:
+        return self._dropped_counts[0]
+
+    @property
+    def dropped_events(self) -> int:
+        return self._dropped_counts[1]
+
+    @property
+    def dropped_links(self) -> int:
+        return self._dropped_counts[2]
+
+
+def _state(header: str) -> TraceState | None:
+    return TraceState.from_header([header]) if header else None
+
+
+def span_from_record(record: Sequence[Any], resources: Sequence[Resource],
+                     scopes: Sequence[InstrumentationScope]) -> ReadableSpan:
+    """The ``ReadableSpan`` :func:`span_record` was made from (same fields an exporter reads)."""
+    (name, trace_id, span_id, flags, state, parent_id, parent_remote, kind, start, end, attributes, events,
+     links, code, description, resource_ix, scope_ix, d_attrs, d_events, d_links) = record
+    context = SpanContext(trace_id, span_id, False, TraceFlags(flags), _state(state))
+    parent = SpanContext(trace_id, parent_id, parent_remote, TraceFlags(flags)) if parent_id else None
+    return _Replayed(
+        (d_attrs, d_events, d_links), name=name, context=context, parent=parent, resource=resources[resource_ix],
+        attributes=attributes, events=[Event(n, a, timestamp=t) for n, t, a, _d in events],
+        links=[Link(SpanContext(t, s, r, TraceFlags(f), _state(ts)), a) for t, s, f, r, ts, a, _d in links],
+        kind=SpanKind(kind), status=Status(StatusCode(code), description), start_time=start, end_time=end,
+        instrumentation_scope=scopes[scope_ix])
+
+
+class ChildExportStats:
+    """What happened to the spans ``on_end`` saw (see the module doc); a snapshot."""
+
+    __slots__ = ("accepted", "dropped", "exported", "failed", "lost", "restarts", "queued", "unacknowledged")
+
+    def __init__(self, **values: int) -> None:
+        for k in self.__slots__:
+            setattr(self, k, values.get(k, 0))
+
+    def __repr__(self) -> str:
+        return "ChildExportStats(" + ", ".join(f"{k}={getattr(self, k)}" for k in self.__slots__) + ")"
+
+
+class _Child:
+    """One running child: the process and its acknowledgements."""
+
+    def __init__(self, proc: subprocess.Popen[bytes]) -> None:
+        self.proc = proc
+        self.inflight: dict[int, int] = {}  # seq -> spans, written and not yet acknowledged
+        self.reader: threading.Thread | None = None
+
+
+class ChildExportProcessor(SpanProcessor):
+    """Hands finished sampled spans to an exporter running in a child process (module doc).
+
+    ``factory`` names the child's exporters as ``"module:function"``; the child calls
+    ``function(**factory_args)`` and gets an exporter or a list of them (the default builds what
+    ``OTEL_TRACES_EXPORTER`` and ``OTEL_EXPORTER_OTLP_*`` ask for, as
+    :func:`tracer.config.make_exporters` does). ``env`` is the child's environment (default: this
+    process's). ``drops`` is called with the number of every span not exported.
+    """
+
+    def __init__(self, factory: str = "tracer.config:child_exporters", factory_args: Mapping[str, Any] | None = None,
+                 *, drops: Callable[[int], None] | None = None, max_queue_size: int = 2048,
+                 max_batch_size: int = 512, interval_s: float = 0.2, restart_delay_s: float = 1.0,
+                 env: Mapping[str, str] | None = None) -> None:
+        require_plain(drops, "ChildExportProcessor(drops=...)", optional=True)
+        if ":" not in factory:
+            raise ValueError(f"factory must be 'module:function', got {factory!r}")
+        for name, value in (("max_queue_size", max_queue_size), ("max_batch_size", max_batch_size)):
+            if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+                raise ValueError(f"{name} must be an int >= 1, got {value!r}")
+        if not (isinstance(interval_s, (int, float)) and 0 < interval_s < 3600):  # 0: the writer would spin
+            raise ValueError(f"interval_s must be seconds in (0, 3600), got {interval_s!r}")
+        if not (isinstance(restart_delay_s, (int, float)) and 0 <= restart_delay_s < 3600):
+            raise ValueError(f"restart_delay_s must be seconds in [0, 3600), got {restart_delay_s!r}")
+        self._spec = json.dumps({"factory": factory, "args": dict(factory_args or {})})
+        self._drops = drops
+        self.max_queue_size = max_queue_size
+        self._batch = max_batch_size
+        self._interval = float(interval_s)
+        self._restart_delay = float(restart_delay_s)
+        env = dict(os.environ if env is None else env)
+        env["PYTHONPATH"] = os.pathsep.join(p for p in (_PACKAGE_ROOT, env.get("PYTHONPATH")) if p)
+        self._env = env
+        self._queue: deque[ReadableSpan] = deque()
+        self._wake = threading.Event()
+        self._lock = threading.Lock()  # the counters and the current child's inflight table
+        self._acked = threading.Condition(self._lock)
+        self._closed = False
+        self._seq = 0
+        self._taken = 0  # spans the writer took from the queue
+        self._dropped = 0
+        self._exported = 0
+        self._failed = 0
+        self._lost = 0
+        self._restarts = 0
+        self._child: _Child | None = None
+        self._last_start = -float("inf")
+        self._closing_started = False
+        self._abandoned = False  # shutdown ran out of time: write nothing more
+        self._deadline = float("inf")  # of the shutdown, on the monotonic clock
+        self._flush_asked = 0
+        self._flushed = 0
+        self._writer = threading.Thread(target=self._run, name="rmqtrace-export-writer", daemon=True)
+        self._writer.start()
+        if hasattr(os, "register_at_fork"):  # a worker forked after set-up (gunicorn's preload) exports too
+            method = weakref.WeakMethod(self._after_fork)
+            os.register_at_fork(after_in_child=lambda: _call_if_alive(method))
+
+    def _after_fork(self) -> None:
+        """In a forked process: the parent's child, queue and threads are the parent's. Close
+        this copy's ends of the parent's pipes (the parent's child must see the parent's EOF
+        only), forget the spans queued before the fork (the parent exports them), start afresh."""
+        inherited, self._child = self._child, None
+        if inherited is not None:
+            for stream in (inherited.proc.stdin, inherited.proc.stdout):
+                if stream is not None:
+                    try:
+                        os.close(stream.fileno())
+                    except (OSError, ValueError):
+                        pass
+        self._queue = deque()
+        self._wake = threading.Event()
+        self._lock = threading.Lock()  # a thread of the parent may have held it at the fork
+        self._acked = threading.Condition(self._lock)
+        self._seq = self._taken = self._dropped = self._exported = self._failed = self._lost = 0
+        self._restarts = self._flush_asked = self._flushed = 0
+        self._last_start = -float("inf")
+        self._closing_started = False
+        self._writer = threading.Thread(target=self._run, name="rmqtrace-export-writer", daemon=True)
+        if not self._closed:
+            self._writer.start()
+
+    # --- the consumer's side: never waits --------------------------------------------------
+
+    def on_start(self, span: Span, parent_context: Context | None = None) -> None:
+        pass
+
+    def on_end(self, span: ReadableSpan) -> None:
+        if not span.context.trace_flags.sampled:
+            return  # as the batch processor: only sampled spans are exported
+        queue = self._queue
+        # under the lock: the bound is exact, and no span slips in after shutdown counted the rest
+        with self._lock:
+            room = not self._closed and len(queue) < self.max_queue_size
+            if room:
+                queue.append(span)
+                wake = len(queue) >= self._batch
+            else:
+                self._dropped += 1
+        if not room:
+            if self._drops is not None:
+                self._drops(1)
+        elif wake and not self._wake.is_set():
+            self._wake.set()  # a lock and a notify: once per batch, not per span while the writer is busy
+
+    # --- the writer thread ---------------------------------------------------------------------
+
+    def _run(self) -> None:
+        while True:
+            self._wake.wait(self._interval)
+            self._wake.clear()
+            closing = self._closed
+            self._pump()
+            if closing:
+                break
+        self._stop_child()
+
+    def _pump(self) -> None:
+        """Write every queued span to the child, starting or restarting it as needed."""
+        while not self._abandoned:
+            self._reap_if_dead()
+            with self._lock:
+                asked = self._flush_asked
+            if not self._queue:
+                with self._lock:
+                    self._flushed = max(self._flushed, asked)
+                    self._acked.notify_all()
+                return
+            child = self._ensure_child()
+            if child is None:
+                return  # not yet restartable: the queue keeps filling, and drops at its bound
+            spans = []
+            popleft = self._queue.popleft
+            try:
+                for _ in range(self._batch):
+                    spans.append(popleft())
+            except IndexError:
+                pass
+            with self._lock:
+                self._taken += len(spans)
+                self._seq += 1
+                seq = self._seq
+            try:
+                payload = marshal.dumps((seq, *self._encode(spans)))
+            except (ValueError, TypeError, AttributeError):  # a span the SDK would not have built
+                log.warning("rmqtrace: %d span(s) could not be encoded for the export child; counted as failed",
+                            len(spans), exc_info=True)
+                with self._lock:
+                    self._failed += len(spans)
+                if self._drops is not None:
+                    self._drops(len(spans))
+                continue
+            with self._lock:
+                child.inflight[seq] = len(spans)
+            try:
+                assert child.proc.stdin is not None
+                os.write(child.proc.stdin.fileno(), _LEN.pack(len(payload)))
+                _write_all(child.proc.stdin.fileno(), payload)
+            except OSError:  # the child died (EPIPE) or its stdin was closed by a stop
+                self._reap(child, "its stdin closed")
+
+    def _encode(self, spans: list[ReadableSpan]) -> tuple[list[Any], list[Any], list[Any]]:
+        resources: dict[int, int] = {}
+        scopes: dict[int, int] = {}
+        resource_list: list[Any] = []
+        scope_list: list[Any] = []
+        records = []
+        for span in spans:
+            res = span.resource
+            rix = resources.get(id(res))
+            if rix is None:
+                rix = resources[id(res)] = len(resource_list)
+                resource_list.append((_attrs(res.attributes), res.schema_url))
+            scope = span.instrumentation_scope
+            six = scopes.get(id(scope))
+            if six is None:
+                six = scopes[id(scope)] = len(scope_list)
+                scope_list.append((scope.name, scope.version, scope.schema_url, _attrs(scope.attributes))
+                                  if scope is not None else None)
+            records.append(span_record(span, rix, six))
+        return resource_list, scope_list, records
+
+    def _ensure_child(self) -> _Child | None:
+        if self._child is not None or self._abandoned:
+            return self._child
+        now = time.monotonic()
+        if now - self._last_start < self._restart_delay and not (self._closed and not self._closing_started):
+            return None
+        self._closing_started = self._closed  # at close, one start ignores the delay: the queue is flushed
+        self._last_start = now
+        try:
+            proc = subprocess.Popen([sys.executable, "-m", __name__, self._spec], stdin=subprocess.PIPE,
+                                    stdout=subprocess.PIPE, env=self._env)
+        except OSError as exc:
+            log.warning("rmqtrace: the span export child could not start (%s); spans queue meanwhile, "
+                        "up to %d, and drop beyond (counted)", exc, self.max_queue_size)
+            return None
+        child = _Child(proc)
+        child.reader = threading.Thread(target=self._read_acks, args=(child,), name="rmqtrace-export-acks",
+                                        daemon=True)
+        child.reader.start()
+        self._child = child
+        return child
+
+    def _read_acks(self, child: _Child) -> None:
+        assert child.proc.stdout is not None
+        for line in child.proc.stdout:
+            try:
+                seq, ok, failed = (int(x) for x in line.split())
+            except ValueError:
+                continue
+            with self._lock:
+                child.inflight.pop(seq, None)
+                self._exported += ok
+                self._failed += failed
+                self._acked.notify_all()
+            if failed and self._drops is not None:
+                self._drops(failed)
+
+    def _reap_if_dead(self) -> None:
+        child = self._child
+        if child is not None and child.proc.poll() is not None:
+            self._reap(child, f"exit status {child.proc.returncode}")
+
+    def _reap(self, child: _Child, why: str) -> None:
+        """The child is gone: read its last acknowledgements, count the rest as lost, forget it."""
+        if child.proc.poll() is None:
+            child.proc.kill()
+        child.proc.wait()
+        if child.reader is not None:
+            child.reader.join()
+        if child.proc.stdin is not None:
+            try:
+                child.proc.stdin.close()
+            except OSError:
+                pass
+        with self._lock:
+            lost = sum(child.inflight.values())
+            child.inflight.clear()
+            self._lost += lost
+            if not self._closed:
+                self._restarts += 1
+            self._acked.notify_all()
+        self._child = None
+        if lost and self._drops is not None:
+            self._drops(lost)
+        if not self._closed:
+            log.warning("rmqtrace: the span export child %d died (%s) with %d span(s) unacknowledged, counted "
+                        "as lost; it is started again at the next batch", child.proc.pid, why, lost)
+        elif lost:
+            log.warning("rmqtrace: the span export child %d ended (%s) with %d span(s) unacknowledged, counted "
+                        "as lost", child.proc.pid, why, lost)
+
+    def _stop_child(self) -> None:
+        """Ask the child to flush and exit (a zero-length frame), then count what it never acknowledged."""
+        child = self._child
+        if child is None:
+            return
+        try:
+            assert child.proc.stdin is not None
+            os.write(child.proc.stdin.fileno(), _LEN.pack(0))
+            child.proc.stdin.close()
+        except OSError:
+            pass
+        try:
+            child.proc.wait(max(0.0, self._deadline - time.monotonic()))
+        except subprocess.TimeoutExpired:
+            log.warning("rmqtrace: the span export child did not finish before the shutdown's timeout; stopped")
+        self._reap(child, "shutdown")
+
+    # --- life cycle ---------------------------------------------------------------------------
+
+    def force_flush(self, timeout_millis: int = 30000) -> bool:
+        """Wait until every span queued before the call is acknowledged by the child (or counted lost)."""
+        deadline = time.monotonic() + timeout_millis / 1000
+        with self._lock:
+            if self._closed:
+                return False
+            self._flush_asked += 1
+            ticket = self._flush_asked
+        self._wake.set()
+        with self._lock:
+            while True:
+                child = self._child
+                done = self._flushed >= ticket and not (child is not None and child.inflight)
+                left = deadline - time.monotonic()
+                if done or left <= 0:
+                    return done
+                self._acked.wait(min(left, 0.05))
+                if self._flushed < ticket:
+                    self._wake.set()
+
+    def shutdown(self, timeout_millis: int = 30000) -> None:
+        """Write what is queued, let the child export it and exit; whatever is left then is lost, counted."""
+        with self._lock:
+            if self._closed:
+                return
+            self._closed = True
+        self._deadline = time.monotonic() + max(0.0, timeout_millis / 1000)
+        self._wake.set()
+        self._writer.join(max(0.0, self._deadline - time.monotonic()))
+        if self._writer.is_alive():
+            # blocked writing to a child that stopped reading: stop it (the write then fails), and
+            # count what is still queued as lost rather than start another child now
+            self._abandoned = True
+            child = self._child
+            if child is not None:
+                child.proc.kill()
+            self._writer.join()
+        left = len(self._queue)
+        self._queue.clear()
+        if left:
+            with self._lock:
+                self._lost += left
+                self._taken += left
+            if self._drops is not None:
+                self._drops(left)
+
+    def statistics(self) -> ChildExportStats:
+        with self._lock:
+            child = self._child
+            return ChildExportStats(
+                accepted=self._taken + len(self._queue), dropped=self._dropped, exported=self._exported,
+                failed=self._failed, lost=self._lost, restarts=self._restarts, queued=len(self._queue),
+                unacknowledged=sum(child.inflight.values()) if child is not None else 0)
+
+    @property
+    def child_pid(self) -> int | None:
+        """The running child's process id (None between a death and the restart)."""
+        child = self._child
+        return child.proc.pid if child is not None else None
+
+
+def _call_if_alive(method: weakref.WeakMethod[Callable[[], None]]) -> None:
+    bound = method()
+    if bound is not None:
+        bound()
+
+
+def _write_all(fd: int, data: bytes) -> None:
+    view = memoryview(data)
+    while view:
+        view = view[os.write(fd, view):]
+
+
+# --- the child ------------------------------------------------------------------------------------
+
+
+def _read_exact(stream: IO[bytes], n: int) -> bytes | None:
+    data = stream.read(n)
+    return data if data is not None and len(data) == n else None
+
+
+def _exporters(spec: Mapping[str, Any]) -> list[SpanExporter]:
+    module, _, name = str(spec["factory"]).partition(":")
+    made = getattr(importlib.import_module(module), name)(**spec.get("args", {}))
+    return list(made) if isinstance(made, (list, tuple)) else [made]
+
+
+def child_main(argv: Sequence[str] | None = None) -> int:
+    """The child: read frames from stdin, export them, acknowledge on stdout (module doc)."""
+    args = list(sys.argv[1:] if argv is None else argv)
+    logging.basicConfig(level=logging.WARNING, format="rmqtrace export child: %(message)s")
+    frames = sys.stdin.buffer
+    acks = os.fdopen(os.dup(sys.stdout.fileno()), "w", buffering=1)
+    sys.stdout = sys.stderr  # an exporter that prints (console) must not write into the acknowledgements
+    exporters = _exporters(json.loads(args[0]))
+    resources: dict[Any, Resource] = {}
+    scopes: dict[Any, InstrumentationScope] = {}
+    while True:
+        head = _read_exact(frames, _LEN.size)
+        if head is None:
+            break  # the parent is gone
+        size = _LEN.unpack(head)[0]
+        if size == 0:
+            break
+        body = _read_exact(frames, size)
+        if body is None:
+            break
+        seq, resource_list, scope_list, records = marshal.loads(body)
+        res = [resources.get(repr(r)) or resources.setdefault(repr(r), Resource(r[0], r[1])) for r in resource_list]
+        scs = [None if s is None else scopes.get(repr(s)) or scopes.setdefault(
+            repr(s), InstrumentationScope(s[0], s[1], s[2], s[3])) for s in scope_list]
+        spans = [span_from_record(r, res, scs) for r in records]  # type: ignore[arg-type]
+        ok = True
+        for exporter in exporters:
+            try:
+                ok = exporter.export(spans) is SpanExportResult.SUCCESS and ok
+            except Exception:  # noqa: BLE001 - an exporter that raises fails its batch, not the child
+                log.warning("exporter %s raised", type(exporter).__name__, exc_info=True)
+                ok = False
+        acks.write(f"{seq} {len(spans) if ok else 0} {0 if ok else len(spans)}\n")
+    for exporter in exporters:
+        exporter.shutdown()
+    acks.close()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(child_main())
