@@ -366,12 +366,12 @@ def cmd_bench(args: argparse.Namespace) -> int:
     if args.which == "overhead":
         from .bench.overhead import format_overhead_bench, run_overhead_bench
         if args.json:
-            result = run_overhead_bench(messages=args.messages, rounds=args.rounds, runs=args.runs)
+            result = run_overhead_bench(messages=args.messages, rounds=args.rounds, runs=args.runs or 3)
             print(json.dumps(result))
         else:
             with _progress(console) as progress:
-                task = progress.add_task("overhead rounds", total=args.rounds * args.runs)
-                result = run_overhead_bench(messages=args.messages, rounds=args.rounds, runs=args.runs,
+                task = progress.add_task("overhead rounds", total=args.rounds * (args.runs or 3))
+                result = run_overhead_bench(messages=args.messages, rounds=args.rounds, runs=args.runs or 3,
                                             progress=lambda done, total: progress.update(task, completed=done))
             console.print(format_overhead_bench(result))
         return 0
@@ -417,14 +417,14 @@ def build_parser() -> argparse.ArgumentParser:
     b.add_argument("--messages", type=whole_at_least(1), default=30_000,
                    help="overhead: messages per loop in all (default 30000)")
     b.add_argument("--rounds", type=whole_at_least(1), default=7, help="overhead: interleaved rounds (default 7)")
-    b.add_argument("--runs", type=whole_at_least(1), default=3,
-                   help="overhead: runs, each of --rounds interleaved rounds; ratios are the runs' median (default 3)")
+    b.add_argument("--runs", type=whole_at_least(1), default=None,
+                   help="overhead: runs, each of --rounds interleaved rounds; ratios are the runs' median (default 3); "
+                        "fleet: runs per mode (default 3; 5 with --orders)")
     b.add_argument("--seeds", type=whole_at_least(1), default=5, help="dispatch: job seeds (default 5)")
     b.add_argument("--quick", action="store_true", help="dispatch, fleet: smaller runs for CI")
     b.add_argument("--orders", action="store_true",
                    help="fleet: the job sent in arrival order vs longest first (true costs, and costs learned from "
                         "an earlier run with ±30%% noise), demand-driven loop and push replacement")
-    b.add_argument("--runs", type=whole_at_least(1), default=None, help="fleet: runs per mode (default 3; 5 with --orders)")
     b.add_argument("--sizes", default="10000,100000", help="report: messages per size, comma-separated")
     b.add_argument("--jaeger", default="http://127.0.0.1:16686", help="report: Jaeger query HTTP URL")
     b.add_argument("--jaeger-grpc", metavar="HOST:PORT", help="report: Jaeger api_v3 gRPC (default: --jaeger host:16685)")
