@@ -151,3 +151,37 @@ def test_14_a_timeout_reported_before_the_start_gate_lets_nothing_start() -> Non
         assert (s.failed, s.not_started, s.given_back, s.retry_scheduled) == (0, 1, 1, 0), s
     finally:
         loop.stop(timeout=1)
+
+
+@pytest.mark.parametrize("shutdown_timeout", [math.inf, None])
+def test_07_sibling_a_listener_shutting_its_own_push_consumer_down_does_not_wait_for_itself(
+        shutdown_timeout: float | None) -> None:
+    """The same class as 07 one layer up: DemandPushConsumer.shutdown() from its listener stopped the
+    loop with its shutdown_timeout and joined the runner, whose drain waited for that listener (a
+    finite bound only ended it at the bound; no bound, never)."""
+    from tracer.clients.demandpush import DemandPushConsumer
+    from tracer.embedded import EmbeddedBroker, Message, Producer
+
+    broker = EmbeddedBroker(min_receive_invisible=1)
+    broker.create_topic("T")
+    done = threading.Event()
+    dp: DemandPushConsumer
+
+    class Listener:
+        def consume(self, m: Any) -> None:
+            dp.shutdown()  # fails before: waits for ever (None was refused before: a TypeError)
+            done.set()
+
+    dp = DemandPushConsumer(broker, "G", Listener(), {"T": None}, consumption_thread_count=1,
+                            invisible_duration=5, shutdown_timeout=shutdown_timeout)
+    dp.startup()
+    producer = Producer(broker, ["T"])
+    producer.startup()
+    m = Message()
+    m.topic, m.body = "T", b"x"
+    producer.send(m)
+    assert done.wait(DEADLOCK_S), "the listener's shutdown() waited for its own drain"
+    runner = dp._runner
+    assert runner is not None
+    runner.join(DEADLOCK_S)
+    assert not runner.is_alive() and not dp.running

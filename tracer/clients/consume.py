@@ -488,7 +488,10 @@ class ConsumeLoop:
                     continue
                 failures = 0
         finally:
-            self._shutdown()
+            try:
+                self._shutdown()
+            finally:
+                self._inside.thread = False  # the caller's thread again: its later stop(timeout=) may wait
         if self._interrupt is not None:  # raised on a helper thread (the feeder, an ack thread)
             raise self._interrupt
         return self.statistics()

@@ -116,6 +116,7 @@ class DemandPushConsumer:
         self._state = "created"  # created → running → stopped
         self._lock = threading.Lock()
         self._warned = False
+        self._close_after_run = False  # shutdown() came from the loop's own thread: _run closes the client
 
     # -- lifecycle ------------------------------------------------------------------------------
     def startup(self) -> None:
@@ -153,6 +154,8 @@ class DemandPushConsumer:
 
     def shutdown(self) -> None:
         """Stop receiving, drain what is held (at most ``shutdown_timeout`` s), close the client.
+        Called from the listener itself it only asks and returns at once (the drain waits for the
+        listener): the client is closed once the drain is done.
 
         Raises:
             RuntimeError: never started, or shut down already (as the stock client).
@@ -163,6 +166,13 @@ class DemandPushConsumer:
             self._state = "stopped"
             loop, runner, consumer = self.loop, self._runner, self.consumer
         assert loop is not None and runner is not None
+        if loop._on_own_thread():
+            # called by the listener (a handler) or on another of the loop's threads: the drain waits
+            # for this very call, so it cannot be waited for here; the runner shuts the client down
+            # once run() returned
+            self._close_after_run = True
+            loop.stop(timeout=self.shutdown_timeout)
+            return
         try:
             loop.stop(timeout=self.shutdown_timeout)
             runner.join(None if self.shutdown_timeout is None else self.shutdown_timeout + 5)
@@ -200,6 +210,9 @@ class DemandPushConsumer:
             self.loop.run()
         except Exception:  # a refused lease: nothing can be received; say so once, loudly
             log.exception("rmqtrace: DemandPushConsumer of %r stopped", self.consumer_group)
+        finally:
+            if self._close_after_run:
+                self.consumer.shutdown()
 
     def _handle(self, message: Any) -> None:
         result = self.message_listener.consume(message)
