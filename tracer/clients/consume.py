@@ -550,16 +550,23 @@ class ConsumeLoop:
     def stop(self, timeout: float | None = None) -> bool:
         """Stop receiving; what the loop holds is still run and settled.
 
-        Without ``timeout`` this only asks (safe from a signal handler) and returns at once;
-        :meth:`run` drains everything it holds (bounded by ``stop_timeout`` if set) and returns.
-        With ``timeout`` (seconds) the drain ends at most that long from now: at that point every
-        held message that has not started is given back to the broker (nacked, or left to its
-        lease) and **none starts afterwards**; handlers still running then go on (a thread cannot
-        be stopped), are settled when they end, and their leases are no longer renewed. This call
-        waits for :meth:`run` to return and says whether it has: True means nothing more starts.
-        A loop stopped before it ever received (neither :meth:`run` nor :meth:`poll` called)
-        closes its dispatcher here (its worker threads end) and returns True; :meth:`run` then
-        returns at once without receiving.
+        Without ``timeout`` this only asks and returns at once — safe from a signal handler: it
+        never waits for the loop's lock, which the interrupted thread may hold; :meth:`run`
+        drains everything it holds (bounded by ``stop_timeout`` if set) and returns.
+        With ``timeout`` (seconds; None or ``math.inf``: no bound) the drain ends at most that
+        long from now — a later, shorter one moves that point forward, also while the drain
+        already waits: at that point every held message that has not started is given back to
+        the broker (nacked, or left to its lease) and **none starts afterwards**; handlers still
+        running then go on (a thread cannot be stopped), are settled when they end, and their
+        leases are no longer renewed. This call waits for :meth:`run` to return and says whether
+        it has: True means nothing more starts. On one of the loop's own threads (a handler,
+        ``key=``, ``until=``, ``retry_backoff=``) it does not wait — the drain waits for that very
+        call — and returns False. A loop stopped before it ever received (neither :meth:`run`
+        nor :meth:`poll` called) closes its dispatcher here (its worker threads end) and returns
+        True; :meth:`run` then returns at once without receiving.
+
+        Raises:
+            ValueError: ``timeout`` is NaN or negative.
         """
         limit = timeout_s(timeout, "stop timeout")  # None also for math.inf and huge ones: no bound
         if limit is not None:
