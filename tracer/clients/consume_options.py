@@ -73,7 +73,11 @@ def _callable_or_none(name: str, fn: object) -> None:
 
 @dataclass(frozen=True)
 class DispatchOptions:
-    """How received messages run: passed to the loop's :class:`~tracer.dispatch.Dispatcher`."""
+    """How received messages run: passed to the loop's :class:`~tracer.dispatch.Dispatcher`.
+
+    ``handler_timeout``: seconds > 0; None, ``math.inf`` or one past what a thread can wait for
+    (:data:`tracer.bounds.NO_BOUND_S`) is no timeout, and is stored as None.
+    """
 
     policy: Policy | str = "aggressive"
     workers: int = 8
@@ -98,7 +102,7 @@ class LeaseOptions:
     fraction is rounded up for the broker while the loop keeps the exact value as its own,
     earlier, deadline; the proxy refuses receives below its ``minInvisibleTimeMillsForRecv``,
     10 s by default, and leases above 12 h). ``renew_margin``: renew when less than this is
-    left (default a third of the lease). ``hang_grace``: a handler still running
+    left (default a third of the lease; at least ``MIN_RENEW_MARGIN_S``, 0.15 s). ``hang_grace``: a handler still running
     ``handler_timeout + hang_grace`` seconds after it started is abandoned — its lease is no
     longer renewed (default one lease). ``renew_threads``: at most this many renewal calls run
     at once (each is one broker round trip; many leases ending together are renewed side by
