@@ -16,6 +16,7 @@ from typing import Any
 
 import pytest
 from prometheus_client import CollectorRegistry
+from waiting import wait_until
 
 from tracer.clients.consume import ConsumeLoop
 from tracer.dispatch.policy import Aggressive
@@ -23,7 +24,6 @@ from tracer.embedded import EmbeddedBroker, FilterExpression, Message, Producer,
 from tracer.telemetry.metrics import TracerMetrics
 from tracer.telemetry.occupancy import Occupancy
 from tracer.telemetry.tracer import MessageTracer
-from waiting import wait_until
 
 CONSUME = Path(__file__).resolve().parent.parent / "tracer" / "clients" / "consume.py"
 
