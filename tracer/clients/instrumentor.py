@@ -256,7 +256,11 @@ class RocketMQInstrumentor(BaseInstrumentor):  # type: ignore[misc]
         if not is_instrumentation_enabled() or not args:
             return wrapped(*args, **kwargs)
         seam = self._seam_for(instance, _group_of(instance))
-        result = seam.operations.settle(ACK, args[0], lambda: wrapped(*args, **kwargs))
+        try:
+            result = seam.operations.settle(ACK, args[0], lambda: wrapped(*args, **kwargs))
+        except BaseException as exc:  # a refused ack: measured all the same (ReceivedTraces.acked)
+            seam.traces.acked(args[0], exc)
+            raise
         seam.traces.acked(args[0])
         return result
 
@@ -264,7 +268,11 @@ class RocketMQInstrumentor(BaseInstrumentor):  # type: ignore[misc]
         if not is_instrumentation_enabled() or not args:
             return wrapped(*args, **kwargs)
         seam = self._seam_for(instance, _group_of(instance))
-        result = seam.operations.settle(CHANGE_INVISIBLE_DURATION, args[0], lambda: wrapped(*args, **kwargs))
+        try:
+            result = seam.operations.settle(CHANGE_INVISIBLE_DURATION, args[0], lambda: wrapped(*args, **kwargs))
+        except BaseException as exc:  # a refused nack: measured all the same (ReceivedTraces.nacked)
+            seam.traces.nacked(args[0], exc)
+            raise
         seam.traces.nacked(args[0])  # the 5.x nack: the trace ends as a failure (see ReceivedTraces.nacked)
         return result
 
