@@ -4,7 +4,9 @@ such as :mod:`tracer.embedded`).
 - Producers: :class:`tracer.clients.producer.TracedProducer` (``send``/``send_async``).
 - Simple consumers: :class:`TracedSimpleConsumer` stamps ``client_pull`` when ``receive`` returns;
   run the handler inside ``with consumer.processing(msg):`` to stamp the handler, or just ``ack``
-  (then the time from receive to ack is taken as the handler). :class:`tracer.clients.consume.ConsumeLoop`
+  (then the time from receive to ack is taken as the handler). Inside the block
+  ``change_invisible_duration`` is the nack (the delivery ends as a failure when the block ends,
+  unless it is acked first); ``renew_lease`` is a renewal (the trace waits for the settle). :class:`tracer.clients.consume.ConsumeLoop`
   is the full consume loop with our dispatcher.
 - Push consumers: :class:`TracedListener` wraps the user's ``MessageListener``. The client decodes
   a batch and submits every message to its ``ThreadPoolExecutor`` at once, so the decode time is
