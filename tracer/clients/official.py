@@ -6,8 +6,8 @@ such as :mod:`tracer.embedded`).
   run the handler inside ``with consumer.processing(msg):`` to stamp the handler, or just ``ack``
   (then the time from receive to ack is taken as the handler). Inside the block
   ``change_invisible_duration`` is the nack (the delivery ends as a failure when the block ends,
-  unless it is acked first); ``renew_lease`` is a renewal (the trace waits for the settle). :class:`tracer.clients.consume.ConsumeLoop`
-  is the full consume loop with our dispatcher.
+  unless it is acked first); ``renew_lease`` is a renewal (the trace waits for the settle).
+  :class:`tracer.clients.consume.ConsumeLoop` is the full consume loop with our dispatcher.
 - Push consumers: :class:`TracedListener` wraps the user's ``MessageListener``. The client decodes
   a batch and submits every message to its ``ThreadPoolExecutor`` at once, so the decode time is
   both ``client_pull`` and ``dispatch_enqueue``, and the wait in that pool's queue — which the

@@ -574,7 +574,10 @@ class MessageTrace:
 
     def handler_context(self) -> SpanContext | None:
         """The context of the span current in this message's handler (``handler``; ``process`` in
-        the compact shape); None when unsampled or not started."""
+        the compact shape); None when unsampled or not started. A copy refused unstarted has no
+        handler span: its ``process`` stands in (what a blame link to it then resolves to)."""
+        if self._done and self.stamps.times[_START] == MISSING:
+            return self._ctx
         if self._handler is not None:
             return self._handler.context
         if self._process is not None:
