@@ -288,3 +288,51 @@ def test_a_renewal_refused_inside_processing_is_a_lost_lease_and_the_trace_stays
     [process] = rig.processes().values()
     assert process.attributes[n.LEASE_LOST] == "expired"
     assert rig.keep is not None and rig.keep.statistics().by_reason["lease_lost"] == 1
+
+
+def _refusing_async_consumer() -> Any:
+    """Every settle call of the client (the async ones too) refused on the spot: lease gone."""
+    from test_failed_deliveries import _consumer
+
+    raw = _consumer()
+
+    def refuse(*_args: Any) -> None:
+        raise EmbeddedBrokerError("receipt handle is expired", INVALID_RECEIPT_HANDLE)
+
+    for name in ("ack", "ack_async", "change_invisible_duration", "change_invisible_duration_async"):
+        setattr(raw, name, refuse)
+    return raw
+
+
+def _settle_calls() -> list[str]:
+    pytest.importorskip("rocketmq")
+    from test_failed_deliveries import _settle_calls as calls
+
+    return calls()
+
+
+@pytest.mark.parametrize("seam", ["TracedSimpleConsumer", "instrumentor"])
+@pytest.mark.parametrize("call", _settle_calls())
+def test_every_settle_call_refused_on_the_spot_is_measured_once_and_a_lost_lease(seam: str, call: str, spans) -> None:
+    """Every settle call of the 5.x ``SimpleConsumer`` (discovered from the client's class), on
+    both wrappers: a refusal raised by the call ends the trace with the call's outcome and counts
+    the lost lease (the async calls' later refusals, in a future nobody can wait for, are not seen)."""
+    from test_failed_deliveries import _through_instrumentor, _through_wrapper
+
+    provider, memory = spans
+    reg = CollectorRegistry()
+    receive, settle, cleanup = (_through_wrapper if seam == "TracedSimpleConsumer" else _through_instrumentor)(
+        _refusing_async_consumer(), provider, reg, call)
+    try:
+        (msg,) = receive()
+        for _ in range(2):  # twice: still one measurement
+            with pytest.raises(EmbeddedBrokerError):
+                settle(msg)
+    finally:
+        cleanup()
+    outcome = "failure" if call.startswith("change_invisible_duration") else "success"
+    value = reg.get_sample_value
+    assert value("rmqtrace_messages_total", {**LABELS, "outcome": outcome}) == 1
+    assert value("rmqtrace_consumer_leases_lost_total", {**LABELS, "reason": "expired"}) == 1
+    [process] = [s for s in memory.get_finished_spans() if s.name == "process T"]
+    assert process.attributes[n.LEASE_LOST] == "expired"

@@ -280,16 +280,26 @@ class RocketMQInstrumentor(BaseInstrumentor):  # type: ignore[misc]
         # no timed operation (no future a thread can wait for); the message's trace ends here
         if not is_instrumentation_enabled() or not args:
             return wrapped(*args, **kwargs)
-        result = wrapped(*args, **kwargs)
-        self._seam_for(instance, _group_of(instance)).traces.acked(args[0])
+        traces = self._seam_for(instance, _group_of(instance)).traces
+        try:
+            result = wrapped(*args, **kwargs)
+        except BaseException as exc:  # refused on the spot: measured all the same
+            traces.acked(args[0], exc)
+            raise
+        traces.acked(args[0])
         return result
 
     def _change_invisible_async(self, wrapped: Any, instance: Any, args: Any, kwargs: Any) -> Any:
         # the nack of _change_invisible, untimed like _ack_async
         if not is_instrumentation_enabled() or not args:
             return wrapped(*args, **kwargs)
-        result = wrapped(*args, **kwargs)
-        self._seam_for(instance, _group_of(instance)).traces.nacked(args[0])
+        traces = self._seam_for(instance, _group_of(instance)).traces
+        try:
+            result = wrapped(*args, **kwargs)
+        except BaseException as exc:  # refused on the spot: measured all the same
+            traces.nacked(args[0], exc)
+            raise
+        traces.nacked(args[0])
         return result
 
     def _push_init(self, wrapped: Any, instance: Any, args: Any, kwargs: Any) -> Any:

@@ -393,14 +393,22 @@ class TracedSimpleConsumer:
     def ack_async(self, message: Any) -> Any:
         """The client's ``ack_async``; the message's trace ends here (the outcome was decided).
         Not a timed operation: the 5.1 client's future cannot be waited for from a thread."""
-        result = self._consumer.ack_async(message)
+        try:
+            result = self._consumer.ack_async(message)
+        except BaseException as exc:  # refused on the spot: measured all the same (ReceivedTraces.acked)
+            self.traces.acked(message, exc)
+            raise
         self.traces.acked(message)
         return result
 
     def change_invisible_duration_async(self, message: Any, invisible_duration: Any) -> Any:
         """The client's ``change_invisible_duration_async``: the nack of :meth:`change_invisible_duration`
         (the trace finishes as a failure outside ``processing()``), no timed operation (see :meth:`ack_async`)."""
-        result = self._consumer.change_invisible_duration_async(message, invisible_duration)
+        try:
+            result = self._consumer.change_invisible_duration_async(message, invisible_duration)
+        except BaseException as exc:  # refused on the spot: measured all the same (ReceivedTraces.nacked)
+            self.traces.nacked(message, exc)
+            raise
         self.traces.nacked(message)
         return result
 
