@@ -116,13 +116,14 @@ class _Msg:
     mid: str = ""  # its message id: a redelivery shares the lost run's
     lost_from: int | None = None  # the lost run this redelivery was told of at its start (its index)
     lost_pending: bool = False  # lost after its finish while pending as its job's latest finisher
+    lost_gone: bool = False  # lost after its finish, dropped, and no longer in the hold (its bounds): not kept
 
     @property
     def must_keep(self) -> bool:
         # a copy refused unstarted has no dispatch_wait (no handler start) to be slow by
         slow = self.slow and self.outcome is not Outcome.NOT_STARTED
         ran = self.outcome is not Outcome.NOT_STARTED
-        return self.finished and (self.sampled or slow or self.lease_lost is not None
+        return self.finished and (self.sampled or slow or (self.lease_lost is not None and not self.lost_gone)
                                   or (self.lost_from is not None and ran)
                                   or self.outcome in (Outcome.FAILURE, Outcome.TIMEOUT))
 
@@ -348,6 +349,11 @@ class KeepHoldModel(RuleBasedStateMachine):
         m.t.lease_lost("expired")
         m.lease_lost = "expired"
         m.lost_pending = self._undecided(m)  # kept when its job settles it (superseded or idle), not now
+        if self.mt._lost_runs.get(m.mid) != m.t._ctx:  # noqa: SLF001 - not remembered: nothing to link to
+            # only a run the hold let go for its bounds (evicted while held: not revivable)
+            s = self.hold.statistics()
+            assert s.traces_evicted["max_spans"] + s.traces_evicted["max_traces"] > 0, f"m{m.i} not kept for its link"
+            m.lost_gone = True
 
     @rule(seconds=st.sampled_from([0.5, 3.0, 11.0, 61.0]))
     def clock_advances(self, seconds: float) -> None:

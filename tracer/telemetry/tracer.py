@@ -831,7 +831,10 @@ class MessageTrace:
         """Write spans, observe every gap, count the outcome. Idempotent; never raises."""
         if self._done:
             return
-        self._done = True
+        with self._tracer._end_lock:  # the provider's shutdown may finish it while its handler's report does
+            if self._done:
+                return
+            self._done = True
         times = self.stamps.times
         occupancy = self._tracer.occupancy
         if occupancy is not None and times[_START] == MISSING:
