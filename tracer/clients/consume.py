@@ -73,6 +73,7 @@ from .consume_options import (
 )
 from .lease import SETTLING, SUBMITTED, WAITING, Lease, LeaseKeeper, broker_lease
 from .probe import is_probe, probe_stage, skip_probes
+from .refusal import lease_gone
 from .startup import SETTINGS_WAIT_S, wait_for_settings
 
 if TYPE_CHECKING:  # typing.Unpack is 3.11+; only the annotation needs it
@@ -1031,6 +1032,8 @@ class ConsumeLoop:
                 except Exception as exc:  # noqa: BLE001 - the broker redelivers after the lease
                     self._count("ack_errors", exc)
                     what = ""
+                    if lease_gone(exc) and h.trace is not None:
+                        h.trace.lease_lost("expired")  # the broker found it gone first (refusal.py)
             elif not h.given_up and h.trace is not None:
                 h.trace.lease_lost("expired")  # it ran out between two keeper passes
         with self._changed:
