@@ -63,6 +63,7 @@ from __future__ import annotations
 import math
 import os
 import threading
+import time
 from collections import Counter
 from collections.abc import Generator
 from dataclasses import dataclass, field
@@ -79,25 +80,21 @@ from prometheus_client import CollectorRegistry
 from waiting import wait_until
 
 from tracer.clients.consume import ConsumeLoop, DispatchOptions, FlowOptions, LeaseOptions
+from tracer.clients.lease import SETTLING
 from tracer.dispatch import Aggressive, CostAware, DispatchMetrics, Random, RoundRobin
 from tracer.embedded import EmbeddedBroker, Message, Producer, SimpleConsumer
-
-# Written against the code before the #30 fixes were merged; not yet adapted to them (renamed
-# internals, the receipt-handle lease clock, the fixed items' strict xfails). Off by default until
-# it is (issue #30, RELIABILITY.md "The fault table"); RMQTRACE_FAULT_HARNESS=1 runs it.
-pytestmark = pytest.mark.skipif(os.environ.get("RMQTRACE_FAULT_HARNESS") != "1",
-                                reason="the fault harness is not yet adapted to the merged #30 fixes")
-
 
 LONG = os.environ.get("RMQTRACE_LONG") == "1"
 
 # Items of issue #30 (/tmp/issue30.md, "What breaks") not fixed on this branch. Remove one once its
 # fix is merged: its rules join the random search and its xfail test below must lose its mark.
-OPEN_ITEMS = frozenset({1, 2, 3, 4, 5, 6, 7, 10, 11, 13})
+OPEN_ITEMS: frozenset[int] = frozenset()
 # Bugs this harness found that #30 does not list (each with an xfail test below, same rule).
-OPEN_NEW = frozenset({"junk-backoff", "base-from-a-settle", "key-error-counted-failed"})
+OPEN_NEW = frozenset({"junk-backoff", "base-from-a-settle", "key-error-counted-failed", "base-ends-a-renewal-thread"})
 
 LEASE, MARGIN, BACKOFF = 3.0, 1.0, 1  # seconds on the manual clock
+KEEPER_TICK = MARGIN / 3  # the loop's keeper passes this often (ConsumeLoop._tick)
+RECEIVE_S = 0.005  # the clock moves this much at each receive
 TIMEOUT, GRACE = 4.0, 1.0  # handler_timeout, hang_grace
 STALL = LEASE + 0.5  # past every lease
 SLOW = MARGIN + 0.3  # past the renew margin, inside the lease
@@ -180,14 +177,18 @@ class FaultModel(RuleBasedStateMachine):
             backoff = "ok"
         self.policy, self.workers, self.backoff = policy, workers, backoff
         self.clock = Clock()
-        self.broker = EmbeddedBroker(monotonic=self.clock, min_receive_invisible=1)
+        # one clock for both: the broker's pop time in each receipt handle (what the loop dates a
+        # lease on, #30 item 3) moves with the stalls the double injects
+        self.broker = EmbeddedBroker(monotonic=self.clock, min_receive_invisible=1,
+                                     wall_ms=lambda: int(self.clock() * 1000))
         self.broker.create_topic("T")
         self.producer = Producer(self.broker, ["T"])
         self.producer.startup()
         consumer = SimpleConsumer(self.broker, "G", {"T": None}, await_duration=0)
         consumer.startup()
         self.client = FaultyClient(consumer, self.clock)
-        self.client.before_jump = self.renewed_beside
+        self.client.jump = self.fault_jump
+        self.driver = threading.get_ident()
         self.cond = threading.Condition()
         self.calls: list[Call] = []
         self.running: set[Call] = set()
@@ -208,6 +209,8 @@ class FaultModel(RuleBasedStateMachine):
         self.loops: list[ConsumeLoop] = []
         self.retired: list[ConsumeLoop] = []  # earlier loops (restarted): their hung calls may still run
         self.stopped = False
+        self.interrupted = False  # key= or cost= raised a KeyboardInterrupt: the loop stops, run() re-raises it
+        self.hung_since: tuple[int, int] | None = None  # every worker hung: (received, renewals) then
         self.runner: threading.Thread | None = None
         self.metrics = DispatchMetrics(registry=CollectorRegistry())
         self.new_loop()
@@ -220,7 +223,7 @@ class FaultModel(RuleBasedStateMachine):
 
     def new_loop(self) -> None:
         self.loop = ConsumeLoop(
-            self.client, self.handler, monotonic=self.clock,
+            self.client, self.handler, monotonic=self.clock, wall=self.clock,
             dispatch=DispatchOptions(policy=_policy(self.policy), workers=self.workers, key=self.key_of,
                                      cost=self.cost_of, handler_timeout=TIMEOUT, metrics=self.metrics),
             lease=LeaseOptions(invisible_duration=LEASE, renew_margin=MARGIN, hang_grace=GRACE),
@@ -247,6 +250,7 @@ class FaultModel(RuleBasedStateMachine):
             raise ValueError("the user's key= failed")
         if f == "key-base":
             self.callable_failed.add(id(m))
+            self.interrupted = True
             raise KeyboardInterrupt  # Ctrl-C while key= runs
         if f == "key-int":  # refused by contract (str or None): that delivery fails, loudly
             self.callable_failed.add(id(m))
@@ -263,6 +267,7 @@ class FaultModel(RuleBasedStateMachine):
             raise ValueError("the user's cost= failed")
         if f == "cost-base":
             self.callable_failed.add(id(m))
+            self.interrupted = True
             raise KeyboardInterrupt
         return {"cost-nan": math.nan, "cost-inf": math.inf, "cost-neg": -1.0, "cost-str": "heavy",
                 "cost-huge": 10**400}.get(f or "", 1.0)
@@ -292,8 +297,10 @@ class FaultModel(RuleBasedStateMachine):
             except BaseException as exc:  # noqa: BLE001 - recorded: a stop must never raise
                 self.stop_errors.append(f"stop() from its own handler raised {exc!r}")
         with self.cond:
-            if end in ("awaitable", "generator"):
+            if end in ("awaitable", "generator"):  # a failure (#30 item 1): never acked
                 self.unrun_work.add(id(m))
+                self.failed.add(id(m))
+                self.handler_failures += 1
             elif in_time and end in ("success", "stop-own-loop"):
                 self.succeeded.add(id(m))
             else:
@@ -333,7 +340,7 @@ class FaultModel(RuleBasedStateMachine):
             with self.cond:
                 mine = [c for c in self.running if c.loop == self.loop_index]
                 released = any(c.gate.is_set() for c in self.running)
-            ok = (not released and s.reported == ds.handled + ds.failed + ds.timed_out + ds.skipped
+            ok = (not released and s.reported == ds.handled + ds.failed + ds.timed_out + ds.skipped + ds.not_started
                   and ds.in_flight + ds.overrun == len(mine))
             if ok and self.runner is not None:  # an ack thread, or the reporting thread, mid-settle
                 ok = loop.state().settling == 0
@@ -341,22 +348,28 @@ class FaultModel(RuleBasedStateMachine):
 
         wait_until(settled, timeout=10, interval=0.001, what="the loop's threads to settle")
 
-    def renewed_beside(self, op: str, seconds: float) -> None:
-        """A fault is about to move the clock inside a call. A stall past the lease stops the whole
-        process: every lease held when it lands may go. Inside one renewal, a slow answer or a
-        timeout moves the shared manual clock for the renewals of the same pass too (leases due
-        now), which in real time run beside it: their lost leases are the model's, not the loop's;
-        a lease not yet due must still be renewed by the next pass (#30 item 4)."""
+    def fault_jump(self, op: str, seconds: float) -> None:
+        """A fault moves the clock inside a call of ``op``. A stall past the lease stops the whole
+        process at once: every lease held when it lands may go. A slow answer or a request timeout
+        holds up only the thread in the call: the lease keeper's next passes (on its pool, #30
+        item 4) and the watchdog run meanwhile, so the clock moves one keeper tick at a time with
+        a keeper pass after each — every other lease must stay renewed. (With run() draining, its
+        own keeper thread runs beside the call.)"""
         if seconds >= LEASE:
             self.excuse_held()
+            self.clock.advance(seconds)
             return
-        if op != "renew":
-            return
-        now = self.clock()
-        with self.client.lock:
-            due = {m.message_id for i, m in self.client.held.items() if self.client.lease_end.get(i, 0.0) - now <= MARGIN}
-        self.excused.update(due)
-        self.lease_excused.update(due)
+        left = seconds
+        while left > 0:
+            d = min(KEEPER_TICK, left)
+            self.clock.advance(d)
+            left -= d
+            if self.runner is None:
+                self.moved()
+                try:
+                    self.loop.renew_leases()
+                except (Injected, TimeoutError, InjectedBase):
+                    pass
 
     def excuse_held(self) -> None:
         with self.client.lock:
@@ -381,6 +394,10 @@ class FaultModel(RuleBasedStateMachine):
             return
         try:
             if what == "poll":
+                # a receive takes a moment: live blame's pending marks (2 ms) are not pinned by a
+                # clock that never moves, as they would be by nothing real
+                self.clock.advance(RECEIVE_S)
+                self.moved()
                 self.loop.poll()
             elif what == "renew":
                 self.loop.renew_leases()
@@ -406,13 +423,8 @@ class FaultModel(RuleBasedStateMachine):
 
     @rule(fault=st.sampled_from(KEY_FAULTS + COST_FAULTS))
     def send_junk_for_a_callable(self, fault: str) -> None:
-        if fault in ("key-base", "cost-base") and self.open_item(6):
-            fault = "key-raise"
-        if fault == "cost-huge" and self.open_item(10):
-            fault = "cost-nan"
         self.send("a" if fault.startswith("cost") else None, 1, fault)
 
-    @precondition(lambda self: not self.open_item(13))
     @rule()
     def send_a_user_message_named_like_a_probe(self) -> None:
         m = Message()
@@ -450,12 +462,6 @@ class FaultModel(RuleBasedStateMachine):
     def stall_in_a_call(self, op: str, when: str, slow: bool) -> None:
         """A stall (past every lease) or a slow answer (past the margin) at a point of the next
         call of ``op``."""
-        if op == "receive" and when == "during" and self.open_item(3):
-            when = "before"  # a stall in flight starts a dead lease (item 3): its xfail test below
-        if op == "receive" and slow and self.open_item(3):
-            slow = False
-        if op == "renew" and slow and self.open_item(4):
-            slow = False
         seconds = SLOW if slow else STALL
         if not slow:
             self.excuse_held()  # whatever is held when the stall lands may lose its lease
@@ -475,8 +481,6 @@ class FaultModel(RuleBasedStateMachine):
         calls = self.my_running()
         if not calls:
             return
-        if end in ("awaitable", "generator") and self.open_item(1):
-            end = "success"
         call = calls[pick % len(calls)]
         if end == "overrun":
             self.excuse_held()  # a clock step past the margin for everybody else
@@ -591,8 +595,10 @@ class FaultModel(RuleBasedStateMachine):
         for _ in range(self.workers + 2):
             self.step("poll")
         self.hang()
+        self.memory_bounded()  # from the moment every worker hangs
         self.step("poll")
         self.step("poll")
+        self.tick(0.95, 2)  # the keeper's passes meanwhile: nothing no worker can start is renewed
 
     # -- rules: stop, restart, signals -----------------------------------------------------------------
     def prepare_drain(self) -> None:
@@ -603,16 +609,17 @@ class FaultModel(RuleBasedStateMachine):
             return
         self.stopped = True
         self.received_at_stop = self.loop.statistics().received
-        go = threading.Event()
+        go, entered = threading.Event(), threading.Event()
         self.drain_now = go
 
         def until(_: Any) -> bool:
+            entered.set()
             go.wait(60)
             return True
 
         self.runner = threading.Thread(target=self._run, args=(self.loop, until), daemon=True)
         self.runner.start()
-        wait_until(lambda: self.loop._started, timeout=10, what="run() to start")
+        wait_until(entered.is_set, timeout=10, what="run() to start")
 
     def finish_drain(self) -> None:
         self.drain_now.set()
@@ -646,6 +653,9 @@ class FaultModel(RuleBasedStateMachine):
     def _run(self, loop: ConsumeLoop, until: Any) -> None:
         try:
             loop.run(until=until)
+        except KeyboardInterrupt as exc:
+            if not self.interrupted:  # (one key=/cost= raised is re-raised by run() after its drain)
+                self.stop_errors.append(f"run() raised {exc!r} during its drain")
         except BaseException as exc:  # noqa: BLE001 - recorded
             self.stop_errors.append(f"run() raised {exc!r} during its drain")
 
@@ -685,8 +695,6 @@ class FaultModel(RuleBasedStateMachine):
             self.runner.join(2)  # the drain ends once nothing it waits for still runs
             if self.runner.is_alive():
                 return  # an unbounded drain waits for a hung handler: no restart yet
-        if self.open_item(7) and self.my_running():
-            return  # a redelivery beside the old loop's hung call (item 7): its xfail test below
         self.retired.append(self.loop)
         self.new_loop()
         self.step("poll")
@@ -722,7 +730,7 @@ class FaultModel(RuleBasedStateMachine):
         holding: set[int] = set()
         for lp in self.loops:
             with lp._lock:
-                holding.update(i for i, h in lp._held.items() if not h.done)
+                holding.update(i for i, h in lp._leases.items() if not h.done)
         with self.client.lock:
             lapsed = [m.message_id for i, m in self.client.held.items()
                       if i in holding and self.client.lease_end.get(i, 0.0) <= now
@@ -741,7 +749,7 @@ class FaultModel(RuleBasedStateMachine):
         holding: set[int] = set()
         for lp in self.loops:
             with lp._lock:
-                holding.update(lp._held)
+                holding.update(lp._leases)
         dropped = [m.message_id for i, m, end in out if i not in holding and end > now
                    and m.message_id not in self.lease_excused and m.message_id not in self.client.faulted]
         assert not dropped, f"invariant held_settled_or_given_back: neither held, settled nor expired: {dropped}"
@@ -765,16 +773,27 @@ class FaultModel(RuleBasedStateMachine):
         held = self.loop.state().held
         assert held <= room, f"invariant memory_bounded: {held} held > {room}"
         ds = self.loop.dispatcher.statistics()
-        if not self.open_item(5) and ds.overrun == self.workers and not self.stopped:
-            s = self.loop.state()
-            assert s.held - s.settling <= ds.overrun, (
-                f"invariant memory_bounded: every worker hung, {s.held - s.settling} held no worker can start")
-        if not self.open_item(2):
-            blame = self.loop.dispatcher._core.blame
-            with blame._lock:
-                size = sum(map(len, blame._log)) + len(blame._idle_since) + len(blame._marks) + len(blame._waiting)
-            bound = 6 * self.workers + 2 * held + 8
-            assert size <= bound, f"invariant memory_bounded: live blame keeps {size} records > {bound}"
+        if ds.overrun >= self.workers and not self.stopped and not self.loop.stopping:
+            # every worker hung (#30 item 5): the loop receives nothing, and renews no lease of a
+            # message no worker can start (a peer takes it once it ends) — only those settling
+            received = self.loop.statistics().received
+            with self.client.lock:
+                renewals = list(self.client.renewals)
+                settled = set(self.client.settle_began)
+            if self.hung_since is None:
+                self.hung_since = (received, len(renewals))
+            got, seen = self.hung_since
+            assert received == got, f"invariant memory_bounded: every worker hung, yet {received - got} received"
+            with self.loop._lock:
+                settling = {i for i, h in self.loop._leases.items() if h.state == SETTLING}
+            late = [i for i, _ in renewals[seen:] if i not in settling and i not in settled]
+            assert not late, (f"invariant memory_bounded: every worker hung, yet {len(late)} leases renewed "
+                              "of messages no worker can start")
+        else:
+            self.hung_since = None
+        size = self.loop.dispatcher._core.blame.statistics().entries
+        bound = 6 * self.workers + 2 * held + 8
+        assert size <= bound, f"invariant memory_bounded: live blame keeps {size} records > {bound}"
 
     @invariant()
     def counters_add_up(self) -> None:
@@ -789,15 +808,14 @@ class FaultModel(RuleBasedStateMachine):
             ran_and_failed = len(self.failed | {id(c.message) for c in self.running if now - c.started > TIMEOUT})
         if self.open_item("key-error-counted-failed"):  # a raising key= is counted `failed` today
             ran_and_failed += len(self.key_failed)
-        counts = [("loop", sum(lp.statistics().failed for lp in self.loops))]
-        if not self.open_item(11):  # the dispatcher's own failure count (and its outcome counter)
-            counts.append(("dispatcher", sum(lp.dispatcher.statistics().failed + lp.dispatcher.statistics().timed_out
-                                             for lp in self.loops)))
+        counts = [("loop", sum(lp.statistics().failed for lp in self.loops)),
+                  # the dispatcher's own failure count (and its outcome counter), #30 item 11
+                  ("dispatcher", sum(lp.dispatcher.statistics().failed + lp.dispatcher.statistics().timed_out
+                                     for lp in self.loops))]
         for what, total in counts:
             assert total <= ran_and_failed, (
                 f"invariant counters_add_up: {what} failed={total} but only {ran_and_failed} handler runs "
                 "failed (a copy that never started counted as a failure)")
-        # (a cost of 10**400, #30 item 10, is not drawn while it is open)
         refused = sum(lp.statistics().submit_errors for lp in self.loops)
         assert refused <= len(self.callable_failed), (
             f"invariant counters_add_up: {refused} submits refused, only {len(self.callable_failed)} "
@@ -842,8 +860,9 @@ class FaultModel(RuleBasedStateMachine):
                 self.quiesce()
                 self.step("settle")
                 self.check_all()
-                if self.stopped and (self.runner is None or not self.runner.is_alive()):
-                    if self.loop.state().held == 0:
+                ended = self.runner is None or not self.runner.is_alive()
+                if self.stopped or self.loop.stopping:  # (stopping: a key=/cost= raised a Ctrl-C)
+                    if ended and self.loop.state().held == 0:
                         break
                 elif self.broker.backlog("G", "T") == 0 and self.loop.state().held == 0:
                     break
@@ -857,7 +876,7 @@ class FaultModel(RuleBasedStateMachine):
                                                    "stop() with every handler released"
             held = self.loop.state().held
             assert held == 0, f"invariant held_settled_or_given_back: {held} still held after the drain"
-            if not self.stopped and self.backoff == "ok":
+            if not self.stopped and not self.loop.stopping and self.backoff == "ok":
                 acked = {mid for mid, n in self.client.acked.items() if n}
                 missing = [mid for mid in self.sent if mid not in acked]
                 assert not missing, f"invariant held_settled_or_given_back: never acked after the drain: {missing}"
@@ -878,7 +897,9 @@ FaultModel.TestCase.settings = settings(
 test_fault_model = FaultModel.TestCase
 
 
-# -- fixed sequences: each open bug, reached through the model's own rules ----------------------------
+# -- fixed sequences, reached through the model's own rules -------------------------------------------
+# test_itemN_*: #30 item N, each failed on the code before its fix (strict xfails until the fixes
+# were merged); the rest: bugs this harness found that are still open (OPEN_NEW, strict xfails).
 def replay(item: int | str, steps: list[tuple[str, dict[str, Any]]], *, policy: str = "aggressive",
            workers: int = 1, backoff: str = "ok") -> None:
     """Run ``steps`` (rule name, arguments) on a fresh model with ``item``'s gates open, every
@@ -903,13 +924,11 @@ def _xfail(item: int | str, why: str) -> pytest.MarkDecorator:
 ONE = [("send", {"key": None, "count": 1}), ("poll", {})]
 
 
-@_xfail(1, "a returned awaitable is acked unrun")
 @pytest.mark.parametrize("end", ["awaitable", "generator"])
 def test_item1_a_handler_that_returns_unrun_work_is_not_acked(end: str) -> None:
     replay(1, [*ONE, ("release", {"pick": 0, "end": end}), ("settle", {})])
 
 
-@_xfail(2, "live blame grows at low load")
 def test_item2_live_blame_stays_bounded_at_low_load() -> None:
     steps: list[tuple[str, dict[str, Any]]] = []
     for _ in range(40):
@@ -917,19 +936,16 @@ def test_item2_live_blame_stays_bounded_at_low_load() -> None:
     replay(2, steps, workers=3)
 
 
-@_xfail(3, "a stall while receive is in flight starts a dead lease")
 def test_item3_a_stall_during_receive_never_starts_a_dead_lease() -> None:
     replay(3, [("send", {"key": None, "count": 1}), ("stall_in_a_call", {"op": "receive", "when": "during", "slow": False}),
             ("poll", {})])
 
 
-@_xfail(3, "a slow receive answer dates the lease late")
 def test_item3_a_slow_receive_answer_keeps_the_lease_renewed() -> None:
     replay(3, [("send", {"key": None, "count": 1}), ("stall_in_a_call", {"op": "receive", "when": "during", "slow": True}),
             ("poll", {}), ("tick", {"frac": 0.95, "times": 2})])
 
 
-@_xfail(4, "one slow renewal loses the leases that fall due meanwhile")
 def test_item4_a_slow_renewal_loses_no_other_lease() -> None:
     m_steps: list[tuple[str, dict[str, Any]]] = [
         ("send", {"key": None, "count": 1}), ("poll", {}), ("tick", {"frac": 0.3, "times": 2}),  # A at t, then 0.6 s
@@ -940,37 +956,31 @@ def test_item4_a_slow_renewal_loses_no_other_lease() -> None:
     replay(4, m_steps, workers=2)
 
 
-@_xfail(5, "cost-aware with every worker hung keeps a full window")
 @pytest.mark.parametrize("policy", ["cost_aware"])
 def test_item5_every_worker_hung_holds_nothing_it_cannot_start(policy: str) -> None:
     replay(5, [("hang_every_worker", {}), ("tick", {"frac": 0.3, "times": 1}), ("poll", {}), ("poll", {})],
            policy=policy, workers=1)
 
 
-@_xfail(6, "a BaseException from key=/cost= leaves a message marked submitted")
 @pytest.mark.parametrize("fault", ["key-base", "cost-base"])
 def test_item6_a_base_exception_from_a_user_callable_leaves_nothing_held(fault: str) -> None:
     replay(6, [("send_junk_for_a_callable", {"fault": fault}), ("poll", {}), ("poll", {})])
 
 
-@_xfail(7, "a restarted loop runs the redelivery beside the hung first call")
 def test_item7_a_restarted_loop_never_runs_a_copy_beside_a_hung_one() -> None:
     replay(7, [*ONE, ("hang", {}), ("settle", {}), ("stop", {"how": "zero"}), ("restart", {}),
             ("tick", {"frac": 0.95, "times": 2}), ("poll", {})], workers=2)
 
 
-@_xfail(10, "a cost too large for a float fails its message")
 def test_item10_a_huge_cost_still_runs() -> None:
     replay(10, [("send_junk_for_a_callable", {"fault": "cost-huge"}), ("poll", {})])
 
 
-@_xfail(11, "a copy refused at the start is counted a failure")
 def test_item11_a_refused_copy_is_never_a_failure() -> None:
     replay(11, [*ONE, ("hang", {}), ("settle", {}), ("tick", {"frac": 0.95, "times": 2}), ("poll", {}), ("settle", {})],
            workers=2)
 
 
-@_xfail(13, "a user message with the rmqtrace_probe property is acked unrun")
 def test_item13_a_user_message_named_like_a_probe_runs() -> None:
     replay(13, [("send_a_user_message_named_like_a_probe", {}), ("poll", {}), ("settle", {})])
 
@@ -996,18 +1006,19 @@ def test_a_message_whose_key_failed_is_not_a_handler_failure(fault: str) -> None
     replay("key-error-counted-failed", [("send_junk_for_a_callable", {"fault": fault}), ("poll", {}), ("settle", {})])
 
 
-@pytest.mark.xfail(strict=True, raises=AssertionError,
-                   reason="found by this harness (base-kills-the-keeper): a BaseException from one renewal ends "
-                          "the lease keeper's thread; no lease is renewed again")
-def test_a_base_exception_from_a_renewal_leaves_the_keeper_running() -> None:
-    """The threaded twin of ``fail_a_call(op=renew, kind=base)``: the driven model calls
-    renew_leases() itself, so only run()'s own keeper thread shows it."""
+@_xfail("base-ends-a-renewal-thread", "a BaseException from one renewal ends a thread of the keeper's pool, "
+        "which stays counted idle: the next due lease is queued for a thread that is gone, never renewed")
+def test_a_base_exception_from_a_renewal_leaves_the_keeper_renewing() -> None:
+    """The threaded twin of ``fail_a_call(op=renew, kind=base)``: the driven model renews on its
+    own thread (``renew_leases()``), so only run()'s keeper and its pool show it. The lease stays
+    due after the failed call (the broker changed nothing, the clock does not move): the keeper's
+    next passes hand it to the pool again, and a pool that outlived the BaseException renews it."""
     clock = Clock()
-    broker, consumer = consumer_with_messages(clock, await_duration=0)
+    broker, consumer = consumer_with_messages(clock, await_duration=0, wall=True)
     client = FaultyClient(consumer, clock)
     client.plan("renew", Plan("base", "before"))
     release = threading.Event()
-    loop = ConsumeLoop(client, lambda msg: release.wait(30), monotonic=clock, invisible_duration=LEASE,
+    loop = ConsumeLoop(client, lambda msg: release.wait(30), monotonic=clock, wall=clock, invisible_duration=LEASE,
                        renew_margin=MARGIN, workers=1)
     runner = threading.Thread(target=loop.run, daemon=True)
     runner.start()
@@ -1015,10 +1026,12 @@ def test_a_base_exception_from_a_renewal_leaves_the_keeper_running() -> None:
         wait_until(lambda: loop.state().held == 1, timeout=10, what="the message to be held")
         clock.advance(LEASE - MARGIN / 2)  # due: the keeper's next tick renews it, and the call raises
         wait_until(lambda: client.fired["renew:base"] == 1, timeout=10, what="the failing renewal")
-        keeper = loop._keeper_thread
-        assert keeper is not None
-        keeper.join(1.0)  # it returns at once when the thread died; alive otherwise
-        assert keeper.is_alive(), "invariant held_leases_stay_renewed: the lease keeper's thread ended"
+        # the keeper ticks every renew_margin / 3 of real time: 10 s is thirty passes
+        deadline = time.monotonic() + 10
+        while client.calls["renew"] < 2 and time.monotonic() < deadline:
+            time.sleep(0.01)
+        assert client.calls["renew"] >= 2, ("invariant held_leases_stay_renewed: after one renewal raised a "
+                                            "BaseException, the due lease was never renewed again")
     finally:
         release.set()
         loop.stop(timeout=5)
