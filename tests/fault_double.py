@@ -80,9 +80,10 @@ class FaultyClient:
         self.seen: list[Any] = []  # every delivery, so ids are never reused
         self.pending_after = 0.0  # a stall planned "after": applied by after_step()
         self.calls: Counter[str] = Counter()
-        self.ack_gate: threading.Event | None = None  # set: the next ack waits on it (in flight)
+        # a gate holds the next call of its op on one delivery (id(message)) in flight until set
+        self.ack_gate: tuple[int, threading.Event] | None = None
         self.ack_entered = threading.Event()
-        self.renew_gate: threading.Event | None = None  # set: the next renewal waits on it (in flight)
+        self.renew_gate: tuple[int, threading.Event] | None = None
         self.renew_entered = threading.Event()
         # moves the clock by `seconds` inside a call of `op` (a fault): the model's, see the module
         self.jump: Callable[[str, float], None] = lambda op, seconds: self.clock.advance(seconds)
@@ -154,6 +155,15 @@ class FaultyClient:
                     self.refused.append(f"{op} {m.message_id}")
             raise
 
+    def _held_in_flight(self, m: Any, gate: threading.Event) -> None:
+        """A gated call waits in flight; should the clock move meanwhile (another thread's fault),
+        it is a slow call like any other: its lease may end before the broker acts."""
+        began = self.clock()
+        gate.wait(30)
+        if self.clock() != began:
+            with self.lock:
+                self.faulted.add(m.message_id)
+
     # -- the client's surface ---------------------------------------------------------------------
     def receive(self, n: int, invisible: int) -> list[Any]:
         p = self._take("receive", None)
@@ -181,11 +191,12 @@ class FaultyClient:
         with self.lock:
             self.calls["ack"] += 1
             self.settle_began.add(id(m))
-            gate = self.ack_gate
-            self.ack_gate = None
+            gate = None
+            if self.ack_gate is not None and self.ack_gate[0] == id(m):
+                gate, self.ack_gate = self.ack_gate[1], None
         if gate is not None:  # an ack in flight: the harness lets the keeper run meanwhile
             self.ack_entered.set()
-            gate.wait(30)
+            self._held_in_flight(m, gate)
         p = self._take("ack", m.message_id)
         self._fire("ack", p, "pre")
         self._broker("ack", m, p, lambda: self.consumer.ack(m))
@@ -206,11 +217,11 @@ class FaultyClient:
                 self.renewed_after_settle.append(m.message_id)
             if op == "nack":
                 self.settle_began.add(id(m))
-            if op == "renew":
-                gate, self.renew_gate = self.renew_gate, None
+            if op == "renew" and self.renew_gate is not None and self.renew_gate[0] == id(m):
+                gate, self.renew_gate = self.renew_gate[1], None
         if gate is not None:  # a renewal in flight: the harness starts the message's settle meanwhile
             self.renew_entered.set()
-            gate.wait(30)
+            self._held_in_flight(m, gate)
             with self.lock:
                 if id(m) in self.settle_began:
                     self.renewed_after_settle.append(m.message_id)

@@ -95,6 +95,7 @@ OPEN_NEW = frozenset({"junk-backoff", "base-from-a-settle", "key-error-counted-f
 LEASE, MARGIN, BACKOFF = 3.0, 1.0, 1  # seconds on the manual clock
 KEEPER_TICK = MARGIN / 3  # the loop's keeper passes this often (ConsumeLoop._tick)
 RECEIVE_S = 0.005  # the clock moves this much at each receive
+STOP_MARGIN_S = 5.0  # real seconds past stop(timeout=)'s own answer (see begin_drain)
 TIMEOUT, GRACE = 4.0, 1.0  # handler_timeout, hang_grace
 STALL = LEASE + 0.5  # past every lease
 SLOW = MARGIN + 0.3  # past the renew margin, inside the lease
@@ -158,6 +159,36 @@ class GuardLock:
 
     def release(self) -> None:
         self.owner = None
+        self._lock.release()
+
+    def locked(self) -> bool:
+        return self._lock.locked()
+
+    __enter__ = acquire
+
+    def __exit__(self, *exc: object) -> None:
+        self.release()
+
+
+class WatchedLock:
+    """A message's lock (``Lease.lock``) that says who blocked on it: a blocking acquire while it
+    is held (the settle waiting for a renewal in flight is right; the keeper waiting for an ack in
+    flight is not: it must skip)."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self.waiters = 0
+        self.blocked: list[str] = []  # the keeper's threads that blocked on it
+
+    def acquire(self, blocking: bool = True, timeout: float = -1) -> bool:
+        if blocking and not self._lock.acquire(False):
+            self.waiters += 1
+            if "keeper" in threading.current_thread().name or "renew" in threading.current_thread().name:
+                self.blocked.append(threading.current_thread().name)
+            return self._lock.acquire(True, timeout)
+        return True if blocking else self._lock.acquire(False)
+
+    def release(self) -> None:
         self._lock.release()
 
     def locked(self) -> bool:
@@ -368,8 +399,17 @@ class FaultModel(RuleBasedStateMachine):
                 self.moved()
                 try:
                     self.loop.renew_leases()
-                except (Injected, TimeoutError, InjectedBase):
+                except InjectedBase:
+                    self.excuse_due()  # (as in step())
+                except (Injected, TimeoutError):
                     pass
+
+    def excuse_due(self) -> None:
+        now = self.clock()
+        with self.client.lock:
+            mids = {m.message_id for i, m in self.client.held.items() if self.client.lease_end.get(i, 0.0) - now <= MARGIN}
+        self.excused.update(mids)
+        self.lease_excused.update(mids)
 
     def excuse_held(self) -> None:
         with self.client.lock:
@@ -403,7 +443,12 @@ class FaultModel(RuleBasedStateMachine):
                 self.loop.renew_leases()
             else:
                 self.loop.settle_ready()
-        except (Injected, TimeoutError, InjectedBase, KeyboardInterrupt):
+        except InjectedBase:
+            # a BaseException ends the caller's step: a renewal pass it cut short leaves the rest
+            # of its due leases to lapse (the caller wants out); run()'s keeper runs on its pool
+            if what == "renew":
+                self.excuse_due()
+        except (Injected, TimeoutError, KeyboardInterrupt):
             pass  # run() counts an Exception; a BaseException ends it: the model goes on driving
         if self.client.after_step():
             self.excuse_held()
@@ -535,56 +580,155 @@ class FaultModel(RuleBasedStateMachine):
         self.moved()
         self.step("renew")
 
-    @rule(past_grace=st.booleans())
-    def keeper_before_the_watchdog(self, past_grace: bool) -> None:
-        """A hung handler, renewed below the margin until past handler_timeout (+ hang_grace), and
-        the keeper's pass arrives before the watchdog's TIMEOUT: then the TIMEOUT."""
-        calls = self.my_running()
-        if not calls:
-            return
-        call = calls[0]
-        self.excused.add(call.message.message_id)
-        self.lease_excused.add(call.message.message_id)  # abandoned past hang_grace: on purpose
-        bound = TIMEOUT + (GRACE if past_grace else 0.0)
-        while self.clock() - call.started <= bound:
-            self.clock.advance(0.9 * MARGIN)
-            self.step("renew")  # the keeper first, no check_timeouts()
-        self.moved()  # the watchdog now
-        self.step("renew")
+    def one_settling(self) -> Any:
+        """A fresh message runs and succeeds: its outcome is reported, its ack not yet sent. Its
+        lease (the loop's record), or None when none could start now."""
+        if self.stopped or self.loop.stopping:
+            return None
+        before = set(self.my_running())
+        self.send(None, 1)
+        self.step("poll")
+        new = [c for c in self.my_running() if c not in before]
+        if not new:
+            return None
+        call = new[0]
+        self.step("settle")  # the outcomes reported before: this one is settled first
+        call.end = "success"
+        call.gate.set()
+        self.quiesce()
+        with self.loop._lock:
+            h = self.loop._leases.get(id(call.message))
+        return h if h is not None and h.state == SETTLING else None
 
-    @precondition(lambda self: not self.stopped)
-    @rule()
-    def keeper_pass_during_an_ack(self) -> None:
-        """An ack in flight (its message's lock held by the settling thread) while the keeper's
-        pass runs: the keeper skips it, never renews it after its settle began."""
-        if not self.loop.state().settling:
-            return
-        gate = threading.Event()
-        self.client.ack_entered.clear()
-        with self.client.lock:
-            self.client.ack_gate = gate
-        t = threading.Thread(target=self.step, args=("settle",), daemon=True)
-        t.start()
-        wait_until(lambda: self.client.ack_entered.is_set() or not t.is_alive(), timeout=10,
-                   what="an ack to be in flight")
-        self.clock.advance(0.5 * MARGIN)
-
+    def keeper_pass_on_a_thread(self) -> threading.Thread:
+        """One keeper pass on its own thread (one that blocked on a message's lock must not
+        deadlock the harness)."""
         def keeper_pass() -> None:
             try:
                 self.loop.renew_leases()
             except (Injected, TimeoutError, InjectedBase):
                 pass
 
-        # the keeper's pass on its own thread: one that waited for the in-flight ack (instead of
-        # skipping it) must not deadlock the harness, and is caught renewing after the settle
-        keeper = threading.Thread(target=keeper_pass, daemon=True)
-        keeper.start()
-        keeper.join(0.2)
-        gate.set()
+        t = threading.Thread(target=keeper_pass, name="keeper-pass", daemon=True)
+        t.start()
+        return t
+
+    @rule(past_grace=st.booleans())
+    def keeper_before_the_watchdog(self, past_grace: bool) -> None:
+        """Aimed ordering (#30): a hung handler's lease is renewed by the keeper's passes below the
+        margin until past ``handler_timeout`` (``past_grace``: and past ``+ hang_grace``), all of
+        them before the watchdog's TIMEOUT; then the TIMEOUT and the settle. Past the grace the
+        keeper gives the lease up first (``abandoned``); either way the TIMEOUT then settles it."""
+        if self.stopped or self.loop.stopping:
+            return
+        def held_calls() -> list[Call]:  # (a call already given back may still hang: not that one)
+            with self.loop._lock:
+                return [c for c in self.my_running() if id(c.message) in self.loop._leases]
+
+        if not held_calls():
+            self.send(None, 1)
+            self.step("poll")
+        calls = held_calls()
+        if not calls:
+            return
+        call = calls[0]
+        self.excused.add(call.message.message_id)
+        self.lease_excused.add(call.message.message_id)  # abandoned past hang_grace: on purpose
+        with self.loop._lock:
+            h = self.loop._leases[id(call.message)]
+        bound = TIMEOUT + (GRACE if past_grace else 0.0)
+        # the keeper first, no check_timeouts(); past the grace, until the lease fell due once more
+        # (the keeper decides on a lease when it is due)
+        passes = 0
+        while (self.clock() - call.started <= bound or (past_grace and not h.given_up)) and passes < 20:
+            self.clock.advance(0.9 * MARGIN)
+            self.step("renew")
+            passes += 1
+        if past_grace:
+            assert h.given_up, ("invariant held_settled_or_given_back: a handler hung past handler_timeout + "
+                                "hang_grace still has its lease renewed")
+        self.moved()  # the watchdog now
+        self.step("renew")
+        self.step("settle")
+        with self.loop._lock:
+            h = self.loop._leases.get(id(call.message))
+        assert h is None, ("invariant held_settled_or_given_back: the TIMEOUT of a hung handler the keeper "
+                           "passed first left its message held")
+
+    @rule()
+    def keeper_pass_during_an_ack(self) -> None:
+        """Aimed ordering (#30): an ack in flight (the settling thread holds its message's lock, the
+        double holds the call) while the keeper's passes run until its lease is due and past: each
+        pass skips it — never waits for it (other leases would lapse behind one slow ack), never
+        renews it after its settle began (on the proxy that revives an acked message)."""
+        h = self.one_settling()
+        if h is None:
+            return
+        watched = WatchedLock()
+        h.lock = watched
+        gate = threading.Event()
+        self.client.ack_entered.clear()
         with self.client.lock:
-            self.client.ack_gate = None
-        t.join(20)
-        keeper.join(20)
+            self.client.ack_gate = (id(h.message), gate)
+        settler = threading.Thread(target=self.step, args=("settle",), daemon=True)
+        settler.start()
+        try:
+            wait_until(lambda: self.client.ack_entered.is_set() or not settler.is_alive(), timeout=10,
+                       what="the ack to be in flight")
+            due_passes = 0
+            while self.client.ack_entered.is_set() and due_passes < 2:
+                self.clock.advance(KEEPER_TICK)
+                self.moved()
+                due_passes += h.deadline - self.clock() <= MARGIN
+                keeper = self.keeper_pass_on_a_thread()
+                keeper.join(2.0)  # a pass that skips returns at once; one that waits is still here
+                assert not watched.blocked, ("invariant held_leases_stay_renewed: the keeper's pass waited for "
+                                             "an ack in flight (every other lease waits behind it)")
+        finally:
+            gate.set()
+            with self.client.lock:
+                self.client.ack_gate = None
+            settler.join(20)
+        self.quiesce()
+
+    @rule()
+    def ack_during_a_keeper_renewal(self) -> None:
+        """Aimed ordering (#30), the other way round: the keeper's renewal of a message is in flight
+        (its pass holds the message's lock, the double holds the call) when the message's settle
+        begins: the settle waits for that renewal, and its ack reaches the broker after it — never
+        a renewal after the ack (revived on the proxy)."""
+        h = self.one_settling()
+        if h is None:
+            return
+        watched = WatchedLock()
+        h.lock = watched
+        gate = threading.Event()
+        self.client.renew_entered.clear()
+        with self.client.lock:
+            self.client.renew_gate = (id(h.message), gate)
+        keeper: threading.Thread | None = None
+        settler: threading.Thread | None = None
+        try:
+            while not self.client.renew_entered.is_set() and h.deadline > self.clock():
+                self.clock.advance(KEEPER_TICK)
+                self.moved()
+                keeper = self.keeper_pass_on_a_thread()
+                wait_until(lambda: self.client.renew_entered.is_set() or not keeper.is_alive(), timeout=10,
+                           what="a keeper pass")
+            if not self.client.renew_entered.is_set():
+                return
+            settler = threading.Thread(target=self.step, args=("settle",), daemon=True)
+            settler.start()
+            wait_until(lambda: watched.waiters > 0 or not settler.is_alive(), timeout=10,
+                       what="the settle to reach the message's lock")
+        finally:
+            gate.set()
+            with self.client.lock:
+                self.client.renew_gate = None
+            if keeper is not None:
+                keeper.join(20)
+            if settler is not None:
+                settler.join(20)
         self.quiesce()
 
     @rule()
@@ -619,7 +763,8 @@ class FaultModel(RuleBasedStateMachine):
 
         self.runner = threading.Thread(target=self._run, args=(self.loop, until), daemon=True)
         self.runner.start()
-        wait_until(entered.is_set, timeout=10, what="run() to start")
+        # (a loop a key=/cost= Ctrl-C already stops never asks until=: its run() drains at once)
+        wait_until(lambda: entered.is_set() or self.loop.stopping, timeout=10, what="run() to start")
 
     def finish_drain(self) -> None:
         self.drain_now.set()
@@ -639,9 +784,18 @@ class FaultModel(RuleBasedStateMachine):
 
         def bounded_stop() -> None:
             try:
-                self.bounded_stop_answers.append(loop.stop(timeout=bounded))
+                answer = loop.stop(timeout=bounded)
             except BaseException as exc:  # noqa: BLE001 - recorded: a stop must never raise
                 self.stop_errors.append(f"stop(timeout={bounded}) raised {exc!r}")
+                return
+            runner = self.runner
+            if not answer and runner is not None:
+                # the stop deadline is on real time (time.monotonic, not the loop's monotonic=):
+                # a loaded 2-core machine may miss stop()'s own half second past it; a drain that
+                # ignores the deadline (waits for a hung handler) is still running after this
+                runner.join(STOP_MARGIN_S)
+                answer = not runner.is_alive()
+            self.bounded_stop_answers.append(answer)
 
         stopper = threading.Thread(target=bounded_stop, daemon=True)
         stopper.start()
