@@ -179,12 +179,22 @@ class WatchedLock:
         self._lock = threading.Lock()
         self.waiters = 0
         self.blocked: list[str] = []  # the keeper's threads that blocked on it
+        # set: the keeper's first touch of this lock waits here (its due list is taken, its lock
+        # attempt not yet made) until the harness lets it go on
+        self.hold_keeper: threading.Event | None = None
+        self.keeper_arrived = threading.Event()
 
     def acquire(self, blocking: bool = True, timeout: float = -1) -> bool:
+        name = threading.current_thread().name
+        keeper = "keeper" in name or "renew" in name
+        if keeper and self.hold_keeper is not None:
+            hold, self.hold_keeper = self.hold_keeper, None
+            self.keeper_arrived.set()
+            hold.wait(30)
         if blocking and not self._lock.acquire(False):
             self.waiters += 1
-            if "keeper" in threading.current_thread().name or "renew" in threading.current_thread().name:
-                self.blocked.append(threading.current_thread().name)
+            if keeper:
+                self.blocked.append(name)
             return self._lock.acquire(True, timeout)
         return True if blocking else self._lock.acquire(False)
 
@@ -657,38 +667,52 @@ class FaultModel(RuleBasedStateMachine):
 
     @rule()
     def keeper_pass_during_an_ack(self) -> None:
-        """Aimed ordering (#30): an ack in flight (the settling thread holds its message's lock, the
-        double holds the call) while the keeper's passes run until its lease is due and past: each
-        pass skips it — never waits for it (other leases would lapse behind one slow ack), never
-        renews it after its settle began (on the proxy that revives an acked message)."""
+        """Aimed ordering (#30): the keeper's pass has taken its due list (the message's lease is
+        due, its outcome reported) when the message's settle begins and its ack goes in flight;
+        only then does the pass reach the message's lock. It must skip the message — never wait
+        for the ack (every lease after it in the pass would wait behind one slow ack), never
+        renew it once its settle began (on the proxy that revives an acked message)."""
         h = self.one_settling()
         if h is None:
             return
         watched = WatchedLock()
         h.lock = watched
+        hold = threading.Event()
+        watched.hold_keeper = hold
+        keeper: threading.Thread | None = None
+        settler: threading.Thread | None = None
         gate = threading.Event()
-        self.client.ack_entered.clear()
-        with self.client.lock:
-            self.client.ack_gate = (id(h.message), gate)
-        settler = threading.Thread(target=self.step, args=("settle",), daemon=True)
-        settler.start()
         try:
-            wait_until(lambda: self.client.ack_entered.is_set() or not settler.is_alive(), timeout=10,
-                       what="the ack to be in flight")
-            due_passes = 0
-            while self.client.ack_entered.is_set() and due_passes < 2:
+            # passes until one takes the message as due and reaches its lock (held there)
+            while not watched.keeper_arrived.is_set() and h.deadline > self.clock():
                 self.clock.advance(KEEPER_TICK)
                 self.moved()
-                due_passes += h.deadline - self.clock() <= MARGIN
                 keeper = self.keeper_pass_on_a_thread()
-                keeper.join(2.0)  # a pass that skips returns at once; one that waits is still here
-                assert not watched.blocked, ("invariant held_leases_stay_renewed: the keeper's pass waited for "
-                                             "an ack in flight (every other lease waits behind it)")
+                wait_until(lambda: watched.keeper_arrived.is_set() or not keeper.is_alive(), timeout=10,
+                           what="a keeper pass")
+            if not watched.keeper_arrived.is_set():
+                return
+            self.client.ack_entered.clear()
+            with self.client.lock:
+                self.client.ack_gate = (id(h.message), gate)
+            settler = threading.Thread(target=self.step, args=("settle",), daemon=True)
+            settler.start()
+            wait_until(lambda: self.client.ack_entered.is_set() or not settler.is_alive(), timeout=10,
+                       what="the ack to be in flight")
+            hold.set()  # the pass goes on to the message's lock, held by the settle
+            assert keeper is not None
+            keeper.join(2.0)  # a pass that skips returns at once; one that waits is still here
+            assert not watched.blocked, ("invariant held_leases_stay_renewed: the keeper's pass waited for "
+                                         "an ack in flight (every other lease waits behind it)")
         finally:
+            hold.set()
             gate.set()
             with self.client.lock:
                 self.client.ack_gate = None
-            settler.join(20)
+            if settler is not None:
+                settler.join(20)
+            if keeper is not None:
+                keeper.join(20)
         self.quiesce()
 
     @rule()

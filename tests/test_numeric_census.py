@@ -362,9 +362,11 @@ def _cases() -> list[Any]:
 @pytest.mark.parametrize(("where", "value"), _cases())
 def test_a_numeric_parameter_works_or_fails_loudly_at_once(where: tuple[str, str], value: str) -> None:
     verdict, exc = _call(CHECKED[where], VALUES[value])
-    assert verdict != "hang", f"{where} = {value}: still running after {HANG_S:g} s"
+    named = "invariant works_or_fails_loudly:"  # the census's promise, as the fault table names it
+    assert verdict != "hang", f"{named} {where} = {value}: still running after {HANG_S:g} s"
     if verdict == "raised":
-        assert isinstance(exc, (ValueError, TypeError)), f"{where} = {value}: raised {exc!r}, not ValueError/TypeError"
-        assert "\n" not in str(exc).strip(), f"{where} = {value}: a one-line error, got {exc!s}"
+        assert isinstance(exc, (ValueError, TypeError)), (
+            f"{named} {where} = {value}: raised {exc!r}, not ValueError/TypeError")
+        assert "\n" not in str(exc).strip(), f"{named} {where} = {value}: a one-line error, got {exc!s}"
     else:
-        assert value != "nan", f"{where} = NaN was accepted silently"
+        assert value != "nan", f"{named} {where} = NaN was accepted silently"
