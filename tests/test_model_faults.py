@@ -401,18 +401,24 @@ class FaultModel(RuleBasedStateMachine):
             self.clock.advance(seconds)
             return
         left = seconds
+        self.keeper_beside()  # the pool's other threads take what is due now, at once
         while left > 0:
             d = min(KEEPER_TICK, left)
             self.clock.advance(d)
             left -= d
-            if self.runner is None:
-                self.moved()
-                try:
-                    self.loop.renew_leases()
-                except InjectedBase:
-                    self.excuse_due()  # (as in step())
-                except (Injected, TimeoutError):
-                    pass
+            self.keeper_beside()
+
+    def keeper_beside(self) -> None:
+        """A keeper pass and the watchdog, beside a call held up on this thread (see fault_jump)."""
+        if self.runner is not None:
+            return
+        self.moved()
+        try:
+            self.loop.renew_leases()
+        except InjectedBase:
+            self.excuse_due()  # (as in step())
+        except (Injected, TimeoutError):
+            pass
 
     def excuse_due(self) -> None:
         now = self.clock()
@@ -1164,9 +1170,17 @@ def test_item13_a_user_message_named_like_a_probe_runs() -> None:
 
 
 @_xfail("junk-backoff", "a junk retry_backoff= makes the nack fail: the message waits out its lease")
-@pytest.mark.parametrize("backoff", ["nan", "inf", "huge", "str", "raise"])
+@pytest.mark.parametrize("backoff", ["nan", "inf", "huge", "str"])
 def test_a_junk_retry_backoff_still_gives_the_message_back(backoff: str) -> None:
     replay("junk-backoff", [*ONE, ("release", {"pick": 0, "end": "failure"}), ("settle", {})], backoff=backoff)
+
+
+@pytest.mark.xfail(strict=True, raises=ValueError,
+                   reason="found by this harness (backoff-exception-stops-the-loop): a retry_backoff= raising an "
+                          "Exception is re-raised out of the settle, as a Ctrl-C is: settle_ready() raises it, "
+                          "and in run() the ack thread stops the loop and run() re-raises it")
+def test_a_raising_retry_backoff_is_not_an_interrupt() -> None:
+    replay("junk-backoff", [*ONE, ("release", {"pick": 0, "end": "failure"}), ("settle", {})], backoff="raise")
 
 
 @_xfail("base-from-a-settle", "a BaseException from ack/nack leaves the message held for ever")
