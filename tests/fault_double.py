@@ -22,7 +22,8 @@ renewal then revives an acked message on the proxy).
 
 How the clock moves inside a call is the model's (:attr:`FaultyClient.jump`): a stall past every
 lease stops the whole process at once; a slow answer or a request timeout holds up only the
-calling thread, so the model lets the lease keeper's other passes run meanwhile. Thread-safe: the loop calls it from its receive, keeper and ack threads at once.
+calling thread, so the model lets the lease keeper's other passes run meanwhile. Thread-safe:
+the loop calls it from its receive, keeper and ack threads at once.
 """
 
 from __future__ import annotations

@@ -693,8 +693,8 @@ class FaultModel(RuleBasedStateMachine):
             while not watched.keeper_arrived.is_set() and h.deadline > self.clock():
                 self.clock.advance(KEEPER_TICK)
                 self.moved()
-                keeper = self.keeper_pass_on_a_thread()
-                wait_until(lambda: watched.keeper_arrived.is_set() or not keeper.is_alive(), timeout=10,
+                keeper = k = self.keeper_pass_on_a_thread()
+                wait_until(lambda k=k: watched.keeper_arrived.is_set() or not k.is_alive(), timeout=10,  # type: ignore[misc]
                            what="a keeper pass")
             if not watched.keeper_arrived.is_set():
                 return
@@ -742,8 +742,8 @@ class FaultModel(RuleBasedStateMachine):
             while not self.client.renew_entered.is_set() and h.deadline > self.clock():
                 self.clock.advance(KEEPER_TICK)
                 self.moved()
-                keeper = self.keeper_pass_on_a_thread()
-                wait_until(lambda: self.client.renew_entered.is_set() or not keeper.is_alive(), timeout=10,
+                keeper = k = self.keeper_pass_on_a_thread()
+                wait_until(lambda k=k: self.client.renew_entered.is_set() or not k.is_alive(), timeout=10,  # type: ignore[misc]
                            what="a keeper pass")
             if not self.client.renew_entered.is_set():
                 return
