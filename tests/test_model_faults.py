@@ -2,9 +2,12 @@
 
 :class:`FaultModel` is a hypothesis ``RuleBasedStateMachine`` over :class:`ConsumeLoop` on the
 strict embedded broker, driven step by step (``poll``, ``renew_leases``, ``settle_ready``) on an
-injected monotonic clock, behind :class:`fault_double.FaultyClient`: a stall is a jump of that
-clock *inside* a broker call (before the broker acts, while the answer is in flight, or just
-after it returned), so every fault is deterministic. Handlers run on the dispatcher's real
+injected clock — the loop's ``monotonic=`` and ``wall=`` and the broker's (the pop time in each
+receipt handle, which the loop dates a lease on) — behind :class:`fault_double.FaultyClient`: a
+stall is a jump of that clock *inside* a broker call (before the broker acts, while the answer
+is in flight, or just after it returned), so every fault is deterministic. A stall stops the
+whole process; a slow answer or a request timeout holds up only its thread, and the keeper's
+passes and the watchdog run meanwhile (:meth:`FaultModel.fault_jump`). Handlers run on the dispatcher's real
 worker threads and block on events the harness sets. A stop hands the loop to the real ``run()``
 (on a thread) for its drain, and a restart builds a new loop on the same client.
 
@@ -16,8 +19,10 @@ generator, runs very slowly (renewed throughout), hangs past ``handler_timeout``
 ``stop()`` on its own loop; ``key=`` and ``cost=`` raising or returning junk, and a junk
 ``retry_backoff=``; stop unbounded, ``stop(timeout=0)``, ``stop(timeout=inf)``; a restart after
 a stop; a signal handler calling ``stop()`` while the loop's lock is held; every policy with
-all its workers hung; and the two orderings random search rarely built: a keeper pass while an
-ack is in flight, and a keeper pass before the watchdog's ``TIMEOUT`` of a hung handler.
+all its workers hung; and, built every time they are drawn (deterministic interleavings, not
+chance), the keeper's pass racing an ack that is finishing both ways (``keeper_pass_during_an_ack``,
+``ack_during_a_keeper_renewal``) and the keeper's pass before the watchdog's ``TIMEOUT`` of a hung
+handler (``keeper_before_the_watchdog``).
 
 **The promises, as named invariants** checked after every step (messages start
 ``invariant <name>:``):
@@ -36,25 +41,28 @@ ack is in flight, and a keeper pass before the watchdog's ``TIMEOUT`` of a hung 
     every delivery the broker handed out is held by the loop, settled (acked or given back), or
     past its broker lease (left to expire); no renewal once its settle began;
 ``stop_keeps_its_bound``
-    ``stop(timeout=t)`` answers True once ``run()`` returned, and no stop raises;
+    ``stop(timeout=t)`` answers True once ``run()`` returned (or ``run()`` returns within
+    ``STOP_MARGIN_S`` real seconds more: the stop deadline is on real time), and no stop raises;
 ``memory_bounded``
-    what the loop holds stays within its room, and live blame keeps O(workers) records;
+    what the loop holds stays within its room; with every worker hung it receives nothing and
+    renews no lease no worker can start; live blame keeps O(workers + held) records;
 ``counters_add_up``
     the snapshot's identity holds; ``failed`` counts only handlers that ran and failed (a copy
     that never started is ``not_started``, never a failure); a submit is refused only for a
-    raising ``key=``/``cost=``; broker errors are only the faults the harness injected;
+    raising ``key=``/``cost=``; broker errors are only the faults the harness injected; no
+    Exception escapes a driven step (``run()`` would stop on it);
 ``nothing_received_after_stop``
     once ``run()`` returned after a stop, the loop received nothing more.
 
 The promise-by-fault-class table is in RELIABILITY.md ("The fault table").
 
-Known bugs: ``OPEN_ITEMS`` lists the items of issue #30 not fixed on this branch. The rules that
-reach one only while it is open are held back from the random search (their preconditions read
-``OPEN_ITEMS``), and each has a fixed-sequence test below marked ``xfail(strict=True)``: once a
-fix is merged, remove its number from ``OPEN_ITEMS`` and the xfail mark (it then XPASSes, which
-strict turns into a failure, so neither can be forgotten).
+Known bugs: ``OPEN_ITEMS`` (issue #30's items, all fixed now) and ``OPEN_NEW`` (bugs this harness
+found) hold the faults that reach an open bug back from the random search (``open_item``), and
+each has a fixed-sequence test below marked ``xfail(strict=True)``: once a fix is merged, remove
+its name and the xfail mark (it then XPASSes, which strict turns into a failure, so neither can
+be forgotten). The ``test_itemN_*`` tests replay #30's items; each failed before its fix.
 
-Default: 300 examples of up to 30 steps (about 30-55 s on the shared 2-CPU machine);
+Default: 300 examples of up to 30 steps (35-85 s on the shared 2-CPU machine at load 3-8);
 ``RMQTRACE_LONG=1``: 1500.
 """
 
