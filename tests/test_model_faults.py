@@ -793,6 +793,7 @@ class FaultModel(RuleBasedStateMachine):
         if self.stopped:
             return
         self.stopped = True
+        self.bounded_drain = False
         self.received_at_stop = self.loop.statistics().received
         go, entered = threading.Event(), threading.Event()
         self.drain_now = go
@@ -814,6 +815,7 @@ class FaultModel(RuleBasedStateMachine):
     def begin_drain(self, bounded: float | None = None) -> None:
         """stop() (unbounded: it asks) or stop(timeout=bounded) from another thread, then the drain."""
         self.prepare_drain()
+        self.bounded_drain = bounded is not None and not math.isinf(bounded)
         loop = self.loop
         if bounded is None:
             try:
@@ -887,9 +889,19 @@ class FaultModel(RuleBasedStateMachine):
     def restart(self) -> None:
         """A new loop on the same client after a stop (the old one's hung calls may still run)."""
         if self.runner is not None:
-            self.runner.join(2)  # the drain ends once nothing it waits for still runs
-            if self.runner.is_alive():
-                return  # an unbounded drain waits for a hung handler: no restart yet
+            # decided by the model, not by how long the drain took (the rules hypothesis may draw
+            # next must not depend on timing): an unbounded drain waits for this loop's hung
+            # handlers, so they end first (late); a bounded one ends by its deadline
+            deadline = time.monotonic() + 30
+            while self.runner.is_alive() and time.monotonic() < deadline:
+                if not self.bounded_drain:  # (and what the drain starts meanwhile ends too)
+                    with self.cond:
+                        for c in self.running:
+                            if c.loop == self.loop_index:
+                                c.gate.set()
+                self.runner.join(0.05)
+            assert not self.runner.is_alive(), "invariant stop_keeps_its_bound: run() did not return after its drain"
+            self.quiesce()
         self.retired.append(self.loop)
         self.new_loop()
         self.step("poll")
