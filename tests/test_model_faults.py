@@ -88,7 +88,7 @@ from prometheus_client import CollectorRegistry
 from waiting import wait_until
 
 from tracer.clients.consume import ConsumeLoop, DispatchOptions, FlowOptions, LeaseOptions
-from tracer.clients.lease import SETTLING
+from tracer.clients.lease import SETTLING, SUBMITTED
 from tracer.dispatch import Aggressive, CostAware, DispatchMetrics, Random, RoundRobin
 from tracer.embedded import EmbeddedBroker, Message, Producer, SimpleConsumer
 
@@ -933,6 +933,16 @@ class FaultModel(RuleBasedStateMachine):
         a copy while this one still has it: two copies at once, across processes)."""
         if not hasattr(self, "loop") or self.stopped:
             return
+        with self.cond:
+            running = {c.message.message_id for c in self.running}
+        for lp in self.loops:
+            if len(lp.dispatcher.overrun()) >= self.workers:
+                # every worker hung: what waits in the dispatcher is let go on purpose (#30 item 5,
+                # `let_go`): its lease is not renewed, a peer takes it
+                with lp._lock:
+                    queued = {h.message.message_id for h in lp._leases.values() if h.state == SUBMITTED}
+                self.lease_excused.update(queued - running)
+                self.excused.update(queued - running)
         now = self.clock()
         holding: set[int] = set()
         for lp in self.loops:
