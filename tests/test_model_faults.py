@@ -616,6 +616,10 @@ class FaultModel(RuleBasedStateMachine):
         self.send(None, 1)
         self.step("poll")
         new = [c for c in self.my_running() if c not in before]
+        if not new:  # every worker busy: one of them, still in time and held, ends now
+            with self.loop._lock:
+                new = [c for c in self.my_running() if id(c.message) in self.loop._leases
+                       and self.clock() - c.started <= TIMEOUT]
         if not new:
             return None
         call = new[0]
@@ -659,24 +663,42 @@ class FaultModel(RuleBasedStateMachine):
         if not calls:
             return
         call = calls[0]
-        self.excused.add(call.message.message_id)
-        self.lease_excused.add(call.message.message_id)  # abandoned past hang_grace: on purpose
+        mid = call.message.message_id
+        hit = mid in self.lease_excused or mid in self.client.faulted  # a fault may cost it its lease
+        self.excused.add(mid)
+        if past_grace:
+            self.lease_excused.add(mid)  # abandoned past hang_grace: on purpose
         with self.loop._lock:
             h = self.loop._leases[id(call.message)]
-        bound = TIMEOUT + (GRACE if past_grace else 0.0)
-        # the keeper first, no check_timeouts(); past the grace, until the lease fell due once more
-        # (the keeper decides on a lease when it is due)
+        abandoned = self.loop.statistics().abandoned
+        # the keeper first, every tick, no check_timeouts(): past handler_timeout to just inside the
+        # grace (the lease must still be renewed there), or past the grace until the lease fell due
+        # once more (the keeper decides on a lease when it is due)
+        def more() -> bool:
+            age = self.clock() - call.started
+            if past_grace:
+                return age <= TIMEOUT + GRACE or not h.given_up
+            return age + KEEPER_TICK < TIMEOUT + GRACE
+
         passes = 0
-        while (self.clock() - call.started <= bound or (past_grace and not h.given_up)) and passes < 20:
-            self.clock.advance(0.9 * MARGIN)
+        while more() and passes < 40:
+            self.clock.advance(KEEPER_TICK)
             self.step("renew")
             passes += 1
+        hit = hit or mid in self.client.faulted
         if past_grace:
             # (the dispatcher's own watchdog thread wakes on real time: on a slow machine it may
             # report the TIMEOUT first; then the settle gives the message back instead)
             assert h.given_up or h.state == SETTLING, (
                 "invariant held_settled_or_given_back: a handler hung past handler_timeout + hang_grace still "
                 "has its lease renewed")
+            if h.given_up and not hit:
+                assert self.loop.statistics().abandoned > abandoned, (
+                    "invariant counters_add_up: a hung handler's lease given up is not counted `abandoned`")
+        elif not hit:
+            # within handler_timeout + hang_grace the keeper keeps the lease (its TIMEOUT gives it back)
+            assert not h.given_up, ("invariant held_leases_stay_renewed: a handler within handler_timeout + "
+                                    "hang_grace lost its lease to the keeper")
         self.moved()  # the watchdog now
         self.step("renew")
         self.step("settle")
@@ -685,8 +707,8 @@ class FaultModel(RuleBasedStateMachine):
         assert h is None, ("invariant held_settled_or_given_back: the TIMEOUT of a hung handler the keeper "
                            "passed first left its message held")
 
-    @rule()
-    def keeper_pass_during_an_ack(self) -> None:
+    @rule(until_settled=st.booleans())
+    def keeper_pass_during_an_ack(self, until_settled: bool = False) -> None:
         """Aimed ordering (#30): the keeper's pass has taken its due list (the message's lease is
         due, its outcome reported) when the message's settle begins and its ack goes in flight;
         only then does the pass reach the message's lock. It must skip the message — never wait
@@ -719,7 +741,10 @@ class FaultModel(RuleBasedStateMachine):
             settler.start()
             wait_until(lambda: self.client.ack_entered.is_set() or not settler.is_alive(), timeout=10,
                        what="the ack to be in flight")
-            hold.set()  # the pass goes on to the message's lock, held by the settle
+            if until_settled:  # or only once the settle is over: the lock is free, the lease settled
+                gate.set()
+                settler.join(20)
+            hold.set()  # the pass goes on to the message's lock (held by the settle, or free again)
             assert keeper is not None
             keeper.join(2.0)  # a pass that skips returns at once; one that waits is still here
             assert not watched.blocked, ("invariant held_leases_stay_renewed: the keeper's pass waited for "
