@@ -30,6 +30,7 @@ four ``_*_parent_*`` delegates).
 
 from __future__ import annotations
 
+import random
 import sys
 import traceback
 from typing import Any, Callable, Mapping, Sequence
@@ -40,6 +41,7 @@ from opentelemetry.context import Context
 from opentelemetry.sdk.resources import Resource
 from opentelemetry.sdk.trace import Event, ReadableSpan, SpanLimits, sampling
 from opentelemetry.sdk.trace import Tracer as SdkTracer
+from opentelemetry.sdk.trace.id_generator import RandomIdGenerator
 from opentelemetry.sdk.util import BoundedList
 from opentelemetry.sdk.util.instrumentation import InstrumentationScope
 from opentelemetry.trace import (
@@ -58,6 +60,7 @@ from opentelemetry.util.types import Attributes, AttributeValue
 from ..path.names import SCHEMA_URL
 from ..path.propagation import span_context
 from ..version import __version__
+from .chain import ProcessorChain
 
 __all__ = ["SCOPE", "DeferredSpan", "SpanWriter", "add_own_attributes", "exception_attributes", "record_error",
            "span_writer"]
@@ -66,6 +69,36 @@ SCOPE = InstrumentationScope("rmqtrace", __version__, SCHEMA_URL)
 _NO_LIMITS = SpanLimits()
 _EMPTY = Context()  # what the sampler's parent context is built on: only the parent span matters
 _UNSET = Status()  # read-only once made: one for every span that never gets a status
+_new_object = object.__new__
+
+
+def _span_fields(name: str, context: SpanContext, parent: SpanContext | None, resource: Resource,
+                 attributes: Mapping[str, Any], events: Sequence[Event], links: Sequence[Link], kind: SpanKind,
+                 status: Status, start_ns: int, end_ns: int) -> dict[str, Any]:
+    """The instance dict ``ReadableSpan(name, context, parent, resource, attributes, events, links,
+    kind, None, status, start_ns, end_ns, SCOPE)`` gets (opentelemetry-sdk 1.45). :meth:`SpanWriter.emit`
+    builds it inline (a dict display instead of the constructor's frame and thirteen attribute
+    stores: five spans a message); :data:`FAST_READABLE` says whether it is still what the
+    installed SDK's constructor makes."""
+    return {"_name": name, "_context": context, "_kind": kind, "_instrumentation_info": None,
+            "_instrumentation_scope": SCOPE, "_parent": parent, "_start_time": start_ns, "_end_time": end_ns,
+            "_attributes": attributes, "_events": events, "_links": links, "_resource": resource, "_status": status}
+
+
+def _fast_readable_holds() -> bool:
+    """Whether a span built from :func:`_span_fields` is the constructor's, field for field, on
+    this SDK (checked once, at import: another version's constructor falls back to itself)."""
+    try:
+        ctx, resource, attrs = span_context(1, 2, False, TraceFlags(1), None), Resource.get_empty(), {"a": 1}
+        made = ReadableSpan("probe", ctx, None, resource, attrs, (), (), SpanKind.CONSUMER, None, _UNSET, 5, 7, SCOPE)
+        fast = _new_object(ReadableSpan)
+        fast.__dict__ = _span_fields("probe", ctx, None, resource, attrs, (), (), SpanKind.CONSUMER, _UNSET, 5, 7)
+        return type(fast) is ReadableSpan and vars(made) == vars(fast) and list(vars(made)) == list(vars(fast))
+    except Exception:  # noqa: BLE001 - any surprise: the constructor
+        return False
+
+
+FAST_READABLE = _fast_readable_holds()
 # A new span's flags by (sampled, random trace id): TraceFlags(int) costs a call per span otherwise.
 _NEW_FLAGS = {(s, r): TraceFlags((TraceFlags.SAMPLED if s else 0) | (TraceFlags.RANDOM_TRACE_ID if r else 0))
               for s in (False, True) for r in (False, True)}
@@ -130,8 +163,8 @@ def stock_decider(sampler: Any) -> Decide | None:
 class SpanWriter:
     """Sampling, ids, limits and the span processor of one SDK tracer."""
 
-    __slots__ = ("tracer", "_sampler", "_stock", "_by_parent", "_ids", "_processor", "_resource", "_limits",
-                 "_random_ids", "_attr_cap", "_links_cap")
+    __slots__ = ("tracer", "_sampler", "_stock", "_by_parent", "_ids", "_draw", "_processor", "_chain", "_resource",
+                 "_limits", "_random_ids", "_attr_cap", "_links_cap")
 
     def __init__(self, tracer: SdkTracer) -> None:
         self.tracer = tracer
@@ -141,7 +174,11 @@ class SpanWriter:
         # table [remote][sampled], read without calling the decider
         self._by_parent = _parent_table(self._sampler) if self._stock is not None else None
         self._ids = tracer.id_generator
+        # the SDK's own generator: its span id drawn here as it draws it (random.getrandbits(64),
+        # again while 0), one method call less a span
+        self._draw = type(self._ids) is RandomIdGenerator
         self._processor = tracer.span_processor
+        self._chain = ProcessorChain(self._processor)  # the same calls, the empty ones left out
         self._resource = tracer.resource
         self._limits: SpanLimits = getattr(tracer, "_span_limits", None) or _NO_LIMITS
         # Our own attributes are bounded only past these (a value length limit bounds always).
@@ -171,11 +208,13 @@ class SpanWriter:
         ``parent_ctx`` is the extracted context, if one was built (baggage); else one is made
         from ``parent`` for the sampler.
         """
-        if parent is not None and not parent.is_valid:
+        # SpanContext is a tuple (trace id, span id, remote, flags, state, valid): read by index
+        # below, each a property call less
+        if parent is not None and not parent[5]:
             parent = None
         if parent is not None:
-            trace_id = parent.trace_id
-            random_id = parent.trace_flags & _RANDOM_BIT
+            trace_id = parent[0]
+            random_id = parent[3] & _RANDOM_BIT
         else:
             trace_id = self._ids.generate_trace_id()
             random_id = self._random_ids
@@ -183,10 +222,10 @@ class SpanWriter:
         if stock is not None:
             table = self._by_parent
             if table is not None and parent is not None:
-                decision = table[parent.is_remote][parent.trace_flags & _SAMPLED_BIT]
+                decision = table[parent[2]][parent[3] & _SAMPLED_BIT]
             else:
                 decision = stock(parent, trace_id)
-            trace_state = parent.trace_state if parent is not None else None
+            trace_state = parent[4] if parent is not None else None
             result_attrs: Attributes = attributes
         else:
             if parent is not None and parent_ctx is None:
@@ -195,7 +234,8 @@ class SpanWriter:
             decision, trace_state, result_attrs = result.decision, result.trace_state, result.attributes
         if decision is _DROP and not dropped_context:
             return INVALID_SPAN_CONTEXT, None
-        ctx = span_context(trace_id, self._ids.generate_span_id(), False,
+        span_id = random.getrandbits(64) if self._draw else 0  # as RandomIdGenerator draws it
+        ctx = span_context(trace_id, span_id or self._ids.generate_span_id(), False,
                            _NEW_FLAGS[decision is _SAMPLE, bool(random_id)], trace_state)
         if decision is _DROP:
             return ctx, None
@@ -208,8 +248,10 @@ class SpanWriter:
         return table[remote][sampled] if table is not None else None
 
     def child_context(self, parent: SpanContext) -> SpanContext:
-        return span_context(parent.trace_id, self._ids.generate_span_id(), False, parent.trace_flags,
-                            parent.trace_state)
+        # SpanContext is a tuple (trace id, span id, remote, flags, state, valid): its fields by
+        # index, not three property calls (four child contexts a full trace)
+        span_id = random.getrandbits(64) if self._draw else 0  # as RandomIdGenerator draws it
+        return span_context(parent[0], span_id or self._ids.generate_span_id(), False, parent[3], parent[4])
 
     def start(self, name: str, kind: SpanKind, parent_ctx: Context, start_ns: int, attributes: dict[str, Any],
               links: Sequence[Link] = ()) -> Span:
@@ -228,7 +270,26 @@ class SpanWriter:
 
     def started(self, span: DeferredSpan, parent_ctx: Context | None) -> None:
         """Tell the processors a live span began (``parent_ctx``: the context it was started in)."""
-        self._processor.on_start(span, parent_ctx)  # type: ignore[arg-type]
+        chain = self._chain
+        if not chain.flat:
+            chain.active.on_start(span, parent_ctx)  # type: ignore[arg-type]
+            return
+        procs = chain.active._span_processors  # type: ignore[attr-defined]  # ProcessorChain.on_start inline
+        if procs is not chain.seen:
+            chain.build(procs)
+        for start in chain.starts:
+            start(span, parent_context=parent_ctx)
+
+    def start_seen(self) -> bool:
+        """Whether a processor sees spans start (:meth:`started` calls one): if not, a caller
+        need not build the context it would pass."""
+        chain = self._chain
+        if not chain.flat:
+            return True
+        procs = chain.active._span_processors  # type: ignore[attr-defined]
+        if procs is not chain.seen:
+            chain.build(procs)
+        return bool(chain.starts)
 
     def emit(self, name: str, context: SpanContext, parent: SpanContext | None, start_ns: int,
              end_ns: int, kind: SpanKind = SpanKind.INTERNAL,
@@ -253,9 +314,25 @@ class SpanWriter:
                 Link(link.context, BoundedAttributes(limits.max_link_attributes, link.attributes, immutable=True,
                                                      max_value_len=limits.max_attribute_length))
                 for link in links])
-        span = ReadableSpan(name, context, parent, self._resource, attrs, events, links, kind,
-                            None, status or _UNSET, start_ns, end_ns, SCOPE)
-        self._processor.on_end(span)
+        if FAST_READABLE:  # the constructor's instance dict, inline (see _span_fields)
+            span = _new_object(ReadableSpan)
+            span.__dict__ = {"_name": name, "_context": context, "_kind": kind, "_instrumentation_info": None,
+                             "_instrumentation_scope": SCOPE, "_parent": parent, "_start_time": start_ns,
+                             "_end_time": end_ns, "_attributes": attrs, "_events": events, "_links": links,
+                             "_resource": self._resource, "_status": status or _UNSET}
+        else:
+            span = ReadableSpan(name, context, parent, self._resource, attrs, events, links, kind,
+                                None, status or _UNSET, start_ns, end_ns, SCOPE)
+        chain = self._chain
+        # ProcessorChain.on_end inline (five spans a message); context[3]: its trace_flags, not the property call
+        if chain.flat and context[3] & _SAMPLED_BIT:
+            procs = chain.active._span_processors  # type: ignore[attr-defined]
+            if procs is not chain.seen:
+                chain.build(procs)
+            for end in chain.ends:
+                end(span)
+        else:
+            self._processor.on_end(span)
 
     def event_attributes(self, attributes: Mapping[str, Any]) -> BoundedAttributes:
         limits = self._limits
