@@ -69,36 +69,6 @@ SCOPE = InstrumentationScope("rmqtrace", __version__, SCHEMA_URL)
 _NO_LIMITS = SpanLimits()
 _EMPTY = Context()  # what the sampler's parent context is built on: only the parent span matters
 _UNSET = Status()  # read-only once made: one for every span that never gets a status
-_new_object = object.__new__
-
-
-def _span_fields(name: str, context: SpanContext, parent: SpanContext | None, resource: Resource,
-                 attributes: Mapping[str, Any], events: Sequence[Event], links: Sequence[Link], kind: SpanKind,
-                 status: Status, start_ns: int, end_ns: int) -> dict[str, Any]:
-    """The instance dict ``ReadableSpan(name, context, parent, resource, attributes, events, links,
-    kind, None, status, start_ns, end_ns, SCOPE)`` gets (opentelemetry-sdk 1.45). :meth:`SpanWriter.emit`
-    builds it inline (a dict display instead of the constructor's frame and thirteen attribute
-    stores: five spans a message); :data:`FAST_READABLE` says whether it is still what the
-    installed SDK's constructor makes."""
-    return {"_name": name, "_context": context, "_kind": kind, "_instrumentation_info": None,
-            "_instrumentation_scope": SCOPE, "_parent": parent, "_start_time": start_ns, "_end_time": end_ns,
-            "_attributes": attributes, "_events": events, "_links": links, "_resource": resource, "_status": status}
-
-
-def _fast_readable_holds() -> bool:
-    """Whether a span built from :func:`_span_fields` is the constructor's, field for field, on
-    this SDK (checked once, at import: another version's constructor falls back to itself)."""
-    try:
-        ctx, resource, attrs = span_context(1, 2, False, TraceFlags(1), None), Resource.get_empty(), {"a": 1}
-        made = ReadableSpan("probe", ctx, None, resource, attrs, (), (), SpanKind.CONSUMER, None, _UNSET, 5, 7, SCOPE)
-        fast = _new_object(ReadableSpan)
-        fast.__dict__ = _span_fields("probe", ctx, None, resource, attrs, (), (), SpanKind.CONSUMER, _UNSET, 5, 7)
-        return type(fast) is ReadableSpan and vars(made) == vars(fast) and list(vars(made)) == list(vars(fast))
-    except Exception:  # noqa: BLE001 - any surprise: the constructor
-        return False
-
-
-FAST_READABLE = _fast_readable_holds()
 # A new span's flags by (sampled, random trace id): TraceFlags(int) costs a call per span otherwise.
 _NEW_FLAGS = {(s, r): TraceFlags((TraceFlags.SAMPLED if s else 0) | (TraceFlags.RANDOM_TRACE_ID if r else 0))
               for s in (False, True) for r in (False, True)}
@@ -314,15 +284,8 @@ class SpanWriter:
                 Link(link.context, BoundedAttributes(limits.max_link_attributes, link.attributes, immutable=True,
                                                      max_value_len=limits.max_attribute_length))
                 for link in links])
-        if FAST_READABLE:  # the constructor's instance dict, inline (see _span_fields)
-            span = _new_object(ReadableSpan)
-            span.__dict__ = {"_name": name, "_context": context, "_kind": kind, "_instrumentation_info": None,
-                             "_instrumentation_scope": SCOPE, "_parent": parent, "_start_time": start_ns,
-                             "_end_time": end_ns, "_attributes": attrs, "_events": events, "_links": links,
-                             "_resource": self._resource, "_status": status or _UNSET}
-        else:
-            span = ReadableSpan(name, context, parent, self._resource, attrs, events, links, kind,
-                                None, status or _UNSET, start_ns, end_ns, SCOPE)
+        span = ReadableSpan(name, context, parent, self._resource, attrs, events, links, kind,
+                            None, status or _UNSET, start_ns, end_ns, SCOPE)
         chain = self._chain
         # ProcessorChain.on_end inline (five spans a message); context[3]: its trace_flags, not the property call
         if chain.flat and context[3] & _SAMPLED_BIT:

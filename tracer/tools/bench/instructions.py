@@ -5,7 +5,8 @@ busy neighbour where the CPU-time ratios of :mod:`tracer.tools.bench.overhead` c
 runs in a process of its own under ``valgrind --tool=callgrind`` twice, with ``short`` and
 ``long`` messages after the same warm-up; the difference over ``long - short`` messages is the
 per-message count, start-up and imports cancelled out (the export thread's work is included, as
-the CPU-time bench includes it).
+the CPU-time bench includes it; the heap left by start-up and the warm-up is frozen, ``gc.freeze``,
+so a full collection's scan of everything imported does not land in one run and not the other).
 
 ``python -m tracer.tools.bench.instructions [LOOP ...] [--short N] [--long N] [--json]`` (needs
 ``valgrind`` on the PATH); ``python -m tracer.tools.bench.instructions --child LOOP N`` is one
@@ -15,6 +16,7 @@ process's loop, what valgrind runs.
 from __future__ import annotations
 
 import argparse
+import gc
 import json
 import os
 import re
@@ -45,6 +47,12 @@ def _child(loop: str, messages: int) -> None:
     policy = KeepPolicy({"dispatch_wait": 10.0, "end_to_end": 600.0}, background=0.0)
     fn = _loops(provider, held_provider, hold, policy)[loop]
     fn(_WARM)
+    provider.force_flush()
+    held_provider.force_flush()
+    # what start-up and the warm-up left is frozen: a full collection scans everything imported,
+    # and one more of them in one of the two runs moved a loop's count by several per cent
+    gc.collect()
+    gc.freeze()
     fn(messages)
     provider.shutdown()
     held_provider.shutdown()
