@@ -219,7 +219,7 @@ def span_context(trace_id: int, span_id: int, is_remote: bool, flags: TraceFlags
                  state: TraceState | None) -> SpanContext:
     """``SpanContext(trace_id, span_id, is_remote, flags, state)``: the same tuple (validity
     included), built without the class call's ``__new__`` dispatch and defaults; a traced message
-    builds up to five (BENCHMARKS.md, session 8)."""
+    builds up to five (docs/benchmarks-history.md, "Session 8")."""
     return _new_tuple(SpanContext, (trace_id, span_id, is_remote, flags,
                                     DEFAULT_TRACE_STATE if state is None else state,
                                     0 < trace_id <= _TRACE_ID_MAX and 0 < span_id <= _SPAN_ID_MAX))

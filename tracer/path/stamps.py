@@ -254,7 +254,7 @@ class SkewTracker:
         """:meth:`observe` for every cross-clock gap of one message's raw stamps (``times``, by
         :class:`Stage`) whose two stamps are present, in ``CROSS_CLOCK_GAPS`` order, under one
         lock: each pair whose bound changed with its new bound, in that order (None: none changed).
-        One call a message instead of one a gap (BENCHMARKS.md, session 9); the same windows."""
+        One call a message instead of one a gap (docs/benchmarks-history.md, "Session 9"); the same windows."""
         slot = mono_ns // self.bucket_ns
         full = self.bucket_messages
         changed: list[tuple[str, int]] | None = None

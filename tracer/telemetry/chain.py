@@ -5,7 +5,7 @@ The SDK hands every span to ``SynchronousMultiSpanProcessor``, which calls each 
 costs, per span, the multi processor's frame, one frame per processor whose hook has an empty body
 (rmqtrace's own shutdown hook, ``BatchSpanProcessor.on_start``) and, for a sampled span and a
 ``BatchSpanProcessor``, its ``on_end`` frame and four property reads before the one call that
-matters, its queue's ``emit``: half of what handing a span over costs (BENCHMARKS.md, session 9).
+matters, its queue's ``emit`` (five spans a full trace; docs/benchmarks-history.md, "Session 9").
 :class:`ProcessorChain` keeps the flattened calls for the multi processor's current tuple of
 processors (rebuilt when a processor is added) and makes exactly the calls the SDK's chain would
 make that have an effect, in the same order: a hook whose body is empty is skipped, and a sampled
