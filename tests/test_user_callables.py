@@ -710,6 +710,31 @@ def _dispatcher_cost(kind: str, engine: str) -> None:
         assert [o.value for o in got] == ["success"] and stats.cost_errors == 1, (got, stats)
 
 
+def _dispatcher_on_done(kind: str, engine: str) -> None:
+    # its answer is ignored and its Exception logged: the message's outcome stands (fails before
+    # for a returned coroutine: "never awaited")
+    seen: list[Any] = []
+
+    def on_done(item: Any, outcome: Any, error: Any) -> Any:
+        seen.append(outcome)
+        return _answering(kind)()
+
+    if engine == "thread":
+        d = Dispatcher(lambda m: None, workers=1, on_done=on_done)
+        assert d.submit("m") is True and d.close() is True
+        stats = d.statistics()
+    else:
+        async def handler(m: Any) -> None:
+            return None
+
+        async def main() -> Any:
+            d = AsyncDispatcher(handler, workers=1, on_done=on_done)
+            assert await d.submit("m") is True and await d.close() is True
+            return d.statistics()
+        stats = asyncio.run(main())
+    assert [o.value for o in seen] == ["success"] and stats.handled == 1 and stats.failed == 0, stats
+
+
 def _demand_push_backoff(kind: str) -> None:
     # fails before (finding 10): a raising retry_backoff= ended the loop while `running` stayed True
     from test_demandpush import Listener, _embedded
@@ -755,13 +780,15 @@ RESULT_RUNNERS: dict[tuple[str, str], tuple[list[str], Callable[[str], None]]] =
                                                     lambda k: _dispatcher_cost(k, "thread")),
     ("tracer.dispatch.aio.AsyncDispatcher", "cost"): ([*_LOOP_KINDS, "nan", "huge", "str"],
                                                       lambda k: _dispatcher_cost(k, "asyncio")),
+    # on a worker even a BaseException from on_done is swallowed (a worker never dies: core.py)
+    ("tracer.dispatch.engine.Dispatcher", "on_done"): (["raise", "base", "coroutine", "generator", "nan"],
+                                                       lambda k: _dispatcher_on_done(k, "thread")),
+    ("tracer.dispatch.aio.AsyncDispatcher", "on_done"): (["raise", "base", "coroutine", "generator", "nan"],
+                                                         lambda k: _dispatcher_on_done(k, "asyncio")),
 }
 
 # Their result is another rule, tested where it lives (each reason names it).
 RESULTS_ELSEWHERE = {
-    ("tracer.dispatch.engine.Dispatcher", "on_done"): "its answer is ignored; an Exception is logged once "
-        "(test_dispatch_engine: on_done raising), a worker never dies",
-    ("tracer.dispatch.aio.AsyncDispatcher", "on_done"): "as the thread engine's on_done (test_dispatch_aio)",
     ("tracer.telemetry.tracer.MessageTracer", "listeners"): "its answer is ignored (a returned coroutine is "
         "closed: test_a_finish_listener_returning_a_coroutine_is_closed); an Exception is a hook failure",
     ("tracer.telemetry.exportchild.ChildExportProcessor", "drops"): "a counter hook: its answer is ignored",

@@ -476,7 +476,7 @@ class Core(Generic[T]):
         on_done = self.on_done
         if on_done is not None:
             try:
-                on_done(cast(T, e.item), outcome, error)
+                unrun(on_done(cast(T, e.item), outcome, error))  # its answer is ignored: a coroutine is closed
             except catch as exc:
                 self.log("on_done", exc)
         elif error is not None and trace is None and outcome is not _NOT_STARTED:
