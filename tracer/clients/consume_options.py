@@ -178,9 +178,9 @@ class FlowOptions:
     the incident; 0 (the default) receives only what the dispatcher can start now.
     ``resync_after``: failed receives in a row before the client's settings are re-announced
     (0: never). ``retry_backoff(delivery_attempt)``: seconds a failed or given-back message stays
-    invisible; a raising or junk one is contained (:func:`backoff_seconds`). ``stop_timeout``: the longest :meth:`ConsumeLoop.run` drains after a stop, in
-    seconds (None or ``math.inf``: until every held message is settled; :meth:`ConsumeLoop.stop`
-    can shorten it).
+    invisible; a raising or junk one is contained (:func:`backoff_seconds`). ``stop_timeout``:
+    the longest :meth:`ConsumeLoop.run` drains after a stop, in seconds (None or ``math.inf``:
+    until every held message is settled; :meth:`ConsumeLoop.stop` can shorten it).
     """
 
     max_batch: int = MAX_BATCH
