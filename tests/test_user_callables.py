@@ -735,6 +735,18 @@ def _dispatcher_on_done(kind: str, engine: str) -> None:
     assert [o.value for o in seen] == ["success"] and stats.handled == 1 and stats.failed == 0, stats
 
 
+def _cost_table_group(kind: str, how: str) -> None:
+    # a grouping is applied while the table is built: anything but a str is a loud CostTableError
+    # there (fails before for a returned coroutine or an int: accepted, a coroutine never matched)
+    from tracer.dispatch.costtable import CostTable, CostTableError
+
+    fn = _answering(kind)
+    expected: type[BaseException] = KeyboardInterrupt if kind == "base" else (
+        ValueError if kind == "raise" else CostTableError)
+    with pytest.raises(expected):
+        CostTable({"a/1": 1.0}, fn) if how == "init" else CostTable({"a/1": 1.0}).with_group(fn)
+
+
 def _demand_push_backoff(kind: str) -> None:
     # fails before (finding 10): a raising retry_backoff= ended the loop while `running` stayed True
     from test_demandpush import Listener, _embedded
@@ -780,6 +792,10 @@ RESULT_RUNNERS: dict[tuple[str, str], tuple[list[str], Callable[[str], None]]] =
                                                     lambda k: _dispatcher_cost(k, "thread")),
     ("tracer.dispatch.aio.AsyncDispatcher", "cost"): ([*_LOOP_KINDS, "nan", "huge", "str"],
                                                       lambda k: _dispatcher_cost(k, "asyncio")),
+    ("tracer.dispatch.costtable.CostTable", "group"): (["raise", "base", "coroutine", "generator", "int"],
+                                                        lambda k: _cost_table_group(k, "init")),
+    ("tracer.dispatch.costtable.CostTable.with_group", "group"): (["raise", "coroutine", "int"],
+                                                                   lambda k: _cost_table_group(k, "with")),
     # on a worker even a BaseException from on_done is swallowed (a worker never dies: core.py)
     ("tracer.dispatch.engine.Dispatcher", "on_done"): (["raise", "base", "coroutine", "generator", "nan"],
                                                        lambda k: _dispatcher_on_done(k, "thread")),
@@ -802,12 +818,9 @@ RESULTS_ELSEWHERE = {
     ("tracer.dispatch.cost.job_costs", "cost"): "loud: CostTableError naming the message (test_cost_table)",
     ("tracer.dispatch.cost.job_costs", "key"): "as job_costs' cost",
     ("tracer.dispatch.cost.table_cost", "key"): "as job_costs' cost",
-    ("tracer.dispatch.costtable.CostTable", "group"): "a table's grouping, applied while it is built or read: "
-        "its error reaches the caller at once",
-    ("tracer.dispatch.costtable.CostTable.with_group", "group"): "as CostTable's group",
-    ("tracer.dispatch.costtable.learn_costs", "group"): "as CostTable's group",
-    ("tracer.dispatch.costtable.load_costs", "group"): "as CostTable's group",
-    ("tracer.dispatch.costtable.parse_costs", "group"): "as CostTable's group",
+    ("tracer.dispatch.costtable.learn_costs", "group"): "builds a CostTable: as CostTable's group",
+    ("tracer.dispatch.costtable.load_costs", "group"): "builds a CostTable: as CostTable's group",
+    ("tracer.dispatch.costtable.parse_costs", "group"): "builds a CostTable: as CostTable's group",
 }
 
 
