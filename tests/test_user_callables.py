@@ -747,6 +747,17 @@ def _cost_table_group(kind: str, how: str) -> None:
         CostTable({"a/1": 1.0}, fn) if how == "init" else CostTable({"a/1": 1.0}).with_group(fn)
 
 
+def _job_costs(kind: str) -> None:
+    # a one-shot job: a junk cost is a loud CostTableError naming the message, before anything is
+    # sent (fails before for a returned coroutine: "never awaited")
+    from tracer.dispatch.cost import job_costs
+    from tracer.dispatch.costtable import CostTableError
+
+    expected: type[BaseException] = KeyboardInterrupt if kind == "base" else CostTableError
+    with pytest.raises(expected):
+        job_costs(["m"], _answering(kind))
+
+
 def _demand_push_backoff(kind: str) -> None:
     # fails before (finding 10): a raising retry_backoff= ended the loop while `running` stayed True
     from test_demandpush import Listener, _embedded
@@ -796,6 +807,7 @@ RESULT_RUNNERS: dict[tuple[str, str], tuple[list[str], Callable[[str], None]]] =
                                                         lambda k: _cost_table_group(k, "init")),
     ("tracer.dispatch.costtable.CostTable.with_group", "group"): (["raise", "coroutine", "int"],
                                                                    lambda k: _cost_table_group(k, "with")),
+    ("tracer.dispatch.cost.job_costs", "cost"): (["raise", "base", "coroutine", "nan", "huge", "str"], _job_costs),
     # on a worker even a BaseException from on_done is swallowed (a worker never dies: core.py)
     ("tracer.dispatch.engine.Dispatcher", "on_done"): (["raise", "base", "coroutine", "generator", "nan"],
                                                        lambda k: _dispatcher_on_done(k, "thread")),
@@ -815,7 +827,6 @@ RESULTS_ELSEWHERE = {
     ("tracer.clients.legacy.TracedLegacyProducer.send_job", "key"): "as TracedProducer.send_job",
     ("tracer.clients.producer.ordered_job", "cost"): "as TracedProducer.send_job",
     ("tracer.clients.producer.ordered_job", "key"): "as TracedProducer.send_job",
-    ("tracer.dispatch.cost.job_costs", "cost"): "loud: CostTableError naming the message (test_cost_table)",
     ("tracer.dispatch.cost.job_costs", "key"): "as job_costs' cost",
     ("tracer.dispatch.cost.table_cost", "key"): "as job_costs' cost",
     ("tracer.dispatch.costtable.learn_costs", "group"): "builds a CostTable: as CostTable's group",
