@@ -232,7 +232,6 @@ EXEMPT = {
     ("tracer.clients.producer.traced_send_async", "send_async"): "the client's own send_async method",
     ("tracer.clients.listener.traced_consume", "call"): "internal: the seams above check what they pass",
     ("tracer.callables.holds", "predicate"): "internal: the guard itself, called with until= and wait() predicates",
-    ("tracer.clients.consume_options.backoff_seconds", "fn"): "internal: the guard itself, called with retry_backoff=",
     ("tracer.config.CountingExporter", "on_taken"): "internal: the config's own counter",
     ("tracer.dispatch.core.Core", "key"): "internal: both engines check before they build a Core",
     ("tracer.dispatch.core.Core", "cost"): "internal: both engines check before they build a Core",

@@ -29,7 +29,6 @@ __all__ = [
     "DispatchOptions",
     "FlowOptions",
     "LeaseOptions",
-    "backoff_seconds",
     "exponential_backoff",
     "resolve_options",
     "whole_seconds",
