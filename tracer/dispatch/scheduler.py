@@ -172,7 +172,7 @@ class PoolScheduler(Scheduler):
                     self._holder[key] = w
             self.busy += 1
             return w
-        if self.queued < self._window:
+        if self.queued < self._window and self._hung < self.workers:  # no worker could start it
             if key is not None:
                 self._active[key] = None
             heapq.heappush(self._ready, (-e.cost, e.seq, e))
