@@ -17,14 +17,13 @@ import time
 from typing import Any
 
 import pytest
-
-from manual_clock import Clock
 from embedded_rig import consumer_with_messages
+from manual_clock import Clock
+
 from tracer.clients.consume import ConsumeLoop
 from tracer.clients.consume_options import LeaseOptions
 from tracer.clients.lease import Lease, LeaseKeeper
-from tracer.dispatch import Aggressive, CostAware, Random, RoundRobin
-from tracer.dispatch import scheduler
+from tracer.dispatch import Aggressive, CostAware, Random, RoundRobin, scheduler
 from tracer.dispatch.scheduler import QUEUED, Entry
 
 WALL0 = 1_700_000_000.0

@@ -251,6 +251,8 @@ class BufferedScheduler(Scheduler):
     target's buffer is full the submitter blocks on *that* worker even if others are idle, as a
     send on a full Go channel does. A keyed message always goes to worker ``crc32(key) % workers``
     (fixed routing: per-key order and exclusion follow from one worker running its buffer in order).
+    A worker still running a message reported ``TIMEOUT`` is dealt nothing until that call returns
+    (an unkeyed message drawn for it goes to the next worker that is not hung; a keyed one is FULL).
     """
 
     def __init__(self, workers: int, buffer: int, draw: Callable[[], int], *, name: str) -> None:
