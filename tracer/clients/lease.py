@@ -58,7 +58,12 @@ class BrokerLead:
     began, so ``pop time - wall reading at the call's start`` bounds the lead from above, and the
     smallest of the recent calls' bounds is the tightest (a call answered at once). Only an upper
     bound is safe: a lease dated with a lead the broker's clock may not have could look live
-    after the broker ended it (a stall while the call was in flight, hidden by the skew)."""
+    after the broker ended it (a stall while the call was in flight, hidden by the skew).
+
+    The price: until one recent call was answered soon after it began, a lease is dated as if
+    popped when its call began (a long poll that waited looks like a stall). That only matters
+    for a call longer than the lease itself (``await_duration`` >= ``invisible_duration``): its
+    messages are then not started and come back, and their quick redelivery tightens the bound."""
 
     WINDOW = 64  # receive calls remembered: an old bound is dropped (the clocks drift, a wall steps)
 
