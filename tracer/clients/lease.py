@@ -63,7 +63,8 @@ class BrokerLead:
     The price: until one recent call was answered soon after it began, a lease is dated as if
     popped when its call began (a long poll that waited looks like a stall). That only matters
     for a call longer than the lease itself (``await_duration`` >= ``invisible_duration``): its
-    messages are then not started and come back, and their quick redelivery tightens the bound."""
+    messages are then not started and come back later (delivery_attempt + 1) until a call answered
+    at once (messages already waiting at the broker) tightens the bound."""
 
     WINDOW = 64  # receive calls remembered: an old bound is dropped (the clocks drift, a wall steps)
 
