@@ -286,3 +286,83 @@ def test_the_stop_request_takes_no_lock_a_signal_could_interrupt() -> None:
     finally:
         loop.stop()
         loop.dispatcher.close(timeout=5)
+
+
+@pytest.mark.parametrize("engine", ["thread", "asyncio"])
+@pytest.mark.parametrize("policy", POLICIES, ids=lambda p: p.name)
+def test_both_engines_run_everything_beside_a_hung_worker(policy: Any, engine: str) -> None:
+    """One of two workers hangs past its TIMEOUT (the asyncio handler swallows its cancellation
+    and keeps waiting): every message submitted afterwards, as far as free_slots() allows, runs on
+    the other worker while the hang lasts — none waits behind the hung one."""
+    import asyncio
+
+    from waiting import wait_until
+
+    from tracer.dispatch import AsyncDispatcher, Dispatcher
+    from tracer.path.clock import ManualClock
+
+    clock = ManualClock()
+    ran: list[int] = []
+    release = threading.Event()
+    if engine == "thread":
+        started = threading.Event()
+
+        def handler(i: int) -> None:
+            if i == 0:
+                started.set()
+                release.wait(600)  # past the wait below: only the test's release ends the hang
+            else:
+                ran.append(i)
+
+        d: Any = Dispatcher(handler, policy=policy, workers=2, handler_timeout=1.0, clock=clock)
+        try:
+            d.submit(0)
+            assert started.wait(30)
+            clock.advance_s(2.0)
+            assert d.check_timeouts() == 1
+            n = d.free_slots()
+            assert n > 0
+            for i in range(1, n + 1):
+                assert d.submit(i, timeout=0)
+            wait_until(lambda: len(ran) == n, timeout=30, what="every message beside the hung worker to run")
+            assert d.statistics().queued == 0
+        finally:
+            release.set()
+            d.close(timeout=5)
+        return
+
+    async def main() -> None:
+        gate = asyncio.Event()
+
+        async def handler(i: int) -> None:
+            if i == 0:
+                while not gate.is_set():
+                    try:
+                        await gate.wait()
+                    except asyncio.CancelledError:
+                        clock.advance_s(0.0)  # swallowed: it hangs on past its TIMEOUT
+            else:
+                ran.append(i)
+
+        ad: AsyncDispatcher[int] = AsyncDispatcher(handler, policy=policy, workers=2, handler_timeout=0.05)
+        try:
+            await ad.submit(0)
+            for _ in range(400):
+                if ad.statistics().timed_out:
+                    break
+                await asyncio.sleep(0.01)
+            assert ad.statistics().timed_out == 1
+            n = ad.free_slots()
+            assert n > 0
+            for i in range(1, n + 1):
+                assert await ad.submit(i, timeout=0)
+            for _ in range(3000):
+                if len(ran) == n:
+                    break
+                await asyncio.sleep(0.01)
+            assert len(ran) == n and ad.statistics().queued == 0
+        finally:
+            gate.set()
+            await ad.close(timeout=5)
+
+    asyncio.run(main())
