@@ -366,3 +366,50 @@ def test_both_engines_run_everything_beside_a_hung_worker(policy: Any, engine: s
             await ad.close(timeout=5)
 
     asyncio.run(main())
+
+
+@pytest.mark.parametrize("policy", [RoundRobin(buffer=3), Random(buffer=3, seed=1)], ids=lambda p: p.name)
+def test_a_key_routed_to_a_hung_worker_is_given_back_not_held(policy: Any) -> None:
+    """Round-robin/random route a key to one fixed worker: once that worker hangs past its TIMEOUT,
+    a message of another key routed to it cannot start while the hang lasts; the loop gives it
+    back (a peer may take it) instead of holding and renewing it. Keys "a" and "b" route to
+    worker 1, "d" to worker 0 (crc32 % 2)."""
+    from tracer.embedded import Message, Producer
+
+    clock = Clock()
+    broker, inner = consumer_with_messages(clock, bodies=(b"a",))
+    release = threading.Event()
+    ran: list[bytes] = []
+
+    def handler(m: Any) -> None:
+        if m.body == b"a":
+            release.wait(600)
+        ran.append(m.body)
+
+    loop = ConsumeLoop(inner, handler, policy=policy, workers=2, handler_timeout=1, invisible_duration=30,
+                       key=lambda m: m.body.decode(), monotonic=clock)
+    try:
+        assert loop.poll() == 1
+        from waiting import wait_until
+
+        wait_until(lambda: len(loop.dispatcher.running()) == 1, timeout=30, what="the hung handler to start")
+        clock.advance(2.0)
+        assert loop.dispatcher.check_timeouts() == 1
+        loop.settle_ready()  # the hung message is given back
+        p = Producer(broker, ["T"])
+        p.startup()
+        for body in (b"b", b"d"):
+            m = Message()
+            m.topic, m.body = "T", body
+            p.send(m)
+        assert loop.poll() == 2
+        wait_until(lambda: ran == [b"d"], timeout=30, what="d to run on the live worker")
+        assert loop.wait(lambda s: s.reported >= 2, timeout=30)  # a's TIMEOUT, d's success (b never reached it)
+        loop.settle_ready()
+        s = loop.statistics()
+        assert s.held == 0 and s.given_back == 1, s  # b went back unrun; nothing waits for the hang
+        _adds_up(loop)
+    finally:
+        release.set()
+        loop.stop()
+        loop.dispatcher.close(timeout=5)

@@ -780,7 +780,11 @@ class ConsumeLoop:
             offer = list(self._backlog)
         # a key whose message was reported TIMEOUT and still runs is not offered: its successors
         # follow the given-back message back to the broker
-        hung = self._hung_keys() if any(h.key is not None for h in offer) else set()
+        keyed = {h.key for h in offer if h.key is not None}
+        hung = self._hung_keys() if keyed else set()
+        # so do the keys whose fixed worker hangs (round-robin, random): held here, they would
+        # wait out the hang out of every peer's reach
+        hung |= {k for k in keyed if self.dispatcher.blocks(k)}
         refused_keys: set[str] = set()
         pool_full = False  # an unkeyed message was refused: the pool has no free worker
         taken = 0

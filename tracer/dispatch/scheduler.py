@@ -111,6 +111,11 @@ class Scheduler(ABC):
     def take_queued(self) -> list[Entry[Any]]:
         """Remove and return every waiting (not held) entry, oldest first."""
 
+    def blocked(self, key: str) -> bool:
+        """Whether a message of ``key`` cannot start until a hung handler returns (its key's
+        fixed worker hangs). The pool policies release a hung message's key at its TIMEOUT: never."""
+        return False
+
 
 class PoolScheduler(Scheduler):
     """One slot per worker; whichever worker frees first takes the next message.
@@ -275,6 +280,9 @@ class BufferedScheduler(Scheduler):
 
     def _route(self, key: str) -> int:
         return zlib.crc32(key.encode()) % self.workers
+
+    def blocked(self, key: str) -> bool:
+        return self._route(key) in self._hung
 
     def _target(self, drawn: int) -> int | None:
         """The worker an unkeyed message drawn for ``drawn`` goes to: ``drawn``, or the next one
