@@ -581,7 +581,8 @@ class ConsumeLoop:
         """Stop receiving; what the loop holds is still run and settled.
 
         Without ``timeout`` this only asks and returns at once — safe from a signal handler: it
-        never waits for the loop's lock, which the interrupted thread may hold; :meth:`run`
+        never waits for a lock (the loop's, which the interrupted thread may hold, is only tried;
+        the request itself is a lock-free flag, not an event); :meth:`run`
         drains everything it holds (bounded by ``stop_timeout`` if set) and returns.
         With ``timeout`` (seconds; None or ``math.inf``: no bound) the drain ends at most that
         long from now — a later, shorter one moves that point forward, also while the drain
@@ -609,7 +610,7 @@ class ConsumeLoop:
         self._stop.set()
         never_ran = False
         # never block on the loop's lock (a signal handler on the thread that holds it would
-        # deadlock): if it is busy, the loop sees the event within one tick
+        # deadlock): if it is busy, the loop sees the request within one tick
         if self._lock.acquire(blocking=False):
             try:
                 self._changed.notify_all()
@@ -641,8 +642,8 @@ class ConsumeLoop:
 
     def install_signal_handlers(self) -> None:
         """SIGTERM and SIGINT stop the loop gracefully (call from the main thread)."""
-        # only the event: a handler that took the loop's lock could interrupt a holder of it
-        # (run() on the main thread); the loop sees the event within one tick
+        # only the request, a lock-free flag: a handler that took a lock (the loop's, or an
+        # event's) could interrupt a holder of it; the loop sees the request within one tick
         for sig in (signal.SIGTERM, signal.SIGINT):
             signal.signal(sig, lambda *_: self._stop.set())
 
