@@ -70,6 +70,7 @@ class FaultyClient:
         self.fired: Counter[str] = Counter()  # "op:kind" -> faults fired
         self.errors: Counter[str] = Counter()  # op -> calls that raised an Exception the loop sees
         self.faulted: set[str] = set()  # message ids a fault of any kind hit (excused from a re-run)
+        self.dated_late: set[str] = set()  # received by a call that stalled past the lease (see receive)
         self.acked: Counter[str] = Counter()  # message id -> acks the broker applied
         self.acked_deliveries: set[int] = set()  # id(message) of each delivery acked
         self.held: dict[int, Any] = {}  # id(message) -> delivery handed out and not settled
@@ -140,6 +141,9 @@ class FaultyClient:
             with self.lock:
                 self.errors[op] += 1
             raise TimeoutError(f"injected {op} timeout ({p.when})")
+        if op in ("ack", "nack", "renew"):  # the loop counts these an ack or lease error, then lets them go on
+            with self.lock:
+                self.errors[op] += 1
         raise InjectedBase(f"injected BaseException in {op} ({p.when})")
 
     def _broker(self, op: str, m: Any, p: Plan | None, call: Any) -> None:
@@ -173,8 +177,14 @@ class FaultyClient:
         self._fire("receive", p, "pre")
         got = self.consumer.receive(n, invisible)
         acted = self.clock()
+        # a stall inside the call past the lease: until a recent receive came back at once, the loop
+        # dates these leases from the call's start (it cannot tell a stall from a broker clock
+        # ahead of its own) and lets them go unstarted, to expire at the broker (docs/consume.md)
+        dated_late = p is not None and p.kind == "stall" and p.when in ("before", "during") and p.seconds >= invisible
         with self.lock:
             for m in got:
+                if dated_late:
+                    self.dated_late.add(m.message_id)
                 self.seen.append(m)
                 self.held[id(m)] = m
                 self.lease_end[id(m)] = acted + invisible

@@ -207,6 +207,23 @@ class SchedulerModel(RuleBasedStateMachine):
         if hasattr(self, "s"):
             assert not self.violations, "; ".join(self.violations)
 
+    def all_hung(self) -> bool:
+        return len(self.held) == self.s.workers and all(e.expired for e in self.held.values())
+
+    @invariant()
+    def hung_is_no_room(self) -> None:
+        """Nothing waits behind a worker still running a message reported TIMEOUT (a buffer), and
+        with every worker so held nothing is room (review30 05: held, renewed, never started)."""
+        if not hasattr(self, "s"):
+            return
+        self.no_violation()
+        hung = [w for w, e in self.held.items() if e.expired]
+        if not self.pool:
+            for w in hung:
+                assert not self.bufs_of(w), violated("hung_is_no_room", f"{self.bufs_of(w)} behind hung worker {w}")
+        if self.all_hung():
+            assert self.s.free_slots() == 0, violated("hung_is_no_room", self.s.free_slots())
+
     @invariant()
     def counts(self) -> None:
         if not hasattr(self, "s"):
@@ -219,7 +236,8 @@ class SchedulerModel(RuleBasedStateMachine):
         assert s.queued == len(self.queued), violated("counts", f"queued={s.queued}, model={self.queued}")
         if self.pool:
             idle = s.workers - len(self.held)
-            assert s.free_slots() == idle + max(0, self.window - len(self.queued)), violated("counts", s.free_slots())
+            room = 0 if self.all_hung() else idle + max(0, self.window - len(self.queued))
+            assert s.free_slots() == room, violated("counts", s.free_slots())
             # parked = queued behind its key's head: a live run of the key, else (cost-aware) the
             # key's oldest message in the window. A mutant that miscounts it kept every other count
             # right, and the parking room's limit reads this number.

@@ -220,6 +220,7 @@ EXEMPT = {
     ("tracer.clients.consume.ConsumeLoop", "monotonic"): "a clock: a coroutine fails at the first subtraction",
     ("tracer.clients.consume.ConsumeLoop", "wall"): "a clock: a coroutine fails at the first subtraction",
     ("tracer.clients.lease.LeaseKeeper", "monotonic"): "a clock (internal)",
+    ("tracer.clients.lease.LeaseKeeper", "interrupted"): "the loop's own _interrupted (internal)",
     ("tracer.embedded.EmbeddedBroker", "monotonic"): "a clock: tests inject a manual one",
     ("tracer.embedded.EmbeddedBroker", "wall_ms"): "a clock: tests inject a manual one",
     ("tracer.clients.probe.ProbeSender", "monotonic"): "a clock",

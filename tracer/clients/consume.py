@@ -72,7 +72,7 @@ from .consume_options import (
     resolve_options,
     whole_seconds,
 )
-from .lease import SETTLING, SUBMITTED, WAITING, Lease, LeaseKeeper, broker_lease
+from .lease import SETTLING, SUBMITTED, WAITING, BrokerLead, Lease, LeaseKeeper, broker_lease
 from .probe import is_probe, probe_stage, skip_probes
 from .refusal import lease_gone
 from .startup import SETTINGS_WAIT_S, wait_for_settings
@@ -172,9 +172,10 @@ class _Phase(enum.IntEnum):
     """The loop's life cycle. It only moves forward, under the loop's lock; lock-free readers (the
     feeder, stop() from a signal handler) read one atomic attribute.
 
-    Two events stay beside it, each for a reason the lock cannot serve: ``_stop`` is the stop
-    *request* (set from a signal handler, which must never take the loop's lock) and ``_finished``
-    is what :meth:`ConsumeLoop.stop` and the lease keeper wait on without the lock.
+    Beside it, each for a reason the lock cannot serve: ``_stop`` is the stop *request* (a
+    :class:`_StopRequest`: set from a signal handler, which must never take a lock — not even an
+    event's) and ``_finished`` is the event :meth:`ConsumeLoop.stop` and the lease keeper wait on
+    without the loop's lock.
     """
 
     NEW = 0  # built: neither run() nor poll() yet
@@ -184,6 +185,30 @@ class _Phase(enum.IntEnum):
     SETTLING = 4  # the dispatcher is closed: the ack threads drain their queue; later outcomes settle inline
     FINISHED = 5  # the helpers ended; run() returns
     UNRUN = 6  # stop() came before run() or poll(): the dispatcher is closed, run() returns at once
+
+
+class _StopRequest:
+    """The stop request: one attribute assignment, so setting it never takes a lock.
+    ``threading.Event.set`` takes the event's own lock: a signal landing while its thread is inside
+    that lock (its own ``stop()``, a wait on the event) would wait for ever on it. Waiters poll it
+    (at most ``_SLICE_S`` late); the loop's own waits are bounded by its tick anyway."""
+
+    _SLICE_S = 0.05
+
+    def __init__(self) -> None:
+        self._set = False
+
+    def set(self) -> None:
+        self._set = True
+
+    def is_set(self) -> bool:
+        return self._set
+
+    def wait(self, timeout: float) -> bool:
+        deadline = time.monotonic() + timeout
+        while not self._set and (left := deadline - time.monotonic()) > 0:
+            time.sleep(min(self._SLICE_S, left))
+        return self._set
 
 
 class _Changes(threading.Condition):
@@ -304,9 +329,10 @@ class ConsumeLoop:
     **When a lease starts.** A message's lease is dated from what the broker decided: the pop
     time its receipt handle carries (the 5.x proxy's and the embedded broker's handles both do,
     :func:`~tracer.clients.lease.broker_lease`), placed on the loop's clock by the ``wall``
-    reading taken when ``receive`` returned (how long ago the broker popped it), and kept within
-    the call (a skewed broker clock never dates it before the call began nor after it returned). A handle that cannot be read
-    dates it from the call's start. So a stall while ``receive`` was in flight does not make a
+    reading taken when ``receive`` returned (how long ago the broker popped it), less the most
+    the broker's clock may run ahead of this process's (learnt from recent calls: a pop is never
+    before its call began, :class:`~tracer.clients.lease.BrokerLead`), and kept within the call.
+    A handle that cannot be read dates it from the call's start. So a stall while ``receive`` was in flight does not make a
     lease the broker already ended look live.
 
     ``monotonic``: the loop's clock in seconds (leases, renewals, handler ages); ``wall``: the
@@ -357,11 +383,13 @@ class ConsumeLoop:
             self._start_handler, policy=d.policy, workers=d.workers, key=d.key, cost=d.cost,
             on_done=self._on_done, metrics=d.metrics, handler_timeout=d.handler_timeout,
             clock=_SecondsClock(monotonic), name="consume", consumer_group=_group_of(tracer, consumer))
-        self._keeper = LeaseKeeper(consumer, self.lease, monotonic, self._count, d.handler_timeout)
+        self._keeper = LeaseKeeper(consumer, self.lease, monotonic, self._count, d.handler_timeout,
+                                   self._interrupted)
         # one lock for all of the loop's state and its counters: _room() and snapshots are consistent
         self._lock = threading.Lock()
         self._changed = _Changes(self._lock)  # any state change: receive loop, waiters
         self._leases: dict[int, Lease] = {}
+        self._broker_lead = BrokerLead()  # how far the broker's clock may run ahead (only _own, one thread)
         self._backlog: deque[Lease] = deque()  # received, not yet taken by the dispatcher (in order)
         self._acks: deque[tuple[Lease, Outcome, bool]] = deque()  # (held, outcome, ran) not yet taken
         self._settling = 0  # outcomes reported and not yet settled (queued or being settled)
@@ -369,7 +397,7 @@ class ConsumeLoop:
         # one message id is two deliveries in two groups: the process-wide guard is per group
         self._group: str | None = group if isinstance(group, str) else None
         self._phase = _Phase.NEW
-        self._stop = threading.Event()  # the stop request (see _Phase: why an event)
+        self._stop = _StopRequest()  # the stop request (see _Phase: why not an event)
         self._stop_deadline: float | None = None  # real monotonic seconds
         self._finished = threading.Event()  # phase FINISHED or UNRUN reached (see _Phase)
         self._feeder: threading.Thread | None = None
@@ -530,7 +558,7 @@ class ConsumeLoop:
             return None
         size = min(free, self.flow.max_batch)
         started: list[tuple[Any, MessageTrace]] = []
-        called = self._monotonic()  # no lease of this batch began before this
+        called, called_wall = self._monotonic(), self._wall()  # no lease of this batch began before this
         try:
             # the loop traces its messages itself: an instrumented client must not too
             with suppress_instrumentation():
@@ -548,7 +576,8 @@ class ConsumeLoop:
             raise
         batch = list(messages or ())
         if batch:
-            self._own(batch, dict((id(m), t) for m, t in started) if self._ops is not None else None, called)
+            self._own(batch, dict((id(m), t) for m, t in started) if self._ops is not None else None, called,
+                      called_wall)
             if self.flow.prefetch == 0:
                 self._feed()
         return len(batch)
@@ -557,7 +586,8 @@ class ConsumeLoop:
         """Stop receiving; what the loop holds is still run and settled.
 
         Without ``timeout`` this only asks and returns at once — safe from a signal handler: it
-        never waits for the loop's lock, which the interrupted thread may hold; :meth:`run`
+        never waits for a lock (the loop's, which the interrupted thread may hold, is only tried;
+        the request itself is a lock-free flag, not an event); :meth:`run`
         drains everything it holds (bounded by ``stop_timeout`` if set) and returns.
         With ``timeout`` (seconds; None or ``math.inf``: no bound) the drain ends at most that
         long from now — a later, shorter one moves that point forward, also while the drain
@@ -585,7 +615,7 @@ class ConsumeLoop:
         self._stop.set()
         never_ran = False
         # never block on the loop's lock (a signal handler on the thread that holds it would
-        # deadlock): if it is busy, the loop sees the event within one tick
+        # deadlock): if it is busy, the loop sees the request within one tick
         if self._lock.acquire(blocking=False):
             try:
                 self._changed.notify_all()
@@ -617,8 +647,8 @@ class ConsumeLoop:
 
     def install_signal_handlers(self) -> None:
         """SIGTERM and SIGINT stop the loop gracefully (call from the main thread)."""
-        # only the event: a handler that took the loop's lock could interrupt a holder of it
-        # (run() on the main thread); the loop sees the event within one tick
+        # only the request, a lock-free flag: a handler that took a lock (the loop's, or an
+        # event's) could interrupt a holder of it; the loop sees the request within one tick
         for sig in (signal.SIGTERM, signal.SIGINT):
             signal.signal(sig, lambda *_: self._stop.set())
 
@@ -693,28 +723,35 @@ class ConsumeLoop:
                 tracer.hook_failed("starting a message trace", exc)
         return [t for _, t in into]
 
-    def _lease_end(self, msg: Any, called: float, returned: float, returned_wall: float) -> float:
+    def _lease_end(self, msg: Any, called: float, returned: float, returned_wall: float, lead: float) -> float:
         """When ``msg``'s lease ends on the loop's clock. From what the broker decided: its pop
-        time (in the receipt handle), as time elapsed before ``receive`` returned
-        (``returned_wall`` - pop time, on the wall clock), kept within the call (``called`` ..
-        ``returned``, monotonic) so a skewed broker clock never dates it outside the call. From
+        time (in the receipt handle) moved onto this process's wall clock by ``lead`` (the most
+        the broker's clock may run ahead, :class:`~.lease.BrokerLead`), as time elapsed before
+        ``receive`` returned, kept within the call (``called`` .. ``returned``, monotonic). From
         the call's start when the handle cannot be read."""
         popped = called
         decided = broker_lease(getattr(msg, "receipt_handle", None))
         if decided is not None:
-            ago = max(0.0, returned_wall - decided[0] / 1000.0)
+            ago = max(0.0, returned_wall - (decided[0] / 1000.0 - lead))
             popped = max(called, returned - ago)
         return popped + self.lease.invisible_duration
 
+    def _lead(self, batch: list[Any], called_wall: float) -> float:
+        """The tightest bound on the broker clock's lead after this call (see :class:`~.lease.BrokerLead`):
+        its earliest pop time was after ``called_wall``; +inf when no handle of it can be read."""
+        pops = [d[0] / 1000.0 for m in batch if (d := broker_lease(getattr(m, "receipt_handle", None))) is not None]
+        return self._broker_lead.bound(min(pops) - called_wall) if pops else float("inf")
+
     def _own(self, batch: list[Any], traces: dict[int, MessageTrace] | None = None,
-              called: float | None = None) -> None:
+              called: float | None = None, called_wall: float | None = None) -> None:
         """Own the whole batch at once: held (so renewed) before any of it is submitted.
         ``traces``: those the receive operation started, by ``id(message)`` (None: start them here);
-        ``called``: the loop's clock when ``receive`` was called (None: now)."""
+        ``called``, ``called_wall``: the loop's clocks when ``receive`` was called (None: now)."""
         returned, returned_wall = self._monotonic(), self._wall()
         if called is None:
             called = returned
-        held = [Lease(m, self._lease_end(m, called, returned, returned_wall)) for m in batch]
+        lead = self._lead(batch, returned_wall if called_wall is None else called_wall)
+        held = [Lease(m, self._lease_end(m, called, returned, returned_wall, lead)) for m in batch]
         with self._lock:
             for h in held:
                 self._leases[id(h.message)] = h
@@ -752,7 +789,11 @@ class ConsumeLoop:
             offer = list(self._backlog)
         # a key whose message was reported TIMEOUT and still runs is not offered: its successors
         # follow the given-back message back to the broker
-        hung = self._hung_keys() if any(h.key is not None for h in offer) else set()
+        keyed = {h.key for h in offer if h.key is not None}
+        hung = self._hung_keys() if keyed else set()
+        # so do the keys whose fixed worker hangs (round-robin, random): held here, they would
+        # wait out the hang out of every peer's reach
+        hung |= {k for k in keyed if self.dispatcher.blocks(k)}
         refused_keys: set[str] = set()
         pool_full = False  # an unkeyed message was refused: the pool has no free worker
         taken = 0
@@ -882,8 +923,9 @@ class ConsumeLoop:
         if h is not None and h.key is not None and h.key in self._hung_keys():
             raise _NotStarted("a message of its key timed out and still runs: it follows that one back")
         with self._lock:
-            if h is not None and (h.state == SETTLING or self._past_stop_deadline()
-                                  or not h.live(self._monotonic())):
+            # no lease is no go: the loop holds no lease for a message it settled already (a TIMEOUT
+            # while it waited, then its settle), and a handler must not run on a lease nobody holds
+            if h is None or h.state == SETTLING or self._past_stop_deadline() or not h.live(self._monotonic()):
                 raise _NotStarted("its outcome was reported, the lease is gone or the stop deadline passed")
             if mid is not None and not _RUNNING.claim(copy):
                 raise _NotStarted("another copy of this message still runs in this process")
@@ -1043,6 +1085,11 @@ class ConsumeLoop:
                     what = ""
                     if lease_gone(exc) and h.trace is not None:
                         h.trace.lease_lost("expired")  # the broker found it gone first (refusal.py)
+                except BaseException as exc:  # noqa: BLE001 - a Ctrl-C inside the broker call: settled
+                    # as a failed call (the broker redelivers after the lease), then it goes on, so
+                    # nothing stays held and the counters add up
+                    self._count("ack_errors", exc)
+                    what, interrupt = "", exc
             elif not h.given_up and h.trace is not None:
                 h.trace.lease_lost("expired")  # it ran out between two keeper passes
         with self._changed:
@@ -1118,6 +1165,8 @@ class ConsumeLoop:
                 self.renew_leases(wait=False)
             except Exception as exc:  # noqa: BLE001 - the keeper must outlive any one bug
                 self._count("lease_errors", exc)
+            except BaseException as exc:  # noqa: BLE001 - the loop stops; the keeper renews through the drain
+                self._interrupted(exc)
 
     def _count(self, what: str, exc: BaseException | None = None, why: str = "") -> None:
         """Count one event; a failure (``what`` in the log kinds) is logged once per kind."""

@@ -28,7 +28,7 @@ from opentelemetry.instrumentation.utils import suppress_instrumentation
 from ..telemetry.tracer import MessageTrace
 from .consume_options import LeaseOptions, whole_seconds
 
-__all__ = ["Lease", "LeaseKeeper", "broker_lease"]
+__all__ = ["BrokerLead", "Lease", "LeaseKeeper", "broker_lease"]
 
 def broker_lease(handle: object) -> tuple[int, int] | None:
     """What the broker decided for this delivery, read from its receipt handle: (pop time in
@@ -50,6 +50,31 @@ def broker_lease(handle: object) -> tuple[int, int] | None:
     except ValueError:
         return None
     return (retrieved, invisible) if retrieved > 0 and invisible > 0 else None
+
+
+class BrokerLead:
+    """How far the broker's wall clock runs ahead of this process's, at most (seconds; negative:
+    behind), learnt from the receives themselves: the broker popped a message after the call
+    began, so ``pop time - wall reading at the call's start`` bounds the lead from above, and the
+    smallest of the recent calls' bounds is the tightest (a call answered at once). Only an upper
+    bound is safe: a lease dated with a lead the broker's clock may not have could look live
+    after the broker ended it (a stall while the call was in flight, hidden by the skew).
+
+    The price: until one recent call was answered soon after it began, a lease is dated as if
+    popped when its call began (a long poll that waited looks like a stall). That only matters
+    for a call longer than the lease itself (``await_duration`` >= ``invisible_duration``): its
+    messages are then not started and come back later (delivery_attempt + 1) until a call answered
+    at once (messages already waiting at the broker) tightens the bound."""
+
+    WINDOW = 64  # receive calls remembered: an old bound is dropped (the clocks drift, a wall steps)
+
+    def __init__(self) -> None:
+        self._bounds: deque[float] = deque(maxlen=self.WINDOW)
+
+    def bound(self, sample: float) -> float:
+        """Remember one call's bound (``pop time - call start``, wall seconds); the tightest one now."""
+        self._bounds.append(sample)
+        return min(self._bounds)
 
 
 WAITING, SUBMITTED, SETTLING = 0, 1, 2  # where a held message is: loop backlog, dispatcher, ack side
@@ -103,8 +128,11 @@ class LeaseKeeper:
     """Renews leases through ``consumer.change_invisible_duration``, at most ``renew_threads`` at once."""
 
     def __init__(self, consumer: Any, options: LeaseOptions, monotonic: Callable[[], float], report: Report,
-                 handler_timeout: float | None) -> None:
+                 handler_timeout: float | None, interrupted: Callable[[BaseException], None] | None = None) -> None:
         self._consumer = consumer
+        # where a BaseException raised inside a renewal on a pool thread goes (the loop stops and
+        # run() re-raises it); the pool thread itself lives on, so later renewals still happen
+        self._interrupted = interrupted
         self._options = options
         self._seconds = whole_seconds(options.invisible_duration)
         self._monotonic = monotonic
@@ -182,6 +210,12 @@ class LeaseKeeper:
                 self._renew_if_free(h, age)
             except Exception as exc:  # noqa: BLE001 - a pool thread outlives any one bug
                 self._report("lease_errors", exc, "a lease renewal failed")
+            except BaseException as exc:  # noqa: BLE001 - counted in _renew_one; the owner stops
+                # a pool thread that died here would stay counted (in _threads, idle) and no
+                # renewal would ever run again: it hands the interrupt on and lives
+                if self._interrupted is None:
+                    raise
+                self._interrupted(exc)
             finally:
                 with self._cond:
                     self._inflight.discard(id(h))
@@ -232,6 +266,10 @@ class LeaseKeeper:
             h.restore_handle()
             self._report("lease_errors", exc, "a lease renewal failed")
             return False
+        except BaseException as exc:
+            h.restore_handle()  # the handle and the counters as after any failed call, then it goes on
+            self._report("lease_errors", exc, "a lease renewal failed")
+            raise
         h.handle = getattr(h.message, "receipt_handle", h.handle)
         h.deadline = started + self._options.invisible_duration
         self._report("leases_extended", None, "")

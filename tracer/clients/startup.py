@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import threading
 import time
-from typing import Any
+from typing import Any, Protocol
 
 from ..bounds import timeout_s
 
@@ -25,8 +25,15 @@ SETTINGS_WAIT_S = 10.0
 _SLICE_S = 0.1  # how soon a stop is noticed while waiting
 
 
+class _StopFlag(Protocol):
+    """What ``stop`` must be: read without blocking (a ``threading.Event``, or the consume loop's
+    lock-free stop request)."""
+
+    def is_set(self) -> bool: ...
+
+
 def wait_for_settings(client: Any, timeout: float | None = SETTINGS_WAIT_S,
-                      stop: threading.Event | None = None) -> bool | None:
+                      stop: _StopFlag | None = None) -> bool | None:
     """Wait until ``client`` has its settings: True once they arrived, False when ``timeout``
     passed or ``stop`` was set first, None when the client does not say (nothing to wait for).
     ``timeout`` None or ``math.inf``: no bound.

@@ -288,6 +288,11 @@ class AsyncDispatcher(EngineBase[T], Generic[T]):
         """Items already reported TIMEOUT whose handler still runs, with seconds since it started."""
         return self._ages(overrun=True)
 
+    def blocks(self, key: str) -> bool:
+        """Whether a message of ``key`` cannot start until a hung handler returns (as
+        :meth:`Dispatcher.blocks <tracer.dispatch.engine.Dispatcher.blocks>`)."""
+        return self._core.blocked_locked(key)
+
     def _ages(self, overrun: bool) -> list[tuple[T, float]]:
         now = self._core.now()
         return [

@@ -570,6 +570,9 @@ class Core(Generic[T]):
     def free_slots_locked(self) -> int:
         return 0 if self.closed else self.sched.free_slots()
 
+    def blocked_locked(self, key: str) -> bool:
+        return self.sched.blocked(key)
+
     def deadline(self, timeout: float | None) -> MonoNs | None:
         """The clock's reading ``timeout`` seconds from now; None for no bound. ``timeout`` is one
         :func:`~tracer.bounds.timeout_s` returned (None already stands for inf and huge ones)."""

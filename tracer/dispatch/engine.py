@@ -326,6 +326,13 @@ class Dispatcher(EngineBase[T], Generic[T]):
         """Items already reported TIMEOUT whose handler still runs, with seconds since it started."""
         return self._ages(overrun=True)
 
+    def blocks(self, key: str) -> bool:
+        """Whether a message of ``key`` cannot start until a hung handler returns: round-robin and
+        random route a key to one fixed worker, and that worker still runs a message reported
+        TIMEOUT. (A consume loop gives such a message back instead of holding it for the hang.)"""
+        with self._lock:
+            return self._core.blocked_locked(key)
+
     def _ages(self, overrun: bool) -> list[tuple[T, float]]:
         with self._lock:
             now = self._core.now()

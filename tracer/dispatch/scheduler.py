@@ -46,6 +46,12 @@ class Admission(enum.Enum):
 QUEUED = Admission.QUEUED
 FULL = Admission.FULL
 
+# How far past one slot per worker free_slots() looks ahead: it counts a buffered policy's room one
+# drawn target at a time, so without a bound RoundRobin(buffer=10**7) would make every call (the
+# consume loop's, on every poll) O(workers x buffer) in time and memory. Nobody asks for more: a
+# consume loop receives at most MAX_BATCH (32) at once.
+LOOK_AHEAD = 4096
+
 
 class Entry(Generic[T]):
     """One accepted message. Allocated once per ``submit``; slotted and mutable."""
@@ -105,6 +111,11 @@ class Scheduler(ABC):
     def take_queued(self) -> list[Entry[Any]]:
         """Remove and return every waiting (not held) entry, oldest first."""
 
+    def blocked(self, key: str) -> bool:
+        """Whether a message of ``key`` cannot start until a hung handler returns (its key's
+        fixed worker hangs). The pool policies release a hung message's key at its TIMEOUT: never."""
+        return False
+
 
 class PoolScheduler(Scheduler):
     """One slot per worker; whichever worker frees first takes the next message.
@@ -141,6 +152,7 @@ class PoolScheduler(Scheduler):
         # aggressive: the worker running each active key's head — its parked successors run on it
         # next, so the blame of their wait is bound to it (``bound``)
         self._holder: dict[str, int] = {}
+        self._hung = 0  # workers still held by a message reported TIMEOUT (expired, not yet done)
 
     def admit(self, e: Entry[Any]) -> int | Admission:
         key = e.key
@@ -165,7 +177,7 @@ class PoolScheduler(Scheduler):
                     self._holder[key] = w
             self.busy += 1
             return w
-        if self.queued < self._window:
+        if self.queued < self._window and self._hung < self.workers:  # no worker could start it
             if key is not None:
                 self._active[key] = None
             heapq.heappush(self._ready, (-e.cost, e.seq, e))
@@ -175,6 +187,8 @@ class PoolScheduler(Scheduler):
 
     def done(self, worker: int, e: Entry[Any]) -> Entry[Any] | None:
         key = e.key
+        if e.expired:
+            self._hung -= 1
         if key is not None and not e.expired:  # an expired entry gave its key up already
             dq = self._active[key]
             if dq:
@@ -196,6 +210,7 @@ class PoolScheduler(Scheduler):
 
     def expire(self, worker: int, e: Entry[Any]) -> list[Entry[Any]]:
         e.expired = True
+        self._hung += 1
         key = e.key
         if key is None:
             return []
@@ -209,6 +224,8 @@ class PoolScheduler(Scheduler):
         return out
 
     def free_slots(self) -> int:
+        if self._hung >= self.workers:
+            return 0  # the window is no room while no worker can ever start from it
         return len(self._idle) + max(0, self._window - self.queued)
 
     def idle_workers(self) -> list[int]:
@@ -239,6 +256,8 @@ class BufferedScheduler(Scheduler):
     target's buffer is full the submitter blocks on *that* worker even if others are idle, as a
     send on a full Go channel does. A keyed message always goes to worker ``crc32(key) % workers``
     (fixed routing: per-key order and exclusion follow from one worker running its buffer in order).
+    A worker still running a message reported ``TIMEOUT`` is dealt nothing until that call returns
+    (an unkeyed message drawn for it goes to the next worker that is not hung; a keyed one is FULL).
     """
 
     def __init__(self, workers: int, buffer: int, draw: Callable[[], int], *, name: str) -> None:
@@ -255,19 +274,41 @@ class BufferedScheduler(Scheduler):
         self._upcoming: deque[int] = deque()  # targets drawn but not used yet (free_slots looks ahead)
         self._running = [False] * workers
         self._bufs: list[deque[Entry[Any]]] = [deque() for _ in range(workers)]
+        # workers still running a message reported TIMEOUT: nothing is dealt to them until it
+        # returns (a buffer behind a hung thread is no room; what it held left at the TIMEOUT)
+        self._hung: set[int] = set()
 
     def _route(self, key: str) -> int:
         return zlib.crc32(key.encode()) % self.workers
+
+    def blocked(self, key: str) -> bool:
+        return self._route(key) in self._hung
+
+    def _target(self, drawn: int) -> int | None:
+        """The worker an unkeyed message drawn for ``drawn`` goes to: ``drawn``, or the next one
+        (in index order) not hung; None when every worker hangs."""
+        if drawn not in self._hung:
+            return drawn
+        for i in range(1, self.workers):
+            w = (drawn + i) % self.workers
+            if w not in self._hung:
+                return w
+        return None
 
     def admit(self, e: Entry[Any]) -> int | Admission:
         key = e.key
         upcoming = self._upcoming
         if key is not None:
             w = self._route(key)
+            if w in self._hung:
+                return FULL  # its key's worker hangs: it would wait behind a thread that may never return
         else:
             if not upcoming:
                 upcoming.append(self._draw())
-            w = upcoming[0]
+            target = self._target(upcoming[0])
+            if target is None:
+                return FULL
+            w = target
         if not self._running[w]:
             self._running[w] = True
             self.busy += 1
@@ -285,6 +326,7 @@ class BufferedScheduler(Scheduler):
         return FULL
 
     def done(self, worker: int, e: Entry[Any]) -> Entry[Any] | None:
+        self._hung.discard(worker)
         buf = self._bufs[worker]
         if buf:
             self.queued -= 1
@@ -295,6 +337,7 @@ class BufferedScheduler(Scheduler):
 
     def expire(self, worker: int, e: Entry[Any]) -> list[Entry[Any]]:
         e.expired = True
+        self._hung.add(worker)
         buf = self._bufs[worker]  # its worker's buffer waits behind e, in order
         out = list(buf)
         buf.clear()
@@ -302,17 +345,21 @@ class BufferedScheduler(Scheduler):
         return out
 
     def free_slots(self) -> int:
-        room = [self._k - len(b) + (0 if r else 1) for b, r in zip(self._bufs, self._running, strict=True)]
+        room = [0 if i in self._hung else self._k - len(b) + (0 if r else 1)
+                for i, (b, r) in enumerate(zip(self._bufs, self._running, strict=True))]
+        if len(self._hung) >= self.workers:
+            return 0
         upcoming = self._upcoming
         n = 0
-        while True:
+        while n < self.workers + LOOK_AHEAD:
             while len(upcoming) <= n:
                 upcoming.append(self._draw())
-            w = upcoming[n]
-            if room[w] <= 0:
+            w = self._target(upcoming[n])
+            if w is None or room[w] <= 0:
                 return n
             room[w] -= 1
             n += 1
+        return n
 
     def idle_workers(self) -> list[int]:
         return [i for i, r in enumerate(self._running) if not r]
@@ -327,4 +374,4 @@ class BufferedScheduler(Scheduler):
         return out
 
 
-__all__ = ["FULL", "QUEUED", "Admission", "BufferedScheduler", "Entry", "PoolScheduler", "Scheduler"]
+__all__ = ["FULL", "LOOK_AHEAD", "QUEUED", "Admission", "BufferedScheduler", "Entry", "PoolScheduler", "Scheduler"]

@@ -1,0 +1,415 @@
+"""Issue #30, second review (tests/review30 02-05, 07, 08, 11): the broker calls, the leases, the
+policies and the stop request, each fault as a class over its siblings.
+
+* every broker call the loop makes on a held message (ack, nack, renewal) raising a BaseException
+  leaves nothing held, the counters adding up, the keeper renewing; the interrupt goes on;
+* a broker clock ahead of or behind this process's never makes a dead lease look live;
+* every policy: a worker hung past its TIMEOUT is no room, and free_slots() is bounded however
+  large the policy's buffer;
+* the start gate: a message the loop holds no lease for never starts;
+* the stop request takes no lock (signal-safe).
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from typing import Any
+
+import pytest
+from embedded_rig import consumer_with_messages
+from manual_clock import Clock
+
+from tracer.clients.consume import ConsumeLoop
+from tracer.clients.consume_options import LeaseOptions
+from tracer.clients.lease import Lease, LeaseKeeper
+from tracer.dispatch import Aggressive, CostAware, Random, RoundRobin, scheduler
+from tracer.dispatch.scheduler import QUEUED, Entry
+
+WALL0 = 1_700_000_000.0
+LOOK_AHEAD = getattr(scheduler, "LOOK_AHEAD", 4096)  # read softly: the test runs against older code too
+
+
+class Raising:
+    """A client double: ``call`` raises ``exc`` once, then forwards."""
+
+    def __init__(self, inner: Any, call: str, exc: BaseException) -> None:
+        self.inner, self.call, self.exc = inner, call, exc
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.inner, name)
+
+    def _maybe(self, name: str) -> None:
+        if self.call == name and self.exc is not None:
+            exc, self.exc = self.exc, None  # type: ignore[assignment]
+            raise exc
+
+    def receive(self, n: int, inv: float) -> Any:
+        return self.inner.receive(n, inv)
+
+    def ack(self, m: Any) -> Any:
+        self._maybe("ack")
+        return self.inner.ack(m)
+
+    def change_invisible_duration(self, m: Any, s: float) -> Any:
+        self._maybe("change_invisible_duration")
+        return self.inner.change_invisible_duration(m, s)
+
+
+def _adds_up(loop: ConsumeLoop) -> None:
+    s = loop.statistics()
+    assert s.received == s.acked + s.retry_scheduled + s.given_back + s.ack_errors + s.expired + s.held, s
+
+
+# -- 02: a BaseException from a settle call --------------------------------------------------------
+@pytest.mark.parametrize("exc", [KeyboardInterrupt("ctrl-c"), SystemExit(3)], ids=type)
+@pytest.mark.parametrize("call", ["ack", "nack"])
+def test_a_base_exception_from_a_settle_call_leaves_nothing_held(call: str, exc: BaseException) -> None:
+    clock = Clock()
+    _, inner = consumer_with_messages(clock)
+    client = Raising(inner, "ack" if call == "ack" else "change_invisible_duration", exc)
+
+    def handler(m: Any) -> None:
+        if call == "nack":
+            raise ValueError("fails: nacked")
+
+    loop = ConsumeLoop(client, handler, invisible_duration=5, workers=1, monotonic=clock,
+                       wall=lambda: WALL0 + clock())
+    try:
+        assert loop.poll() == 1
+        assert loop.wait(lambda s: s.reported >= 1, timeout=30)
+        with pytest.raises(type(exc)):
+            loop.settle_ready()
+        s = loop.statistics()
+        assert s.held == 0 and s.ack_errors == 1, s
+        _adds_up(loop)
+    finally:
+        loop.stop()
+        loop.dispatcher.close(timeout=5)
+
+
+# -- 03: a BaseException from a renewal ------------------------------------------------------------
+@pytest.mark.parametrize("exc", [KeyboardInterrupt("ctrl-c"), SystemExit(3)], ids=type)
+@pytest.mark.parametrize("wait", [True, False], ids=["caller", "pool"])
+def test_a_base_exception_from_a_renewal_never_ends_renewals(wait: bool, exc: BaseException) -> None:
+    """On the caller's thread it propagates with the keeper's state clean; on the keeper's pool it
+    goes to the owner and the pool thread lives on: the next pass renews (renew_threads=1)."""
+    clock = Clock()
+    _, inner = consumer_with_messages(clock)
+    client = Raising(inner, "change_invisible_duration", exc)
+    (msg,) = inner.receive(1, 5)
+    events: list[str] = []
+    renewed = threading.Event()
+
+    def report(what: str, error: BaseException | None, why: str) -> None:
+        events.append(what)
+        if what == "leases_extended":
+            renewed.set()
+
+    interrupts: list[BaseException] = []
+    keeper = LeaseKeeper(client, LeaseOptions(invisible_duration=5, renew_threads=1), clock, report, None,
+                         interrupts.append)
+    h = Lease(msg, clock() + 1.0)
+    try:
+        if wait:
+            with pytest.raises(type(exc)):
+                keeper.renew([h], {}, wait=True)
+        else:
+            keeper.renew([h], {}, wait=False)
+            deadline = time.monotonic() + 30
+            while not interrupts and time.monotonic() < deadline:
+                time.sleep(0.01)
+            assert interrupts == [exc]
+        assert events == ["lease_errors"]
+        assert not h.lock.locked()
+        keeper.renew([h], {}, wait=wait)  # the next pass
+        assert renewed.wait(30), events
+    finally:
+        keeper.close()
+
+
+# -- 04: a skewed broker clock ---------------------------------------------------------------------
+@pytest.mark.parametrize("skew", [-3.0, 0.0, 3.0])
+@pytest.mark.parametrize("stall", [0.0, 3.0])
+def test_a_skewed_broker_clock_never_makes_a_dead_lease_live(skew: float, stall: float) -> None:
+    """The broker's wall clock ``skew`` seconds off this process's; the process stalls ``stall``
+    seconds after the broker popped the message, inside receive (lease 2 s): it starts exactly
+    when its lease is live."""
+    from tracer.embedded import EmbeddedBroker, Message, Producer, SimpleConsumer
+
+    clock = Clock()
+    broker = EmbeddedBroker(min_receive_invisible=1, monotonic=clock,
+                            wall_ms=lambda: int((WALL0 + clock() + skew) * 1000))
+    broker.create_topic("T")
+    p = Producer(broker, ["T"])
+    p.startup()
+    m = Message()
+    m.topic, m.body = "T", b"x"
+    p.send(m)
+    inner = SimpleConsumer(broker, "G", {"T": None}, await_duration=0.0)
+    inner.startup()
+
+    class Stall(Raising):
+        def receive(self, n: int, inv: float) -> Any:
+            got = self.inner.receive(n, inv)
+            if got:
+                clock.t += stall
+            return got
+
+    ran: list[Any] = []
+    loop = ConsumeLoop(Stall(inner, "", None), ran.append, invisible_duration=2, workers=1,  # type: ignore[arg-type]
+                       monotonic=clock, wall=lambda: WALL0 + clock())
+    try:
+        assert loop.poll() == 1
+        assert loop.wait(lambda s: s.reported >= 1, timeout=30)
+        assert bool(ran) is (stall < 2), loop.statistics()
+    finally:
+        loop.stop()
+        loop.dispatcher.close(timeout=5)
+
+
+# -- 05, 07: every policy: a hung worker is no room; free_slots() is bounded -----------------------
+POLICIES = [Aggressive(), CostAware(window=4), RoundRobin(buffer=3), Random(buffer=3, seed=1)]
+
+
+def _entry(i: int, key: str | None = None) -> Entry[Any]:
+    e: Entry[Any] = Entry(i, None, key, 0.0)
+    e.seq = i
+    return e
+
+
+def _run_on_every_worker(s: Any) -> list[tuple[int, Entry[Any]]]:
+    """Admit until every worker holds one; (worker, entry) of each held one."""
+    held: list[tuple[int, Entry[Any]]] = []
+    i = 0
+    while s.busy < s.workers:
+        e = _entry(i)
+        i += 1
+        got = s.admit(e)
+        if isinstance(got, int):
+            held.append((got, e))
+        else:
+            s.take_queued()  # a draw that went to a busy worker's buffer: taken out again
+    return held
+
+
+@pytest.mark.parametrize("policy", POLICIES, ids=lambda p: p.name)
+def test_a_hung_worker_is_no_room(policy: Any) -> None:
+    """One of two workers hung past its TIMEOUT: free_slots() counts only room a live worker
+    serves, nothing is dealt behind the hung one; both hung: no room at all."""
+    s = policy.scheduler(2)
+    (w, first), (_, second) = _run_on_every_worker(s)
+    s.expire(w, first)  # reported TIMEOUT, still running
+    s.done(1 - w, second)
+    room = s.free_slots()
+    taken = 0
+    for i in range(100, 140):
+        got = s.admit(_entry(i))
+        if got is not QUEUED and not isinstance(got, int):
+            break
+        assert got != w and (got is not QUEUED or s.bound != w), "dealt to (or behind) the hung worker"
+        taken += 1
+    assert taken == room > 0
+    both = policy.scheduler(2)
+    for worker, e in _run_on_every_worker(both):
+        both.expire(worker, e)
+    assert both.free_slots() == 0
+
+
+@pytest.mark.parametrize("policy", [RoundRobin(buffer=10**400), Random(buffer=10**400, seed=2),
+                                    CostAware(window=10**400), Aggressive(max_parked=10**400)],
+                         ids=lambda p: p.name)
+def test_free_slots_is_bounded_however_large_the_buffer(policy: Any) -> None:
+    s = policy.scheduler(4)
+    assert 0 < s.free_slots()
+    assert s.free_slots() <= 4 + LOOK_AHEAD or policy.name in ("cost_aware", "aggressive")
+    assert len(getattr(s, "_upcoming", ())) <= 4 + LOOK_AHEAD
+
+
+# -- 08: the start gate ------------------------------------------------------------------------------
+def test_a_message_the_loop_holds_no_lease_for_never_starts() -> None:
+    clock = Clock()
+    _, inner = consumer_with_messages(clock)
+    ran: list[Any] = []
+    loop = ConsumeLoop(inner, ran.append, invisible_duration=5, workers=1, monotonic=clock)
+    (msg,) = inner.receive(1, 5)  # never owned by the loop (or settled and dropped already)
+    try:
+        with pytest.raises(Exception) as caught:
+            loop._start_handler(msg)
+        assert type(caught.value).__name__ == "_NotStarted"
+        assert ran == []
+    finally:
+        loop.stop()
+        loop.dispatcher.close(timeout=5)
+
+
+# -- 11: the stop request takes no lock ------------------------------------------------------------
+def test_the_stop_request_takes_no_lock_a_signal_could_interrupt() -> None:
+    """Every lock reachable from the loop's lock and its stop request held by this thread (as an
+    interrupted main thread may hold them), the installed handler and stop() still return."""
+    import signal
+
+    clock = Clock()
+    _, inner = consumer_with_messages(clock)
+    loop = ConsumeLoop(inner, lambda m: None, invisible_duration=5, workers=1, monotonic=clock)
+    loop.poll()
+    old = {sig: signal.getsignal(sig) for sig in (signal.SIGTERM, signal.SIGINT)}
+    loop.install_signal_handlers()
+    handler = signal.getsignal(signal.SIGTERM)
+    for sig, h in old.items():
+        signal.signal(sig, h)
+    held = [loop._lock]
+    for v in vars(loop._stop).values() if hasattr(loop._stop, "__dict__") else ():
+        lock = getattr(v, "_lock", v)  # an Event's Condition holds its lock as _lock
+        if hasattr(lock, "acquire") and hasattr(lock, "release"):
+            held.append(lock)
+    done = threading.Event()
+
+    def interrupt() -> None:
+        assert callable(handler)
+        handler(signal.SIGTERM, None)
+        loop.stop()
+        done.set()
+
+    for lock in held:
+        lock.acquire()
+    try:
+        t = threading.Thread(target=interrupt, daemon=True)
+        t.start()
+        ok = done.wait(10)
+    finally:
+        for lock in reversed(held):
+            lock.release()
+    try:
+        assert ok, "the signal-safe stop waited for a lock"
+        assert loop.stopping
+    finally:
+        loop.stop()
+        loop.dispatcher.close(timeout=5)
+
+
+@pytest.mark.parametrize("engine", ["thread", "asyncio"])
+@pytest.mark.parametrize("policy", POLICIES, ids=lambda p: p.name)
+def test_both_engines_run_everything_beside_a_hung_worker(policy: Any, engine: str) -> None:
+    """One of two workers hangs past its TIMEOUT (the asyncio handler swallows its cancellation
+    and keeps waiting): every message submitted afterwards, as far as free_slots() allows, runs on
+    the other worker while the hang lasts — none waits behind the hung one."""
+    import asyncio
+
+    from waiting import wait_until
+
+    from tracer.dispatch import AsyncDispatcher, Dispatcher
+    from tracer.path.clock import ManualClock
+
+    clock = ManualClock()
+    ran: list[int] = []
+    release = threading.Event()
+    if engine == "thread":
+        started = threading.Event()
+
+        def handler(i: int) -> None:
+            if i == 0:
+                started.set()
+                release.wait(600)  # past the wait below: only the test's release ends the hang
+            else:
+                ran.append(i)
+
+        d: Any = Dispatcher(handler, policy=policy, workers=2, handler_timeout=1.0, clock=clock)
+        try:
+            d.submit(0)
+            assert started.wait(30)
+            clock.advance_s(2.0)
+            assert d.check_timeouts() == 1
+            n = d.free_slots()
+            assert n > 0
+            for i in range(1, n + 1):
+                assert d.submit(i, timeout=0)
+            wait_until(lambda: len(ran) == n, timeout=30, what="every message beside the hung worker to run")
+            assert d.statistics().queued == 0
+        finally:
+            release.set()
+            d.close(timeout=5)
+        return
+
+    async def main() -> None:
+        gate = asyncio.Event()
+
+        async def handler(i: int) -> None:
+            if i == 0:
+                while not gate.is_set():
+                    try:
+                        await gate.wait()
+                    except asyncio.CancelledError:
+                        clock.advance_s(0.0)  # swallowed: it hangs on past its TIMEOUT
+            else:
+                ran.append(i)
+
+        ad: AsyncDispatcher[int] = AsyncDispatcher(handler, policy=policy, workers=2, handler_timeout=0.05)
+        try:
+            await ad.submit(0)
+            for _ in range(400):
+                if ad.statistics().timed_out:
+                    break
+                await asyncio.sleep(0.01)
+            assert ad.statistics().timed_out == 1
+            n = ad.free_slots()
+            assert n > 0
+            for i in range(1, n + 1):
+                assert await ad.submit(i, timeout=0)
+            for _ in range(3000):
+                if len(ran) == n:
+                    break
+                await asyncio.sleep(0.01)
+            assert len(ran) == n and ad.statistics().queued == 0
+        finally:
+            gate.set()
+            await ad.close(timeout=5)
+
+    asyncio.run(main())
+
+
+@pytest.mark.parametrize("policy", [RoundRobin(buffer=3), Random(buffer=3, seed=1)], ids=lambda p: p.name)
+def test_a_key_routed_to_a_hung_worker_is_given_back_not_held(policy: Any) -> None:
+    """Round-robin/random route a key to one fixed worker: once that worker hangs past its TIMEOUT,
+    a message of another key routed to it cannot start while the hang lasts; the loop gives it
+    back (a peer may take it) instead of holding and renewing it. Keys "a" and "b" route to
+    worker 1, "d" to worker 0 (crc32 % 2)."""
+    from tracer.embedded import Message, Producer
+
+    clock = Clock()
+    broker, inner = consumer_with_messages(clock, bodies=(b"a",))
+    release = threading.Event()
+    ran: list[bytes] = []
+
+    def handler(m: Any) -> None:
+        if m.body == b"a":
+            release.wait(600)
+        ran.append(m.body)
+
+    loop = ConsumeLoop(inner, handler, policy=policy, workers=2, handler_timeout=1, invisible_duration=30,
+                       key=lambda m: m.body.decode(), monotonic=clock)
+    try:
+        assert loop.poll() == 1
+        from waiting import wait_until
+
+        wait_until(lambda: len(loop.dispatcher.running()) == 1, timeout=30, what="the hung handler to start")
+        clock.advance(2.0)
+        assert loop.dispatcher.check_timeouts() == 1
+        loop.settle_ready()  # the hung message is given back
+        p = Producer(broker, ["T"])
+        p.startup()
+        for body in (b"b", b"d"):
+            m = Message()
+            m.topic, m.body = "T", body
+            p.send(m)
+        assert loop.poll() == 2
+        wait_until(lambda: ran == [b"d"], timeout=30, what="d to run on the live worker")
+        assert loop.wait(lambda s: s.reported >= 2, timeout=30)  # a's TIMEOUT, d's success (b never reached it)
+        loop.settle_ready()
+        s = loop.statistics()
+        assert s.held == 0 and s.given_back == 1, s  # b went back unrun; nothing waits for the hang
+        _adds_up(loop)
+    finally:
+        release.set()
+        loop.stop()
+        loop.dispatcher.close(timeout=5)
