@@ -351,6 +351,126 @@ class TooManyOverlaps(RuntimeError):
     """Naming the blockers would weigh more (victim, run) overlaps than the caller allowed."""
 
 
+def _check_blame(runs: Sequence[Run], workers: int, grace_ns: int) -> None:
+    if workers < 1:
+        raise ValueError(f"workers must be at least 1, got {workers}")
+    if grace_ns < 0:
+        raise ValueError(f"grace_ns must be >= 0, got {grace_ns}")
+    ids = {r.worker for r in runs}
+    if len(ids) > workers:
+        raise ValueError(f"{len(ids)} distinct worker ids but workers={workers}")
+
+
+def _avoidable_waits(runs: Sequence[Run], busy: IntervalSet, grace_ns: int) -> list[int]:
+    """Stage 1: each run's avoidable wait (ns, may be <= 0): its blameable wait less the time no
+    worker was available."""
+    return [(r.start_ns - r.wait_start_ns - grace_ns) - busy.covered(r.wait_start_ns + grace_ns, r.start_ns)
+            if r.start_ns > r.wait_start_ns + grace_ns else 0 for r in runs]
+
+
+class _Blockers:
+    """Stage 2: who held up each avoidable wait, and the credit every run earns by it.
+
+    Built only when a run waited avoidably and the worker ids are real: the runs by worker are
+    needed only to name the blockers of such a run, the backlog only by one that waited so before
+    it was bound (most runs of a saturated consumer wait with every worker busy).
+    """
+
+    def __init__(self, runs: Sequence[Run], avoids: Sequence[int], busy: IntervalSet, grace_ns: int,
+                 max_overlaps: int | None) -> None:
+        self.runs, self.busy, self.grace_ns, self.budget = runs, busy, grace_ns, max_overlaps
+        self.on_worker: dict[int, list[int]] = {}
+        self.reach: dict[int, list[int]] = {}
+        for k in sorted(range(len(runs)), key=lambda k: runs[k].start_ns):
+            self.on_worker.setdefault(runs[k].worker, []).append(k)
+        # the latest end so far, per worker: monotone even if a worker's runs overlap (ids that collide)
+        for w, ks in self.on_worker.items():
+            top_end, row = 0, []
+            for k in ks:
+                top_end = max(top_end, runs[k].end_ns)
+                row.append(top_end)
+            self.reach[w] = row
+        self.backlog = _backlog_pieces(runs, self.on_worker) if any(
+            avoid > 0 and r.bound_ns is not None and r.bound_ns > r.wait_start_ns + grace_ns
+            for avoid, r in zip(avoids, runs)) else []
+        self.backlog_ends = [p[1] for p in self.backlog]
+        self.weight = [(hi - lo) - busy.covered(lo, hi) for lo, hi, _j in self.backlog]  # available time in each piece
+        self.credit: dict[int, int] = {}
+        self.victims: dict[int, int] = {}
+        self.steps = 0
+
+    def name(self, k: int) -> int | None:
+        """The run that held up most of run ``k``'s avoidable wait (credited to all that held some).
+
+        Raises:
+            TooManyOverlaps: the steps so far passed ``max_overlaps``.
+        """
+        parts = self._parts(k)
+        if self.budget is not None and self.steps > self.budget:
+            raise TooManyOverlaps(f"naming the blockers of {len(self.runs)} runs needs more than {self.budget} "
+                                  "(victim, run) overlap steps")
+        runs, credit, victims = self.runs, self.credit, self.victims
+        best: tuple[int, int, str] | None = None  # (-part, start, id): the largest part, then the earliest
+        blocker: int | None = None
+        for j, part in parts.items():
+            if part > 0:
+                credit[j] = credit.get(j, 0) + part  # integer ns: sums that do not depend on the order
+                victims[j] = victims.get(j, 0) + 1
+                key = (-part, runs[j].start_ns, runs[j].message_id)
+                if best is None or key < best:
+                    best, blocker = key, j
+        return blocker
+
+    def _parts(self, k: int) -> dict[int, int]:
+        """Each run's share (ns) of run ``k``'s avoidable wait; counts the overlap steps."""
+        runs, busy = self.runs, self.busy
+        r = runs[k]
+        a, b = r.wait_start_ns + self.grace_ns, r.start_ns
+        parts: dict[int, int] = {}
+        bound = max(a, r.bound_ns if r.bound_ns is not None else 0)
+        steps = 0
+        # waiting in its worker's own buffer: the runs there held it up
+        for j in self.on_worker[r.worker][bisect.bisect_right(self.reach[r.worker], bound):]:
+            o = runs[j]
+            if o.start_ns >= b:
+                break
+            steps += 1
+            lo, hi = max(bound, o.start_ns), min(b, o.end_ns)
+            if j != k and hi > lo:
+                parts[j] = parts.get(j, 0) + (hi - lo) - busy.covered(lo, hi)
+        # waiting in the backlog before that: whatever held up the backlog's head
+        if bound > a:
+            backlog, weight = self.backlog, self.weight
+            i = bisect.bisect_right(self.backlog_ends, a)
+            while i < len(backlog):
+                lo0, hi0, j = backlog[i]
+                if lo0 >= bound:
+                    break
+                steps += 1
+                if j != k:
+                    if a <= lo0 and hi0 <= bound:
+                        parts[j] = parts.get(j, 0) + weight[i]  # inside the window: precomputed
+                    else:
+                        lo, hi = max(a, lo0), min(bound, hi0)
+                        parts[j] = parts.get(j, 0) + (hi - lo) - busy.covered(lo, hi)
+                i += 1
+        self.steps += steps
+        return parts
+
+    def ranked(self, top: int) -> tuple[Blocker, ...]:
+        """Stage 3: the ``top`` runs by the avoidable wait they held up, then start, then id."""
+        runs, credit = self.runs, self.credit
+        order = sorted(credit, key=lambda j: (-credit[j], runs[j].start_ns, runs[j].message_id))[:max(0, top)]
+        return tuple(Blocker(runs[j].message_id, runs[j].label, runs[j].worker, (runs[j].end_ns - runs[j].start_ns) / 1e9,
+                             self.victims[j], credit[j] / 1e9) for j in order)
+
+
+def _reason(avoid: int, blameable_ns: int, wait: int, grace_ns: int) -> str:
+    if avoid > 0 and 2 * avoid >= blameable_ns:
+        return HEAD_OF_LINE
+    return CAPACITY if wait > grace_ns else NO_WAIT
+
+
 def blame(runs: Sequence[Run], workers: int, *, grace_ns: int = GRACE_NS, blockers_known: bool = True,
           top: int = 10, busy: IntervalSet | None = None, max_overlaps: int | None = None) -> Blame:
     """Blame every run of one consumer with ``workers`` workers.
@@ -368,104 +488,30 @@ def blame(runs: Sequence[Run], workers: int, *, grace_ns: int = GRACE_NS, blocke
         ValueError: ``workers`` < 1, a negative ``grace_ns``, or more distinct worker ids than ``workers``.
         TooManyOverlaps: more than ``max_overlaps`` steps were needed (nothing is returned).
     """
-    if workers < 1:
-        raise ValueError(f"workers must be at least 1, got {workers}")
-    if grace_ns < 0:
-        raise ValueError(f"grace_ns must be >= 0, got {grace_ns}")
-    ids = {r.worker for r in runs}
-    if len(ids) > workers:
-        raise ValueError(f"{len(ids)} distinct worker ids but workers={workers}")
+    _check_blame(runs, workers, grace_ns)
     if busy is None:
         busy = all_busy(runs, workers, grace_ns)
-    # each run's avoidable wait first: the runs by worker are needed only to name the blockers of a
-    # run that waited avoidably, the backlog only by one that did so before it was bound (most runs of
-    # a saturated consumer wait with every worker busy)
-    avoids = [(r.start_ns - r.wait_start_ns - grace_ns) - busy.covered(r.wait_start_ns + grace_ns, r.start_ns)
-              if r.start_ns > r.wait_start_ns + grace_ns else 0 for r in runs]
-    on_worker: dict[int, list[int]] = {}
-    reach: dict[int, list[int]] = {}
-    if blockers_known and max(avoids, default=0) > 0:
-        for k in sorted(range(len(runs)), key=lambda k: runs[k].start_ns):
-            on_worker.setdefault(runs[k].worker, []).append(k)
-        # the latest end so far, per worker: monotone even if a worker's runs overlap (ids that collide)
-        for w, ks in on_worker.items():
-            top_end, row = 0, []
-            for k in ks:
-                top_end = max(top_end, runs[k].end_ns)
-                row.append(top_end)
-            reach[w] = row
-    backlog = _backlog_pieces(runs, on_worker) if on_worker and any(
-        avoid > 0 and r.bound_ns is not None and r.bound_ns > r.wait_start_ns + grace_ns
-        for avoid, r in zip(avoids, runs)) else []
-    backlog_ends = [p[1] for p in backlog]
-    weight = [(hi - lo) - busy.covered(lo, hi) for lo, hi, _j in backlog]  # available time in each piece
-    credit: dict[int, int] = {}
-    victims: dict[int, int] = {}
+    avoids = _avoidable_waits(runs, busy, grace_ns)
+    blockers = _Blockers(runs, avoids, busy, grace_ns, max_overlaps) \
+        if blockers_known and max(avoids, default=0) > 0 else None
     out: list[MessageBlame] = []
     wait_total = avoidable_total = 0.0
-    hol = cap = steps = 0
-    budget = max_overlaps
+    reasons = {HEAD_OF_LINE: 0, CAPACITY: 0, NO_WAIT: 0}
     for k, r in enumerate(runs):
         wait = r.start_ns - r.wait_start_ns
         if wait < 0:
             wait = 0
-        a, b = r.wait_start_ns + grace_ns, r.start_ns
-        avoid = avoids[k]
-        blocker: int | None = None
-        if avoid > 0 and blockers_known:
-            parts: dict[int, int] = {}
-            bound = max(a, r.bound_ns if r.bound_ns is not None else 0)
-            # waiting in its worker's own buffer: the runs there held it up
-            for j in on_worker[r.worker][bisect.bisect_right(reach[r.worker], bound):]:
-                o = runs[j]
-                if o.start_ns >= b:
-                    break
-                steps += 1
-                lo, hi = max(bound, o.start_ns), min(b, o.end_ns)
-                if j != k and hi > lo:
-                    parts[j] = parts.get(j, 0) + (hi - lo) - busy.covered(lo, hi)
-            # waiting in the backlog before that: whatever held up the backlog's head
-            if bound > a:
-                i = bisect.bisect_right(backlog_ends, a)
-                while i < len(backlog):
-                    lo0, hi0, j = backlog[i]
-                    if lo0 >= bound:
-                        break
-                    steps += 1
-                    if j != k:
-                        if a <= lo0 and hi0 <= bound:
-                            parts[j] = parts.get(j, 0) + weight[i]  # inside the window: precomputed
-                        else:
-                            lo, hi = max(a, lo0), min(bound, hi0)
-                            parts[j] = parts.get(j, 0) + (hi - lo) - busy.covered(lo, hi)
-                    i += 1
-            if budget is not None and steps > budget:
-                raise TooManyOverlaps(f"naming the blockers of {len(runs)} runs needs more than {budget} "
-                                      "(victim, run) overlap steps")
-            best: tuple[int, int, str] | None = None  # (-part, start, id): the largest part, then the earliest
-            for j, part in parts.items():
-                if part > 0:
-                    credit[j] = credit.get(j, 0) + part  # integer ns: sums that do not depend on the order
-                    victims[j] = victims.get(j, 0) + 1
-                    key = (-part, runs[j].start_ns, runs[j].message_id)
-                    if best is None or key < best:
-                        best, blocker = key, j
-        if avoid > 0 and 2 * avoid >= b - a:
-            reason = HEAD_OF_LINE
-            hol += 1
-        elif wait > grace_ns:
-            reason = CAPACITY
-            cap += 1
-        else:
-            reason = NO_WAIT
+        avoid = avoids[k] if avoids[k] > 0 else 0
+        blocker = blockers.name(k) if avoid and blockers is not None else None
+        reason = _reason(avoid, r.start_ns - r.wait_start_ns - grace_ns, wait, grace_ns)
+        reasons[reason] += 1
         wait_total += wait / 1e9
-        avoidable_total += (avoid if avoid > 0 else 0) / 1e9
-        out.append(_new_tuple(MessageBlame, (r.message_id, wait / 1e9, (avoid if avoid > 0 else 0) / 1e9, reason,
+        avoidable_total += avoid / 1e9
+        out.append(_new_tuple(MessageBlame, (r.message_id, wait / 1e9, avoid / 1e9, reason,
                                              runs[blocker].message_id if blocker is not None else None)))
-    ranked = sorted(credit, key=lambda j: (-credit[j], runs[j].start_ns, runs[j].message_id))[:max(0, top)]
-    return Blame(workers, wait_total, avoidable_total, hol, cap, blockers_known, tuple(out), tuple(
-        Blocker(runs[j].message_id, runs[j].label, runs[j].worker, (runs[j].end_ns - runs[j].start_ns) / 1e9,
-                victims[j], credit[j] / 1e9) for j in ranked), steps)
+    return Blame(workers, wait_total, avoidable_total, reasons[HEAD_OF_LINE], reasons[CAPACITY], blockers_known,
+                 tuple(out), blockers.ranked(top) if blockers is not None else (),
+                 blockers.steps if blockers is not None else 0)
 
 
 def fleet_avoidable(instances: Sequence[Sequence[Run]], workers: Sequence[int], *,
