@@ -35,7 +35,7 @@ from ..embedded import EmbeddedBroker, Message, Producer, SimpleConsumer
 from ..path.stages import Outcome, Stage
 from ..report.blame import Run, fleet_avoidable, fleet_verdict
 from ..report.fleet import FleetSection, Handled, fleet_page
-from ..telemetry.occupancy import OccupancyMetrics, OccupancySnapshot
+from ..telemetry.occupancy import OccupancyMetrics, OccupancyStats
 from ..telemetry.tracer import MessageTrace, MessageTracer
 from .bench.fleet import fleet_greedy, fleet_waits
 from .workload import make_job
@@ -178,16 +178,16 @@ def _run_mode(mode: str, opts: FleetDemoOptions, *, tracer_provider: TracerProvi
         th.join()
     for consumer in consumers:
         consumer.shutdown()
-    snaps: list[OccupancySnapshot] = []
+    snaps: list[OccupancyStats] = []
     for occ in trackers:
         occ.close()
-        snaps.append(occ.snapshot())
+        snaps.append(occ.statistics())
     run = _summarise(mode, opts, records, snaps, t0)
     run.avoidable = fleet_avoidable(runs, [opts.workers] * opts.consumers)
     return run
 
 
-def _summarise(mode: str, opts: FleetDemoOptions, records: list[Handled], snaps: Sequence[OccupancySnapshot],
+def _summarise(mode: str, opts: FleetDemoOptions, records: list[Handled], snaps: Sequence[OccupancyStats],
                t0: int) -> FleetModeRun:
     first: dict[int, Handled] = {}
     for r in records:
