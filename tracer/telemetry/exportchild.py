@@ -39,6 +39,7 @@ import threading
 import time
 import weakref
 from collections import deque
+from dataclasses import dataclass
 from pathlib import Path
 from typing import IO, Any, Callable, Mapping, Sequence
 
@@ -142,17 +143,18 @@ def span_from_record(record: Sequence[Any], resources: Sequence[Resource],
         instrumentation_scope=scopes[scope_ix])
 
 
+@dataclass(frozen=True, slots=True)
 class ChildExportStats:
-    """What happened to the spans ``on_end`` saw (see the module doc); a snapshot."""
+    """What happened to the spans ``on_end`` saw (see the module doc); a frozen snapshot."""
 
-    __slots__ = ("accepted", "dropped", "exported", "failed", "lost", "restarts", "queued", "unacknowledged")
-
-    def __init__(self, **values: int) -> None:
-        for k in self.__slots__:
-            setattr(self, k, values.get(k, 0))
-
-    def __repr__(self) -> str:
-        return "ChildExportStats(" + ", ".join(f"{k}={getattr(self, k)}" for k in self.__slots__) + ")"
+    accepted: int = 0
+    dropped: int = 0
+    exported: int = 0
+    failed: int = 0
+    lost: int = 0
+    restarts: int = 0
+    queued: int = 0
+    unacknowledged: int = 0
 
 
 class _Child:
