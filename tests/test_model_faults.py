@@ -770,9 +770,8 @@ class FaultModel(RuleBasedStateMachine):
             assert s.held - s.settling <= ds.overrun, (
                 f"invariant memory_bounded: every worker hung, {s.held - s.settling} held no worker can start")
         if not self.open_item(2):
-            blame = self.loop.dispatcher._core.blame
-            with blame._lock:
-                size = sum(map(len, blame._log)) + len(blame._idle_since) + len(blame._marks) + len(blame._waiting)
+            assert ds.blame is not None  # the consume loop's dispatcher always blames
+            size = ds.blame.entries  # what the tracker holds: idle marks, run logs, waiting, grace marks
             bound = 6 * self.workers + 2 * held + 8
             assert size <= bound, f"invariant memory_bounded: live blame keeps {size} records > {bound}"
 

@@ -250,7 +250,7 @@ class BlameTracker:
             idle = len(self._idle_since)
             held = idle + sum(map(len, self._log)) + len(self._waiting) + len(self._marks)
             return BlameStats(self._started, len(self._waiting), self._wait_ns / 1e9, self._avoid_ns / 1e9,
-                                   self._hol, self._cap, self._ooo, self._unknown, held, idle)
+                              self._hol, self._cap, self._ooo, self._unknown, held, idle)
 
     # -- inside ------------------------------------------------------------------------------------
     def _check(self, worker: int) -> None:

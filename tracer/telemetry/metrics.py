@@ -26,6 +26,7 @@ import math
 import threading
 import time
 from bisect import bisect_left
+from dataclasses import dataclass
 from typing import Any, Callable, Iterator, Sequence
 
 from prometheus_client import REGISTRY as DEFAULT_REGISTRY
@@ -38,7 +39,8 @@ from ..path.names import LEASE_LOST_REASONS
 from ..path.stages import GAP_INDEX, GAPS, Outcome
 from .registration import OnePerRegistry, SharedAdmission, multiprocess_dir
 
-__all__ = ["DEFAULT_BUCKETS", "OTHER", "BoundedLabel", "OnePerRegistry", "PairLabels", "TracerMetrics", "multiprocess_dir"]
+__all__ = ["DEFAULT_BUCKETS", "OTHER", "BoundedLabel", "MetricsStats", "OnePerRegistry", "PairLabels", "TracerMetrics",
+           "multiprocess_dir"]
 
 # The one bucket list of the duration family (stage gaps, dispatch waits, the OTel stage
 # histogram): 1 ms … 10 min, a handler of a huge test-case group runs for minutes, a send takes ms.
@@ -312,6 +314,14 @@ class _StockSeries:
 
 
 
+@dataclass(frozen=True, slots=True)
+class MetricsStats:
+    """A :class:`TracerMetrics` now (:meth:`TracerMetrics.statistics`)."""
+
+    label_pairs: int  # (topic, consumer_group) pairs with stage series: the cardinality PairLabels caps
+    multiprocess: bool
+
+
 class TracerMetrics(OnePerRegistry):
     """All message-path series on one registry (``registry=None`` means the global one).
 
@@ -387,6 +397,11 @@ class TracerMetrics(OnePerRegistry):
         self._lock = threading.Lock()
         self._skew_clamped = {g.name: self.skew_clamped.labels(g.name) for g in GAPS if g.crosses_clocks}
         self._register(reg, collectors)
+
+    def statistics(self) -> MetricsStats:
+        with self._lock:
+            pairs = len(self._stock) if self._hist is not None else len(self._stages.series)
+        return MetricsStats(pairs, self.multiprocess)
 
     def labels_for(self, topic: str | None, group: str | None) -> tuple[str, str]:
         """The (topic, consumer_group) label pair a message of ``topic`` and ``group`` is counted under."""
