@@ -300,8 +300,23 @@ class Blame:
         return d
 
 
-def _backlog_pieces(runs: Sequence[Run], on_worker: dict[int, list[int]]) -> list[tuple[int, int, int]]:
-    """Who held up the client's backlog, over time: ``(from, to, run)`` pieces, sorted, disjoint.
+class _Piece(NamedTuple):
+    """A stretch of the backlog's wait held up by one run."""
+
+    lo: int
+    hi: int
+    run: int  # index into the runs
+
+
+class _Queued(NamedTuple):  # a backlog entry, in the order the backlog hands messages on
+    wait_start_ns: int
+    bound_ns: int
+    message_id: str
+    run: int
+
+
+def _backlog_pieces(runs: Sequence[Run], on_worker: dict[int, list[int]]) -> list[_Piece]:
+    """Who held up the client's backlog, over time: pieces sorted and disjoint.
 
     A backlog (the client cache, the loop's receive buffer) hands messages on in the order they
     arrived, so while its oldest message waits for room in one worker's buffer every message behind
@@ -315,22 +330,22 @@ def _backlog_pieces(runs: Sequence[Run], on_worker: dict[int, list[int]]) -> lis
         return []
     events.sort()
     # the backlog, oldest first; a batch arrives at one instant and is handed on in enqueue order
-    heap: list[tuple[int, int, str, int]] = []
+    heap: list[_Queued] = []
     gone: set[int] = set()
-    segments: list[tuple[int, int, int]] = []  # (from, to, head)
+    segments: list[_Piece] = []  # the backlog's head over time
     for i, (t, kind, k) in enumerate(events):
         if kind:
             r = runs[k]
-            heapq.heappush(heap, (r.wait_start_ns, r.bound_ns or 0, r.message_id, k))
+            heapq.heappush(heap, _Queued(r.wait_start_ns, r.bound_ns or 0, r.message_id, k))
         else:
             gone.add(k)
-        while heap and heap[0][3] in gone:
+        while heap and heap[0].run in gone:
             heapq.heappop(heap)
         nxt = events[i + 1][0] if i + 1 < len(events) else t
         if heap and nxt > t:
-            segments.append((t, nxt, heap[0][3]))
+            segments.append(_Piece(t, nxt, heap[0].run))
     starts = {w: [runs[j].start_ns for j in ks] for w, ks in on_worker.items()}
-    pieces: list[tuple[int, int, int]] = []
+    pieces: list[_Piece] = []
     for lo, hi, head in segments:
         w = runs[head].worker
         ks = on_worker.get(w, [])
@@ -340,10 +355,10 @@ def _backlog_pieces(runs: Sequence[Run], on_worker: dict[int, list[int]]) -> lis
                 break
             a, b = max(lo, o.start_ns), min(hi, o.end_ns)
             if b > a:
-                if pieces and pieces[-1][2] == j and pieces[-1][1] == a:
-                    pieces[-1] = (pieces[-1][0], b, j)  # the head changed, its worker's run did not
+                if pieces and pieces[-1].run == j and pieces[-1].hi == a:
+                    pieces[-1] = _Piece(pieces[-1].lo, b, j)  # the head changed, its worker's run did not
                 else:
-                    pieces.append((a, b, j))
+                    pieces.append(_Piece(a, b, j))
     return pieces
 
 
@@ -393,7 +408,7 @@ class _Blockers:
         self.backlog = _backlog_pieces(runs, self.on_worker) if any(
             avoid > 0 and r.bound_ns is not None and r.bound_ns > r.wait_start_ns + grace_ns
             for avoid, r in zip(avoids, runs)) else []
-        self.backlog_ends = [p[1] for p in self.backlog]
+        self.backlog_ends = [p.hi for p in self.backlog]
         self.weight = [(hi - lo) - busy.covered(lo, hi) for lo, hi, _j in self.backlog]  # available time in each piece
         self.credit: dict[int, int] = {}
         self.victims: dict[int, int] = {}

@@ -41,7 +41,7 @@ import weakref
 from collections import deque
 from dataclasses import dataclass
 from pathlib import Path
-from typing import IO, Any, Callable, Mapping, Sequence
+from typing import IO, Any, Callable, Mapping, NamedTuple, Sequence
 
 from opentelemetry.attributes import BoundedAttributes
 from opentelemetry.context import Context
@@ -104,24 +104,30 @@ def span_record(span: ReadableSpan, resource_ix: int, scope_ix: int) -> tuple[An
     )
 
 
+class _Dropped(NamedTuple):
+    attributes: int
+    events: int
+    links: int
+
+
 class _Replayed(ReadableSpan):
     """A span rebuilt in the child, with the dropped counts the parent's span had."""
 
-    def __init__(self, dropped: tuple[int, int, int], **kwargs: Any) -> None:
+    def __init__(self, dropped: _Dropped, **kwargs: Any) -> None:
         super().__init__(**kwargs)
         self._dropped_counts = dropped
 
     @property
     def dropped_attributes(self) -> int:
-        return self._dropped_counts[0]
+        return self._dropped_counts.attributes
 
     @property
     def dropped_events(self) -> int:
-        return self._dropped_counts[1]
+        return self._dropped_counts.events
 
     @property
     def dropped_links(self) -> int:
-        return self._dropped_counts[2]
+        return self._dropped_counts.links
 
 
 def _state(header: str) -> TraceState | None:
@@ -136,7 +142,7 @@ def span_from_record(record: Sequence[Any], resources: Sequence[Resource],
     context = SpanContext(trace_id, span_id, False, TraceFlags(flags), _state(state))
     parent = SpanContext(trace_id, parent_id, parent_remote, TraceFlags(flags)) if parent_id else None
     return _Replayed(
-        (d_attrs, d_events, d_links), name=name, context=context, parent=parent, resource=resources[resource_ix],
+        _Dropped(d_attrs, d_events, d_links), name=name, context=context, parent=parent, resource=resources[resource_ix],
         attributes=attributes, events=[Event(n, a, timestamp=t) for n, t, a, _d in events],
         links=[Link(SpanContext(t, s, r, TraceFlags(f), _state(ts)), a) for t, s, f, r, ts, a, _d in links],
         kind=SpanKind(kind), status=Status(StatusCode(code), description), start_time=start, end_time=end,
