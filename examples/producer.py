@@ -12,7 +12,6 @@ from rocketmq import Message, Producer
 
 from tracer import MessageTracer, TracedProducer, configure_tracing
 from tracer.config import Settings
-from tracer.dispatch import longest_first
 from tracer.tools.workload import make_job
 
 
@@ -22,13 +21,16 @@ def main() -> None:
     producer.startup()
     try:
         # The producer knows every group's size up front: sending longest first costs nothing
-        # and lets any dispatcher approach the lower bound.
-        for item in longest_first(make_job(GROUPS), cost=lambda i: i.cases):
+        # and lets a fleet of demand-driven consumers approach the lower bound. Without a size,
+        # cost=load_costs("costs.json") reads what `rmqtrace report --costs` learned last run.
+        messages = []
+        for item in make_job(GROUPS):
             msg = Message()
             msg.topic = TOPIC
             msg.body = json.dumps({"group": item.group_id, "cases": item.cases}).encode()
             msg.keys = item.group_id
-            producer.send(msg, job_id=JOB_ID, cost=item.cases)
+            messages.append(msg)
+        producer.send_job(messages, cost=lambda m: float(json.loads(m.body)["cases"]), job_id=JOB_ID)
         print(f"sent {GROUPS} test-case groups of job {JOB_ID} to {TOPIC}")
     finally:
         producer.shutdown()

@@ -122,6 +122,53 @@ def _pipeline(fn: Callable[..., Any]) -> None:
         pass
 
 
+def _send_job(**kw: Any) -> Any:
+    from tracer.clients.producer import TracedProducer
+    from tracer.embedded import Producer
+
+    broker = EmbeddedBroker()
+    broker.create_topic("T")
+    return TracedProducer(Producer(broker, ["T"]), MessageTracer()).send_job([], **{"cost": _one, **kw})
+
+
+def _legacy_send_job(**kw: Any) -> Any:
+    from tracer.clients.legacy import TracedLegacyProducer
+
+    return TracedLegacyProducer(object(), MessageTracer()).send_job([], **{"cost": _one, **kw})
+
+
+def _one(m: Any) -> float:
+    return 1.0
+
+
+def _costs(module: str, name: str, cost: Callable[..., Any] = _one, key: Callable[..., Any] | None = None) -> Any:
+    fn = getattr(importlib.import_module(module), name)
+    return fn([], cost, key=key) if key is not None else fn([], cost)
+
+
+def _table_call(name: str, fn: Callable[..., Any]) -> Any:
+    import tempfile
+
+    from tracer.dispatch import cost, costtable
+
+    if name == "table_cost":
+        return cost.table_cost(costtable.CostTable({}), fn)
+    if name == "CostTable":
+        return costtable.CostTable({}, fn)
+    if name == "with_group":
+        return costtable.CostTable({}).with_group(fn)
+    if name == "learn_costs":
+        return costtable.learn_costs([], group=fn)
+    text = '{"format": "rmqtrace.costs", "version": 1, "costs": {}}'
+    if name == "parse_costs":
+        return costtable.parse_costs(text, group=fn)
+    with tempfile.TemporaryDirectory() as folder:
+        path = f"{folder}/costs.json"
+        with open(path, "w") as f:
+            f.write(text)
+        return costtable.load_costs(path, group=fn)
+
+
 # Every public parameter that takes a callable and is checked: (where) -> build it with `fn`.
 CHECKED: dict[tuple[str, str], Callable[[Callable[..., Any]], object]] = {
     ("tracer.clients.consume.ConsumeLoop", "handler"): lambda fn: _loop(handler=fn),
@@ -147,6 +194,20 @@ CHECKED: dict[tuple[str, str], Callable[[Callable[..., Any]], object]] = {
     ("tracer.telemetry.tracer.MessageTracer", "listeners"): lambda fn: MessageTracer(listeners=[_plain, fn]),
     ("tracer.telemetry.exportchild.ChildExportProcessor", "drops"):
         lambda fn: __import__("tracer.telemetry.exportchild", fromlist=["x"]).ChildExportProcessor(drops=fn),
+    ("tracer.clients.producer.TracedProducer.send_job", "cost"): lambda fn: _send_job(cost=fn),
+    ("tracer.clients.producer.TracedProducer.send_job", "key"): lambda fn: _send_job(key=fn),
+    ("tracer.clients.legacy.TracedLegacyProducer.send_job", "cost"): lambda fn: _legacy_send_job(cost=fn),
+    ("tracer.clients.legacy.TracedLegacyProducer.send_job", "key"): lambda fn: _legacy_send_job(key=fn),
+    ("tracer.clients.producer.ordered_job", "cost"): lambda fn: _costs("tracer.clients.producer", "ordered_job", fn),
+    ("tracer.clients.producer.ordered_job", "key"): lambda fn: _costs("tracer.clients.producer", "ordered_job", key=fn),
+    ("tracer.dispatch.cost.job_costs", "cost"): lambda fn: _costs("tracer.dispatch.cost", "job_costs", fn),
+    ("tracer.dispatch.cost.job_costs", "key"): lambda fn: _costs("tracer.dispatch.cost", "job_costs", key=fn),
+    ("tracer.dispatch.cost.table_cost", "key"): lambda fn: _table_call("table_cost", fn),
+    ("tracer.dispatch.costtable.CostTable", "group"): lambda fn: _table_call("CostTable", fn),
+    ("tracer.dispatch.costtable.CostTable.with_group", "group"): lambda fn: _table_call("with_group", fn),
+    ("tracer.dispatch.costtable.learn_costs", "group"): lambda fn: _table_call("learn_costs", fn),
+    ("tracer.dispatch.costtable.load_costs", "group"): lambda fn: _table_call("load_costs", fn),
+    ("tracer.dispatch.costtable.parse_costs", "group"): lambda fn: _table_call("parse_costs", fn),
 }
 
 # Checked the other way round: it must be an async def (a plain function would block the loop).
@@ -195,6 +256,7 @@ EXEMPT = {
     ("tracer.tools.bench.broker.run_broker_bench", "progress"): "the CLI's progress printer",
     ("tracer.tools.bench.dispatch.run_dispatch_bench", "progress"): "the CLI's progress printer",
     ("tracer.tools.bench.fleet.run_fleet_bench", "progress"): "the CLI's progress printer",
+    ("tracer.tools.bench.fleet.run_order_bench", "progress"): "the CLI's progress printer",
     ("tracer.tools.bench.overhead.run_overhead_bench", "progress"): "the CLI's progress printer",
     ("tracer.tools.demo.run_policy", "on_message"): "the demo's progress printer",
 }

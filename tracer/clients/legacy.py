@@ -28,21 +28,24 @@ from __future__ import annotations
 import ctypes
 import sys
 import threading
+from collections.abc import Sequence
 from typing import Any, Callable, NamedTuple
 
 from opentelemetry import propagate
 
 from ..callables import require_plain
+from ..dispatch.costtable import CostTable
 from ..path.message import MessageInfo
-from ..path.names import PROBE_PROPERTY
+from ..path.names import JOB_ORDER_PROPERTY, JOB_ORDERS, PROBE_PROPERTY
 from ..path.propagation import BAGGAGE, COST, JOB_ID, PRODUCE_NS, TRACEPARENT, TRACESTATE
 from ..telemetry.tracer import MessageTracer, SendTrace
 from .listener import Seam, traced_consume
-from .producer import ProducerProxy, traced_send
+from .producer import ProducerProxy, ordered_job, traced_send
 
 # Our properties and the W3C ones, read from a received 2.x message (it cannot list its
 # properties); the global propagator's own fields are read as well when it is another one.
-KNOWN_PROPERTIES: tuple[str, ...] = (TRACEPARENT, TRACESTATE, BAGGAGE, PRODUCE_NS, JOB_ID, COST, PROBE_PROPERTY)
+KNOWN_PROPERTIES: tuple[str, ...] = (TRACEPARENT, TRACESTATE, BAGGAGE, PRODUCE_NS, JOB_ID, COST, JOB_ORDER_PROPERTY,
+                                     PROBE_PROPERTY)
 
 
 class Produced(NamedTuple):
@@ -141,11 +144,34 @@ def traced_legacy_send(tracer: MessageTracer, send: Callable[..., Any], message:
                        id_attr="msg_id", **kwargs)
 
 
+def legacy_message_key(message: Any) -> str | None:
+    """A 2.x message's first key (its keys are one space-separated string), or None."""
+    keys = produced_fields(message).keys
+    return keys[0] if keys else None
+
+
 class TracedLegacyProducer(ProducerProxy):
-    """The send methods of one 2.x ``Producer``, traced.
+    """The send methods of one 2.x ``Producer``, traced; :meth:`send_job` sends a job longest first.
 
     ``job_id`` and ``cost`` keyword arguments are ours and are not passed to the client.
     """
+
+    def send_job(self, messages: Sequence[Any], *, cost: Callable[[Any], float] | CostTable,
+                 job_id: str | None = None, order: str = JOB_ORDERS[0],
+                 key: Callable[[Any], str | None] = legacy_message_key) -> list[Any]:
+        """:meth:`TracedProducer.send_job <tracer.clients.producer.TracedProducer.send_job>` for the
+        2.x client: one job with ``send_sync``, longest first, each message with its job id, cost
+        and the order (``rmqtrace_order``); every cost checked before the first send.
+
+        Raises:
+            ValueError: an unknown ``order``; a junk cost or a raising ``cost`` (naming the message).
+            TypeError: ``cost`` is neither a function nor a table.
+        """
+        receipts = []
+        for message, c in ordered_job(messages, cost, order, key):
+            message.set_property(JOB_ORDER_PROPERTY, order)
+            receipts.append(self.send_sync(message, job_id=job_id, cost=c))
+        return receipts
 
     def send_sync(self, msg: Any, *, job_id: str | None = None, cost: float | None = None) -> Any:
         return traced_legacy_send(self._tracer, self._producer.send_sync, msg, job_id=job_id, cost=cost)
@@ -242,6 +268,7 @@ __all__ = [
     "Produced",
     "TracedLegacyProducer",
     "describe_legacy",
+    "legacy_message_key",
     "produced_fields",
     "traced_callback",
     "traced_legacy_send",

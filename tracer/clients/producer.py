@@ -6,17 +6,22 @@ call :func:`traced_send`, so the ``send {topic}`` span and the properties writte
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from concurrent.futures import Future
 from typing import Any, Callable
 
 from opentelemetry.instrumentation.utils import suppress_instrumentation
 
+from ..dispatch.cost import JOB_ORDERS, LONGEST_FIRST, job_costs, message_key
+from ..dispatch.costtable import CostTable
 from ..path.message import client_facts
+from ..path.names import JOB_ORDER_PROPERTY
 from ..telemetry.futures import future_error
 from ..telemetry.tracer import MessageTracer, SendTrace
 from .route import explain_route_failure
 
-__all__ = ["ProducerProxy", "SendOpener", "TracedProducer", "start_send", "traced_send", "traced_send_async"]
+__all__ = ["ProducerProxy", "SendOpener", "TracedProducer", "ordered_job", "start_send", "traced_send",
+           "traced_send_async"]
 
 
 def _setter(message: Any) -> Callable[[str, str], object]:
@@ -117,11 +122,56 @@ class ProducerProxy:
         return getattr(self._producer, name)
 
 
+def ordered_job(messages: Sequence[Any], cost: Callable[[Any], float] | CostTable, order: str = LONGEST_FIRST,
+                key: Callable[[Any], str | None] = message_key) -> list[tuple[Any, float]]:
+    """``(message, cost)`` of one job in the order to send it: ``"longest_first"`` (stable: equal
+    costs keep their order) or ``"arrival"`` (as given). Every cost is checked before any is sent.
+
+    Raises:
+        ValueError: an unknown ``order``; a junk cost or a raising ``cost`` (naming the message).
+        TypeError: ``cost`` is neither a function of the message nor a :class:`CostTable`.
+    """
+    if order not in JOB_ORDERS:
+        raise ValueError(f"order must be one of {', '.join(JOB_ORDERS)}, got {order!r}")
+    if isinstance(messages, (str, bytes)) or not isinstance(messages, Sequence):
+        raise TypeError(f"messages must be a sequence of messages (one job), got {type(messages).__name__}")
+    costs = job_costs(messages, cost, key)
+    pairs = list(zip(messages, costs))
+    if order == LONGEST_FIRST:
+        pairs.sort(key=lambda p: p[1], reverse=True)  # sort is stable with reverse=True too
+    return pairs
+
+
 class TracedProducer(ProducerProxy):
-    """``send``/``send_async`` of a 5.x-surface producer, traced.
+    """``send``/``send_async`` of a 5.x-surface producer, traced; :meth:`send_job` sends a job
+    longest first.
 
     ``job_id`` and ``cost`` keyword arguments are ours and are not passed to the client.
     """
+
+    def send_job(self, messages: Sequence[Any], *, cost: Callable[[Any], float] | CostTable,
+                 job_id: str | None = None, order: str = LONGEST_FIRST,
+                 key: Callable[[Any], str | None] = message_key) -> list[Any]:
+        """Send one job's ``messages`` one by one, longest first (LPT), each with ``job_id``, its
+        cost and the order (property ``rmqtrace_order``, which the report's job view shows).
+
+        A demand-driven fleet takes messages in the order the broker hands them out, which is the
+        order they were sent: sent longest first, the long ones start first wherever a worker is
+        free (docs/dispatch.md). ``cost``: a function of the message, or a :class:`CostTable`
+        read by ``key(message)`` (default: the message's first key). ``order="arrival"`` sends
+        them as given (a baseline), still recording the order. Returns the receipts, in send order.
+
+        Raises:
+            ValueError: an unknown ``order``; a junk cost (NaN, negative, too large, not a number)
+                or a raising ``cost``, naming the message; nothing is sent then.
+            TypeError: ``cost`` is neither a function nor a table.
+            Exception: whatever a send raises, as ``send`` does; the messages before it were sent.
+        """
+        receipts = []
+        for message, c in ordered_job(messages, cost, order, key):
+            _setter(message)(JOB_ORDER_PROPERTY, order)
+            receipts.append(self.send(message, job_id=job_id, cost=c))
+        return receipts
 
     def send(self, message: Any, *args: Any, job_id: str | None = None, cost: float | None = None,
              **kwargs: Any) -> Any:

@@ -7,7 +7,8 @@ from __future__ import annotations
 
 from ..callables import HandlerNeverRan
 from .aio import AsyncDispatcher
-from .cost import longest_first
+from .cost import longest_first, table_cost
+from .costtable import CostTable, CostTableError, learn_costs, load_costs
 from .engine import Dispatcher
 from .metrics import DEFAULT_BUCKETS, BoundDispatchMetrics, DispatchMetrics
 from .policy import (
@@ -28,6 +29,8 @@ __all__ = [
     "AsyncDispatcher",
     "BoundDispatchMetrics",
     "CostAware",
+    "CostTable",
+    "CostTableError",
     "DispatchMetrics",
     "DispatchStats",
     "Dispatcher",
@@ -39,6 +42,9 @@ __all__ = [
     "Policy",
     "Random",
     "RoundRobin",
+    "learn_costs",
+    "load_costs",
     "longest_first",
     "resolve_policy",
+    "table_cost",
 ]

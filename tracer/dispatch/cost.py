@@ -25,17 +25,27 @@ What it costs
       and so no such waiting.
     * Memory and redelivery exposure of W received-but-unstarted messages on a crash.
 
-Where it costs nothing: the producer. A job producer that knows every cost before sending can
-simply send longest first (:func:`longest_first`); then even plain ``aggressive`` consumers start
-the long-tail groups first, with no window and no extra lease time.
+Where it costs nothing: the producer. A job producer that knows every cost before sending (or
+learned it: :mod:`.costtable`) can simply send longest first
+(:meth:`~tracer.clients.producer.TracedProducer.send_job`, or :func:`longest_first` for a sort);
+then even plain ``aggressive`` consumers start the long-tail groups first, with no window and no
+extra lease time — and across a fleet of them it is the only lever (docs/dispatch.md).
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable
-from typing import TypeVar
+from collections.abc import Callable, Iterable, Sequence
+from typing import Any, TypeVar
+
+from ..callables import require_plain
+from ..path.names import JOB_ORDERS
+from .costtable import MAX_COST_S, CostTable, CostTableError, check_cost
 
 T = TypeVar("T")
+
+# What send_job writes on each message (property rmqtrace_order, span attribute rmqtrace.job.order);
+# ARRIVAL: the order the messages were given in
+LONGEST_FIRST, ARRIVAL = JOB_ORDERS
 
 
 def longest_first(items: Iterable[T], cost: Callable[[T], float]) -> list[T]:
@@ -43,4 +53,67 @@ def longest_first(items: Iterable[T], cost: Callable[[T], float]) -> list[T]:
     return sorted(items, key=cost, reverse=True)
 
 
-__all__ = ["longest_first"]
+def message_key(message: Any) -> str | None:
+    """A message's first key, or None: ``keys`` of an embedded or 2.x message (a string or a
+    sequence), or of a 5.x message (a set: its keys have no order, so the smallest)."""
+    keys = getattr(message, "keys", None)
+    if isinstance(keys, str):
+        return keys or None
+    if isinstance(keys, (list, tuple)) and keys and isinstance(keys[0], str):
+        return keys[0] or None
+    if isinstance(keys, (set, frozenset)) and keys and all(isinstance(k, str) for k in keys):
+        return min(keys) or None
+    return None
+
+
+def table_cost(table: CostTable, key: Callable[[Any], str | None] = message_key) -> Callable[[Any], float]:
+    """A ``cost=`` function for :class:`~tracer.clients.consume.ConsumeLoop` (``cost_aware``) or
+    ``send_job``: a message's cost is ``table.cost(key(message))`` (unknown keys: the table's default)."""
+    if not isinstance(table, CostTable):
+        raise TypeError(f"table must be a CostTable (tracer.dispatch.costtable.load_costs), got {type(table).__name__}")
+    require_plain(key, "key=")
+
+    def cost(message: Any) -> float:
+        return table.cost(key(message))
+
+    return cost
+
+
+def job_costs(messages: Sequence[Any], cost: Callable[[Any], float] | CostTable,
+              key: Callable[[Any], str | None] = message_key) -> list[float]:
+    """Every message's cost, checked before anything is sent: a cost must be a finite number
+    >= 0. ``cost`` is a function of the message or a :class:`CostTable` (read through ``key``).
+
+    Raises:
+        CostTableError: a junk cost, or ``cost`` raised; the message names the message (its
+            index in ``messages`` and its key).
+        TypeError: ``cost`` is neither a function nor a table.
+    """
+    require_plain(key, "key=")
+    if not isinstance(cost, CostTable) and not callable(cost):
+        raise TypeError(f"cost= must be a function of the message or a CostTable, got {type(cost).__name__}")
+    fn = table_cost(cost, key) if isinstance(cost, CostTable) else cost
+    require_plain(fn, "cost=")
+    out: list[float] = []
+    for i, m in enumerate(messages):
+        try:
+            value = fn(m)
+        except Exception as exc:  # noqa: BLE001 - said with the message it failed on
+            raise CostTableError(f"cost= raised {type(exc).__name__} for {_which(i, key, m)}: {exc}") from exc
+        if value.__class__ is float and 0.0 <= value < MAX_COST_S:  # the usual: no label built
+            out.append(value)
+        else:
+            out.append(check_cost(value, _which(i, key, m)))
+    return out
+
+
+def _which(index: int, key: Callable[[Any], str | None], message: Any) -> str:
+    """How an error names a message: its index in the job and, when it has one, its key."""
+    try:
+        k = key(message)
+    except Exception:  # noqa: BLE001 - only for the error message
+        k = None
+    return f"message {index}" + (f" (key {k!r})" if k else "")
+
+
+__all__ = ["ARRIVAL", "JOB_ORDERS", "LONGEST_FIRST", "job_costs", "longest_first", "message_key", "table_cost"]

@@ -16,7 +16,8 @@ from .stages import GAPS, PATH_GAPS, Gap, Stage
 __all__ = [
     "BODY", "BODY_SIZE", "CLIENT_ID", "GAP_ATTRS", "TRACE_SHAPES", "CONSUMER_GROUP", "DELIVERY_TIMESTAMP",
     "COST", "COST_PROPERTY", "DELIVERY_ATTEMPT", "DESTINATION", "ERROR_TYPE", "GAP_SPANS",
-    "HANDLER_SPAN", "JOB_ID", "JOB_ID_PROPERTY", "LEGACY_DELIVERY_ATTEMPT", "MESSAGE_GROUP",
+    "HANDLER_SPAN", "JOB_ID", "JOB_ID_PROPERTY", "JOB_ORDER", "JOB_ORDERS", "JOB_ORDER_PROPERTY",
+    "LEGACY_DELIVERY_ATTEMPT", "MESSAGE_GROUP",
     "MESSAGE_ID", "MESSAGE_KEYS", "MESSAGE_TAG", "MESSAGE_TYPE", "NAMESPACE", "OPERATION_NAME",
     "OPERATION_TYPE", "OUTCOME", "PROBE_PROPERTY", "PROBE_VALUE",
     "PROCESS", "PRODUCE_NS_PROPERTY", "SCHEMA_URL", "SEND", "SERVER_ADDRESS",
@@ -84,6 +85,9 @@ ERROR_TYPE = "error.type"
 OUTCOME = "rmqtrace.outcome"
 JOB_ID = "rmqtrace.job.id"
 COST = "rmqtrace.cost"
+# The order a job was sent in (send_job): on the consumer's process span, from JOB_ORDER_PROPERTY
+JOB_ORDER = "rmqtrace.job.order"
+JOB_ORDERS: tuple[str, ...] = ("longest_first", "arrival")  # arrival: the order send_job was given
 WORKER = "rmqtrace.worker"
 STAGE = "rmqtrace.stage"  # on a gap span: which gap it is
 BODY = "rmqtrace.message.body"  # opt-in body preview
@@ -121,6 +125,7 @@ TRACESTATE = "tracestate"
 PRODUCE_NS_PROPERTY = "rmqtrace_produce_ns"
 JOB_ID_PROPERTY = "rmqtrace_job"
 COST_PROPERTY = "rmqtrace_cost"
+JOB_ORDER_PROPERTY = "rmqtrace_order"  # one of JOB_ORDERS; anything else is not recorded
 # Marks a probe (tracer.clients.probe): consumers settle it without running the handler. Only
 # PROBE_VALUE, what the probe sender writes, marks one: a user message that happens to carry the
 # property with another value ("false", "0") is the user's and must run.

@@ -45,6 +45,7 @@ examples:
   rmqtrace report --jaeger http://127.0.0.1:16686 --service rmqtrace --lookback 2h
   rmqtrace report spans.jsonl --group demo-round_robin --job job-1 --top 20
   rmqtrace report spans.jsonl --json | jq '.groups[].jobs[].over_lb'
+  rmqtrace report spans.jsonl --costs costs.json   # what the next run's send_job(cost=...) reads
 
 exit status: 0 report written; 1 no spans or the source failed; 2 bad arguments.
 """
@@ -91,6 +92,9 @@ def add_cli(subparsers: Any) -> argparse.ArgumentParser:
     out.add_argument("--html", metavar="FILE", help="write the self-contained HTML report here")
     out.add_argument("--png", metavar="FILE", help="write a screenshot of the HTML report (headless Chromium)")
     out.add_argument("--json", action="store_true", help="print the report as one JSON object instead of tables")
+    out.add_argument("--costs", metavar="FILE",
+                     help="also write the cost table learned from these messages (median handler seconds per "
+                          "message key, JSON) for TracedProducer.send_job and cost_aware (docs/dispatch.md)")
     from .broker_side import prometheus_url
     out.add_argument("--prometheus", type=prometheus_url, metavar="URL",
                      help="also print the broker's ready backlog and its age for the report's topics and groups, "
@@ -134,7 +138,9 @@ def _check_args(args: argparse.Namespace) -> None:
             args.lookback_s = parse_duration(args.lookback)
         except ValueError as exc:
             raise _Stop(str(exc), 2) from exc
-    for flag in ("html", "png"):
+    if args.costs and args.fleet:
+        raise _Stop("--costs learns from the per-message report; not with --fleet", 2)
+    for flag in ("html", "png", "costs"):
         why = _unwritable(getattr(args, flag))
         if why:
             raise _Stop(f"--{flag} {getattr(args, flag)}: {why}", 2)
@@ -242,6 +248,20 @@ def _write(report: Report, args: argparse.Namespace) -> None:
         print(f"png: {png}", file=info)
 
 
+def _write_costs(records: list[MessageRecord], args: argparse.Namespace) -> None:
+    from ..dispatch.costtable import CostTableError
+    from .costs import costs_from_records
+
+    try:
+        learned = costs_from_records(records, group=args.group, job=args.job)
+        learned.table.save(args.costs)
+    except CostTableError as exc:
+        raise _Stop(f"--costs {args.costs}: {exc}") from exc
+    except OSError as exc:
+        raise _Stop(f"--costs {args.costs}: {exc.strerror or exc}") from exc
+    print(learned.line(args.costs), file=sys.stderr if args.json else sys.stdout)
+
+
 def cmd_report(args: argparse.Namespace) -> int:
     from .model import report_from_messages
 
@@ -264,6 +284,8 @@ def cmd_report(args: argparse.Namespace) -> int:
         if left_out:
             print(f"rmqtrace report: warning: {left_out}", file=sys.stderr)
         _write(report, args)
+        if args.costs:
+            _write_costs(records, args)
         if args.prometheus:
             from .broker_side import print_for_report
             if not print_for_report(report, args.prometheus, sys.stderr if args.json else sys.stdout):

@@ -37,6 +37,7 @@ from .model import (
     format_seconds,
     group_line,
     notes,
+    sent_order_words,
     step_means,
 )
 
@@ -267,6 +268,8 @@ def _job_card(g: GroupStats, width: int) -> str:
             ("finished last", f'<span class="mono">{escape(m.message_id)}</span> {escape(m.keys)}'
                               f'{"" if m.worker is None else f" · worker {m.worker}"}'),
         ]
+        if j.sent_order:  # only for a job sent by send_job (rmqtrace.job.order)
+            rows.insert(0, ("sent", escape(sent_order_words(j.sent_order))))
         out += [f"<tr><td>{k}</td><td class='l'>{v}</td></tr>" for k, v in rows]
         out.append("</table>")
         out.append('<p class="note">Where the job\'s time went on the path of the message that finished last:</p>')

@@ -95,6 +95,7 @@ class MessageRecord:
     attempt: int = 1
     keys: str = ""
     instance: str = ""  # the consumer instance that handled it (instance_of); worker ids are per instance
+    order: str = ""  # the job's send order (rmqtrace.job.order, set by send_job), "" when not recorded
     # compute_gaps(stamps), made when first asked for: the report's tables read the stamps'
     # columns instead (gap_columns), and seven GapValues and a dict per message were a sixth of the read
     _gaps: dict[str, GapValue] | None = field(default=None, init=False, repr=False, compare=False)
@@ -279,7 +280,7 @@ def message_record(span: SpanRecord, stamps: Stamps, timing: str = "stamps") -> 
         job_id=str(a.get(JOB_ATTR) or NO_JOB), stamps=stamps, timing=timing, worker=exact_int(a.get(WORKER_ATTR)),
         cost=_num(a.get(names.COST), float, None), outcome=str(a.get(names.OUTCOME) or ""),
         attempt=_num(a.get(names.DELIVERY_ATTEMPT, a.get(names.LEGACY_DELIVERY_ATTEMPT)), int, 1),
-        keys=_keys(a.get(names.MESSAGE_KEYS)), instance=instance_of(span),
+        keys=_keys(a.get(names.MESSAGE_KEYS)), instance=instance_of(span), order=_order(a.get(names.JOB_ORDER)),
     )
 
 
@@ -343,7 +344,31 @@ def record_from_fields(trace_id: str, span_id: str, name: str, end_ns: int, attr
         str(a.get(names.MESSAGE_ID) or span_id), str(a.get(JOB_ATTR) or NO_JOB), stamps, "stamps",
         worker if type(worker) is int else exact_int(worker), False, None if cost is None else _num(cost, float, None),
         str(a.get(names.OUTCOME) or ""), attempt if type(attempt) is int else _num(attempt, int, 1),
-        _keys(keys), instance)
+        _keys(keys), instance, _order(a.get(names.JOB_ORDER)))
+
+
+def _order(value: Any) -> str:
+    """A recorded send order, or "" (none, or not one of ours: a span file is anyone's input)."""
+    return value if value is not None and value in names.JOB_ORDERS else ""
+
+
+MIXED_ORDER = "mixed"  # a job whose messages say different send orders (or some say none)
+_ORDER_WORDS = {"longest_first": "longest first", "arrival": "in arrival order",
+                MIXED_ORDER: "mixed orders", "": "not recorded"}
+
+
+def sent_order_words(order: str) -> str:
+    """How the report and the demo say a send order: "longest first", "in arrival order", …"""
+    return _ORDER_WORDS.get(order, order)
+
+
+def sent_order(records: Iterable[MessageRecord]) -> str:
+    """The order a job was sent in, from its messages: one of :data:`~tracer.path.names.JOB_ORDERS`,
+    :data:`MIXED_ORDER`, or "" when none of them recorded one (sent one at a time)."""
+    orders = {r.order for r in records}
+    if len(orders) == 1:
+        return orders.pop()
+    return MIXED_ORDER if orders else ""
 
 
 def messages_from_spans(spans: Iterable[SpanRecord]) -> list[MessageRecord]:
@@ -697,6 +722,7 @@ class JobStats:
     lower_bound_s: float
     occupancy: float  # total handler / (workers × completion)
     critical: CriticalPath
+    sent_order: str = ""  # sent_order() of its messages: longest_first, arrival, mixed, or "" (not recorded)
 
     @property
     def over_lb(self) -> float | None:
@@ -770,7 +796,8 @@ def job_stats(group: str, job_id: str, records: Sequence[MessageRecord], workers
         verdict=_verdict(split, idle, idle_broker, workers))
     return JobStats(group, job_id, len(records), workers, start, end, completion, total_h, longest_s,
                     longest.message_id if longest else "", lb,
-                    total_h / (workers * completion) if workers and completion else 0.0, critical)
+                    total_h / (workers * completion) if workers and completion else 0.0, critical,
+                    sent_order(records))
 
 
 # -- the sentences both the demo and the report print ------------------------------------------
@@ -1003,5 +1030,5 @@ __all__ = [
     "build_group", "build_report", "by_start", "exact_int", "exact_stamps", "format_seconds", "group_blame", "group_line",
     "heatmap", "infer_workers", "is_process_span", "mean_busy", "message_record", "messages_from_spans", "notes",
     "occupancy", "percentile", "record_from_fields", "report_from_messages", "stage_stats", "stamp_ns", "step_means",
-    "wait_edges", "where_time_went_line", "group_lanes", "instance_of",
+    "wait_edges", "where_time_went_line", "group_lanes", "instance_of", "MIXED_ORDER", "sent_order", "sent_order_words",
 ]

@@ -8,7 +8,7 @@ from typing import Any, Sequence
 
 from ..path.stages import GAPS, HEADLINE_GAP
 from .blame import avoidable_cell
-from .model import PRODUCED_LATE, SPLIT_PARTS, GroupStats, Report, format_seconds, group_line, notes
+from .model import PRODUCED_LATE, SPLIT_PARTS, GroupStats, Report, format_seconds, group_line, notes, sent_order_words
 
 STAGE_STYLE = {PRODUCED_LATE: "grey50", "send": "grey62", "broker_wait": "sky_blue2", "client_buffer": "orange1",
                "dispatch_wait": "red3", "handler": "green3"}
@@ -100,6 +100,8 @@ def job_table(report: Report) -> Any:
         ("  waiting for worker", [seconds(j.critical.waiting_s) for _, j in jobs]),
         ("  working", [seconds(j.critical.working_s) for _, j in jobs]),
     ]
+    if any(j.sent_order for _, j in jobs):  # the row only for jobs sent by send_job (rmqtrace.job.order)
+        rows.insert(1, ("sent", [sent_order_words(j.sent_order) for _, j in jobs]))
     for label, cells in rows:
         t.add_row(label, *cells)
     return t

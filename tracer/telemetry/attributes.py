@@ -25,6 +25,7 @@ BODY_ATTR = n.BODY
 # (queued spans would hold it, and an export batch could outgrow what a backend takes).
 MAX_ATTR_CHARS = 256
 MAX_KEYS = 32
+_JOB_ORDERS = n.JOB_ORDERS  # a tuple: `in` compares, so an unhashable property value cannot raise
 _STAMP_ATTRS: tuple[tuple[int, str], ...] = tuple((int(s), key) for s, key in n.STAMP_ATTRS.items())
 
 
@@ -152,6 +153,14 @@ def process_attributes(info: MessageInfo, client: ClientFacts, outcome: Outcome,
         attrs[n.JOB_ID] = job_id
     if cost is not None:
         attrs[n.COST] = cost
+    props = info.properties
+    if props:
+        # read here, once per written span, not in extract(): only a span shows it (the report's job view)
+        order = props.get(n.JOB_ORDER_PROPERTY)
+        if isinstance(order, bytes):  # the 2.x client's property values
+            order = order.decode("ascii", "replace")
+        if order is not None and order in _JOB_ORDERS:
+            attrs[n.JOB_ORDER] = order
     if worker is not None:
         attrs[n.WORKER] = worker
     for i, name in _STAMP_ATTRS:

@@ -92,6 +92,9 @@ def add_demo_arguments(d: argparse.ArgumentParser) -> None:
                    metavar="LIST", help="comma-separated, each once: round_robin, random, aggressive, cost_aware "
                                         "(default round_robin,aggressive,cost_aware)")
     d.add_argument("--seed", type=whole_at_least(0), default=7, help="seed of the job's size distribution (default 7)")
+    d.add_argument("--order", choices=("arrival", "longest_first"), default="arrival",
+                   help="the order the producer sends the job in (TracedProducer.send_job): arrival, as the job "
+                        "came (the incident's), or longest_first (default arrival)")
     d.add_argument("--consumers", type=whole_at_least(1), default=1, metavar="C",
                    help="C > 1: the job over C consumers of one group (each --workers workers), prefetching "
                         "vs demand-driven, per consumer (default 1: the policies on one consumer)")
@@ -153,9 +156,10 @@ def run_demo_job(args: argparse.Namespace, settings: Settings, registry: Any, co
         Path(settings.spans_file).unlink(missing_ok=True)  # the demo's own file holds this run's spans only
     provider = configure_tracing(settings, set_global=False, drops=DropCounter(), metrics=metrics)
     opts = DemoOptions(groups=args.groups, workers=args.workers, case_ms=args.case_ms, buffer=args.buffer,
-                       policies=args.policies, seed=args.seed, trace_sampling=args.trace_sampling)
+                       policies=args.policies, seed=args.seed, trace_sampling=args.trace_sampling,
+                       order=getattr(args, "order", "arrival"))
     console.print(f"[bold]rmqtrace demo[/]: {opts.groups} test-case groups, {opts.workers} workers, "
-                  f"1 case = {opts.case_ms:g} ms, embedded broker")
+                  f"1 case = {opts.case_ms:g} ms, embedded broker, job sent {_order_words(opts.order)}")
     with _progress(console) as progress:
         runs = run_demo(opts, tracer_provider=provider, registry=registry, progress=progress, metrics=metrics)
     if provider is not None:
@@ -249,12 +253,26 @@ def next_step(runs: Sequence[PolicyRun], *, report_written: bool = True) -> str:
             f"({numbers}); {fix}; {more}.")
 
 
+def _order_words(order: str) -> str:
+    from ..report.model import sent_order_words
+    return sent_order_words(order)
+
+
+def sent_line(runs: Sequence[PolicyRun]) -> str:
+    """Which order the job was sent in, as the consumers read it back from the messages."""
+    orders = {r.sent_order for r in runs}
+    said = _order_words(next(iter(orders))) if len(orders) == 1 else "differently per policy"
+    hint = ("" if orders != {"arrival"} else
+            "; --order longest_first sends it longest first (TracedProducer.send_job)")
+    return f"The job was sent {said} (read back from each message's rmqtrace_order){hint}."
+
+
 def print_results(console: Any, runs: Sequence[PolicyRun]) -> None:
     from ..report.terminal import hanging
     from .demo import blame_line, keep_line, where_time_went
 
     console.print(policy_table(runs))
-    hanging(console, " ", [POLICY_TABLE_KEY])
+    hanging(console, " ", [POLICY_TABLE_KEY, sent_line(runs)])
     console.print(gap_table(runs))
     console.print("[bold]Where the time went[/]")
     hanging(console, "  •", [where_time_went(r) for r in runs])
@@ -348,12 +366,12 @@ def cmd_bench(args: argparse.Namespace) -> int:
     if args.which == "overhead":
         from .bench.overhead import format_overhead_bench, run_overhead_bench
         if args.json:
-            result = run_overhead_bench(messages=args.messages, rounds=args.rounds, runs=args.runs)
+            result = run_overhead_bench(messages=args.messages, rounds=args.rounds, runs=args.runs or 3)
             print(json.dumps(result))
         else:
             with _progress(console) as progress:
-                task = progress.add_task("overhead rounds", total=args.rounds * args.runs)
-                result = run_overhead_bench(messages=args.messages, rounds=args.rounds, runs=args.runs,
+                task = progress.add_task("overhead rounds", total=args.rounds * (args.runs or 3))
+                result = run_overhead_bench(messages=args.messages, rounds=args.rounds, runs=args.runs or 3,
                                             progress=lambda done, total: progress.update(task, completed=done))
             console.print(format_overhead_bench(result))
         return 0
@@ -399,10 +417,14 @@ def build_parser() -> argparse.ArgumentParser:
     b.add_argument("--messages", type=whole_at_least(1), default=30_000,
                    help="overhead: messages per loop in all (default 30000)")
     b.add_argument("--rounds", type=whole_at_least(1), default=7, help="overhead: interleaved rounds (default 7)")
-    b.add_argument("--runs", type=whole_at_least(1), default=3,
-                   help="overhead: runs, each of --rounds interleaved rounds; ratios are the runs' median (default 3)")
+    b.add_argument("--runs", type=whole_at_least(1), default=None,
+                   help="overhead: runs, each of --rounds interleaved rounds; ratios are the runs' median (default 3); "
+                        "fleet: runs per mode (default 3; 5 with --orders)")
     b.add_argument("--seeds", type=whole_at_least(1), default=5, help="dispatch: job seeds (default 5)")
     b.add_argument("--quick", action="store_true", help="dispatch, fleet: smaller runs for CI")
+    b.add_argument("--orders", action="store_true",
+                   help="fleet: the job sent in arrival order vs longest first (true costs, and costs learned from "
+                        "an earlier run with ±30%% noise), demand-driven loop and push replacement")
     b.add_argument("--sizes", default="10000,100000", help="report: messages per size, comma-separated")
     b.add_argument("--jaeger", default="http://127.0.0.1:16686", help="report: Jaeger query HTTP URL")
     b.add_argument("--jaeger-grpc", metavar="HOST:PORT", help="report: Jaeger api_v3 gRPC (default: --jaeger host:16685)")

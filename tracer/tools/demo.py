@@ -27,11 +27,12 @@ from ..clients.producer import TracedProducer
 from ..dispatch import DispatchMetrics, Random, RoundRobin
 from ..dispatch.simulate import lower_bound
 from ..embedded import EmbeddedBroker, Message, Producer, SimpleConsumer
+from ..path.names import JOB_ORDER_PROPERTY
 from ..path.propagation import COST
 from ..path.stages import GAPS, PATH_GAPS, Outcome, Stage
 from ..path.stamps import Stamps, compute_gaps
 from ..report.blame import Blame, Run, blame
-from ..report.model import BLAME_TOP, percentile, where_time_went_line
+from ..report.model import BLAME_TOP, MIXED_ORDER, percentile, where_time_went_line
 from ..telemetry.hold import HoldingSpanProcessor
 from ..telemetry.keep import KeepPolicy
 from ..telemetry.metrics import TracerMetrics
@@ -56,6 +57,9 @@ class DemoOptions:
     policies: Sequence[str] = ("round_robin", "aggressive", "cost_aware")
     seed: int = 7
     job_id: str = "job-1"
+    # The order the producer sends the job in (TracedProducer.send_job): "arrival" (as the job
+    # came, the incident's) or "longest_first"
+    order: str = "arrival"
     # Background probability of the keep policy; None: every trace sampled (no policy). With it,
     # producers sample nothing and the consumer keeps failures, slow messages (consumer_wait over
     # SLOW_CONSUMER_WAIT_S), each job's first and last finisher, and this share of the rest.
@@ -74,6 +78,7 @@ class PolicyRun:
     handler_s: list[float] = field(default_factory=list)
     keep: dict[str, Any] | None = None  # what the keep policy kept (with --trace-sampling)
     blame: Blame | None = None  # who blocked whom, from the run's stamps (tracer.report.blame)
+    sent_order: str = ""  # read back from the messages (rmqtrace_order): the report's sent_order()
 
     @property
     def over_lb(self) -> float:
@@ -91,7 +96,8 @@ class PolicyRun:
 
     def as_dict(self) -> dict[str, Any]:
         return {
-            "policy": self.policy, "makespan_s": self.makespan_s, "lower_bound_s": self.lower_bound_s,
+            "policy": self.policy, "sent_order": self.sent_order, "makespan_s": self.makespan_s,
+            "lower_bound_s": self.lower_bound_s,
             "makespan_over_lb": self.over_lb or None,
             "handled": self.handled, "failed": self.failed, "worker_occupancy": self.occupancy(),
             "gaps": {g.name: {"p50": self.percentile(g.name, .5), "p95": self.percentile(g.name, .95),
@@ -113,6 +119,7 @@ def run_policy(policy: str, job: Sequence[JobItem], opts: DemoOptions, *,
     finished: list[tuple[list[int], float | None]] = []
     ids: list[str] = []
     runs: list[Run] = []
+    orders: set[str] = set()
     done = threading.Event()
     lock = threading.Lock()
 
@@ -120,6 +127,7 @@ def run_policy(policy: str, job: Sequence[JobItem], opts: DemoOptions, *,
         with lock:
             finished.append((list(trace.stamps.times), trace.carried.cost))
             ids.append(trace.info.message_id or "")
+            orders.add(str(trace.info.properties.get(JOB_ORDER_PROPERTY, "")))
             t = trace.stamps.times
             if trace.worker is not None and t[Stage.HANDLER_START] and t[Stage.HANDLER_END]:
                 mid = trace.info.message_id or ""
@@ -156,18 +164,22 @@ def run_policy(policy: str, job: Sequence[JobItem], opts: DemoOptions, *,
     producer = TracedProducer(Producer(broker, [TOPIC]), MessageTracer(
         tracer_provider=keeping.producer if keeping else tracer_provider))
     producer.startup()
+    messages = []
     for item in job:
         msg = Message()
         msg.topic = TOPIC
         msg.body = json.dumps({"group": item.group_id, "cases": item.cases}).encode()
         msg.keys = item.group_id
-        producer.send(msg, job_id=opts.job_id, cost=float(item.cases))
+        messages.append(msg)
+    producer.send_job(messages, job_id=opts.job_id, cost=lambda m: float(json.loads(m.body)["cases"]),
+                      order=opts.order)
     done.wait()
     loop.stop()
     runner.join()
     consumer.shutdown()
     producer.shutdown()
     run = _summarise(policy, opts, finished, loop.statistics().failed)
+    run.sent_order = orders.pop() if len(orders) == 1 else MIXED_ORDER
     if runs:
         run.blame = blame(runs, max(opts.workers, len({r.worker for r in runs})), top=BLAME_TOP)
     if keeping is not None:

@@ -32,9 +32,11 @@ from ..clients.consume import ConsumeLoop
 from ..clients.producer import TracedProducer
 from ..dispatch.simulate import lower_bound
 from ..embedded import EmbeddedBroker, Message, Producer, SimpleConsumer
+from ..path.names import JOB_ORDERS
 from ..path.stages import Outcome, Stage
 from ..report.blame import Run, fleet_avoidable, fleet_verdict
 from ..report.fleet import FleetSection, Handled, fleet_page
+from ..report.model import sent_order_words
 from ..telemetry.occupancy import OccupancyMetrics, OccupancyStats
 from ..telemetry.tracer import MessageTrace, MessageTracer
 from .bench.fleet import fleet_greedy, fleet_waits
@@ -58,10 +60,13 @@ class FleetDemoOptions:
     prefetch: int = 1024
     seed: int = 7
     job_id: str = "job-1"
+    order: str = "arrival"  # how the producer sends the job (TracedProducer.send_job): or "longest_first"
 
     def __post_init__(self) -> None:
         if self.consumers < 1 or self.workers < 1 or self.groups < 1 or self.prefetch < 1:
             raise ValueError("consumers, workers, groups and prefetch must each be at least 1")
+        if self.order not in JOB_ORDERS:
+            raise ValueError(f"order must be one of {', '.join(JOB_ORDERS)}, got {self.order!r}")
 
 
 @dataclass
@@ -107,13 +112,16 @@ def _run_mode(mode: str, opts: FleetDemoOptions, *, tracer_provider: TracerProvi
     producer = TracedProducer(Producer(broker, [TOPIC]), MessageTracer(tracer_provider=tracer_provider))
     producer.startup()
     index: dict[str, int] = {}
+    messages = []
     for i, item in enumerate(job):
         msg = Message()
         msg.topic = TOPIC
         msg.body = json.dumps({"group": item.group_id, "cases": item.cases}).encode()
         msg.keys = item.group_id
         index[item.group_id] = i
-        producer.send(msg, job_id=f"{opts.job_id}-{mode}", cost=float(item.cases))
+        messages.append(msg)
+    producer.send_job(messages, job_id=f"{opts.job_id}-{mode}", cost=lambda m: float(json.loads(m.body)["cases"]),
+                      order=opts.order)
     producer.shutdown()
 
     # both modes run on one registry: its one OccupancyMetrics, a tracker per instance and mode
@@ -272,7 +280,7 @@ def cli_fleet_demo(args: Any, settings: Any, registry: CollectorRegistry, consol
     from ..config import configure_tracing, default_instance_id
 
     opts = FleetDemoOptions(consumers=args.consumers, groups=args.groups, workers=args.workers,
-                            case_ms=args.case_ms, seed=args.seed)
+                            case_ms=args.case_ms, seed=args.seed, order=getattr(args, "order", "arrival"))
     provider = configure_tracing(settings, set_global=False)
     providers: list[TracerProvider | None] = []
     if provider is not None and settings.otlp_endpoint and provider is not trace.get_tracer_provider():
@@ -281,7 +289,8 @@ def cli_fleet_demo(args: Any, settings: Any, registry: CollectorRegistry, consol
         providers = [configure_tracing(dataclasses.replace(settings, instance_id=f"{base}/consumer-{c}"),
                                        set_global=False) for c in range(opts.consumers)]
     console.print(f"[bold]rmqtrace demo[/]: {opts.groups} test-case groups over {opts.consumers} consumers x "
-                  f"{opts.workers} workers of one group, 1 case = {opts.case_ms:g} ms, embedded broker")
+                  f"{opts.workers} workers of one group, 1 case = {opts.case_ms:g} ms, embedded broker, "
+                  f"job sent {sent_order_words(opts.order)} (TracedProducer.send_job)")
     with progress as bar:
         runs = run_fleet_demo(opts, tracer_provider=provider, consumer_providers=providers, registry=registry,
                               progress=bar)

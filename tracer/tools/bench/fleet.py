@@ -57,6 +57,8 @@ import uuid
 from dataclasses import dataclass, field
 from typing import IO, Any, Callable, Sequence
 
+from ...dispatch.costtable import CostTable, learn_costs, load_costs
+from ...path.names import JOB_ORDERS
 from ...report.fleet import Handled, sweep_waits
 from . import client_version, loadavg, rmq_admin
 
@@ -66,12 +68,19 @@ __all__ = [
     "Handled",
     "fleet_greedy",
     "fleet_waits",
+    "ORDER_KINDS",
+    "ORDER_MODES",
+    "ORDER_TARGETS",
     "format_fleet_bench",
+    "check_kinds",
+    "format_order_bench",
+    "learned_table",
     "long_tail_job",
     "main",
     "run_cli",
     "run_fleet",
     "run_fleet_bench",
+    "run_order_bench",
 ]
 
 ENDPOINT = "127.0.0.1:8081"
@@ -124,6 +133,10 @@ class FleetRun:
     records: list[Handled] = field(default_factory=list)
     occupancy: list[dict[str, float]] = field(default_factory=list)  # per member, at its exit
     group: str = ""
+    sent: list[int] | None = None  # message indexes in the order sent; None: job order
+
+    def send_order(self) -> list[int]:
+        return self.sent if self.sent is not None else list(range(len(self.durations)))
 
     def summary(self) -> dict[str, Any]:
         first: dict[int, Handled] = {}
@@ -137,7 +150,7 @@ class FleetRun:
             measured[r.message] = (r.end_ns - r.start_ns) / 1e9
         n_workers = self.instances * self.workers
         lb = max(sum(measured) / n_workers, max(measured))
-        greedy = fleet_greedy(measured, n_workers)
+        greedy = fleet_greedy([measured[i] for i in self.send_order()], n_workers)  # in the order sent
         busy = [0.0] * self.instances
         count = [0] * self.instances
         for r in self.records:
@@ -149,6 +162,9 @@ class FleetRun:
             "makespan_s": round(makespan, 3),
             "lower_bound_s": round(lb, 3),
             "greedy_s": round(greedy, 3),
+            # the fleet's worker-time not in a handler until the job ended, per message: the hand-off
+            # (receive, ack, start) plus the end's stragglers; what keeps a longest-first job off LB
+            "idle_per_message_ms": round((n_workers * makespan - sum(measured)) / len(handled) * 1000, 1),
             "makespan_over_lb": round(makespan / lb, 3),
             "makespan_over_greedy": round(makespan / greedy, 3),
             "messages_per_instance": count,
@@ -163,22 +179,39 @@ class FleetRun:
 
 
 
-def _produce(topic: str, durations: Sequence[float], endpoint: str) -> None:
+def _produce(topic: str, durations: Sequence[float], endpoint: str, order: str | None = None,
+             costs: Sequence[float] | CostTable | None = None) -> list[int] | None:
+    """The job into ``topic``: with ``order`` through ``TracedProducer.send_job`` (one by one, in
+    that order, by ``costs``: a cost per message or a table keyed by the message's index), else
+    all at once with ``send_async`` in job order. Returns the message indexes in send order (None: job order)."""
+    from ...clients.producer import TracedProducer, ordered_job
     from ...clients.quiet import import_quietly
+    from ...dispatch.cost import message_key
+    from ...telemetry.tracer import MessageTracer
 
     rmq = import_quietly()
     producer = rmq.Producer(rmq.ClientConfiguration(endpoint, rmq.Credentials()), (topic,))
     producer.startup()
     try:
-        futures = []
+        messages = []
         for i, d in enumerate(durations):
             m = rmq.Message()
             m.topic = topic
             m.body = f"{i}:{d}".encode()
             m.keys = str(i)
-            futures.append(producer.send_async(m))
+            messages.append(m)
+        if order is not None:
+            per_message = list(durations) if costs is None else costs
+            cost: Callable[[Any], float] | CostTable = (
+                per_message if isinstance(per_message, CostTable)
+                else lambda m: per_message[int(message_key(m) or 0)])
+            sent = [int(message_key(m) or 0) for m, _ in ordered_job(messages, cost, order)]
+            TracedProducer(producer, MessageTracer()).send_job(messages, cost=cost, order=order)
+            return sent
+        futures = [producer.send_async(m) for m in messages]
         for f in futures:
             f.result(timeout=60)
+        return None
     finally:
         producer.shutdown()
 
@@ -234,12 +267,15 @@ class _Member:
 
 def run_fleet(mode: str, durations: Sequence[float], *, instances: int, workers: int,
               endpoint: str = ENDPOINT, metrics_ports: Sequence[int] | None = None,
-              timeout: float = 120.0, linger: float = 0.0) -> FleetRun:
+              timeout: float = 120.0, linger: float = 0.0, order: str | None = None,
+              costs: Sequence[float] | CostTable | None = None, prefetch: int = PREFETCH) -> FleetRun:
     """Run one job once in ``mode``; see the module docstring. ``linger``: seconds the members stay
-    up after the job (so a scraper sees their last values).
+    up after the job (so a scraper sees their last values). ``order``: send the job with
+    ``send_job`` in this order (by ``costs``, default the true durations); None: all at once.
+    ``prefetch``: the ``prefetch`` mode's buffer.
 
     Raises:
-        ValueError: an unknown mode, fewer than one instance or worker, ports not one per instance.
+        ValueError: an unknown mode or order, fewer than one instance or worker, ports not one per instance.
         RuntimeError: a member failed, or the job did not finish within ``timeout`` seconds.
     """
     if mode not in MODES:
@@ -248,17 +284,19 @@ def run_fleet(mode: str, durations: Sequence[float], *, instances: int, workers:
         raise ValueError(f"instances and workers must be at least 1, got {instances} and {workers}")
     if metrics_ports is not None and len(metrics_ports) != instances:
         raise ValueError(f"metrics_ports must name one port per instance ({instances}), got {len(metrics_ports)}")
+    if order is not None and order not in JOB_ORDERS:
+        raise ValueError(f"order must be one of {JOB_ORDERS}, got {order!r}")
     admin = rmq_admin("fleet")
     run_id = uuid.uuid4().hex[:8]
     topic = f"rmqtrace-fleet-{run_id}"
     group = f"rmqtrace-fleet-{mode.replace('_', '-')}-{run_id}"
     admin.create_topic(topic, queues=QUEUES)
     admin.create_group(group)
-    _produce(topic, durations, endpoint)
-    run = FleetRun(mode, instances, workers, list(durations), group=group)
+    sent = _produce(topic, durations, endpoint, order, costs)
+    run = FleetRun(mode, instances, workers, list(durations), group=group, sent=sent)
     members = [
         _Member(i, {"mode": mode, "endpoint": endpoint, "topic": topic, "group": group, "workers": workers,
-                    "port": metrics_ports[i] if metrics_ports else None})
+                    "port": metrics_ports[i] if metrics_ports else None, "prefetch": prefetch})
         for i in range(instances)]
     try:
         deadline = time.monotonic() + 60
@@ -357,7 +395,8 @@ def _member(config: dict[str, Any], out: IO[str], inp: IO[str]) -> int:
         if settled is not None:
             settled.wait(15)
         loop = ConsumeLoop(consumer, lambda msg: work(msg.body), tracer=tracer, policy="aggressive",
-                           workers=workers, prefetch=PREFETCH if mode == "prefetch" else 0, invisible_duration=60)
+                           workers=workers, prefetch=int(config.get("prefetch", PREFETCH)) if mode == "prefetch" else 0,
+                           invisible_duration=60)
         runner = threading.Thread(target=loop.run, name="fleet-loop", daemon=True)
 
         def close_loop() -> None:
@@ -425,9 +464,133 @@ def run_fleet_bench(*, messages: int = 500, instances: int = 3, workers: int = 4
         "machine": f"{platform.machine()}, {os.cpu_count()} CPUs",
     }
 
+# -- the send order: arrival vs longest first (issue #34) ----------------------------------------
+ORDER_KINDS = ("demand_driven", "push_replacement")
+# arrival: as the job came; longest_first: send_job by the true durations; learned: send_job by a
+# cost table learned from the same kind's arrival run of this job, each time off by up to ±NOISE
+ORDER_MODES = ("arrival", "longest_first", "learned")
+ORDER_TARGETS = {"longest_first": 1.05, "learned": 1.08}  # worst job time ÷ LB over the runs
+NOISE = 0.30
 
 
+def learned_table(run: FleetRun, seed: int, folder: str, noise: float = NOISE) -> CostTable:
+    """The cost table ``rmqtrace report --costs`` would learn from ``run`` (each message's measured
+    handler seconds by its key, the message index), every cost then scaled by a uniform factor in
+    [1 - noise, 1 + noise] (an earlier run is not this one), written to a file and read back."""
+    rng = random.Random(seed)
+    measured: dict[int, float] = {}
+    for r in run.records:
+        measured.setdefault(r.message, (r.end_ns - r.start_ns) / 1e9)
+    table = learn_costs((str(i), t * rng.uniform(1 - noise, 1 + noise)) for i, t in sorted(measured.items()))
+    path = os.path.join(folder, f"costs-{seed}.json")
+    table.save(path)
+    return load_costs(path)
 
+
+def check_kinds(kinds: Sequence[str], prefetch: int) -> tuple[str, ...]:
+    """``kinds`` without repeats, if each is one of :data:`MODES` and ``prefetch`` >= 1.
+
+    Raises:
+        ValueError: an unknown or no kind, or ``prefetch`` < 1.
+    """
+    if not kinds or any(k not in MODES for k in kinds) or prefetch < 1:
+        raise ValueError(f"kinds must be some of {', '.join(MODES)} and prefetch >= 1, "
+                         f"got {','.join(kinds)} and {prefetch}")
+    return tuple(dict.fromkeys(kinds))
+
+
+def run_order_bench(*, messages: int = 500, instances: int = 3, workers: int = 4, runs: int = 5,
+                    quick: bool = False, endpoint: str = ENDPOINT, kinds: Sequence[str] = ORDER_KINDS,
+                    prefetch: int = 1, progress: Callable[[str], None] | None = None) -> dict[str, Any]:
+    """``runs`` runs of the same long-tailed job per run seed, for the demand-driven loop and the
+    push replacement, sent in arrival order, longest first by the true durations, and longest
+    first by costs learned from that kind's arrival run (±30 % noise). Job time ÷ the fleet's LB,
+    median and worst. ``quick``: 150 messages, 3 × 2 workers, one run, shorter long messages.
+    ``kinds``: any of :data:`MODES` (``prefetch`` with a buffer of ``prefetch`` messages).
+
+    Raises:
+        ValueError: an unknown kind, or ``prefetch`` < 1.
+    """
+    kinds = check_kinds(kinds, prefetch)
+    if quick:
+        messages, instances, workers, runs = 150, 3, 2, 1
+    import tempfile
+
+    import rocketmq  # noqa: F401 - the members need it: say so before the first progress line
+    job_kw: dict[str, Any] = {"long_s": (0.4, 1.5)} if quick else {}
+    load_before = loadavg()
+    per: dict[str, dict[str, list[dict[str, Any]]]] = {k: {o: [] for o in ORDER_MODES} for k in kinds}
+    jobs = []
+    with tempfile.TemporaryDirectory(prefix="rmqtrace-costs-") as folder:
+        for r in range(runs):
+            durations = long_tail_job(messages, seed=1000 + r, **job_kw)
+            jobs.append({"messages": len(durations), "work_s": round(sum(durations), 2),
+                         "longest_s": max(durations)})
+            turn = r % len(kinds)
+            tables: dict[str, CostTable] = {}
+            for kind in kinds[turn:] + kinds[:turn]:  # arrival first: the learned costs come from it
+                if progress is not None:
+                    progress(f"run {r + 1}/{runs}: {kind} arrival")
+                done = run_fleet(kind, durations, instances=instances, workers=workers, endpoint=endpoint,
+                                 order="arrival", prefetch=prefetch)
+                per[kind]["arrival"].append({"run": r + 1, **done.summary()})
+                tables[kind] = learned_table(done, seed=2000 + r, folder=folder)
+            rest = [(k, o) for o in ORDER_MODES[1:] for k in kinds]
+            rest = rest[r % len(rest):] + rest[:r % len(rest)]
+            for kind, mode in rest:
+                if progress is not None:
+                    progress(f"run {r + 1}/{runs}: {kind} {mode}")
+                done = run_fleet(kind, durations, instances=instances, workers=workers, endpoint=endpoint,
+                                 order="longest_first", costs=tables[kind] if mode == "learned" else None,
+                                 prefetch=prefetch)
+                per[kind][mode].append({"run": r + 1, **done.summary()})
+    kinds_out: dict[str, Any] = {}
+    met = True
+    for kind, orders in per.items():
+        kinds_out[kind] = {}
+        for mode, results in orders.items():
+            ratios = [x["makespan_over_lb"] for x in results]
+            target = ORDER_TARGETS.get(mode)
+            kinds_out[kind][mode] = {
+                "median_over_lb": round(statistics.median(ratios), 3), "worst_over_lb": max(ratios),
+                "median_over_greedy": round(statistics.median(x["makespan_over_greedy"] for x in results), 3),
+                "median_idle_per_message_ms": statistics.median(x["idle_per_message_ms"] for x in results),
+                "target_worst_over_lb": target, "target_met": None if target is None else max(ratios) <= target,
+                "runs": results,
+            }
+            if target is not None and max(ratios) > target:
+                met = False
+    return {
+        "bench": "fleet --orders", "instances": instances, "workers": workers, "runs": runs, "jobs": jobs,
+        "noise": NOISE, "targets": ORDER_TARGETS, "target_met": met, "kinds": kinds_out,
+        **({"prefetch": prefetch} if "prefetch" in kinds else {}),
+        "loadavg": {"before": load_before, "after": loadavg()},
+        "client": client_version(), "python": platform.python_version(),
+        "machine": f"{platform.machine()}, {os.cpu_count()} CPUs",
+    }
+
+
+def format_order_bench(result: dict[str, Any]) -> str:
+    job = result["jobs"][0]
+    lines = [
+        f"real broker, {job['messages']} long-tailed messages per run ({job['work_s']} s of work, longest "
+        f"{job['longest_s']} s in run 1), {result['instances']} processes x {result['workers']} workers, "
+        f"{result['runs']} runs; learned costs: from the arrival run, ±{result['noise']:.0%} "
+        f"({result['client']}, {result['machine']})",
+        f"{'consumer':<17} {'sent':<14} {'÷LB per run':<40} {'median':>6} {'worst':>6} {'÷greedy':>7} "
+        f"{'idle ms/msg':>11}  target",
+    ]
+    for kind, orders in result["kinds"].items():
+        for mode, m in orders.items():
+            per_run = " ".join(f"{x['makespan_over_lb']:.3f}" for x in m["runs"])
+            target = "" if m["target_worst_over_lb"] is None else (
+                f"worst <= {m['target_worst_over_lb']}: {'met' if m['target_met'] else 'NOT met'}")
+            lines.append(f"{kind:<17} {mode:<14} {per_run:<40} {m['median_over_lb']:>6.3f} {m['worst_over_lb']:>6.3f} "
+                         f"{m['median_over_greedy']:>7.3f} {m['median_idle_per_message_ms']:>11.1f}  {target}")
+    lines.append("÷greedy: over the greedy schedule of the measured handler times in the order sent (LPT for "
+                 "longest first: at LB); idle ms/msg: worker-time outside handlers per message, the hand-off")
+    lines.append(f"load average before/after: {result['loadavg']['before']} / {result['loadavg']['after']}")
+    return "\n".join(lines)
 
 
 def format_fleet_bench(result: dict[str, Any]) -> str:
@@ -456,9 +619,16 @@ def format_fleet_bench(result: dict[str, Any]) -> str:
 
 
 def run_cli(args: argparse.Namespace, console: Any = None) -> int:
-    """``rmqtrace bench fleet``: ``--quick`` and ``--json`` from the bench parser."""
-    result = run_fleet_bench(quick=bool(getattr(args, "quick", False)),
-                             progress=lambda s: print(s, file=sys.stderr, flush=True))
+    """``rmqtrace bench fleet``: ``--quick``, ``--json``, ``--orders`` and ``--runs`` from the bench parser."""
+    def say(line: str) -> None:
+        print(line, file=sys.stderr, flush=True)
+
+    runs = getattr(args, "runs", None)
+    if getattr(args, "orders", False):
+        result = run_order_bench(quick=bool(getattr(args, "quick", False)), runs=runs or 5, progress=say)
+        print(json.dumps(result) if getattr(args, "json", False) else format_order_bench(result))
+        return 0
+    result = run_fleet_bench(quick=bool(getattr(args, "quick", False)), runs=runs or 3, progress=say)
     print(json.dumps(result) if getattr(args, "json", False) else format_fleet_bench(result))
     return 0
 
@@ -469,7 +639,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     p.add_argument("--messages", type=int, default=500)
     p.add_argument("--instances", type=int, default=3)
     p.add_argument("--workers", type=int, default=4)
-    p.add_argument("--runs", type=int, default=3)
+    p.add_argument("--runs", type=int, default=None, help="runs per mode (default 3; 5 with --orders)")
+    p.add_argument("--orders", action="store_true",
+                   help="arrival order vs longest first (true and learned costs), demand-driven and push replacement")
+    p.add_argument("--kinds", default=",".join(ORDER_KINDS),
+                   help=f"--orders: comma-separated consumers, any of {','.join(MODES)} (default %(default)s)")
+    p.add_argument("--prefetch", type=int, default=1, help="--orders, kind prefetch: its buffer (default 1)")
     p.add_argument("--quick", action="store_true")
     p.add_argument("--json", action="store_true")
     args = p.parse_args(argv)
@@ -479,9 +654,19 @@ def main(argv: Sequence[str] | None = None) -> int:
         except Exception as exc:  # noqa: BLE001 - told to the coordinator, which fails loudly
             print(json.dumps({"error": repr(exc)}), flush=True)
             return 1
-    result = run_fleet_bench(messages=args.messages, instances=args.instances, workers=args.workers,
-                             runs=args.runs, quick=args.quick,
-                             progress=lambda s: print(s, file=sys.stderr, flush=True))
+    if args.runs is not None and args.runs < 1:
+        p.error(f"--runs must be at least 1, got {args.runs}")
+    kw = {"messages": args.messages, "instances": args.instances, "workers": args.workers, "quick": args.quick,
+          "progress": lambda s: print(s, file=sys.stderr, flush=True)}
+    if args.orders:
+        try:
+            kinds = check_kinds(args.kinds.split(","), args.prefetch)
+        except ValueError as exc:
+            p.error(str(exc))
+        result = run_order_bench(runs=args.runs or 5, kinds=kinds, prefetch=args.prefetch, **kw)
+        print(json.dumps(result) if args.json else format_order_bench(result))
+        return 0
+    result = run_fleet_bench(runs=args.runs or 3, **kw)
     print(json.dumps(result) if args.json else format_fleet_bench(result))
     return 0
 
