@@ -52,7 +52,7 @@ from .blame import (
     fleet_verdict,
     pack_lanes,
 )
-from .model import STAMP_MAX_NS, exact_int, stamp_ns
+from .records import STAMP_MAX_NS, exact_int, stamp_ns
 from .sources import INSTANCE_KEY, any_value, jaeger_instance
 
 __all__ = ["FleetCollector", "FleetInstance", "FleetJob", "FleetSection", "Handled", "cli_fleet", "fleet_lines",

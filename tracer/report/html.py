@@ -26,20 +26,11 @@ from typing import Sequence
 from ..path.stages import GAP_BY_NAME, GAPS, HEADLINE_GAP, PATH_GAPS
 from ..path.stamps import timeline
 from .blame import GRACE_NS
-from .model import (
-    PRODUCED_LATE,
-    SPLIT_PARTS,
-    GroupStats,
-    Heatmap,
-    MessageRecord,
-    Report,
-    build_report,
-    format_seconds,
-    group_line,
-    notes,
-    sent_order_words,
-    step_means,
-)
+from .jobs import PRODUCED_LATE, SPLIT_PARTS
+from .model import GroupStats, Report, build_report, group_line, notes
+from .records import MessageRecord
+from .stats import Heatmap, step_means
+from .text import format_seconds, sent_order_words
 
 MAX_ROWS = 300
 MAX_STEPS = 4000  # occupancy steps drawn exactly up to this many, else averaged per pixel column

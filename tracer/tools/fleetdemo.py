@@ -36,7 +36,7 @@ from ..path.names import JOB_ORDERS
 from ..path.stages import Outcome, Stage
 from ..report.blame import Run, fleet_avoidable, fleet_verdict
 from ..report.fleet import FleetSection, Handled, fleet_page
-from ..report.model import sent_order_words
+from ..report.text import sent_order_words
 from ..telemetry.occupancy import OccupancyMetrics, OccupancyStats
 from ..telemetry.tracer import MessageTrace, MessageTracer
 from .bench.fleet import fleet_greedy, fleet_waits
