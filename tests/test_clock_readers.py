@@ -33,6 +33,8 @@ DIRECT_READS = {
     ("tracer/clients/consume.py", "monotonic"): "the loop's default clock, and stop()'s bound on real thread waits",
     ("tracer/clients/consume.py", "time"): "the loop's default wall clock (leases dated from the broker's pop time)",
     ("tracer/clients/probe.py", "monotonic"): "the probe sender's default pacing clock",
+    ("tracer/telemetry/exportchild.py", "monotonic"):
+        "bounds real process and thread waits (shutdown, the child's restart delay), no message's time",
 }
 
 TIME_PARAM = re.compile(r"^(clock|monotonic|wall|now|now_ns|mono_ns|wall_ns|since|deadline|end_mono)$|_mono$")

@@ -211,14 +211,28 @@ def test_item6_an_outcome_after_the_loop_stopped_is_still_settled():
 
 
 @pytest.mark.parametrize("bad", [{"invisible_duration": 0.5}, {"invisible_duration": math.inf},
-                                 {"stop_timeout": math.inf}, {"stop_timeout": math.nan},
-                                 {"handler_timeout": math.inf}, {"key": "not callable"}])
+                                 {"stop_timeout": -1}, {"stop_timeout": math.nan},
+                                 {"handler_timeout": 0}, {"handler_timeout": math.nan}, {"key": "not callable"}])
 def test_item8_options_that_cannot_work_are_refused_at_construction(bad):
     """A 0.5 s lease: the broker granted 1 s while the loop's own deadline was 0.5 s, so no message
-    was ever acked; stop_timeout=inf raised OverflowError in shutdown, leaving 7 threads alive."""
+    was ever acked."""
     broker, consumer = broker_with([])
     with pytest.raises((ValueError, TypeError)):
         ConsumeLoop(consumer, lambda m: None, **bad)
+
+
+@pytest.mark.parametrize("name", ["stop_timeout", "handler_timeout"])
+@pytest.mark.parametrize("value", [math.inf, 1e10, 10**400])
+def test_item8_an_infinite_or_huge_timeout_option_is_no_bound(name, value):
+    """stop_timeout=inf raised OverflowError in shutdown, leaving 7 threads alive (item 9), and a
+    finite 1e10 did the same later (the adversarial review, 02): every timeout option past what a
+    thread can wait for means no bound, as None, and the loop stores it so."""
+    broker, consumer = broker_with([])
+    loop = ConsumeLoop(consumer, lambda m: None, **{name: value})
+    try:
+        assert getattr(loop.flow if name == "stop_timeout" else loop.dispatch_options, name) is None
+    finally:
+        assert loop.stop(timeout=1) is True
 
 
 def test_item8_exponential_backoff_never_overflows():

@@ -38,7 +38,6 @@ from __future__ import annotations
 import dataclasses
 import enum
 import logging
-import math
 import signal
 import threading
 import time
@@ -49,6 +48,7 @@ from typing import TYPE_CHECKING, Any, Callable
 
 from opentelemetry.instrumentation.utils import suppress_instrumentation
 
+from ..bounds import timeout_s
 from ..callables import require_plain
 from ..dispatch import Dispatcher, DispatcherClosed, NotStarted
 from ..logonce import OnceLogger
@@ -62,6 +62,7 @@ from .consume_options import (
     MAX_BATCH,
     MAX_INVISIBLE_S,
     MIN_INVISIBLE_S,
+    MIN_RENEW_MARGIN_S,
     ConsumeKeywords,
     DispatchOptions,
     FlowOptions,
@@ -181,6 +182,20 @@ class _Phase(enum.IntEnum):
     SETTLING = 4  # the dispatcher is closed: the ack threads drain their queue; later outcomes settle inline
     FINISHED = 5  # the helpers ended; run() returns
     UNRUN = 6  # stop() came before run() or poll(): the dispatcher is closed, run() returns at once
+
+
+class _Changes(threading.Condition):
+    """The loop's one condition, counting its notifications: :meth:`ConsumeLoop.wait` evaluates a
+    predicate outside the lock (it may call the loop's readers) and still misses no change that
+    came while it did."""
+
+    def __init__(self, lock: threading.Lock) -> None:
+        super().__init__(lock)
+        self.generation = 0
+
+    def notify_all(self) -> None:
+        self.generation += 1
+        super().notify_all()
 
 
 class _NotStarted(NotStarted):
@@ -343,7 +358,7 @@ class ConsumeLoop:
         self._keeper = LeaseKeeper(consumer, self.lease, monotonic, self._count, d.handler_timeout)
         # one lock for all of the loop's state and its counters: _room() and snapshots are consistent
         self._lock = threading.Lock()
-        self._changed = threading.Condition(self._lock)  # any state change: receive loop, waiters
+        self._changed = _Changes(self._lock)  # any state change: receive loop, waiters
         self._leases: dict[int, Lease] = {}
         self._backlog: deque[Lease] = deque()  # received, not yet taken by the dispatcher (in order)
         self._acks: deque[tuple[Lease, Outcome, bool]] = deque()  # (held, outcome, ran) not yet taken
@@ -361,6 +376,14 @@ class ConsumeLoop:
         # the first BaseException (KeyboardInterrupt, SystemExit) user code raised on one of the
         # loop's own threads: it stops the loop, and run() re-raises it once the drain is done
         self._interrupt: BaseException | None = None
+        self._inside = threading.local()  # .thread is True on the threads the drain waits for
+        # set by the drain's last give-back: a message an offer puts back after it is given back
+        # at once (nothing would take it any more)
+        self._backlog_closed = False
+        # the ordering key of each message reported TIMEOUT, by id(message), while it still runs:
+        # the start gate reads them here instead of calling key= again (a slow key= there would
+        # run on the watchdog's clock of the message being started)
+        self._timed_out_keys: dict[int, str] = {}
 
     # -- public state ------------------------------------------------------------------------
     @property
@@ -389,11 +412,33 @@ class ConsumeLoop:
             return ConsumeState(len(self._leases), waiting, self._settling, self._stop.is_set())
 
     def wait(self, predicate: Callable[[ConsumeStats], bool], timeout: float | None = None) -> bool:
-        """Block until ``predicate(snapshot)`` holds (True) or ``timeout`` passes (False); the
-        predicate is evaluated under the loop's lock after every change."""
+        """Block until ``predicate(snapshot)`` holds (True), or ``timeout`` seconds pass (None or
+        ``math.inf``: no bound), or the loop has finished holding nothing (:meth:`run` returned
+        and every message is settled: no counter can change any more) — then False. The
+        predicate is evaluated after every change, outside the loop's lock: it may call
+        :meth:`statistics` or :meth:`state` (under the lock it would wedge the whole loop).
+
+        Raises:
+            ValueError: ``timeout`` is NaN or negative.
+        """
         require_plain(predicate, "predicate")  # a coroutine is truthy: it would "hold" at once
-        with self._changed:
-            return self._changed.wait_for(lambda: predicate(self._snapshot_locked()), timeout)
+        limit = timeout_s(timeout, "wait timeout")
+        deadline = None if limit is None else time.monotonic() + limit
+        while True:
+            with self._lock:
+                seen, snapshot = self._changed.generation, self._snapshot_locked()
+            if predicate(snapshot):
+                return True
+            with self._changed:
+                if self._finished.is_set() and not self._leases:
+                    return False  # nothing will ever change: no wait (bounded or not) may block on it
+                while self._changed.generation == seen:
+                    left = None if deadline is None else deadline - time.monotonic()
+                    if left is not None and left <= 0:
+                        break
+                    self._changed.wait(left)
+            if deadline is not None and time.monotonic() >= deadline:
+                return bool(predicate(self.statistics()))
 
     # -- the loop ----------------------------------------------------------------------------
     def run(self, until: Callable[[ConsumeStats], bool] | None = None) -> ConsumeStats:
@@ -413,6 +458,7 @@ class ConsumeLoop:
             return self.statistics()  # stopped before it ran: it never receives
         if phase > _Phase.POLLED:
             raise RuntimeError("a ConsumeLoop runs once")
+        self._inside.thread = True
         self._start_helpers()
         # the 5.1.2 client's first receive before its settings fails with a traceback (startup.py)
         if wait_for_settings(self.consumer, SETTINGS_WAIT_S, self._stop) is False and not self._stop.is_set():
@@ -442,7 +488,10 @@ class ConsumeLoop:
                     continue
                 failures = 0
         finally:
-            self._shutdown()
+            try:
+                self._shutdown()
+            finally:
+                self._inside.thread = False  # the caller's thread again: its later stop(timeout=) may wait
         if self._interrupt is not None:  # raised on a helper thread (the feeder, an ack thread)
             raise self._interrupt
         return self.statistics()
@@ -501,27 +550,32 @@ class ConsumeLoop:
     def stop(self, timeout: float | None = None) -> bool:
         """Stop receiving; what the loop holds is still run and settled.
 
-        Without ``timeout`` this only asks (safe from a signal handler) and returns at once;
-        :meth:`run` drains everything it holds (bounded by ``stop_timeout`` if set) and returns.
-        With ``timeout`` (seconds) the drain ends at most that long from now: at that point every
-        held message that has not started is given back to the broker (nacked, or left to its
-        lease) and **none starts afterwards**; handlers still running then go on (a thread cannot
-        be stopped), are settled when they end, and their leases are no longer renewed. This call
-        waits for :meth:`run` to return and says whether it has: True means nothing more starts.
-        A loop stopped before it ever received (neither :meth:`run` nor :meth:`poll` called)
-        closes its dispatcher here (its worker threads end) and returns True; :meth:`run` then
-        returns at once without receiving.
+        Without ``timeout`` this only asks and returns at once — safe from a signal handler: it
+        never waits for the loop's lock, which the interrupted thread may hold; :meth:`run`
+        drains everything it holds (bounded by ``stop_timeout`` if set) and returns.
+        With ``timeout`` (seconds; None or ``math.inf``: no bound) the drain ends at most that
+        long from now — a later, shorter one moves that point forward, also while the drain
+        already waits: at that point every held message that has not started is given back to
+        the broker (nacked, or left to its lease) and **none starts afterwards**; handlers still
+        running then go on (a thread cannot be stopped), are settled when they end, and their
+        leases are no longer renewed. This call waits for :meth:`run` to return and says whether
+        it has: True means nothing more starts. On one of the loop's own threads (a handler,
+        ``key=``, ``until=``, ``retry_backoff=``) it does not wait — the drain waits for that very
+        call — and returns False. A loop stopped before it ever received (neither :meth:`run`
+        nor :meth:`poll` called) closes its dispatcher here (its worker threads end) and returns
+        True; :meth:`run` then returns at once without receiving.
+
+        Raises:
+            ValueError: ``timeout`` is NaN or negative.
         """
-        if timeout is not None:
-            if math.isnan(timeout) or timeout < 0:
-                raise ValueError(f"stop timeout must be >= 0 seconds (math.inf: no bound), got {timeout}")
-            if not math.isinf(timeout):
-                # no lock here: stop() may run in a signal handler that interrupted a holder of it
-                # (a float assignment is atomic; the loop reads the deadline within one tick)
-                deadline = time.monotonic() + timeout
-                current = self._stop_deadline
-                if current is None or deadline < current:
-                    self._stop_deadline = deadline
+        limit = timeout_s(timeout, "stop timeout")  # None also for math.inf and huge ones: no bound
+        if limit is not None:
+            # no lock here: stop() may run in a signal handler that interrupted a holder of it
+            # (a float assignment is atomic; the drain re-reads the deadline at least every tick)
+            deadline = time.monotonic() + limit
+            current = self._stop_deadline
+            if current is None or deadline < current:
+                self._stop_deadline = deadline
         self._stop.set()
         never_ran = False
         # never block on the loop's lock (a signal handler on the thread that holds it would
@@ -538,13 +592,22 @@ class ConsumeLoop:
             # no run() will close the dispatcher: its workers would outlive the loop. Nothing was
             # received, so nothing is held; a later run() returns at once.
             self.dispatcher.close(drain=False)
-            self._finished.set()
+            with self._changed:  # not a signal handler's lock holder: it was free just above
+                self._finished.set()
+                self._changed.notify_all()
             return True
-        if timeout is None:
+        if timeout is None or self._on_own_thread():
+            # on one of the loop's own threads (a handler, key=, until=, retry_backoff=) the drain
+            # waits for this very call to return: waiting for the drain here would wait for itself
             return self._finished.is_set()
-        if math.isinf(timeout):
+        if limit is None:
             return self._finished.wait()
-        return self._finished.wait(timeout + 0.5)  # the drain's own deadline is `timeout`; a bit more to return
+        return self._finished.wait(limit + 0.5)  # the drain's own deadline is `limit`; a bit more to return
+
+    def _on_own_thread(self) -> bool:
+        """Whether the calling thread is one the drain waits for: run()'s, a helper's, or a worker
+        inside :meth:`_start_handler`."""
+        return bool(getattr(self._inside, "thread", False))
 
     def install_signal_handlers(self) -> None:
         """SIGTERM and SIGINT stop the loop gracefully (call from the main thread)."""
@@ -554,7 +617,9 @@ class ConsumeLoop:
             signal.signal(sig, lambda *_: self._stop.set())
 
     def _tick(self) -> float:
-        return max(0.05, min(1.0, self.lease.margin / 3))
+        # MIN_RENEW_MARGIN_S keeps margin / 3 at or above the shortest tick: the keeper looks at
+        # every lease at least three times within its margin
+        return max(MIN_RENEW_MARGIN_S / 3, min(1.0, self.lease.margin / 3))
 
     def _resync(self) -> None:
         """Send the client's settings to every endpoint again (5.x client; others: nothing)."""
@@ -707,8 +772,7 @@ class ConsumeLoop:
             try:
                 accepted = self.dispatcher.submit(h.message, probe_stage(self.tracer, h.trace), timeout=0)
             except DispatcherClosed:
-                with self._lock:
-                    h.state = WAITING
+                self._put_back(h)
                 break
             except BaseException as exc:
                 # key= or cost= raised a Ctrl-C or a SystemExit: this message goes back unrun
@@ -723,13 +787,22 @@ class ConsumeLoop:
             if accepted:
                 taken += 1
                 continue
-            with self._lock:
-                h.state = WAITING
+            self._put_back(h)
             if h.key is None:
                 pool_full = True
             else:
                 refused_keys.add(h.key)
         return taken
+
+    def _put_back(self, h: Lease) -> None:
+        """An offer the dispatcher did not take: ``h`` waits in the backlog again — unless the
+        drain gave the backlog back meanwhile (it skipped ``h``, then being offered): then ``h``
+        goes back to the broker now, or it would be held for ever, never settled."""
+        with self._lock:
+            if not self._backlog_closed:
+                h.state = WAITING
+                return
+        self._report(h, Outcome.SKIPPED, ran=False)
 
     def _all_workers_hung(self) -> bool:
         """Every worker runs a handler already reported TIMEOUT (only known with handler_timeout)."""
@@ -738,16 +811,28 @@ class ConsumeLoop:
         return len(self.dispatcher.overrun()) >= self.dispatch_options.workers
 
     def _hung_keys(self) -> set[str]:
+        """The keys of the messages still running past their TIMEOUT. Read from what the loop
+        recorded, never by calling key= here (the start gate runs this on the clock of the
+        message it is about to start): the key recorded at the TIMEOUT, else its lease's (the
+        dispatcher lists it overrun just before the loop hears of the TIMEOUT)."""
         if self.dispatch_options.handler_timeout is None:
             return set()
-        hung = self.dispatcher.overrun()
-        if not hung:
-            return set()
-        # from the item itself: the timed-out message is settled (no longer held) long before it returns
-        return {k for item, _ in hung if (k := self._key_of(item)) is not None}
+        hung = {id(item) for item, _ in self.dispatcher.overrun()}
+        with self._lock:
+            for gone in [i for i in self._timed_out_keys if i not in hung]:
+                del self._timed_out_keys[gone]  # it returned: its key is free again
+            keys = set()
+            for i in hung:
+                k = self._timed_out_keys.get(i)
+                if k is None and (h := self._leases.get(i)) is not None:
+                    k = h.key
+                if k is not None:
+                    keys.add(k)
+            return keys
 
     def _feed_loop(self) -> None:
         """Prefetch mode: move backlog messages into the dispatcher while it takes them."""
+        self._inside.thread = True
         tick = self._tick()
         while self._phase < _Phase.SETTLING:
             with self._changed:
@@ -768,8 +853,17 @@ class ConsumeLoop:
     def _start_handler(self, msg: Any) -> object:
         """What each worker runs: the user's handler — only while the loop still holds the message's
         lease, the stop deadline has not passed, no other copy of the message runs in this process
-        (a hung first run's redelivery), and no message of its key hangs past its TIMEOUT; else it
+        (a hung first run's redelivery), no message of its key hangs past its TIMEOUT, and no
+        outcome of it was reported yet (a TIMEOUT while it waited here: it was given back); else it
         does not start and is given back."""
+        own = self._inside
+        own.thread = True  # a stop(timeout=) from the handler must not wait for the drain
+        try:
+            return self._start_if_held(msg)
+        finally:
+            own.thread = False
+
+    def _start_if_held(self, msg: Any) -> object:
         mid = getattr(msg, "message_id", None)
         copy = (self._group, mid)
         with self._lock:
@@ -779,10 +873,13 @@ class ConsumeLoop:
         if h is not None and h.key is not None and h.key in self._hung_keys():
             raise _NotStarted("a message of its key timed out and still runs: it follows that one back")
         with self._lock:
-            if h is not None and (self._past_stop_deadline() or not h.live(self._monotonic())):
-                raise _NotStarted("the lease is gone or the stop deadline passed")
+            if h is not None and (h.state == SETTLING or self._past_stop_deadline()
+                                  or not h.live(self._monotonic())):
+                raise _NotStarted("its outcome was reported, the lease is gone or the stop deadline passed")
             if mid is not None and not _RUNNING.claim(copy):
                 raise _NotStarted("another copy of this message still runs in this process")
+            if h is not None:
+                h.started = True  # under the lock _report decides "ran" under: a TIMEOUT from now is a run
         try:
             return self._user_handler(msg)
         finally:
@@ -793,9 +890,14 @@ class ConsumeLoop:
         with self._lock:
             self._n["reported"] += 1
             h = self._leases.get(id(msg))
+            if h is not None and outcome is Outcome.TIMEOUT and h.key is not None:
+                self._timed_out_keys[id(msg)] = h.key  # the start gate's, while it still runs
         if h is None:
             return
-        self._report(h, outcome, ran=not _never_ran(outcome, error))
+        # a TIMEOUT is a run only if the handler was let start: the watchdog's clock starts
+        # before the start gate, which may outlast it (a stall) and then refuses to start it
+        never = _never_ran(outcome, error)
+        self._report(h, outcome, ran=False if never else None if outcome is Outcome.TIMEOUT else True)
         if outcome is Outcome.TIMEOUT and h.key is not None:
             self._give_back_key(h.key)
 
@@ -814,13 +916,16 @@ class ConsumeLoop:
             self._report(h, Outcome.SKIPPED, ran=False)
         return len(follow)
 
-    def _report(self, h: Lease, outcome: Outcome, *, ran: bool) -> None:
+    def _report(self, h: Lease, outcome: Outcome, *, ran: bool | None) -> None:
         """The message's outcome is known: queue its settle (or settle it here once the ack
-        threads have stopped taking, so no late outcome — a TIMEOUT after close — is left held)."""
+        threads have stopped taking, so no late outcome — a TIMEOUT after close — is left held).
+        ``ran`` None: whether its handler was let start (decided here, under the start gate's lock)."""
         with self._changed:
             if h.state == SETTLING:
                 return  # one outcome per delivery
             h.state = SETTLING
+            if ran is None:
+                ran = h.started
             if not ran:
                 self._n["not_started"] += 1
             elif outcome is Outcome.SUCCESS:
@@ -865,6 +970,7 @@ class ConsumeLoop:
         return n
 
     def _ack_worker(self) -> None:
+        self._inside.thread = True
         tick = self._tick()
         while True:
             item = self._take_outcome(tick)
@@ -973,6 +1079,7 @@ class ConsumeLoop:
         return keep
 
     def _lease_keeper(self) -> None:
+        self._inside.thread = True
         tick = self._tick()
         while not self._finished.wait(tick):
             try:
@@ -1016,7 +1123,7 @@ class ConsumeLoop:
         # the backlog is drained into the dispatcher before it closes (nothing is redelivered on
         # a stop), as far as the deadline allows
         if self._feeder is not None:
-            self._feeder.join(self._left())
+            self._join(self._feeder)
         else:
             try:
                 while self.state().waiting and not self._past_stop_deadline():
@@ -1028,6 +1135,7 @@ class ConsumeLoop:
                 self._interrupted(exc)
         if self._interrupt is not None:
             self._give_back_backlog()  # the program wants out: what has not started goes back
+        self._await_quiet_dispatcher()
         self.dispatcher.close(drain=True, timeout=self._left())
         if self._past_stop_deadline():
             self._cut_at_deadline()
@@ -1037,13 +1145,41 @@ class ConsumeLoop:
             self._phase = _Phase.SETTLING  # the ack threads drain what is queued; later outcomes settle inline
             self._changed.notify_all()
         for t in self._ack_workers:
-            t.join(self._left())
+            self._join(t)
         with self._changed:
             self._phase = _Phase.FINISHED
-        self._finished.set()  # ends the lease keeper: whatever is still held now goes back to the broker
+            # ends the lease keeper: whatever is still held now goes back to the broker
+            self._finished.set()
+            self._changed.notify_all()  # wait() ends once nothing is held
         if self._keeper_thread is not None:
             self._keeper_thread.join(1.0)
         self._keeper.close()
+
+    # Every wait of the drain re-reads the stop deadline at least this often: a later, shorter
+    # stop(timeout=) (set without the lock, from any thread) moves it, and no wait may outlast it.
+    _DRAIN_STEP_S = 0.05
+
+    def _step(self) -> float | None:
+        """How long the drain's next wait may be; None when the deadline has passed."""
+        left = self._left()
+        if left is not None and left <= 0:
+            return None
+        return self._DRAIN_STEP_S if left is None else min(self._DRAIN_STEP_S, left)
+
+    def _join(self, t: threading.Thread) -> None:
+        """Join ``t`` until the stop deadline, however often the deadline moves meanwhile."""
+        while t.is_alive() and (step := self._step()) is not None:
+            t.join(step)
+
+    def _await_quiet_dispatcher(self) -> None:
+        """Wait, within the stop deadline as it moves, until no handler runs in the dispatcher but
+        hung ones (what is queued behind those can never start: its close gives it back). Only
+        then is it closed, with what is left of the deadline: a close already waiting could not
+        hear of a shorter deadline."""
+        d = self.dispatcher
+        while (step := self._step()) is not None:
+            if d.wait_idle(timeout=step) or d.statistics().in_flight == 0:
+                return
 
     def _cut_at_deadline(self) -> None:
         """The stop deadline passed: nothing held may start any more. The dispatcher's close has
@@ -1052,6 +1188,7 @@ class ConsumeLoop:
 
     def _give_back_backlog(self) -> None:
         with self._lock:
+            self._backlog_closed = True  # an offer in flight now gives its message back itself
             rest = [h for h in self._backlog if h.state == WAITING]
             for h in rest:
                 h.state = SUBMITTED  # out of the feeder's reach

@@ -14,6 +14,8 @@ import math
 from dataclasses import dataclass
 from typing import Any, Callable, TypedDict
 
+from .. import bounds
+from ..bounds import MAX_THREADS, count, seconds, timeout_s
 from ..callables import require_plain
 from ..dispatch import DispatchMetrics, Policy
 
@@ -21,6 +23,7 @@ __all__ = [
     "MAX_BATCH",
     "MAX_INVISIBLE_S",
     "MIN_INVISIBLE_S",
+    "MIN_RENEW_MARGIN_S",
     "ConsumeKeywords",
     "DispatchOptions",
     "FlowOptions",
@@ -33,26 +36,35 @@ __all__ = [
 MAX_INVISIBLE_S = 12 * 3600.0  # the proxy's maxInvisibleTimeMills default: longer leases are refused
 MIN_INVISIBLE_S = 1.0  # RocketMQ counts invisibility in whole seconds: 1 s is the shortest lease it grants
 MAX_BATCH = 32  # the proxy's grpcClientConsumerLongPollingBatchSize: a receive returns at most this many
+# The lease keeper looks at the leases every margin / 3 seconds, but never more often than every
+# MIN_RENEW_MARGIN_S / 3: a shorter margin would be due only between two of its looks, and the
+# lease of a running handler would run out unrenewed. (Its renewal, one broker round trip, must
+# fit in the margin too.)
+MIN_RENEW_MARGIN_S = 0.15
+MAX_PREFETCH = 1_000_000  # messages held ahead; the 5.x push consumer caches 1024 per queue
 _MAX_BACKOFF_EXPONENT = 64  # 2**64 s is beyond any cap; beyond it 2.0**n overflows (n >= 1024)
 
 
 def whole_seconds(seconds: float) -> int:
     """What the broker is told: RocketMQ counts invisibility in whole seconds, and the 5.x client
-    rejects anything but an ``int`` (a float fails every receive and every lease renewal)."""
-    return max(1, math.ceil(seconds))
+    rejects anything but an ``int`` (a float fails every receive and every lease renewal).
+
+    Raises:
+        ValueError: ``seconds`` is not a finite number."""
+    return max(1, math.ceil(bounds.seconds(seconds, "seconds", minimum=-math.inf)))
 
 
 def exponential_backoff(attempt: int, base: float = 1.0, cap: float = 60.0) -> float:
-    """Seconds until a failed delivery comes back: 1, 2, 4 … capped (any attempt, however large)."""
+    """Seconds until a failed delivery comes back: 1, 2, 4 … capped (any attempt, however large).
+
+    Raises:
+        ValueError: ``attempt`` not an int; ``base`` or ``cap`` not a finite number >= 0.
+    """
+    count(attempt, "attempt", minimum=-(2**63))  # any int: below 1 counts as the first
+    base = seconds(base, "base", above=False)
+    cap = seconds(cap, "cap", above=False)
     exponent = min(max(0, attempt - 1), _MAX_BACKOFF_EXPONENT)
     return float(min(cap, base * (2.0**exponent)))
-
-
-def _finite_positive(name: str, value: object, *, allow_zero: bool = False) -> None:
-    ok = isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
-    if not ok or (value < 0 if allow_zero else value <= 0):  # type: ignore[operator]
-        bound = ">= 0" if allow_zero else "> 0"
-        raise ValueError(f"{name} must be a finite number of seconds {bound}, got {value!r}")
 
 
 def _callable_or_none(name: str, fn: object) -> None:
@@ -61,7 +73,11 @@ def _callable_or_none(name: str, fn: object) -> None:
 
 @dataclass(frozen=True)
 class DispatchOptions:
-    """How received messages run: passed to the loop's :class:`~tracer.dispatch.Dispatcher`."""
+    """How received messages run: passed to the loop's :class:`~tracer.dispatch.Dispatcher`.
+
+    ``handler_timeout``: seconds > 0; None, ``math.inf`` or one past what a thread can wait for
+    (:data:`tracer.bounds.NO_BOUND_S`) is no timeout, and is stored as None.
+    """
 
     policy: Policy | str = "aggressive"
     workers: int = 8
@@ -71,10 +87,9 @@ class DispatchOptions:
     handler_timeout: float | None = None
 
     def __post_init__(self) -> None:
-        if isinstance(self.workers, bool) or not isinstance(self.workers, int) or self.workers < 1:
-            raise ValueError(f"workers must be an int >= 1, got {self.workers!r}")
-        if self.handler_timeout is not None:
-            _finite_positive("handler_timeout", self.handler_timeout)
+        count(self.workers, "workers", maximum=MAX_THREADS)
+        # stored as the loop uses it: math.inf or a huge one is no watchdog, as None
+        object.__setattr__(self, "handler_timeout", timeout_s(self.handler_timeout, "handler_timeout", positive=True))
         _callable_or_none("key", self.key)
         _callable_or_none("cost", self.cost)
 
@@ -87,7 +102,7 @@ class LeaseOptions:
     fraction is rounded up for the broker while the loop keeps the exact value as its own,
     earlier, deadline; the proxy refuses receives below its ``minInvisibleTimeMillsForRecv``,
     10 s by default, and leases above 12 h). ``renew_margin``: renew when less than this is
-    left (default a third of the lease). ``hang_grace``: a handler still running
+    left (default a third of the lease; at least ``MIN_RENEW_MARGIN_S``, 0.15 s). ``hang_grace``: a handler still running
     ``handler_timeout + hang_grace`` seconds after it started is abandoned — its lease is no
     longer renewed (default one lease). ``renew_threads``: at most this many renewal calls run
     at once (each is one broker round trip; many leases ending together are renewed side by
@@ -100,20 +115,17 @@ class LeaseOptions:
     renew_threads: int = 8
 
     def __post_init__(self) -> None:
-        _finite_positive("invisible_duration", self.invisible_duration)
-        if not MIN_INVISIBLE_S <= self.invisible_duration <= MAX_INVISIBLE_S:
-            raise ValueError(f"invisible_duration must be in [{MIN_INVISIBLE_S:g}, {MAX_INVISIBLE_S:g}] seconds "
-                             f"(the broker grants whole seconds, and refuses longer leases), "
-                             f"got {self.invisible_duration}")
+        # the broker grants whole seconds, and refuses longer leases
+        seconds(self.invisible_duration, "invisible_duration", minimum=MIN_INVISIBLE_S, above=False,
+                maximum=MAX_INVISIBLE_S)
         if self.renew_margin is not None:
-            _finite_positive("renew_margin", self.renew_margin)
+            seconds(self.renew_margin, "renew_margin", minimum=MIN_RENEW_MARGIN_S, above=False)
             if not self.renew_margin < self.invisible_duration:
-                raise ValueError(f"renew_margin must be in (0, invisible_duration={self.invisible_duration:g}), "
+                raise ValueError(f"renew_margin must be below invisible_duration={self.invisible_duration:g}, "
                                  f"got {self.renew_margin}")
         if self.hang_grace is not None:
-            _finite_positive("hang_grace", self.hang_grace, allow_zero=True)
-        if isinstance(self.renew_threads, bool) or not isinstance(self.renew_threads, int) or self.renew_threads < 1:
-            raise ValueError(f"renew_threads must be an int >= 1, got {self.renew_threads!r}")
+            seconds(self.hang_grace, "hang_grace", above=False)
+        count(self.renew_threads, "renew_threads", maximum=MAX_THREADS)
 
     @property
     def margin(self) -> float:
@@ -133,9 +145,9 @@ class FlowOptions:
     consumers, until the dispatcher takes them (leases renewed all the while). Kept to reproduce
     the incident; 0 (the default) receives only what the dispatcher can start now.
     ``resync_after``: failed receives in a row before the client's settings are re-announced
-    (0: never). ``stop_timeout``: the longest :meth:`ConsumeLoop.run` drains after a stop, a
-    finite number of seconds (None: until every held message is settled;
-    :meth:`ConsumeLoop.stop` can shorten it).
+    (0: never). ``stop_timeout``: the longest :meth:`ConsumeLoop.run` drains after a stop, in
+    seconds (None or ``math.inf``: until every held message is settled; :meth:`ConsumeLoop.stop`
+    can shorten it).
     """
 
     max_batch: int = MAX_BATCH
@@ -146,14 +158,12 @@ class FlowOptions:
     stop_timeout: float | None = None
 
     def __post_init__(self) -> None:
-        if not 1 <= self.max_batch <= MAX_BATCH:
-            raise ValueError(f"max_batch must be in [1, {MAX_BATCH}] (the proxy's batch limit), got {self.max_batch}")
-        if self.prefetch < 0 or self.resync_after < 0:
-            raise ValueError("prefetch and resync_after must be >= 0")
-        if self.ack_threads < 1:
-            raise ValueError(f"ack_threads must be >= 1, got {self.ack_threads}")
-        if self.stop_timeout is not None:
-            _finite_positive("stop_timeout", self.stop_timeout, allow_zero=True)
+        count(self.max_batch, "max_batch (the proxy's batch limit)", maximum=MAX_BATCH)
+        count(self.prefetch, "prefetch", minimum=0, maximum=MAX_PREFETCH)
+        count(self.resync_after, "resync_after", minimum=0)
+        count(self.ack_threads, "ack_threads", maximum=MAX_THREADS)
+        # stored as the loop uses it: math.inf or a huge one is no bound, as None
+        object.__setattr__(self, "stop_timeout", timeout_s(self.stop_timeout, "stop_timeout"))
         require_plain(self.retry_backoff, "retry_backoff=")
 
 

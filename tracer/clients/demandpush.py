@@ -37,13 +37,14 @@ message does not block its group's later messages as the stock FIFO consumer doe
 from __future__ import annotations
 
 import logging
-import math
 import threading
 from typing import Any, Callable, Mapping
 
+from ..bounds import MAX_THREADS, count, timeout_s
 from ..callables import never_ran, require_plain
 from ..telemetry.tracer import MessageTracer
 from .consume import ConsumeLoop, ConsumeStats, exponential_backoff
+from .consume_options import resolve_options
 from .startup import wait_for_settings
 
 __all__ = ["ConsumeFailed", "DemandPushConsumer"]
@@ -67,7 +68,8 @@ class DemandPushConsumer:
 
     Raises:
         TypeError: ``message_listener`` has no callable ``consume``.
-        ValueError: an empty ``subscription``, ``consumption_thread_count`` < 1, or a bad loop option.
+        ValueError: an empty ``subscription``, ``consumption_thread_count`` not an int >= 1, a NaN or
+            negative timeout, or a bad loop option (``invisible_duration``, ``handler_timeout``).
     """
 
     def __init__(self, client_configuration: Any, consumer_group: str, message_listener: Any,
@@ -76,7 +78,7 @@ class DemandPushConsumer:
                  tls_enable: bool = False, *, tracer: MessageTracer | None = None,
                  invisible_duration: float = 60.0, handler_timeout: float | None = None,
                  retry_backoff: Callable[[int], float] = exponential_backoff,
-                 startup_timeout: float = 15.0, shutdown_timeout: float = 30.0,
+                 startup_timeout: float | None = 15.0, shutdown_timeout: float | None = 30.0,
                  settle_spans: bool | None = None) -> None:
         if not callable(getattr(message_listener, "consume", None)):
             raise TypeError(f"message_listener must have a consume(message) method, got {message_listener!r}")
@@ -86,12 +88,12 @@ class DemandPushConsumer:
             raise ValueError("subscription must name at least one topic: {topic: FilterExpression}")
         if not consumer_group:
             raise ValueError("consumer_group must not be empty")
-        if consumption_thread_count < 1:
-            raise ValueError(f"consumption_thread_count must be >= 1, got {consumption_thread_count}")
-        if math.isnan(shutdown_timeout) or shutdown_timeout < 0 or not startup_timeout > 0:
-            raise ValueError(f"startup_timeout must be > 0 and shutdown_timeout >= 0 seconds, got "
-                             f"{startup_timeout} and {shutdown_timeout}")
-        self.startup_timeout = startup_timeout
+        count(consumption_thread_count, "consumption_thread_count", maximum=MAX_THREADS)
+        count(max_cache_message_count, "max_cache_message_count")  # ignored, but a NaN is still a mistake
+        count(max_cache_message_size, "max_cache_message_size")
+        # None, math.inf or a huge one: no bound (the waits take them as they are stored here)
+        self.startup_timeout = timeout_s(startup_timeout, "startup_timeout", positive=True)
+        shutdown_timeout = timeout_s(shutdown_timeout, "shutdown_timeout")
         self.consumer_group = consumer_group
         self.message_listener = message_listener
         self.subscription = dict(subscription)
@@ -107,12 +109,14 @@ class DemandPushConsumer:
         self.settle_spans = default_settle if settle_spans is None else bool(settle_spans)
         self._loop_options: dict[str, Any] = {"invisible_duration": invisible_duration,
                                               "handler_timeout": handler_timeout, "retry_backoff": retry_backoff}
+        resolve_options(None, None, None, self._loop_options)  # a bad loop option fails here, not at startup()
         self.consumer: Any = None
         self.loop: ConsumeLoop | None = None
         self._runner: threading.Thread | None = None
         self._state = "created"  # created → running → stopped
         self._lock = threading.Lock()
         self._warned = False
+        self._close_after_run = False  # shutdown() came from the loop's own thread: _run closes the client
 
     # -- lifecycle ------------------------------------------------------------------------------
     def startup(self) -> None:
@@ -150,6 +154,8 @@ class DemandPushConsumer:
 
     def shutdown(self) -> None:
         """Stop receiving, drain what is held (at most ``shutdown_timeout`` s), close the client.
+        Called from the listener itself it only asks and returns at once (the drain waits for the
+        listener): the client is closed once the drain is done.
 
         Raises:
             RuntimeError: never started, or shut down already (as the stock client).
@@ -160,9 +166,16 @@ class DemandPushConsumer:
             self._state = "stopped"
             loop, runner, consumer = self.loop, self._runner, self.consumer
         assert loop is not None and runner is not None
+        if loop._on_own_thread():
+            # called by the listener (a handler) or on another of the loop's threads: the drain waits
+            # for this very call, so it cannot be waited for here; the runner shuts the client down
+            # once run() returned
+            self._close_after_run = True
+            loop.stop(timeout=self.shutdown_timeout)
+            return
         try:
             loop.stop(timeout=self.shutdown_timeout)
-            runner.join(None if math.isinf(self.shutdown_timeout) else self.shutdown_timeout + 5)
+            runner.join(None if self.shutdown_timeout is None else self.shutdown_timeout + 5)
         finally:
             consumer.shutdown()
 
@@ -197,6 +210,9 @@ class DemandPushConsumer:
             self.loop.run()
         except Exception:  # a refused lease: nothing can be received; say so once, loudly
             log.exception("rmqtrace: DemandPushConsumer of %r stopped", self.consumer_group)
+        finally:
+            if self._close_after_run:
+                self.consumer.shutdown()
 
     def _handle(self, message: Any) -> None:
         result = self.message_listener.consume(message)

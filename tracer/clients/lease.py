@@ -60,7 +60,7 @@ class Lease:
     docstring): its lease on the broker, its handle, where it is in the loop. (Named for what it
     is: "hold" is kept for the spans waiting for a keep decision, :mod:`tracer.telemetry.hold`.)"""
 
-    __slots__ = ("deadline", "done", "given_up", "handle", "key", "lock", "message", "state", "trace")
+    __slots__ = ("deadline", "done", "given_up", "handle", "key", "lock", "message", "started", "state", "trace")
 
     def __init__(self, message: Any, deadline: float, key: str | None = None) -> None:
         self.message = message
@@ -74,6 +74,7 @@ class Lease:
         self.lock = threading.Lock()
         self.done = False
         self.given_up = False  # lease lost or abandoned: never renewed again
+        self.started = False  # its handler was let start (under the loop's lock, as its outcome's report)
 
     def live(self, now: float) -> bool:
         """Whether the loop still holds this message's lease at ``now`` (so it may start or be acked)."""

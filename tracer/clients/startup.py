@@ -15,6 +15,8 @@ import threading
 import time
 from typing import Any
 
+from ..bounds import timeout_s
+
 __all__ = ["SETTINGS_ATTR", "SETTINGS_WAIT_S", "wait_for_settings"]
 
 SETTINGS_ATTR = "_init_settings_event"  # rocketmq-python-client 5.1.2
@@ -23,25 +25,26 @@ SETTINGS_WAIT_S = 10.0
 _SLICE_S = 0.1  # how soon a stop is noticed while waiting
 
 
-def wait_for_settings(client: Any, timeout: float = SETTINGS_WAIT_S, stop: threading.Event | None = None) -> bool | None:
+def wait_for_settings(client: Any, timeout: float | None = SETTINGS_WAIT_S,
+                      stop: threading.Event | None = None) -> bool | None:
     """Wait until ``client`` has its settings: True once they arrived, False when ``timeout``
     passed or ``stop`` was set first, None when the client does not say (nothing to wait for).
+    ``timeout`` None or ``math.inf``: no bound.
 
     Raises:
         ValueError: ``timeout`` is negative or NaN.
     """
-    if not timeout >= 0:
-        raise ValueError(f"timeout must be >= 0 s, got {timeout!r}")
+    limit = timeout_s(timeout, "timeout")
     event = getattr(client, SETTINGS_ATTR, None)
     if event is None:  # a wrapper (TracedSimpleConsumer) around the client
         event = getattr(getattr(client, "wrapped", None), SETTINGS_ATTR, None)
     if not isinstance(event, threading.Event):
         return None
     if stop is None:
-        return bool(event.wait(timeout))
-    deadline = time.monotonic() + timeout
+        return bool(event.wait(limit))
+    deadline = None if limit is None else time.monotonic() + limit
     while not stop.is_set():
-        left = deadline - time.monotonic()
+        left = _SLICE_S if deadline is None else deadline - time.monotonic()
         if event.wait(max(0.0, min(_SLICE_S, left))):
             return True
         if left <= 0:

@@ -30,10 +30,11 @@ import logging
 from collections.abc import Awaitable, Callable
 from typing import Any, Generic, TypeVar, cast
 
+from ..bounds import timeout_s
 from ..callables import never_ran, require_async
 from ..path.clock import MonotonicClock
 from ..path.stages import Outcome
-from .core import Core, EngineBase, Waiter, WaitState, WouldBlock, check_timeout
+from .core import Core, EngineBase, Waiter, WaitState, WouldBlock
 from .metrics import DispatchMetrics
 from .policy import Policy
 from .protocol import DispatchStats, HandlerTimeout, MessageTraceLike
@@ -161,7 +162,7 @@ class AsyncDispatcher(EngineBase[T], Generic[T]):
 
     async def _wait_until(self, ready: Callable[[], bool], timeout: float | None) -> bool:
         core = self._core
-        check_timeout(timeout, "wait timeout", negative=True)
+        timeout = timeout_s(timeout, "wait timeout", negative_waits=True)
         deadline = core.deadline(timeout)
         core.watchers += 1
         try:
@@ -197,8 +198,7 @@ class AsyncDispatcher(EngineBase[T], Generic[T]):
             ValueError: ``timeout`` is NaN (``math.inf``: no bound; <= 0: do not wait).
         """
         core = self._core
-        if timeout is not None:
-            check_timeout(timeout, "submit timeout", negative=True)
+        timeout = timeout_s(timeout, "submit timeout", negative_waits=True)
         if core.closed:
             raise core.closed_error()
         e = core.build(item, trace)
@@ -417,7 +417,7 @@ class AsyncDispatcher(EngineBase[T], Generic[T]):
             RuntimeError: awaited from one of this dispatcher's own handlers.
             ValueError: ``timeout`` is NaN or negative (``math.inf``: no bound); nothing changed.
         """
-        check_timeout(timeout, "close timeout", negative=False)
+        timeout = timeout_s(timeout, "close timeout")
         if self._on_worker():
             raise RuntimeError("close() awaited from a dispatcher worker (a handler) would wait for itself")
         core = self._core

@@ -61,6 +61,7 @@ from collections.abc import Callable, Mapping
 from contextlib import AbstractContextManager
 from typing import Any, Generic, TypeVar, cast
 
+from ..bounds import MAX_THREADS, count, timeout_s
 from ..callables import require_plain
 from ..logonce import OnceLogger
 from ..path.blocking import BlameTracker, Verdict
@@ -72,7 +73,7 @@ from .policy import Policy, resolve_policy
 from .protocol import DispatcherClosed, DispatchStats, HandlerTimeout, MessageTraceLike, NotStarted
 from .scheduler import Admission, Entry
 
-__all__ = ["Core", "EngineBase", "WaitState", "Waiter", "WouldBlock", "check_timeout", "exemplar_of"]
+__all__ = ["Core", "EngineBase", "WaitState", "Waiter", "WouldBlock", "exemplar_of"]
 
 T = TypeVar("T")
 
@@ -137,27 +138,6 @@ def _as_cost(c: object) -> float | None:
     return f if math.isfinite(f) and f >= 0 else None
 
 
-# a wait this long is no bound: beyond it threading's waits raise OverflowError, and int(inf) does
-_NO_BOUND_S = threading.TIMEOUT_MAX
-
-
-def check_timeout(timeout: float | None, what: str, *, negative: bool) -> None:
-    """Refuse a timeout no wait can use: NaN (every comparison with it is false), a negative one
-    where it cannot mean "do not wait" (``negative=False``), or not a number.
-
-    Raises:
-        TypeError: ``timeout`` is not a number (or None).
-        ValueError: NaN, or negative where ``negative`` is False.
-    """
-    if timeout is None:
-        return
-    if isinstance(timeout, bool) or not isinstance(timeout, (int, float)):
-        raise TypeError(f"{what} must be a number of seconds or None, got {type(timeout).__name__}")
-    if math.isnan(timeout) or (not negative and timeout < 0):
-        allowed = "a number" if negative else "a number >= 0"
-        raise ValueError(f"{what} must be {allowed} of seconds (math.inf or None: no bound), got {timeout!r}")
-
-
 def _short_repr(v: object) -> str:
     """``repr(v)`` cut to 80 characters; never raises (an int of 5000 digits refuses ``repr``)."""
     try:
@@ -185,12 +165,9 @@ class Core(Generic[T]):
         kind: str,
         consumer_group: str = "",
     ) -> None:
-        if isinstance(workers, bool) or not isinstance(workers, int) or workers < 1:
-            raise ValueError(f"workers must be an int >= 1, got {workers!r}")
-        if handler_timeout is not None and not (
-            isinstance(handler_timeout, (int, float)) and math.isfinite(handler_timeout) and handler_timeout > 0
-        ):
-            raise ValueError(f"handler_timeout must be a finite number of seconds > 0, got {handler_timeout!r}")
+        count(workers, "workers", maximum=MAX_THREADS)
+        # math.inf or past NO_BOUND_S: no watchdog (a deadline past what a thread can wait for)
+        handler_timeout = timeout_s(handler_timeout, "handler_timeout", positive=True)
         for what, fn in (("key=", key), ("cost=", cost), ("on_done=", on_done)):
             require_plain(fn, what, optional=True)
         self.policy = resolve_policy(policy)
@@ -592,9 +569,9 @@ class Core(Generic[T]):
         return 0 if self.closed else self.sched.free_slots()
 
     def deadline(self, timeout: float | None) -> MonoNs | None:
-        """The clock's reading ``timeout`` seconds from now; None for no bound (None, ``math.inf``,
-        or past what a thread can wait for, ``threading.TIMEOUT_MAX`` — about 292 years)."""
-        if timeout is None or timeout >= _NO_BOUND_S:
+        """The clock's reading ``timeout`` seconds from now; None for no bound. ``timeout`` is one
+        :func:`~tracer.bounds.timeout_s` returned (None already stands for inf and huge ones)."""
+        if timeout is None:
             return None
         return MonoNs(self.now() + int(timeout * 1e9))
 

@@ -51,10 +51,11 @@ from collections import deque
 from collections.abc import Callable
 from typing import Any, Generic, TypeVar, cast
 
+from ..bounds import timeout_s
 from ..callables import never_ran, require_plain
 from ..path.clock import MonotonicClock
 from ..path.stages import Outcome
-from .core import Core, EngineBase, Waiter, WaitState, WouldBlock, check_timeout
+from .core import Core, EngineBase, Waiter, WaitState, WouldBlock
 from .metrics import DispatchMetrics
 from .policy import Policy
 from .protocol import DispatchStats, HandlerTimeout, MessageTraceLike
@@ -178,8 +179,7 @@ class Dispatcher(EngineBase[T], Generic[T]):
             ValueError: ``timeout`` is NaN (``math.inf``: no bound; <= 0: do not block).
         """
         core = self._core
-        if timeout is not None:
-            check_timeout(timeout, "submit timeout", negative=True)
+        timeout = timeout_s(timeout, "submit timeout", negative_waits=True)
         e = core.build(item, trace)  # user callables run outside the lock
         with self._lock:
             if core.closed:
@@ -284,7 +284,7 @@ class Dispatcher(EngineBase[T], Generic[T]):
 
     def _wait_until(self, ready: Callable[[], bool], timeout: float | None) -> bool:
         core = self._core
-        check_timeout(timeout, "wait timeout", negative=True)
+        timeout = timeout_s(timeout, "wait timeout", negative_waits=True)
         deadline = core.deadline(timeout)
         with self._lock:
             core.watchers += 1
@@ -495,7 +495,7 @@ class Dispatcher(EngineBase[T], Generic[T]):
             ValueError: ``timeout`` is NaN or negative (``math.inf``: no bound, as None); nothing
                 changed.
         """
-        check_timeout(timeout, "close timeout", negative=False)
+        timeout = timeout_s(timeout, "close timeout")
         me = threading.current_thread()
         if me in self._threads or me is self._watchdog:
             raise RuntimeError("close() called from a dispatcher worker (a handler) would wait for itself")

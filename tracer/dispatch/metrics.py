@@ -37,6 +37,7 @@ from typing import Literal, Protocol
 from prometheus_client import REGISTRY, CollectorRegistry, Counter, Gauge, Histogram
 from prometheus_client.metrics_core import Metric
 
+from ..bounds import NO_BOUND_S, seconds
 from ..path.stages import Outcome
 from ..telemetry.metrics import DEFAULT_BUCKETS  # one bucket list for every duration family
 from ..telemetry.registration import OnePerRegistry, Refresher, multiprocess_dir
@@ -156,6 +157,8 @@ class DispatchMetrics(OnePerRegistry):
 
     def __init__(self, registry: CollectorRegistry | None = None, buckets: Sequence[float] = DEFAULT_BUCKETS,
                  refresh_interval: float = 1.0) -> None:
+        # checked here, not only by the refresher a multiprocess registry starts: a NaN fails either way
+        refresh_interval = seconds(refresh_interval, "refresh_interval", maximum=NO_BOUND_S)
         reg = REGISTRY if registry is None else registry
         self.registry = reg
         self.multiprocess = multiprocess_dir() is not None

@@ -31,6 +31,7 @@ from abc import ABC, abstractmethod
 from dataclasses import dataclass
 from typing import ClassVar
 
+from ..bounds import count
 from .scheduler import BufferedScheduler, PoolScheduler, Scheduler
 
 
@@ -56,8 +57,7 @@ class Aggressive(Policy):
     name: ClassVar[str] = "aggressive"
 
     def __post_init__(self) -> None:
-        if self.max_parked < 0:
-            raise ValueError("max_parked must be >= 0")
+        count(self.max_parked, "max_parked", minimum=0)
 
     def scheduler(self, workers: int) -> Scheduler:
         return PoolScheduler(workers, window=0, park_limit=self.max_parked, name=self.name)
@@ -75,8 +75,7 @@ class CostAware(Policy):
     name: ClassVar[str] = "cost_aware"
 
     def __post_init__(self) -> None:
-        if self.window < 1:
-            raise ValueError("window must be >= 1 (window 0 is Aggressive)")
+        count(self.window, "window (window 0 is Aggressive)", minimum=1)
 
     def scheduler(self, workers: int) -> Scheduler:
         return PoolScheduler(workers, window=self.window, name=self.name)
@@ -90,8 +89,7 @@ class RoundRobin(Policy):
     name: ClassVar[str] = "round_robin"
 
     def __post_init__(self) -> None:
-        if self.buffer < 0:
-            raise ValueError("buffer must be >= 0")
+        count(self.buffer, "buffer", minimum=0)
 
     def scheduler(self, workers: int) -> Scheduler:
         cursor = -1
@@ -117,8 +115,9 @@ class Random(Policy):
     name: ClassVar[str] = "random"
 
     def __post_init__(self) -> None:
-        if self.buffer < 0:
-            raise ValueError("buffer must be >= 0")
+        count(self.buffer, "buffer", minimum=0)
+        if self.seed is not None:
+            count(self.seed, "seed", minimum=-(2**63))  # any int; a float or NaN seeds nothing reproducible
 
     def scheduler(self, workers: int) -> Scheduler:
         rng = _random.Random(self.seed)

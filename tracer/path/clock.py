@@ -21,10 +21,13 @@ most the one message it lands in, as a whole; its own gaps stay exact.
 
 from __future__ import annotations
 
+import math
 import threading
 import time
 from collections.abc import Callable
 from typing import NewType, Protocol
+
+from ..bounds import seconds as finite_seconds
 
 __all__ = ["Anchor", "Clock", "ManualClock", "MonoNs", "MonotonicClock", "SystemClock", "WallClock", "WallNs",
            "default_clock", "require_clock", "shared_clock"]
@@ -122,7 +125,8 @@ class ManualClock:
             return self._wall
 
     def advance_s(self, seconds: float) -> int:
-        return self.advance(int(seconds * 1e9))
+        """:meth:`advance` by ``seconds`` (a finite number: an infinite step has no reading after it)."""
+        return self.advance(int(finite_seconds(seconds, "seconds", minimum=-math.inf) * 1e9))
 
     def step_wall(self, ns: int) -> int:
         """The wall clock alone jumps by ``ns`` (either way); the monotonic clock does not move."""

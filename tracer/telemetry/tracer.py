@@ -39,6 +39,7 @@ from opentelemetry.context import Context
 from opentelemetry.sdk.trace.sampling import Decision
 from opentelemetry.trace import Link, NonRecordingSpan, Span, SpanContext, SpanKind, Status, StatusCode, TracerProvider
 
+from ..bounds import count
 from ..callables import require_plain
 from ..path import names as n
 from ..path.clock import Anchor, Clock, MonoNs, WallNs, default_clock, require_clock
@@ -195,7 +196,7 @@ class MessageTracer:
         self._set_client(facts)
         # Fed from the stamps: client_pull = received, handler start/end = a worker busy.
         self.occupancy = occupancy
-        self.capture_body = max(0, int(capture_body))
+        self.capture_body = max(0, count(capture_body, "capture_body", minimum=-(2**63)))  # below 0: off
         if clock is not None:
             require_clock(clock, "MessageTracer(clock=)", wall=True, monotonic=True)
         self.clock: Clock = clock or default_clock()
