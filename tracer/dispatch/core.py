@@ -59,7 +59,7 @@ import time
 from collections import deque
 from collections.abc import Callable, Mapping
 from contextlib import AbstractContextManager
-from typing import Any, Generic, TypeVar, cast
+from typing import Any, Generic, NamedTuple, TypeVar, cast
 
 from ..bounds import MAX_THREADS, count, timeout_s
 from ..callables import require_plain
@@ -73,7 +73,7 @@ from .policy import Policy, resolve_policy
 from .protocol import DispatcherClosed, DispatchStats, HandlerTimeout, MessageTraceLike, NotStarted
 from .scheduler import Admission, Entry
 
-__all__ = ["Core", "EngineBase", "WaitState", "Waiter", "WouldBlock", "exemplar_of"]
+__all__ = ["Core", "EngineBase", "Running", "WaitState", "Waiter", "WouldBlock", "exemplar_of"]
 
 T = TypeVar("T")
 
@@ -97,6 +97,14 @@ class WaitState(enum.Enum):
     WAITING = "waiting"
     ADMITTED = "admitted"  # a worker or the policy took its message; ``worker`` says which
     CLOSED = "closed"  # close() began: the message was not taken
+
+
+class Running(NamedTuple):
+    """The handler a worker runs now, one record assigned at once (so a reader sees all of it)."""
+
+    entry: Entry[Any]
+    start_ns: int  # on the core's clock (Core.begin's reading)
+    slot: int  # the scheduler's slot it runs in (the thread engine's; the asyncio worker's own index)
 
 
 class Waiter:

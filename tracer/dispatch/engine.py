@@ -55,7 +55,7 @@ from ..bounds import timeout_s
 from ..callables import never_ran, require_plain
 from ..path.clock import MonotonicClock
 from ..path.stages import Outcome
-from .core import Core, EngineBase, Waiter, WaitState, WouldBlock
+from .core import Core, EngineBase, Running, Waiter, WaitState, WouldBlock
 from .metrics import DispatchMetrics
 from .policy import Policy
 from .protocol import DispatchStats, HandlerTimeout, MessageTraceLike
@@ -81,8 +81,7 @@ class _Worker:
         self.index = index  # the thread's number (its name); slots are the scheduler's
         self.wake = threading.Lock()
         self.wake.acquire()  # held while it sleeps; released to make it look at the ready queue
-        # (entry, start ns, slot) of the handler running now: one assignment, so readers see all three
-        self.running: tuple[Entry[Any], int, int] | None = None
+        self.running: Running | None = None
         self.expired: Entry[Any] | None = None  # reported TIMEOUT by the watchdog, still running
         self.thread: threading.Thread | None = None
 
@@ -332,8 +331,8 @@ class Dispatcher(EngineBase[T], Generic[T]):
             out: list[tuple[T, float]] = []
             for w in self._workers:
                 r = w.running
-                if r is not None and (w.expired is r[0]) is overrun:
-                    out.append((cast(T, r[0].item), max(0, now - r[1]) / 1e9))
+                if r is not None and (w.expired is r.entry) is overrun:
+                    out.append((cast(T, r.entry.item), max(0, now - r.start_ns) / 1e9))
             return out
 
     # ---------------------------------------------------------------------------------- workers
@@ -365,7 +364,7 @@ class Dispatcher(EngineBase[T], Generic[T]):
         """Run the handler of ``e`` inside its trace scope; its outcome by the rules of :mod:`.core`."""
         core = self._core
         t0 = core.begin(e, slot)
-        w.running = (e, t0, slot)
+        w.running = Running(e, t0, slot)
         trace = e.trace
         scope = None if trace is None else core.enter_scope(trace)
         error: BaseException | None = None
@@ -432,10 +431,10 @@ class Dispatcher(EngineBase[T], Generic[T]):
             now = core.now()
             for w in self._workers:
                 r = w.running
-                if r is None or w.expired is r[0] or now - r[1] <= tns:
+                if r is None or w.expired is r.entry or now - r.start_ns <= tns:
                     continue
-                w.expired = r[0]
-                expired.append((r[0], now - r[1], core.expire_locked(r[2], r[0])))
+                w.expired = r.entry
+                expired.append((r.entry, now - r.start_ns, core.expire_locked(r.slot, r.entry)))
         if not expired:
             return 0
         n = 0
@@ -459,7 +458,7 @@ class Dispatcher(EngineBase[T], Generic[T]):
         while True:
             self.check_timeouts()
             with self._lock:
-                starts = [r[1] for w in self._workers if (r := w.running) is not None and w.expired is not r[0]]
+                starts = [r.start_ns for w in self._workers if (r := w.running) is not None and w.expired is not r.entry]
                 if core.stopping and core.idle_locked():
                     return
                 # A handler starting now has its deadline at least one timeout away: waking after
