@@ -19,10 +19,9 @@ from tracer.report.blame import (
     Run,
     TooManyOverlaps,
     blame,
-    fleet_avoidable,
-    fleet_blame,
     pack_lanes,
 )
+from tracer.report.fleetblame import fleet_avoidable, fleet_blame
 from tracer.report.model import build_report
 
 

@@ -221,7 +221,8 @@ def test_fleet_blockers_from_jaeger_are_those_of_the_span_file(jaeger: str, flee
     """The blockers the fleet view names from Jaeger's records equal fleet_blame over the same job's
     span file (each message's instance from the bench's round-robin hand-out: message i on bench-(i % 3))."""
     from tracer.path.stages import Stage
-    from tracer.report.blame import Run, fleet_blame
+    from tracer.report.blame import Run
+    from tracer.report.fleetblame import fleet_blame
     from tracer.report.spanread import read_span_file
     from tracer.tools.bench.report import INSTANCES, WORKERS
 

@@ -35,9 +35,9 @@ Definitions (also in ``docs/report.md``):
   runs it next on the worker that ran the key's message; its dispatch enqueue is its ``bound_ns``, so
   the buffer rule above names the key's running message. (The live tracker is not told of parking:
   see :mod:`tracer.path.blocking`.)
-* **across a fleet** (:func:`fleet_avoidable`): a wait is avoidable in the fleet when some worker of
+* **across a fleet** (:func:`tracer.report.fleetblame.fleet_avoidable`): a wait is avoidable in the fleet when some worker of
   another instance was available meanwhile (waiting in one process while another idled);
-  :func:`fleet_blame` credits the runs that held such waits up (the rules above inside each
+  :func:`~tracer.report.fleetblame.fleet_blame` credits the runs that held such waits up (the rules above inside each
   instance, on the fleet's busy time).
 """
 
@@ -45,16 +45,25 @@ from __future__ import annotations
 
 import bisect
 import heapq
-import itertools
-import operator
 from dataclasses import dataclass
-from typing import Any, Iterable, NamedTuple, Sequence
+from typing import Any, NamedTuple, Sequence
 
 from ..path.blocking import CAPACITY, GRACE_NS, HEAD_OF_LINE, NO_WAIT  # one definition, live and offline
+from .intervals import IntervalSet, intersection, pack_lanes
+from .text import (
+    MATERIAL_PER_MESSAGE_S,
+    MATERIAL_S,
+    avoidable_cell,
+    avoidable_verdict,
+    fleet_verdict,
+    is_material,
+    sentence_seconds,
+)
 
-__all__ = ["GRACE_NS", "HEAD_OF_LINE", "CAPACITY", "MAX_OVERLAPS", "NO_WAIT", "Blame", "Blocker", "FleetBlocker",
-           "IntervalSet", "MessageBlame", "Run", "TooManyOverlaps", "all_busy", "avoidable_cell", "avoidable_verdict",
-           "blame", "fleet_avoidable", "fleet_blame", "fleet_verdict", "is_material", "pack_lanes"]
+__all__ = ["CAPACITY", "GRACE_NS", "HEAD_OF_LINE", "MATERIAL_PER_MESSAGE_S", "MATERIAL_S", "MAX_OVERLAPS", "NO_WAIT",
+           "Blame", "Blocker", "IntervalSet", "MessageBlame", "Run", "TooManyOverlaps", "all_busy",
+           "avoidable_cell", "avoidable_verdict", "blame", "fleet_verdict",
+           "is_material", "pack_lanes"]
 
 # (victim, run) overlap steps naming the blockers of one consumer group (the report) or one job
 # (the fleet view) may take, ~2.5 µs each, so ~8 s: the 10⁵-message bench job takes 0.75·10⁶, its
@@ -65,64 +74,6 @@ MAX_OVERLAPS = 3_000_000
 
 
 _new_tuple = tuple.__new__  # a NamedTuple's own __new__ is a Python function around this one
-_first = operator.itemgetter(0)
-
-
-# A share of consumer_wait reads as a problem; of an almost empty total it is noise (the demo's
-# aggressive policy: "48 %" of a few milliseconds, 0.4-48 % from run to run). Below both bounds a
-# verdict gives the seconds alone and calls them negligible.
-MATERIAL_S = 0.1  # avoidable wait in all
-MATERIAL_PER_MESSAGE_S = 0.005  # avoidable wait per message
-
-
-def _s(seconds: float) -> str:
-    """Seconds for a sentence: 38.2 s, 412 ms, 85 µs."""
-    if seconds >= 1 or seconds == 0:
-        return f"{seconds:.1f} s"
-    if seconds >= 1e-3:
-        return f"{seconds * 1e3:.0f} ms"
-    return f"{seconds * 1e6:.0f} µs"
-
-
-# -- the one rule every report view words avoidable wait by -------------------------------------
-def is_material(avoidable_s: float, messages: int) -> bool:
-    """Whether avoidable wait is large enough for its share of consumer_wait to mean something:
-    :data:`MATERIAL_S` in all and :data:`MATERIAL_PER_MESSAGE_S` per message. A share of an almost
-    empty total (48 % of a few ms) reads as a problem that is not there."""
-    return avoidable_s >= MATERIAL_S and messages > 0 and avoidable_s / messages >= MATERIAL_PER_MESSAGE_S
-
-
-def avoidable_verdict(avoidable_s: float, wait_s: float, messages: int, where: str = "") -> str:
-    """The one verdict every view prints (group report, fleet view, demos; terminal, HTML):
-    absolute avoidable seconds first (in all, per message), the share of consumer_wait only when
-    :func:`is_material`; "nobody waited" only when nothing was avoidable, so two views of one run
-    never say opposite things. ``where`` qualifies it (" in the fleet")."""
-    if avoidable_s <= 0:
-        return "nobody waited while a worker was free" + where
-    per = avoidable_s / messages if messages else 0.0
-    text = f"{_s(avoidable_s)} of consumer_wait was avoidable{where} ({_s(per)} per message"
-    if is_material(avoidable_s, messages):
-        share = avoidable_s / wait_s if wait_s > 0 else 0.0
-        return text + f", {share:.0%} of the {_s(wait_s)} waited)"
-    return text + ": negligible)"
-
-
-def avoidable_cell(avoidable_s: float, wait_s: float, messages: int) -> str:
-    """:func:`avoidable_verdict` for a table cell: the seconds, the share only when material."""
-    if not is_material(avoidable_s, messages):
-        return _s(avoidable_s)
-    return f"{_s(avoidable_s)} ({avoidable_s / wait_s if wait_s > 0 else 0.0:.0%})"
-
-
-def fleet_verdict(avoidable: dict[str, float], messages: int) -> str:
-    """:func:`avoidable_verdict` for a job across instances (:func:`fleet_avoidable`'s dict), then
-    where a free worker was, in seconds."""
-    fleet_s = avoidable.get("avoidable_fleet_s", 0.0)
-    text = avoidable_verdict(fleet_s, avoidable.get("consumer_wait_s", 0.0), messages, " in the fleet")
-    if fleet_s > 0:
-        text += (f" — {_s(avoidable.get('avoidable_elsewhere_s', 0.0))} while another instance had a free worker, "
-                 f"{_s(avoidable.get('avoidable_inside_s', 0.0))} while its own instance had one")
-    return text
 
 
 class Run(NamedTuple):
@@ -139,74 +90,6 @@ class Run(NamedTuple):
     bound_ns: int | None = None
 
 
-class IntervalSet:
-    """Sorted disjoint half-open intervals, with the covered length of any window in O(log n)."""
-
-    __slots__ = ("_starts", "_ends", "_before")
-
-    def __init__(self, intervals: Iterable[tuple[int, int]]) -> None:
-        starts: list[int] = []
-        ends: list[int] = []
-        # by start alone (ints compared in C, not pairs): intervals starting together merge either way
-        for a, b in sorted((iv for iv in intervals if iv[1] > iv[0]), key=_first):
-            if starts and a <= ends[-1]:
-                if b > ends[-1]:
-                    ends[-1] = b
-            else:
-                starts.append(a)
-                ends.append(b)
-        self._starts, self._ends = starts, ends
-        self._before = [0, *itertools.accumulate(b - a for a, b in zip(starts, ends))]  # covered before interval i
-
-    @property
-    def intervals(self) -> list[tuple[int, int]]:
-        return list(zip(self._starts, self._ends))
-
-    def _upto(self, x: int) -> int:
-        i = bisect.bisect_right(self._starts, x) - 1
-        if i < 0:
-            return 0
-        return self._before[i] + min(x, self._ends[i]) - self._starts[i]
-
-    def covered(self, a: int, b: int) -> int:
-        """Length of ``[a, b)`` inside the set."""
-        if b <= a:
-            return 0
-        starts, ends, before = self._starts, self._ends, self._before  # _upto(b) - _upto(a), inlined: once
-        i = bisect.bisect_right(starts, b) - 1  # per run and per overlap step
-        if i < 0:
-            return 0
-        hi = before[i] + (b if b < ends[i] else ends[i]) - starts[i]
-        i = bisect.bisect_right(starts, a, 0, i + 1) - 1
-        return hi if i < 0 else hi - (before[i] + (a if a < ends[i] else ends[i]) - starts[i])
-
-
-def _intersection(sets: Sequence[IntervalSet]) -> IntervalSet:
-    """Where every set covers (a sweep over all their edges)."""
-    if not sets:
-        return IntervalSet(())
-    # each edge one int, 2·t + 1 for a start, 2·t for an end: sorted as ints, by time with an end
-    # before a start at one instant (half-open)
-    events: list[int] = []
-    for s in sets:
-        events += [2 * a + 1 for a in s._starts]
-        events += [2 * b for b in s._ends]
-    events.sort()
-    out: list[tuple[int, int]] = []
-    depth, since, n = 0, 0, len(sets)
-    for x in events:
-        t = x >> 1  # floor: 2·t + 1 >> 1 is t, negative t too
-        if x & 1:
-            depth += 1
-            if depth == n:
-                since = t
-        else:
-            if depth == n:
-                out.append((since, t))
-            depth -= 1
-    return IntervalSet(out)
-
-
 def all_busy(runs: Sequence[Run], workers: int, grace_ns: int = GRACE_NS) -> IntervalSet:
     """When no worker of the consumer was available: each worker is unavailable from a handler's
     start until ``grace`` after its end; with more workers than ids seen, never."""
@@ -215,7 +98,7 @@ def all_busy(runs: Sequence[Run], workers: int, grace_ns: int = GRACE_NS) -> Int
         by_worker.setdefault(r.worker, []).append((r.start_ns, r.end_ns + grace_ns))
     if not by_worker or workers > len(by_worker):
         return IntervalSet(())
-    return _intersection([IntervalSet(ivs) for ivs in by_worker.values()])
+    return intersection([IntervalSet(ivs) for ivs in by_worker.values()])
 
 
 class MessageBlame(NamedTuple):  # one per handled message: a NamedTuple is far cheaper to make than a dataclass
@@ -281,7 +164,8 @@ class Blame:
         text = f"{name}: {self.verdict()}"
         if self.top:
             b = self.top[0]
-            text += f"; {b.label} (handler {_s(b.handler_s)}) held up {b.victims} messages for {_s(b.held_up_s)}"
+            text += (f"; {b.label} (handler {sentence_seconds(b.handler_s)}) held up {b.victims} messages "
+                     f"for {sentence_seconds(b.held_up_s)}")
         elif self.note:
             text += f"; no blocker named: {self.note}"
         elif self.avoidable_s > 0 and not self.blockers_known:
@@ -527,120 +411,3 @@ def blame(runs: Sequence[Run], workers: int, *, grace_ns: int = GRACE_NS, blocke
     return Blame(workers, wait_total, avoidable_total, reasons[HEAD_OF_LINE], reasons[CAPACITY], blockers_known,
                  tuple(out), blockers.ranked(top) if blockers is not None else (),
                  blockers.steps if blockers is not None else 0)
-
-
-def fleet_avoidable(instances: Sequence[Sequence[Run]], workers: Sequence[int], *,
-                    grace_ns: int = GRACE_NS, occupied: Sequence[Sequence[Run]] | None = None) -> dict[str, float]:
-    """Across instances: consumer_wait, the part avoidable inside the message's own instance, and the
-    part during which another instance had an available worker (``elsewhere``), in seconds; shares of
-    consumer_wait for both, and for either (``fleet``).
-
-    ``occupied``: per instance, every run that held one of its workers (other jobs' messages
-    too), when ``instances`` are only some of them (one job's): a worker busy with another job's
-    message is not available. Default: the runs of ``instances`` themselves.
-
-    Raises:
-        ValueError: ``instances``, ``workers`` (and ``occupied``) differ in length.
-    """
-    if len(instances) != len(workers) or (occupied is not None and len(occupied) != len(instances)):
-        raise ValueError(f"{len(instances)} instances but {len(workers)} worker counts"
-                         + ("" if occupied is None else f" and {len(occupied)} occupied run lists"))
-    busy = _busy_of(instances if occupied is None else occupied, workers, grace_ns)
-    everyone = _intersection(busy)
-    wait = inside = elsewhere = either = 0
-    for i, rs in enumerate(instances):
-        others = _intersection([busy[j] for j in range(len(busy)) if j != i]) if len(busy) > 1 else None
-        for r in rs:
-            wait += max(0, r.start_ns - r.wait_start_ns)
-            a, b = r.wait_start_ns + grace_ns, r.start_ns
-            if b <= a:
-                continue
-            inside += (b - a) - busy[i].covered(a, b)
-            if others is not None:
-                elsewhere += (b - a) - others.covered(a, b)
-                either += (b - a) - everyone.covered(a, b)
-            else:
-                either += (b - a) - busy[i].covered(a, b)
-
-    def share(x: int) -> float:
-        return x / wait if wait else 0.0
-
-    return {"consumer_wait_s": wait / 1e9, "avoidable_inside_s": inside / 1e9, "avoidable_elsewhere_s": elsewhere / 1e9,
-            "avoidable_fleet_s": either / 1e9, "inside_share": share(inside), "elsewhere_share": share(elsewhere),
-            "fleet_share": share(either)}
-
-
-@dataclass(frozen=True, slots=True)
-class FleetBlocker:
-    """A run that held up waits which some instance of the fleet could have served."""
-
-    instance: str
-    message_id: str
-    label: str
-    worker: int
-    handler_s: float
-    victims: int
-    held_up_s: float  # the fleet-avoidable wait it caused: victims × seconds
-
-    def as_dict(self) -> dict[str, Any]:
-        return {"instance": self.instance, "message_id": self.message_id, "label": self.label, "worker": self.worker,
-                "handler_s": round(self.handler_s, 6), "victims": self.victims, "held_up_s": round(self.held_up_s, 6)}
-
-
-def fleet_blame(instances: Sequence[Sequence[Run]], workers: Sequence[int], names: Sequence[str], *,
-                blockers_known: Sequence[bool] | None = None, grace_ns: int = GRACE_NS, top: int = 10,
-                max_overlaps: int | None = None, occupied: Sequence[Sequence[Run]] | None = None,
-                ) -> tuple[dict[str, float], tuple[FleetBlocker, ...]]:
-    """:func:`fleet_avoidable`, and the runs that held up the fleet-avoidable waits, ranked.
-
-    Every instance is blamed with :func:`blame` on the fleet's ``busy`` (no worker of any instance
-    available): within an instance the blocker rules are the usual ones (its worker's run, or the
-    run holding up the instance's backlog), and a run is credited with the part of each wait it
-    held up during which some worker of the fleet was available. So the credits of an instance add
-    up to at most its share of ``avoidable_fleet_s``. Ranked by ``held_up_s``, then instance name,
-    then message id; an instance whose worker ids are not known (``blockers_known``) names none.
-
-    ``max_overlaps`` bounds the steps of all instances together (:func:`blame`). ``occupied``: as
-    for :func:`fleet_avoidable` (only ``instances`` are victims and blockers).
-
-    Raises:
-        ValueError: ``instances``, ``workers`` and ``names`` differ in length.
-        TooManyOverlaps: the blockers would take more than ``max_overlaps`` steps.
-    """
-    if not len(instances) == len(workers) == len(names):
-        raise ValueError(f"{len(instances)} instances, {len(workers)} worker counts, {len(names)} names")
-    known = list(blockers_known) if blockers_known is not None else [True] * len(instances)
-    shares = fleet_avoidable(instances, workers, grace_ns=grace_ns, occupied=occupied)
-    everyone = _intersection(_busy_of(instances if occupied is None else occupied, workers, grace_ns))
-    ranked: list[FleetBlocker] = []
-    for rs, w, name, k in zip(instances, workers, names, known):
-        if not rs or not k:
-            continue
-        b = blame(rs, max(1, w), grace_ns=grace_ns, busy=everyone, top=len(rs), max_overlaps=max_overlaps)
-        if max_overlaps is not None:
-            max_overlaps -= b.overlaps
-        ranked += [FleetBlocker(name, x.message_id, x.label, x.worker, x.handler_s, x.victims, x.held_up_s)
-                   for x in b.top]
-    ranked.sort(key=lambda x: (-x.held_up_s, x.instance, x.message_id))
-    return shares, tuple(ranked[:max(0, top)])
-
-
-def _busy_of(occupied: Sequence[Sequence[Run]], workers: Sequence[int], grace_ns: int) -> list[IntervalSet]:
-    return [all_busy(rs, max(1, w), grace_ns) for rs, w in zip(occupied, workers)]
-
-
-def pack_lanes(spans: Sequence[tuple[int, int]]) -> list[int]:
-    """Greedy lanes for handler intervals without worker ids: by start, each into the lowest lane
-    free at that moment (the report's inference, so both agree)."""
-    order = sorted(range(len(spans)), key=lambda k: spans[k])
-    free: list[int] = []
-    lane = [0] * len(spans)
-    for k in order:
-        s, e = spans[k]
-        pick = next((i for i, f in enumerate(free) if f <= s), len(free))
-        if pick == len(free):
-            free.append(e)
-        else:
-            free[pick] = e
-        lane[k] = pick
-    return lane

@@ -16,7 +16,7 @@ From the records, per job:
   nothing, messages held unstarted elsewhere) dt, and per holding instance its part of that.
 * **who held it up**: the consumer_wait avoidable inside the instance and in the fleet, and the
   runs behind which messages waited while a worker of the fleet was free, ranked by the wait they
-  caused (:func:`tracer.report.blame.fleet_blame`).
+  caused (:func:`tracer.report.fleetblame.fleet_blame`).
 
 :func:`read_jaeger_fleet` reads windows of time, each at most a page of traces; a full page means
 the window may hold more, so it is split in halves and read again. Traces seen twice (a trace
@@ -44,14 +44,12 @@ from ..path.stages import Stage
 from .blame import (
     GRACE_NS,
     MAX_OVERLAPS,
-    FleetBlocker,
     Run,
     TooManyOverlaps,
-    fleet_avoidable,
-    fleet_blame,
     fleet_verdict,
     pack_lanes,
 )
+from .fleetblame import FleetBlocker, fleet_avoidable, fleet_blame
 from .records import STAMP_MAX_NS, exact_int, stamp_ns
 from .sources import INSTANCE_KEY, any_value, jaeger_instance
 
@@ -147,7 +145,7 @@ class FleetJob:
     section: FleetSection | None = field(default=None, repr=False)  # what the HTML lanes draw
     # consumer_wait and the parts avoidable inside the instance / elsewhere in the fleet (tracer.report.blame)
     avoidable: dict[str, float] = field(default_factory=dict)
-    # the runs that held up the fleet-avoidable waits, largest first (tracer.report.blame.fleet_blame)
+    # the runs that held up the fleet-avoidable waits, largest first (tracer.report.fleetblame.fleet_blame)
     blockers: list[FleetBlocker] = field(default_factory=list)
     blockers_note: str = ""  # why none are named although some wait was avoidable ("" when they are)
 
@@ -370,7 +368,7 @@ def _job_blame(recs: Sequence[_Rec], instances: Sequence[str], workers: Sequence
                occupied: Sequence[Sequence[Run]] | None = None,
                ) -> tuple[dict[str, float], tuple[FleetBlocker, ...], str]:
     """How much of the job's consumer_wait was avoidable inside its instance and in the fleet, and
-    the runs that held up the fleet-avoidable part (:func:`tracer.report.blame.fleet_blame`). An
+    the runs that held up the fleet-avoidable part (:func:`tracer.report.fleetblame.fleet_blame`). An
     instance without worker ids gets packed lanes and names no blocker (lanes are not the workers
     messages queued for); a record carries its dispatch enqueue, so the backlog and buffer rules are
     the single-consumer report's."""

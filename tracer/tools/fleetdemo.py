@@ -34,8 +34,9 @@ from ..dispatch.simulate import lower_bound
 from ..embedded import EmbeddedBroker, Message, Producer, SimpleConsumer
 from ..path.names import JOB_ORDERS
 from ..path.stages import Outcome, Stage
-from ..report.blame import Run, fleet_avoidable, fleet_verdict
+from ..report.blame import Run, fleet_verdict
 from ..report.fleet import FleetSection, Handled, fleet_page
+from ..report.fleetblame import fleet_avoidable
 from ..report.text import sent_order_words
 from ..telemetry.occupancy import OccupancyMetrics, OccupancyStats
 from ..telemetry.tracer import MessageTrace, MessageTracer
