@@ -59,7 +59,7 @@ import time
 from collections import deque
 from collections.abc import Callable, Mapping
 from contextlib import AbstractContextManager
-from typing import Any, Generic, NamedTuple, TypeVar, cast
+from typing import Any, Generic, TypeVar, cast
 
 from ..bounds import MAX_THREADS, count, timeout_s
 from ..callables import require_plain
@@ -99,12 +99,11 @@ class WaitState(enum.Enum):
     CLOSED = "closed"  # close() began: the message was not taken
 
 
-class Running(NamedTuple):
-    """The handler a worker runs now, one record assigned at once (so a reader sees all of it)."""
-
-    entry: Entry[Any]
-    start_ns: int  # on the core's clock (Core.begin's reading)
-    slot: int  # the scheduler's slot it runs in (the thread engine's; the asyncio worker's own index)
+# The handler a worker runs now: (entry, start ns on the core's clock, slot), one assignment so a
+# reader under no lock sees all three. Read by unpacking into those names: a plain tuple, as a
+# NamedTuple instance costs its allocation and dealloc once per handler run (callgrind of 20000
+# submits to a 4-worker Dispatcher: about 1300 more instructions a message, 3.6 %).
+Running = tuple[Entry[Any], int, int]
 
 
 class Waiter:

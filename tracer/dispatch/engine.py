@@ -81,7 +81,7 @@ class _Worker:
         self.index = index  # the thread's number (its name); slots are the scheduler's
         self.wake = threading.Lock()
         self.wake.acquire()  # held while it sleeps; released to make it look at the ready queue
-        self.running: Running | None = None
+        self.running: Running | None = None  # (entry, start ns, slot): see core.Running
         self.expired: Entry[Any] | None = None  # reported TIMEOUT by the watchdog, still running
         self.thread: threading.Thread | None = None
 
@@ -331,8 +331,11 @@ class Dispatcher(EngineBase[T], Generic[T]):
             out: list[tuple[T, float]] = []
             for w in self._workers:
                 r = w.running
-                if r is not None and (w.expired is r.entry) is overrun:
-                    out.append((cast(T, r.entry.item), max(0, now - r.start_ns) / 1e9))
+                if r is None:
+                    continue
+                entry, started, _slot = r
+                if (w.expired is entry) is overrun:
+                    out.append((cast(T, entry.item), max(0, now - started) / 1e9))
             return out
 
     # ---------------------------------------------------------------------------------- workers
@@ -364,7 +367,7 @@ class Dispatcher(EngineBase[T], Generic[T]):
         """Run the handler of ``e`` inside its trace scope; its outcome by the rules of :mod:`.core`."""
         core = self._core
         t0 = core.begin(e, slot)
-        w.running = Running(e, t0, slot)
+        w.running = (e, t0, slot)
         trace = e.trace
         scope = None if trace is None else core.enter_scope(trace)
         error: BaseException | None = None
@@ -431,10 +434,13 @@ class Dispatcher(EngineBase[T], Generic[T]):
             now = core.now()
             for w in self._workers:
                 r = w.running
-                if r is None or w.expired is r.entry or now - r.start_ns <= tns:
+                if r is None:
                     continue
-                w.expired = r.entry
-                expired.append((r.entry, now - r.start_ns, core.expire_locked(r.slot, r.entry)))
+                entry, started, slot = r
+                if w.expired is entry or now - started <= tns:
+                    continue
+                w.expired = entry
+                expired.append((entry, now - started, core.expire_locked(slot, entry)))
         if not expired:
             return 0
         n = 0
@@ -458,7 +464,8 @@ class Dispatcher(EngineBase[T], Generic[T]):
         while True:
             self.check_timeouts()
             with self._lock:
-                starts = [r.start_ns for w in self._workers if (r := w.running) is not None and w.expired is not r.entry]
+                starts = [started for w in self._workers if (r := w.running) is not None
+                          for entry, started, _slot in (r,) if w.expired is not entry]
                 if core.stopping and core.idle_locked():
                     return
                 # A handler starting now has its deadline at least one timeout away: waking after

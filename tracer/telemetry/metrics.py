@@ -351,6 +351,14 @@ class TracerMetrics(OnePerRegistry):
             collectors += [self._hist, self._msgs]
         else:
             collectors.append(self._stages)
+        collectors += self._define_series()
+        self._pairs = PairLabels(label_limit, shared="stage")
+        self._lock = threading.Lock()
+        self._skew_clamped = {g.name: self.skew_clamped.labels(g.name) for g in GAPS if g.crosses_clocks}
+        self._register(reg, collectors)
+
+    def _define_series(self) -> list[Any]:
+        """The stock series beside the stage histogram (the same in multiprocess mode), unregistered."""
         self.skew_clamped = Counter(
             "rmqtrace_clock_skew_clamped",
             "Cross-clock gaps that came out negative by more than the stamps' resolution; "
@@ -390,13 +398,8 @@ class TracerMetrics(OnePerRegistry):
             "renewal, abandoned hung handler); the broker may deliver each again.",
             ["topic", "consumer_group", "reason"], registry=None,
         )
-        collectors += [self.skew_clamped, self.skew_bound, self.propagation_errors, self.spans_dropped,
-                       self.spans_policy_dropped,
-                       self.avoidable_wait, self.leases_lost]
-        self._pairs = PairLabels(label_limit, shared="stage")
-        self._lock = threading.Lock()
-        self._skew_clamped = {g.name: self.skew_clamped.labels(g.name) for g in GAPS if g.crosses_clocks}
-        self._register(reg, collectors)
+        return [self.skew_clamped, self.skew_bound, self.propagation_errors, self.spans_dropped,
+                self.spans_policy_dropped, self.avoidable_wait, self.leases_lost]
 
     def statistics(self) -> MetricsStats:
         with self._lock:
