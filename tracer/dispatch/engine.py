@@ -519,23 +519,7 @@ class Dispatcher(EngineBase[T], Generic[T]):
         left = core.remaining(deadline)
         quiet = self._wait_until(core.quiet_locked, None if left is None else max(0.0, left))
         with self._lock:
-            back = core.take_queued_locked()  # drain: what no worker can take; timeout: all not started
-            if not quiet:
-                core.abandoned = True
-                n = len(back)
-                ready = self._ready
-                while ready:  # handed to a slot, not claimed: it must not start after we return
-                    slot, e = ready.popleft()
-                    back.append(e)
-                    self._core.done_locked(slot, e)
-                core.give_back_locked(back[n:])
-            if not core.stopping:
-                core.stopping = True  # a thread that finds nothing ready now exits
-                while self._sleepers:
-                    self._wake_one_locked()
-            self._watch.notify_all()
-            hung = {w.thread for w in self._workers if w.expired is not None}
-            overrun = [w.expired for w in self._workers if w.expired is not None]
+            back, hung, overrun = self._stop_locked(quiet)
         self._give_back(back)
         core.abandon(overrun)  # close never waits for them: their open spans end now
         for t in self._threads - hung:
@@ -548,6 +532,31 @@ class Dispatcher(EngineBase[T], Generic[T]):
             s = self.statistics()
             logger.warning("dispatcher %r: close timed out with %d in flight", self._name, s.in_flight)
         return settled
+
+    def _stop_locked(self, quiet: bool) -> tuple[list[Entry[Any]], set[threading.Thread | None], list[Entry[Any]]]:
+        """:meth:`close` once its wait ended (``quiet``: every outcome reported), under the lock: take
+        back what did not start — what no worker can take, or, when the wait timed out, everything
+        not started, ready entries too — and tell the threads to exit. What to give back, the threads
+        of overrun handlers (never joined) and their entries."""
+        core = self._core
+        back = core.take_queued_locked()
+        if not quiet:
+            core.abandoned = True
+            n = len(back)
+            ready = self._ready
+            while ready:  # handed to a slot, not claimed: it must not start after we return
+                slot, e = ready.popleft()
+                back.append(e)
+                core.done_locked(slot, e)
+            core.give_back_locked(back[n:])
+        if not core.stopping:
+            core.stopping = True  # a thread that finds nothing ready now exits
+            while self._sleepers:
+                self._wake_one_locked()
+        self._watch.notify_all()
+        hung = {w.thread for w in self._workers if w.expired is not None}
+        overrun = [w.expired for w in self._workers if w.expired is not None]
+        return back, hung, overrun
 
     def _give_back(self, entries: list[Entry[Any]]) -> None:
         """Deliver SKIPPED for ``entries`` (counted under the lock already), in the caller's thread."""
