@@ -163,9 +163,12 @@ class _Series:
         self.outcomes = {o: 0 for o in Outcome}
 
 
+# An exemplar as kept per bucket: its labels (or a trace id, formatted when scraped) and timestamp.
+_ExemplarRef = tuple[dict[str, str] | int, float]
+
+
 def _count_gaps(counts: list[list[int]], sums: list[float], bounds: list[float], times: Sequence[int],
-                exemplars: list[list[Any]], ex_values: list[list[float]],
-                ref: tuple[dict[str, str] | int, float] | None) -> None:
+                exemplars: list[list[Any]], ex_values: list[list[float]], ref: _ExemplarRef | None) -> None:
     """Every gap between present stamps into its bucket and sum (negative as 0) and, with ``ref``,
     the bucket's exemplar. The definition; :func:`_count_gaps_fast` is what runs."""
     for gi, first, last in GAP_INDEX:
@@ -180,12 +183,12 @@ def _count_gaps(counts: list[list[int]], sums: list[float], bounds: list[float],
                 ex_values[gi][i] = v
 
 
+# What _count_gaps_fast runs instead of the loop of _count_gaps, once per message: ``rmqtrace bench
+# overhead`` (its stamps_metrics loop) is cheaper with it. tests/test_metrics_count_gaps.py holds the
+# two equal for every stamp pattern, and fails if GAP_INDEX changes under the written-out copy.
 def _count_gaps_fast(counts: list[list[int]], sums: list[float], bounds: list[float], times: Sequence[int],
-                     exemplars: list[list[Any]], ex_values: list[list[float]],
-                     ref: tuple[dict[str, str] | int, float] | None) -> None:
-    """:func:`_count_gaps` with its loop over GAP_INDEX written out: it runs once per message, and
-    ``rmqtrace bench overhead`` (the stamps_metrics loop) is cheaper with it. Equal to the loop for
-    every stamp pattern by tests/test_metrics_count_gaps.py, which fails if GAP_INDEX changes."""
+                     exemplars: list[list[Any]], ex_values: list[list[float]], ref: _ExemplarRef | None) -> None:
+    """:func:`_count_gaps` with its loop over GAP_INDEX written out (see the comment above)."""
     produce, store, pull, enqueue, start, end = times
     if produce and store:
         v = (store - produce) / 1e9 if store > produce else 0.0
