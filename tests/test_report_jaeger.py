@@ -20,7 +20,8 @@ import pytest
 from conftest import unavailable
 from waiting import wait_until
 
-from tracer.report.fleet import FleetCollector, read_jaeger_fleet
+from tracer.report.fleet import FleetCollector
+from tracer.report.fleetread import read_jaeger_fleet
 from tracer.report.model import build_report, is_process_span, messages_from_spans
 from tracer.report.sources import read_jaeger, read_jsonl
 from tracer.tools.bench.report import LoadedJob

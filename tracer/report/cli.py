@@ -269,7 +269,7 @@ def cmd_report(args: argparse.Namespace) -> int:
     try:
         _check_args(args)
         if args.fleet:
-            from .fleet import cli_fleet
+            from .fleetview import cli_fleet
             return cli_fleet(args)
         from .sources import paused_gc
         # a third of the build at 10⁵ messages was collections walking the spans; one pause over the
