@@ -61,7 +61,7 @@ def _blocker_lines(j: FleetJob) -> list[str]:
 def _lanes_svg(sec: FleetSection, span: int, width: int = VIEW_W) -> str:
     """One section's lanes on the shared time axis: a labelled tick every nice step (gridlines through
     every lane), per instance the held line over its own 0…peak scale, then one lane per worker."""
-    from .html import nice_ticks
+    from .charts import nice_ticks
 
     t0 = min(x.pull_ns for x in sec.records)
     lane_h, held_h, gap, left, right = 10, 36, 16, 170, 16
