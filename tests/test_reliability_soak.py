@@ -12,6 +12,7 @@ The short soak (2×10⁴ messages) always runs; ``RMQTRACE_LONG=1`` adds the 10�
 
 from __future__ import annotations
 
+import dataclasses
 import gc
 import os
 import random
@@ -148,7 +149,7 @@ def soak(n: int, warmup: int) -> dict[str, Any]:
         "spans_exported": sink.spans, "operation_spans": sink.operations, "spans_dropped": drops.dropped,
         "operation_spans_ended": ended.count,
         "handled_once": seen.count(1), "handled_twice_or_more": n - seen.count(1) - seen.count(0),
-        "never_handled": seen.count(0), "stats": loop.statistics().__dict__,
+        "never_handled": seen.count(0), "stats": dataclasses.asdict(loop.statistics()),
         "_loop": loop, "_tracer": tracer, "_metrics": metrics, "_broker": broker,
     }
 

@@ -21,8 +21,6 @@ _NOT_YET = {
     "tracer.telemetry.hold.HoldingSpanProcessor": "HoldStats is a NamedTuple (telemetry/hold.py)",
     "tracer.telemetry.keep.KeepPolicy": "KeepStats is a NamedTuple (telemetry/keep.py)",
     "tracer.clients.official.ReceivedTraces": "ReceivedStats is a NamedTuple (clients/official.py)",
-    "tracer.clients.consume.ConsumeLoop": "ConsumeStats is not slotted (clients/consume.py)",
-    "tracer.clients.demandpush.DemandPushConsumer": "ConsumeStats is not slotted (clients/consume.py)",
 }
 
 

@@ -108,7 +108,7 @@ def _attempt(msg: Any) -> int:
 
 
 # -- state ------------------------------------------------------------------------------------
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class ConsumeStats:
     """One consistent snapshot of the loop's counters (taken under its lock). Once the loop is idle::
 
