@@ -3,8 +3,9 @@
 Every fault is planned for the next call of one operation (``receive``, ``ack``, ``nack`` — a
 ``change_invisible_duration`` that is not the lease keeper's — and ``renew``) and fires once:
 
-* ``stall`` ``before`` / ``during`` / ``after`` the broker acts: a jump of the injected monotonic
-  clock, so a GC pause, a SIGSTOP or a slow answer is deterministic. ``before``: the clock jumps,
+* ``stall`` ``before`` / ``during`` / ``after`` the broker acts: a jump of the injected clock (the
+  loop's monotonic clock and the broker's, whose pop times the receipt handles carry: the wall
+  clock the loop dates a lease on), so a GC pause, a SIGSTOP or a slow answer is deterministic. ``before``: the clock jumps,
   then the broker acts (it sees the late time). ``during``: the broker acts, then the clock jumps
   before the answer returns (a stall while the call is in flight, or a slow answer). ``after``:
   the call returns, and the clock jumps as soon as the loop's step that made it is over
@@ -16,8 +17,13 @@ Every fault is planned for the next call of one operation (``receive``, ``ack``,
 
 The double records what reached the broker: each delivery's lease end *at the broker* (so a
 model can say whether a lease was really alive when a handler started), every ack it applied,
-and every call on a message after its settle began (a renewal then revives an acked message on
-the proxy). Thread-safe: the loop calls it from its receive, keeper and ack threads at once.
+every renewal (which delivery, when), and every call on a message after its settle began (a
+renewal then revives an acked message on the proxy).
+
+How the clock moves inside a call is the model's (:attr:`FaultyClient.jump`): a stall past every
+lease stops the whole process at once; a slow answer or a request timeout holds up only the
+calling thread, so the model lets the lease keeper's other passes run meanwhile. Thread-safe:
+the loop calls it from its receive, keeper and ack threads at once.
 """
 
 from __future__ import annotations
@@ -70,15 +76,18 @@ class FaultyClient:
         self.lease_end: dict[int, float] = {}  # id(message) -> when the broker hands it out again
         self.settle_began: set[int] = set()  # id(message) whose ack or nack reached this double
         self.renewed_after_settle: list[str] = []
+        self.renewals: list[tuple[int, float]] = []  # (id(message), clock) of every renewal the broker applied
         self.refused: list[str] = []  # broker refusals no fault explains: "op message_id"
         self.seen: list[Any] = []  # every delivery, so ids are never reused
         self.pending_after = 0.0  # a stall planned "after": applied by after_step()
         self.calls: Counter[str] = Counter()
-        self.ack_gate: threading.Event | None = None  # set: the next ack waits on it (in flight)
+        # a gate holds the next call of its op on one delivery (id(message)) in flight until set
+        self.ack_gate: tuple[int, threading.Event] | None = None
         self.ack_entered = threading.Event()
-        # called just before a fault moves the clock inside a call of `op`: the shared manual clock
-        # then moves for the calls running beside it too, which in real time would not wait
-        self.before_jump: Callable[[str, float], None] = lambda op, seconds: None
+        self.renew_gate: tuple[int, threading.Event] | None = None
+        self.renew_entered = threading.Event()
+        # moves the clock by `seconds` inside a call of `op` (a fault): the model's, see the module
+        self.jump: Callable[[str, float], None] = lambda op, seconds: self.clock.advance(seconds)
 
     # -- planning ---------------------------------------------------------------------------------
     def plan(self, op: str, plan: Plan) -> None:
@@ -120,16 +129,14 @@ class FaultyClient:
                 with self.lock:
                     self.pending_after += p.seconds
             else:
-                self.before_jump(op, p.seconds)
-                self.clock.advance(p.seconds)
+                self.jump(op, p.seconds)
             return
         if p.kind == "raise":
             with self.lock:
                 self.errors[op] += 1
             raise Injected(f"injected {op} failure ({p.when})")
         if p.kind == "timeout":  # the client waited its request timeout, then gave up
-            self.before_jump(op, p.seconds)
-            self.clock.advance(p.seconds)
+            self.jump(op, p.seconds)
             with self.lock:
                 self.errors[op] += 1
             raise TimeoutError(f"injected {op} timeout ({p.when})")
@@ -148,6 +155,15 @@ class FaultyClient:
                 else:
                     self.refused.append(f"{op} {m.message_id}")
             raise
+
+    def _held_in_flight(self, m: Any, gate: threading.Event) -> None:
+        """A gated call waits in flight; should the clock move meanwhile (another thread's fault),
+        it is a slow call like any other: its lease may end before the broker acts."""
+        began = self.clock()
+        gate.wait(30)
+        if self.clock() != began:
+            with self.lock:
+                self.faulted.add(m.message_id)
 
     # -- the client's surface ---------------------------------------------------------------------
     def receive(self, n: int, invisible: int) -> list[Any]:
@@ -176,11 +192,12 @@ class FaultyClient:
         with self.lock:
             self.calls["ack"] += 1
             self.settle_began.add(id(m))
-            gate = self.ack_gate
-            self.ack_gate = None
+            gate = None
+            if self.ack_gate is not None and self.ack_gate[0] == id(m):
+                gate, self.ack_gate = self.ack_gate[1], None
         if gate is not None:  # an ack in flight: the harness lets the keeper run meanwhile
             self.ack_entered.set()
-            gate.wait(30)
+            self._held_in_flight(m, gate)
         p = self._take("ack", m.message_id)
         self._fire("ack", p, "pre")
         self._broker("ack", m, p, lambda: self.consumer.ack(m))
@@ -194,18 +211,29 @@ class FaultyClient:
         # the keeper renews (lease.py); any other caller gives the message back (a nack)
         caller = sys._getframe(1).f_code.co_filename
         op = "renew" if Path(caller).name == "lease.py" else "nack"
+        gate = None
         with self.lock:
             self.calls[op] += 1
             if op == "renew" and id(m) in self.settle_began:
                 self.renewed_after_settle.append(m.message_id)
             if op == "nack":
                 self.settle_began.add(id(m))
+            if op == "renew" and self.renew_gate is not None and self.renew_gate[0] == id(m):
+                gate, self.renew_gate = self.renew_gate[1], None
+        if gate is not None:  # a renewal in flight: the harness starts the message's settle meanwhile
+            self.renew_entered.set()
+            self._held_in_flight(m, gate)
+            with self.lock:
+                if id(m) in self.settle_began:
+                    self.renewed_after_settle.append(m.message_id)
         p = self._take(op, m.message_id)
         self._fire(op, p, "pre")
         acted = self.clock()
         self._broker(op, m, p, lambda: self.consumer.change_invisible_duration(m, seconds))
         with self.lock:
             self.lease_end[id(m)] = acted + seconds
+            if op == "renew":
+                self.renewals.append((id(m), acted))
             if op == "nack":
                 self.held.pop(id(m), None)
         self._fire(op, p, "post")

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import threading
+import time
 from typing import Any
 
 import pytest
@@ -152,3 +153,95 @@ def test_item9_consume_loop_stop_with_timeout_ends_a_hung_handlers_span():
     finally:
         release.set()
         loop.dispatcher.close(timeout=5)
+
+
+# -- review #31 finding 7: a handler still running (no timeout reported) at the provider's shutdown --
+def _in_thread(call: Any) -> threading.Thread:
+    t = threading.Thread(target=call, daemon=True)
+    t.start()
+    return t
+
+
+def _run_consume_loop(rig: Rig, handler: Any) -> Any:
+    from tracer.clients.consume import ConsumeLoop
+
+    _broker, consumer = consumer_with_messages(time.monotonic, await_duration=0)
+    loop = ConsumeLoop(consumer, handler, workers=1, tracer=rig.tracer, invisible_duration=30)  # no handler_timeout
+    t = _in_thread(loop.run)
+    return lambda: (loop.stop(timeout=5), t.join(10))
+
+
+def _run_dispatcher(rig: Rig, handler: Any) -> Any:
+    d = Dispatcher(handler, workers=1)
+    d.submit("m1", rig.message())
+    return lambda: d.close(timeout=5)
+
+
+def _run_processing(rig: Rig, handler: Any) -> Any:
+    from tracer.clients.official import TracedSimpleConsumer
+
+    _broker, raw = consumer_with_messages(time.monotonic, await_duration=0)
+    consumer = TracedSimpleConsumer(raw, rig.tracer)
+
+    def run() -> None:
+        (msg,) = consumer.receive(1, 30)
+        with consumer.processing(msg):
+            handler(msg)
+        consumer.ack(msg)
+
+    t = _in_thread(run)
+    return lambda: t.join(10)
+
+
+def _push_seam_runner(seam: Any) -> Any:
+    from test_failed_deliveries import _Pushed
+
+    from tracer.clients.listener import traced_consume
+
+    def run_push(rig: Rig, handler: Any) -> Any:
+        t = _in_thread(lambda: traced_consume(rig.tracer, seam, handler, _Pushed()))
+        return lambda: t.join(10)
+
+    return run_push
+
+
+def _seams() -> list[tuple[str, Any]]:
+    from test_failed_deliveries import _push_seams
+
+    return [("ConsumeLoop", _run_consume_loop), ("Dispatcher", _run_dispatcher),
+            ("TracedSimpleConsumer.processing", _run_processing),
+            *((name, _push_seam_runner(seam)) for name, seam in _push_seams())]
+
+
+@pytest.mark.parametrize(("name", "run"), _seams(), ids=[name for name, _ in _seams()])
+def test_a_handler_running_at_the_providers_shutdown_has_its_spans_ended_abandoned(name: str, run: Any) -> None:
+    """Before, only a handler already reported TIMEOUT was abandoned: without ``handler_timeout``
+    (the default) a handler still running at ``provider.shutdown()`` (SIGTERM, atexit) had no
+    handler or process span, and the user's span under it was exported as an orphan. Every seam
+    that opens a handler scope: the loop, the dispatcher, ``processing()``, the push callbacks."""
+    rig = Rig()
+    release, started = threading.Event(), threading.Event()
+
+    def handler(_msg: Any) -> None:
+        rig.user_span()
+        started.set()
+        release.wait(10)
+
+    finish = run(rig, handler)
+    try:
+        assert started.wait(10)
+        rig.provider.shutdown()
+        spans = rig.exporter.get_finished_spans()
+        ids = {s.context.span_id for s in spans}
+        orphans = [s.name for s in spans if s.parent is not None and not s.parent.is_remote
+                   and s.parent.span_id not in ids]
+        assert orphans == []  # fails before: ['user-work'] (no handler, no process span)
+        rig.check()
+        [process] = [s for s in spans if s.name == "process T"]
+        assert process.attributes["rmqtrace.outcome"] == "timeout"
+        assert process.attributes[n.ERROR_TYPE] == "HandlerAbandoned"
+    finally:
+        release.set()
+        finish()
+    # the late return ends nothing twice
+    assert [s.name for s in rig.exporter.get_finished_spans()].count("handler") == 1

@@ -35,7 +35,16 @@ small bounds (spans, traces, age) are hit. After every step the promise holds:
   unstarted (``not_started``: no handler observation), or run under a lease that was lost — is
   counted once under its own outcome in ``rmqtrace_messages_total``; the handler and end-to-end
   histograms hold exactly one observation per finished message whose handler ran; every lost
-  lease is counted once by reason, and its message is kept.
+  lease is counted once by reason, and its message is kept. A handler still running when the
+  provider shuts down is finished then (``timeout``, ``HandlerAbandoned``), measured once.
+- ``a_refused_copy_exports_no_handler_span`` (review #31 finding 13): a ``not_started`` copy's
+  trace holds a ``process`` span and no ``handler``.
+- ``a_message_that_ran_twice_shows_both_runs_linked`` (review #31 findings 5, 6): a message whose
+  lease was lost — while its handler ran, or after its finish (between the handler's end and the
+  ack) — is handed out again (``redelivered``, some copies refused unstarted beside it); every
+  redelivery that runs is exported, linked (``rmqtrace.link.reason=lease_lost``) to the lost run,
+  whose spans are exported too, unless the hold had to let that run go for its bounds; no copy
+  refused unstarted takes the link; no lease-lost link points at a span that is not exported.
 """
 
 from __future__ import annotations
@@ -56,7 +65,7 @@ from prometheus_client import CollectorRegistry
 from tracer.path.blocking import Verdict
 from tracer.path.clock import ManualClock
 from tracer.path.message import MessageInfo
-from tracer.path.names import BLAME_REASON, BLAME_SPAN, GAP_SPANS, LEASE_LOST_REASONS
+from tracer.path.names import BLAME_REASON, BLAME_SPAN, GAP_SPANS, LEASE_LOST_REASONS, LINK_LEASE_LOST, LINK_REASON
 from tracer.path.propagation import JOB_ID, PRODUCE_NS, TRACEPARENT
 from tracer.path.stages import Outcome, Stage
 from tracer.path.stamps import causal, drawn
@@ -103,13 +112,19 @@ class _Msg:
     ended: list[int] = field(default_factory=list)  # span ids of the user's spans that ended
     opened_ids: set[int] = field(default_factory=set)
     monos: dict[Stage, int] = field(default_factory=dict)  # the monotonic clock at each consumer stamp
-    lease_lost: str | None = None  # the loop lost its lease while holding it (before the finish)
+    lease_lost: str | None = None  # the loop lost its lease while holding it
+    mid: str = ""  # its message id: a redelivery shares the lost run's
+    lost_from: int | None = None  # the lost run this redelivery was told of at its start (its index)
+    lost_pending: bool = False  # lost after its finish while pending as its job's latest finisher
+    lost_gone: bool = False  # lost after its finish, dropped, and no longer in the hold (its bounds): not kept
 
     @property
     def must_keep(self) -> bool:
         # a copy refused unstarted has no dispatch_wait (no handler start) to be slow by
         slow = self.slow and self.outcome is not Outcome.NOT_STARTED
-        return self.finished and (self.sampled or slow or self.lease_lost is not None
+        ran = self.outcome is not Outcome.NOT_STARTED
+        return self.finished and (self.sampled or slow or (self.lease_lost is not None and not self.lost_gone)
+                                  or (self.lost_from is not None and ran)
                                   or self.outcome in (Outcome.FAILURE, Outcome.TIMEOUT))
 
 
@@ -157,6 +172,10 @@ class KeepHoldModel(RuleBasedStateMachine):
             last_end, latest = end, m
         self.jobs[m.job] = (last_end, self.latest_end, latest)
 
+    def _undecided(self, m: _Msg) -> bool:
+        """Not finished, or its job's latest finisher pending (the policy decides it later)."""
+        return not m.finished or (m.job is not None and any(latest is m for _e, _s, latest in self.jobs.values()))
+
     def _tick(self) -> None:
         self.hold.tick()
         now = self.ticked_at = self.clock.monotonic_ns()
@@ -181,13 +200,16 @@ class KeepHoldModel(RuleBasedStateMachine):
           slow=st.sampled_from([False, False, False, True]),
           producer_ahead_ms=st.sampled_from([0, 0, 0, 1, 40, 900]))
     def start(self, job: str | None, sampled: bool, slow: bool, producer_ahead_ms: int) -> None:
+        self._start(job, sampled, slow, producer_ahead_ms, f"m{len(self.msgs)}")
+
+    def _start(self, job: str | None, sampled: bool, slow: bool, producer_ahead_ms: int, mid: str) -> _Msg:
         i = len(self.msgs)
         produce_ns = self.clock.now_ns() - 2_000_000 + producer_ahead_ms * 1_000_000
         props = {TRACEPARENT: f"00-{i + 1:032x}-{i + 1:016x}-{'01' if sampled else '00'}",
                  PRODUCE_NS: str(produce_ns)}
         if job:
             props[JOB_ID] = job
-        t = self.mt.start_message(MessageInfo(topic="jobs", message_id=f"m{i}", properties=props,
+        t = self.mt.start_message(MessageInfo(topic="jobs", message_id=mid, properties=props,
                                               store_ms=self.clock.now_ns() // 1_000_000 - 1))
         pulled = self.clock.monotonic_ns()
         t.mark(Stage.DISPATCH_ENQUEUE)
@@ -195,7 +217,21 @@ class KeepHoldModel(RuleBasedStateMachine):
         ctx = contextvars.copy_context()
         ctx.run(t.__enter__)  # each handler in a context of its own, as on its own worker
         monos = {Stage.CLIENT_PULL: pulled, Stage.DISPATCH_ENQUEUE: pulled, Stage.HANDLER_START: self.clock.monotonic_ns()}
-        self.msgs.append(_Msg(i, t, ctx, job, sampled, slow, produce_ns, monos=monos))
+        m = _Msg(i, t, ctx, job, sampled, slow, produce_ns, monos=monos, mid=mid)
+        self.msgs.append(m)
+        return m
+
+    @precondition(lambda self: not self.closed and len(self.msgs) < 16
+                  and any(m.lease_lost is not None for m in self.msgs))
+    @rule(data=st.data(), slow=st.booleans())
+    def redelivered(self, data: st.DataObject, slow: bool) -> None:
+        """The broker hands a message whose lease was lost out again (its first run may still
+        run: the copy is then usually refused unstarted): a copy of its own, same message id."""
+        lost = data.draw(st.sampled_from([m for m in self.msgs if m.lease_lost is not None]))
+        remembered = self.mt._lost_runs.get(lost.mid)  # noqa: SLF001 - what the tracer tells the copy
+        copy = self._start(None, False, slow, 0, lost.mid)
+        if remembered is not None:
+            copy.lost_from = next(m.i for m in self.msgs if m.t._ctx == remembered)  # noqa: SLF001
 
     @precondition(lambda self: not self.closed and any(m.running for m in self.msgs))
     @rule(data=st.data(), nested=st.booleans())
@@ -274,13 +310,17 @@ class KeepHoldModel(RuleBasedStateMachine):
         m = data.draw(st.sampled_from([m for m in self.msgs if not m.running and not m.finished]))
         self._finish(m, Outcome.FAILURE, None)
 
-    @precondition(lambda self: not self.closed and any(m.running and not m.finished and not m.opened_ids
-                                                         for m in self.msgs))
+    def _refusable(self) -> list[_Msg]:
+        # refused at the gate, at once: no user span, and no victim that started while it "ran" blamed on it
+        blockers = set(self.blame.values())
+        return [m for m in self.msgs if m.running and not m.finished and not m.opened_ids and m.i not in blockers]
+
+    @precondition(lambda self: not self.closed and bool(self._refusable()))
     @rule(data=st.data())
     def refused_to_start(self, data: st.DataObject) -> None:
         """The loop's handler refuses this copy (``tracer.dispatch.NotStarted``: its lease is gone,
         its key hangs, another copy runs): the scope exits at once, the outcome is not_started."""
-        m = data.draw(st.sampled_from([m for m in self.msgs if m.running and not m.finished and not m.opened_ids]))
+        m = data.draw(st.sampled_from(self._refusable()))
         m.ctx.run(m.t.__exit__, None, None, None)  # the dispatcher reports it without an error
         m.running = False
         del m.monos[Stage.HANDLER_START]  # unstamped at the finish: no handler ran, no job finisher
@@ -296,6 +336,24 @@ class KeepHoldModel(RuleBasedStateMachine):
         if again:
             m.t.lease_lost("expired")  # the keeper and the settle both found it gone: once
         m.lease_lost = reason
+
+    @precondition(lambda self: not self.closed and any(
+        m.finished and m.lease_lost is None and m.outcome is not Outcome.NOT_STARTED for m in self.msgs))
+    @rule(data=st.data())
+    def lease_lost_after_finish(self, data: st.DataObject) -> None:
+        """The loop's settle finds the lease gone after the handler's outcome was reported (a
+        stall between the handler's end and the ack; or the broker refused the ack): counted,
+        and the run — kept, or dropped a moment ago and revived — is what the redelivery links to."""
+        m = data.draw(st.sampled_from([m for m in self.msgs if m.finished and m.lease_lost is None
+                                       and m.outcome is not Outcome.NOT_STARTED]))
+        m.t.lease_lost("expired")
+        m.lease_lost = "expired"
+        m.lost_pending = self._undecided(m)  # kept when its job settles it (superseded or idle), not now
+        if self.mt._lost_runs.get(m.mid) != m.t._ctx:  # noqa: SLF001 - not remembered: nothing to link to
+            # only a run the hold let go for its bounds (evicted while held: not revivable)
+            s = self.hold.statistics()
+            assert s.traces_evicted["max_spans"] + s.traces_evicted["max_traces"] > 0, f"m{m.i} not kept for its link"
+            m.lost_gone = True
 
     @rule(seconds=st.sampled_from([0.5, 3.0, 11.0, 61.0]))
     def clock_advances(self, seconds: float) -> None:
@@ -323,8 +381,13 @@ class KeepHoldModel(RuleBasedStateMachine):
         for _end, _seen, latest in self.jobs.values():
             self.settled.add(latest.i)
         self.jobs.clear()
+        abandoned = [m for m in self.msgs if m.running and not m.finished]
         self.provider.shutdown()
         self.closed = True
+        for m in abandoned:  # the shutdown finished them: timeout, HandlerAbandoned
+            m.monos.setdefault(Stage.HANDLER_END, self.clock.monotonic_ns())
+            m.finished, m.outcome = True, Outcome.TIMEOUT
+            self._decided(m)
 
     # -- invariants ---------------------------------------------------------------------------
     def _exported(self) -> dict[int, ReadableSpan]:
@@ -350,16 +413,15 @@ class KeepHoldModel(RuleBasedStateMachine):
     @invariant()
     def kept_messages_are_whole(self) -> None:
         exported = self._exported()
-        by_message: dict[str, list[ReadableSpan]] = {}
-        for s in exported.values():
-            if s.name == "process jobs":
-                by_message.setdefault(str(s.attributes["messaging.message.id"]), []).append(s)
         missing_user = 0
         for m in self.msgs:
             if not (m.must_keep or (m.finished and m.i in self.settled)):
                 continue
-            (process,) = by_message.get(f"m{m.i}", [None])
-            assert process is not None, (f"m{m.i}", m)
+            if m.lost_pending and self._undecided(m) and m.i not in self.settled:
+                continue  # promised kept: written when its job's policy settles it
+            ctx = m.t._ctx  # noqa: SLF001 - its process span's context (a redelivery shares the message id)
+            process = exported.get(ctx.span_id) if ctx is not None else None
+            assert process is not None and process.name == "process jobs", (f"m{m.i}", m)
             ours = {s.name for s in exported.values() if s.parent is not None
                     and s.parent.span_id == process.context.span_id}
             # every gap with a length is a span, and only those (an empty one would get Jaeger's warning)
@@ -370,7 +432,7 @@ class KeepHoldModel(RuleBasedStateMachine):
                      and s.parent is not None and s.parent.span_id == process.context.span_id}
             ahead = m.produce_ns > causal(m.t.stamps.times)[Stage.PRODUCE]  # may empty them all
             assert (gaps or ahead) and ours - {"handler"} == gaps, (m.i, ours, gaps)
-            if not m.running:
+            if not m.running and m.outcome is not Outcome.NOT_STARTED:
                 assert "handler" in ours, (m.i, ours)
             missing_user += sum(1 for sid in m.ended if sid not in exported)
         assert missing_user <= self.hold.statistics().dropped, missing_user
@@ -431,6 +493,47 @@ class KeepHoldModel(RuleBasedStateMachine):
         for reason in LEASE_LOST_REASONS:
             lost = value("rmqtrace_consumer_leases_lost_total", {**labels, "reason": reason}) or 0
             assert lost == sum(1 for m in self.msgs if m.lease_lost == reason), reason
+
+    @invariant()
+    def a_refused_copy_exports_no_handler_span(self) -> None:
+        exported = self._exported()
+        for m in self.msgs:
+            ctx = m.t._ctx  # noqa: SLF001
+            if m.outcome is not Outcome.NOT_STARTED or ctx is None:
+                continue
+            names = {s.name for s in exported.values() if s.context.trace_id == ctx.trace_id}
+            assert "handler" not in names, (m.i, names)
+
+    @invariant()
+    def a_message_that_ran_twice_shows_both_runs_linked(self) -> None:
+        exported = self._exported()
+        s = self.hold.statistics()
+        bounded = s.traces_evicted["max_spans"] + s.traces_evicted["max_traces"] + s.traces_evicted["shutdown"]
+        for span in exported.values():  # no dangling lease-lost link (a pending job finisher is promised kept)
+            for link in span.links:
+                if link.attributes and link.attributes.get(LINK_REASON) == LINK_LEASE_LOST:
+                    target = [m for m in self.msgs if m.t._ctx is not None  # noqa: SLF001
+                              and m.t._ctx.span_id == link.context.span_id]  # noqa: SLF001
+                    assert len(target) == 1, "a lease-lost link to a span that is none of the runs"
+                    assert link.context.span_id in exported or bounded or self._undecided(target[0]), (
+                        span.name, f"links to m{target[0].i}, not exported")
+        for m in self.msgs:
+            if m.lost_from is None or not m.finished:
+                continue
+            ctx = m.t._ctx  # noqa: SLF001
+            process = exported.get(ctx.span_id) if ctx is not None else None
+            if m.outcome is Outcome.NOT_STARTED:
+                # it left the lost run to the copy that runs: still remembered for it
+                assert process is None or not process.links or all(
+                    (link.attributes or {}).get(LINK_REASON) != LINK_LEASE_LOST for link in process.links), m.i
+                continue
+            lost = self.msgs[m.lost_from]
+            lost_ctx = lost.t._ctx  # noqa: SLF001
+            assert process is not None, (f"m{m.i}", "a run of a message whose lease was lost is not exported")
+            assert [link.context.span_id for link in process.links
+                    if (link.attributes or {}).get(LINK_REASON) == LINK_LEASE_LOST] == [lost_ctx.span_id], m.i
+            if not bounded and not self._undecided(lost):
+                assert lost_ctx.span_id in exported, (f"m{lost.i}", "the lost run is not exported beside its rerun")
 
     @invariant()
     def holds_stay_within_bounds(self) -> None:

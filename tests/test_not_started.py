@@ -136,3 +136,56 @@ def test_the_consume_loop_counts_a_bounced_copy_not_started_never_failed(registr
         hang.set()
         loop.stop(timeout=5)
         t.join(10)
+
+
+def _keep_provider() -> tuple[Any, Any, Any, Any]:
+    from opentelemetry.sdk.trace import TracerProvider
+    from opentelemetry.sdk.trace.export import SimpleSpanProcessor
+    from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+    from opentelemetry.sdk.trace.sampling import ALWAYS_OFF, ParentBased
+
+    from tracer.telemetry.hold import HoldingSpanProcessor
+    from tracer.telemetry.keep import KeepPolicy
+
+    exporter = InMemorySpanExporter()
+    provider = TracerProvider(sampler=ParentBased(ALWAYS_OFF))
+    hold = HoldingSpanProcessor([SimpleSpanProcessor(exporter)], ticker=False)
+    provider.add_span_processor(hold)
+    return provider, exporter, KeepPolicy(), hold
+
+
+@pytest.mark.parametrize("sampling", ["head", "keep"])
+@pytest.mark.parametrize("engine", ENGINES)
+def test_a_refused_copy_exports_no_handler_span(engine: str, sampling: str, spans: Any,
+                                                registry: CollectorRegistry) -> None:
+    """Review #31 finding 13: the refusal happens inside the handler scope, and the handler span
+    opened at its entry was written at the finish — a ``handler`` span (status UNSET) for a
+    handler that never ran. Both engines; head-sampled, and kept by a keep policy (a copy whose
+    lease was lost is kept, reason ``lease_lost``)."""
+    if sampling == "head":
+        provider, exporter = spans
+        tracer = MessageTracer(consumer_group="G", tracer_provider=provider, metrics=TracerMetrics(registry))
+    else:
+        provider, exporter, keep, hold = _keep_provider()
+        tracer = MessageTracer(consumer_group="G", tracer_provider=provider, metrics=TracerMetrics(registry),
+                               keep=keep, hold=hold)
+    start = tracer.start_message
+
+    def traced(info: MessageInfo, *args: Any, **kwargs: Any) -> Any:
+        t = start(info, *args, **kwargs)
+        if sampling == "keep":
+            t.lease_lost("expired")  # kept whatever its outcome: its spans are exported
+        return t
+
+    tracer.start_message = traced  # type: ignore[method-assign]
+    _run(engine, tracer, registry)
+    by_trace: dict[int, list[str]] = {}
+    outcome: dict[int, str] = {}
+    for s in exporter.get_finished_spans():
+        by_trace.setdefault(s.context.trace_id, []).append(s.name)
+        if s.name == "process T":
+            outcome[s.context.trace_id] = str(s.attributes["rmqtrace.outcome"])
+    assert sorted(outcome.values()) == ["not_started", "success"], outcome
+    for trace_id, o in outcome.items():
+        # fails before: the not_started copy's trace held a `handler` span
+        assert ("handler" in by_trace[trace_id]) is (o == "success"), (o, by_trace[trace_id])

@@ -17,7 +17,6 @@ import asyncio
 import importlib
 import inspect
 import math
-import os
 import pkgutil
 import re
 import threading
@@ -37,13 +36,6 @@ from tracer.clients.consume_options import (
 )
 from tracer.dispatch import Aggressive, CostAware, DispatchMetrics, Random, RoundRobin
 from tracer.embedded import EmbeddedBroker, SimpleConsumer
-
-# Written against the code before the #30 fixes were merged; not yet adapted to them (renamed
-# internals, the receipt-handle lease clock, the fixed items' strict xfails). Off by default until
-# it is (issue #30, RELIABILITY.md "The fault table"); RMQTRACE_FAULT_HARNESS=1 runs it.
-pytestmark = pytest.mark.skipif(os.environ.get("RMQTRACE_FAULT_HARNESS") != "1",
-                                reason="the fault harness is not yet adapted to the merged #30 fixes")
-
 
 VALUES: dict[str, object] = {"zero": 0, "negative": -1, "nan": math.nan, "inf": math.inf, "huge": 10**400}
 MODULES = ("tracer.clients.consume", "tracer.clients.consume_options", "tracer.clients.demandpush",
@@ -260,6 +252,7 @@ EXEMPT: dict[tuple[str, str], str] = {
     ("tracer.config.CountingSpanProcessor", "max_queue_size"): "read from OTEL_BSP_MAX_QUEUE_SIZE by Settings",
     ("tracer.path.clock.ManualClock", "start_ns"): "a test clock's start",
     ("tracer.path.clock.ManualClock.advance", "ns"): "a test clock's step in int ns",
+    ("tracer.path.clock.ManualClock.step_wall", "ns"): "a test clock's step in int ns",
     ("tracer.telemetry.metrics.TracerMetrics", "label_limit"): "internal bound (BoundedLabel)",
     ("tracer.telemetry.metrics.TracerMetrics.avoidable", "seconds"): "a measurement the dispatcher reports",
     ("tracer.telemetry.metrics.TracerMetrics.observe", "trace_id"): "an exemplar's trace id",
@@ -271,22 +264,23 @@ EXEMPT: dict[tuple[str, str], str] = {
 }
 
 # (where, parameter, value) -> why it fails today. Strict xfails: a fix flips them.
-_ITEM9 = "#30 item 9: an infinite timeout raises OverflowError in the dispatcher"
+# the adversarial review's scripts (tests/adversarial/, run by tests/test_adversarial.py) for the same class
+_ADV = "tests/adversarial/{}: "
 _HUGE = "new (census): 10**400 raises OverflowError, not ValueError (math.isfinite, float(), C ssize_t)"
 _INF = "new (census): inf raises OverflowError, not ValueError"
 _NAN = "new (census): NaN accepted without an error (a NaN count or duration cannot work)"
 KNOWN: dict[tuple[str, str, str], str] = {
-    ("tracer.clients.consume.ConsumeLoop.stop", "timeout", "huge"): _HUGE,
-    ("tracer.clients.consume.ConsumeLoop.wait", "timeout", "huge"): _HUGE,
+    ("tracer.clients.consume.ConsumeLoop.stop", "timeout", "huge"): _ADV.format("01_huge_stop_timeout.py") + _HUGE,
+    ("tracer.clients.consume.ConsumeLoop.wait", "timeout", "huge"): _ADV.format("03_wait_huge.py") + _HUGE,
     ("tracer.clients.consume.ConsumeLoop.wait", "timeout", "inf"):
         "new (census): inf raises OverflowError (stop() takes inf since #30; wait() does not)",
     ("tracer.clients.consume.ConsumeLoop.wait", "timeout", "nan"):
-        "new (census): a NaN timeout never returns (Condition.wait_for(nan) spins)",
+        _ADV.format("13_wait_nan_timeout.py") + "a NaN timeout never returns (Condition.wait_for(nan) spins)",
     ("tracer.clients.consume_options.DispatchOptions", "handler_timeout", "huge"): _HUGE,
-    ("tracer.clients.consume_options.FlowOptions", "ack_threads", "nan"): _NAN,
-    ("tracer.clients.consume_options.FlowOptions", "prefetch", "nan"): _NAN,
+    ("tracer.clients.consume_options.FlowOptions", "ack_threads", "nan"): _ADV.format("05_ack_threads_float.py") + _NAN,
+    ("tracer.clients.consume_options.FlowOptions", "prefetch", "nan"): _ADV.format("04_prefetch_nan.py") + _NAN,
     ("tracer.clients.consume_options.FlowOptions", "resync_after", "nan"): _NAN,
-    ("tracer.clients.consume_options.FlowOptions", "stop_timeout", "huge"): _HUGE,
+    ("tracer.clients.consume_options.FlowOptions", "stop_timeout", "huge"): _ADV.format("02_huge_stop_timeout_opt.py") + _HUGE,
     ("tracer.clients.consume_options.LeaseOptions", "hang_grace", "huge"): _HUGE,
     ("tracer.clients.consume_options.LeaseOptions", "invisible_duration", "huge"): _HUGE,
     ("tracer.clients.consume_options.LeaseOptions", "renew_margin", "huge"): _HUGE,
@@ -295,30 +289,26 @@ KNOWN: dict[tuple[str, str, str], str] = {
     ("tracer.clients.consume_options.exponential_backoff", "base", "huge"): _HUGE,
     ("tracer.clients.consume_options.exponential_backoff", "cap", "nan"): _NAN,
     ("tracer.clients.consume_options.whole_seconds", "seconds", "inf"): _INF,
-    ("tracer.clients.demandpush.DemandPushConsumer", "consumption_thread_count", "nan"): _NAN,
+    ("tracer.clients.demandpush.DemandPushConsumer", "consumption_thread_count", "nan"):
+        _ADV.format("09_demandpush_nan_threads.py") + _NAN,
     ("tracer.clients.demandpush.DemandPushConsumer", "handler_timeout", "nan"): _NAN,
     ("tracer.clients.demandpush.DemandPushConsumer", "invisible_duration", "nan"): _NAN,
     ("tracer.clients.demandpush.DemandPushConsumer", "max_cache_message_count", "nan"): _NAN,
     ("tracer.clients.demandpush.DemandPushConsumer", "max_cache_message_size", "nan"): _NAN,
-    ("tracer.clients.demandpush.DemandPushConsumer", "shutdown_timeout", "huge"): _HUGE,
+    ("tracer.clients.demandpush.DemandPushConsumer", "shutdown_timeout", "huge"):
+        _ADV.format("08_demandpush_huge_shutdown.py") + _HUGE,
     ("tracer.dispatch.aio.AsyncDispatcher", "handler_timeout", "huge"): _HUGE,
     ("tracer.dispatch.aio.AsyncDispatcher", "workers", "huge"): _HUGE,
     ("tracer.dispatch.aio.AsyncDispatcher.close", "timeout", "huge"): _HUGE,
-    ("tracer.dispatch.aio.AsyncDispatcher.close", "timeout", "inf"): _ITEM9,
-    ("tracer.dispatch.aio.AsyncDispatcher.submit", "timeout", "nan"): _NAN,
+    ("tracer.dispatch.aio.AsyncDispatcher.submit", "timeout", "huge"): _HUGE,
     ("tracer.dispatch.aio.AsyncDispatcher.wait_for_free_slot", "timeout", "huge"): _HUGE,
-    ("tracer.dispatch.aio.AsyncDispatcher.wait_for_free_slot", "timeout", "inf"): _ITEM9,
     ("tracer.dispatch.aio.AsyncDispatcher.wait_idle", "timeout", "huge"): _HUGE,
-    ("tracer.dispatch.aio.AsyncDispatcher.wait_idle", "timeout", "inf"): _ITEM9,
     ("tracer.dispatch.engine.Dispatcher", "handler_timeout", "huge"): _HUGE,
     ("tracer.dispatch.engine.Dispatcher", "workers", "huge"): _HUGE,
     ("tracer.dispatch.engine.Dispatcher.close", "timeout", "huge"): _HUGE,
-    ("tracer.dispatch.engine.Dispatcher.close", "timeout", "inf"): _ITEM9,
-    ("tracer.dispatch.engine.Dispatcher.submit", "timeout", "nan"): _NAN,
+    ("tracer.dispatch.engine.Dispatcher.submit", "timeout", "huge"): _HUGE,
     ("tracer.dispatch.engine.Dispatcher.wait_for_free_slot", "timeout", "huge"): _HUGE,
-    ("tracer.dispatch.engine.Dispatcher.wait_for_free_slot", "timeout", "inf"): _ITEM9,
     ("tracer.dispatch.engine.Dispatcher.wait_idle", "timeout", "huge"): _HUGE,
-    ("tracer.dispatch.engine.Dispatcher.wait_idle", "timeout", "inf"): _ITEM9,
     ("tracer.dispatch.metrics.DispatchMetrics", "refresh_interval", "nan"): _NAN,
     ("tracer.dispatch.policy.Aggressive", "max_parked", "nan"): _NAN,
     ("tracer.dispatch.policy.CostAware", "window", "nan"): _NAN,
@@ -372,9 +362,11 @@ def _cases() -> list[Any]:
 @pytest.mark.parametrize(("where", "value"), _cases())
 def test_a_numeric_parameter_works_or_fails_loudly_at_once(where: tuple[str, str], value: str) -> None:
     verdict, exc = _call(CHECKED[where], VALUES[value])
-    assert verdict != "hang", f"{where} = {value}: still running after {HANG_S:g} s"
+    named = "invariant works_or_fails_loudly:"  # the census's promise, as the fault table names it
+    assert verdict != "hang", f"{named} {where} = {value}: still running after {HANG_S:g} s"
     if verdict == "raised":
-        assert isinstance(exc, (ValueError, TypeError)), f"{where} = {value}: raised {exc!r}, not ValueError/TypeError"
-        assert "\n" not in str(exc).strip(), f"{where} = {value}: a one-line error, got {exc!s}"
+        assert isinstance(exc, (ValueError, TypeError)), (
+            f"{named} {where} = {value}: raised {exc!r}, not ValueError/TypeError")
+        assert "\n" not in str(exc).strip(), f"{named} {where} = {value}: a one-line error, got {exc!s}"
     else:
-        assert value != "nan", f"{where} = NaN was accepted silently"
+        assert value != "nan", f"{named} {where} = NaN was accepted silently"

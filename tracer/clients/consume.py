@@ -72,7 +72,8 @@ from .consume_options import (
     whole_seconds,
 )
 from .lease import SETTLING, SUBMITTED, WAITING, Lease, LeaseKeeper, broker_lease
-from .probe import probe_stage, skip_probes
+from .probe import is_probe, probe_stage, skip_probes
+from .refusal import lease_gone
 from .startup import SETTINGS_WAIT_S, wait_for_settings
 
 if TYPE_CHECKING:  # typing.Unpack is 3.11+; only the annotation needs it
@@ -721,16 +722,6 @@ class ConsumeLoop:
                 self._leases[id(h.message)] = h
             self._n["received"] += len(held)
             self._n["redelivered"] += sum(1 for m in batch if _attempt(m) > 1)
-        try:
-            for h in held:
-                h.key = self._key_of(h.message)
-        except BaseException as exc:
-            # key= raised a Ctrl-C: the batch is ours (held), so it goes back, none of it runs
-            for h in held:
-                h.state = SUBMITTED
-                self._report(h, Outcome.SKIPPED, ran=False)
-            self._interrupted(exc)
-            raise
         if self.tracer is not None:
             if traces is None:
                 started: list[tuple[Any, MessageTrace]] = []
@@ -738,6 +729,16 @@ class ConsumeLoop:
                 traces = {id(m): t for m, t in started}
             for h in held:
                 h.trace = traces.get(id(h.message))
+        try:
+            for h in held:
+                h.key = self._key_of(h.message)
+        except BaseException as exc:
+            # key= raised a Ctrl-C: the batch is ours (held), so it goes back, none of it runs
+            for h in held:
+                h.state = SUBMITTED
+                self._give_back_unrun(h, Outcome.SKIPPED)
+            self._interrupted(exc)
+            raise
         with self._changed:
             self._backlog.extend(held)
             self._changed.notify_all()
@@ -786,12 +787,12 @@ class ConsumeLoop:
                 break
             except BaseException as exc:
                 # key= or cost= raised a Ctrl-C or a SystemExit: this message goes back unrun
-                self._report(h, Outcome.SKIPPED, ran=False)
+                self._give_back_unrun(h, Outcome.SKIPPED)
                 self._interrupted(exc)
                 raise
             except Exception as exc:  # noqa: BLE001 - one message the dispatcher refuses must not stop the loop
                 self._count("submit_errors", exc)
-                self._report(h, Outcome.FAILURE, ran=False)
+                self._give_back_unrun(h, Outcome.FAILURE)
                 taken += 1
                 continue
             if accepted:
@@ -812,7 +813,7 @@ class ConsumeLoop:
             if not self._backlog_closed:
                 h.state = WAITING
                 return
-        self._report(h, Outcome.SKIPPED, ran=False)
+        self._give_back_unrun(h, Outcome.SKIPPED)
 
     def _all_workers_hung(self) -> bool:
         """Every worker runs a handler already reported TIMEOUT (only known with handler_timeout)."""
@@ -923,8 +924,26 @@ class ConsumeLoop:
             gone = set(map(id, follow))  # not "state != WAITING": one being offered right now stays
             self._backlog = deque(h for h in self._backlog if id(h) not in gone)
         for h in follow:
-            self._report(h, Outcome.SKIPPED, ran=False)
+            self._give_back_unrun(h, Outcome.SKIPPED)
         return len(follow)
+
+    def _give_back_unrun(self, h: Lease, outcome: Outcome) -> None:
+        """``h`` leaves the loop without the dispatcher ever having run it (its own backlog given
+        back, a submit that raised): its trace is finished ``not_started`` here — the dispatcher
+        finishes the traces of what it held itself — so every settled delivery is measured once
+        and the occupancy tracker stops counting it as waiting. A probe's trace is never
+        finished (it is no message of the user's): it only leaves the occupancy."""
+        trace, tracer = h.trace, self.tracer
+        if trace is not None and tracer is not None:
+            try:
+                if is_probe(trace.info.properties):
+                    if tracer.occupancy is not None:
+                        tracer.occupancy.discarded(trace.anchor.mono_ns)
+                else:
+                    trace.finish(Outcome.NOT_STARTED)
+            except Exception as exc:  # noqa: BLE001 - telemetry never stops the give-back
+                tracer.hook_failed("finishing a message given back unrun", exc)
+        self._report(h, outcome, ran=False)
 
     def _report(self, h: Lease, outcome: Outcome, *, ran: bool | None) -> None:
         """The message's outcome is known: queue its settle (or settle it here once the ack
@@ -1023,6 +1042,8 @@ class ConsumeLoop:
                 except Exception as exc:  # noqa: BLE001 - the broker redelivers after the lease
                     self._count("ack_errors", exc)
                     what = ""
+                    if lease_gone(exc) and h.trace is not None:
+                        h.trace.lease_lost("expired")  # the broker found it gone first (refusal.py)
             elif not h.given_up and h.trace is not None:
                 h.trace.lease_lost("expired")  # it ran out between two keeper passes
         with self._changed:
@@ -1204,7 +1225,7 @@ class ConsumeLoop:
                 h.state = SUBMITTED  # out of the feeder's reach
             self._backlog = deque(h for h in self._backlog if h.state == WAITING)
         for h in rest:
-            self._report(h, Outcome.SKIPPED, ran=False)
+            self._give_back_unrun(h, Outcome.SKIPPED)
 
 
 def _one_tracing_path(consumer: Any, tracer: MessageTracer | None, settle_spans: bool | None

@@ -256,7 +256,11 @@ class RocketMQInstrumentor(BaseInstrumentor):  # type: ignore[misc]
         if not is_instrumentation_enabled() or not args:
             return wrapped(*args, **kwargs)
         seam = self._seam_for(instance, _group_of(instance))
-        result = seam.operations.settle(ACK, args[0], lambda: wrapped(*args, **kwargs))
+        try:
+            result = seam.operations.settle(ACK, args[0], lambda: wrapped(*args, **kwargs))
+        except BaseException as exc:  # a refused ack: measured all the same (ReceivedTraces.acked)
+            seam.traces.acked(args[0], exc)
+            raise
         seam.traces.acked(args[0])
         return result
 
@@ -264,7 +268,11 @@ class RocketMQInstrumentor(BaseInstrumentor):  # type: ignore[misc]
         if not is_instrumentation_enabled() or not args:
             return wrapped(*args, **kwargs)
         seam = self._seam_for(instance, _group_of(instance))
-        result = seam.operations.settle(CHANGE_INVISIBLE_DURATION, args[0], lambda: wrapped(*args, **kwargs))
+        try:
+            result = seam.operations.settle(CHANGE_INVISIBLE_DURATION, args[0], lambda: wrapped(*args, **kwargs))
+        except BaseException as exc:  # a refused nack: measured all the same (ReceivedTraces.nacked)
+            seam.traces.nacked(args[0], exc)
+            raise
         seam.traces.nacked(args[0])  # the 5.x nack: the trace ends as a failure (see ReceivedTraces.nacked)
         return result
 
@@ -272,16 +280,26 @@ class RocketMQInstrumentor(BaseInstrumentor):  # type: ignore[misc]
         # no timed operation (no future a thread can wait for); the message's trace ends here
         if not is_instrumentation_enabled() or not args:
             return wrapped(*args, **kwargs)
-        result = wrapped(*args, **kwargs)
-        self._seam_for(instance, _group_of(instance)).traces.acked(args[0])
+        traces = self._seam_for(instance, _group_of(instance)).traces
+        try:
+            result = wrapped(*args, **kwargs)
+        except BaseException as exc:  # refused on the spot: measured all the same
+            traces.acked(args[0], exc)
+            raise
+        traces.acked(args[0])
         return result
 
     def _change_invisible_async(self, wrapped: Any, instance: Any, args: Any, kwargs: Any) -> Any:
         # the nack of _change_invisible, untimed like _ack_async
         if not is_instrumentation_enabled() or not args:
             return wrapped(*args, **kwargs)
-        result = wrapped(*args, **kwargs)
-        self._seam_for(instance, _group_of(instance)).traces.nacked(args[0])
+        traces = self._seam_for(instance, _group_of(instance)).traces
+        try:
+            result = wrapped(*args, **kwargs)
+        except BaseException as exc:  # refused on the spot: measured all the same
+            traces.nacked(args[0], exc)
+            raise
+        traces.nacked(args[0])
         return result
 
     def _push_init(self, wrapped: Any, instance: Any, args: Any, kwargs: Any) -> Any:

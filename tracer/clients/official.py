@@ -4,8 +4,10 @@ such as :mod:`tracer.embedded`).
 - Producers: :class:`tracer.clients.producer.TracedProducer` (``send``/``send_async``).
 - Simple consumers: :class:`TracedSimpleConsumer` stamps ``client_pull`` when ``receive`` returns;
   run the handler inside ``with consumer.processing(msg):`` to stamp the handler, or just ``ack``
-  (then the time from receive to ack is taken as the handler). :class:`tracer.clients.consume.ConsumeLoop`
-  is the full consume loop with our dispatcher.
+  (then the time from receive to ack is taken as the handler). Inside the block
+  ``change_invisible_duration`` is the nack (the delivery ends as a failure when the block ends,
+  unless it is acked first); ``renew_lease`` is a renewal (the trace waits for the settle).
+  :class:`tracer.clients.consume.ConsumeLoop` is the full consume loop with our dispatcher.
 - Push consumers: :class:`TracedListener` wraps the user's ``MessageListener``. The client decodes
   a batch and submits every message to its ``ThreadPoolExecutor`` at once, so the decode time is
   both ``client_pull`` and ``dispatch_enqueue``, and the wait in that pool's queue — which the
@@ -42,6 +44,7 @@ from ..telemetry.operations import ConsumerOperations
 from ..telemetry.tracer import MessageTrace, MessageTracer
 from .listener import Seam, traced_consume
 from .probe import settle_probe
+from .refusal import lease_gone
 from .startup import SETTINGS_WAIT_S, wait_for_settings
 
 __all__ = ["PUSH_SEAM", "NotAcked", "Processing", "ReceivedStats", "ReceivedTraces", "TracedListener",
@@ -96,11 +99,14 @@ class ReceivedStats(NamedTuple):
 
 
 class _Entry:
-    __slots__ = ("ref", "since")
+    __slots__ = ("ref", "since", "given_back")
 
     def __init__(self, ref: weakref.ref[Any], since: MonoNs) -> None:
         self.ref = ref
         self.since = since
+        # change_invisible_duration inside processing(): the nack, settled at the block's end
+        # unless an ack or an explicit renewal comes first (TracedSimpleConsumer.renew_lease)
+        self.given_back = False
 
 
 class ReceivedTraces:
@@ -179,42 +185,72 @@ class ReceivedTraces:
             found = self._traces.pop(message, None)
         return found[0] if found is not None else None
 
-    def acked(self, message: Any) -> None:
-        trace = self.pop(message)
-        self._evict(self.tracer.clock.monotonic_ns())
-        if trace is None:
-            return
-        if not trace.stamps.has(Stage.HANDLER_START):
-            # no processing() scope: the time between receive and ack was the handler's
-            pulled = trace.stamps.get(Stage.CLIENT_PULL)
-            trace.mark(Stage.DISPATCH_ENQUEUE, pulled)
-            with trace.handler_scope(start_ns=pulled):
-                pass
-        trace.finish(Outcome.SUCCESS)
+    def _entry(self, message: Any) -> _Entry | None:
+        with self._lock:
+            found = self._traces.get(message)
+        return found[1] if found is not None else None
 
-    def nacked(self, message: Any) -> None:
+    def acked(self, message: Any, refused: BaseException | None = None) -> None:
+        """The user acked ``message``: its trace ends as a success, once — also when the broker
+        refused the ack (``refused``, the call's exception): the handler's outcome was decided,
+        and a refusal saying the lease was gone (:func:`lease_gone`: the message runs again) is
+        a lost lease besides (counted, kept, linked from the redelivery), as in ``ConsumeLoop``."""
+        self._settled(message, Outcome.SUCCESS, refused)
+
+    def nacked(self, message: Any, refused: BaseException | None = None) -> None:
         """``change_invisible_duration`` of a received message: the 5.x nack (redelivered after the
-        new invisible time), so its trace ends as a failure, once. While its handler runs (inside
-        ``processing()``) the call renews the lease instead and the trace stays open for the
-        ack; after ``processing()`` ended with an exception the trace has already finished."""
+        new invisible time), so its trace ends as a failure, once (a refusal as in :meth:`acked`).
+
+        Inside ``processing()`` (its handler runs) the call may also be a lease renewal: the trace
+        stays open, and the block's end decides — it ends as a failure there unless an ack (or
+        an explicit :meth:`renewed`) came first. After ``processing()`` ended with an exception
+        the trace has already finished."""
         trace = self.get(message)
         if trace is None:
             self._evict(self.tracer.clock.monotonic_ns())
             return
         stamps = trace.stamps
         if stamps.has(Stage.HANDLER_START) and not stamps.has(Stage.HANDLER_END):
-            return  # a lease renewal while the handler runs
+            entry = self._entry(message)
+            if entry is not None:
+                entry.given_back = True  # settled by Processing.__exit__ unless acked or renewed first
+            if lease_gone(refused):
+                trace.lease_lost("expired")
+            return
+        self._settled(message, Outcome.FAILURE, refused)
+
+    def renewed(self, message: Any, refused: BaseException | None = None) -> None:
+        """An explicit lease renewal (:meth:`TracedSimpleConsumer.renew_lease`): the trace stays
+        open for the ack or nack, and an earlier ``change_invisible_duration`` inside
+        ``processing()`` was a renewal too. Refused because the lease was already gone: a lost
+        lease (the handler runs on; the message runs again)."""
+        trace = self.get(message)
+        entry = self._entry(message)
+        if entry is not None:
+            entry.given_back = False
+        if trace is not None and lease_gone(refused):
+            trace.lease_lost("expired")
+
+    def given_back(self, message: Any) -> bool:
+        """Whether ``change_invisible_duration`` gave ``message`` back inside ``processing()``,
+        with no ack or renewal since (its block's end settles it as the nack)."""
+        entry = self._entry(message)
+        return entry is not None and entry.given_back
+
+    def _settled(self, message: Any, outcome: Outcome, refused: BaseException | None) -> None:
         trace = self.pop(message)
         self._evict(self.tracer.clock.monotonic_ns())
-        if trace is None:  # acked, nacked or let go by another thread meanwhile
+        if trace is None:  # settled or let go already (another thread, a second call)
             return
         if not trace.stamps.has(Stage.HANDLER_START):
-            # no processing() scope: the time between receive and the nack was the handler's
+            # no processing() scope: the time between receive and the settle was the handler's
             pulled = trace.stamps.get(Stage.CLIENT_PULL)
             trace.mark(Stage.DISPATCH_ENQUEUE, pulled)
             with trace.handler_scope(start_ns=pulled):
                 pass
-        trace.finish(Outcome.FAILURE)
+        if lease_gone(refused):
+            trace.lease_lost("expired")  # before the finish: marked, kept, remembered for the link
+        trace.finish(outcome)
 
     def _evict(self, now_ns: MonoNs) -> None:
         """Let go of what is too old, then of the oldest beyond the count; finish each as not acked."""
@@ -316,30 +352,63 @@ class TracedSimpleConsumer:
         return Processing(self.traces, message)
 
     def ack(self, message: Any) -> Any:
-        result = self.operations.settle(n.ACK, message, lambda: self._consumer.ack(message))
+        """A settle operation; the message's trace ends as a success (also when the broker refuses
+        the ack: :meth:`ReceivedTraces.acked`), and the refusal passes through."""
+        try:
+            result = self.operations.settle(n.ACK, message, lambda: self._consumer.ack(message))
+        except BaseException as exc:
+            self.traces.acked(message, exc)
+            raise
         self.traces.acked(message)
         return result
 
     def change_invisible_duration(self, message: Any, invisible_duration: Any) -> Any:
-        """A settle operation. Outside ``processing()`` it is the 5.x nack (a retry with backoff):
-        the message's trace finishes as a failure; inside, a lease renewal: the trace stays open
-        (:meth:`ReceivedTraces.nacked`)."""
-        result = self.operations.settle(n.CHANGE_INVISIBLE_DURATION, message,
-                                        lambda: self._consumer.change_invisible_duration(message, invisible_duration))
+        """A settle operation: the 5.x nack (a retry with backoff); the message's trace finishes as
+        a failure — inside ``processing()`` when its block ends, unless the message is acked (or
+        :meth:`renew_lease` is called) before then (:meth:`ReceivedTraces.nacked`). To renew a lease and
+        ack after the block, use :meth:`renew_lease`."""
+        try:
+            result = self.operations.settle(
+                n.CHANGE_INVISIBLE_DURATION, message,
+                lambda: self._consumer.change_invisible_duration(message, invisible_duration))
+        except BaseException as exc:
+            self.traces.nacked(message, exc)
+            raise
         self.traces.nacked(message)
+        return result
+
+    def renew_lease(self, message: Any, invisible_duration: Any) -> Any:
+        """Renew the lease of a message still being handled: the client's
+        ``change_invisible_duration``, said to be a renewal — the trace stays open for the ack or
+        nack, wherever it comes. No settle operation (as the consume loop's renewals). A refusal
+        saying the lease was already gone is a lost lease (counted, marked, kept); it passes through."""
+        try:
+            result = self._consumer.change_invisible_duration(message, invisible_duration)
+        except BaseException as exc:
+            self.traces.renewed(message, exc)
+            raise
+        self.traces.renewed(message)
         return result
 
     def ack_async(self, message: Any) -> Any:
         """The client's ``ack_async``; the message's trace ends here (the outcome was decided).
         Not a timed operation: the 5.1 client's future cannot be waited for from a thread."""
-        result = self._consumer.ack_async(message)
+        try:
+            result = self._consumer.ack_async(message)
+        except BaseException as exc:  # refused on the spot: measured all the same (ReceivedTraces.acked)
+            self.traces.acked(message, exc)
+            raise
         self.traces.acked(message)
         return result
 
     def change_invisible_duration_async(self, message: Any, invisible_duration: Any) -> Any:
         """The client's ``change_invisible_duration_async``: the nack of :meth:`change_invisible_duration`
         (the trace finishes as a failure outside ``processing()``), no timed operation (see :meth:`ack_async`)."""
-        result = self._consumer.change_invisible_duration_async(message, invisible_duration)
+        try:
+            result = self._consumer.change_invisible_duration_async(message, invisible_duration)
+        except BaseException as exc:  # refused on the spot: measured all the same (ReceivedTraces.nacked)
+            self.traces.nacked(message, exc)
+            raise
         self.traces.nacked(message)
         return result
 
@@ -373,6 +442,10 @@ class Processing:
         if exc is not None:
             self._traces.pop(self._message)
             t.finish(Outcome.FAILURE, exc)
+        elif self._traces.given_back(self._message) and self._traces.pop(self._message) is not None:
+            # change_invisible_duration inside the block, no ack or renewal since: that was the
+            # nack, and the handler is done with the message now
+            t.finish(Outcome.FAILURE)
 
 
 def settle_received(traces: ReceivedTraces, consumer: Any, messages: Any) -> Any:

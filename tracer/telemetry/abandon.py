@@ -1,9 +1,10 @@
-"""End timed-out handlers' spans when the tracer provider shuts down.
+"""End still-running handlers' spans when the tracer provider shuts down.
 
 A handler the dispatcher's watchdog reported ``TIMEOUT`` may still run (a thread cannot be
 stopped); its ``handler`` span stays open for its late return, since the user's spans nest under
-it. Should it never return before the process ends, that span was never exported and every span
-the handler started reads as an orphan. :class:`AbandonOnShutdown` sits **in front of** the
+it — and so does any handler still running when the process ends (no ``handler_timeout``, a
+``stop(timeout=)`` that returned before it). Should it never return before the process ends, that
+span was never exported and every span the handler started reads as an orphan. :class:`AbandonOnShutdown` sits **in front of** the
 provider's span processors, so at ``shutdown()`` (the provider's own ``atexit`` too) it ends those
 spans (:meth:`tracer.telemetry.tracer.MessageTracer.abandon_handlers`) while the processors after
 it can still export them. ``force_flush()`` ends nothing: a handler may still return after it.
@@ -24,12 +25,17 @@ from typing import Any, Protocol
 from opentelemetry.sdk.trace import SpanProcessor
 from opentelemetry.sdk.trace import TracerProvider as SdkTracerProvider
 
-__all__ = ["AbandonOnShutdown", "Abandons", "watch_shutdown"]
+__all__ = ["AbandonOnShutdown", "Abandons", "HandlerAbandoned", "watch_shutdown"]
 
 log = logging.getLogger(__name__)
 
 _lock = threading.Lock()
 _hooks: weakref.WeakKeyDictionary[Any, AbandonOnShutdown] = weakref.WeakKeyDictionary()
+
+
+class HandlerAbandoned(Exception):
+    """The error of a message whose handler still ran when the tracer provider shut down: it is
+    finished then as a ``timeout`` (the process ends under it; the broker redelivers it)."""
 
 
 class Abandons(Protocol):

@@ -56,7 +56,7 @@ from ..path.propagation import (
 from ..path.stages import CROSS_CLOCK_GAPS, GAPS, Outcome, Stage
 from ..path.stamps import MISSING, SkewTracker, Stamps, causal, drawn, store_stamp
 from ..version import __version__
-from .abandon import watch_shutdown
+from .abandon import HandlerAbandoned, watch_shutdown
 from .adopt import keep_for
 from .attributes import (  # noqa: F401 - re-exported
     BODY_ATTR,
@@ -225,7 +225,8 @@ class MessageTracer:
         # message id -> the process span context of a run whose lease was lost (see MessageTrace.lease_lost)
         self._lost_runs: OrderedDict[str, SpanContext] = OrderedDict()
         self._lost_lock = threading.Lock()
-        # traces whose handler span waits for a timed-out handler's late return (under _end_lock)
+        # traces whose handler runs (entered, not exited), finished or not: what the provider's
+        # shutdown abandons (under _end_lock)
         self._abandonable: set[MessageTrace] = set()
         self._fate_lock = threading.Lock()  # MessageTrace._fate / _must_keep (blame-aware keep)
 
@@ -345,8 +346,10 @@ class MessageTracer:
             anchor = Anchor(clock, now, mono)
         t = MessageTrace(self, info, carried, anchor)
         if self._lost_runs and info.message_id:
+            # peeked, not taken: a copy refused unstarted must leave it to the copy that runs
+            # (MessageTrace.finish takes it then)
             with self._lost_lock:
-                t._lost_from = self._lost_runs.pop(info.message_id, None)
+                t._lost_from = self._lost_runs.get(info.message_id)
         times = t.stamps.times
         times[_PRODUCE] = carried.produce_ns
         pulled = times[_PULL] = anchor.wall_ns
@@ -418,13 +421,28 @@ class MessageTracer:
             self.occupancy.share_clock(self.clock)
 
     def abandon_handlers(self) -> int:
-        """End the handler span of every timed-out handler still running (status ERROR,
+        """End the handler span of every handler still running (status ERROR,
         ``rmqtrace.abandoned``), so the user's spans under it are not orphans; how many. Run at the
         provider's shutdown (:mod:`tracer.telemetry.abandon`); a dispatcher's ``close`` does it for
-        its own overrun handlers (:meth:`MessageTrace.abandon`)."""
+        its own overrun handlers (:meth:`MessageTrace.abandon`). A running handler whose message
+        was not finished yet (no ``handler_timeout``, or none reported) is finished first, as a
+        ``timeout`` with :class:`~tracer.telemetry.abandon.HandlerAbandoned`: it ran past the
+        time it was given (the process ends under it), so it is measured once and its
+        ``process`` span written with the handler's."""
         with self._end_lock:
             traces = list(self._abandonable)
-        return sum(1 for t in traces if t.abandon())
+        n_ended = 0
+        for t in traces:
+            if not t._done:
+                t.finish(Outcome.TIMEOUT, HandlerAbandoned("the handler still ran when the tracer provider shut down"))
+            n_ended += t.abandon()
+        return n_ended
+
+    def _take_lost_run(self, message_id: str, ctx: SpanContext) -> None:
+        """A copy of ``message_id`` ran: the lost run it links to is linked (forget it, if still ``ctx``)."""
+        with self._lost_lock:
+            if self._lost_runs.get(message_id) == ctx:
+                del self._lost_runs[message_id]
 
     def _remember_lost_run(self, message_id: str, ctx: SpanContext) -> None:
         with self._lost_lock:
@@ -518,7 +536,9 @@ class MessageTrace:
         self._written = False  # our spans of this trace were written (so a link to it resolves)
         # the keep decision of a held trace, for the victims that link to it (under _fate_lock)
         self._fate = _UNDECIDED
-        self._must_keep = False  # a kept victim links to it: keep it whatever its own decision
+        # keep it whatever its own decision, and why: a kept victim links to it (blocker), its
+        # lease was lost after its finish (lease_lost: its redelivery links to it)
+        self._must_keep: str | None = None
         self._dropped_outcome: Outcome | None = None  # to write its spans should it be revived
 
     @property
@@ -555,7 +575,10 @@ class MessageTrace:
 
     def handler_context(self) -> SpanContext | None:
         """The context of the span current in this message's handler (``handler``; ``process`` in
-        the compact shape); None when unsampled or not started."""
+        the compact shape); None when unsampled or not started. A copy refused unstarted has no
+        handler span: its ``process`` stands in (what a blame link to it then resolves to)."""
+        if self._done and self.stamps.times[_START] == MISSING:
+            return self._ctx
         if self._handler is not None:
             return self._handler.context
         if self._process is not None:
@@ -572,7 +595,8 @@ class MessageTrace:
         mt = self._tracer
         with mt._end_lock:
             handler, self._open_handler = self._open_handler, None
-            mt._abandonable.discard(self)
+            if self._done:  # a running, unfinished one stays for the shutdown to finish (abandon_handlers)
+                mt._abandonable.discard(self)
         if handler is None:
             return False
         try:
@@ -608,8 +632,12 @@ class MessageTrace:
             if mt.metrics is not None:
                 mt.metrics.lease_lost(self.info.topic, mt.consumer_group, reason)
             ctx = self._ctx
-            # a finished trace that was not written (dropped) has no span to link to
-            if self.info.message_id and ctx is not None and ctx.is_valid and (not self._done or self._written):
+            # A run the keep policy dropped at its finish (lost between the handler's end and the
+            # ack) is kept after all, revived from the hold while it still has it, so the
+            # redelivery's link resolves; one not revivable (or unsampled) has nothing to link to.
+            # A held one still deciding is promised kept the same way (the flag may come too late).
+            if self.info.message_id and ctx is not None and ctx.is_valid and (
+                    self._written or (self._exported_for("lease_lost", True) if self._held else not self._done)):
                 mt._remember_lost_run(self.info.message_id, ctx)
         except Exception as exc:  # noqa: BLE001 - the loop's settle must go on
             mt.hook_failed("recording a lost lease", exc)
@@ -626,29 +654,31 @@ class MessageTrace:
                 attrs[n.BLAME_BLOCKER_MESSAGE_ID] = cap(blocker.info.message_id)
             ctx = blocker.handler_context()
             if ctx is not None and ctx.is_valid:
-                if blocker._exported_for_blame(kept):
+                if blocker._exported_for("blocker", kept):
                     links = (Link(ctx),)
                 elif kept and self._tracer.keep is not None:
                     self._tracer.keep.blocker_unkept()
         return attrs, links
 
-    def _exported_for_blame(self, keep_it: bool) -> bool:
-        """Whether this trace's spans are or will be exported, so a victim's link to it resolves.
-        ``keep_it``: keep it for that victim — when undecided, whatever its decision; when dropped
-        a moment ago, revived if the hold still has it (:meth:`HoldingSpanProcessor.revive`)."""
+    def _exported_for(self, why: str, keep_it: bool) -> bool:
+        """Whether this trace's spans are or will be exported, so a link to it resolves (a kept
+        victim's, ``why="blocker"``; a redelivery's after a lost lease, ``why="lease_lost"``).
+        ``keep_it``: keep it for that link — when undecided, whatever its decision; when dropped
+        a moment ago, revived if the hold still has it (:meth:`HoldingSpanProcessor.revive`);
+        counted as kept after all for ``why``."""
         if not self._held:
             return True  # the head decision: sampled (a context to link to) means exported
         mt = self._tracer
         with mt._fate_lock:
             fate = self._fate
             if fate == _UNDECIDED or fate == _DECIDING:
-                if keep_it:
-                    self._must_keep = True  # its _decide keeps it (reason blocker)
+                if keep_it and self._must_keep is None:
+                    self._must_keep = why  # its _decide keeps it (reason why)
                 return keep_it
             if fate == _KEPT:
                 return True
             if fate == _PENDING and keep_it:
-                self._must_keep = True  # its settle keeps it (a job's latest finisher, superseded or not)
+                self._must_keep = self._must_keep or why  # its settle keeps it (a job's latest finisher, superseded or not)
                 return True
             if fate != _DROPPED or not keep_it:
                 return False
@@ -658,7 +688,7 @@ class MessageTrace:
         if revived:
             assert ctx is not None and outcome is not None
             if keep is not None:
-                keep.kept_after_all("blocker")
+                keep.kept_after_all(why)
             try:
                 self._write_spans(ctx, outcome, None)
             except Exception as exc:  # noqa: BLE001
@@ -679,6 +709,8 @@ class MessageTrace:
         """The handler starts: stamp it, open (or hold) the spans, make the context current."""
         times = self.stamps.times
         times[_START] = self._scope_start or self.anchor.now()
+        with self._tracer._end_lock:
+            self._tracer._abandonable.add(self)  # until __exit__: the shutdown ends it should it never come
         if times[_ENQUEUE] == MISSING:
             # No dispatcher stamped it: the client's own pool dispatched from its cache.
             times[_ENQUEUE] = times[_PULL]
@@ -773,9 +805,9 @@ class MessageTrace:
             if late:
                 self._late_end = now
                 handler, self._open_handler = self._open_handler, None
-                self._tracer._abandonable.discard(self)
             else:
                 self.stamps.times[_END] = now
+            self._tracer._abandonable.discard(self)  # returned: nothing left for a shutdown to end
         if late and handler is not None:
             try:
                 handler.end(end_time=now)  # joins its trace, kept at the finish
@@ -800,11 +832,20 @@ class MessageTrace:
         """Write spans, observe every gap, count the outcome. Idempotent; never raises."""
         if self._done:
             return
-        self._done = True
+        with self._tracer._end_lock:  # the provider's shutdown may finish it while its handler's report does
+            if self._done:
+                return
+            self._done = True
         times = self.stamps.times
         occupancy = self._tracer.occupancy
         if occupancy is not None and times[_START] == MISSING:
             occupancy.discarded(self.anchor.mono_ns)
+        lost_from = self._lost_from
+        if lost_from is not None:
+            if outcome is _NOT_STARTED or outcome is Outcome.SKIPPED:
+                self._lost_from = None  # never ran: no second run; the copy that runs links to it
+            elif self.info.message_id:
+                self._tracer._take_lost_run(self.info.message_id, lost_from)
         if outcome is _NOT_STARTED:
             # The dispatcher's handler refused to start this copy (tracer.dispatch.NotStarted)
             # inside the handler scope: its start and end stamps measure no handler run, and the
@@ -884,7 +925,7 @@ class MessageTrace:
             with mt._fate_lock:
                 self._fate = _DECIDING
                 if flag is None and self._must_keep:
-                    flag = "blocker"
+                    flag = self._must_keep
         try:
             times = self.stamps.times
             # the policy's timers (job idle, intervals) run on the monotonic clock, as its tick
@@ -895,15 +936,15 @@ class MessageTrace:
             self._tracer.hook_failed("the keep decision", exc)
             reason = "failure"  # err on keeping
         if self._held:
-            flipped = False
+            flipped: str | None = None
             with mt._fate_lock:
-                if reason is None and self._must_keep:  # a kept victim linked to it meanwhile
-                    reason, flipped = "blocker", True
+                if reason is None and self._must_keep:  # a kept victim linked to it meanwhile (or a lost lease)
+                    reason = flipped = self._must_keep
                 self._fate = _PENDING if reason is PENDING else _KEPT if reason is not None else _DROPPED
                 if reason is None:
                     self._dropped_outcome = outcome
-            if flipped:
-                keep.kept_after_all("blocker")
+            if flipped is not None:
+                keep.kept_after_all(flipped)
         if self._head_held and ctx is not None and hold is not None:
             hold.release(ctx.trace_id, True)
             return ctx
@@ -923,7 +964,7 @@ class MessageTrace:
             if not kept and self._must_keep:  # a kept victim was promised it while it was pending
                 kept = True
                 if mt.keep is not None:
-                    mt.keep.kept_after_all("blocker", was="superseded")
+                    mt.keep.kept_after_all(self._must_keep, was="superseded")
             self._fate = _KEPT if kept else _DROPPED
             if not kept:
                 self._dropped_outcome = outcome
@@ -969,6 +1010,10 @@ class MessageTrace:
         end_ns = d[_END] or max(self.anchor.now(), *d)
         error_type = type(error).__qualname__ if error is not None else None
         handler = self._handler
+        if outcome is _NOT_STARTED:
+            # refused at the start gate inside the scope: no handler ran, so no handler span
+            # (opened at the scope's entry, it is never written)
+            handler = self._handler = None
         if handler is not None:
             floor = d[_START] or d[_PULL]  # unstamped (not started): still inside its process span
             if floor > handler.start_time:
