@@ -62,7 +62,7 @@ class DispatchStats:
     threads or tasks alive (asyncio: 0 before the first ``submit``). ``cost_errors``: ``cost=``
     results that raised or were not a finite number >= 0 (those messages got cost 0).
     ``not_started``: messages whose handler raised :class:`NotStarted` (``Outcome.NOT_STARTED``).
-    ``blame``: live blame's snapshot (:class:`tracer.path.blocking.BlameStats`: starts
+    ``blame``: live blame's snapshot (:class:`tracer.path.blocking.BlameStatistics`: starts
     judged, seconds waited and avoidable, head_of_line / capacity counts); None until a trace or
     metrics were attached.
     """
