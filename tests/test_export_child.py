@@ -300,12 +300,17 @@ class ExportChildModel(RuleBasedStateMachine):
     def resume(self) -> None:
         self.rig.gate.touch()
 
-    @precondition(lambda self: self.rig.processor.child_pid is not None)
     @rule()
     def kill_child(self) -> None:
+        # whether a child runs now is the real process's state, which moves with the machine's load:
+        # as a precondition it made hypothesis's draws differ between a run and its replay (flaky)
         pid = self.rig.processor.child_pid
-        assert pid is not None
-        os.kill(pid, signal.SIGKILL)
+        if pid is None:
+            return
+        try:
+            os.kill(pid, signal.SIGKILL)
+        except ProcessLookupError:  # it died (and was reaped) since: nothing to kill
+            return
         self.kills += 1
         wait_until(lambda: self.rig.processor.child_pid != pid, what="the dead child reaped")
 

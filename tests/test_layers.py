@@ -226,6 +226,10 @@ def _instance_of(owner: object) -> object:
         return span
     if name == "OTLPSpanExporter":
         return owner()  # type: ignore[operator]
+    if name == "BatchSpanProcessor":
+        from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+
+        return owner(InMemorySpanExporter())  # type: ignore[operator]
     return owner
 
 

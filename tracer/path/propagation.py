@@ -39,7 +39,8 @@ from .clock import WallNs
 from .names import COST_PROPERTY, JOB_ID_PROPERTY, PRODUCE_NS_PROPERTY, TRACEPARENT, TRACESTATE
 
 __all__ = [
-    "BAGGAGE", "COST", "GETTER", "JOB_ID", "PRODUCE_NS", "SETTER", "TRACEPARENT", "TRACESTATE", "Carried",
+    "BAGGAGE", "COST", "GETTER", "JOB_ID", "PLAUSIBLE_AHEAD_NS", "PLAUSIBLE_MIN_NS", "PRODUCE_NS", "SETTER",
+    "TRACEPARENT", "TRACESTATE", "Carried",
     "PropagationErrors", "extract", "format_traceparent", "inject", "parse_produce_ns", "parse_traceparent",
     "parse_tracestate", "plausible_ns", "resolve", "resolve_parent", "span_context", "traceparent_sampled",
 ]
@@ -60,6 +61,8 @@ MAX_TRACESTATE_LEN = 512
 MAX_JOB_ID_LEN = 128
 _NS_MIN = 946_684_800 * 10**9  # 2000-01-01: earlier is not a real produce time
 _NS_FUTURE_SLACK = 24 * 3600 * 10**9
+# plausible_ns's bounds, for callers that inline it on the message path
+PLAUSIBLE_MIN_NS, PLAUSIBLE_AHEAD_NS = _NS_MIN, _NS_FUTURE_SLACK
 
 _EMPTY_STATE = TraceState()
 _FLAGS = (TraceFlags(0), TraceFlags(1))
@@ -216,7 +219,7 @@ def span_context(trace_id: int, span_id: int, is_remote: bool, flags: TraceFlags
                  state: TraceState | None) -> SpanContext:
     """``SpanContext(trace_id, span_id, is_remote, flags, state)``: the same tuple (validity
     included), built without the class call's ``__new__`` dispatch and defaults; a traced message
-    builds up to five (BENCHMARKS.md, session 8)."""
+    builds up to five (docs/benchmarks-history.md, "Session 8")."""
     return _new_tuple(SpanContext, (trace_id, span_id, is_remote, flags,
                                     DEFAULT_TRACE_STATE if state is None else state,
                                     0 < trace_id <= _TRACE_ID_MAX and 0 < span_id <= _SPAN_ID_MAX))
@@ -300,7 +303,7 @@ def parse_produce_ns(value: str, errors: PropagationErrors, now_ns: WallNs) -> i
         errors.count("produce_ns_malformed", value)
         return 0
     ns = int(value)
-    if not plausible_ns(ns, now_ns):
+    if not _NS_MIN <= ns <= now_ns + _NS_FUTURE_SLACK:  # plausible_ns, inline: once a message
         errors.count("produce_ns_out_of_range", value)
         return 0
     return ns

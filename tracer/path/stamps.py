@@ -23,7 +23,7 @@ import threading
 from typing import Iterable, NamedTuple, Sequence
 
 from .clock import MonoNs
-from .stages import GAPS, PATH_GAPS, STAGES, Gap, Stage
+from .stages import CROSS_CLOCK_GAPS, GAPS, PATH_GAPS, STAGES, Gap, Stage
 
 MISSING = 0
 _N_STAGES = len(Stage)
@@ -75,7 +75,13 @@ def causal(times: Sequence[int]) -> Sequence[int]:
     """The stamps every gap is computed on (see the module doc): ``times`` itself when already in
     order, else a corrected copy — stamps of other clocks moved back to the stamp after them,
     consumer stamps each moved forward to the one before."""
-    if in_order(times):
+    last = MISSING
+    for ns in times:  # in_order(times), inline: once a message
+        if ns != MISSING:
+            if ns < last:
+                break
+            last = ns
+    else:
         return times
     produce, store, pull = times[_PRODUCE], times[_STORE], times[_PULL]
     out = list(times)
@@ -191,6 +197,9 @@ def timeline(stamps: Stamps) -> list[tuple[Stage, int]]:
     return out
 
 
+# The cross-clock gaps as (first stage, last stage, clock pair): what SkewTracker.observe_times reads.
+_CROSS: tuple[tuple[int, int, str], ...] = tuple((int(g.start), int(g.end), g.peer) for g in CROSS_CLOCK_GAPS)
+
 SKEW_WINDOW_MESSAGES = 64  # per clock pair, a bucket of the skew window holds at most this many gaps
 SKEW_WINDOW_NS = 60 * 10**9  # and only gaps of one slot of this much monotonic time
 
@@ -256,6 +265,50 @@ class SkewTracker:
                     w.current = raw_ns
             new = w.bound()
             return new if new != old else None
+
+    def observe_times(self, times: Sequence[int], mono_ns: MonoNs) -> list[tuple[str, int]] | None:
+        """:meth:`observe` for every cross-clock gap of one message's raw stamps (``times``, by
+        :class:`Stage`) whose two stamps are present, in ``CROSS_CLOCK_GAPS`` order, under one
+        lock: each pair whose bound changed with its new bound, in that order (None: none changed).
+        One call a message instead of one a gap (docs/benchmarks-history.md, "Session 9"); the same windows."""
+        slot = mono_ns // self.bucket_ns
+        full = self.bucket_messages
+        changed: list[tuple[str, int]] | None = None
+        with self._lock:
+            windows = self._windows
+            for a, b, peer in _CROSS:
+                ta, tb = times[a], times[b]
+                if ta == MISSING or tb == MISSING:
+                    continue
+                raw = tb - ta
+                w = windows.get(peer)
+                if w is None:
+                    windows[peer] = _SkewWindow(raw, slot)
+                    new = raw
+                else:
+                    prev = w.previous  # w.bound() before and after, inline
+                    cur = w.current
+                    old = cur if prev is None or cur <= prev else prev
+                    if slot != w.slot:  # a new slot: the bucket just ended is the previous one if adjacent
+                        prev = w.previous = cur if slot == w.slot + 1 else None
+                        cur = w.current = raw
+                        w.count, w.slot = 1, slot
+                    elif w.count >= full:  # a full bucket, of this slot
+                        prev = w.previous = cur
+                        cur = w.current = raw
+                        w.count = 1
+                    else:
+                        w.count += 1
+                        if raw < cur:
+                            w.current = cur = raw
+                    new = cur if prev is None or cur <= prev else prev
+                    if new == old:
+                        continue
+                if changed is None:
+                    changed = [(peer, new)]
+                else:
+                    changed.append((peer, new))
+        return changed
 
     def bound_ns(self, peer: str) -> int | None:
         with self._lock:

@@ -156,7 +156,10 @@ def process_attributes(info: MessageInfo, client: ClientFacts, outcome: Outcome,
     props = info.properties
     if props:
         # read here, once per written span, not in extract(): only a span shows it (the report's job view)
-        order = props.get(n.JOB_ORDER_PROPERTY)
+        try:
+            order = props.get(n.JOB_ORDER_PROPERTY)
+        except Exception:  # noqa: BLE001 - a foreign mapping whose get raises: extract() counted it unreadable
+            order = None
         if isinstance(order, bytes):  # the 2.x client's property values
             order = order.decode("ascii", "replace")
         if order is not None and order in _JOB_ORDERS:

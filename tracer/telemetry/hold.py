@@ -54,13 +54,14 @@ from __future__ import annotations
 import logging
 import os
 import random
+import sys
 import threading
 from collections import OrderedDict
 from typing import Any, Callable, Iterable, Mapping, NamedTuple, Protocol, Sequence
 
 from opentelemetry.context import Context
 from opentelemetry.sdk.trace import ReadableSpan, Span, SpanProcessor
-from opentelemetry.sdk.trace.id_generator import IdGenerator
+from opentelemetry.sdk.trace.id_generator import IdGenerator, RandomIdGenerator
 from opentelemetry.trace import SpanContext, TraceFlags, TraceState
 
 from ..path.clock import MonoNs, MonotonicClock, default_clock, require_clock, shared_clock
@@ -178,6 +179,10 @@ class HoldingSpanProcessor(SpanProcessor):
         self._ticker_on = ticker
         self._ticking = False
         self._closed = False
+        # No undecided trace can be aged out before this (monotonic ns): a lower bound, lowered
+        # whenever a trace starts aging and made exact by every scan, so holding a trace scans
+        # for old ones only when one may be there (one scan a message cost a call and a list)
+        self._expire_at = 0
 
     @property
     def dropped(self) -> int:
@@ -219,6 +224,7 @@ class HoldingSpanProcessor(SpanProcessor):
         """
         self.clock = shared_clock(self.clock, self._clock_pinned, clock, "HoldingSpanProcessor(clock=)")
         self._clock_pinned = True
+        self._expire_at = 0  # read on another clock: scan at the next hold
 
     def attach(self, policy: _Policy) -> None:
         """Settle ``policy`` by time (the ticker) and at ``force_flush``/``shutdown``. Idempotent."""
@@ -248,6 +254,8 @@ class HoldingSpanProcessor(SpanProcessor):
             held.running = False
             held.since = now
             self._held[trace_id] = self._held.pop(trace_id)  # to the end: the table stays in age order
+            if now + self.max_age_ns < self._expire_at:
+                self._expire_at = now + self.max_age_ns
 
     def _hold(self, trace_id: int, fresh: bool, running: bool) -> None:
         """``fresh``: an id :meth:`open_trace` just drew (96 random bits), seen nowhere before."""
@@ -260,21 +268,30 @@ class HoldingSpanProcessor(SpanProcessor):
                 self._gone.pop(trace_id, None)  # held again: it starts afresh
                 self._kept.pop(trace_id, None)
                 self._evicted.pop(trace_id, None)
-            self._expire_locked(now, lost)
+            if now >= self._expire_at:
+                self._expire_locked(now, lost)
             if len(self._held) >= self.max_traces:
                 self._evict_oldest_locked("max_traces", lost)
             self._held[trace_id] = _Held(now, fresh or self.ours(trace_id), running)
+            if not running and now + self.max_age_ns < self._expire_at:
+                self._expire_at = now + self.max_age_ns
         if lost:
             self._count_lost(lost)
-        self._wake()
+        if not self._ticking:  # _wake's own first test, without its call while the ticker runs
+            self._wake()
 
     def open_trace(self, ids: IdGenerator, trace_state: TraceState | None = None, *,
                    running: bool = False) -> SpanContext:
         """A new sampled root context, its trace held (the trace a keep policy decides later).
         ``running``: its handler runs now; it is not aged until :meth:`ran`."""
-        high = ids.generate_trace_id() >> 32
+        if type(ids) is RandomIdGenerator:  # its ids drawn as it draws them, two method calls less
+            high = (random.getrandbits(128) or ids.generate_trace_id()) >> 32
+            span_id = random.getrandbits(64) or ids.generate_span_id()
+        else:
+            high = ids.generate_trace_id() >> 32
+            span_id = ids.generate_span_id()
         trace_id = (high << 32) | (hash((high, self._salt)) & _LOW32)
-        ctx = span_context(trace_id, ids.generate_span_id(), False, _SAMPLED, trace_state)
+        ctx = span_context(trace_id, span_id, False, _SAMPLED, trace_state)
         self._hold(trace_id, True, running)
         return ctx
 
@@ -300,9 +317,18 @@ class HoldingSpanProcessor(SpanProcessor):
             if not keep:  # a decided drop is the policy's to count, not a loss
                 # kept for a while in case a later decision needs it (revive), then remembered
                 # (ours too) so its late spans count as the policy's, not as lost
-                self._recent[trace_id] = held
+                recent = self._recent
+                recent[trace_id] = held
                 self._n_recent += len(held.spans)
-                self._trim_recent_locked()
+                if len(recent) == RECENT_TRACES + 1 and self._n_recent <= RECENT_SPANS:
+                    # _trim_recent_locked's one step when only the trace bound is passed (every
+                    # drop once 256 are recent), inline
+                    gone_id, gone = recent.popitem(last=False)
+                    self._n_recent -= len(gone.spans)
+                    if not gone.ours:
+                        self._remember(self._gone, gone_id, None)
+                else:
+                    self._trim_recent_locked()
                 return True
             out, orphans = self._keep_locked(trace_id, held)
         self._forward(out, orphans)
@@ -394,11 +420,15 @@ class HoldingSpanProcessor(SpanProcessor):
     def _expire_locked(self, now: int, lost: list[tuple[str, _Held]]) -> None:
         limit = now - self.max_age_ns
         old = []
+        # the traces left are younger than the first one past the limit: none ages out before it does
+        expire_at = sys.maxsize
         for trace_id, h in self._held.items():  # in age order (ran() moves a trace to the end)
             if h.since > limit:
+                expire_at = h.since + self.max_age_ns
                 break
             if not h.running:  # a running handler's trace is not aged
                 old.append(trace_id)
+        self._expire_at = expire_at
         for trace_id in old:
             self._evict_locked(trace_id, "max_age", lost)
 

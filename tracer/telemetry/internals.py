@@ -46,9 +46,12 @@ INTERNALS: tuple[Internal, ...] = (
     Internal("opentelemetry.sdk.trace.TracerProvider", "_active_span_processor", False, OTEL_SDK,
              "the hold and the abandon hook are added with add_span_processor (after the exporters)"),
     Internal("opentelemetry.sdk.trace.SynchronousMultiSpanProcessor", "_span_processors", True, OTEL_SDK,
-             "as above: put first in the chain only when this tuple can be replaced"),
+             "as above: put first in the chain only when this tuple can be replaced; the spans we write go "
+             "through the multi processor's on_start/on_end (tracer.telemetry.chain)"),
     Internal("opentelemetry.sdk.trace.SynchronousMultiSpanProcessor", "_lock", False, OTEL_SDK,
              "as above: the tuple is replaced under the processor's own lock or not at all"),
+    Internal("opentelemetry.sdk.trace.export.BatchSpanProcessor", "_batch_processor", False, OTEL_SDK,
+             "a sampled span we write reaches the batch processor through its on_end (tracer.telemetry.chain)"),
     Internal("opentelemetry.trace.ProxyTracer", "_real_tracer", False, OTEL_SDK,
              "a proxy tracer is taken as not the SDK's: spans through the API (slower, same content)"),
     Internal("opentelemetry.sdk.trace.Tracer", "_is_enabled", False, OTEL_SDK, "taken as enabled"),

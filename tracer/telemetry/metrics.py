@@ -443,8 +443,9 @@ class TracerMetrics(OnePerRegistry):
         if self._hist is not None:
             self._observe_stock(topic, group, times, outcome)
             return
-        series = self._series(topic, group)
-        bounds = self._stages.bounds
+        stages = self._stages
+        series = stages.series.get((topic, group)) or self._series(topic, group)  # the first look inline
+        bounds = stages.bounds
         counts, sums = series.counts, series.sums
         with series.lock:
             _count_gaps_fast(counts, sums, bounds, times, series.exemplars, series.exemplar_values,

@@ -201,9 +201,15 @@ class MessagingMeters:
     def finished(self, topic: str, group: str, times: Sequence[int], outcome: Outcome,
                  error: BaseException | None = None) -> None:
         """One message whose handling ended: process duration, consumed count, every stage gap."""
-        inst = self._instruments or self._resolve()
+        inst = self._instruments
         if inst is None:
-            return
+            # _resolve's own spacing, inline: without a meter provider this is every message's path
+            if self._misses & (RECHECK_EVERY - 1):
+                self._misses += 1
+                return
+            inst = self._resolve()
+            if inst is None:
+                return
         attrs = self._attrs_for(topic, group)
         inst.consumed.add(1, attrs.process)
         a, b = times[_PULL], times[_END]

@@ -30,6 +30,7 @@ four ``_*_parent_*`` delegates).
 
 from __future__ import annotations
 
+import random
 import sys
 import traceback
 from typing import Any, Callable, Mapping, Sequence
@@ -40,6 +41,7 @@ from opentelemetry.context import Context
 from opentelemetry.sdk.resources import Resource
 from opentelemetry.sdk.trace import Event, ReadableSpan, SpanLimits, sampling
 from opentelemetry.sdk.trace import Tracer as SdkTracer
+from opentelemetry.sdk.trace.id_generator import RandomIdGenerator
 from opentelemetry.sdk.util import BoundedList
 from opentelemetry.sdk.util.instrumentation import InstrumentationScope
 from opentelemetry.trace import (
@@ -58,6 +60,7 @@ from opentelemetry.util.types import Attributes, AttributeValue
 from ..path.names import SCHEMA_URL
 from ..path.propagation import span_context
 from ..version import __version__
+from .chain import ProcessorChain
 
 __all__ = ["SCOPE", "DeferredSpan", "SpanWriter", "add_own_attributes", "exception_attributes", "record_error",
            "span_writer"]
@@ -130,8 +133,8 @@ def stock_decider(sampler: Any) -> Decide | None:
 class SpanWriter:
     """Sampling, ids, limits and the span processor of one SDK tracer."""
 
-    __slots__ = ("tracer", "_sampler", "_stock", "_by_parent", "_ids", "_processor", "_resource", "_limits",
-                 "_random_ids", "_attr_cap", "_links_cap")
+    __slots__ = ("tracer", "_sampler", "_stock", "_by_parent", "_ids", "_draw", "_processor", "_chain", "_resource",
+                 "_limits", "_random_ids", "_attr_cap", "_links_cap")
 
     def __init__(self, tracer: SdkTracer) -> None:
         self.tracer = tracer
@@ -141,7 +144,11 @@ class SpanWriter:
         # table [remote][sampled], read without calling the decider
         self._by_parent = _parent_table(self._sampler) if self._stock is not None else None
         self._ids = tracer.id_generator
+        # the SDK's own generator: its span id drawn here as it draws it (random.getrandbits(64),
+        # again while 0), one method call less a span
+        self._draw = type(self._ids) is RandomIdGenerator
         self._processor = tracer.span_processor
+        self._chain = ProcessorChain(self._processor)  # the same calls, the empty ones left out
         self._resource = tracer.resource
         self._limits: SpanLimits = getattr(tracer, "_span_limits", None) or _NO_LIMITS
         # Our own attributes are bounded only past these (a value length limit bounds always).
@@ -171,11 +178,13 @@ class SpanWriter:
         ``parent_ctx`` is the extracted context, if one was built (baggage); else one is made
         from ``parent`` for the sampler.
         """
-        if parent is not None and not parent.is_valid:
+        # SpanContext is a tuple (trace id, span id, remote, flags, state, valid): read by index
+        # below, each a property call less
+        if parent is not None and not parent[5]:
             parent = None
         if parent is not None:
-            trace_id = parent.trace_id
-            random_id = parent.trace_flags & _RANDOM_BIT
+            trace_id = parent[0]
+            random_id = parent[3] & _RANDOM_BIT
         else:
             trace_id = self._ids.generate_trace_id()
             random_id = self._random_ids
@@ -183,10 +192,10 @@ class SpanWriter:
         if stock is not None:
             table = self._by_parent
             if table is not None and parent is not None:
-                decision = table[parent.is_remote][parent.trace_flags & _SAMPLED_BIT]
+                decision = table[parent[2]][parent[3] & _SAMPLED_BIT]
             else:
                 decision = stock(parent, trace_id)
-            trace_state = parent.trace_state if parent is not None else None
+            trace_state = parent[4] if parent is not None else None
             result_attrs: Attributes = attributes
         else:
             if parent is not None and parent_ctx is None:
@@ -195,7 +204,8 @@ class SpanWriter:
             decision, trace_state, result_attrs = result.decision, result.trace_state, result.attributes
         if decision is _DROP and not dropped_context:
             return INVALID_SPAN_CONTEXT, None
-        ctx = span_context(trace_id, self._ids.generate_span_id(), False,
+        span_id = random.getrandbits(64) if self._draw else 0  # as RandomIdGenerator draws it
+        ctx = span_context(trace_id, span_id or self._ids.generate_span_id(), False,
                            _NEW_FLAGS[decision is _SAMPLE, bool(random_id)], trace_state)
         if decision is _DROP:
             return ctx, None
@@ -208,8 +218,10 @@ class SpanWriter:
         return table[remote][sampled] if table is not None else None
 
     def child_context(self, parent: SpanContext) -> SpanContext:
-        return span_context(parent.trace_id, self._ids.generate_span_id(), False, parent.trace_flags,
-                            parent.trace_state)
+        # SpanContext is a tuple (trace id, span id, remote, flags, state, valid): its fields by
+        # index, not three property calls (four child contexts a full trace)
+        span_id = random.getrandbits(64) if self._draw else 0  # as RandomIdGenerator draws it
+        return span_context(parent[0], span_id or self._ids.generate_span_id(), False, parent[3], parent[4])
 
     def start(self, name: str, kind: SpanKind, parent_ctx: Context, start_ns: int, attributes: dict[str, Any],
               links: Sequence[Link] = ()) -> Span:
@@ -228,7 +240,26 @@ class SpanWriter:
 
     def started(self, span: DeferredSpan, parent_ctx: Context | None) -> None:
         """Tell the processors a live span began (``parent_ctx``: the context it was started in)."""
-        self._processor.on_start(span, parent_ctx)  # type: ignore[arg-type]
+        chain = self._chain
+        if not chain.flat:
+            chain.active.on_start(span, parent_ctx)  # type: ignore[arg-type]
+            return
+        procs = chain.active._span_processors  # type: ignore[attr-defined]  # ProcessorChain.on_start inline
+        if procs is not chain.seen:
+            chain.build(procs)
+        for start in chain.starts:
+            start(span, parent_context=parent_ctx)
+
+    def start_seen(self) -> bool:
+        """Whether a processor sees spans start (:meth:`started` calls one): if not, a caller
+        need not build the context it would pass."""
+        chain = self._chain
+        if not chain.flat:
+            return True
+        procs = chain.active._span_processors  # type: ignore[attr-defined]
+        if procs is not chain.seen:
+            chain.build(procs)
+        return bool(chain.starts)
 
     def emit(self, name: str, context: SpanContext, parent: SpanContext | None, start_ns: int,
              end_ns: int, kind: SpanKind = SpanKind.INTERNAL,
@@ -255,7 +286,16 @@ class SpanWriter:
                 for link in links])
         span = ReadableSpan(name, context, parent, self._resource, attrs, events, links, kind,
                             None, status or _UNSET, start_ns, end_ns, SCOPE)
-        self._processor.on_end(span)
+        chain = self._chain
+        # ProcessorChain.on_end inline (five spans a message); context[3]: its trace_flags, not the property call
+        if chain.flat and context[3] & _SAMPLED_BIT:
+            procs = chain.active._span_processors  # type: ignore[attr-defined]
+            if procs is not chain.seen:
+                chain.build(procs)
+            for end in chain.ends:
+                end(span)
+        else:
+            self._processor.on_end(span)
 
     def event_attributes(self, attributes: Mapping[str, Any]) -> BoundedAttributes:
         limits = self._limits

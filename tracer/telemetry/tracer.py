@@ -45,6 +45,8 @@ from ..path import names as n
 from ..path.clock import Anchor, Clock, MonoNs, WallNs, default_clock, require_clock
 from ..path.message import ClientFacts, MessageInfo
 from ..path.propagation import (
+    PLAUSIBLE_AHEAD_NS,
+    PLAUSIBLE_MIN_NS,
     Carried,
     PropagationErrors,
     extract,
@@ -86,9 +88,9 @@ _GAP_SPANS: tuple[tuple[str, int, int, dict[str, Any]], ...] = tuple(
     (g.name, int(g.start), int(g.end), {n.STAGE: g.name}) for g in n.GAP_SPANS)
 # The compact trace's gap attributes: (attribute, first stage, last stage).
 _GAP_ATTRS: tuple[tuple[str, int, int], ...] = tuple((n.GAP_ATTRS[g.name], int(g.start), int(g.end)) for g in GAPS)
-# Cross-clock gaps, their fields read once: (first stage, last stage, clock pair, tolerance, name).
-_CROSS: tuple[tuple[int, int, str, int, str], ...] = tuple(
-    (int(g.start), int(g.end), g.peer, g.tolerance_ns, g.name) for g in CROSS_CLOCK_GAPS)
+# Cross-clock gaps, their fields read once: (first stage, last stage, tolerance, name).
+_CROSS: tuple[tuple[int, int, int, str], ...] = tuple(
+    (int(g.start), int(g.end), g.tolerance_ns, g.name) for g in CROSS_CLOCK_GAPS)
 # Stages, outcomes and kinds as module constants: an Enum member read off its class costs a
 # descriptor call (~0.2 µs on CPython 3.11), and the message path reads about twenty of them.
 _PRODUCE, _STORE, _PULL = int(Stage.PRODUCE), int(Stage.BROKER_STORE), int(Stage.CLIENT_PULL)
@@ -353,10 +355,11 @@ class MessageTracer:
         times = t.stamps.times
         times[_PRODUCE] = carried.produce_ns
         pulled = times[_PULL] = anchor.wall_ns
-        if info.store_ms:
-            if plausible_ns(info.store_ms * 1_000_000, now):
+        store_ms = info.store_ms
+        if store_ms:
+            if PLAUSIBLE_MIN_NS <= store_ms * 1_000_000 <= now + PLAUSIBLE_AHEAD_NS:  # plausible_ns, inline
                 # millisecond resolution: placed within its millisecond (tracer.path.stamps)
-                times[_STORE] = store_stamp(info.store_ms, times[_PRODUCE], pulled)
+                times[_STORE] = store_stamp(store_ms, times[_PRODUCE], pulled)
             else:
                 self.errors.count("timestamp_out_of_range", f"store_ms={info.store_ms}")
         if self.occupancy is not None:
@@ -750,7 +753,7 @@ class MessageTrace:
             if flag is not None and writer.parent_decision(True, flag) is _DROP:
                 return self._open_held(writer, name, attrs, _PARSE_IF_KEPT, pulled_ns, start_ns, None)
         parent = self._producer_context()
-        if parent is not None and not parent.is_valid:
+        if parent is not None and not parent[5]:  # is_valid, by index: a SpanContext is a tuple
             parent = None
         # the creation context, as the spec asks; built now only for a sampler that reads it
         links = (Link(parent),) if parent is not None and writer.sampler_called else ()
@@ -776,7 +779,8 @@ class MessageTrace:
         if self._tracer.compact:
             return trace.set_span_in_context(process, current)  # the user's spans nest under process
         handler = DeferredSpan(writer, n.HANDLER_SPAN, writer.child_context(ctx), ctx, start_ns)
-        writer.started(handler, trace.set_span_in_context(process, current))
+        if writer.start_seen():  # the context it starts in, built only for a processor that sees it
+            writer.started(handler, trace.set_span_in_context(process, current))
         self._handler = handler
         return trace.set_span_in_context(handler, current)
 
@@ -816,7 +820,8 @@ class MessageTrace:
         hold, ctx = self._tracer.hold, self._ctx
         if hold is not None and ctx is not None and (self._held or self._head_held):
             try:
-                hold.ran(ctx.trace_id)  # undecided from now on (an unacked message): aged from here
+                # ctx[0]: the trace id (a SpanContext is a tuple, no property call)
+                hold.ran(ctx[0])  # undecided from now on (an unacked message): aged from here
             except Exception as exc:  # noqa: BLE001
                 self._tracer.hook_failed("marking a held trace's handler ended", exc)
         if self._tracer.occupancy is not None:
@@ -877,7 +882,7 @@ class MessageTrace:
         consistent = causal(times)  # the parts fit the whole (tracer.path.stamps); skew is read raw below
         if metrics is not None:
             metrics.observe(self.info.topic, mt.consumer_group, consistent, outcome, None,
-                            ctx.trace_id if ctx is not None and ctx.trace_flags & 1 else 0)
+                            ctx[0] if ctx is not None and ctx[3] & 1 else 0)  # trace id if sampled, by index
         mt.meters.finished(self.info.topic, mt.consumer_group, consistent, outcome, error)
         verdict = self._verdict
         if verdict is not None:
@@ -890,19 +895,18 @@ class MessageTrace:
             if metrics is not None:
                 metrics.avoidable(self.info.topic, mt.consumer_group, verdict[1], avoidable)
             mt.meters.avoidable(self.info.topic, mt.consumer_group, verdict[1], avoidable)
-        mono_now = MonoNs(-1)
-        for start, end, peer, tolerance, gap_name in _CROSS:
-            a, b = times[start], times[end]
-            if a == MISSING or b == MISSING:
-                continue
-            raw = b - a
-            if mono_now < 0:  # the skew window's age (ages are monotonic): the latest stamp's, no clock read
-                mono_now = self.anchor.mono_of(WallNs(times[_END] if times[_END] != MISSING else times[_PULL]))
-            bound = mt.skew.observe(peer, raw, mono_now)
-            if bound is not None and metrics is not None:
-                metrics.skew_bound.labels(peer).set(bound / 1e9)
-            if -raw > tolerance and metrics is not None:
-                metrics.clamped(gap_name)
+        # the skew windows' age (ages are monotonic): the latest stamp's, no clock read (Anchor.mono_of inline)
+        anchor = self.anchor
+        changed = mt.skew.observe_times(
+            times, MonoNs(anchor.mono_ns + ((times[_END] if times[_END] != MISSING else times[_PULL]) - anchor.wall_ns)))
+        if metrics is not None:
+            if changed is not None:
+                for peer, bound in changed:
+                    metrics.skew_bound.labels(peer).set(bound / 1e9)
+            for start, end, tolerance, gap_name in _CROSS:
+                a, b = times[start], times[end]
+                if a != MISSING and b != MISSING and a - b > tolerance:
+                    metrics.clamped(gap_name)
         if ctx is not None and (self._process is not None or self._deferred is not None):
             self._write_spans(ctx, outcome, error, consistent)
         for listener in mt.listeners:
@@ -952,7 +956,7 @@ class MessageTrace:
             return ctx
         if reason is PENDING:
             return None
-        hold.release(ctx.trace_id, reason is not None)
+        hold.release(ctx[0], reason is not None)  # its trace id, by index
         return ctx if reason is not None else None
 
     def _settle(self, kept: bool, outcome: Outcome, error: BaseException | None) -> None:
