@@ -20,7 +20,6 @@ _NOT_YET = {
     "tracer.telemetry.tracer.MessageTracer": "TracerStats is a NamedTuple (telemetry/tracer.py)",
     "tracer.telemetry.hold.HoldingSpanProcessor": "HoldStats is a NamedTuple (telemetry/hold.py)",
     "tracer.telemetry.keep.KeepPolicy": "KeepStats is a NamedTuple (telemetry/keep.py)",
-    "tracer.clients.official.ReceivedTraces": "ReceivedStats is a NamedTuple (clients/official.py)",
 }
 
 
