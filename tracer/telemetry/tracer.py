@@ -31,7 +31,8 @@ import logging
 import os
 import threading
 from collections import OrderedDict
-from typing import Any, Callable, Mapping, NamedTuple, Sequence
+from dataclasses import dataclass
+from typing import Any, Callable, Mapping, Sequence
 
 from opentelemetry import context as otel_context
 from opentelemetry import trace
@@ -1082,7 +1083,8 @@ class MessageTrace:
                                   mt.capture_body, span.own_attributes() if span is not None else None)
 
 
-class TracerStats(NamedTuple):
+@dataclass(frozen=True, slots=True)
+class TracerStats:
     """What one :class:`MessageTracer` has seen (:meth:`MessageTracer.statistics`)."""
 
     hook_failures: Mapping[str, int]  # our own code's failures, by place (the first of each is logged)
