@@ -638,12 +638,14 @@ def test_raising_or_non_str_key_fails_that_message_only(caplog: pytest.LogCaptur
             for it in ("a", "boom", "b", "int", "boom"):
                 assert d.submit(it) is True  # never raises out of submit
     outcomes = {i: o for i, o, _ in got}
-    assert outcomes == {"a": Outcome.SUCCESS, "b": Outcome.SUCCESS, "boom": Outcome.FAILURE, "int": Outcome.FAILURE}
+    # never run, so never a failure (#30 finding 06): not started
+    assert outcomes == {"a": Outcome.SUCCESS, "b": Outcome.SUCCESS, "boom": Outcome.NOT_STARTED,
+                        "int": Outcome.NOT_STARTED}
     assert len(got) == 5 and sorted(ran) == ["a", "b"]
     assert isinstance(next(e for i, _, e in got if i == "boom"), KeyError)
     assert isinstance(next(e for i, _, e in got if i == "int"), TypeError)
     s = d.statistics()
-    assert s.submitted == 5 and s.failed == 3 and s.handled == 2 and s.live_workers == 0
+    assert s.submitted == 5 and s.not_started == 3 and s.failed == 0 and s.handled == 2 and s.live_workers == 0
     assert sum("key= callable" in r.getMessage() for r in caplog.records) == 1  # logged once
 
 

@@ -424,7 +424,8 @@ class ThreadEngineModel(_Model):
         if self.d.submit(it, ItemTrace(self.h, it), timeout=0):
             it.accepted = True
             if kind in ("raise_key", "int_key"):
-                assert self.h.outcomes[it][0] is Outcome.FAILURE  # reported before submit returned
+                # reported before submit returned; it never ran, so never a failure (#30 review 06)
+                assert self.h.outcomes[it][0] is Outcome.NOT_STARTED
         elif block:
             if kind in BAD_COSTS:
                 self.cost_errors += 1  # evaluated again by the blocking submit
@@ -690,7 +691,7 @@ class AsyncEngineModel(_Model):
             if await self.d.submit(it, ItemTrace(self.h, it), timeout=0):
                 it.accepted = True
                 if kind in ("raise_key", "int_key"):
-                    assert self.h.outcomes[it][0] is Outcome.FAILURE
+                    assert self.h.outcomes[it][0] is Outcome.NOT_STARTED
             elif block:
                 if kind in BAD_COSTS:
                     self.cost_errors += 1

@@ -13,6 +13,7 @@ from __future__ import annotations
 import asyncio
 import importlib
 import inspect
+import math
 import pkgutil
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -230,6 +231,7 @@ EXEMPT = {
     ("tracer.clients.producer.traced_send", "send"): "the client's own send method",
     ("tracer.clients.producer.traced_send_async", "send_async"): "the client's own send_async method",
     ("tracer.clients.listener.traced_consume", "call"): "internal: the seams above check what they pass",
+    ("tracer.callables.holds", "predicate"): "internal: the guard itself, called with until= and wait() predicates",
     ("tracer.config.CountingExporter", "on_taken"): "internal: the config's own counter",
     ("tracer.dispatch.core.Core", "key"): "internal: both engines check before they build a Core",
     ("tracer.dispatch.core.Core", "cost"): "internal: both engines check before they build a Core",
@@ -536,3 +538,340 @@ def test_a_returned_awaitable_or_generator_fails_the_message_unrun_and_unwarned(
         assert error is not None and error.startswith("HandlerNeverRan: ") and "AsyncDispatcher" in error, error
     unawaited = [str(w.message) for w in caught if "never awaited" in str(w.message)]
     assert not unawaited, unawaited
+
+
+# --- what every user callable RETURNS or RAISES, once it runs (#30 findings 01, 06, 09, 10, 12) ---
+# One rule for all of them: an answer that is junk (NaN, inf, 10**400, a wrong type, a coroutine
+# or a generator it returned) takes the parameter's documented default; an Exception costs only
+# the message it was called for; a BaseException (Ctrl-C) stops the loop cleanly with nothing
+# held (run() re-raises it once the drain is done). A returned coroutine or generator is closed
+# ("never awaited" is never warned). Each loop-facing parameter of CHECKED has a runner here; the
+# rest say where their rule is tested (or why it is another rule).
+_JUNK = {"raise": "raise", "nan": math.nan, "inf": math.inf, "huge": 10**400, "str": "2", "int": 5,
+         "coroutine": "coroutine", "generator": "generator", "base": "base"}
+
+
+def _answering(kind: str) -> Callable[..., Any]:
+    """A plain function answering ``kind`` (raising for "raise" and "base")."""
+    async def acheck(*a: Any) -> bool:  # pragma: no cover - closed unrun
+        return False
+
+    def gen(*a: Any) -> Any:  # pragma: no cover - closed unrun
+        yield False
+
+    def fn(*a: Any) -> Any:
+        if kind == "raise":
+            raise ValueError("the user's callable failed")
+        if kind == "base":
+            raise KeyboardInterrupt("Ctrl-C while the user's callable ran")
+        if kind == "coroutine":
+            return acheck(*a)
+        if kind == "generator":
+            return gen(*a)
+        return _JUNK[kind]
+    return fn
+
+
+def _loop_of(n: int, handler: Callable[[Any], Any], **kw: Any) -> ConsumeLoop:
+    from test_consume import pipeline
+
+    _broker, loop = pipeline(n, handler, workers=2, invisible=5.0, **kw)
+    return loop
+
+
+def _settled(s: Any) -> bool:
+    return s.reported >= 1 and s.held == 0
+
+
+def _run_loop_until(loop: ConsumeLoop, until: Callable[[Any], bool], base: bool) -> Any:
+    if base:
+        with pytest.raises(KeyboardInterrupt):
+            loop.run(until=until)
+    else:
+        loop.run(until=until)
+    s = loop.statistics()
+    # nothing held, and every delivery is accounted for, whatever the callable did
+    assert s.held == 0 and s.received == s.acked + s.retry_scheduled + s.given_back + s.ack_errors + s.expired, s
+    return s
+
+
+def _loop_key(kind: str) -> None:
+    # fails before (finding 06): a message whose key= failed counted failed and retry_scheduled
+    ran: list[Any] = []
+    loop = _loop_of(2, ran.append, key=_answering(kind), retry_backoff=lambda a: 30)
+    s = _run_loop_until(loop, lambda s: s.reported >= 2 or s.held == 0 and s.received > 0, kind == "base")
+    assert not ran and s.failed == 0 and s.retry_scheduled == 0 and loop.dispatcher.statistics().failed == 0, s
+    assert s.not_started == s.given_back == s.received > 0, s
+
+
+def _loop_cost(kind: str) -> None:
+    ran: list[Any] = []
+    loop = _loop_of(2, ran.append, cost=_answering(kind), policy="cost_aware")
+    s = _run_loop_until(loop, lambda s: s.acked >= 2 or s.held == 0 and s.received > 0, kind == "base")
+    if kind != "base":  # a junk cost is cost 0: the message runs
+        assert len(ran) == 2 and s.acked == 2 and s.failed == 0, s
+
+
+def _failing(m: Any) -> None:
+    raise RuntimeError("the handler failed")
+
+
+def _loop_backoff(kind: str) -> None:
+    # fails before (findings 01, 09): a raising retry_backoff= ended run() with its ValueError; a
+    # junk answer failed the nack (an ack error: the message waited out its whole lease)
+    loop = _loop_of(1, _failing, retry_backoff=_answering(kind))
+    s = _run_loop_until(loop, _settled, kind == "base")
+    assert s.failed == 1 and s.retry_scheduled == 1 and s.ack_errors == 0, s
+
+
+def _loop_predicate(kind: str, where: str) -> None:
+    # fails before (finding 12): a returned coroutine or generator was taken as True
+    loop = _loop_of(1, lambda m: None)
+    fn = _answering(kind)
+    expected = {"raise": ValueError, "base": KeyboardInterrupt}.get(kind, TypeError)
+    try:
+        if where == "until":
+            with pytest.raises(expected):  # the caller's own callable, on the caller's thread
+                loop.run(until=fn)
+        else:
+            import threading
+
+            t = threading.Thread(target=loop.run, daemon=True)
+            t.start()
+            with pytest.raises(expected):
+                loop.wait(fn, timeout=math.inf)
+            loop.stop()
+            t.join(30)
+            assert not t.is_alive()
+    finally:
+        loop.dispatcher.close()
+    assert loop.statistics().held == 0
+
+
+def _dispatcher_key(kind: str, engine: str) -> None:
+    # fails before (finding 06, both engines): a failed key= was Outcome.FAILURE, counted failed
+    got: list[tuple[Any, Any]] = []
+    ran: list[Any] = []
+    if engine == "thread":
+        d = Dispatcher(ran.append, workers=1, key=_answering(kind), on_done=lambda i, o, e: got.append((o, e)))
+        if kind == "base":
+            with pytest.raises(KeyboardInterrupt):
+                d.submit("m")
+        else:
+            assert d.submit("m") is True
+        assert d.close() is True
+        stats = d.statistics()
+    else:
+        async def handler(m: Any) -> None:
+            ran.append(m)
+
+        async def main() -> Any:
+            d = AsyncDispatcher(handler, workers=1, key=_answering(kind), on_done=lambda i, o, e: got.append((o, e)))
+            if kind == "base":
+                with pytest.raises(KeyboardInterrupt):
+                    await d.submit("m")
+            else:
+                assert await d.submit("m") is True
+            assert await d.close() is True
+            return d.statistics()
+        stats = asyncio.run(main())
+    assert not ran and stats.failed == 0
+    if kind != "base":
+        assert [o.value for o, _ in got] == ["not_started"] and stats.not_started == 1, got
+
+
+def _dispatcher_cost(kind: str, engine: str) -> None:
+    got: list[Any] = []
+    if engine == "thread":
+        d = Dispatcher(lambda m: None, workers=1, cost=_answering(kind), on_done=lambda i, o, e: got.append(o))
+        if kind == "base":
+            with pytest.raises(KeyboardInterrupt):
+                d.submit("m")
+        else:
+            assert d.submit("m") is True
+        assert d.close() is True
+        stats = d.statistics()
+    else:
+        async def handler(m: Any) -> None:
+            return None
+
+        async def main() -> Any:
+            d = AsyncDispatcher(handler, workers=1, cost=_answering(kind), on_done=lambda i, o, e: got.append(o))
+            if kind == "base":
+                with pytest.raises(KeyboardInterrupt):
+                    await d.submit("m")
+            else:
+                assert await d.submit("m") is True
+            assert await d.close() is True
+            return d.statistics()
+        stats = asyncio.run(main())
+    if kind != "base":  # a cost is a hint: a junk one is 0 and the message runs
+        assert [o.value for o in got] == ["success"] and stats.cost_errors == 1, (got, stats)
+
+
+def _dispatcher_on_done(kind: str, engine: str) -> None:
+    # its answer is ignored and its Exception logged: the message's outcome stands (fails before
+    # for a returned coroutine: "never awaited")
+    seen: list[Any] = []
+
+    def on_done(item: Any, outcome: Any, error: Any) -> Any:
+        seen.append(outcome)
+        return _answering(kind)()
+
+    if engine == "thread":
+        d = Dispatcher(lambda m: None, workers=1, on_done=on_done)
+        assert d.submit("m") is True and d.close() is True
+        stats = d.statistics()
+    else:
+        async def handler(m: Any) -> None:
+            return None
+
+        async def main() -> Any:
+            d = AsyncDispatcher(handler, workers=1, on_done=on_done)
+            assert await d.submit("m") is True and await d.close() is True
+            return d.statistics()
+        stats = asyncio.run(main())
+    assert [o.value for o in seen] == ["success"] and stats.handled == 1 and stats.failed == 0, stats
+
+
+def _cost_table_group(kind: str, how: str) -> None:
+    # a grouping is applied while the table is built: anything but a str is a loud CostTableError
+    # there (fails before for a returned coroutine or an int: accepted, a coroutine never matched)
+    from tracer.dispatch.costtable import CostTable, CostTableError
+
+    fn = _answering(kind)
+    expected: type[BaseException] = KeyboardInterrupt if kind == "base" else (
+        ValueError if kind == "raise" else CostTableError)
+    with pytest.raises(expected):
+        CostTable({"a/1": 1.0}, fn) if how == "init" else CostTable({"a/1": 1.0}).with_group(fn)
+
+
+def _job_costs(kind: str) -> None:
+    # a one-shot job: a junk cost is a loud CostTableError naming the message, before anything is
+    # sent (fails before for a returned coroutine: "never awaited")
+    from tracer.dispatch.cost import job_costs
+    from tracer.dispatch.costtable import CostTableError
+
+    expected: type[BaseException] = KeyboardInterrupt if kind == "base" else CostTableError
+    with pytest.raises(expected):
+        job_costs(["m"], _answering(kind))
+
+
+def _demand_push_backoff(kind: str) -> None:
+    # fails before (finding 10): a raising retry_backoff= ended the loop while `running` stayed True
+    from test_demandpush import Listener, _embedded
+    from waiting import wait_until
+
+    from tracer.clients.demandpush import DemandPushConsumer
+
+    backend = _embedded()
+    listener = Listener({("first", 1): lambda: rmq.ConsumeResult.FAILURE})
+    c = DemandPushConsumer(backend.configuration, backend.group, listener, {backend.topic: rmq.FilterExpression()},
+                           consumption_thread_count=2, invisible_duration=10, retry_backoff=_answering(kind),
+                           shutdown_timeout=10)
+    c.startup()
+    try:
+        backend.send("first")
+        wait_until(lambda: c.statistics().retry_scheduled + c.statistics().given_back >= 1 or not c.running,
+                   timeout=30, what="the failed message given back")
+        if kind == "base":  # the loop stopped cleanly: it says so, and holds nothing
+            wait_until(lambda: not c.running, timeout=30, what="running turns False")
+            assert isinstance(c.error, KeyboardInterrupt) and c.statistics().held == 0
+            return
+        backend.send("later")
+        wait_until(lambda: any(b == "later" for b, _m, _a in listener.calls), timeout=30, what="a later message runs")
+        assert c.running and c.error is None and c.statistics().ack_errors == 0
+    finally:
+        c.shutdown()
+        backend.close()
+
+
+_LOOP_KINDS = ["raise", "base", "coroutine", "generator"]
+RESULT_RUNNERS: dict[tuple[str, str], tuple[list[str], Callable[[str], None]]] = {
+    ("tracer.clients.consume_options.DispatchOptions", "key"): ([*_LOOP_KINDS, "int"], _loop_key),
+    ("tracer.clients.consume_options.DispatchOptions", "cost"): ([*_LOOP_KINDS, "nan", "inf", "huge", "str"], _loop_cost),
+    ("tracer.clients.consume_options.FlowOptions", "retry_backoff"):
+        ([*_LOOP_KINDS, "nan", "inf", "huge", "str"], _loop_backoff),
+    ("tracer.clients.demandpush.DemandPushConsumer", "retry_backoff"): (["raise", "base", "coroutine", "nan"],
+                                                                        _demand_push_backoff),
+    ("tracer.clients.consume.ConsumeLoop.run", "until"): (_LOOP_KINDS, lambda k: _loop_predicate(k, "until")),
+    ("tracer.clients.consume.ConsumeLoop.wait", "predicate"): (_LOOP_KINDS, lambda k: _loop_predicate(k, "wait")),
+    ("tracer.dispatch.engine.Dispatcher", "key"): ([*_LOOP_KINDS, "int"], lambda k: _dispatcher_key(k, "thread")),
+    ("tracer.dispatch.aio.AsyncDispatcher", "key"): ([*_LOOP_KINDS, "int"], lambda k: _dispatcher_key(k, "asyncio")),
+    ("tracer.dispatch.engine.Dispatcher", "cost"): ([*_LOOP_KINDS, "nan", "huge", "str"],
+                                                    lambda k: _dispatcher_cost(k, "thread")),
+    ("tracer.dispatch.aio.AsyncDispatcher", "cost"): ([*_LOOP_KINDS, "nan", "huge", "str"],
+                                                      lambda k: _dispatcher_cost(k, "asyncio")),
+    ("tracer.dispatch.costtable.CostTable", "group"): (["raise", "base", "coroutine", "generator", "int"],
+                                                        lambda k: _cost_table_group(k, "init")),
+    ("tracer.dispatch.costtable.CostTable.with_group", "group"): (["raise", "coroutine", "int"],
+                                                                   lambda k: _cost_table_group(k, "with")),
+    ("tracer.dispatch.cost.job_costs", "cost"): (["raise", "base", "coroutine", "nan", "huge", "str"], _job_costs),
+    # on a worker even a BaseException from on_done is swallowed (a worker never dies: core.py)
+    ("tracer.dispatch.engine.Dispatcher", "on_done"): (["raise", "base", "coroutine", "generator", "nan"],
+                                                       lambda k: _dispatcher_on_done(k, "thread")),
+    ("tracer.dispatch.aio.AsyncDispatcher", "on_done"): (["raise", "base", "coroutine", "generator", "nan"],
+                                                         lambda k: _dispatcher_on_done(k, "asyncio")),
+}
+
+# Their result is another rule, tested where it lives (each reason names it).
+RESULTS_ELSEWHERE = {
+    ("tracer.telemetry.tracer.MessageTracer", "listeners"): "its answer is ignored (a returned coroutine is "
+        "closed: test_a_finish_listener_returning_a_coroutine_is_closed); an Exception is a hook failure",
+    ("tracer.telemetry.exportchild.ChildExportProcessor", "drops"): "a counter hook: its answer is ignored",
+    ("tracer.clients.producer.TracedProducer.send_job", "cost"): "a one-shot job: a junk cost is a loud "
+        "CostTableError before anything is sent (test_cost_table)",
+    ("tracer.clients.producer.TracedProducer.send_job", "key"): "as send_job's cost",
+    ("tracer.clients.legacy.TracedLegacyProducer.send_job", "cost"): "as TracedProducer.send_job",
+    ("tracer.clients.legacy.TracedLegacyProducer.send_job", "key"): "as TracedProducer.send_job",
+    ("tracer.clients.producer.ordered_job", "cost"): "as TracedProducer.send_job",
+    ("tracer.clients.producer.ordered_job", "key"): "as TracedProducer.send_job",
+    ("tracer.dispatch.cost.job_costs", "key"): "as job_costs' cost",
+    ("tracer.dispatch.cost.table_cost", "key"): "as job_costs' cost",
+    ("tracer.dispatch.costtable.learn_costs", "group"): "builds a CostTable: as CostTable's group",
+    ("tracer.dispatch.costtable.load_costs", "group"): "builds a CostTable: as CostTable's group",
+    ("tracer.dispatch.costtable.parse_costs", "group"): "builds a CostTable: as CostTable's group",
+}
+
+
+def test_every_callable_parameter_has_a_rule_for_what_it_answers() -> None:
+    """A new callable parameter cannot be added without a runner (or a reason) for its results."""
+    answered = {w for w in CHECKED if w[1] not in _PER_MESSAGE}
+    known = set(RESULT_RUNNERS) | set(RESULTS_ELSEWHERE)
+    assert answered == known, f"unclassified: {sorted(answered - known)}; gone: {sorted(known - answered)}"
+
+
+@pytest.mark.parametrize(("where", "kind"), [(w, k) for w in sorted(RESULT_RUNNERS) for k in RESULT_RUNNERS[w][0]],
+                         ids=lambda x: x if isinstance(x, str) else f"{x[0].rsplit('.', 1)[-1]}.{x[1]}")
+def test_a_user_callable_answering_junk_or_raising_is_contained(where: tuple[str, str], kind: str) -> None:
+    import gc
+    import warnings
+
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        RESULT_RUNNERS[where][1](kind)
+        gc.collect()
+    unawaited = [str(w.message) for w in caught if "never awaited" in str(w.message)]
+    assert not unawaited, unawaited
+
+
+def test_a_finish_listener_returning_a_coroutine_is_closed() -> None:
+    import gc
+    import warnings
+
+    async def later(trace: Any, outcome: Any) -> None:  # pragma: no cover - closed unrun
+        return None
+
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        _run_pipeline_with(MessageTracer(listeners=[lambda t, o: later(t, o)]))
+        gc.collect()
+    assert not [w for w in caught if "never awaited" in str(w.message)]
+
+
+def _run_pipeline_with(tracer: MessageTracer) -> None:
+    from test_consume import pipeline
+
+    _broker, loop = pipeline(1, lambda m: None, tracer=tracer, workers=1)
+    s = loop.run(until=lambda s: s.acked >= 1)
+    assert s.acked == 1

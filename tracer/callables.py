@@ -17,7 +17,7 @@ import inspect
 from collections.abc import Callable
 from typing import Any
 
-__all__ = ["HandlerNeverRan", "never_ran", "require_async", "require_plain"]
+__all__ = ["HandlerNeverRan", "holds", "never_ran", "require_async", "require_plain", "unrun"]
 
 
 def _kind(fn: Callable[..., Any]) -> str:
@@ -43,20 +43,48 @@ def never_ran(result: object, what: str) -> HandlerNeverRan | None:
     A coroutine or generator is closed here, so Python does not warn "never awaited" and nothing
     of it runs later; another awaitable (a Future, a Task) is left alone — it is not ours to stop.
     """
-    if result is None or isinstance(result, (str, bytes, int)):  # the common answers, at no cost
-        return None
-    if inspect.iscoroutine(result) or inspect.isgenerator(result):
-        kind = "a coroutine" if inspect.iscoroutine(result) else "a generator"
-        result.close()
-    elif inspect.isasyncgen(result):
-        kind = "an async generator"  # never started: nothing to close, nothing to warn
-    elif inspect.isawaitable(result):
-        kind = f"an awaitable ({type(result).__name__})"
-    else:
+    kind = unrun(result)
+    if kind is None:
         return None
     return HandlerNeverRan(f"{what} returned {kind} instead of running, so the message failed: use an "
                            "async def handler with the asyncio engine (AsyncDispatcher), or await it "
                            "inside an async def handler; a generator handler must return, not yield")
+
+
+def unrun(result: object) -> str | None:
+    """What ``result`` is ("a coroutine", "a generator" …) when it means the callable's body never
+    ran, else None: the one test every seam applies to what a user's callable returned.
+
+    A coroutine or generator is closed here, so Python does not warn "never awaited" and nothing
+    of it runs later; another awaitable (a Future, a Task) is left alone — it is not ours to stop.
+    """
+    if result is None or isinstance(result, (str, bytes, int, float)):  # the common answers, at no cost
+        return None
+    if inspect.iscoroutine(result) or inspect.isgenerator(result):
+        kind = "a coroutine" if inspect.iscoroutine(result) else "a generator"
+        result.close()
+        return kind
+    if inspect.isasyncgen(result):
+        return "an async generator"  # never started: nothing to close, nothing to warn
+    if inspect.isawaitable(result):
+        return f"an awaitable ({type(result).__name__})"
+    return None
+
+
+def holds(predicate: Callable[[Any], object], value: object, what: str) -> bool:
+    """``predicate(value)`` as a bool, for a predicate the caller waits on (``until=``, ``wait()``).
+
+    A coroutine is truthy: taken as it is, a wait would end at once on a check that never ran.
+
+    Raises:
+        TypeError: the predicate returned a coroutine, an awaitable or a generator (closed first).
+    """
+    result = predicate(value)
+    kind = unrun(result)
+    if kind is not None:
+        raise TypeError(f"{what} returned {kind} instead of a bool: its check never ran; "
+                        "make it a plain function that returns a bool")
+    return bool(result)
 
 
 def require_plain(fn: object, what: str, *, optional: bool = False) -> None:

@@ -49,7 +49,7 @@ from typing import TYPE_CHECKING, Any, Callable
 from opentelemetry.instrumentation.utils import suppress_instrumentation
 
 from ..bounds import timeout_s
-from ..callables import require_plain
+from ..callables import holds, require_plain, unrun
 from ..dispatch import Dispatcher, DispatcherClosed, NotStarted
 from ..logonce import OnceLogger
 from ..path import names as n
@@ -67,6 +67,7 @@ from .consume_options import (
     DispatchOptions,
     FlowOptions,
     LeaseOptions,
+    backoff_seconds,
     exponential_backoff,
     resolve_options,
     whole_seconds,
@@ -431,6 +432,7 @@ class ConsumeLoop:
 
         Raises:
             ValueError: ``timeout`` is NaN or negative.
+            TypeError: the predicate returned a coroutine or generator (its check never ran).
         """
         require_plain(predicate, "predicate")  # a coroutine is truthy: it would "hold" at once
         limit = timeout_s(timeout, "wait timeout")
@@ -438,7 +440,7 @@ class ConsumeLoop:
         while True:
             with self._lock:
                 seen, snapshot = self._changed.generation, self._snapshot_locked()
-            if predicate(snapshot):
+            if holds(predicate, snapshot, "wait() predicate"):
                 return True
             with self._changed:
                 if self._finished.is_set() and not self._leases:
@@ -449,7 +451,7 @@ class ConsumeLoop:
                         break
                     self._changed.wait(left)
             if deadline is not None and time.monotonic() >= deadline:
-                return bool(predicate(self.statistics()))
+                return holds(predicate, self.statistics(), "wait() predicate")
 
     # -- the loop ----------------------------------------------------------------------------
     def run(self, until: Callable[[ConsumeStats], bool] | None = None) -> ConsumeStats:
@@ -458,6 +460,9 @@ class ConsumeLoop:
         Raises:
             LeaseRefused: (a ValueError) the broker refused the lease length (the proxy's
                 ``minInvisibleTimeMillsForRecv``, 10 s by default): no receive can succeed.
+            TypeError: ``until`` returned a coroutine or generator (its check never ran), after the drain.
+            KeyboardInterrupt, SystemExit: raised by user code on one of the loop's threads (``key=``,
+                ``cost=``, ``retry_backoff=``), after the drain; an ``Exception`` from those is contained.
         """
         require_plain(until, "until", optional=True)  # a coroutine is truthy: run() would end at once
         with self._lock:
@@ -478,7 +483,7 @@ class ConsumeLoop:
         tick = self._tick()
         try:
             while not self._stop.is_set():
-                if until is not None and until(self.statistics()):
+                if until is not None and holds(until, self.statistics(), "until="):
                     break
                 try:
                     got = self.poll()
@@ -680,7 +685,10 @@ class ConsumeLoop:
             k = fn(msg)
         except Exception:  # noqa: BLE001 - the dispatcher reports it (a BaseException propagates)
             return None
-        return k if isinstance(k, str) else None
+        if isinstance(k, str):
+            return k
+        unrun(k)  # a returned coroutine is closed (the dispatcher's own key= call refuses the message)
+        return None
 
     def _start_traces(self, messages: Any, into: list[tuple[Any, MessageTrace]]) -> list[MessageTrace]:
         """A trace for each received message (appended to ``into``); returns the traces."""
@@ -1032,7 +1040,8 @@ class ConsumeLoop:
                         try:
                             seconds = self._nack_seconds(msg, ran)
                         except BaseException as exc:  # noqa: BLE001 - re-raised after the nack
-                            # retry_backoff= raised a Ctrl-C: the message is still given back (with
+                            # retry_backoff= raised a Ctrl-C (an Exception or junk it answered is
+                            # contained in backoff_seconds): the message is still given back (with
                             # the default backoff), then the interrupt goes on
                             interrupt, seconds = exc, exponential_backoff(_attempt(msg))
                         backoff = whole_seconds(seconds)
@@ -1066,7 +1075,9 @@ class ConsumeLoop:
         """How long a given-back message stays invisible: ``retry_backoff(delivery_attempt)``; a
         copy refused because another copy of it still runs here (a hung handler) at least one
         lease, so it bounces between broker and loop at most once per ``invisible_duration``."""
-        backoff = self.flow.retry_backoff(_attempt(msg))
+        backoff, wrong = backoff_seconds(self.flow.retry_backoff, _attempt(msg))
+        if wrong is not None:
+            self._log("retry_backoff=", None, f"it {wrong}; the message is given back after {backoff:g} s")
         if not ran:
             mid = getattr(msg, "message_id", None)
             if mid is not None and (self._group, mid) in _RUNNING:

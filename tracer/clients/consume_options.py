@@ -11,12 +11,13 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import numbers
 from dataclasses import dataclass
 from typing import Any, Callable, TypedDict
 
 from .. import bounds
 from ..bounds import MAX_THREADS, count, seconds, timeout_s
-from ..callables import require_plain
+from ..callables import require_plain, unrun
 from ..dispatch import DispatchMetrics, Policy
 
 __all__ = [
@@ -65,6 +66,36 @@ def exponential_backoff(attempt: int, base: float = 1.0, cap: float = 60.0) -> f
     cap = seconds(cap, "cap", above=False)
     exponent = min(max(0, attempt - 1), _MAX_BACKOFF_EXPONENT)
     return float(min(cap, base * (2.0**exponent)))
+
+
+def backoff_seconds(fn: Callable[[int], object], attempt: int) -> tuple[float, str | None]:
+    """``fn(attempt)`` as seconds the broker accepts, and what was wrong with the answer (None: nothing).
+
+    A ``retry_backoff=`` is the user's: its failure must cost neither the message's give-back nor
+    the loop. An ``Exception`` from it, or an answer that is no number (NaN, a str, a bool, a
+    returned coroutine — closed here), takes :func:`exponential_backoff`; a number past the
+    longest lease the broker grants (``math.inf``, ``10**400``, ``1e9``) is that longest,
+    :data:`MAX_INVISIBLE_S`; a negative one is 0 (the broker then gives the shortest, 1 s).
+    A ``BaseException`` (Ctrl-C) propagates: the caller gives the message back, then stops.
+    """
+    try:
+        answer = fn(attempt)
+    except Exception as exc:  # noqa: BLE001 - the user's backoff: its failure is contained here
+        return exponential_backoff(attempt), f"raised {type(exc).__name__}: {exc}"
+    kind = unrun(answer)
+    if kind is not None or not isinstance(answer, numbers.Real) or isinstance(answer, bool):
+        return exponential_backoff(attempt), f"returned {kind or type(answer).__name__}, not seconds"
+    try:
+        value = float(answer)
+    except OverflowError:  # an int too large for a float: past any lease
+        value = 0.0 if answer <= 0 else math.inf
+    except Exception as exc:  # noqa: BLE001 - a user's numbers.Real whose __float__ fails
+        return exponential_backoff(attempt), f"returned {type(answer).__name__} that is no float ({exc})"
+    if math.isnan(value):
+        return exponential_backoff(attempt), "returned NaN, not seconds"
+    if value > MAX_INVISIBLE_S:
+        return MAX_INVISIBLE_S, f"returned {value:g} s, past the broker's longest ({MAX_INVISIBLE_S:g} s)"
+    return max(0.0, value), None
 
 
 def _callable_or_none(name: str, fn: object) -> None:
@@ -145,9 +176,10 @@ class FlowOptions:
     consumers, until the dispatcher takes them (leases renewed all the while). Kept to reproduce
     the incident; 0 (the default) receives only what the dispatcher can start now.
     ``resync_after``: failed receives in a row before the client's settings are re-announced
-    (0: never). ``stop_timeout``: the longest :meth:`ConsumeLoop.run` drains after a stop, in
-    seconds (None or ``math.inf``: until every held message is settled; :meth:`ConsumeLoop.stop`
-    can shorten it).
+    (0: never). ``retry_backoff(delivery_attempt)``: seconds a failed or given-back message stays
+    invisible; a raising or junk one is contained (:func:`backoff_seconds`). ``stop_timeout``:
+    the longest :meth:`ConsumeLoop.run` drains after a stop, in seconds (None or ``math.inf``:
+    until every held message is settled; :meth:`ConsumeLoop.stop` can shorten it).
     """
 
     max_batch: int = MAX_BATCH

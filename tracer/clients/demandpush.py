@@ -13,7 +13,11 @@ The listener's answer is honoured as the stock client honours it: ``ConsumeResul
 ``FAILURE``, an exception, or anything else gives the message back (it returns after the loop's
 retry backoff, ``delivery_attempt + 1``). ``shutdown()`` stops receiving, lets the messages already
 held run and be acked (at most ``shutdown_timeout`` seconds; messages still held then return to the
-broker when their lease runs out), and then shuts the client down.
+broker when their lease runs out), and then shuts the client down. Should the loop end by itself
+(a lease the proxy refuses; a Ctrl-C or SystemExit raised in ``retry_backoff=``) it says so:
+``running`` turns False, ``error`` holds the cause, one error line is logged, and ``shutdown()``
+then only closes the client. A ``retry_backoff=`` that raises an ``Exception`` or answers junk
+is contained (the default backoff), as in the loop.
 
 ``client_configuration`` is a ``rocketmq.ClientConfiguration`` (the real proxy) or an
 :class:`~tracer.embedded.EmbeddedBroker` (the same code on the embedded broker). Messages are
@@ -113,7 +117,9 @@ class DemandPushConsumer:
         self.consumer: Any = None
         self.loop: ConsumeLoop | None = None
         self._runner: threading.Thread | None = None
-        self._state = "created"  # created → running → stopped
+        # created → running → stopped; running → ended when the loop's run() ended without shutdown()
+        self._state = "created"
+        self.error: BaseException | None = None  # what ended the loop without shutdown(), if anything
         self._lock = threading.Lock()
         self._warned = False
         self._close_after_run = False  # shutdown() came from the loop's own thread: _run closes the client
@@ -157,14 +163,20 @@ class DemandPushConsumer:
         Called from the listener itself it only asks and returns at once (the drain waits for the
         listener): the client is closed once the drain is done.
 
+        After the loop ended by itself (``running`` False, ``error`` set) it only closes the client.
+
         Raises:
             RuntimeError: never started, or shut down already (as the stock client).
         """
         with self._lock:
-            if self._state != "running":
+            if self._state not in ("running", "ended"):
                 raise RuntimeError(f"DemandPushConsumer of {self.consumer_group!r} is {self._state}, not running")
+            ended = self._state == "ended"
             self._state = "stopped"
             loop, runner, consumer = self.loop, self._runner, self.consumer
+        if ended:  # the runner is done (or ends now): nothing is held, only the client is left
+            consumer.shutdown()
+            return
         assert loop is not None and runner is not None
         if loop._on_own_thread():
             # called by the listener (a handler) or on another of the loop's threads: the drain waits
@@ -181,6 +193,9 @@ class DemandPushConsumer:
 
     @property
     def running(self) -> bool:
+        """True while it consumes: from ``startup()`` until ``shutdown()``, or until its loop ended
+        by itself (a refused lease; a Ctrl-C or SystemExit raised in ``retry_backoff=``), which
+        ``error`` then holds."""
         return self._state == "running"
 
     def statistics(self) -> ConsumeStats:
@@ -208,9 +223,16 @@ class DemandPushConsumer:
         assert self.loop is not None
         try:
             self.loop.run()
-        except Exception:  # a refused lease: nothing can be received; say so once, loudly
-            log.exception("rmqtrace: DemandPushConsumer of %r stopped", self.consumer_group)
+        except BaseException as exc:  # noqa: BLE001 - on our own thread: the log line and `error` are all that tell
+            # a refused lease (nothing can be received), or a Ctrl-C / SystemExit raised in user
+            # code on one of the loop's threads (the loop gave back what it held, then stopped)
+            self.error = exc
+            log.error("rmqtrace: DemandPushConsumer of %r stopped consuming: %s: %s (call shutdown())",
+                      self.consumer_group, type(exc).__name__, exc, exc_info=exc)
         finally:
+            with self._lock:
+                if self._state == "running":  # no shutdown() asked for it: it consumes no more, say so
+                    self._state = "ended"
             if self._close_after_run:
                 self.consumer.shutdown()
 

@@ -206,7 +206,7 @@ class AsyncDispatcher(EngineBase[T], Generic[T]):
         core.number_locked(e)
         if e.error is not None:
             core.reject_locked(e)
-            core.report(e, _FAILURE, e.error, on_worker=False)
+            core.report(e, Outcome.NOT_STARTED, e.error, on_worker=False)  # its key= failed: it never ran
             core.reported_locked(1)
             core.observe_unblocked()
             return True

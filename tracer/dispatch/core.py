@@ -22,9 +22,10 @@ Exception rules, the same in both engines:
 * **Timeout**: a handler that runs longer than ``handler_timeout`` on the injected clock is
   ``Outcome.TIMEOUT`` with a :class:`.HandlerTimeout`, whatever it returned or raised (its own
   exception is the ``__cause__``).
-* **key=** raising, or returning anything but ``str``/``None``: that one message fails at
-  ``submit`` — ``submit`` returns True (accepted), the message is counted in ``failed`` and
-  reported ``trace.finish(FAILURE, error)`` then ``on_done(item, FAILURE, error)`` before
+* **key=** raising an ``Exception``, or returning anything but ``str``/``None``: that one
+  message does not run — ``submit`` returns True (accepted), the message is counted in
+  ``not_started`` (never ``failed``: no handler ran) and reported
+  ``trace.finish(NOT_STARTED, error)`` then ``on_done(item, NOT_STARTED, error)`` before
   ``submit`` returns; it never reaches a worker (without its key it cannot be ordered safely).
   Logged once.
 * **cost=** raising, or returning a non-number, NaN, an infinity, a negative number or one too
@@ -62,7 +63,7 @@ from contextlib import AbstractContextManager
 from typing import Any, Generic, TypeVar, cast
 
 from ..bounds import MAX_THREADS, count, timeout_s
-from ..callables import require_plain
+from ..callables import require_plain, unrun
 from ..logonce import OnceLogger
 from ..path.blocking import BlameTracker, Verdict
 from ..path.clock import MonoNs, MonotonicClock, require_clock
@@ -232,19 +233,20 @@ class Core(Generic[T]):
         if self.key_fn is not None:
             try:
                 k = self.key_fn(item)
-            except Exception as exc:  # noqa: BLE001 - a raising key fails this message, not the caller
+            except Exception as exc:  # noqa: BLE001 - a raising key stops this message, not the caller
                 key_error = exc
             else:
                 if k is None or isinstance(k, str):
                     key = k
-                else:
-                    key_error = TypeError(f"key= returned {type(k).__name__}; expected str or None")
+                else:  # a returned coroutine is closed (unrun): Python does not warn "never awaited"
+                    key_error = TypeError(f"key= returned {unrun(k) or type(k).__name__}; expected str or None")
             if key_error is not None:
-                self.log("key= callable", key_error, "the message fails")
+                self.log("key= callable", key_error, "the message does not run")
         cost = 0.0
         if self.cost_fn is not None and key_error is None:
             try:
                 c: object = self.cost_fn(item)
+                unrun(c)  # a returned coroutine is closed: it is no cost, and must not warn
             except Exception as exc:  # noqa: BLE001 - a cost is a hint: a broken one is 0
                 self.log("cost= callable", exc, "the message takes cost 0")
                 self._cost_failed()
@@ -368,10 +370,10 @@ class Core(Generic[T]):
                 self.log("trace.mark", exc)
 
     def reject_locked(self, e: Entry[Any]) -> None:
-        """Accept ``e`` as failed at once (its ``key=`` failed); :meth:`report` it after the lock,
-        then :meth:`reported_locked` it."""
+        """Accept ``e`` as not started at once (its ``key=`` failed: no handler ran, so it is no
+        failure); :meth:`report` it after the lock, then :meth:`reported_locked` it."""
         self._accept(e)
-        self.failed += 1
+        self.not_started += 1
         self.reporting += 1
         if self.blaming:
             self.blame.forget(e)
@@ -481,7 +483,7 @@ class Core(Generic[T]):
         on_done = self.on_done
         if on_done is not None:
             try:
-                on_done(cast(T, e.item), outcome, error)
+                unrun(on_done(cast(T, e.item), outcome, error))  # its answer is ignored: a coroutine is closed
             except catch as exc:
                 self.log("on_done", exc)
         elif error is not None and trace is None and outcome is not _NOT_STARTED:

@@ -37,7 +37,7 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable, Sequence
 from typing import Any, TypeVar
 
-from ..callables import require_plain
+from ..callables import require_plain, unrun
 from ..path.names import JOB_ORDERS
 from .costtable import MAX_COST_S, CostTable, CostTableError, check_cost
 
@@ -103,6 +103,7 @@ def job_costs(messages: Sequence[Any], cost: Callable[[Any], float] | CostTable,
         if value.__class__ is float and 0.0 <= value < MAX_COST_S:  # the usual: no label built
             out.append(value)
         else:
+            unrun(value)  # a returned coroutine is closed before the loud error: no "never awaited"
             out.append(check_cost(value, _which(i, key, m)))
     return out
 

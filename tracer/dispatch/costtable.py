@@ -33,7 +33,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from ..callables import require_plain
+from ..callables import require_plain, unrun
 
 __all__ = [
     "FORMAT",
@@ -114,7 +114,7 @@ class CostTable:
         groups: dict[str, list[float]] = {}
         if self.group is not None:
             for k, v in checked.items():
-                groups.setdefault(self.group(k), []).append(v)
+                groups.setdefault(self._group_of(k), []).append(v)
         object.__setattr__(self, "_groups", {g: statistics.median(v) for g, v in groups.items()})
 
     @property
@@ -136,10 +136,19 @@ class CostTable:
         if known is not None:
             return known
         if self.group is not None:
-            in_group = self._groups.get(self.group(key))
+            in_group = self._groups.get(self._group_of(key))
             if in_group is not None:
                 return in_group
         return self._default
+
+    def _group_of(self, key: str) -> str:
+        """``group(key)``, refused loudly unless a str: a junk group (a returned coroutine, a new
+        object per call) would match no known group, silently."""
+        assert self.group is not None
+        g = self.group(key)
+        if not isinstance(g, str):
+            raise CostTableError(f"group= returned {unrun(g) or type(g).__name__} for key {key!r}, not a str")
+        return g
 
     def with_group(self, group: Callable[[str], str] | None) -> CostTable:
         """The same costs, unknown keys defaulting to their group's median under ``group``."""

@@ -167,7 +167,7 @@ class Dispatcher(EngineBase[T], Generic[T]):
         """Hand ``item`` to the policy; block while it has no room (back-pressure).
 
         Returns True once accepted (``trace.mark(DISPATCH_ENQUEUE)`` has been called; a message
-        whose ``key=`` failed is accepted and reported FAILURE at once), False if ``timeout``
+        whose ``key=`` failed is accepted and reported NOT_STARTED at once), False if ``timeout``
         (seconds on the clock; 0 = do not block) passed first (the item was not taken).
 
         Raises:
@@ -205,7 +205,7 @@ class Dispatcher(EngineBase[T], Generic[T]):
                     if not self._waking and self._sleepers:
                         self._wake_one_locked()
         if e.error is not None:
-            core.report(e, _FAILURE, e.error, on_worker=False)
+            core.report(e, Outcome.NOT_STARTED, e.error, on_worker=False)  # its key= failed: it never ran
             with self._lock:
                 core.reported_locked(1)
                 if core.watchers:

@@ -61,7 +61,8 @@ class DispatchStats:
     blocked in ``wait_for_free_slot``, ``wait_idle`` or ``close``. ``live_workers``: worker
     threads or tasks alive (asyncio: 0 before the first ``submit``). ``cost_errors``: ``cost=``
     results that raised or were not a finite number >= 0 (those messages got cost 0).
-    ``not_started``: messages whose handler raised :class:`NotStarted` (``Outcome.NOT_STARTED``).
+    ``not_started``: messages whose handler raised :class:`NotStarted`, or whose ``key=`` failed
+    (they never reach a worker), both ``Outcome.NOT_STARTED``.
     ``blame``: live blame's snapshot (:class:`tracer.path.blocking.BlameStatistics`: starts
     judged, seconds waited and avoidable, head_of_line / capacity counts); None until a trace or
     metrics were attached.

@@ -41,7 +41,7 @@ from opentelemetry.sdk.trace.sampling import Decision
 from opentelemetry.trace import Link, NonRecordingSpan, Span, SpanContext, SpanKind, Status, StatusCode, TracerProvider
 
 from ..bounds import count
-from ..callables import require_plain
+from ..callables import require_plain, unrun
 from ..path import names as n
 from ..path.clock import Anchor, Clock, MonoNs, WallNs, default_clock, require_clock
 from ..path.message import ClientFacts, MessageInfo
@@ -916,7 +916,7 @@ class MessageTrace:
             self._write_spans(ctx, outcome, error, consistent)
         for listener in mt.listeners:
             try:
-                listener(self, outcome)
+                unrun(listener(self, outcome))  # its answer is ignored; a returned coroutine is closed, unwarned
             except Exception as exc:  # noqa: BLE001
                 mt.hook_failed("a finish listener", exc)
 
