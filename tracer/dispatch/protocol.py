@@ -63,7 +63,7 @@ class DispatchStats:
     results that raised or were not a finite number >= 0 (those messages got cost 0).
     ``not_started``: messages whose handler raised :class:`NotStarted`, or whose ``key=`` failed
     (they never reach a worker), both ``Outcome.NOT_STARTED``.
-    ``blame``: live blame's snapshot (:class:`tracer.path.blocking.BlameStatistics`: starts
+    ``blame``: live blame's snapshot (:class:`tracer.path.blocking.BlameStats`: starts
     judged, seconds waited and avoidable, head_of_line / capacity counts); None until a trace or
     metrics were attached.
     """
