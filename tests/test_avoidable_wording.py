@@ -1,4 +1,4 @@
-"""Every report view words avoidable wait by one rule (tracer.report.blame.avoidable_verdict):
+"""Every report view words avoidable wait by one rule (tracer.report.text.avoidable_verdict):
 absolute seconds first, a share of consumer_wait only when the avoidable wait is material, and no
 two verdicts that contradict.
 
@@ -92,7 +92,7 @@ def test_only_the_rule_formats_an_avoidable_share() -> None:
     found = []
     for path in sorted((REPO / "tracer").rglob("*.py")):
         rel = path.relative_to(REPO).as_posix()
-        if rel == "tracer/report/blame.py":
+        if rel == "tracer/report/text.py":
             continue
         for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
             if isinstance(node, ast.FormattedValue):

@@ -19,10 +19,9 @@ from tracer.report.blame import (
     Run,
     TooManyOverlaps,
     blame,
-    fleet_avoidable,
-    fleet_blame,
     pack_lanes,
 )
+from tracer.report.fleetblame import fleet_avoidable, fleet_blame
 from tracer.report.model import build_report
 
 
@@ -266,7 +265,8 @@ def _attrs(job: str, worker: int, pull_ms: float, start_ms: float, end_ms: float
 
 
 def test_fleet_view_gives_the_share_avoidable_elsewhere() -> None:
-    from tracer.report.fleet import FleetCollector, fleet_lines
+    from tracer.report.fleet import FleetCollector
+    from tracer.report.fleetview import fleet_lines
     c = FleetCollector()
     # a: one worker, m2 waits 0 → 100 ms behind m1; b: one worker, done at 10 ms, free from 12 ms on
     c.add("a", _attrs("J", 0, 0, 0, 100))

@@ -2,7 +2,7 @@
 
 At low load (more workers than concurrent messages: 8 workers, 2 busy, a quiet hour) a worker
 that never runs again used to pin the front of the tracker's idle list, and every handled message
-left one entry behind it for good. ``BlameStatistics.entries`` counts what the tracker holds.
+left one entry behind it for good. ``BlameStats.entries`` counts what the tracker holds.
 """
 
 from __future__ import annotations

@@ -46,7 +46,7 @@ def _families() -> dict[str, tuple[str, tuple[str, ...]]]:
     out: dict[str, tuple[str, tuple[str, ...]]] = {}
     for kind in kinds:
         metrics = kind(CollectorRegistry())
-        for collector in metrics._collectors:
+        for collector in metrics.collectors:
             # a stock metric, a custom family, or a wrapper around a stock metric
             inner = [collector, *(v for v in vars(collector).values() if isinstance(v, MetricWrapperBase))]
             for family in collector.describe():

@@ -11,8 +11,10 @@ import pytest
 
 from tracer.path import names
 from tracer.path.stages import Stage
-from tracer.report.blame import Run, fleet_blame
-from tracer.report.fleet import FleetCollector, fleet_lines, fleet_page
+from tracer.report.blame import Run
+from tracer.report.fleet import FleetCollector
+from tracer.report.fleetblame import fleet_blame
+from tracer.report.fleetview import fleet_lines, fleet_page
 
 S = 1_000_000_000
 T0 = 1_800_000_000 * S  # past 2^53: /api/traces writes such int64 tags as strings

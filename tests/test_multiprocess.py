@@ -129,7 +129,7 @@ def _described_families() -> set[str]:
 
     names: set[str] = set()
     for cls in COLLECTORS:
-        names |= {m.name for c in cls(CollectorRegistry())._collectors for m in c.describe()}
+        names |= {m.name for c in cls(CollectorRegistry()).collectors for m in c.describe()}
     return names
 
 

@@ -42,7 +42,7 @@ MODULES = ("tracer.clients.consume", "tracer.clients.consume_options", "tracer.c
            "tracer.clients.official", "tracer.clients.probe", "tracer.embedded", "tracer.config")
 # frozen snapshots and records the library builds and hands out: nobody passes them limits
 RECORDS = ("ConsumeStats", "ConsumeState", "DispatchStats", "HandlerTimeout", "MessageInfo", "EmbeddedBrokerError",
-           "Settings")
+           "Settings", "ReceivedStats", "SpanQueueStats")
 HANG_S = 5.0  # far beyond any call here (they return in milliseconds): a call still running is a hang
 
 

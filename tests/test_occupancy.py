@@ -3,6 +3,7 @@ model test (hypothesis) of the integrals against a brute-force replay of the sam
 
 from __future__ import annotations
 
+import dataclasses
 import os
 
 import pytest
@@ -12,7 +13,7 @@ from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, 
 from prometheus_client import CollectorRegistry
 
 from tracer.path.clock import ManualClock
-from tracer.telemetry.occupancy import Occupancy, OccupancyMetrics
+from tracer.telemetry.occupancy import Occupancy, OccupancyMetrics, OccupancySnapshot, OccupancyStats
 
 S = 1_000_000_000
 
@@ -29,7 +30,7 @@ def test_integrals_are_exact_over_a_scripted_run() -> None:
     clock.advance_s(3)  # 2 busy, nothing waits
     occ.ended()
     clock.advance_s(4)  # 1 busy, 1 idle, nothing waits: idle but not blocked
-    s = occ.snapshot()
+    s = occ.statistics()
     assert (s.busy, s.unstarted, s.workers, s.idle) == (1, 0, 2, 1)
     assert s.busy_s == pytest.approx(0 + 2 + 6 + 4)
     assert s.idle_s == pytest.approx(2 + 2 + 0 + 4)
@@ -43,7 +44,7 @@ def test_hol_counts_only_the_idle_workers_waiting_messages_could_use() -> None:
     occ = Occupancy(8, clock=clock)
     occ.received()
     clock.advance_s(5)  # 8 idle but one message waits: 1 worker is blocked, 7 just idle
-    s = occ.snapshot()
+    s = occ.statistics()
     assert s.hol_s == pytest.approx(5) and s.idle_s == pytest.approx(40)
 
 
@@ -54,12 +55,12 @@ def test_oldest_age_follows_the_message_that_started() -> None:
     clock.advance_s(1)
     second = occ.received()
     clock.advance_s(1)
-    assert occ.snapshot().oldest_unstarted_age_s == pytest.approx(2)
+    assert occ.statistics().oldest_unstarted_age_s == pytest.approx(2)
     occ.started(first)
-    assert occ.snapshot().oldest_unstarted_ns == second
-    assert occ.snapshot().oldest_unstarted_age_s == pytest.approx(1)
+    assert occ.statistics().oldest_unstarted_ns == second
+    assert occ.statistics().oldest_unstarted_age_s == pytest.approx(1)
     occ.discarded(second)
-    assert occ.snapshot().unstarted == 0
+    assert occ.statistics().unstarted == 0
 
 
 def test_unknown_receive_time_takes_the_oldest() -> None:
@@ -69,7 +70,7 @@ def test_unknown_receive_time_takes_the_oldest() -> None:
     clock.advance_s(1)
     occ.received()
     occ.started()  # a FIFO pool: the oldest
-    assert occ.snapshot().oldest_unstarted_ns == first + S
+    assert occ.statistics().oldest_unstarted_ns == first + S
 
 
 def test_announced_receipts_are_not_counted_twice() -> None:
@@ -79,7 +80,7 @@ def test_announced_receipts_are_not_counted_twice() -> None:
     clock.advance_s(1)
     occ.received()  # the listener traces the first of them at its start
     occ.started()
-    s = occ.snapshot()
+    s = occ.statistics()
     assert s.unstarted == 2 and s.busy == 1
     assert s.hol_s == pytest.approx(1)  # 1 idle worker, 3 waiting, for 1 s
 
@@ -88,7 +89,7 @@ def test_a_past_receive_time_dates_the_age() -> None:
     clock = ManualClock()
     occ = Occupancy(1, clock=clock)
     occ.received(at_ns=clock.monotonic_ns() - 2 * S)
-    assert occ.snapshot().oldest_unstarted_age_s == pytest.approx(2)
+    assert occ.statistics().oldest_unstarted_age_s == pytest.approx(2)
 
 
 def test_a_start_nobody_announced_leaves_the_counts_sane() -> None:
@@ -96,7 +97,7 @@ def test_a_start_nobody_announced_leaves_the_counts_sane() -> None:
     occ.started()
     occ.ended()
     occ.ended()
-    s = occ.snapshot()
+    s = occ.statistics()
     assert (s.busy, s.unstarted) == (0, 0)
 
 
@@ -106,12 +107,12 @@ def test_a_wall_clock_step_adds_no_worker_seconds() -> None:
     clock = ManualClock()
     occ = Occupancy(1, clock=clock)
     clock.advance_s(1)
-    before = occ.snapshot().idle_s
+    before = occ.statistics().idle_s
     clock.step_wall(5 * S)
-    assert occ.snapshot().idle_s == before
+    assert occ.statistics().idle_s == before
     clock.step_wall(-10 * S)
     clock.advance_s(1)
-    assert occ.snapshot().idle_s == pytest.approx(before + 1)
+    assert occ.statistics().idle_s == pytest.approx(before + 1)
 
 
 def test_close_stops_accrual_and_keeps_totals() -> None:
@@ -120,7 +121,7 @@ def test_close_stops_accrual_and_keeps_totals() -> None:
     clock.advance_s(1)
     occ.close()
     clock.advance_s(10)
-    s = occ.snapshot()
+    s = occ.statistics()
     assert s.idle_s == pytest.approx(2) and s.workers == 0
 
 
@@ -130,7 +131,7 @@ def test_set_workers_changes_the_rate() -> None:
     clock.advance_s(1)
     occ.set_workers(3)
     clock.advance_s(1)
-    assert occ.snapshot().idle_s == pytest.approx(4)
+    assert occ.statistics().idle_s == pytest.approx(4)
 
 
 @pytest.mark.parametrize("bad", [-1, 1.5, "4", True, None])
@@ -234,7 +235,7 @@ class OccupancyModel(RuleBasedStateMachine):
 
     @invariant()
     def integrals_match(self) -> None:
-        s = self.occ.snapshot()
+        s = self.occ.statistics()
         assert (s.busy, s.unstarted) == (self.busy, len(self.waiting))
         assert s.oldest_unstarted_ns == (min(self.waiting) if self.waiting else None)
         for key, want in self.expect.items():
@@ -255,14 +256,14 @@ def test_the_message_tracer_feeds_it_from_its_stamps() -> None:
     occ = Occupancy(2, clock=clock)
     mt = MessageTracer(consumer_group="g", clock=clock, occupancy=occ)
     run, drop = (mt.start_message(MessageInfo(topic="T")) for _ in range(2))
-    assert occ.snapshot().unstarted == 2
+    assert occ.statistics().unstarted == 2
     clock.advance_s(1)
     with run.handler_scope():
-        assert (occ.snapshot().busy, occ.snapshot().unstarted) == (1, 1)
+        assert (occ.statistics().busy, occ.statistics().unstarted) == (1, 1)
         clock.advance_s(2)
     run.finish(Outcome.SUCCESS)
     drop.finish(Outcome.FAILURE)  # never started: it leaves the consumer unstarted
-    s = occ.snapshot()
+    s = occ.statistics()
     assert (s.busy, s.unstarted) == (0, 0)
     # 0-1 s: 2 idle, 2 waiting; 1-3 s: 1 idle, the dropped one still waiting
     assert s.busy_s == pytest.approx(2) and s.hol_s == pytest.approx(2 + 2)
@@ -282,3 +283,17 @@ def test_the_readme_snippet_for_two_consumers_on_one_registry_keeps_the_scrape_s
     list(text_string_to_metric_families(openmetrics(reg).decode()))
     assert reg.get_sample_value("rmqtrace_consumer_workers", {"consumer_group": "g"}) == 4
     assert all(t.occupancy is not None for t in tracers)
+
+
+def test_snapshot_is_a_deprecated_name_of_statistics() -> None:
+    # one snapshot verb (statistics) and one kind of snapshot (a frozen slots *Stats); the old
+    # names still work, the method with a warning
+    clock = ManualClock()
+    occ = Occupancy(2, clock=clock)
+    occ.received()
+    with pytest.warns(DeprecationWarning, match="statistics"):
+        old = occ.snapshot()
+    assert old == occ.statistics() and OccupancySnapshot is OccupancyStats
+    assert dataclasses.fields(old) and not hasattr(old, "__dict__")
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        old.busy = 3  # type: ignore[misc]

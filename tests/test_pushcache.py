@@ -36,15 +36,15 @@ def test_batches_are_announced_and_traced_once() -> None:
     consumer.client_metrics.receive_after("g", ["m1", "m2", "m3"])  # the client cached a batch
     assert consumer.client_metrics.batches == [3]
     clock.advance_s(1)
-    assert occ.snapshot().unstarted == 3 and occ.snapshot().hol_s == pytest.approx(1)
+    assert occ.statistics().unstarted == 3 and occ.statistics().hol_s == pytest.approx(1)
     tracer = MessageTracer(consumer_group="g", clock=clock, occupancy=occ)
     t = tracer.start_message(MessageInfo(topic="T"))  # the listener sees the first one start
     with t.handler_scope():
-        assert (occ.snapshot().busy, occ.snapshot().unstarted) == (1, 2)
+        assert (occ.statistics().busy, occ.statistics().unstarted) == (1, 2)
     t.finish(Outcome.SUCCESS)
     undo()
     consumer.client_metrics.receive_after("g", ["m4"])
-    assert occ.snapshot().unstarted == 2  # unwrapped: no longer announced
+    assert occ.statistics().unstarted == 2  # unwrapped: no longer announced
 
 
 def test_a_consumer_without_the_seam_is_refused() -> None:

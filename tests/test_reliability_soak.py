@@ -12,6 +12,7 @@ The short soak (2×10⁴ messages) always runs; ``RMQTRACE_LONG=1`` adds the 10�
 
 from __future__ import annotations
 
+import dataclasses
 import gc
 import os
 import random
@@ -148,7 +149,7 @@ def soak(n: int, warmup: int) -> dict[str, Any]:
         "spans_exported": sink.spans, "operation_spans": sink.operations, "spans_dropped": drops.dropped,
         "operation_spans_ended": ended.count,
         "handled_once": seen.count(1), "handled_twice_or_more": n - seen.count(1) - seen.count(0),
-        "never_handled": seen.count(0), "stats": loop.statistics().__dict__,
+        "never_handled": seen.count(0), "stats": dataclasses.asdict(loop.statistics()),
         "_loop": loop, "_tracer": tracer, "_metrics": metrics, "_broker": broker,
     }
 
@@ -161,8 +162,8 @@ def check_soak(r: dict[str, Any]) -> None:
     assert broker.backlog("soak", "soak") == 0
     # tracer state is per in-flight message only: nothing is left once everything is acked
     assert loop.state().held == 0 and not loop.dispatcher.running()
-    assert not tracer._hook_failures
-    assert len(tracer.skew.bounds()) <= 3 and len(metrics._stages.series) == 1
+    assert not tracer.statistics().hook_failures
+    assert len(tracer.skew.bounds()) <= 3 and metrics.statistics().label_pairs == 1
     assert broker.stored("soak") < 3000  # the broker keeps what is unconsumed, not history
     # six spans a message (send, process, handler, three gaps); every one delivered, none dropped
     # (the drop counter cannot tell a dropped receive span from a message's: those ended minus
@@ -218,7 +219,7 @@ def test_traced_simple_consumer_keeps_nothing_after_acks_or_dropped_messages():
             # odd ones: the user drops the message without acking (the broker will redeliver)
         del batch, msg
     gc.collect()
-    assert len(consumer.traces._traces) == 0
+    assert consumer.traces.statistics().tracked == 0
 
 
 def test_metric_label_sets_stay_bounded_whatever_the_topic_names():
@@ -234,7 +235,7 @@ def test_metric_label_sets_stay_bounded_whatever_the_topic_names():
         with t.handler_scope():
             pass
         t.finish(rnd.choice(list(Outcome)))
-    assert len(metrics._stages.series) <= (64 + 1) * 3
+    assert metrics.statistics().label_pairs <= (64 + 1) * 3
     pairs, kinds = set(), set()
     for family in registry.collect():
         for sample in family.samples:
@@ -290,7 +291,7 @@ def test_span_queue_is_bounded_and_every_lost_span_is_counted_without_waiting():
         tracer.start_span("s").end()
     took = time.monotonic() - t0
     assert took < 5  # ending a span never waits for the backend
-    assert processor._pending <= 100  # the queue never holds more than its size
+    assert processor.statistics().pending <= 100  # the queue never holds more than its size
     assert drops.dropped >= 5_000 - 100 - stuck.taken
     stuck.release.set()
     provider.shutdown()

@@ -20,7 +20,9 @@ import pytest
 
 from tracer.path import names
 from tracer.path.stages import Stage
-from tracer.report.fleet import FleetCollector, Handled, cli_fleet, fleet_lines, read_jaeger_fleet, sweep_waits
+from tracer.report.fleet import FleetCollector, Handled, sweep_waits
+from tracer.report.fleetread import read_jaeger_fleet
+from tracer.report.fleetview import cli_fleet, fleet_lines
 
 S = 1_000_000_000
 T0 = 1_800_000_000 * S
@@ -192,7 +194,7 @@ def test_an_instance_idle_for_a_whole_job_still_counts() -> None:
 
 
 def test_the_fleet_page_draws_one_lane_group_per_instance() -> None:
-    from tracer.report.fleet import fleet_page
+    from tracer.report.fleetview import fleet_page
 
     c = FleetCollector()
     c.add_jaeger_page({"data": [

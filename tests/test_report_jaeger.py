@@ -20,7 +20,8 @@ import pytest
 from conftest import unavailable
 from waiting import wait_until
 
-from tracer.report.fleet import FleetCollector, read_jaeger_fleet
+from tracer.report.fleet import FleetCollector
+from tracer.report.fleetread import read_jaeger_fleet
 from tracer.report.model import build_report, is_process_span, messages_from_spans
 from tracer.report.sources import read_jaeger, read_jsonl
 from tracer.tools.bench.report import LoadedJob
@@ -221,7 +222,8 @@ def test_fleet_blockers_from_jaeger_are_those_of_the_span_file(jaeger: str, flee
     """The blockers the fleet view names from Jaeger's records equal fleet_blame over the same job's
     span file (each message's instance from the bench's round-robin hand-out: message i on bench-(i % 3))."""
     from tracer.path.stages import Stage
-    from tracer.report.blame import Run, fleet_blame
+    from tracer.report.blame import Run
+    from tracer.report.fleetblame import fleet_blame
     from tracer.report.spanread import read_span_file
     from tracer.tools.bench.report import INSTANCES, WORKERS
 

@@ -241,7 +241,7 @@ EXEMPT = {
     ("tracer.dispatch.scheduler.BufferedScheduler", "draw"): "internal: the random policy's draw",
     ("tracer.path.propagation.PropagationErrors", "on_count"): "internal: the tracer's metrics hook",
     ("tracer.path.propagation.inject", "set_property"): "the client's own property setter",
-    ("tracer.report.fleet.read_jaeger_fleet", "get"): "an HTTP getter tests inject",
+    ("tracer.report.fleetread.read_jaeger_fleet", "get"): "an HTTP getter tests inject",
     ("tracer.report.sources.read_span_path", "read"): "internal: the report's own readers",
     ("tracer.telemetry.hold.HoldingSpanProcessor", "on_dropped"): "internal: the tracer's metrics hook",
     ("tracer.telemetry.hold.HoldingSpanProcessor", "on_policy_dropped"): "internal: the tracer's metrics hook",

@@ -33,7 +33,7 @@ from .telemetry.keep import KeepPolicy
 from .telemetry.metrics import TracerMetrics, multiprocess_dir
 
 __all__ = [
-    "EXPORTERS", "PROTOCOLS", "CountingExporter", "CountingSpanProcessor", "DropCounter", "Settings",
+    "EXPORTERS", "PROTOCOLS", "CountingExporter", "CountingSpanProcessor", "DropCounter", "Settings", "SpanQueueStats",
     "child_exporters", "configure_tracing", "default_instance_id", "exporter_endpoint", "make_exporters", "serve_metrics",
 ]
 
@@ -193,6 +193,15 @@ def _env_int(name: str, default: int) -> int:
         return default
 
 
+@dataclass(frozen=True, slots=True)
+class SpanQueueStats:
+    """A :class:`CountingSpanProcessor` now (:meth:`CountingSpanProcessor.statistics`)."""
+
+    pending: int  # handed to the batch processor, not yet taken by the exporter: at most max_queue_size
+    max_queue_size: int
+    dropped: int  # every span its DropCounter counted (failed exports and shutdown's leftovers too)
+
+
 class CountingSpanProcessor(SpanProcessor):
     """A :class:`BatchSpanProcessor` that counts every span it loses.
 
@@ -246,6 +255,11 @@ class CountingSpanProcessor(SpanProcessor):
 
     def force_flush(self, timeout_millis: int = 30000) -> bool:
         return self._inner.force_flush(timeout_millis)
+
+    def statistics(self) -> SpanQueueStats:
+        with self._lock:
+            pending = self._pending
+        return SpanQueueStats(pending, self.max_queue_size, self.drops.dropped)
 
 
 def make_exporters(settings: Settings) -> list[SpanExporter]:

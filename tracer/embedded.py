@@ -39,7 +39,7 @@ import time
 from collections import deque
 from concurrent.futures import Future
 from dataclasses import dataclass, field
-from typing import Callable, Iterable, Mapping
+from typing import Callable, Iterable, Mapping, NamedTuple
 
 __all__ = [
     "ILLEGAL_INVISIBLE_TIME",
@@ -144,17 +144,35 @@ class _InFlight:
     delivery: int  # one number per receive of the message: its handles name it
 
 
+class _HandleExpiry(NamedTuple):  # a heap entry: the soonest deadline first
+    deadline: float
+    message_id: str
+    handle: str
+
+
+class _AckedExpiry(NamedTuple):  # a heap entry: the soonest deadline first
+    deadline: float
+    message_id: str
+    delivery: int
+
+
+class _Handle(NamedTuple):  # what a receipt handle of ours carries besides the proxy's fields
+    message_id: str
+    delivery: int
+    deadline: float  # on the broker's monotonic clock
+
+
 @dataclass
 class _Subscription:
     offset: int = 0
     inflight: dict[str, _InFlight] = field(default_factory=dict)  # message id -> lease
-    expiry: list[tuple[float, str, str]] = field(default_factory=list)  # heap (deadline, id, handle)
+    expiry: list[_HandleExpiry] = field(default_factory=list)  # a heap
     redeliver: deque[tuple[_Stored, int]] = field(default_factory=deque)  # (record, next attempt)
     held: deque[_Stored] = field(default_factory=deque)  # FIFO: waiting for their group
     busy_groups: dict[str, int] = field(default_factory=dict)  # group -> unacked count
     # acked leases whose last handle has not expired yet: a renewal with it revives the message
     acked: dict[str, _InFlight] = field(default_factory=dict)
-    acked_expiry: list[tuple[float, str, int]] = field(default_factory=list)  # heap (deadline, id, delivery)
+    acked_expiry: list[_AckedExpiry] = field(default_factory=list)  # a heap
 
 
 class _Topic:
@@ -180,7 +198,7 @@ def _whole_seconds(value: object, what: str) -> int:
 _MESSAGE_IDS = itertools.count(1)
 
 
-def _decode_handle(handle: str | None) -> tuple[str, int, float] | None:
+def _decode_handle(handle: str | None) -> _Handle | None:
     """(message id, delivery, deadline): a handle carries its own invisible-time end, as the
     proxy's does. Its layout is the proxy's (``startOffset retrieveTime invisibleTime
     reviveQueueId topicType brokerName queueId offset commitLogOffset``, space-separated: pop time
@@ -191,7 +209,7 @@ def _decode_handle(handle: str | None) -> tuple[str, int, float] | None:
         fields = str(handle).split(" ")
         if len(fields) != 11:
             return None
-        return fields[9], int(fields[7]), float(fields[10])
+        return _Handle(fields[9], int(fields[7]), float(fields[10]))
     except ValueError:
         return None
 
@@ -326,19 +344,19 @@ class EmbeddedBroker:
         for topic in filters:
             sub = self._subs[(group, topic)]
             if sub.expiry:
-                soonest = min(soonest, max(0.0, sub.expiry[0][0] - now))
+                soonest = min(soonest, max(0.0, sub.expiry[0].deadline - now))
         return soonest
 
     def _take(self, group: str, topic: _Topic, flt: FilterExpression, n: int, invisible: float,
               now: float) -> list[Message]:
         sub = self._subs[(group, topic.name)]
-        while sub.acked_expiry and sub.acked_expiry[0][0] <= now:
+        while sub.acked_expiry and sub.acked_expiry[0].deadline <= now:
             _, mid, delivery = heapq.heappop(sub.acked_expiry)
             gone = sub.acked.get(mid)
             if gone is not None and gone.delivery == delivery:
                 del sub.acked[mid]
         # leases that ran out come back first, with their attempt count raised
-        while sub.expiry and sub.expiry[0][0] <= now:
+        while sub.expiry and sub.expiry[0].deadline <= now:
             _, mid, handle = heapq.heappop(sub.expiry)
             lease = sub.inflight.get(mid)
             if lease is not None and lease.handle == handle:
@@ -386,7 +404,7 @@ class EmbeddedBroker:
         delivery = next(self._deliveries)
         handle = self._new_handle(rec.message_id, delivery, deadline, invisible)
         sub.inflight[rec.message_id] = _InFlight(rec, attempt, handle, deadline, delivery)
-        heapq.heappush(sub.expiry, (deadline, rec.message_id, handle))
+        heapq.heappush(sub.expiry, _HandleExpiry(deadline, rec.message_id, handle))
         if new_group_hold and rec.group is not None:
             sub.busy_groups[rec.group] = sub.busy_groups.get(rec.group, 0) + 1
         m = Message()
@@ -407,9 +425,9 @@ class EmbeddedBroker:
         accepted (both checked against the real proxy).
         """
         decoded = _decode_handle(receipt_handle)
-        if decoded is None or decoded[0] != message_id:
+        if decoded is None or decoded.message_id != message_id:
             raise EmbeddedBrokerError("receipt handle cannot be decoded", INVALID_RECEIPT_HANDLE)
-        _, delivery, handle_deadline = decoded
+        delivery, handle_deadline = decoded.delivery, decoded.deadline
         if handle_deadline <= self._monotonic():
             raise EmbeddedBrokerError("receipt handle is expired", INVALID_RECEIPT_HANDLE)
         sub = self._subs.get((group, topic))
@@ -430,7 +448,7 @@ class EmbeddedBroker:
             del sub.inflight[lease.record.message_id]
             if self.keep_consumed:
                 sub.acked[lease.record.message_id] = lease
-                heapq.heappush(sub.acked_expiry, (lease.deadline, lease.record.message_id, lease.delivery))
+                heapq.heappush(sub.acked_expiry, _AckedExpiry(lease.deadline, lease.record.message_id, lease.delivery))
             g = lease.record.group
             if g is not None and g in sub.busy_groups:
                 sub.busy_groups[g] -= 1
@@ -457,7 +475,7 @@ class EmbeddedBroker:
                     sub.busy_groups[g] = sub.busy_groups.get(g, 0) + 1
             lease.deadline = self._monotonic() + invisible
             lease.handle = self._new_handle(lease.record.message_id, lease.delivery, lease.deadline, invisible)
-            heapq.heappush(sub.expiry, (lease.deadline, lease.record.message_id, lease.handle))
+            heapq.heappush(sub.expiry, _HandleExpiry(lease.deadline, lease.record.message_id, lease.handle))
             self._cond.notify_all()
             return lease.handle
 

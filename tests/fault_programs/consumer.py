@@ -22,6 +22,7 @@ test points ``OTEL_EXPORTER_OTLP_ENDPOINT`` wherever it likes), ``configure_trac
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import os
 import sys
@@ -179,7 +180,7 @@ def main(argv: list[str] | None = None) -> int:
     out: dict[str, Any] = {"pid": os.getpid(), "ran_s": ran, "held_after_run": loop.state().held,
                            "workers_alive_min": min(alive, default=0), "workers": args.workers,
                            "handling_s": max(0.0, span["last_done"] - span["first_start"]),
-                           **stats.__dict__}
+                           **dataclasses.asdict(stats)}
     if provider is not None:
         assert drops is not None and counter is not None and metrics is not None
         out["spans_ended"] = counter.ended

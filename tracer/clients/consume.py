@@ -110,7 +110,7 @@ def _attempt(msg: Any) -> int:
 
 
 # -- state ------------------------------------------------------------------------------------
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class ConsumeStats:
     """One consistent snapshot of the loop's counters (taken under its lock). Once the loop is idle::
 
@@ -286,6 +286,21 @@ def _group_of(tracer: MessageTracer | None, consumer: Any) -> str:
     return group
 
 
+def _invisible_seconds(consumer: Any, lease: LeaseOptions) -> int:
+    """The whole seconds a receive asks the broker for.
+
+    Raises:
+        ValueError: below the broker's minimum receive invisible time (a consumer that states it):
+            every receive would be refused.
+    """
+    seconds = whole_seconds(lease.invisible_duration)
+    minimum = getattr(consumer, "min_receive_invisible", None)
+    if isinstance(minimum, (int, float)) and seconds < minimum:
+        raise ValueError(f"invisible_duration={lease.invisible_duration:g} s is below the broker's "
+                         f"minimum receive invisible time ({minimum:g} s): every receive would be refused")
+    return seconds
+
+
 class ConsumeLoop:
     """Receive → dispatch → settle (ack or nack), with lease renewal and retry backoff.
 
@@ -366,13 +381,8 @@ class ConsumeLoop:
         consumer, tracer, self._ops = _one_tracing_path(consumer, tracer, settle_spans)
         self.consumer = consumer
         self.tracer = tracer
-        self._invisible_s = whole_seconds(self.lease.invisible_duration)
-        minimum = getattr(consumer, "min_receive_invisible", None)
-        if isinstance(minimum, (int, float)) and self._invisible_s < minimum:
-            raise ValueError(f"invisible_duration={self.lease.invisible_duration:g} s is below the broker's "
-                             f"minimum receive invisible time ({minimum:g} s): every receive would be refused")
-        self._monotonic = monotonic
-        self._wall = wall
+        self._invisible_s = _invisible_seconds(consumer, self.lease)
+        self._monotonic, self._wall = monotonic, wall
         self._n: Counter[str] = Counter()  # the counters; snapshots via statistics()
         self._errors: Counter[str] = Counter()
         self._log = OnceLogger("rmqtrace consume loop", log, logging.WARNING)

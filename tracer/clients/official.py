@@ -28,6 +28,7 @@ import weakref
 from collections import deque
 from collections.abc import Mapping
 from concurrent.futures import Future
+from dataclasses import dataclass
 from typing import Any, NamedTuple
 
 from opentelemetry.instrumentation.utils import suppress_instrumentation
@@ -91,7 +92,8 @@ class TracedListener(MessageListener):  # type: ignore[misc,valid-type]
         return traced_consume(self.tracer, PUSH_SEAM, self.listener.consume, message)
 
 
-class ReceivedStats(NamedTuple):
+@dataclass(frozen=True, slots=True)
+class ReceivedStats:
     """A snapshot of :class:`ReceivedTraces`: traces waiting for their ack, and those let go."""
 
     tracked: int  # received, not yet acked or failed
@@ -107,6 +109,13 @@ class _Entry:
         # change_invisible_duration inside processing(): the nack, settled at the block's end
         # unless an ack or an explicit renewal comes first (TracedSimpleConsumer.renew_lease)
         self.given_back = False
+
+
+class _Held(NamedTuple):
+    """A received message's trace and its place in the arrival order (its :class:`_Entry`)."""
+
+    trace: MessageTrace
+    entry: _Entry
 
 
 class ReceivedTraces:
@@ -137,7 +146,7 @@ class ReceivedTraces:
         self.tracer = tracer
         self._max_age_s = max_age_s
         self._max_traces = max_traces
-        self._traces: weakref.WeakKeyDictionary[Any, tuple[MessageTrace, _Entry]] = weakref.WeakKeyDictionary()
+        self._traces: weakref.WeakKeyDictionary[Any, _Held] = weakref.WeakKeyDictionary()
         self._order: deque[_Entry] = deque()  # arrival order; entries of acked messages are skipped
         self._evicted = {"max_age": 0, "max_traces": 0}
         self._lock = threading.Lock()
@@ -167,7 +176,7 @@ class ReceivedTraces:
             with self._lock:
                 for m, t in started:
                     entry = _Entry(weakref.ref(m), since)
-                    self._traces[m] = (t, entry)
+                    self._traces[m] = _Held(t, entry)
                     self._order.append(entry)
             self._evict(since)
             return [t for _, t in started]
@@ -178,17 +187,17 @@ class ReceivedTraces:
     def get(self, message: Any) -> MessageTrace | None:
         with self._lock:
             found = self._traces.get(message)
-        return found[0] if found is not None else None
+        return found.trace if found is not None else None
 
     def pop(self, message: Any) -> MessageTrace | None:
         with self._lock:
             found = self._traces.pop(message, None)
-        return found[0] if found is not None else None
+        return found.trace if found is not None else None
 
     def _entry(self, message: Any) -> _Entry | None:
         with self._lock:
             found = self._traces.get(message)
-        return found[1] if found is not None else None
+        return found.entry if found is not None else None
 
     def acked(self, message: Any, refused: BaseException | None = None) -> None:
         """The user acked ``message``: its trace ends as a success, once — also when the broker
@@ -265,7 +274,7 @@ class ReceivedTraces:
                 entry = self._order[0]
                 message = entry.ref()
                 found = self._traces.get(message) if message is not None else None
-                if found is None or found[1] is not entry:  # acked, failed, or dropped by the user
+                if found is None or found.entry is not entry:  # acked, failed, or dropped by the user
                     self._order.popleft()
                     continue
                 reason = ("max_age" if now_ns - entry.since >= age_ns else
@@ -275,10 +284,10 @@ class ReceivedTraces:
                 self._order.popleft()
                 del self._traces[message]
                 self._evicted[reason] += 1
-                gone.append((reason, found[0]))
+                gone.append((reason, found.trace))
             if len(self._order) > 2 * max(len(self._traces), 64):  # acked ones behind a long-lived head
                 self._order = deque(e for e in self._order if (m := e.ref()) is not None
-                                    and (f := self._traces.get(m)) is not None and f[1] is e)
+                                    and (f := self._traces.get(m)) is not None and f.entry is e)
         for reason, trace in gone:
             self._log(f"an unacked message's trace ({reason})", None,
                       "a message received but never acked was let go (the broker redelivers it); "

@@ -34,7 +34,7 @@ from ..bounds import timeout_s
 from ..callables import never_ran, require_async
 from ..path.clock import MonotonicClock
 from ..path.stages import Outcome
-from .core import Core, EngineBase, Waiter, WaitState, WouldBlock
+from .core import Core, EngineBase, Running, Waiter, WaitState, WouldBlock
 from .metrics import DispatchMetrics
 from .policy import Policy
 from .protocol import DispatchStats, HandlerTimeout, MessageTraceLike
@@ -70,7 +70,7 @@ class _AioWorker:
         self.index = index
         self.event = asyncio.Event()
         self.entry: Entry[Any] | None = None  # the hand-off box
-        self.running: tuple[Entry[Any], int] | None = None  # (entry, start ns)
+        self.running: Running | None = None  # (entry, start ns, its index as the slot): see core.Running
         self.expired: Entry[Any] | None = None  # reported TIMEOUT at its deadline, handler still running
         self.task: asyncio.Task[None] | None = None
 
@@ -296,9 +296,9 @@ class AsyncDispatcher(EngineBase[T], Generic[T]):
     def _ages(self, overrun: bool) -> list[tuple[T, float]]:
         now = self._core.now()
         return [
-            (cast(T, r[0].item), max(0, now - r[1]) / 1e9)
-            for w in (self._workers or ())
-            if (r := w.running) is not None and (w.expired is r[0]) is overrun
+            (cast(T, entry.item), max(0, now - started) / 1e9)
+            for w in (self._workers or ()) if (r := w.running) is not None
+            for entry, started, _slot in (r,) if (w.expired is entry) is overrun
         ]
 
     # ----------------------------------------------------------------------------------- workers
@@ -343,7 +343,7 @@ class AsyncDispatcher(EngineBase[T], Generic[T]):
         """
         core = self._core
         t0 = core.begin(e, w.index)
-        w.running = (e, t0)
+        w.running = (e, t0, w.index)
         scope = None if e.trace is None else core.enter_scope(e.trace)
         error: BaseException | None = None
         task = asyncio.current_task()
@@ -382,7 +382,10 @@ class AsyncDispatcher(EngineBase[T], Generic[T]):
     def _expire(self, w: _AioWorker, e: Entry[Any], t0: int, task: asyncio.Task[Any]) -> None:
         """The deadline of ``e``: report it TIMEOUT and give it back with what waits behind it; cancel it."""
         r = w.running
-        if r is None or r[0] is not e or w.expired is e:
+        if r is None or w.expired is e:
+            return
+        entry, _started, _slot = r
+        if entry is not e:
             return
         core = self._core
         w.expired = e

@@ -74,7 +74,7 @@ from .policy import Policy, resolve_policy
 from .protocol import DispatcherClosed, DispatchStats, HandlerTimeout, MessageTraceLike, NotStarted
 from .scheduler import Admission, Entry
 
-__all__ = ["Core", "EngineBase", "WaitState", "Waiter", "WouldBlock", "exemplar_of"]
+__all__ = ["Core", "EngineBase", "Running", "WaitState", "Waiter", "WouldBlock", "exemplar_of"]
 
 T = TypeVar("T")
 
@@ -98,6 +98,13 @@ class WaitState(enum.Enum):
     WAITING = "waiting"
     ADMITTED = "admitted"  # a worker or the policy took its message; ``worker`` says which
     CLOSED = "closed"  # close() began: the message was not taken
+
+
+# The handler a worker runs now: (entry, start ns on the core's clock, slot), one assignment so a
+# reader under no lock sees all three. Read by unpacking into those names: a plain tuple, as a
+# NamedTuple instance costs its allocation and dealloc once per handler run (callgrind of 20000
+# submits to a 4-worker Dispatcher: about 1300 more instructions a message, 3.6 %).
+Running = tuple[Entry[Any], int, int]
 
 
 class Waiter:

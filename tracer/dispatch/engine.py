@@ -55,7 +55,7 @@ from ..bounds import timeout_s
 from ..callables import never_ran, require_plain
 from ..path.clock import MonotonicClock
 from ..path.stages import Outcome
-from .core import Core, EngineBase, Waiter, WaitState, WouldBlock
+from .core import Core, EngineBase, Running, Waiter, WaitState, WouldBlock
 from .metrics import DispatchMetrics
 from .policy import Policy
 from .protocol import DispatchStats, HandlerTimeout, MessageTraceLike
@@ -81,8 +81,7 @@ class _Worker:
         self.index = index  # the thread's number (its name); slots are the scheduler's
         self.wake = threading.Lock()
         self.wake.acquire()  # held while it sleeps; released to make it look at the ready queue
-        # (entry, start ns, slot) of the handler running now: one assignment, so readers see all three
-        self.running: tuple[Entry[Any], int, int] | None = None
+        self.running: Running | None = None  # (entry, start ns, slot): see core.Running
         self.expired: Entry[Any] | None = None  # reported TIMEOUT by the watchdog, still running
         self.thread: threading.Thread | None = None
 
@@ -339,8 +338,11 @@ class Dispatcher(EngineBase[T], Generic[T]):
             out: list[tuple[T, float]] = []
             for w in self._workers:
                 r = w.running
-                if r is not None and (w.expired is r[0]) is overrun:
-                    out.append((cast(T, r[0].item), max(0, now - r[1]) / 1e9))
+                if r is None:
+                    continue
+                entry, started, _slot = r
+                if (w.expired is entry) is overrun:
+                    out.append((cast(T, entry.item), max(0, now - started) / 1e9))
             return out
 
     # ---------------------------------------------------------------------------------- workers
@@ -439,10 +441,13 @@ class Dispatcher(EngineBase[T], Generic[T]):
             now = core.now()
             for w in self._workers:
                 r = w.running
-                if r is None or w.expired is r[0] or now - r[1] <= tns:
+                if r is None:
                     continue
-                w.expired = r[0]
-                expired.append((r[0], now - r[1], core.expire_locked(r[2], r[0])))
+                entry, started, slot = r
+                if w.expired is entry or now - started <= tns:
+                    continue
+                w.expired = entry
+                expired.append((entry, now - started, core.expire_locked(slot, entry)))
         if not expired:
             return 0
         n = 0
@@ -466,7 +471,8 @@ class Dispatcher(EngineBase[T], Generic[T]):
         while True:
             self.check_timeouts()
             with self._lock:
-                starts = [r[1] for w in self._workers if (r := w.running) is not None and w.expired is not r[0]]
+                starts = [started for w in self._workers if (r := w.running) is not None
+                          for entry, started, _slot in (r,) if w.expired is not entry]
                 if core.stopping and core.idle_locked():
                     return
                 # A handler starting now has its deadline at least one timeout away: waking after
@@ -520,23 +526,7 @@ class Dispatcher(EngineBase[T], Generic[T]):
         left = core.remaining(deadline)
         quiet = self._wait_until(core.quiet_locked, None if left is None else max(0.0, left))
         with self._lock:
-            back = core.take_queued_locked()  # drain: what no worker can take; timeout: all not started
-            if not quiet:
-                core.abandoned = True
-                n = len(back)
-                ready = self._ready
-                while ready:  # handed to a slot, not claimed: it must not start after we return
-                    slot, e = ready.popleft()
-                    back.append(e)
-                    self._core.done_locked(slot, e)
-                core.give_back_locked(back[n:])
-            if not core.stopping:
-                core.stopping = True  # a thread that finds nothing ready now exits
-                while self._sleepers:
-                    self._wake_one_locked()
-            self._watch.notify_all()
-            hung = {w.thread for w in self._workers if w.expired is not None}
-            overrun = [w.expired for w in self._workers if w.expired is not None]
+            back, hung, overrun = self._stop_locked(quiet)
         self._give_back(back)
         core.abandon(overrun)  # close never waits for them: their open spans end now
         for t in self._threads - hung:
@@ -549,6 +539,31 @@ class Dispatcher(EngineBase[T], Generic[T]):
             s = self.statistics()
             logger.warning("dispatcher %r: close timed out with %d in flight", self._name, s.in_flight)
         return settled
+
+    def _stop_locked(self, quiet: bool) -> tuple[list[Entry[Any]], set[threading.Thread | None], list[Entry[Any]]]:
+        """:meth:`close` once its wait ended (``quiet``: every outcome reported), under the lock: take
+        back what did not start — what no worker can take, or, when the wait timed out, everything
+        not started, ready entries too — and tell the threads to exit. What to give back, the threads
+        of overrun handlers (never joined) and their entries."""
+        core = self._core
+        back = core.take_queued_locked()
+        if not quiet:
+            core.abandoned = True
+            n = len(back)
+            ready = self._ready
+            while ready:  # handed to a slot, not claimed: it must not start after we return
+                slot, e = ready.popleft()
+                back.append(e)
+                core.done_locked(slot, e)
+            core.give_back_locked(back[n:])
+        if not core.stopping:
+            core.stopping = True  # a thread that finds nothing ready now exits
+            while self._sleepers:
+                self._wake_one_locked()
+        self._watch.notify_all()
+        hung = {w.thread for w in self._workers if w.expired is not None}
+        overrun = [w.expired for w in self._workers if w.expired is not None]
+        return back, hung, overrun
 
     def _give_back(self, entries: list[Entry[Any]]) -> None:
         """Deliver SKIPPED for ``entries`` (counted under the lock already), in the caller's thread."""

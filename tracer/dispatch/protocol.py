@@ -10,7 +10,7 @@ from contextlib import AbstractContextManager
 from dataclasses import dataclass
 from typing import Protocol
 
-from ..path.blocking import BlameStatistics
+from ..path.blocking import BlameStats
 from ..path.stages import Outcome, Stage
 
 
@@ -63,7 +63,7 @@ class DispatchStats:
     results that raised or were not a finite number >= 0 (those messages got cost 0).
     ``not_started``: messages whose handler raised :class:`NotStarted`, or whose ``key=`` failed
     (they never reach a worker), both ``Outcome.NOT_STARTED``.
-    ``blame``: live blame's snapshot (:class:`tracer.path.blocking.BlameStatistics`: starts
+    ``blame``: live blame's snapshot (:class:`tracer.path.blocking.BlameStats`: starts
     judged, seconds waited and avoidable, head_of_line / capacity counts); None until a trace or
     metrics were attached.
     """
@@ -82,7 +82,7 @@ class DispatchStats:
     overrun: int = 0
     live_workers: int = 0
     cost_errors: int = 0
-    blame: BlameStatistics | None = None
+    blame: BlameStats | None = None
     not_started: int = 0
 
 

@@ -33,7 +33,7 @@ a ``MessageTrace`` lets both go at its finish, keeping the blocker's id and hand
 holds at most ``2 x workers + 1`` marks: a worker idle for good (more workers than concurrent
 messages) pins its front, so stale marks behind it are compacted away, not only popped at the
 front. Memory is bounded by the workers and the waiting messages, never by the messages handled
-(``BlameStatistics.entries`` counts it; ``tests/test_blame_idle.py``).
+(``BlameStats.entries`` counts it; ``tests/test_blame_idle.py``).
 
 **Wired** in :class:`tracer.dispatch.core.Core` (both engines), one tracker per dispatcher,
 ``workers`` = its pool, on the dispatcher's clock, only once a trace or metrics are attached:
@@ -66,7 +66,7 @@ from collections import deque
 from dataclasses import dataclass
 from typing import Hashable, NamedTuple
 
-__all__ = ["CAPACITY", "GRACE_NS", "HEAD_OF_LINE", "NO_WAIT", "BlameStatistics", "BlameTracker", "Verdict"]
+__all__ = ["CAPACITY", "GRACE_NS", "HEAD_OF_LINE", "NO_WAIT", "BlameStatistics", "BlameStats", "BlameTracker", "Verdict"]
 
 # The hand-over allowance: 2 ms is well above a dispatcher's hand-off on an idle machine (tens of µs)
 # and well below the handlers whose waits are worth blaming.
@@ -87,7 +87,9 @@ class Verdict(NamedTuple):
 
 
 @dataclass(frozen=True, slots=True)
-class BlameStatistics:
+class BlameStats:
+    """A live blame tracker's counts and totals, frozen (:meth:`BlameTracker.statistics`)."""
+
     started: int
     waiting: int  # arrived, not started
     wait_s: float
@@ -101,6 +103,8 @@ class BlameStatistics:
     entries: int = 0
     idle_marks: int = 0  # the idle list: at most 2 x workers + 1 (stale marks are compacted away)
 
+
+BlameStatistics = BlameStats  # its name before issue 36 (one kind of snapshot: ``*Stats``)
 
 _UNKNOWN = Verdict(NO_WAIT, 0.0, 0.0, None)  # the start of a message the tracker was not told about (immutable)
 
@@ -241,12 +245,12 @@ class BlameTracker:
             if w is not None and w.worker is not None:
                 self._unbind(w.worker)
 
-    def statistics(self) -> BlameStatistics:
+    def statistics(self) -> BlameStats:
         with self._lock:
             idle = len(self._idle_since)
             held = idle + sum(map(len, self._log)) + len(self._waiting) + len(self._marks)
-            return BlameStatistics(self._started, len(self._waiting), self._wait_ns / 1e9, self._avoid_ns / 1e9,
-                                   self._hol, self._cap, self._ooo, self._unknown, held, idle)
+            return BlameStats(self._started, len(self._waiting), self._wait_ns / 1e9, self._avoid_ns / 1e9,
+                              self._hol, self._cap, self._ooo, self._unknown, held, idle)
 
     # -- inside ------------------------------------------------------------------------------------
     def _check(self, worker: int) -> None:

@@ -374,16 +374,7 @@ def _extract(props: Mapping[str, Any], errors: PropagationErrors, now_ns: WallNs
         if has_baggage:
             context = _with_baggage(props, parent)
     else:
-        context = propagator.extract(props, Context(), getter=GETTER)
-        found = trace.get_current_span(context).get_span_context()
-        if found.is_valid:
-            parent = found
-        else:
-            tp = _text(system_trace_context, errors)
-            if tp:
-                parent = parse_traceparent(tp, None, errors)
-                if parent is not None:
-                    context = trace.set_span_in_context(trace.NonRecordingSpan(parent), context)
+        parent, context = _extract_configured(propagator, props, errors, system_trace_context)
 
     produce_ns = 0
     raw = get(PRODUCE_NS)
@@ -415,6 +406,23 @@ def _extract(props: Mapping[str, Any], errors: PropagationErrors, now_ns: WallNs
             cost = None
     # tuple.__new__ is what the NamedTuple's own __new__ calls, one Python frame less per message
     return _new_tuple(Carried, (parent, produce_ns, job_id, cost, context, raw_tp, raw_ts))
+
+
+def _extract_configured(propagator: Any, props: Mapping[str, Any], errors: PropagationErrors,
+                        system_trace_context: Any) -> tuple[SpanContext | None, Context]:
+    """The parent and context through the configured propagator (not plain W3C), the 5.x system
+    trace context when it finds none."""
+    context = propagator.extract(props, Context(), getter=GETTER)
+    found = trace.get_current_span(context).get_span_context()
+    if found.is_valid:
+        return found, context
+    parent = None
+    tp = _text(system_trace_context, errors)
+    if tp:
+        parent = parse_traceparent(tp, None, errors)
+        if parent is not None:
+            context = trace.set_span_in_context(trace.NonRecordingSpan(parent), context)
+    return parent, context
 
 
 def _with_baggage(props: Mapping[str, Any], parent: SpanContext | None) -> Context | None:

@@ -11,7 +11,7 @@ import enum
 from typing import NamedTuple
 
 __all__ = [
-    "CROSS_CLOCK_GAPS", "GAPS", "GAP_BY_NAME", "HEADLINE_GAP", "PATH_GAPS", "STAGES", "STAGE_CLOCK",
+    "CROSS_CLOCK_GAPS", "GAPS", "GAP_BY_NAME", "GAP_INDEX", "HEADLINE_GAP", "PATH_GAPS", "STAGES", "STAGE_CLOCK",
     "STAGE_RESOLUTION_NS", "ClockDomain", "Gap", "Outcome", "Stage",
 ]
 
@@ -76,6 +76,9 @@ GAPS: tuple[Gap, ...] = (
     # little of either; one number is comparable across both.
     _gap(6, "consumer_wait", Stage.CLIENT_PULL, Stage.HANDLER_START, "waiting inside the consumer"),
 )
+# Every gap as (position, first stage, last stage) in plain ints: the one table every per-message
+# loop over the gaps reads (metrics, OTel meters, report columns); derived here, never retyped.
+GAP_INDEX: tuple[tuple[int, int, int], ...] = tuple((g.position, int(g.start), int(g.end)) for g in GAPS)
 CROSS_CLOCK_GAPS: tuple[Gap, ...] = tuple(g for g in GAPS if g.crosses_clocks)
 GAP_BY_NAME: dict[str, Gap] = {g.name: g for g in GAPS}
 # The gaps that tile the path from produce to handler end, in order (end_to_end is their sum).

@@ -44,6 +44,22 @@ def store_stamp(store_ms: int, produce_ns: int = MISSING, pull_ns: int = MISSING
     return ns if ns >= lo else lo
 
 
+def first_stamp(times: Sequence[int]) -> int:
+    """The first stamp present (produce when stamped), :data:`MISSING` when there is none."""
+    for ns in times:
+        if ns != MISSING:
+            return ns
+    return MISSING
+
+
+def last_stamp(times: Sequence[int]) -> int:
+    """The last stamp present (handler end when stamped), :data:`MISSING` when there is none."""
+    for ns in reversed(times):
+        if ns != MISSING:
+            return ns
+    return MISSING
+
+
 def in_order(times: Sequence[int]) -> bool:
     """Whether the stamps present never go backwards (then :func:`causal` moves none)."""
     last = MISSING
@@ -306,5 +322,5 @@ class SkewTracker:
 
 __all__ = [
     "MISSING", "PATH_GAPS", "SKEW_WINDOW_MESSAGES", "SKEW_WINDOW_NS", "GapValue", "SkewTracker", "Stamps",
-    "causal", "compute_gaps", "drawn", "in_order", "store_stamp", "timeline",
+    "causal", "compute_gaps", "drawn", "first_stamp", "in_order", "last_stamp", "store_stamp", "timeline",
 ]

@@ -35,9 +35,9 @@ Definitions (also in ``docs/report.md``):
   runs it next on the worker that ran the key's message; its dispatch enqueue is its ``bound_ns``, so
   the buffer rule above names the key's running message. (The live tracker is not told of parking:
   see :mod:`tracer.path.blocking`.)
-* **across a fleet** (:func:`fleet_avoidable`): a wait is avoidable in the fleet when some worker of
+* **across a fleet** (:func:`tracer.report.fleetblame.fleet_avoidable`): a wait is avoidable in the fleet when some worker of
   another instance was available meanwhile (waiting in one process while another idled);
-  :func:`fleet_blame` credits the runs that held such waits up (the rules above inside each
+  :func:`~tracer.report.fleetblame.fleet_blame` credits the runs that held such waits up (the rules above inside each
   instance, on the fleet's busy time).
 """
 
@@ -45,16 +45,25 @@ from __future__ import annotations
 
 import bisect
 import heapq
-import itertools
-import operator
 from dataclasses import dataclass
-from typing import Any, Iterable, NamedTuple, Sequence
+from typing import Any, NamedTuple, Sequence
 
 from ..path.blocking import CAPACITY, GRACE_NS, HEAD_OF_LINE, NO_WAIT  # one definition, live and offline
+from .intervals import IntervalSet, intersection, pack_lanes
+from .text import (
+    MATERIAL_PER_MESSAGE_S,
+    MATERIAL_S,
+    avoidable_cell,
+    avoidable_verdict,
+    fleet_verdict,
+    is_material,
+    sentence_seconds,
+)
 
-__all__ = ["GRACE_NS", "HEAD_OF_LINE", "CAPACITY", "MAX_OVERLAPS", "NO_WAIT", "Blame", "Blocker", "FleetBlocker",
-           "IntervalSet", "MessageBlame", "Run", "TooManyOverlaps", "all_busy", "avoidable_cell", "avoidable_verdict",
-           "blame", "fleet_avoidable", "fleet_blame", "fleet_verdict", "is_material", "pack_lanes"]
+__all__ = ["CAPACITY", "GRACE_NS", "HEAD_OF_LINE", "MATERIAL_PER_MESSAGE_S", "MATERIAL_S", "MAX_OVERLAPS", "NO_WAIT",
+           "Blame", "Blocker", "IntervalSet", "MessageBlame", "Run", "TooManyOverlaps", "all_busy",
+           "avoidable_cell", "avoidable_verdict", "blame", "fleet_verdict",
+           "is_material", "pack_lanes"]
 
 # (victim, run) overlap steps naming the blockers of one consumer group (the report) or one job
 # (the fleet view) may take, ~2.5 µs each, so ~8 s: the 10⁵-message bench job takes 0.75·10⁶, its
@@ -65,64 +74,6 @@ MAX_OVERLAPS = 3_000_000
 
 
 _new_tuple = tuple.__new__  # a NamedTuple's own __new__ is a Python function around this one
-_first = operator.itemgetter(0)
-
-
-# A share of consumer_wait reads as a problem; of an almost empty total it is noise (the demo's
-# aggressive policy: "48 %" of a few milliseconds, 0.4-48 % from run to run). Below both bounds a
-# verdict gives the seconds alone and calls them negligible.
-MATERIAL_S = 0.1  # avoidable wait in all
-MATERIAL_PER_MESSAGE_S = 0.005  # avoidable wait per message
-
-
-def _s(seconds: float) -> str:
-    """Seconds for a sentence: 38.2 s, 412 ms, 85 µs."""
-    if seconds >= 1 or seconds == 0:
-        return f"{seconds:.1f} s"
-    if seconds >= 1e-3:
-        return f"{seconds * 1e3:.0f} ms"
-    return f"{seconds * 1e6:.0f} µs"
-
-
-# -- the one rule every report view words avoidable wait by -------------------------------------
-def is_material(avoidable_s: float, messages: int) -> bool:
-    """Whether avoidable wait is large enough for its share of consumer_wait to mean something:
-    :data:`MATERIAL_S` in all and :data:`MATERIAL_PER_MESSAGE_S` per message. A share of an almost
-    empty total (48 % of a few ms) reads as a problem that is not there."""
-    return avoidable_s >= MATERIAL_S and messages > 0 and avoidable_s / messages >= MATERIAL_PER_MESSAGE_S
-
-
-def avoidable_verdict(avoidable_s: float, wait_s: float, messages: int, where: str = "") -> str:
-    """The one verdict every view prints (group report, fleet view, demos; terminal, HTML):
-    absolute avoidable seconds first (in all, per message), the share of consumer_wait only when
-    :func:`is_material`; "nobody waited" only when nothing was avoidable, so two views of one run
-    never say opposite things. ``where`` qualifies it (" in the fleet")."""
-    if avoidable_s <= 0:
-        return "nobody waited while a worker was free" + where
-    per = avoidable_s / messages if messages else 0.0
-    text = f"{_s(avoidable_s)} of consumer_wait was avoidable{where} ({_s(per)} per message"
-    if is_material(avoidable_s, messages):
-        share = avoidable_s / wait_s if wait_s > 0 else 0.0
-        return text + f", {share:.0%} of the {_s(wait_s)} waited)"
-    return text + ": negligible)"
-
-
-def avoidable_cell(avoidable_s: float, wait_s: float, messages: int) -> str:
-    """:func:`avoidable_verdict` for a table cell: the seconds, the share only when material."""
-    if not is_material(avoidable_s, messages):
-        return _s(avoidable_s)
-    return f"{_s(avoidable_s)} ({avoidable_s / wait_s if wait_s > 0 else 0.0:.0%})"
-
-
-def fleet_verdict(avoidable: dict[str, float], messages: int) -> str:
-    """:func:`avoidable_verdict` for a job across instances (:func:`fleet_avoidable`'s dict), then
-    where a free worker was, in seconds."""
-    fleet_s = avoidable.get("avoidable_fleet_s", 0.0)
-    text = avoidable_verdict(fleet_s, avoidable.get("consumer_wait_s", 0.0), messages, " in the fleet")
-    if fleet_s > 0:
-        text += (f" — {_s(avoidable.get('avoidable_elsewhere_s', 0.0))} while another instance had a free worker, "
-                 f"{_s(avoidable.get('avoidable_inside_s', 0.0))} while its own instance had one")
-    return text
 
 
 class Run(NamedTuple):
@@ -139,74 +90,6 @@ class Run(NamedTuple):
     bound_ns: int | None = None
 
 
-class IntervalSet:
-    """Sorted disjoint half-open intervals, with the covered length of any window in O(log n)."""
-
-    __slots__ = ("_starts", "_ends", "_before")
-
-    def __init__(self, intervals: Iterable[tuple[int, int]]) -> None:
-        starts: list[int] = []
-        ends: list[int] = []
-        # by start alone (ints compared in C, not pairs): intervals starting together merge either way
-        for a, b in sorted((iv for iv in intervals if iv[1] > iv[0]), key=_first):
-            if starts and a <= ends[-1]:
-                if b > ends[-1]:
-                    ends[-1] = b
-            else:
-                starts.append(a)
-                ends.append(b)
-        self._starts, self._ends = starts, ends
-        self._before = [0, *itertools.accumulate(b - a for a, b in zip(starts, ends))]  # covered before interval i
-
-    @property
-    def intervals(self) -> list[tuple[int, int]]:
-        return list(zip(self._starts, self._ends))
-
-    def _upto(self, x: int) -> int:
-        i = bisect.bisect_right(self._starts, x) - 1
-        if i < 0:
-            return 0
-        return self._before[i] + min(x, self._ends[i]) - self._starts[i]
-
-    def covered(self, a: int, b: int) -> int:
-        """Length of ``[a, b)`` inside the set."""
-        if b <= a:
-            return 0
-        starts, ends, before = self._starts, self._ends, self._before  # _upto(b) - _upto(a), inlined: once
-        i = bisect.bisect_right(starts, b) - 1  # per run and per overlap step
-        if i < 0:
-            return 0
-        hi = before[i] + (b if b < ends[i] else ends[i]) - starts[i]
-        i = bisect.bisect_right(starts, a, 0, i + 1) - 1
-        return hi if i < 0 else hi - (before[i] + (a if a < ends[i] else ends[i]) - starts[i])
-
-
-def _intersection(sets: Sequence[IntervalSet]) -> IntervalSet:
-    """Where every set covers (a sweep over all their edges)."""
-    if not sets:
-        return IntervalSet(())
-    # each edge one int, 2·t + 1 for a start, 2·t for an end: sorted as ints, by time with an end
-    # before a start at one instant (half-open)
-    events: list[int] = []
-    for s in sets:
-        events += [2 * a + 1 for a in s._starts]
-        events += [2 * b for b in s._ends]
-    events.sort()
-    out: list[tuple[int, int]] = []
-    depth, since, n = 0, 0, len(sets)
-    for x in events:
-        t = x >> 1  # floor: 2·t + 1 >> 1 is t, negative t too
-        if x & 1:
-            depth += 1
-            if depth == n:
-                since = t
-        else:
-            if depth == n:
-                out.append((since, t))
-            depth -= 1
-    return IntervalSet(out)
-
-
 def all_busy(runs: Sequence[Run], workers: int, grace_ns: int = GRACE_NS) -> IntervalSet:
     """When no worker of the consumer was available: each worker is unavailable from a handler's
     start until ``grace`` after its end; with more workers than ids seen, never."""
@@ -215,7 +98,7 @@ def all_busy(runs: Sequence[Run], workers: int, grace_ns: int = GRACE_NS) -> Int
         by_worker.setdefault(r.worker, []).append((r.start_ns, r.end_ns + grace_ns))
     if not by_worker or workers > len(by_worker):
         return IntervalSet(())
-    return _intersection([IntervalSet(ivs) for ivs in by_worker.values()])
+    return intersection([IntervalSet(ivs) for ivs in by_worker.values()])
 
 
 class MessageBlame(NamedTuple):  # one per handled message: a NamedTuple is far cheaper to make than a dataclass
@@ -281,7 +164,8 @@ class Blame:
         text = f"{name}: {self.verdict()}"
         if self.top:
             b = self.top[0]
-            text += f"; {b.label} (handler {_s(b.handler_s)}) held up {b.victims} messages for {_s(b.held_up_s)}"
+            text += (f"; {b.label} (handler {sentence_seconds(b.handler_s)}) held up {b.victims} messages "
+                     f"for {sentence_seconds(b.held_up_s)}")
         elif self.note:
             text += f"; no blocker named: {self.note}"
         elif self.avoidable_s > 0 and not self.blockers_known:
@@ -300,8 +184,23 @@ class Blame:
         return d
 
 
-def _backlog_pieces(runs: Sequence[Run], on_worker: dict[int, list[int]]) -> list[tuple[int, int, int]]:
-    """Who held up the client's backlog, over time: ``(from, to, run)`` pieces, sorted, disjoint.
+class _Piece(NamedTuple):
+    """A stretch of the backlog's wait held up by one run."""
+
+    lo: int
+    hi: int
+    run: int  # index into the runs
+
+
+class _Queued(NamedTuple):  # a backlog entry, in the order the backlog hands messages on
+    wait_start_ns: int
+    bound_ns: int
+    message_id: str
+    run: int
+
+
+def _backlog_pieces(runs: Sequence[Run], on_worker: dict[int, list[int]]) -> list[_Piece]:
+    """Who held up the client's backlog, over time: pieces sorted and disjoint.
 
     A backlog (the client cache, the loop's receive buffer) hands messages on in the order they
     arrived, so while its oldest message waits for room in one worker's buffer every message behind
@@ -315,22 +214,22 @@ def _backlog_pieces(runs: Sequence[Run], on_worker: dict[int, list[int]]) -> lis
         return []
     events.sort()
     # the backlog, oldest first; a batch arrives at one instant and is handed on in enqueue order
-    heap: list[tuple[int, int, str, int]] = []
+    heap: list[_Queued] = []
     gone: set[int] = set()
-    segments: list[tuple[int, int, int]] = []  # (from, to, head)
+    segments: list[_Piece] = []  # the backlog's head over time
     for i, (t, kind, k) in enumerate(events):
         if kind:
             r = runs[k]
-            heapq.heappush(heap, (r.wait_start_ns, r.bound_ns or 0, r.message_id, k))
+            heapq.heappush(heap, _Queued(r.wait_start_ns, r.bound_ns or 0, r.message_id, k))
         else:
             gone.add(k)
-        while heap and heap[0][3] in gone:
+        while heap and heap[0].run in gone:
             heapq.heappop(heap)
         nxt = events[i + 1][0] if i + 1 < len(events) else t
         if heap and nxt > t:
-            segments.append((t, nxt, heap[0][3]))
+            segments.append(_Piece(t, nxt, heap[0].run))
     starts = {w: [runs[j].start_ns for j in ks] for w, ks in on_worker.items()}
-    pieces: list[tuple[int, int, int]] = []
+    pieces: list[_Piece] = []
     for lo, hi, head in segments:
         w = runs[head].worker
         ks = on_worker.get(w, [])
@@ -340,15 +239,135 @@ def _backlog_pieces(runs: Sequence[Run], on_worker: dict[int, list[int]]) -> lis
                 break
             a, b = max(lo, o.start_ns), min(hi, o.end_ns)
             if b > a:
-                if pieces and pieces[-1][2] == j and pieces[-1][1] == a:
-                    pieces[-1] = (pieces[-1][0], b, j)  # the head changed, its worker's run did not
+                if pieces and pieces[-1].run == j and pieces[-1].hi == a:
+                    pieces[-1] = _Piece(pieces[-1].lo, b, j)  # the head changed, its worker's run did not
                 else:
-                    pieces.append((a, b, j))
+                    pieces.append(_Piece(a, b, j))
     return pieces
 
 
 class TooManyOverlaps(RuntimeError):
     """Naming the blockers would weigh more (victim, run) overlaps than the caller allowed."""
+
+
+def _check_blame(runs: Sequence[Run], workers: int, grace_ns: int) -> None:
+    if workers < 1:
+        raise ValueError(f"workers must be at least 1, got {workers}")
+    if grace_ns < 0:
+        raise ValueError(f"grace_ns must be >= 0, got {grace_ns}")
+    ids = {r.worker for r in runs}
+    if len(ids) > workers:
+        raise ValueError(f"{len(ids)} distinct worker ids but workers={workers}")
+
+
+def _avoidable_waits(runs: Sequence[Run], busy: IntervalSet, grace_ns: int) -> list[int]:
+    """Stage 1: each run's avoidable wait (ns, may be <= 0): its blameable wait less the time no
+    worker was available."""
+    return [(r.start_ns - r.wait_start_ns - grace_ns) - busy.covered(r.wait_start_ns + grace_ns, r.start_ns)
+            if r.start_ns > r.wait_start_ns + grace_ns else 0 for r in runs]
+
+
+class _Blockers:
+    """Stage 2: who held up each avoidable wait, and the credit every run earns by it.
+
+    Built only when a run waited avoidably and the worker ids are real: the runs by worker are
+    needed only to name the blockers of such a run, the backlog only by one that waited so before
+    it was bound (most runs of a saturated consumer wait with every worker busy).
+    """
+
+    def __init__(self, runs: Sequence[Run], avoids: Sequence[int], busy: IntervalSet, grace_ns: int,
+                 max_overlaps: int | None) -> None:
+        self.runs, self.busy, self.grace_ns, self.budget = runs, busy, grace_ns, max_overlaps
+        self.on_worker: dict[int, list[int]] = {}
+        self.reach: dict[int, list[int]] = {}
+        for k in sorted(range(len(runs)), key=lambda k: runs[k].start_ns):
+            self.on_worker.setdefault(runs[k].worker, []).append(k)
+        # the latest end so far, per worker: monotone even if a worker's runs overlap (ids that collide)
+        for w, ks in self.on_worker.items():
+            top_end, row = 0, []
+            for k in ks:
+                top_end = max(top_end, runs[k].end_ns)
+                row.append(top_end)
+            self.reach[w] = row
+        self.backlog = _backlog_pieces(runs, self.on_worker) if any(
+            avoid > 0 and r.bound_ns is not None and r.bound_ns > r.wait_start_ns + grace_ns
+            for avoid, r in zip(avoids, runs)) else []
+        self.backlog_ends = [p.hi for p in self.backlog]
+        self.weight = [(hi - lo) - busy.covered(lo, hi) for lo, hi, _j in self.backlog]  # available time in each piece
+        self.credit: dict[int, int] = {}
+        self.victims: dict[int, int] = {}
+        self.steps = 0
+
+    def name(self, k: int) -> int | None:
+        """The run that held up most of run ``k``'s avoidable wait (credited to all that held some).
+
+        Raises:
+            TooManyOverlaps: the steps so far passed ``max_overlaps``.
+        """
+        parts = self._parts(k)
+        if self.budget is not None and self.steps > self.budget:
+            raise TooManyOverlaps(f"naming the blockers of {len(self.runs)} runs needs more than {self.budget} "
+                                  "(victim, run) overlap steps")
+        runs, credit, victims = self.runs, self.credit, self.victims
+        best: tuple[int, int, str] | None = None  # (-part, start, id): the largest part, then the earliest
+        blocker: int | None = None
+        for j, part in parts.items():
+            if part > 0:
+                credit[j] = credit.get(j, 0) + part  # integer ns: sums that do not depend on the order
+                victims[j] = victims.get(j, 0) + 1
+                key = (-part, runs[j].start_ns, runs[j].message_id)
+                if best is None or key < best:
+                    best, blocker = key, j
+        return blocker
+
+    def _parts(self, k: int) -> dict[int, int]:
+        """Each run's share (ns) of run ``k``'s avoidable wait; counts the overlap steps."""
+        runs, busy = self.runs, self.busy
+        r = runs[k]
+        a, b = r.wait_start_ns + self.grace_ns, r.start_ns
+        parts: dict[int, int] = {}
+        bound = max(a, r.bound_ns if r.bound_ns is not None else 0)
+        steps = 0
+        # waiting in its worker's own buffer: the runs there held it up
+        for j in self.on_worker[r.worker][bisect.bisect_right(self.reach[r.worker], bound):]:
+            o = runs[j]
+            if o.start_ns >= b:
+                break
+            steps += 1
+            lo, hi = max(bound, o.start_ns), min(b, o.end_ns)
+            if j != k and hi > lo:
+                parts[j] = parts.get(j, 0) + (hi - lo) - busy.covered(lo, hi)
+        # waiting in the backlog before that: whatever held up the backlog's head
+        if bound > a:
+            backlog, weight = self.backlog, self.weight
+            i = bisect.bisect_right(self.backlog_ends, a)
+            while i < len(backlog):
+                lo0, hi0, j = backlog[i]
+                if lo0 >= bound:
+                    break
+                steps += 1
+                if j != k:
+                    if a <= lo0 and hi0 <= bound:
+                        parts[j] = parts.get(j, 0) + weight[i]  # inside the window: precomputed
+                    else:
+                        lo, hi = max(a, lo0), min(bound, hi0)
+                        parts[j] = parts.get(j, 0) + (hi - lo) - busy.covered(lo, hi)
+                i += 1
+        self.steps += steps
+        return parts
+
+    def ranked(self, top: int) -> tuple[Blocker, ...]:
+        """Stage 3: the ``top`` runs by the avoidable wait they held up, then start, then id."""
+        runs, credit = self.runs, self.credit
+        order = sorted(credit, key=lambda j: (-credit[j], runs[j].start_ns, runs[j].message_id))[:max(0, top)]
+        return tuple(Blocker(runs[j].message_id, runs[j].label, runs[j].worker, (runs[j].end_ns - runs[j].start_ns) / 1e9,
+                             self.victims[j], credit[j] / 1e9) for j in order)
+
+
+def _reason(avoid: int, blameable_ns: int, wait: int, grace_ns: int) -> str:
+    if avoid > 0 and 2 * avoid >= blameable_ns:
+        return HEAD_OF_LINE
+    return CAPACITY if wait > grace_ns else NO_WAIT
 
 
 def blame(runs: Sequence[Run], workers: int, *, grace_ns: int = GRACE_NS, blockers_known: bool = True,
@@ -368,218 +387,27 @@ def blame(runs: Sequence[Run], workers: int, *, grace_ns: int = GRACE_NS, blocke
         ValueError: ``workers`` < 1, a negative ``grace_ns``, or more distinct worker ids than ``workers``.
         TooManyOverlaps: more than ``max_overlaps`` steps were needed (nothing is returned).
     """
-    if workers < 1:
-        raise ValueError(f"workers must be at least 1, got {workers}")
-    if grace_ns < 0:
-        raise ValueError(f"grace_ns must be >= 0, got {grace_ns}")
-    ids = {r.worker for r in runs}
-    if len(ids) > workers:
-        raise ValueError(f"{len(ids)} distinct worker ids but workers={workers}")
+    _check_blame(runs, workers, grace_ns)
     if busy is None:
         busy = all_busy(runs, workers, grace_ns)
-    # each run's avoidable wait first: the runs by worker are needed only to name the blockers of a
-    # run that waited avoidably, the backlog only by one that did so before it was bound (most runs of
-    # a saturated consumer wait with every worker busy)
-    avoids = [(r.start_ns - r.wait_start_ns - grace_ns) - busy.covered(r.wait_start_ns + grace_ns, r.start_ns)
-              if r.start_ns > r.wait_start_ns + grace_ns else 0 for r in runs]
-    on_worker: dict[int, list[int]] = {}
-    reach: dict[int, list[int]] = {}
-    if blockers_known and max(avoids, default=0) > 0:
-        for k in sorted(range(len(runs)), key=lambda k: runs[k].start_ns):
-            on_worker.setdefault(runs[k].worker, []).append(k)
-        # the latest end so far, per worker: monotone even if a worker's runs overlap (ids that collide)
-        for w, ks in on_worker.items():
-            top_end, row = 0, []
-            for k in ks:
-                top_end = max(top_end, runs[k].end_ns)
-                row.append(top_end)
-            reach[w] = row
-    backlog = _backlog_pieces(runs, on_worker) if on_worker and any(
-        avoid > 0 and r.bound_ns is not None and r.bound_ns > r.wait_start_ns + grace_ns
-        for avoid, r in zip(avoids, runs)) else []
-    backlog_ends = [p[1] for p in backlog]
-    weight = [(hi - lo) - busy.covered(lo, hi) for lo, hi, _j in backlog]  # available time in each piece
-    credit: dict[int, int] = {}
-    victims: dict[int, int] = {}
+    avoids = _avoidable_waits(runs, busy, grace_ns)
+    blockers = _Blockers(runs, avoids, busy, grace_ns, max_overlaps) \
+        if blockers_known and max(avoids, default=0) > 0 else None
     out: list[MessageBlame] = []
     wait_total = avoidable_total = 0.0
-    hol = cap = steps = 0
-    budget = max_overlaps
+    reasons = {HEAD_OF_LINE: 0, CAPACITY: 0, NO_WAIT: 0}
     for k, r in enumerate(runs):
         wait = r.start_ns - r.wait_start_ns
         if wait < 0:
             wait = 0
-        a, b = r.wait_start_ns + grace_ns, r.start_ns
-        avoid = avoids[k]
-        blocker: int | None = None
-        if avoid > 0 and blockers_known:
-            parts: dict[int, int] = {}
-            bound = max(a, r.bound_ns if r.bound_ns is not None else 0)
-            # waiting in its worker's own buffer: the runs there held it up
-            for j in on_worker[r.worker][bisect.bisect_right(reach[r.worker], bound):]:
-                o = runs[j]
-                if o.start_ns >= b:
-                    break
-                steps += 1
-                lo, hi = max(bound, o.start_ns), min(b, o.end_ns)
-                if j != k and hi > lo:
-                    parts[j] = parts.get(j, 0) + (hi - lo) - busy.covered(lo, hi)
-            # waiting in the backlog before that: whatever held up the backlog's head
-            if bound > a:
-                i = bisect.bisect_right(backlog_ends, a)
-                while i < len(backlog):
-                    lo0, hi0, j = backlog[i]
-                    if lo0 >= bound:
-                        break
-                    steps += 1
-                    if j != k:
-                        if a <= lo0 and hi0 <= bound:
-                            parts[j] = parts.get(j, 0) + weight[i]  # inside the window: precomputed
-                        else:
-                            lo, hi = max(a, lo0), min(bound, hi0)
-                            parts[j] = parts.get(j, 0) + (hi - lo) - busy.covered(lo, hi)
-                    i += 1
-            if budget is not None and steps > budget:
-                raise TooManyOverlaps(f"naming the blockers of {len(runs)} runs needs more than {budget} "
-                                      "(victim, run) overlap steps")
-            best: tuple[int, int, str] | None = None  # (-part, start, id): the largest part, then the earliest
-            for j, part in parts.items():
-                if part > 0:
-                    credit[j] = credit.get(j, 0) + part  # integer ns: sums that do not depend on the order
-                    victims[j] = victims.get(j, 0) + 1
-                    key = (-part, runs[j].start_ns, runs[j].message_id)
-                    if best is None or key < best:
-                        best, blocker = key, j
-        if avoid > 0 and 2 * avoid >= b - a:
-            reason = HEAD_OF_LINE
-            hol += 1
-        elif wait > grace_ns:
-            reason = CAPACITY
-            cap += 1
-        else:
-            reason = NO_WAIT
+        avoid = avoids[k] if avoids[k] > 0 else 0
+        blocker = blockers.name(k) if avoid and blockers is not None else None
+        reason = _reason(avoid, r.start_ns - r.wait_start_ns - grace_ns, wait, grace_ns)
+        reasons[reason] += 1
         wait_total += wait / 1e9
-        avoidable_total += (avoid if avoid > 0 else 0) / 1e9
-        out.append(_new_tuple(MessageBlame, (r.message_id, wait / 1e9, (avoid if avoid > 0 else 0) / 1e9, reason,
+        avoidable_total += avoid / 1e9
+        out.append(_new_tuple(MessageBlame, (r.message_id, wait / 1e9, avoid / 1e9, reason,
                                              runs[blocker].message_id if blocker is not None else None)))
-    ranked = sorted(credit, key=lambda j: (-credit[j], runs[j].start_ns, runs[j].message_id))[:max(0, top)]
-    return Blame(workers, wait_total, avoidable_total, hol, cap, blockers_known, tuple(out), tuple(
-        Blocker(runs[j].message_id, runs[j].label, runs[j].worker, (runs[j].end_ns - runs[j].start_ns) / 1e9,
-                victims[j], credit[j] / 1e9) for j in ranked), steps)
-
-
-def fleet_avoidable(instances: Sequence[Sequence[Run]], workers: Sequence[int], *,
-                    grace_ns: int = GRACE_NS, occupied: Sequence[Sequence[Run]] | None = None) -> dict[str, float]:
-    """Across instances: consumer_wait, the part avoidable inside the message's own instance, and the
-    part during which another instance had an available worker (``elsewhere``), in seconds; shares of
-    consumer_wait for both, and for either (``fleet``).
-
-    ``occupied``: per instance, every run that held one of its workers (other jobs' messages
-    too), when ``instances`` are only some of them (one job's): a worker busy with another job's
-    message is not available. Default: the runs of ``instances`` themselves.
-
-    Raises:
-        ValueError: ``instances``, ``workers`` (and ``occupied``) differ in length.
-    """
-    if len(instances) != len(workers) or (occupied is not None and len(occupied) != len(instances)):
-        raise ValueError(f"{len(instances)} instances but {len(workers)} worker counts"
-                         + ("" if occupied is None else f" and {len(occupied)} occupied run lists"))
-    busy = _busy_of(instances if occupied is None else occupied, workers, grace_ns)
-    everyone = _intersection(busy)
-    wait = inside = elsewhere = either = 0
-    for i, rs in enumerate(instances):
-        others = _intersection([busy[j] for j in range(len(busy)) if j != i]) if len(busy) > 1 else None
-        for r in rs:
-            wait += max(0, r.start_ns - r.wait_start_ns)
-            a, b = r.wait_start_ns + grace_ns, r.start_ns
-            if b <= a:
-                continue
-            inside += (b - a) - busy[i].covered(a, b)
-            if others is not None:
-                elsewhere += (b - a) - others.covered(a, b)
-                either += (b - a) - everyone.covered(a, b)
-            else:
-                either += (b - a) - busy[i].covered(a, b)
-
-    def share(x: int) -> float:
-        return x / wait if wait else 0.0
-
-    return {"consumer_wait_s": wait / 1e9, "avoidable_inside_s": inside / 1e9, "avoidable_elsewhere_s": elsewhere / 1e9,
-            "avoidable_fleet_s": either / 1e9, "inside_share": share(inside), "elsewhere_share": share(elsewhere),
-            "fleet_share": share(either)}
-
-
-@dataclass(frozen=True, slots=True)
-class FleetBlocker:
-    """A run that held up waits which some instance of the fleet could have served."""
-
-    instance: str
-    message_id: str
-    label: str
-    worker: int
-    handler_s: float
-    victims: int
-    held_up_s: float  # the fleet-avoidable wait it caused: victims × seconds
-
-    def as_dict(self) -> dict[str, Any]:
-        return {"instance": self.instance, "message_id": self.message_id, "label": self.label, "worker": self.worker,
-                "handler_s": round(self.handler_s, 6), "victims": self.victims, "held_up_s": round(self.held_up_s, 6)}
-
-
-def fleet_blame(instances: Sequence[Sequence[Run]], workers: Sequence[int], names: Sequence[str], *,
-                blockers_known: Sequence[bool] | None = None, grace_ns: int = GRACE_NS, top: int = 10,
-                max_overlaps: int | None = None, occupied: Sequence[Sequence[Run]] | None = None,
-                ) -> tuple[dict[str, float], tuple[FleetBlocker, ...]]:
-    """:func:`fleet_avoidable`, and the runs that held up the fleet-avoidable waits, ranked.
-
-    Every instance is blamed with :func:`blame` on the fleet's ``busy`` (no worker of any instance
-    available): within an instance the blocker rules are the usual ones (its worker's run, or the
-    run holding up the instance's backlog), and a run is credited with the part of each wait it
-    held up during which some worker of the fleet was available. So the credits of an instance add
-    up to at most its share of ``avoidable_fleet_s``. Ranked by ``held_up_s``, then instance name,
-    then message id; an instance whose worker ids are not known (``blockers_known``) names none.
-
-    ``max_overlaps`` bounds the steps of all instances together (:func:`blame`). ``occupied``: as
-    for :func:`fleet_avoidable` (only ``instances`` are victims and blockers).
-
-    Raises:
-        ValueError: ``instances``, ``workers`` and ``names`` differ in length.
-        TooManyOverlaps: the blockers would take more than ``max_overlaps`` steps.
-    """
-    if not len(instances) == len(workers) == len(names):
-        raise ValueError(f"{len(instances)} instances, {len(workers)} worker counts, {len(names)} names")
-    known = list(blockers_known) if blockers_known is not None else [True] * len(instances)
-    shares = fleet_avoidable(instances, workers, grace_ns=grace_ns, occupied=occupied)
-    everyone = _intersection(_busy_of(instances if occupied is None else occupied, workers, grace_ns))
-    ranked: list[FleetBlocker] = []
-    for rs, w, name, k in zip(instances, workers, names, known):
-        if not rs or not k:
-            continue
-        b = blame(rs, max(1, w), grace_ns=grace_ns, busy=everyone, top=len(rs), max_overlaps=max_overlaps)
-        if max_overlaps is not None:
-            max_overlaps -= b.overlaps
-        ranked += [FleetBlocker(name, x.message_id, x.label, x.worker, x.handler_s, x.victims, x.held_up_s)
-                   for x in b.top]
-    ranked.sort(key=lambda x: (-x.held_up_s, x.instance, x.message_id))
-    return shares, tuple(ranked[:max(0, top)])
-
-
-def _busy_of(occupied: Sequence[Sequence[Run]], workers: Sequence[int], grace_ns: int) -> list[IntervalSet]:
-    return [all_busy(rs, max(1, w), grace_ns) for rs, w in zip(occupied, workers)]
-
-
-def pack_lanes(spans: Sequence[tuple[int, int]]) -> list[int]:
-    """Greedy lanes for handler intervals without worker ids: by start, each into the lowest lane
-    free at that moment (the report's inference, so both agree)."""
-    order = sorted(range(len(spans)), key=lambda k: spans[k])
-    free: list[int] = []
-    lane = [0] * len(spans)
-    for k in order:
-        s, e = spans[k]
-        pick = next((i for i, f in enumerate(free) if f <= s), len(free))
-        if pick == len(free):
-            free.append(e)
-        else:
-            free[pick] = e
-        lane[k] = pick
-    return lane
+    return Blame(workers, wait_total, avoidable_total, reasons[HEAD_OF_LINE], reasons[CAPACITY], blockers_known,
+                 tuple(out), blockers.ranked(top) if blockers is not None else (),
+                 blockers.steps if blockers is not None else 0)

@@ -13,7 +13,8 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from .model import MessageRecord, Report
+    from .model import Report
+    from .records import MessageRecord
 
 DEFAULT_SPANS = Path("rmqtrace-out") / "spans.jsonl"
 
@@ -181,7 +182,7 @@ def _unwritable(target: str | None) -> str | None:
 def _read(args: argparse.Namespace) -> tuple[list[MessageRecord], int, str, str]:
     """The message records, how many spans they came from, where from, and why some of the source
     was not used ("" when all was)."""
-    from .model import messages_from_spans
+    from .records import messages_from_spans
     from .sources import NoTracesForService, SourceError, paused_gc, read_jaeger
     from .spanread import read_span_file
 
@@ -268,7 +269,7 @@ def cmd_report(args: argparse.Namespace) -> int:
     try:
         _check_args(args)
         if args.fleet:
-            from .fleet import cli_fleet
+            from .fleetview import cli_fleet
             return cli_fleet(args)
         from .sources import paused_gc
         # a third of the build at 10⁵ messages was collections walking the spans; one pause over the

@@ -14,7 +14,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 
 from ..dispatch.costtable import MAX_ENTRIES, CostTable, CostTableError, check_cost, check_key, learn_costs
-from .model import MessageRecord
+from .records import MessageRecord
 
 __all__ = ["LearnedCosts", "costs_from_records"]
 

@@ -16,47 +16,27 @@ From the records, per job:
   nothing, messages held unstarted elsewhere) dt, and per holding instance its part of that.
 * **who held it up**: the consumer_wait avoidable inside the instance and in the fleet, and the
   runs behind which messages waited while a worker of the fleet was free, ranked by the wait they
-  caused (:func:`tracer.report.blame.fleet_blame`).
+  caused (:func:`tracer.report.fleetblame.fleet_blame`).
 
-:func:`read_jaeger_fleet` reads windows of time, each at most a page of traces; a full page means
-the window may hold more, so it is split in halves and read again. Traces seen twice (a trace
-whose spans straddle two windows, or one of a full page read again in a half) are skipped by id.
-Two read paths: Jaeger's ``api_v3`` gRPC ``FindTraces`` (OTLP protobuf streamed one trace at a
-time, so a page can be the whole window: default when ``grpcio`` is installed and the service
-answers), else the HTTP JSON ``/api/traces`` the UI uses (``page_limit`` traces per page, each
-page parsed whole). BENCHMARKS.md ("bench report") has the numbers behind the choice.
+Read from Jaeger by :func:`tracer.report.fleetread.read_jaeger_fleet`; shown by
+:mod:`tracer.report.fleetview` (terminal lines, the HTML lanes, ``rmqtrace report --fleet``).
 """
 
 from __future__ import annotations
 
 import bisect
-import json
-import time
-import urllib.error
-import urllib.parse
-import urllib.request
 from dataclasses import dataclass, field
-from html import escape
-from typing import Any, Callable, Iterable, Iterator, NamedTuple, Sequence
+from typing import Any, NamedTuple, Sequence
 
 from ..path import names
 from ..path.stages import Stage
-from .blame import (
-    GRACE_NS,
-    MAX_OVERLAPS,
-    FleetBlocker,
-    Run,
-    TooManyOverlaps,
-    fleet_avoidable,
-    fleet_blame,
-    fleet_verdict,
-    pack_lanes,
-)
-from .model import STAMP_MAX_NS, exact_int, stamp_ns
+from .blame import GRACE_NS, MAX_OVERLAPS, Run, TooManyOverlaps, pack_lanes
+from .fleetblame import FleetBlocker, fleet_avoidable, fleet_blame
+from .records import STAMP_MAX_NS, exact_int, stamp_ns
 from .sources import INSTANCE_KEY, any_value, jaeger_instance
+from .text import fleet_verdict
 
-__all__ = ["FleetCollector", "FleetInstance", "FleetJob", "FleetSection", "Handled", "cli_fleet", "fleet_lines",
-           "fleet_page", "read_jaeger_fleet", "sweep_waits"]
+__all__ = ["FLEET_BLAME_TOP", "FleetCollector", "FleetInstance", "FleetJob", "FleetSection", "Handled", "sweep_waits"]
 
 _PULL, _START, _END = (names.STAMP_ATTRS[s] for s in (Stage.CLIENT_PULL, Stage.HANDLER_START, Stage.HANDLER_END))
 _PRODUCE, _ENQUEUE = (names.STAMP_ATTRS[s] for s in (Stage.PRODUCE, Stage.DISPATCH_ENQUEUE))
@@ -147,7 +127,7 @@ class FleetJob:
     section: FleetSection | None = field(default=None, repr=False)  # what the HTML lanes draw
     # consumer_wait and the parts avoidable inside the instance / elsewhere in the fleet (tracer.report.blame)
     avoidable: dict[str, float] = field(default_factory=dict)
-    # the runs that held up the fleet-avoidable waits, largest first (tracer.report.blame.fleet_blame)
+    # the runs that held up the fleet-avoidable waits, largest first (tracer.report.fleetblame.fleet_blame)
     blockers: list[FleetBlocker] = field(default_factory=list)
     blockers_note: str = ""  # why none are named although some wait was avoidable ("" when they are)
 
@@ -370,7 +350,7 @@ def _job_blame(recs: Sequence[_Rec], instances: Sequence[str], workers: Sequence
                occupied: Sequence[Sequence[Run]] | None = None,
                ) -> tuple[dict[str, float], tuple[FleetBlocker, ...], str]:
     """How much of the job's consumer_wait was avoidable inside its instance and in the fleet, and
-    the runs that held up the fleet-avoidable part (:func:`tracer.report.blame.fleet_blame`). An
+    the runs that held up the fleet-avoidable part (:func:`tracer.report.fleetblame.fleet_blame`). An
     instance without worker ids gets packed lanes and names no blocker (lanes are not the workers
     messages queued for); a record carries its dispatch enqueue, so the backlog and buffer rules are
     the single-consumer report's."""
@@ -434,164 +414,11 @@ def _instance_of_resource(resource: Any) -> str:
 V3_DEPTH = 100_000  # traces per api_v3 page: streamed, so a page costs no memory; Jaeger's memory store caps it
 
 
-def read_jaeger_fleet(base_url: str, service: str, *, start_s: float | None = None, end_s: float | None = None,
-                      lookback_s: float = 3600.0, page_limit: int = 500, timeout: float = 30.0,
-                      get: Callable[[str, float], dict[str, Any]] | None = None, api: str = "auto",
-                      grpc_target: str | None = None, depth: int = V3_DEPTH) -> FleetCollector:
-    """Every trace of ``service`` in [start, end] (default: the last ``lookback_s`` seconds) into a
-    :class:`FleetCollector`; ``collector.api`` says which read path was used.
-
-    ``api``: ``"v3"`` (api_v3 gRPC at ``grpc_target``, default: for a URL on port 16686 its host on
-    port 16685; pages of ``depth`` traces), ``"http"`` (``/api/traces``, pages of ``page_limit``
-    traces, fetched by ``get`` when given) or ``"auto"``: v3 unless ``get`` is given, no gRPC
-    address is known, grpcio is missing or nothing answers there; then http.
-
-    Raises:
-        ValueError: ``page_limit`` or ``depth`` < 2, an empty window or an unknown ``api``.
-        SourceError: the v3 service failed after it had answered (``api="v3"``: also when it is
-            unreachable).
-    """
-    from .sources import paused_gc
-
-    with paused_gc():  # the collector's records: no cycles (see paused_gc)
-        return _read_fleet(base_url, service, start_s=start_s, end_s=end_s, lookback_s=lookback_s,
-                           page_limit=page_limit, timeout=timeout, get=get, api=api, grpc_target=grpc_target,
-                           depth=depth)
-
-
-def _read_fleet(base_url: str, service: str, *, start_s: float | None, end_s: float | None, lookback_s: float,
-                page_limit: int, timeout: float, get: Callable[[str, float], dict[str, Any]] | None, api: str,
-                grpc_target: str | None, depth: int) -> FleetCollector:
-    from .sources import SourceError, v3_target
-
-    if page_limit < 2 or depth < 2:
-        raise ValueError(f"page_limit and depth must be at least 2, got {page_limit} and {depth}")
-    if api not in ("auto", "v3", "http"):
-        raise ValueError(f"api must be auto, v3 or http, got {api!r}")
-    end = time.time() if end_s is None else end_s
-    start = end - lookback_s if start_s is None else start_s
-    if end <= start:
-        raise ValueError(f"empty time window: start {start} >= end {end}")
-    collector = FleetCollector()
-    base = base_url.rstrip("/")
-    target = v3_target(base, grpc_target)
-    if api == "v3" and target is None:
-        raise ValueError(f"api v3: give grpc_target (host:port); {base_url} is not on Jaeger's default port 16686")
-    if target is not None and (api == "v3" or (api == "auto" and get is None)):
-        try:
-            _read_v3(collector, target, service, int(start * 1e9), int(end * 1e9), depth, timeout)
-            collector.api = f"api_v3 gRPC {target}"
-            return collector
-        except ImportError:
-            if api == "v3":
-                raise
-        except SourceError:
-            if api == "v3" or collector.pages or collector.traces:
-                raise
-        collector = FleetCollector()  # auto: nothing answered at the v3 port; read the HTTP API
-    for payload in _pages(base, service, int(start * 1e6), int(end * 1e6), page_limit, timeout, get or _get_json):
-        collector.add_jaeger_page(payload)
-    collector.api = f"HTTP JSON {base}/api/traces"
-    return collector
-
-
-def _read_v3(collector: FleetCollector, target: str, service: str, start_ns: int, end_ns: int, depth: int,
-             timeout: float) -> None:
-    """Windows of at most ``depth`` traces, streamed into ``collector``. A full page is kept (its
-    traces are complete) and its window read again in two parts, where those traces are skipped:
-    split at the median start of the page's traces, not at the window's middle, since a job's
-    traces crowd a few seconds of an hour's window (a midpoint split re-read all 10⁵ six times)."""
-    from .sources import SearchDepthTooLarge, find_traces_v3
-
-    seen: set[bytes] = set()
-    windows = [(start_ns, end_ns)]
-    while windows:
-        a, b = windows.pop()
-        page: dict[bytes, int] = {}
-        try:
-            for traces_data in find_traces_v3(target, service, a, b, depth=depth, timeout=timeout, raw=True):
-                collector.add_otlp_trace(traces_data, seen, page)
-        except SearchDepthTooLarge:
-            if page or depth <= 2:
-                raise
-            depth //= 2  # the store caps the depth (memory: max_traces): smaller pages, same window
-            windows.append((a, b))
-            continue
-        collector.pages += 1
-        seen.update(page)
-        if len(page) >= depth and b - a > 1:
-            starts = sorted(page.values())
-            mid = starts[len(starts) // 2]
-            if not a < mid < b:
-                mid = (a + b) // 2
-            windows += [(mid, b), (a, mid)]
-
-
-def _pages(base: str, service: str, start_us: int, end_us: int, limit: int, timeout: float,
-           fetch: Callable[[str, float], dict[str, Any]]) -> Iterator[dict[str, Any]]:
-    windows = [(start_us, end_us)]
-    while windows:
-        a, b = windows.pop()
-        query = urllib.parse.urlencode({"service": service, "limit": limit, "start": a, "end": b})
-        payload = fetch(f"{base}/api/traces?{query}", timeout)
-        if len(payload.get("data") or ()) >= limit and b - a > 1:
-            mid = (a + b) // 2  # the window may hold more than one page: read both halves instead
-            windows += [(mid, b), (a, mid)]
-            continue
-        yield payload
-
-
-def _get_json(url: str, timeout: float) -> dict[str, Any]:
-    req = urllib.request.Request(url, headers={"Accept": "application/json"})
-    with urllib.request.urlopen(req, timeout=timeout) as resp:  # noqa: S310 - the user's own Jaeger
-        data = json.load(resp)
-    if not isinstance(data, dict):
-        raise ValueError(f"unexpected answer from {url}: {str(data)[:200]}")
-    return data
-
-
-def fleet_lines(jobs: Iterable[FleetJob]) -> list[str]:
-    """The fleet view as terminal lines, one block per job."""
-    out: list[str] = []
-    for j in jobs:
-        c = j.critical
-        out.append(f"Fleet: job {j.job}, {j.messages} messages over {len(j.instances)} instances: completed in "
-                   f"{j.completion_s:.2f} s; {j.idle_while_held_s:.1f} idle worker-s while another instance held "
-                   f"unstarted messages, {j.inprocess_idle_while_held_s:.1f} inside instances")
-        out.append(f"  critical path: the last message ended on {c['instance']} at +{c['ended_s']:.2f} s — "
-                   f"received +{c['received_s']:.2f} s, waited {c['waited_unstarted_s']:.2f} s unstarted there, "
-                   f"handler {c['handler_s']:.2f} s")
-        a = j.avoidable
-        if a.get("consumer_wait_s"):
-            out.append(f"  avoidable: {fleet_verdict(a, j.messages)}")
-        out += _blocker_lines(j)
-        width = max(len(i.name) for i in j.instances)
-        out.append(f"  {'instance':<{width}}  messages   busy  workers  most held  held while others idled")
-        for i in sorted(j.instances, key=lambda i: -i.held_while_others_idled_s):
-            w = f"{i.workers}{'?' if i.workers_inferred else ''}"
-            out.append(f"  {i.name:<{width}}  {i.messages:>8}  {i.busy_share:>4.0%}  {w:>7}  {i.max_held:>9}  "
-                       f"{i.held_while_others_idled_s:>8.1f} worker-s")
-        if any(i.workers_inferred for i in j.instances):
-            out.append("  ?: no rmqtrace.worker on the spans; workers = the most handlers that overlapped (a lower bound)")
-    return out
-
-
 TERMINAL_BLOCKERS = 5
 
 
-def blocker_name(b: FleetBlocker) -> str:
-    """How a blocker is printed: its keys and its message id (the id alone when it has no keys)."""
-    return b.message_id if b.label in ("", b.message_id) else f"{b.label} ({b.message_id})"
-
-
-def _blocker_lines(j: FleetJob) -> list[str]:
-    if not j.blockers:
-        return [f"  no blocker named: {j.blockers_note}"] if j.blockers_note else []
-    out = [f"  who held it up (fleet-avoidable wait caused = victims × seconds; top {min(len(j.blockers), TERMINAL_BLOCKERS)}):"]
-    for b in j.blockers[:TERMINAL_BLOCKERS]:
-        out.append(f"    {blocker_name(b)} on {b.instance}, worker {b.worker}, handler {b.handler_s:.3f} s: held up "
-                   f"{b.victims} message{'s' if b.victims != 1 else ''} for {b.held_up_s:.3f} s")
-    return out
+HELD_COLOR, BAR_COLOR = "#c0392b", "#2e86c1"
+VIEW_W = 1200  # the drawing's own width; the page scales it to the window (width: 100%)
 
 
 @dataclass
@@ -608,167 +435,3 @@ class FleetSection:
     by_worker: bool = False
     blockers: list[FleetBlocker] = field(default_factory=list)  # listed under the lanes
     blockers_note: str = ""  # why none are named (FleetJob.blockers_note)
-
-
-HELD_COLOR, BAR_COLOR = "#c0392b", "#2e86c1"
-VIEW_W = 1200  # the drawing's own width; the page scales it to the window (width: 100%)
-
-
-def _lanes_svg(sec: FleetSection, span: int, width: int = VIEW_W) -> str:
-    """One section's lanes on the shared time axis: a labelled tick every nice step (gridlines through
-    every lane), per instance the held line over its own 0…peak scale, then one lane per worker."""
-    from .html import nice_ticks
-
-    t0 = min(x.pull_ns for x in sec.records)
-    lane_h, held_h, gap, left, right = 10, 36, 16, 170, 16
-    plot_w = width - left - right
-    scale = plot_w / span
-    rows: list[str] = []
-    y = 8
-    for i, name in enumerate(sec.instances):
-        mine = sorted((x for x in sec.records if x.instance == i), key=lambda x: x.start_ns)
-        ev = sorted([(min(x.pull_ns, x.start_ns), 1) for x in mine] + [(x.start_ns, -1) for x in mine])
-        peak = max(1, sec.max_held[i] if i < len(sec.max_held) else 1)
-        pts, cur = [f"{left},{y + held_h}"], 0
-        for t, d in ev:
-            px = left + (t - t0) * scale
-            pts.append(f"{px:.1f},{y + held_h - cur * held_h / peak:.1f}")
-            cur += d
-            pts.append(f"{px:.1f},{y + held_h - cur * held_h / peak:.1f}")
-        rows.append(f'<polyline fill="none" stroke="{HELD_COLOR}" stroke-width="1.4" points="{" ".join(pts)}"/>')
-        # the held line's scale: 0 at the band's foot, the peak at its top
-        rows.append(f'<g class="held-scale" fill="{HELD_COLOR}" font-size="12" text-anchor="end">'
-                    f'<line x1="{left - 2}" y1="{y}" x2="{left - 2}" y2="{y + held_h}" stroke="{HELD_COLOR}"/>'
-                    f'<text x="{left - 6}" y="{y + 10}">{peak if mine else 0}</text>'
-                    f'<text x="{left - 6}" y="{y + held_h}">0</text></g>')
-        rows.append(f'<text x="4" y="{y + 14}" font-size="14" font-weight="600">{escape(name)}</text>'
-                    f'<text x="4" y="{y + 31}" font-size="12" fill="{HELD_COLOR}">held ≤ {peak if mine else 0}</text>')
-        y += held_h + 4
-        n_lanes = max(1, sec.workers[i])
-        lane_of: dict[int, int] = {}
-        free = [0] * n_lanes  # packed lanes: a worker's bars never overlap
-        for x in mine:
-            if sec.by_worker and x.message >= 0:
-                lane = lane_of.setdefault(x.message, len(lane_of) % n_lanes)
-            else:
-                lane = next((k for k, f in enumerate(free) if f <= x.start_ns), min(range(n_lanes), key=free.__getitem__))
-                free[lane] = x.end_ns
-            rows.append(f'<rect x="{left + (x.start_ns - t0) * scale:.1f}" y="{y + lane * lane_h}" '
-                        f'width="{max(0.6, (x.end_ns - x.start_ns) * scale):.1f}" height="{lane_h - 2}" fill="{BAR_COLOR}">'
-                        f'<title>waited {(x.start_ns - x.pull_ns) / 1e9:.3f} s unstarted, handler '
-                        f'{(x.end_ns - x.start_ns) / 1e9:.3f} s</title></rect>')
-        rows.append(f'<text x="4" y="{y + min(n_lanes, 2) * lane_h - 1}" font-size="12" fill="#555">'
-                    f'{n_lanes} worker{"s" if n_lanes != 1 else ""}</text>')
-        y += n_lanes * lane_h + gap
-    axis = ['<g class="axis" font-size="12" fill="#444" text-anchor="middle">',
-            f'<line x1="{left}" y1="{y}" x2="{left + plot_w}" y2="{y}" stroke="#888"/>']
-    for tick in nice_ticks(span / 1e9):
-        at = left + tick * 1e9 * scale
-        axis.append(f'<line class="grid" x1="{at:.1f}" y1="4" x2="{at:.1f}" y2="{y + 4}" stroke="#d5d8dc" '
-                    f'stroke-width="0.8"/><text x="{at:.1f}" y="{y + 18}">{tick:g} s</text>')
-    axis.append(f'<text x="{left + plot_w}" y="{y + 34}" text-anchor="end">seconds after the first pull</text></g>')
-    height = y + 42
-    return (f'<svg xmlns="http://www.w3.org/2000/svg" viewBox="0 0 {width} {height}" width="{width}" height="{height}" '
-            f'font-family="system-ui, DejaVu Sans, sans-serif" role="img" aria-label="{escape(sec.title)}">'
-            f'{"".join(axis[:2])}{"".join(axis[2:])}{"".join(rows)}</svg>')
-
-
-def _blockers_table(blockers: Sequence[FleetBlocker]) -> str:
-    """The section's top blockers: the runs that held up waits another worker of the fleet could have taken."""
-    if not blockers:
-        return ""
-    rows = "".join(f"<tr><td>{escape(blocker_name(b))}</td><td>{escape(b.instance)}</td><td>{b.worker}</td>"
-                   f"<td>{b.handler_s:.3f} s</td><td>{b.victims}</td><td>{b.held_up_s:.3f} s</td></tr>" for b in blockers)
-    return ("<table class='blockers'><caption>Who held it up: the runs behind which messages waited while a worker of "
-            "the fleet was free (held up = victims × seconds)</caption><tr><th>message</th><th>instance</th>"
-            f"<th>worker</th><th>handler</th><th>victims</th><th>held up</th></tr>{rows}</table>")
-
-
-def fleet_page(title: str, sections: Sequence[FleetSection], *, width: int = VIEW_W) -> str:
-    """A self-contained HTML page: per section, one lane group per instance — the messages it held
-    received but not started (red step line, on its own 0…peak scale) over one lane per worker, a bar
-    per handler. All sections share one time axis, so a longer job draws longer; the drawing is
-    ``width`` units wide and scales to the window."""
-    drawn = [s for s in sections if s.records]
-    span = max([1] + [max(x.end_ns for x in s.records) - min(x.pull_ns for x in s.records) for s in drawn])
-    legend = (f'<div class="legend"><span><span class="sw" style="background:{BAR_COLOR}"></span>a handler running '
-              f'(one lane per worker; hover a bar for its wait)</span><span><span class="sw" style="background:'
-              f'{HELD_COLOR}"></span>held: messages the consumer had received but not started, on the scale at the '
-              "left of its band (0 at the foot, its peak at the top)</span></div>")
-    parts = [f"<!doctype html><meta charset='utf-8'><meta name='viewport' content='width=device-width, initial-scale=1'>"
-             f"<title>{escape(title)}</title>",
-             "<style>body{font-family:system-ui,'DejaVu Sans',sans-serif;margin:24px;font-size:15px}"
-             "h2{margin-bottom:2px}p{margin-top:2px;color:#444;max-width:1100px}"
-             "svg{display:block;width:100%;height:auto;margin:8px 0 18px}"
-             ".legend{display:flex;flex-wrap:wrap;gap:6px 22px;margin:8px 0 12px}"
-             ".sw{display:inline-block;width:14px;height:10px;margin-right:6px;vertical-align:0}"
-             "table.blockers{border-collapse:collapse;margin:0 0 24px}table.blockers caption{text-align:left;color:#444;"
-             "padding-bottom:4px}table.blockers td,table.blockers th{padding:2px 10px;text-align:left;"
-             "border-bottom:1px solid #ddd}</style>",
-             f"<h1>{escape(title)}</h1>",
-             "<p>Per consumer instance: the red line is how many messages it held received but not started; below it "
-             "one lane per worker, one bar per handler. Every section shares one time axis.</p>", legend]
-    for sec in drawn:
-        parts.append(f"<h2>{escape(sec.title)}</h2><p>{escape(sec.subtitle)}</p>{_lanes_svg(sec, span, width)}"
-                     f"{_blockers_table(sec.blockers)}"
-                     + (f"<p>No blocker named: {escape(sec.blockers_note)}</p>" if sec.blockers_note else ""))
-    return "".join(parts)
-
-
-def cli_fleet(args: Any) -> int:
-    """``rmqtrace report --jaeger URL --fleet``: every trace of ``--service`` in ``--lookback``, paged
-    (``rmqtrace report SPANS.jsonl --fleet``: every process span of the file, its ``service`` as the
-    instance); the fleet view per job on stdout (``--json``: as JSON), ``--html FILE``: the lanes per
-    instance."""
-    import sys
-    from pathlib import Path
-
-    from .sources import SourceError, parse_duration
-
-    spans = getattr(args, "spans", None)
-    if not args.jaeger and not spans:
-        print("rmqtrace report: --fleet reads Jaeger or a span file: give --jaeger URL or SPANS.jsonl", file=sys.stderr)
-        return 2
-    if spans:
-        collector = FleetCollector()
-        try:
-            collector.add_span_file(spans)
-        except SourceError as exc:
-            print(f"rmqtrace report: {exc}", file=sys.stderr)
-            return 1
-        collector.api = f"spans file {spans}"
-        where = f"in {spans}"
-    else:
-        try:
-            lookback = parse_duration(args.lookback)
-        except ValueError as exc:
-            print(f"rmqtrace report: {exc}", file=sys.stderr)
-            return 2
-        try:
-            collector = read_jaeger_fleet(args.jaeger, args.service, lookback_s=lookback, timeout=args.timeout,
-                                          grpc_target=getattr(args, "jaeger_grpc", None))
-        except (OSError, ValueError, SourceError) as exc:
-            print(f"rmqtrace report: reading Jaeger at {args.jaeger}: {exc}", file=sys.stderr)
-            return 1
-        where = f"of service {args.service!r} in the last {args.lookback}"
-    jobs = [j for j in collector.job_views() if not args.job or j.job == args.job]
-    if not jobs:
-        print(f"rmqtrace report: no handled consumer spans {where} ({collector.traces} traces read)", file=sys.stderr)
-        return 1
-    if args.json:
-        print(json.dumps({"traces": collector.traces, "pages": collector.pages, "api": collector.api,
-                          "jobs": [j.as_dict() for j in jobs]}))
-    else:
-        print("\n".join(fleet_lines(jobs)))
-        print(f"read {collector.traces} traces in {collector.pages} pages from {args.jaeger or spans} ({collector.api})")
-    if args.html:
-        page = Path(args.html)
-        try:  # checked before the work (report/cli.py _unwritable); the disk can still fill
-            page.parent.mkdir(parents=True, exist_ok=True)
-            page.write_text(fleet_page(f"Fleet of {args.service}", [j.section for j in jobs if j.section]),
-                            encoding="utf-8")
-        except OSError as exc:
-            print(f"rmqtrace report: --html {page}: {exc.strerror or exc}", file=sys.stderr)
-            return 1
-        print(f"html: open {page.resolve().as_uri()}", file=sys.stderr if args.json else sys.stdout)
-    return 0

@@ -18,39 +18,35 @@ Hovering any row or cell shows its numbers (SVG ``<title>``).
 from __future__ import annotations
 
 import datetime as _dt
-import math
 from html import escape
 from pathlib import Path
-from typing import Sequence
 
-from ..path.stages import GAP_BY_NAME, GAPS, HEADLINE_GAP, PATH_GAPS
-from ..path.stamps import timeline
+from ..path.stages import GAPS, HEADLINE_GAP, PATH_GAPS
 from .blame import GRACE_NS
-from .model import (
-    PRODUCED_LATE,
-    SPLIT_PARTS,
-    GroupStats,
-    Heatmap,
-    MessageRecord,
-    Report,
-    build_report,
-    format_seconds,
-    group_line,
-    notes,
-    sent_order_words,
-    step_means,
+from .charts import (
+    MAX_ROWS,
+    STAGE_COLOR,
+    STAGE_LABEL,
+    chart_width,
+    compare_svg,
+    fmt_s,
+    heat_legend,
+    heatmap_svg,
+    legend,
+    nice_ticks,
+    occupancy_svg,
+    sample_rows,
+    split_svg,
+    visible_rows,
+    waterfall_svg,
 )
+from .jobs import SPLIT_PARTS
+from .model import GroupStats, Report, build_report, group_line, notes
+from .text import sent_order_words
 
-MAX_ROWS = 300
-MAX_STEPS = 4000  # occupancy steps drawn exactly up to this many, else averaged per pixel column
-STAGE_COLOR = {PRODUCED_LATE: "#d9d9d9", "send": "#9e9e9e", "broker_wait": "#56b4e9", "client_buffer": "#e69f00",
-               "dispatch_wait": "#d55e00", "handler": "#009e73"}
-STAGE_LABEL = {PRODUCED_LATE: "not yet produced", "send": "send", "broker_wait": "broker wait",
-               "client_buffer": "client buffer", "dispatch_wait": "dispatch wait", "handler": "handler"}
-HEAT = ("#f7fcfd", "#bfd3e6", "#8c96c6", "#8c6bb1", "#88419d", "#4d004b")  # light → dark, for counts
-EMPTY_CELL = "#f1f1f1"
-CHART_W = 640  # default chart width (px); render_html fits it to the number of side-by-side columns
-PAGE_W = 1600  # the viewport the layout is sized for (and the PNG's width)
+__all__ = ["MAX_ROWS", "chart_width", "heatmap_svg", "nice_ticks", "occupancy_svg", "render_html",
+           "sample_rows", "waterfall_svg", "write_demo_report", "write_html"]
+
 
 CSS = """
 :root { --fg:#1d1d1f; --muted:#5f6368; --line:#d0d4da; --bg:#ffffff; --card:#f7f8fa; }
@@ -98,147 +94,6 @@ footer { margin-top: 30px; color: var(--muted); font-size: 12.5px; max-width: 11
 """
 
 
-# -- small helpers ---------------------------------------------------------------------------
-fmt_s = format_seconds
-
-
-def _n(v: float) -> str:
-    """A compact SVG coordinate."""
-    return f"{v:.2f}".rstrip("0").rstrip(".") if v != int(v) else str(int(v))
-
-
-def nice_ticks(limit: float, target: int = 6) -> list[float]:
-    """Round tick values from 0 to ``limit``."""
-    if limit <= 0:
-        return [0.0]
-    raw = limit / target
-    mag = 10 ** math.floor(math.log10(raw))
-    step = next(m * mag for m in (1, 2, 2.5, 5, 10) if m * mag >= raw)
-    n = int(limit / step + 1e-9)
-    return [round(i * step, 10) for i in range(n + 1)]
-
-
-def _tick_label(v: float) -> str:
-    return f"{v:g} s"
-
-
-def _heat_color(count: int, top: int) -> str:
-    if count <= 0:
-        return EMPTY_CELL
-    if top <= 1:
-        return HEAT[-1]
-    x = math.log(count) / math.log(top)  # 1 → lightest non-empty, top → darkest
-    pos = 1 + x * (len(HEAT) - 2)
-    i = min(len(HEAT) - 2, int(pos))
-    return _mix(HEAT[i], HEAT[i + 1], pos - i)
-
-
-def _mix(a: str, b: str, t: float) -> str:
-    ca = [int(a[i:i + 2], 16) for i in (1, 3, 5)]
-    cb = [int(b[i:i + 2], 16) for i in (1, 3, 5)]
-    return "#" + "".join(f"{round(x + (y - x) * t):02x}" for x, y in zip(ca, cb, strict=True))
-
-
-def _ink(background: str) -> str:
-    """Text colour readable on ``background`` (#rrggbb)."""
-    r, g, b = (int(background[i:i + 2], 16) for i in (1, 3, 5))
-    return "#1d1d1f" if 0.299 * r + 0.587 * g + 0.114 * b > 150 else "#ffffff"
-
-
-def _wait_label(v: float) -> str:
-    if v == 0:
-        return "0"
-    if v < 1e-3:
-        return f"{v * 1e6:g} µs"
-    if v < 1:
-        return f"{v * 1e3:g} ms"
-    return f"{v:g} s"
-
-
-def _wait_range(lo: float, hi: float) -> str:
-    """``50–100 ms``, ``500 ms–1 s``: the unit once when both ends share it."""
-    a, b = _wait_label(lo), _wait_label(hi)
-    ua, ub = a.rsplit(" ", 1)[-1], b.rsplit(" ", 1)[-1]
-    return f"{a.rsplit(' ', 1)[0]}–{b}" if ua == ub else f"{a}–{b}"
-
-
-def _legend() -> str:
-    return '<div class="legend">' + "".join(
-        f'<span><span class="sw" style="background:{STAGE_COLOR[p]}"></span>{STAGE_LABEL[p]}'
-        f'{" — " + escape(GAP_BY_NAME[p].meaning) if p in GAP_BY_NAME else " — produced after the job began"}</span>'
-        for p in SPLIT_PARTS) + "</div>"
-
-
-class _X:
-    """Seconds since the group's start → SVG x."""
-
-    def __init__(self, axis_s: float, left: float, width: float) -> None:
-        self.axis_s = axis_s or 1.0
-        self.left = left
-        self.width = width
-
-    def __call__(self, t_s: float) -> float:
-        return self.left + max(0.0, min(1.0, t_s / self.axis_s)) * self.width
-
-
-def _axis(x: _X, y: float, height_above: float) -> list[str]:
-    out = ['<g class="axis">', f'<line x1="{_n(x.left)}" y1="{_n(y)}" x2="{_n(x.left + x.width)}" y2="{_n(y)}"/>']
-    for t in nice_ticks(x.axis_s):
-        px = x(t)
-        out.append(f'<line class="grid" x1="{_n(px)}" y1="{_n(y - height_above)}" x2="{_n(px)}" y2="{_n(y + 4)}"/>')
-        out.append(f'<text x="{_n(px)}" y="{_n(y + 15)}" text-anchor="middle">{_tick_label(t)}</text>')
-    out.append("</g>")
-    return out
-
-
-# -- job view --------------------------------------------------------------------------------
-def _split_svg(split: dict[str, float], total: float, w: int = CHART_W) -> str:
-    h = 26
-    x = 0.0
-    parts = []
-    scale = w / total if total else 0.0
-    for p in SPLIT_PARTS:
-        seg = split.get(p, 0.0) * scale
-        if seg <= 0:
-            continue
-        parts.append(f'<rect x="{_n(x)}" y="0" width="{_n(max(seg, 0.8))}" height="{h}" fill="{STAGE_COLOR[p]}">'
-                     f'<title>{STAGE_LABEL[p]}: {fmt_s(split[p])}</title></rect>')
-        if seg > 70:
-            parts.append(f'<text x="{_n(x + 4)}" y="17" style="fill:{_ink(STAGE_COLOR[p])};font-weight:600">'
-                         f"{fmt_s(split[p])}</text>")
-        x += seg
-    return (f'<svg class="split" width="{w}" viewBox="0 0 {w} {h}" role="img" aria-label="critical path split">'
-            + "".join(parts) + "</svg>")
-
-
-def _compare_svg(report: Report) -> str:
-    """Completion (bar) against the lower bound (tick) for every job, on one scale."""
-    jobs = [(g, j) for g in report.groups for j in g.jobs]
-    top = max([j.completion_s for _, j in jobs] + [j.lower_bound_s for _, j in jobs] + [1e-9])
-    label_w, row_h, w, head = 200, 26, 1100, 22
-    x = _X(top * 1.05, label_w, w - label_w - 130)
-    h = head + len(jobs) * row_h + 30
-    out = [f'<svg id="compare" width="{w}" viewBox="0 0 {w} {h}" role="img" aria-label="completion vs lower bound">',
-           f'<rect x="{label_w}" y="4" width="14" height="10" fill="#5b6b82"/><text x="{label_w + 20}" y="13">'
-           f'completion</text><line x1="{label_w + 112}" y1="2" x2="{label_w + 112}" y2="16" stroke="#d55e00" '
-           f'stroke-width="3"/><text x="{label_w + 120}" y="13">lower bound: no schedule on these workers finishes '
-           "sooner</text>"]
-    for i, (g, j) in enumerate(jobs):
-        y = head + i * row_h + 4
-        ratio = f"{j.over_lb:.2f}× LB" if j.over_lb else ""
-        out.append(f'<text x="0" y="{y + 15}">{escape(g.group)}{" / " + escape(j.job_id) if len(g.jobs) > 1 else ""}'
-                   "</text>")
-        out.append(f'<rect class="completion" x="{label_w}" y="{y + 3}" width="{_n(x(j.completion_s) - label_w)}" '
-                   f'height="{row_h - 10}" fill="#5b6b82"><title>completion {fmt_s(j.completion_s)}</title></rect>')
-        lb = x(j.lower_bound_s)
-        out.append(f'<line class="mark" x1="{_n(lb)}" y1="{y}" x2="{_n(lb)}" y2="{y + row_h - 4}" stroke="#d55e00" '
-                   f'stroke-width="3"><title>lower bound {fmt_s(j.lower_bound_s)}</title></line>')
-        out.append(f'<text x="{_n(x(j.completion_s) + 6)}" y="{y + 15}">{fmt_s(j.completion_s)} · {ratio}</text>')
-    out += _axis(x, head + len(jobs) * row_h + 8, len(jobs) * row_h + 4)
-    out.append("</svg>")
-    return "".join(out)
-
-
 def _job_card(g: GroupStats, width: int) -> str:
     out = [f'<div class="card" data-group="{escape(g.group)}"><h3>{escape(g.group)}</h3>'
            f'<p class="headline">{escape(group_line(g).split(": ", 1)[-1])}</p>']
@@ -273,7 +128,7 @@ def _job_card(g: GroupStats, width: int) -> str:
         out += [f"<tr><td>{k}</td><td class='l'>{v}</td></tr>" for k, v in rows]
         out.append("</table>")
         out.append('<p class="note">Where the job\'s time went on the path of the message that finished last:</p>')
-        out.append(_split_svg(c.split_s, j.completion_s, width if len(g.jobs) == 1 else min(width, 380)))
+        out.append(split_svg(c.split_s, j.completion_s, width if len(g.jobs) == 1 else min(width, 380)))
         out.append('<div class="note">' + " · ".join(
             f'<span class="sw" style="background:{STAGE_COLOR[p]}"></span>{STAGE_LABEL[p]} {fmt_s(c.split_s[p])}'
             for p in SPLIT_PARTS if c.split_s[p] > 0) + "</div>")
@@ -286,7 +141,7 @@ def _job_view(report: Report, width: int) -> str:
     return ('<section id="job-view"><h2>Job view</h2><p class="help">Completion = first produce → last handler end. '
             "Lower bound (LB) = max(total handler time ÷ workers, longest message): no schedule on these workers "
             "finishes sooner. The split shows the message that finished last: was it waiting for a worker, "
-            "or working?</p>" + _compare_svg(report)
+            "or working?</p>" + compare_svg(report)
             + '<div class="cols">' + "".join(_job_card(g, width) for g in report.groups) + "</div></section>")
 
 
@@ -313,81 +168,6 @@ def _stages(report: Report) -> str:
             f'<th>p95</th><th>p99</th><th>max</th><th>share</th></tr>{"".join(rows)}</table></section>')
 
 
-# -- waterfall -------------------------------------------------------------------------------
-def sample_rows(g: GroupStats, max_rows: int) -> list[MessageRecord]:
-    """All messages when they fit; else the last finisher of each job, the slowest, and an even
-    sample of the rest, sorted by start."""
-    recs = g.records
-    if len(recs) <= max_rows:
-        return list(recs)
-    keep = {id(j.critical.message): j.critical.message for j in g.jobs}
-    for r in g.slowest:
-        if len(keep) < max_rows:
-            keep.setdefault(id(r), r)
-    rest = [r for r in recs if id(r) not in keep]
-    room = max_rows - len(keep)
-    for i in range(room):
-        r = rest[i * len(rest) // room]
-        keep[id(r)] = r
-    return sorted(keep.values(), key=lambda r: (r.start_ns, r.message_id))
-
-
-def _row_title(r: MessageRecord, t0: int) -> str:
-    parts = [f"{r.message_id} {r.keys} job={r.job_id} worker={'—' if r.worker is None else r.worker}",
-             f"start +{(r.start_ns - t0) / 1e9:.3f} s, end to end {fmt_s(r.total_s)}"]
-    parts += [f"{g.name} {fmt_s(r.gaps[g.name].seconds)}" for g in PATH_GAPS if g.name in r.gaps]
-    return escape(" · ".join(parts))
-
-
-def waterfall_svg(g: GroupStats, axis_s: float, max_rows: int = MAX_ROWS, width: int = CHART_W) -> tuple[str, int]:
-    rows = sample_rows(g, max_rows)
-    rh = max(2.0, min(12.0, 600 / max(1, len(rows))))
-    top, left, right = 22, 12, 50  # the right margin holds the "◀ last" label
-    x = _X(axis_s, left, width - left - right)
-    plot_h = len(rows) * rh
-    h = top + plot_h + 24
-    last = {id(j.critical.message) for j in g.jobs}
-    out = [f'<svg class="waterfall" width="{width}" viewBox="0 0 {width} {_n(h)}" role="img" '
-           f'aria-label="waterfall of {escape(g.group)}">']
-    out += _axis(x, top + plot_h + 2, plot_h + 2)
-    for i, r in enumerate(rows):
-        y = top + i * rh
-        fixed = dict(timeline(r.stamps))
-        segs = []
-        for gap in PATH_GAPS:
-            if gap.start not in fixed or gap.end not in fixed:
-                continue
-            a, b = x((fixed[gap.start] - g.start_ns) / 1e9), x((fixed[gap.end] - g.start_ns) / 1e9)
-            wd = b - a
-            if gap.name == "handler":
-                wd = max(wd, 0.8)
-            elif wd < 0.25:
-                continue
-            segs.append(f'<rect x="{_n(a)}" y="{_n(y)}" width="{_n(wd)}" height="{_n(max(1.0, rh - 0.4))}" '
-                        f'fill="{STAGE_COLOR[gap.name]}"/>')
-        crit = id(r) in last
-        cls = ' class="crit"' if crit else ""
-        out.append(f"<g{cls}><title>{_row_title(r, g.start_ns)}</title>{''.join(segs)}</g>")
-        if crit:
-            a = x((r.start_ns - g.start_ns) / 1e9)
-            b = x((r.end_ns - g.start_ns) / 1e9)
-            out.append(f'<rect x="{_n(a - 1)}" y="{_n(y - 1.5)}" width="{_n(b - a + 2)}" height="{_n(rh + 3)}" '
-                       'fill="none" stroke="#111" stroke-width="1.2"/>')
-            out.append(f'<text x="{_n(b + 4)}" y="{_n(y + rh / 2 + 4)}" style="font-weight:600">◀ last</text>')
-    for j in g.jobs:
-        done = x((j.end_ns - g.start_ns) / 1e9)
-        lb = x((j.start_ns - g.start_ns) / 1e9 + j.lower_bound_s)
-        out.append(f'<line class="mark" x1="{_n(lb)}" y1="12" x2="{_n(lb)}" y2="{_n(top + plot_h)}" stroke="#d55e00" '
-                   f'stroke-dasharray="4 3"><title>job {escape(j.job_id)}: lower bound {fmt_s(j.lower_bound_s)}'
-                   "</title></line>")
-        out.append(f'<text x="{_n(lb)}" y="10" text-anchor="middle" style="fill:#d55e00">LB</text>')
-        out.append(f'<line class="mark" x1="{_n(done)}" y1="12" x2="{_n(done)}" y2="{_n(top + plot_h)}" '
-                   f'stroke="#111"><title>job {escape(j.job_id)} done after {fmt_s(j.completion_s)}</title></line>')
-        out.append(f'<text x="{_n(min(done, width - 20))}" y="10" text-anchor="middle">done</text>')
-    out.append("</svg>")
-    return "".join(out), len(rows)
-
-
 def _waterfall(report: Report, max_rows: int, width: int) -> str:
     cards = []
     for g in report.groups:
@@ -400,69 +180,21 @@ def _waterfall(report: Report, max_rows: int, width: int) -> str:
     return ('<section id="waterfall"><h2>Waterfall</h2><p class="help">One row per message, sorted by when it was '
             "produced; each coloured segment is a stage. The framed row finished last; the dashed line is where the "
             "job could have finished (lower bound), the solid one where it did.</p>"
-            + _legend() + '<div class="cols">' + "".join(cards) + "</div></section>")
-
-
-# -- heatmap ---------------------------------------------------------------------------------
-def _visible_rows(maps: Sequence[Heatmap]) -> int:
-    """Wait buckets up to the highest non-empty one in any group (at least two rows)."""
-    top = 0
-    for hm in maps:
-        for j, row in enumerate(hm.counts):
-            if any(row):
-                top = max(top, j)
-    return max(2, top + 1)
-
-
-def heatmap_svg(hm: Heatmap, rows: int, top_count: int, axis_s: float, group: str, width: int = CHART_W) -> str:
-    left, cell_h, top = 92, 16, 6
-    buckets = len(hm.counts[0]) if hm.counts else 0
-    plot_w = width - left - 10
-    cw = plot_w / max(1, buckets)
-    x = _X(axis_s, left, plot_w)
-    h = top + rows * cell_h + 24
-    out = [f'<svg class="heat" width="{width}" viewBox="0 0 {width} {h}" role="img" '
-           f'aria-label="{escape(hm.gap)} heatmap of {escape(group)}">']
-    edges = hm.wait_edges_s
-    for j in range(rows):
-        y = top + (rows - 1 - j) * cell_h  # longest waits on top
-        lo = edges[j]
-        label = f"≥ {_wait_label(lo)}" if j + 1 >= len(edges) else (
-            f"< {_wait_label(edges[1])}" if j == 0 else _wait_range(lo, edges[j + 1]))
-        out.append(f'<text x="{left - 4}" y="{_n(y + cell_h - 4)}" text-anchor="end">{label}</text>')
-        for i in range(buckets):
-            c = hm.counts[j][i]
-            hi = _wait_label(edges[j + 1]) if j + 1 < len(edges) else "∞"
-            title = (f"<title>{c} message(s) began waiting {i * hm.bucket_s:.2f}–{(i + 1) * hm.bucket_s:.2f} s "
-                     f"after the start and waited {_wait_label(lo)}–{hi}</title>") if c else ""
-            out.append(f'<rect x="{_n(left + i * cw)}" y="{_n(y)}" width="{_n(cw - 0.6)}" height="{cell_h - 0.6}" '
-                       f'fill="{_heat_color(c, top_count)}"{" data-count=" + chr(34) + str(c) + chr(34) if c else ""}>'
-                       f"{title}</rect>")
-    out += _axis(x, top + rows * cell_h + 1, 0)
-    out.append("</svg>")
-    return "".join(out)
-
-
-def _heat_legend(top_count: int) -> str:
-    steps = [1] + sorted({max(1, round(top_count ** f)) for f in (0.25, 0.5, 0.75)} - {1}) + [top_count]
-    steps = sorted(set(steps))
-    return ('<div class="legend">messages per cell: ' + "".join(
-        f'<span><span class="sw" style="background:{_heat_color(s, top_count)};border:1px solid #ccc"></span>{s}'
-        "</span>" for s in steps) + "</div>")
+            + legend() + '<div class="cols">' + "".join(cards) + "</div></section>")
 
 
 def _heatmap_block(report: Report, gap: str, width: int) -> str:
     maps = [g.heatmaps[gap] for g in report.groups if gap in g.heatmaps]
     if not maps:
         return ""
-    rows = _visible_rows(maps)
+    rows = visible_rows(maps)
     top_count = max((c for hm in maps for row in hm.counts for c in row), default=0)
     cards = "".join(
         f'<div class="card" data-group="{escape(g.group)}"><h3>{escape(g.group)}</h3>'
         f"{heatmap_svg(g.heatmaps[gap], rows, top_count, report.axis_s, g.group, width)}"
         f'<p class="note">{g.heatmaps[gap].total} messages · p99 {fmt_s(g.stages[gap].p99)} · '
         f"max {fmt_s(g.stages[gap].max)}</p></div>" for g in report.groups)
-    return _heat_legend(top_count) + '<div class="cols">' + cards + "</div>"
+    return heat_legend(top_count) + '<div class="cols">' + cards + "</div>"
 
 
 def _heatmap(report: Report, width: int) -> str:
@@ -474,47 +206,6 @@ def _heatmap(report: Report, width: int) -> str:
             "queued behind busy workers; compare it with the occupancy below to see whether other workers sat idle "
             "meanwhile.</p>"
             + _heatmap_block(report, name, width) + "</section>")
-
-
-# -- occupancy -------------------------------------------------------------------------------
-def occupancy_svg(g: GroupStats, axis_s: float, y_max: int, width: int = CHART_W) -> str:
-    occ = g.occupancy
-    assert occ is not None
-    left, top, ph = 30, 16, 140
-    x = _X(axis_s, left, width - left - 10)
-    ymax = max(1, y_max)
-
-    def y(v: float) -> float:
-        return top + ph - v / ymax * ph
-
-    out = [f'<svg class="occupancy" width="{width}" viewBox="0 0 {width} {top + ph + 24}" role="img" '
-           f'aria-label="busy workers of {escape(g.group)}">']
-    for v in sorted({0, ymax // 2, ymax}):
-        out.append(f'<line class="grid" x1="{left}" y1="{_n(y(v))}" x2="{width - 10}" y2="{_n(y(v))}"/>'
-                   f'<text x="{left - 4}" y="{_n(y(v) + 4)}" text-anchor="end">{v}</text>')
-    steps: Sequence[tuple[float, float]] = occ.steps
-    if len(steps) > MAX_STEPS:  # one point per pixel column is all a screen can show
-        cols = int(x.width)
-        steps = [(i * axis_s / cols, m) for i, m in enumerate(step_means(occ.steps, axis_s, cols))]
-    d = [f"M{_n(x(0))},{_n(y(0))}"]
-    prev: float = 0
-    for t, busy in steps:
-        px = x(t)
-        d.append(f"L{_n(px)},{_n(y(prev))}L{_n(px)},{_n(y(busy))}")
-        prev = busy
-    d.append(f"L{_n(x(axis_s))},{_n(y(prev))}L{_n(x(axis_s))},{_n(y(0))}Z")
-    mean = sum(r.handler_s for r in g.records) / (g.workers * g.duration_s) if g.workers and g.duration_s else 0.0
-    out.append(f'<path d="{"".join(d)}" fill="#009e73" fill-opacity="0.55" stroke="#00704f" stroke-width="0.8">'
-               f"<title>handlers running; {mean:.0%} of {g.workers} workers × {fmt_s(g.duration_s)}</title></path>")
-    out.append(f'<line class="mark" x1="{left}" y1="{_n(y(g.workers))}" x2="{width - 10}" y2="{_n(y(g.workers))}" '
-               f'stroke="#111" stroke-dasharray="5 3"/><text x="{width - 12}" y="{_n(y(g.workers) - 3)}" '
-               f'text-anchor="end">{g.workers} workers</text>')
-    for j in g.jobs:
-        done = x((j.end_ns - g.start_ns) / 1e9)
-        out.append(f'<line class="mark" x1="{_n(done)}" y1="{top}" x2="{_n(done)}" y2="{top + ph}" stroke="#111"/>')
-    out += _axis(x, top + ph, 0)
-    out.append("</svg>")
-    return "".join(out)
 
 
 def _occupancy(report: Report, width: int) -> str:
@@ -585,18 +276,6 @@ def _slowest(report: Report) -> str:
             'took longest.</p><div class="cols">' + "".join(cards) + "</div></section>")
 
 
-# -- page ------------------------------------------------------------------------------------
-def chart_width(groups: int, page_w: int = PAGE_W) -> int:
-    """Chart width (px) so that ``groups`` columns side by side fit a ``page_w`` viewport at 1:1.
-
-    Narrower windows scale the charts down (``max-width: 100%``); they are never blown up.
-    """
-    cols = max(1, min(groups, 4))
-    content = page_w - 2 * 28  # body padding
-    col = (content - 16 * (cols - 1)) / cols - 30  # grid gap, card padding and border
-    return int(max(330, min(1100, col)))
-
-
 def render_html(report: Report, *, title: str = "rmqtrace report", max_rows: int = MAX_ROWS,
                 generated: _dt.datetime | None = None) -> str:
     when = (generated or _dt.datetime.now(_dt.timezone.utc)).strftime("%Y-%m-%d %H:%M:%S UTC")
@@ -608,7 +287,7 @@ def render_html(report: Report, *, title: str = "rmqtrace report", max_rows: int
         '<nav><a href="#job-view">Job view</a><a href="#stages">Stage gaps</a><a href="#blame">Who blocked whom</a>'
         '<a href="#waterfall">Waterfall</a>'
         '<a href="#heatmap">Heatmap</a><a href="#occupancy">Occupancy</a><a href="#slowest">Slowest</a></nav>'
-        + _legend() + "</header>",
+        + legend() + "</header>",
     ]
     if not report.groups:
         body.append('<section id="job-view"><h2>Job view</h2><p>No consumer spans (<code>process …</code>) found.'
@@ -638,7 +317,3 @@ def write_demo_report(spans_file: Path, out_dir: Path) -> Path:
     from .sources import read_jsonl
     report = build_report(read_jsonl(spans_file), source=f"spans file {spans_file}")
     return write_html(report, Path(out_dir) / "report.html", title="rmqtrace demo: dispatch policies side by side")
-
-
-__all__ = ["MAX_ROWS", "chart_width", "heatmap_svg", "nice_ticks", "occupancy_svg", "render_html",
-           "sample_rows", "waterfall_svg", "write_demo_report", "write_html"]

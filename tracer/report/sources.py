@@ -403,7 +403,7 @@ def any_value(v: Any) -> Any:
 
 
 def count_processes(spans: Iterable[SpanRecord]) -> int:
-    from .model import is_process_span
+    from .records import is_process_span
     return sum(1 for s in spans if is_process_span(s))
 
 

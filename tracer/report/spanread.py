@@ -26,7 +26,7 @@ from typing import Any, Callable, Iterator, cast
 
 from ..path import names
 from ..telemetry.spanfile import SpanRecord
-from .model import MessageRecord, by_start, messages_from_spans, record_from_fields
+from .records import MessageRecord, by_start, messages_from_spans, record_from_fields
 from .sources import SourceError, read_span_path
 
 __all__ = ["SpanFile", "process_spans", "read_span_file"]

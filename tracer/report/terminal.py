@@ -8,7 +8,9 @@ from typing import Any, Sequence
 
 from ..path.stages import GAPS, HEADLINE_GAP
 from .blame import avoidable_cell
-from .model import PRODUCED_LATE, SPLIT_PARTS, GroupStats, Report, format_seconds, group_line, notes, sent_order_words
+from .jobs import PRODUCED_LATE, SPLIT_PARTS
+from .model import GroupStats, Report, group_line, notes
+from .text import format_seconds, sent_order_words
 
 STAGE_STYLE = {PRODUCED_LATE: "grey50", "send": "grey62", "broker_wait": "sky_blue2", "client_buffer": "orange1",
                "dispatch_wait": "red3", "handler": "green3"}

@@ -39,19 +39,18 @@ import threading
 import time
 import weakref
 from collections import deque
+from dataclasses import dataclass
 from pathlib import Path
 from typing import IO, Any, Callable, Mapping, Sequence
 
-from opentelemetry.attributes import BoundedAttributes
 from opentelemetry.context import Context
 from opentelemetry.sdk.resources import Resource
-from opentelemetry.sdk.trace import Event, ReadableSpan, Span, SpanProcessor
+from opentelemetry.sdk.trace import ReadableSpan, Span, SpanProcessor
 from opentelemetry.sdk.trace.export import SpanExporter, SpanExportResult
-from opentelemetry.sdk.util import BoundedList
 from opentelemetry.sdk.util.instrumentation import InstrumentationScope
-from opentelemetry.trace import Link, SpanContext, SpanKind, Status, StatusCode, TraceFlags, TraceState
 
 from ..callables import require_plain
+from .spanwire import attributes_record, span_from_record, span_record
 
 __all__ = ["ChildExportProcessor", "ChildExportStats", "child_main", "span_from_record", "span_record"]
 
@@ -61,98 +60,18 @@ _LEN = struct.Struct(">I")
 _PACKAGE_ROOT = str(Path(__file__).resolve().parents[2])  # the directory holding the tracer package
 
 
-def _attrs(values: Any) -> dict[str, Any]:
-    if not values:
-        return {}
-    return values if type(values) is dict else dict(values)
-
-
-def _dropped(values: Any) -> int:
-    return int(getattr(values, "dropped", 0) or 0)
-
-
-def _event(e: Event) -> tuple[Any, ...]:
-    return (e.name, e.timestamp, _attrs(e.attributes), _dropped(e.attributes))
-
-
-def _link(lk: Link) -> tuple[Any, ...]:
-    c = lk.context
-    return (c[0], c[1], int(c[3]), c[2], c[4].to_header() if c[4] else "", _attrs(lk.attributes),
-            _dropped(lk.attributes))
-
-
-def span_record(span: ReadableSpan, resource_ix: int, scope_ix: int) -> tuple[Any, ...]:
-    """``span`` as a tuple of marshal-able values (``resource_ix``/``scope_ix``: its resource's and
-    scope's places in the batch's tables). Read from the SDK span's fields, not its properties
-    (which copy events, links and attributes): this runs once per exported span, under the GIL."""
-    ctx = span._context  # a SpanContext is a tuple: trace_id, span_id, is_remote, flags, state, valid
-    parent = span._parent
-    status = span._status
-    attrs = span._attributes
-    events = span._events
-    links = span._links
-    return (
-        span._name, ctx[0], ctx[1], int(ctx[3]), ctx[4].to_header() if ctx[4] else "",  # type: ignore[index]
-        parent[1] if parent is not None else 0, bool(parent is not None and parent[2]),
-        span._kind.value, span._start_time, span._end_time, _attrs(attrs),
-        tuple(map(_event, events)) if events else (), tuple(map(_link, links)) if links else (),
-        status.status_code.value, status.description, resource_ix, scope_ix,
-        attrs.dropped if isinstance(attrs, BoundedAttributes) else 0,
-        events.dropped if isinstance(events, BoundedList) else 0,
-        links.dropped if isinstance(links, BoundedList) else 0,
-    )
-
-
-class _Replayed(ReadableSpan):
-    """A span rebuilt in the child, with the dropped counts the parent's span had."""
-
-    def __init__(self, dropped: tuple[int, int, int], **kwargs: Any) -> None:
-        super().__init__(**kwargs)
-        self._dropped_counts = dropped
-
-    @property
-    def dropped_attributes(self) -> int:
-        return self._dropped_counts[0]
-
-    @property
-    def dropped_events(self) -> int:
-        return self._dropped_counts[1]
-
-    @property
-    def dropped_links(self) -> int:
-        return self._dropped_counts[2]
-
-
-def _state(header: str) -> TraceState | None:
-    return TraceState.from_header([header]) if header else None
-
-
-def span_from_record(record: Sequence[Any], resources: Sequence[Resource],
-                     scopes: Sequence[InstrumentationScope]) -> ReadableSpan:
-    """The ``ReadableSpan`` :func:`span_record` was made from (same fields an exporter reads)."""
-    (name, trace_id, span_id, flags, state, parent_id, parent_remote, kind, start, end, attributes, events,
-     links, code, description, resource_ix, scope_ix, d_attrs, d_events, d_links) = record
-    context = SpanContext(trace_id, span_id, False, TraceFlags(flags), _state(state))
-    parent = SpanContext(trace_id, parent_id, parent_remote, TraceFlags(flags)) if parent_id else None
-    return _Replayed(
-        (d_attrs, d_events, d_links), name=name, context=context, parent=parent, resource=resources[resource_ix],
-        attributes=attributes, events=[Event(n, a, timestamp=t) for n, t, a, _d in events],
-        links=[Link(SpanContext(t, s, r, TraceFlags(f), _state(ts)), a) for t, s, f, r, ts, a, _d in links],
-        kind=SpanKind(kind), status=Status(StatusCode(code), description), start_time=start, end_time=end,
-        instrumentation_scope=scopes[scope_ix])
-
-
+@dataclass(frozen=True, slots=True)
 class ChildExportStats:
-    """What happened to the spans ``on_end`` saw (see the module doc); a snapshot."""
+    """What happened to the spans ``on_end`` saw (see the module doc); a frozen snapshot."""
 
-    __slots__ = ("accepted", "dropped", "exported", "failed", "lost", "restarts", "queued", "unacknowledged")
-
-    def __init__(self, **values: int) -> None:
-        for k in self.__slots__:
-            setattr(self, k, values.get(k, 0))
-
-    def __repr__(self) -> str:
-        return "ChildExportStats(" + ", ".join(f"{k}={getattr(self, k)}" for k in self.__slots__) + ")"
+    accepted: int = 0
+    dropped: int = 0
+    exported: int = 0
+    failed: int = 0
+    lost: int = 0
+    restarts: int = 0
+    queued: int = 0
+    unacknowledged: int = 0
 
 
 class _Child:
@@ -336,12 +255,12 @@ class ChildExportProcessor(SpanProcessor):
             rix = resources.get(id(res))
             if rix is None:
                 rix = resources[id(res)] = len(resource_list)
-                resource_list.append((_attrs(res.attributes), res.schema_url))
+                resource_list.append((attributes_record(res.attributes), res.schema_url))
             scope = span.instrumentation_scope
             six = scopes.get(id(scope))
             if six is None:
                 six = scopes[id(scope)] = len(scope_list)
-                scope_list.append((scope.name, scope.version, scope.schema_url, _attrs(scope.attributes))
+                scope_list.append((scope.name, scope.version, scope.schema_url, attributes_record(scope.attributes))
                                   if scope is not None else None)
             records.append(span_record(span, rix, six))
         return resource_list, scope_list, records

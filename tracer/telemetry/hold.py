@@ -57,7 +57,8 @@ import random
 import sys
 import threading
 from collections import OrderedDict
-from typing import Any, Callable, Iterable, Mapping, NamedTuple, Protocol, Sequence
+from dataclasses import dataclass, field
+from typing import Any, Callable, Iterable, Mapping, Protocol, Sequence
 
 from opentelemetry.context import Context
 from opentelemetry.sdk.trace import ReadableSpan, Span, SpanProcessor
@@ -100,15 +101,17 @@ class _Policy(Protocol):
     wake: Callable[[], None] | None
 
 
-class HoldStats(NamedTuple):
+@dataclass(frozen=True, slots=True)
+class HoldStats:
     """A snapshot of what is held and what happened to held spans."""
 
     held_spans: int
     held_traces: int
     dropped: int  # spans lost, every reason
     forwarded: int  # held spans handed on when their trace was kept
-    dropped_by_reason: Mapping[str, int] = {}  # spans, by DROP_REASONS
-    traces_evicted: Mapping[str, int] = {}  # undecided traces lost to max_spans, max_traces, max_age, shutdown
+    dropped_by_reason: Mapping[str, int] = field(default_factory=dict)  # spans, by DROP_REASONS
+    # undecided traces lost to max_spans, max_traces, max_age, shutdown
+    traces_evicted: Mapping[str, int] = field(default_factory=dict)
     # age of the oldest undecided trace the age limit applies to (its handler not running), by the
     # hold's clock
     oldest_held_s: float = 0.0

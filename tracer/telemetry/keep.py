@@ -76,8 +76,8 @@ import os
 import random
 import re
 import threading
-from dataclasses import dataclass
-from typing import Callable, Mapping, NamedTuple, Sequence
+from dataclasses import dataclass, field
+from typing import Callable, Mapping, Sequence
 
 from ..path.clock import MonoNs, MonotonicClock, default_clock, require_clock, shared_clock
 from ..path.stages import GAP_BY_NAME, Outcome, Stage
@@ -134,7 +134,8 @@ def parse_threshold(text: str) -> float | Slowest:
     raise ValueError(f"a keep threshold is seconds ('0.5', '250ms') or a share ('1%'), got {text!r}")
 
 
-class KeepStats(NamedTuple):
+@dataclass(frozen=True, slots=True)
+class KeepStats:
     """A snapshot of what the policy decided (``kept`` counts settled keeps only):
     ``messages == kept + dropped + pending``."""
 
@@ -144,7 +145,7 @@ class KeepStats(NamedTuple):
     pending: int
     slow: int  # messages over a threshold (all of them kept)
     by_reason: Mapping[str, int]
-    dropped_by_reason: Mapping[str, int] = {}
+    dropped_by_reason: Mapping[str, int] = field(default_factory=dict)
     blockers_unkept: int = 0  # kept victims whose blocker could not be kept: their blame link left out
 
 

@@ -26,6 +26,7 @@ import math
 import threading
 import time
 from bisect import bisect_left
+from dataclasses import dataclass
 from typing import Any, Callable, Iterator, Sequence
 
 from prometheus_client import REGISTRY as DEFAULT_REGISTRY
@@ -35,10 +36,11 @@ from prometheus_client.samples import Exemplar
 from prometheus_client.utils import floatToGoString
 
 from ..path.names import LEASE_LOST_REASONS
-from ..path.stages import GAPS, Outcome, Stage
+from ..path.stages import GAP_INDEX, GAPS, Outcome
 from .registration import OnePerRegistry, SharedAdmission, multiprocess_dir
 
-__all__ = ["DEFAULT_BUCKETS", "OTHER", "BoundedLabel", "OnePerRegistry", "PairLabels", "TracerMetrics", "multiprocess_dir"]
+__all__ = ["DEFAULT_BUCKETS", "OTHER", "BoundedLabel", "MetricsStats", "OnePerRegistry", "PairLabels", "TracerMetrics",
+           "multiprocess_dir"]
 
 # The one bucket list of the duration family (stage gaps, dispatch waits, the OTel stage
 # histogram): 1 ms … 10 min, a handler of a huge test-case group runs for minutes, a send takes ms.
@@ -48,12 +50,6 @@ DEFAULT_BUCKETS: tuple[float, ...] = (
 )  # fmt: skip
 OTHER = "other"
 MAX_LABEL_CHARS = 200
-_GAP_INDEX: tuple[tuple[int, int, int], ...] = tuple((g.position, int(g.start), int(g.end)) for g in GAPS)
-# _count_gaps below writes these seven gaps out (position, first stage, last stage): a change to
-# the stage model must change it too, so the import fails loudly instead of counting wrong gaps.
-_COUNTED = ((0, 0, 1), (1, 1, 2), (2, 2, 3), (3, 3, 4), (4, 4, 5), (5, 0, 5), (6, 2, 4))
-if _GAP_INDEX != _COUNTED or len(Stage) != 6:
-    raise ImportError(f"tracer.telemetry.metrics._count_gaps is written for the gaps {_COUNTED}, not {_GAP_INDEX}")
 _STAGE_HELP = ("Time a message spent in each stage gap (send, broker_wait, client_buffer, dispatch_wait, "
                "handler, end_to_end).")
 _MESSAGES_HELP = "Messages whose handling ended, by outcome."
@@ -167,12 +163,32 @@ class _Series:
         self.outcomes = {o: 0 for o in Outcome}
 
 
+# An exemplar as kept per bucket: its labels (or a trace id, formatted when scraped) and timestamp.
+_ExemplarRef = tuple[dict[str, str] | int, float]
+
+
 def _count_gaps(counts: list[list[int]], sums: list[float], bounds: list[float], times: Sequence[int],
-                exemplars: list[list[Any]], ex_values: list[list[float]],
-                ref: tuple[dict[str, str] | int, float] | None) -> None:
+                exemplars: list[list[Any]], ex_values: list[list[float]], ref: _ExemplarRef | None) -> None:
     """Every gap between present stamps into its bucket and sum (negative as 0) and, with ``ref``,
-    the bucket's exemplar; the loop over _GAP_INDEX written out: once per message, a sixth cheaper
-    than the loop (BENCHMARKS.md)."""
+    the bucket's exemplar. The definition; :func:`_count_gaps_fast` is what runs."""
+    for gi, first, last in GAP_INDEX:
+        a, b = times[first], times[last]
+        if a and b:
+            v = (b - a) / 1e9 if b > a else 0.0
+            i = bisect_left(bounds, v)
+            counts[gi][i] += 1
+            sums[gi] += v
+            if ref is not None:
+                exemplars[gi][i] = ref
+                ex_values[gi][i] = v
+
+
+# What _count_gaps_fast runs instead of the loop of _count_gaps, once per message: ``rmqtrace bench
+# overhead`` (its stamps_metrics loop) is cheaper with it. tests/test_metrics_count_gaps.py holds the
+# two equal for every stamp pattern, and fails if GAP_INDEX changes under the written-out copy.
+def _count_gaps_fast(counts: list[list[int]], sums: list[float], bounds: list[float], times: Sequence[int],
+                     exemplars: list[list[Any]], ex_values: list[list[float]], ref: _ExemplarRef | None) -> None:
+    """:func:`_count_gaps` with its loop over GAP_INDEX written out (see the comment above)."""
     produce, store, pull, enqueue, start, end = times
     if produce and store:
         v = (store - produce) / 1e9 if store > produce else 0.0
@@ -301,6 +317,14 @@ class _StockSeries:
 
 
 
+@dataclass(frozen=True, slots=True)
+class MetricsStats:
+    """A :class:`TracerMetrics` now (:meth:`TracerMetrics.statistics`)."""
+
+    label_pairs: int  # (topic, consumer_group) pairs with stage series: the cardinality PairLabels caps
+    multiprocess: bool
+
+
 class TracerMetrics(OnePerRegistry):
     """All message-path series on one registry (``registry=None`` means the global one).
 
@@ -330,6 +354,14 @@ class TracerMetrics(OnePerRegistry):
             collectors += [self._hist, self._msgs]
         else:
             collectors.append(self._stages)
+        collectors += self._define_series()
+        self._pairs = PairLabels(label_limit, shared="stage")
+        self._lock = threading.Lock()
+        self._skew_clamped = {g.name: self.skew_clamped.labels(g.name) for g in GAPS if g.crosses_clocks}
+        self._register(reg, collectors)
+
+    def _define_series(self) -> list[Any]:
+        """The stock series beside the stage histogram (the same in multiprocess mode), unregistered."""
         self.skew_clamped = Counter(
             "rmqtrace_clock_skew_clamped",
             "Cross-clock gaps that came out negative by more than the stamps' resolution; "
@@ -369,13 +401,13 @@ class TracerMetrics(OnePerRegistry):
             "renewal, abandoned hung handler); the broker may deliver each again.",
             ["topic", "consumer_group", "reason"], registry=None,
         )
-        collectors += [self.skew_clamped, self.skew_bound, self.propagation_errors, self.spans_dropped,
-                       self.spans_policy_dropped,
-                       self.avoidable_wait, self.leases_lost]
-        self._pairs = PairLabels(label_limit, shared="stage")
-        self._lock = threading.Lock()
-        self._skew_clamped = {g.name: self.skew_clamped.labels(g.name) for g in GAPS if g.crosses_clocks}
-        self._register(reg, collectors)
+        return [self.skew_clamped, self.skew_bound, self.propagation_errors, self.spans_dropped,
+                self.spans_policy_dropped, self.avoidable_wait, self.leases_lost]
+
+    def statistics(self) -> MetricsStats:
+        with self._lock:
+            pairs = len(self._stock) if self._hist is not None else len(self._stages.series)
+        return MetricsStats(pairs, self.multiprocess)
 
     def labels_for(self, topic: str | None, group: str | None) -> tuple[str, str]:
         """The (topic, consumer_group) label pair a message of ``topic`` and ``group`` is counted under."""
@@ -416,8 +448,8 @@ class TracerMetrics(OnePerRegistry):
         bounds = stages.bounds
         counts, sums = series.counts, series.sums
         with series.lock:
-            _count_gaps(counts, sums, bounds, times, series.exemplars, series.exemplar_values,
-                        None if ex_labels is None else (ex_labels, time.time()))
+            _count_gaps_fast(counts, sums, bounds, times, series.exemplars, series.exemplar_values,
+                             None if ex_labels is None else (ex_labels, time.time()))
             series.outcomes[outcome] += 1
 
     def _observe_stock(self, topic: str, group: str, times: Sequence[int], outcome: Outcome) -> None:
@@ -430,7 +462,7 @@ class TracerMetrics(OnePerRegistry):
                     assert self._hist is not None and self._msgs is not None
                     found = self._stock[key] = _StockSeries(self._hist, self._msgs, *key)
                     self._first_seen(*key)
-        for gi, start, end in _GAP_INDEX:
+        for gi, start, end in GAP_INDEX:
             a, b = times[start], times[end]
             if a and b:
                 found.gaps[gi].observe((b - a) / 1e9 if b > a else 0.0)

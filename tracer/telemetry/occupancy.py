@@ -44,6 +44,7 @@ from __future__ import annotations
 
 import heapq
 import threading
+import warnings
 from collections import Counter
 from dataclasses import dataclass
 from typing import Any, Callable, Iterator
@@ -58,11 +59,11 @@ from ..path.clock import MonotonicClock, default_clock, require_clock, shared_cl
 from .metrics import BoundedLabel
 from .registration import OnePerRegistry, Refresher, multiprocess_dir
 
-__all__ = ["Occupancy", "OccupancyMetrics", "OccupancySnapshot"]
+__all__ = ["Occupancy", "OccupancyMetrics", "OccupancySnapshot", "OccupancyStats"]
 
 
-@dataclass(frozen=True)
-class OccupancySnapshot:
+@dataclass(frozen=True, slots=True)
+class OccupancyStats:
     """The state of one tracker at ``now_ns`` (its monotonic clock), with its integrals brought up to that instant."""
 
     now_ns: int
@@ -84,6 +85,9 @@ class OccupancySnapshot:
         if self.oldest_unstarted_ns is None:
             return 0.0
         return max(0, self.now_ns - self.oldest_unstarted_ns) / 1e9
+
+
+OccupancySnapshot = OccupancyStats  # its name before issue 36 (one kind of snapshot: ``*Stats``)
 
 
 class Occupancy:
@@ -192,13 +196,20 @@ class Occupancy:
             self._on_close()
 
     # -- reading --------------------------------------------------------------------------------
-    def snapshot(self) -> OccupancySnapshot:
+    def statistics(self) -> OccupancyStats:
+        """The counts now and the integrals brought up to now, frozen."""
         with self._lock:
             now = self._accrue()
-            return OccupancySnapshot(
+            return OccupancyStats(
                 now_ns=now, workers=0 if self._closed else self._workers, busy=self._busy,
                 unstarted=self._unstarted, oldest_unstarted_ns=self._oldest(),
                 busy_s=self._busy_s, idle_s=self._idle_s, hol_s=self._hol_s, holding_s=self._holding_s)
+
+    def snapshot(self) -> OccupancyStats:
+        """Deprecated: :meth:`statistics` (one snapshot verb for every stateful object)."""
+        warnings.warn("Occupancy.snapshot() is deprecated; use Occupancy.statistics()", DeprecationWarning,
+                      stacklevel=2)
+        return self.statistics()
 
     # -- internals (caller holds the lock) ------------------------------------------------------
     def _accrue(self) -> int:
@@ -351,7 +362,7 @@ class OccupancyMetrics(OnePerRegistry):
             trackers = list(self._trackers)
         sums: dict[str, dict[str, float]] = {}
         for group, occ in trackers:
-            s = occ.snapshot()
+            s = occ.statistics()
             acc = sums.setdefault(group, {key: 0.0 for key, *_ in _SERIES})
             acc["workers"] += s.workers
             acc["busy"] += s.busy

@@ -50,7 +50,7 @@ from opentelemetry import metrics
 from opentelemetry.metrics import Counter, Histogram, MeterProvider, NoOpMeterProvider
 
 from ..path import names as n
-from ..path.stages import GAPS, Outcome, Stage
+from ..path.stages import GAP_INDEX, GAPS, Outcome, Stage
 from ..version import __version__
 from .metrics import DEFAULT_BUCKETS, PairLabels
 
@@ -63,7 +63,6 @@ _MAX_OP_ATTRS = 4096
 SEMCONV_BUCKETS: tuple[float, ...] = (0.005, 0.01, 0.025, 0.05, 0.075, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5, 10.0)
 _SEND = {n.SYSTEM: n.SYSTEM_VALUE, n.OPERATION_NAME: n.SEND, n.OPERATION_TYPE: n.SEND}
 _PROCESS = {n.SYSTEM: n.SYSTEM_VALUE, n.OPERATION_NAME: n.PROCESS, n.OPERATION_TYPE: n.PROCESS}
-_GAP_INDEX: tuple[tuple[int, int, int], ...] = tuple((g.position, int(g.start), int(g.end)) for g in GAPS)
 _PULL, _END = int(Stage.CLIENT_PULL), int(Stage.HANDLER_END)
 _SUCCESS = Outcome.SUCCESS  # a module constant: an Enum member off its class costs a descriptor call
 
@@ -221,7 +220,7 @@ class MessagingMeters:
                 process = {**process, n.ERROR_TYPE: type(error).__qualname__ if error is not None else outcome.value}
             inst.process.record((b - a) / 1e9 if b > a else 0.0, process)
         stage = inst.stage
-        for gi, start, end in _GAP_INDEX:
+        for gi, start, end in GAP_INDEX:
             a, b = times[start], times[end]
             if a and b:
                 stage.record((b - a) / 1e9 if b > a else 0.0, attrs.gaps[gi])

@@ -88,6 +88,11 @@ class OnePerRegistry:
         with _shared_lock:
             cls._instances.setdefault(registry, self)
 
+    @property
+    def collectors(self) -> tuple[Any, ...]:
+        """What this set registered, in order: each describes its series (tests find every family here)."""
+        return tuple(self._collectors)
+
     @classmethod
     def shared(cls: type[_Self], registry: CollectorRegistry | None = None) -> _Self:
         """The one instance of a registry: the first one built on it, or a new one (defaults)."""

@@ -31,7 +31,8 @@ import logging
 import os
 import threading
 from collections import OrderedDict
-from typing import Any, Callable, Mapping, NamedTuple, Sequence
+from dataclasses import dataclass
+from typing import Any, Callable, Mapping, Sequence
 
 from opentelemetry import context as otel_context
 from opentelemetry import trace
@@ -529,7 +530,9 @@ class MessageTrace:
         self._overrun = False
         self._late_end = 0
         self._open_handler: DeferredSpan | None = None  # written, waiting for the late handler end
-        # a held trace's process/handler, not yet spans: ids allocated, written only if kept
+        # a held trace's process/handler, not yet spans: ids allocated, written only if kept;
+        # (writer, name, creation, pulled_ns, attrs, inner, start_ns), read by unpacking into those
+        # names (a plain tuple: a NamedTuple instance per held message costs its allocation)
         self._deferred: tuple[Any, ...] | None = None
         self._verdict: tuple[Any, str] | None = None  # (Verdict, policy) from the dispatcher, until the finish
         # what the spans carry of it (attributes, link to the blocker), made at the finish
@@ -586,8 +589,10 @@ class MessageTrace:
             return self._handler.context
         if self._process is not None:
             return self._process.context
-        if self._deferred is not None:
-            return self._deferred[5]  # type: ignore[no-any-return]
+        deferred = self._deferred
+        if deferred is not None:
+            _writer, _name, _creation, _pulled_ns, _attrs, inner, _start_ns = deferred
+            return inner  # type: ignore[no-any-return]
         return None
 
     def abandon(self) -> bool:
@@ -1082,7 +1087,8 @@ class MessageTrace:
                                   mt.capture_body, span.own_attributes() if span is not None else None)
 
 
-class TracerStats(NamedTuple):
+@dataclass(frozen=True, slots=True)
+class TracerStats:
     """What one :class:`MessageTracer` has seen (:meth:`MessageTracer.statistics`)."""
 
     hook_failures: Mapping[str, int]  # our own code's failures, by place (the first of each is logged)

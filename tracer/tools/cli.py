@@ -189,8 +189,8 @@ def gap_table(runs: Sequence[PolicyRun]) -> Any:
     from rich import box
 
     from ..path.stages import GAPS, HEADLINE_GAP
-    from ..report.model import format_seconds
     from ..report.terminal import titled_table
+    from ..report.text import format_seconds
 
     # No vertical rules: with the report's units (up to "655.6 ms") the table still fits 80 columns.
     gaps = titled_table("Stage gaps (share = of all end-to-end time)", box=box.SIMPLE_HEAD, show_edge=False, pad_edge=False)
@@ -235,7 +235,7 @@ def next_step(runs: Sequence[PolicyRun], *, report_written: bool = True) -> str:
     """The closing line: which run is the incident, the fix, where to read more (report.html only
     when this run wrote it)."""
     from ..path.stages import HEADLINE_GAP
-    from ..report.model import NEAR_LOWER_BOUND
+    from ..report.text import NEAR_LOWER_BOUND
 
     more = "read more: README \"The dispatcher\", docs/dispatch.md" + (", and report.html" if report_written else "")
     fix = (f"the fix in your consumer is {FIX}: every worker holds at most one message and whichever is free "
@@ -254,7 +254,7 @@ def next_step(runs: Sequence[PolicyRun], *, report_written: bool = True) -> str:
 
 
 def _order_words(order: str) -> str:
-    from ..report.model import sent_order_words
+    from ..report.text import sent_order_words
     return sent_order_words(order)
 
 

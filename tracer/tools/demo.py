@@ -32,7 +32,10 @@ from ..path.propagation import COST
 from ..path.stages import GAPS, PATH_GAPS, Outcome, Stage
 from ..path.stamps import Stamps, compute_gaps
 from ..report.blame import Blame, Run, blame
-from ..report.model import BLAME_TOP, MIXED_ORDER, percentile, where_time_went_line
+from ..report.jobs import MIXED_ORDER
+from ..report.model import BLAME_TOP
+from ..report.stats import percentile
+from ..report.text import where_time_went_line
 from ..telemetry.hold import HoldingSpanProcessor
 from ..telemetry.keep import KeepPolicy
 from ..telemetry.metrics import TracerMetrics

@@ -34,10 +34,12 @@ from ..dispatch.simulate import lower_bound
 from ..embedded import EmbeddedBroker, Message, Producer, SimpleConsumer
 from ..path.names import JOB_ORDERS
 from ..path.stages import Outcome, Stage
-from ..report.blame import Run, fleet_avoidable, fleet_verdict
-from ..report.fleet import FleetSection, Handled, fleet_page
-from ..report.model import sent_order_words
-from ..telemetry.occupancy import OccupancyMetrics, OccupancySnapshot
+from ..report.blame import Run, fleet_verdict
+from ..report.fleet import FleetSection, Handled
+from ..report.fleetblame import fleet_avoidable
+from ..report.fleetview import fleet_page
+from ..report.text import sent_order_words
+from ..telemetry.occupancy import OccupancyMetrics, OccupancyStats
 from ..telemetry.tracer import MessageTrace, MessageTracer
 from .bench.fleet import fleet_greedy, fleet_waits
 from .workload import make_job
@@ -186,16 +188,16 @@ def _run_mode(mode: str, opts: FleetDemoOptions, *, tracer_provider: TracerProvi
         th.join()
     for consumer in consumers:
         consumer.shutdown()
-    snaps: list[OccupancySnapshot] = []
+    snaps: list[OccupancyStats] = []
     for occ in trackers:
         occ.close()
-        snaps.append(occ.snapshot())
+        snaps.append(occ.statistics())
     run = _summarise(mode, opts, records, snaps, t0)
     run.avoidable = fleet_avoidable(runs, [opts.workers] * opts.consumers)
     return run
 
 
-def _summarise(mode: str, opts: FleetDemoOptions, records: list[Handled], snaps: Sequence[OccupancySnapshot],
+def _summarise(mode: str, opts: FleetDemoOptions, records: list[Handled], snaps: Sequence[OccupancyStats],
                t0: int) -> FleetModeRun:
     first: dict[int, Handled] = {}
     for r in records:
@@ -315,7 +317,7 @@ def cli_fleet_demo(args: Any, settings: Any, registry: CollectorRegistry, consol
 
 
 def write_fleet_html(runs: Sequence[FleetModeRun], path: Path) -> Path:
-    """The fleet page (:func:`tracer.report.fleet.fleet_page`): per mode, one lane group per consumer."""
+    """The fleet page (:func:`tracer.report.fleetview.fleet_page`): per mode, one lane group per consumer."""
     sections = [FleetSection(
         r.mode, f"job {r.makespan_s:.2f} s = {r.makespan_s / r.greedy_s:.2f}× the fleet's greedy schedule; "
         f"{r.fleet_idle_while_held_s:.1f} idle worker-s while another consumer held work; "

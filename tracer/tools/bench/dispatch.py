@@ -45,7 +45,7 @@ from ...dispatch.simulate import (
     simulate_random,
     simulate_round_robin,
 )
-from ...report.model import percentile  # nearest rank, as the demo and the report
+from ...report.stats import percentile
 from ..workload import JobItem, make_job
 
 __all__ = ["format_dispatch_bench", "machine_info", "main", "run_dispatch_bench", "run_executor_bench"]

@@ -417,7 +417,7 @@ def _member(config: dict[str, Any], out: IO[str], inp: IO[str]) -> int:
     except Exception as exc:  # noqa: BLE001 - the report below matters more than a clean shutdown
         emit({"error": f"shutdown: {exc!r}"})
     occupancy.close()
-    s = occupancy.snapshot()
+    s = occupancy.statistics()
     emit({"occupancy": {"busy_s": s.busy_s, "idle_s": s.idle_s, "hol_s": s.hol_s, "holding_s": s.holding_s}})
     return 0
 

@@ -218,8 +218,8 @@ def _child_work(kind: str, params: dict[str, Any]) -> dict[str, Any]:
     # the report command from its own pieces (tracer.report.cli), not the whole `rmqtrace` parser:
     # tools/cli.py imports this module, so importing it back made the package's one import cycle
     from ...report import add_cli as add_report_cli
-    from ...report import fleet, model, sources, spanread  # noqa: F401 - imported before the clock starts
-    from ...report.fleet import read_jaeger_fleet
+    from ...report import fleet, fleetread, fleetview, model, sources, spanread  # noqa: F401 - before the clock
+    from ...report.fleetread import read_jaeger_fleet
 
     parser = argparse.ArgumentParser(prog="rmqtrace")
     add_report_cli(parser.add_subparsers(dest="command"))  # the command's imports, before the clock starts
