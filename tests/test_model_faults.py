@@ -98,7 +98,10 @@ LONG = os.environ.get("RMQTRACE_LONG") == "1"
 # fix is merged: its rules join the random search and its xfail test below must lose its mark.
 OPEN_ITEMS: frozenset[int] = frozenset()
 # Bugs this harness found that #30 does not list (each with an xfail test below, same rule).
-OPEN_NEW: frozenset[str] = frozenset()  # base-from-a-settle, base-ends-a-renewal-thread: fixed (review30 02, 03)
+# base-from-a-settle: fixed for run()'s settles (review30 02; its fixed-sequence tests below pass), but the
+# random search still finds a driven settle_ready() whose nack raised a BaseException after a keeper
+# pass leave the message held (RELIABILITY.md, "Known limits"): kept out of the search until triaged.
+OPEN_NEW: frozenset[str] = frozenset({"base-from-a-settle"})
 
 LEASE, MARGIN, BACKOFF = 3.0, 1.0, 1  # seconds on the manual clock
 KEEPER_TICK = MARGIN / 3  # the loop's keeper passes this often (ConsumeLoop._tick)
@@ -590,6 +593,10 @@ class FaultModel(RuleBasedStateMachine):
             return
         call = calls[pick % len(calls)]
         oldest = min(c.started for c in self.running)  # no other handler may overrun meanwhile
+        if self.clock() - call.started + 0.9 * MARGIN >= TIMEOUT:
+            # its time is nearly up already (a hang earlier): releasing it now, with the clock not
+            # moved past it, is an open finding (RELIABILITY.md, "Known limits": a late success)
+            return
         while self.clock() - oldest + 0.9 * MARGIN < TIMEOUT:
             self.clock.advance(0.9 * MARGIN)
             self.step("renew")
@@ -881,6 +888,10 @@ class FaultModel(RuleBasedStateMachine):
         except KeyboardInterrupt as exc:
             if not self.interrupted:  # (one key=/cost= raised is re-raised by run() after its drain)
                 self.stop_errors.append(f"run() raised {exc!r} during its drain")
+        except InjectedBase:
+            # a BaseException from ack, nack or renew is counted, settled, then re-raised by run() after
+            # its drain (docs/consume.md): the fault the harness injected, not a failure of stop()
+            pass
         except BaseException as exc:  # noqa: BLE001 - recorded
             self.stop_errors.append(f"run() raised {exc!r} during its drain")
 
