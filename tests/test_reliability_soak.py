@@ -181,6 +181,18 @@ def check_soak(r: dict[str, Any]) -> None:
 
 
 def test_short_soak_memory_bounded_and_no_state_left():
+    if os.environ.get("RMQTRACE_SOAK_CHILD") != "1":
+        # the RSS bound is the soak's own: measured in a fresh process, not at the end of a long suite
+        # whose earlier tests' threads and allocator state move the process's RSS meanwhile (the full
+        # run measured 51 MB where the soak alone measures under 16, on 3.11 and 3.13 alike)
+        import subprocess
+        import sys
+        done = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider",
+                               f"{__file__}::test_short_soak_memory_bounded_and_no_state_left"],
+                              env={**os.environ, "RMQTRACE_SOAK_CHILD": "1"}, capture_output=True, text=True,
+                              timeout=600, cwd=os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+        assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-2000:]
+        return
     r = soak(20_000, warmup=5_000)
     printable = {k: v for k, v in r.items() if not k.startswith("_")}
     record_figures("soak_short", printable)
