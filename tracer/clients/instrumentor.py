@@ -277,29 +277,24 @@ class RocketMQInstrumentor(BaseInstrumentor):  # type: ignore[misc]
         return result
 
     def _ack_async(self, wrapped: Any, instance: Any, args: Any, kwargs: Any) -> Any:
-        # no timed operation (no future a thread can wait for); the message's trace ends here
-        if not is_instrumentation_enabled() or not args:
-            return wrapped(*args, **kwargs)
-        traces = self._seam_for(instance, _group_of(instance)).traces
-        try:
-            result = wrapped(*args, **kwargs)
-        except BaseException as exc:  # refused on the spot: measured all the same
-            traces.acked(args[0], exc)
-            raise
-        traces.acked(args[0])
-        return result
+        return self._settle_untimed(wrapped, instance, args, kwargs, nack=False)
 
     def _change_invisible_async(self, wrapped: Any, instance: Any, args: Any, kwargs: Any) -> Any:
-        # the nack of _change_invisible, untimed like _ack_async
+        return self._settle_untimed(wrapped, instance, args, kwargs, nack=True)
+
+    def _settle_untimed(self, wrapped: Any, instance: Any, args: Any, kwargs: Any, *, nack: bool) -> Any:
+        # the async ack and nack: no timed operation (no future a thread can wait for); the
+        # message's trace ends here, as on the synchronous calls
         if not is_instrumentation_enabled() or not args:
             return wrapped(*args, **kwargs)
         traces = self._seam_for(instance, _group_of(instance)).traces
+        end = traces.nacked if nack else traces.acked
         try:
             result = wrapped(*args, **kwargs)
         except BaseException as exc:  # refused on the spot: measured all the same
-            traces.nacked(args[0], exc)
+            end(args[0], exc)
             raise
-        traces.nacked(args[0])
+        end(args[0])
         return result
 
     def _push_init(self, wrapped: Any, instance: Any, args: Any, kwargs: Any) -> Any:
