@@ -25,7 +25,7 @@ class GatedExporter(SpanExporter):
 
     def export(self, spans: Sequence[ReadableSpan]) -> SpanExportResult:
         while not self.gate.exists():
-            time.sleep(0.01)
+            time.sleep(0.01)  # real-time: runs in the child exporter process, polling the test's gate file
         return self.inner.export(spans)
 
     def shutdown(self) -> None:

@@ -13,12 +13,12 @@ policies and the stop request, each fault as a class over its siblings.
 from __future__ import annotations
 
 import threading
-import time
 from typing import Any
 
 import pytest
 from embedded_rig import consumer_with_messages
 from manual_clock import Clock
+from waiting import wait_until
 
 from tracer.clients.consume import ConsumeLoop
 from tracer.clients.consume_options import LeaseOptions
@@ -116,9 +116,7 @@ def test_a_base_exception_from_a_renewal_never_ends_renewals(wait: bool, exc: Ba
                 keeper.renew([h], {}, wait=True)
         else:
             keeper.renew([h], {}, wait=False)
-            deadline = time.monotonic() + 30
-            while not interrupts and time.monotonic() < deadline:
-                time.sleep(0.01)
+            wait_until(lambda: bool(interrupts), timeout=30, what="the pool's renewal to hand its interrupt over")
             assert interrupts == [exc]
         assert events == ["lease_errors"]
         assert not h.lock.locked()
@@ -296,8 +294,6 @@ def test_both_engines_run_everything_beside_a_hung_worker(policy: Any, engine: s
     the other worker while the hang lasts — none waits behind the hung one."""
     import asyncio
 
-    from waiting import wait_until
-
     from tracer.dispatch import AsyncDispatcher, Dispatcher
     from tracer.path.clock import ManualClock
 
@@ -390,7 +386,6 @@ def test_a_key_routed_to_a_hung_worker_is_given_back_not_held(policy: Any) -> No
                        key=lambda m: m.body.decode(), monotonic=clock)
     try:
         assert loop.poll() == 1
-        from waiting import wait_until
 
         wait_until(lambda: len(loop.dispatcher.running()) == 1, timeout=30, what="the hung handler to start")
         clock.advance(2.0)

@@ -1303,7 +1303,7 @@ def test_a_base_exception_from_a_renewal_leaves_the_keeper_renewing() -> None:
         # the keeper ticks every renew_margin / 3 of real time: 10 s is thirty passes
         deadline = time.monotonic() + 10
         while client.calls["renew"] < 2 and time.monotonic() < deadline:
-            time.sleep(0.01)
+            time.sleep(0.01)  # real-time: the keeper ticks on real time (renew_margin / 3), not on the clock
         assert client.calls["renew"] >= 2, ("invariant held_leases_stay_renewed: after one renewal raised a "
                                             "BaseException, the due lease was never renewed again")
     finally:

@@ -39,8 +39,8 @@ try:
     wait_until(lambda: loop.statistics().not_started == 1, what="B given back with the hung A")
     release.set()
     wait_until(lambda: rig.count("timeout") == 1, what="A's timeout measured")
-    time.sleep(0.3)
-    s1 = occupancy.snapshot(); time.sleep(0.5); s2 = occupancy.snapshot()
+    time.sleep(0.3)  # real-time: an idle loop's occupancy must not accrue while real time passes
+    s1 = occupancy.snapshot(); time.sleep(0.5); s2 = occupancy.snapshot()  # real-time: as above
     st = loop.statistics()
     print("loop: not_started", st.not_started, "given_back", st.given_back, "| telemetry:", rig.outcomes())
     print(f"occupancy: unstarted={s2.unstarted} oldest_age={s2.oldest_unstarted_age_s:.2f}s "

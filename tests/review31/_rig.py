@@ -65,5 +65,5 @@ def wait_until(pred, timeout=5.0, what="condition"):
     while time.monotonic() < end:
         if pred():
             return
-        time.sleep(0.01)
+        time.sleep(0.01)  # real-time: the reviewer's own polling wait, bounded by its deadline
     raise AssertionError(f"timed out waiting for {what}")
