@@ -24,15 +24,19 @@ loop = ConsumeLoop(c, lambda m: None, invisible_duration=1, workers=1)
 loop.poll()  # a loop that has started (phase POLLED): stop() only asks
 loop.install_signal_handlers()
 installed = signal.getsignal(signal.SIGTERM)
+done = False
 def alarm(*a):  # one SIGTERM-equivalent at a time: the installed handler itself, re-armed after it returns
     installed(*a)
-    signal.setitimer(signal.ITIMER_REAL, 0.0002)
+    if not done:  # a handler run after the loop below ended must not re-arm (a SIGALRM would kill the exit)
+        signal.setitimer(signal.ITIMER_REAL, 0.0002)
 signal.signal(signal.SIGALRM, alarm)
 signal.setitimer(signal.ITIMER_REAL, 0.0002)
 end = time.monotonic() + 3.0
 n = 0
 while time.monotonic() < end:
     loop.stop(); n += 1
+done = True
+signal.signal(signal.SIGALRM, signal.SIG_IGN)  # an alarm already pending is ignored, not fatal
 signal.setitimer(signal.ITIMER_REAL, 0, 0)
 print("stop() called", n, "times under signals without a deadlock")
 print("OK")
