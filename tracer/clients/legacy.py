@@ -57,9 +57,12 @@ class Produced(NamedTuple):
 def _text(value: Any) -> str | None:
     if value is None:
         return None
-    if isinstance(value, bytes):
-        value = value.decode("utf-8", "replace")
-    value = str(value)
+    try:  # a foreign object's __str__ (or a bytes subclass's decode) may raise anything
+        if isinstance(value, bytes):
+            value = value.decode("utf-8", "replace")
+        value = str(value)
+    except Exception:  # noqa: BLE001
+        return None
     return value or None
 
 
@@ -190,15 +193,15 @@ def describe_legacy(msg: Any) -> MessageInfo:
     """A :class:`MessageInfo` from a 2.x ``ReceivedMessage``. Never raises: what cannot be read
     stays empty. ``body`` is the client's NUL-terminated copy, so its size may be short."""
     props: dict[str, Any] = {}
-    get = getattr(msg, "get_property", None)
+    get = _attr(msg, "get_property")
     if get is not None:
         for key in _property_keys():
             try:
                 value = get(key)
-            except Exception:  # noqa: BLE001
+                if value:  # b'' when absent
+                    props[key] = value
+            except Exception:  # noqa: BLE001 - a foreign object's answer may raise even on bool()
                 continue
-            if value:  # b'' when absent
-                props[key] = value
     reconsume = _attr(msg, "reconsume_times")
     body = _attr(msg, "body")
     store = _attr(msg, "store_timestamp")
@@ -210,7 +213,7 @@ def describe_legacy(msg: Any) -> MessageInfo:
         properties=props,
         store_ms=int(store) if isinstance(store, int) and store > 0 else None,
         delivery_attempt=(reconsume + 1) if isinstance(reconsume, int) and reconsume >= 0 else None,
-        body_size=len(body) if isinstance(body, (bytes, bytearray, str)) else None,
+        body_size=_size(body),
     )
 
 
@@ -220,6 +223,14 @@ def _property_keys() -> tuple[str, ...]:
     except Exception:  # noqa: BLE001 - a broken propagator: our keys still work
         extra = ()
     return KNOWN_PROPERTIES + extra
+
+
+def _size(body: Any) -> int | None:
+    # a str/bytes subclass may override __len__ with anything
+    try:
+        return len(body) if isinstance(body, (bytes, bytearray, str)) else None
+    except Exception:  # noqa: BLE001
+        return None
 
 
 def _attr(obj: Any, name: str) -> Any:

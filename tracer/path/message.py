@@ -59,7 +59,7 @@ def _get(obj: Any, *names: str) -> Any:
 def _int(value: Any) -> int | None:
     try:
         v = int(value)
-    except (TypeError, ValueError, OverflowError):
+    except Exception:  # noqa: BLE001 - a foreign object's __int__ may raise anything
         return None
     return v if v > 0 else None
 
@@ -86,7 +86,7 @@ def _describe(msg: Any, get: Callable[..., Any]) -> MessageInfo:
     props = get(msg, "properties")
     address, port = _endpoint(get(msg, "endpoints"))
     return MessageInfo(
-        topic=str(get(msg, "topic") or ""),
+        topic=_str(get(msg, "topic")) or "",
         message_id=_str(get(msg, "message_id")),
         tag=_str(get(msg, "tag")),
         keys=keys_t,
@@ -96,7 +96,7 @@ def _describe(msg: Any, get: Callable[..., Any]) -> MessageInfo:
         store_ms=_int(get(msg, "store_timestamp", "_Message__store_timestamp")),
         decode_ms=_int(get(msg, "decode_message_timestamp")),
         delivery_attempt=_int(get(msg, "delivery_attempt")),
-        body_size=len(body) if isinstance(body, (bytes, bytearray, str)) else None,
+        body_size=_size(body),
         system_trace_context=_str(get(msg, "trace_context")),
         namespace=_str(get(msg, "namespace")),
         declared_type=_MESSAGE_TYPES.get(_int(get(msg, "message_type")) or 0),
@@ -148,6 +148,14 @@ def body_of(tracer: Any, msg: Any) -> Any:
         return None
     try:
         return getattr(msg, "body", None)
+    except Exception:  # noqa: BLE001
+        return None
+
+
+def _size(body: Any) -> int | None:
+    # a str/bytes subclass may override __len__ with anything
+    try:
+        return len(body) if isinstance(body, (bytes, bytearray, str)) else None
     except Exception:  # noqa: BLE001
         return None
 
