@@ -27,6 +27,7 @@ from opentelemetry.sdk.resources import Resource
 from opentelemetry.sdk.trace import ReadableSpan, Span, SpanProcessor, TracerProvider
 from opentelemetry.sdk.trace.export import BatchSpanProcessor, SpanExporter, SpanExportResult
 
+from .environ import environment
 from .telemetry.adopt import install, keep_for
 from .telemetry.hold import HoldingSpanProcessor
 from .telemetry.keep import KeepPolicy
@@ -81,7 +82,7 @@ class Settings:
         Raises:
             ValueError: an exporter, protocol or port that cannot work.
         """
-        e = os.environ if env is None else env
+        e = environment() if env is None else env
         port = (e.get("RMQTRACE_METRICS_PORT") or "").strip()
         if port and not port.isdigit():
             raise ValueError(f"RMQTRACE_METRICS_PORT must be a port number, got {port!r}")
@@ -188,7 +189,7 @@ class DropCounter:
 
 def _env_int(name: str, default: int) -> int:
     try:
-        return int(os.environ.get(name) or default)
+        return int(environment().get(name) or default)
     except ValueError:
         return default
 

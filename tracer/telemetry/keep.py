@@ -72,13 +72,13 @@ handler run, so there was nothing to keep) or pending: ``messages = kept + dropp
 from __future__ import annotations
 
 import math
-import os
 import random
 import re
 import threading
 from dataclasses import dataclass, field
 from typing import Callable, Mapping, Sequence
 
+from ..environ import environment
 from ..path.clock import MonoNs, MonotonicClock, default_clock, require_clock, shared_clock
 from ..path.stages import GAP_BY_NAME, Outcome, Stage
 
@@ -259,7 +259,7 @@ class KeepPolicy:
         Raises:
             ValueError: naming the variable whose value cannot work.
         """
-        e = os.environ if env is None else env
+        e = environment() if env is None else env
         if not any(k.startswith("RMQTRACE_KEEP_") and v.strip() for k, v in e.items()):
             return None
         thresholds: dict[str, float | Slowest] = {}
