@@ -305,26 +305,10 @@ class KeepPolicy:
         if now and end_mono is not None:
             now = end_mono
         if not now:
-            with self._lock:  # never handled: nothing to judge, kept only for what the caller knows
-                self._messages += 1
-                if flag is None:  # (a lost lease: its redelivery links to this trace)
-                    self._drops["not_handled"] += 1
-                    return None
-                self._counts[flag] += 1
-            return flag
+            return self._not_handled(flag)
         if now >= self._interval_end:
             self._roll(now)
-        slow = False
-        for a, b, limit in self._absolute:
-            if times[a] and times[b] and times[b] - times[a] > limit:
-                slow = True
-        for a, b, est in self._estimates:
-            if times[a] and times[b]:
-                v = times[b] - times[a]
-                est.add(v)
-                t = est.threshold_ns
-                if t is not None and v > t:
-                    slow = True
+        slow = self._slow_gap(times)
         if head:
             reason: str | None = "head"
         elif outcome is _FAILURE or outcome is _TIMEOUT:
@@ -355,6 +339,32 @@ class KeepPolicy:
         for fn, keep in settled:
             fn(keep)
         return reason
+
+    def _not_handled(self, flag: str | None) -> str | None:
+        """A message never handled: nothing to judge, kept only for what the caller knows (``flag``:
+        a lost lease, whose redelivery links to this trace)."""
+        with self._lock:
+            self._messages += 1
+            if flag is None:
+                self._drops["not_handled"] += 1
+                return None
+            self._counts[flag] += 1
+        return flag
+
+    def _slow_gap(self, times: Sequence[int]) -> bool:
+        """Whether a gap passed its threshold (absolute, or its estimate's, which every gap feeds)."""
+        slow = False
+        for a, b, limit in self._absolute:
+            if times[a] and times[b] and times[b] - times[a] > limit:
+                slow = True
+        for a, b, est in self._estimates:
+            if times[a] and times[b]:
+                v = times[b] - times[a]
+                est.add(v)
+                t = est.threshold_ns
+                if t is not None and v > t:
+                    slow = True
+        return slow
 
     def _job(self, job_id: str, times: Sequence[int], now: int, reason: str | None,
              settle: Callable[[bool], None] | None, settled: list[tuple[Callable[[bool], None], bool]]) -> str | None:
