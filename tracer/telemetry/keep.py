@@ -341,8 +341,7 @@ class KeepPolicy:
         return reason
 
     def _not_handled(self, flag: str | None) -> str | None:
-        """A message never handled: nothing to judge, kept only for what the caller knows (``flag``:
-        a lost lease, whose redelivery links to this trace)."""
+        """Never handled: nothing to judge, kept only for what the caller knows (a lost lease's ``flag``)."""
         with self._lock:
             self._messages += 1
             if flag is None:

@@ -111,7 +111,7 @@ class TracerCore:
         metrics: TracerMetrics | None = None,
         clock: Clock | None = None,
         worker_attr: bool = True,
-        listeners: Sequence[Listener] = (),
+        listeners: Sequence[Callable[[Any, Outcome], None]] = (),  # a MessageTrace and its outcome
         capture_body: int = 0,
         occupancy: Occupancy | None = None,
         client: ClientFacts | None = None,
