@@ -23,6 +23,11 @@ user's handler starts nest under it; the gap spans are written after the fact wi
 and end times. Unsampled messages cost the stamps, the histograms and one sampling decision; the
 message's context stays current in the handler (as a non-recording span), so the user's spans
 follow the same decision instead of starting traces of their own.
+
+This module is the message path; what is not lives beside it: the constructor, the environment
+and the bookkeeping in :mod:`~tracer.telemetry.tracercore` (``MessageTracer``'s base), a trace's
+state, links and keep decision in :mod:`~tracer.telemetry.tracestate` (``MessageTrace``'s), the
+send's span in :mod:`~tracer.telemetry.sendtrace`.
 """
 
 from __future__ import annotations
