@@ -80,3 +80,22 @@ def test_the_deprecation_names_the_callers_line() -> None:
     with pytest.warns(DeprecationWarning) as caught:
         MessageTracer(tracer_provider=_provider(), client_id="x")
     assert caught[0].filename == __file__
+
+
+def test_received_traces_bound_themselves_by_the_tracers_config(monkeypatch: pytest.MonkeyPatch) -> None:
+    """With no hold on the tracer (a provider the policy cannot apply to), the received traces'
+    bounds are RMQTRACE_KEEP_HELD_* as the tracer read them. Before, they were read again, at the
+    first receive, into a process-wide cache: a variable changed in between (or another tracer's
+    configuration) was what counted."""
+    from tracer.clients.official import ReceivedTraces
+
+    monkeypatch.setenv("RMQTRACE_KEEP_HELD_AGE", "7")
+    monkeypatch.setenv("RMQTRACE_KEEP_HELD_SPANS", "9")
+    mt = MessageTracer(consumer_group="G", tracer_provider=trace.NoOpTracerProvider())
+    assert mt.hold is None  # not the SDK's provider: no policy applies (a warning says so)
+    monkeypatch.delenv("RMQTRACE_KEEP_HELD_AGE")
+    monkeypatch.delenv("RMQTRACE_KEEP_HELD_SPANS")
+    assert ReceivedTraces(mt).limits() == (7 * 10**9, 9)
+    other = MessageTracer(consumer_group="G", tracer_provider=trace.NoOpTracerProvider(),
+                          config=TracerConfig(keep_env={"RMQTRACE_KEEP_HELD_AGE": "3"}))
+    assert ReceivedTraces(other).limits() == (3 * 10**9, 20_000)
