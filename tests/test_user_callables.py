@@ -281,8 +281,11 @@ def _callable_parameters() -> set[tuple[str, str]]:
             obj = getattr(module, name, None)
             if inspect.isclass(obj):
                 where = f"{obj.__module__}.{obj.__qualname__}"
+                # its own methods and those of our bases (MessageTracer's on TracerCore), under its name
+                members = {m: f for k in reversed(obj.__mro__) if k.__module__.startswith("tracer.")
+                           for m, f in vars(k).items()}
                 targets = [(where, obj.__init__)] + [
-                    (f"{where}.{m}", f) for m, f in vars(obj).items() if not m.startswith("_") and inspect.isfunction(f)]
+                    (f"{where}.{m}", f) for m, f in members.items() if not m.startswith("_") and inspect.isfunction(f)]
             elif inspect.isfunction(obj):
                 targets = [(f"{obj.__module__}.{obj.__qualname__}", obj)]
             else:
