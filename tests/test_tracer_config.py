@@ -99,3 +99,16 @@ def test_received_traces_bound_themselves_by_the_tracers_config(monkeypatch: pyt
     other = MessageTracer(consumer_group="G", tracer_provider=trace.NoOpTracerProvider(),
                           config=TracerConfig(keep_env={"RMQTRACE_KEEP_HELD_AGE": "3"}))
     assert ReceivedTraces(other).limits() == (3 * 10**9, 20_000)
+
+
+def test_a_config_s_keep_variables_apply_to_the_provider_at_construction() -> None:
+    config = TracerConfig(keep_env={"RMQTRACE_KEEP_END_TO_END": "2", "RMQTRACE_KEEP_HELD_SPANS": "50"})
+    mt = MessageTracer(consumer_group="G", tracer_provider=_provider(), config=config)
+    assert mt.keep is not None and mt.keep.thresholds["end_to_end"] == pytest.approx(2.0)
+    assert mt.hold is not None and mt.hold.max_traces == 50
+    assert MessageTracer(tracer_provider=_provider(), config=TracerConfig()).keep is None
+
+
+def test_a_bad_keep_variable_is_a_loud_error_at_construction() -> None:
+    with pytest.raises(ValueError, match="RMQTRACE_KEEP_END_TO_END"):
+        MessageTracer(tracer_provider=_provider(), config=TracerConfig(keep_env={"RMQTRACE_KEEP_END_TO_END": "soon"}))

@@ -15,9 +15,16 @@ from typing import Mapping
 from ..environ import environment
 from ..path.names import TRACE_SHAPES
 
-__all__ = ["TracerConfig"]
+__all__ = ["TracerConfig", "keep_variables"]
 
 _KEEP_PREFIX = "RMQTRACE_KEEP_"
+
+
+def keep_variables(env: Mapping[str, str] | None = None) -> Mapping[str, str]:
+    """The ``RMQTRACE_KEEP_*`` variables of ``env`` (default: :func:`tracer.environ.environment`):
+    what the keep policy and its hold are built from, one reading for both."""
+    e = environment() if env is None else env
+    return {k: v for k, v in e.items() if k.startswith(_KEEP_PREFIX)}
 
 
 @dataclass(frozen=True, slots=True)
@@ -58,4 +65,4 @@ class TracerConfig:
         """
         e = environment() if env is None else env
         shape = trace_shape if trace_shape is not None else (e.get("RMQTRACE_TRACE_SHAPE") or "full")
-        return cls(shape, {k: v for k, v in e.items() if k.startswith(_KEEP_PREFIX)})
+        return cls(shape, keep_variables(e))
