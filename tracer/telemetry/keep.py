@@ -41,22 +41,14 @@ non-recording context carrying their pre-allocated ids, processors see no ``on_s
 (the user's spans get theirs as usual), and they are written, with those ids, only if the trace is
 kept. The user's spans are held and reach the processors' ``on_end`` only when kept.
 
-Environment (read by :meth:`KeepPolicy.from_env` at an entry point, never at import; no
-``RMQTRACE_KEEP_*`` variable set means no policy):
-
-- ``RMQTRACE_KEEP_DISPATCH_WAIT``, ``RMQTRACE_KEEP_CLIENT_BUFFER``, ``RMQTRACE_KEEP_CONSUMER_WAIT``,
-  ``RMQTRACE_KEEP_END_TO_END``: a threshold for that gap, either seconds (``0.5``, ``0.5s``,
-  ``250ms``) or a share of the slowest (``1%``);
-- ``RMQTRACE_KEEP_BACKGROUND``: probability 0–1 of keeping any other message (default 0);
-- ``RMQTRACE_KEEP_INTERVAL``: seconds per interval of the slowest-X % estimate (default 60);
-- ``RMQTRACE_KEEP_JOB_IDLE``: seconds without a finished message after which a job's latest
-  finisher is kept (default 30);
-- ``RMQTRACE_KEEP_MAX_JOBS``: jobs tracked at once (default 10000; the oldest is settled, kept,
-  when a new one would exceed it);
-- ``RMQTRACE_KEEP_HELD_SPANS``: the most spans held undecided (read by
-  :meth:`tracer.telemetry.hold.HoldingSpanProcessor.from_env`, default 20000);
-- ``RMQTRACE_KEEP_HELD_AGE``: seconds an undecided trace may be held (default 600; a message
-  handled but never acked or finished is dropped then, counted as ``max_age``).
+Environment (parsed by :meth:`KeepPolicy.from_env`; its callers hand it and the hold one reading,
+:func:`tracer.telemetry.tracerconfig.keep_variables`, at an entry point, never at import; none set:
+no policy; docs/telemetry.md lists them): ``RMQTRACE_KEEP_DISPATCH_WAIT``, ``_CLIENT_BUFFER``,
+``_CONSUMER_WAIT``, ``_END_TO_END`` (a threshold: seconds, ``250ms``, or a share of the slowest,
+``1%``); ``_BACKGROUND`` (probability, 0); ``_INTERVAL`` (s per estimate interval, 60); ``_JOB_IDLE``
+(s, 30); ``_MAX_JOBS`` (jobs tracked at once, 10000: past it the oldest is settled, kept);
+``_HELD_SPANS`` and ``_HELD_AGE`` (the hold's bounds: 20000 spans, 600 s; see
+:meth:`tracer.telemetry.hold.HoldingSpanProcessor.from_env`).
 
 **Settling by time.** A job's latest finisher is held until the job has been idle for
 ``job_idle_s``; a timer (:meth:`KeepPolicy.tick`, run by the hold's ticker thread while anything
