@@ -12,6 +12,8 @@ import urllib.parse
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from ..environ import environment
+
 if TYPE_CHECKING:
     from .model import Report
     from .records import MessageRecord
@@ -68,7 +70,7 @@ def add_cli(subparsers: Any) -> argparse.ArgumentParser:
     src = p.add_argument_group("reading from Jaeger instead of a file")
     src.add_argument("--jaeger", metavar="URL", nargs="?", const=DEFAULT_JAEGER,
                      help=f"Jaeger query service (HTTP API), e.g. {DEFAULT_JAEGER}")
-    src.add_argument("--service", default=os.environ.get("OTEL_SERVICE_NAME") or DEFAULT_SERVICE,
+    src.add_argument("--service", default=environment().get("OTEL_SERVICE_NAME") or DEFAULT_SERVICE,
                      help=f"service whose traces to read (default $OTEL_SERVICE_NAME or {DEFAULT_SERVICE})")
     # Defaults applied in _check_args, so that one given with a spans file can be refused by name.
     src.add_argument("--limit", type=int, default=None, help="at most this many traces (default 2000; one per message)")
@@ -207,7 +209,7 @@ def _read(args: argparse.Namespace) -> tuple[list[MessageRecord], int, str, str]
             with paused_gc():
                 records = messages_from_spans(spans)
             return records, len(spans), f"Jaeger {args.jaeger} service {args.service}", left_out
-        path = Path(args.spans or os.environ.get("RMQTRACE_SPANS_FILE") or DEFAULT_SPANS)
+        path = Path(args.spans or environment().get("RMQTRACE_SPANS_FILE") or DEFAULT_SPANS)
         read = read_span_file(path)  # the process spans; the others only when a message needs them
         left_out = f"{read.unparsed} of {read.lines} lines could not be parsed as spans" if read.unparsed else ""
         return read.records, read.spans, f"spans file {path}", left_out
