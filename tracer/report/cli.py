@@ -141,6 +141,7 @@ def _check_args(args: argparse.Namespace) -> None:
             raise _Stop(str(exc), 2) from exc
     if args.costs and args.fleet:
         raise _Stop("--costs learns from the per-message report; not with --fleet", 2)
+    _check_outputs_distinct(args)
     for flag in ("html", "png", "costs"):
         why = _unwritable(getattr(args, flag))
         if why:
@@ -149,6 +150,31 @@ def _check_args(args: argparse.Namespace) -> None:
         from .png import find_chromium, no_chromium_message
         if find_chromium() is None:  # before the work: the report is not printed only to fail after it
             raise _Stop(no_chromium_message())
+
+
+def _check_outputs_distinct(args: argparse.Namespace) -> None:
+    """Refuse an output that is the spans file read, or another output: writing it would replace
+    the only record of the run (a slip of tab completion) or one output with the other."""
+    named: list[tuple[str, Path]] = []
+    if not args.jaeger:
+        named.append(("the spans file read", Path(args.spans or os.environ.get("RMQTRACE_SPANS_FILE") or DEFAULT_SPANS)))
+    for flag in ("html", "png", "costs"):
+        if getattr(args, flag):
+            path = Path(getattr(args, flag))
+            for what, other in named:
+                if _same_file(path, other):
+                    raise _Stop(f"--{flag} {path}: is {what}; give another file", 2)
+            named.append((f"--{flag}'s file", path))
+
+
+def _same_file(a: Path, b: Path) -> bool:
+    """Whether two paths name one file (through links), or would once written."""
+    try:
+        if a.exists() and b.exists():
+            return os.path.samefile(a, b)  # hard links too
+        return os.path.realpath(a) == os.path.realpath(b)
+    except OSError:
+        return False
 
 
 def _unwritable(target: str | None) -> str | None:
@@ -255,6 +281,10 @@ def _write_costs(records: list[MessageRecord], args: argparse.Namespace) -> None
 
     try:
         learned = costs_from_records(records, group=args.group, job=args.job)
+        if not learned.messages:
+            # an empty table would replace the last run's and send every next job in arrival order
+            raise _Stop(f"--costs {args.costs}: no handled message with a usable message key to learn from"
+                        f"{f' ({learned.left_out} without one)' if learned.left_out else ''}; nothing written")
         learned.table.save(args.costs)
     except CostTableError as exc:
         raise _Stop(f"--costs {args.costs}: {exc}") from exc
