@@ -145,6 +145,10 @@ def test_a_table_cannot_be_changed_behind_its_checks() -> None:
     assert table == CostTable({"a": 1.0, "b": 3.0}) and table.default == 2.0
     with pytest.raises(TypeError, match="mapping"):
         CostTable([("a", 1.0)])  # type: ignore[arg-type]
+    import copy
+    import pickle
+    for again in (pickle.loads(pickle.dumps(table)), copy.deepcopy(table), copy.copy(table)):
+        assert again == table and again.default == 2.0  # still handed to a pool's worker, copied
 
 
 @pytest.mark.parametrize("text", [

@@ -152,6 +152,11 @@ class CostTable:
                 groups.setdefault(self._group_of(k), []).append(v)
         object.__setattr__(self, "_groups", {g: statistics.median(v) for g, v in groups.items()})
 
+    def __reduce__(self) -> tuple[Any, ...]:
+        """Rebuilt (and checked again) from its costs: a read-only mapping does not pickle, and a
+        table may be handed to another process (a pool's worker, a copy)."""
+        return (CostTable, (dict(self.costs), self.group))
+
     @property
     def default(self) -> float:
         """The cost of an unknown key with no known group: the median of the table (0 when empty)."""
