@@ -48,7 +48,7 @@ SCRIPTS = sorted(HERE.glob("[0-9][0-9]_*.py"))
 
 
 def test_the_scripts_are_found() -> None:
-    assert len(SCRIPTS) == 15
+    assert len(SCRIPTS) == 16
 
 
 @pytest.mark.parametrize("script", SCRIPTS, ids=lambda p: p.stem)
@@ -209,6 +209,15 @@ def test_a_raising_key_or_group_is_named_as_itself() -> None:
         job_costs(["m"], table, key=lambda _m: 1 / 0)
     with pytest.raises(CostTableError, match="^group= raised KeyError for key 'x'"):
         job_costs(["m"], table, key=lambda _m: "x")
+
+
+def test_a_long_key_is_read_as_its_span_recorded_it() -> None:
+    from tracer.dispatch.costtable import MAX_KEY_CHARS
+    from tracer.telemetry.attributes import MAX_ATTR_CHARS, cap
+    assert MAX_KEY_CHARS == MAX_ATTR_CHARS  # one cap: what a span records is what a table holds
+    long_key = "suite-" + "x" * 400
+    table = CostTable({cap(long_key): 4.0, "b": 0.1, "c": 0.1})
+    assert table.cost(long_key) == 4.0 and job_costs([long_key], table, key=str) == [4.0]
 
 
 @given(st.one_of(st.text(min_size=1, max_size=6),

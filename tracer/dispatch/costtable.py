@@ -60,7 +60,7 @@ FORMAT = "rmqtrace.costs"
 VERSION = 1
 MAX_BYTES = 8 * 1024 * 1024  # ~100 000 entries of short keys; a table is one line per key group
 MAX_ENTRIES = 100_000
-MAX_KEY_CHARS = 256
+MAX_KEY_CHARS = 256  # = the cap on a recorded message key (tracer.telemetry.attributes.MAX_ATTR_CHARS)
 MAX_COST_S = 1e15  # the bound the consumer puts on a carried cost (tracer.path.propagation)
 
 
@@ -169,9 +169,14 @@ class CostTable:
         return key in self.costs
 
     def cost(self, key: str | None) -> float:
-        """``key``'s cost; an unknown key its group's median (with ``group=``), else :attr:`default`."""
+        """``key``'s cost; an unknown key its group's median (with ``group=``), else :attr:`default`.
+        A key over :data:`MAX_KEY_CHARS` is read by its first :data:`MAX_KEY_CHARS` characters."""
         if key is None:
             return self._default
+        if len(key) > MAX_KEY_CHARS:
+            # read as a span recorded it: capped at MAX_KEY_CHARS (semconv.md), which is what a table
+            # learned from the spans holds for it; the whole key would miss that entry for ever
+            key = key[:MAX_KEY_CHARS]
         known = self.costs.get(key)
         if known is not None:
             return known
