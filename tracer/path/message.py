@@ -69,13 +69,14 @@ def key_tuple(keys: Any) -> tuple[str, ...]:
     one str as itself, a set (the 5.x client's) **sorted** — a set's own order is its process's hash
     order, so its first recorded key is the smallest, the one the producer's ``message_key`` reads
     and a learned cost table is keyed by."""
+    # once per message on both paths: the common shapes first, map(str) rather than a generator
     if not keys:
         return ()
     if isinstance(keys, (str, bytes)):
         return (str(keys),)
     if isinstance(keys, (set, frozenset)):
-        return tuple(sorted(str(k) for k in keys))
-    return tuple(str(k) for k in keys)
+        return tuple(sorted(map(str, keys))) if len(keys) > 1 else tuple(map(str, keys))
+    return tuple(map(str, keys))
 
 
 def describe(msg: Any) -> MessageInfo:
