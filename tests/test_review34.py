@@ -48,7 +48,7 @@ SCRIPTS = sorted(HERE.glob("[0-9][0-9]_*.py"))
 
 
 def test_the_scripts_are_found() -> None:
-    assert len(SCRIPTS) == 16
+    assert len(SCRIPTS) == 17
 
 
 @pytest.mark.parametrize("script", SCRIPTS, ids=lambda p: p.stem)
@@ -341,3 +341,26 @@ def test_nothing_learned_writes_nothing(tmp_path: Path, capsys: pytest.CaptureFi
     err = capsys.readouterr().err.strip().splitlines()
     assert err[-1].endswith("no handled message with a usable message key to learn from (2 without one); "
                             "nothing written") and not (tmp_path / "c.json").exists()
+
+
+def _actions(parser: Any) -> list[tuple[str, Any]]:
+    import argparse
+    out = []
+    for action in parser._actions:
+        if isinstance(action, argparse._SubParsersAction):
+            for name, sub in action.choices.items():
+                out += [(f"{name} {n}", a) for n, a in _actions(sub)]
+        else:
+            out.append((action.dest, action))
+    return out
+
+
+def test_every_path_argument_refuses_an_empty_path() -> None:
+    """An unset shell variable (--costs "$OUT") is "": taken as "not asked" it wrote nothing, exit
+    0; as a folder, the current one. Every argument naming a file or folder, of every command."""
+    from tracer.argtypes import path
+    from tracer.tools.cli import build_parser
+    named = [(where, a) for where, a in _actions(build_parser())
+             if str(a.metavar or "").upper() in {"FILE", "DIR", "SPANS.JSONL"}]
+    assert len(named) >= 5
+    assert [where for where, a in named if a.type is not path] == []

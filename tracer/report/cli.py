@@ -57,13 +57,13 @@ JAEGER_DEFAULTS = {"limit": 2000, "lookback": "1h", "timeout": 30.0}  # options 
 
 def add_cli(subparsers: Any) -> argparse.ArgumentParser:
     """Register ``report`` on the ``rmqtrace`` parser's subparsers."""
-    from ..argtypes import interval
+    from ..argtypes import interval, path
     from .sources import DEFAULT_JAEGER, DEFAULT_SERVICE
 
     p: argparse.ArgumentParser = subparsers.add_parser(
         "report", help="where the time went, per message and per job: terminal, HTML, PNG or JSON",
         description=DESCRIPTION, epilog=EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("spans", nargs="?", metavar="SPANS.jsonl",
+    p.add_argument("spans", nargs="?", metavar="SPANS.jsonl", type=path,
                    help=f"JSON-lines span file (default: $RMQTRACE_SPANS_FILE or {DEFAULT_SPANS})")
     src = p.add_argument_group("reading from Jaeger instead of a file")
     src.add_argument("--jaeger", metavar="URL", nargs="?", const=DEFAULT_JAEGER,
@@ -90,10 +90,10 @@ def add_cli(subparsers: Any) -> argparse.ArgumentParser:
                      help="workers per group for the lower bound (default: distinct rmqtrace.worker values, else "
                           "the peak number of concurrent handlers)")
     out = p.add_argument_group("output")
-    out.add_argument("--html", metavar="FILE", help="write the self-contained HTML report here")
-    out.add_argument("--png", metavar="FILE", help="write a screenshot of the HTML report (headless Chromium)")
+    out.add_argument("--html", metavar="FILE", type=path, help="write the self-contained HTML report here")
+    out.add_argument("--png", metavar="FILE", type=path, help="write a screenshot of the HTML report (headless Chromium)")
     out.add_argument("--json", action="store_true", help="print the report as one JSON object instead of tables")
-    out.add_argument("--costs", metavar="FILE",
+    out.add_argument("--costs", metavar="FILE", type=path,
                      help="also write the cost table learned from these messages (median handler seconds per "
                           "message key, JSON) for TracedProducer.send_job and cost_aware (docs/dispatch.md)")
     from .broker_side import prometheus_url
