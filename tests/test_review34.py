@@ -48,7 +48,7 @@ SCRIPTS = sorted(HERE.glob("[0-9][0-9]_*.py"))
 
 
 def test_the_scripts_are_found() -> None:
-    assert len(SCRIPTS) == 17
+    assert len(SCRIPTS) == 18
 
 
 @pytest.mark.parametrize("script", SCRIPTS, ids=lambda p: p.stem)
@@ -136,6 +136,24 @@ def test_save_writes_through_a_link_and_to_what_is_not_a_file(tmp_path: Path) ->
     assert dangling.is_symlink() and load_costs(tmp_path / "made.json") == table
     table.save("/dev/null")  # a device is written to, never replaced
     assert Path("/dev/null").is_char_device()
+
+
+@pytest.mark.parametrize(("umask", "existing", "mode"), [(0o022, None, 0o644), (0o077, None, 0o600),
+                                                          (0o022, 0o640, 0o640), (0o077, 0o644, 0o644)])
+def test_save_gives_the_mode_any_write_would(umask: int, existing: int | None, mode: int, tmp_path: Path) -> None:
+    """The producer reading the table may run as another user: the atomic save's temp file must not
+    leave its private 0600 on the table."""
+    path = tmp_path / "costs.json"
+    if existing is not None:
+        path.write_text("{}")
+        path.chmod(existing)
+    old = os.umask(umask)
+    try:
+        CostTable({"a": 1.0}).save(path)
+    finally:
+        os.umask(old)
+    assert oct(path.stat().st_mode & 0o777) == oct(mode)
+    assert [p.name for p in tmp_path.iterdir()] == ["costs.json"]  # no temp file left
 
 
 def test_a_table_cannot_be_changed_behind_its_checks() -> None:

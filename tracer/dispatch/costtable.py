@@ -28,9 +28,9 @@ import json
 import math
 import numbers
 import os
+import secrets
 import stat
 import statistics
-import tempfile
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -217,8 +217,9 @@ class CostTable:
 
     def save(self, path: str | os.PathLike[str]) -> Path:
         """Write the table as JSON to ``path``: a regular file is replaced atomically (a reader never
-        sees half a file), through a symlink to it (the link stays); anything else the path names
-        (``/dev/stdout``, a pipe) is written to as it is.
+        sees half a file), through a symlink to it (the link stays), keeping its mode (a new one
+        0666 & ~umask, as any write); anything else the path names (``/dev/stdout``, a pipe) is
+        written to as it is.
 
         Raises:
             CostTableError: the table is larger than a loader reads (:meth:`to_json`); nothing is written.
@@ -236,9 +237,14 @@ class CostTable:
             return target
         real = Path(os.path.realpath(target))  # a symlink's target is replaced, not the link
         real.parent.mkdir(parents=True, exist_ok=True)
-        fd, tmp = tempfile.mkstemp(dir=real.parent, prefix=f".{real.name}.")
+        # not mkstemp: its 0600 would stay on the table, unreadable to a producer run as another
+        # user; created 0666 & ~umask like any other write, an existing file's mode kept
+        tmp = str(real.parent / f".{real.name}.{secrets.token_hex(6)}")
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_CLOEXEC", 0), 0o666)
         try:
             with os.fdopen(fd, "w", encoding="utf-8") as f:
+                if mode is not None:
+                    os.fchmod(f.fileno(), stat.S_IMODE(mode))
                 f.write(text)
             os.replace(tmp, real)
         except BaseException:
