@@ -48,7 +48,7 @@ examples:
   rmqtrace report spans.jsonl --json | jq '.groups[].jobs[].over_lb'
   rmqtrace report spans.jsonl --costs costs.json   # what the next run's send_job(cost=...) reads
 
-exit status: 0 report written; 1 no spans or the source failed; 2 bad arguments.
+exit status: 0 report written; 1 no spans, the source failed or --costs learned nothing; 2 bad arguments.
 """
 
 
