@@ -231,6 +231,8 @@ EXEMPT = {
     ("tracer.clients.probe.skip_probes", "handler"): "returns a wrapper; whoever runs it checks it "
                                                     "(__wrapped__ is followed: see test_dispatch_incident)",
     ("tracer.clients.legacy.traced_legacy_send", "send"): "the client's own send method",
+    ("tracer.clients.producer.send_ordered", "send"): "send_job's own lambda around the traced send",
+    ("tracer.clients.producer.send_ordered", "mark"): "send_job's own lambda setting the order property",
     ("tracer.clients.producer.traced_send", "send"): "the client's own send method",
     ("tracer.clients.producer.traced_send_async", "send_async"): "the client's own send_async method",
     ("tracer.clients.listener.traced_consume", "call"): "internal: the seams above check what they pass",

@@ -40,7 +40,7 @@ from ..path.names import JOB_ORDER_PROPERTY, JOB_ORDERS, PROBE_PROPERTY
 from ..path.propagation import BAGGAGE, COST, JOB_ID, PRODUCE_NS, TRACEPARENT, TRACESTATE
 from ..telemetry.tracer import MessageTracer, SendTrace
 from .listener import Seam, traced_consume
-from .producer import ProducerProxy, ordered_job, traced_send
+from .producer import ProducerProxy, check_job_id, ordered_job, send_ordered, traced_send
 
 # Our properties and the W3C ones, read from a received 2.x message (it cannot list its
 # properties); the global propagator's own fields are read as well when it is another one.
@@ -167,14 +167,15 @@ class TracedLegacyProducer(ProducerProxy):
         and the order (``rmqtrace_order``); every cost checked before the first send.
 
         Raises:
-            ValueError: an unknown ``order``; a junk cost or a raising ``cost`` (naming the message).
-            TypeError: ``cost`` is neither a function nor a table.
+            ValueError: an unknown ``order``, a blank ``job_id``; a junk cost or a raising ``cost``
+                (naming the message).
+            TypeError: ``cost`` is neither a function nor a table; ``job_id`` not a str.
+            JobSendError: a send raised; ``.sent``, ``.failed``, ``.unsent`` say what went.
         """
-        receipts = []
-        for message, c in ordered_job(messages, cost, order, key):
-            message.set_property(JOB_ORDER_PROPERTY, order)
-            receipts.append(self.send_sync(message, job_id=job_id, cost=c))
-        return receipts
+        job_id = check_job_id(job_id)
+        return send_ordered(ordered_job(messages, cost, order, key), order, job_id,
+                            lambda m, c: self.send_sync(m, job_id=job_id, cost=c),
+                            lambda m: m.set_property(JOB_ORDER_PROPERTY, order))
 
     def send_sync(self, msg: Any, *, job_id: str | None = None, cost: float | None = None) -> Any:
         return traced_legacy_send(self._tracer, self._producer.send_sync, msg, job_id=job_id, cost=cost)

@@ -9,7 +9,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, Callable, Mapping, NamedTuple
 
-__all__ = ["ClientFacts", "MessageInfo", "body_of", "client_facts", "describe", "message_type"]
+__all__ = ["ClientFacts", "MessageInfo", "body_of", "client_facts", "describe", "key_tuple", "message_type"]
 
 # The 5.x protocol's MessageType codes, as the semantic conventions name them.
 _MESSAGE_TYPES = {1: "normal", 2: "fifo", 3: "delay", 4: "transaction"}
@@ -64,6 +64,21 @@ def _int(value: Any) -> int | None:
     return v if v > 0 else None
 
 
+def key_tuple(keys: Any) -> tuple[str, ...]:
+    """A message's keys as recorded (``messaging.rocketmq.message.keys``): a sequence in its order,
+    one str as itself, a set (the 5.x client's) **sorted** — a set's own order is its process's hash
+    order, so its first recorded key is the smallest, the one the producer's ``message_key`` reads
+    and a learned cost table is keyed by."""
+    # once per message on both paths: the common shapes first, map(str) rather than a generator
+    if not keys:
+        return ()
+    if isinstance(keys, (str, bytes)):
+        return (str(keys),)
+    if isinstance(keys, (set, frozenset)):
+        return tuple(sorted(map(str, keys))) if len(keys) > 1 else tuple(map(str, keys))
+    return tuple(map(str, keys))
+
+
 def describe(msg: Any) -> MessageInfo:
     """A :class:`MessageInfo` from a 5.x ``rocketmq.Message``, an embedded message, or anything
     with the same attribute names. Missing attributes stay ``None``; this never raises."""
@@ -78,8 +93,7 @@ def describe(msg: Any) -> MessageInfo:
 def _describe(msg: Any, get: Callable[..., Any]) -> MessageInfo:
     keys = get(msg, "keys")
     try:
-        keys_t = tuple(str(k) for k in keys) if keys and not isinstance(keys, (str, bytes)) else (
-            (str(keys),) if keys else ())
+        keys_t = key_tuple(keys)
     except Exception:  # noqa: BLE001
         keys_t = ()
     body = get(msg, "body")
