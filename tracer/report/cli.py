@@ -154,12 +154,16 @@ def _check_args(args: argparse.Namespace) -> None:
             raise _Stop(no_chromium_message())
 
 
+def _spans_path(args: argparse.Namespace) -> Path:
+    return Path(args.spans or environment().get("RMQTRACE_SPANS_FILE") or DEFAULT_SPANS)
+
+
 def _check_outputs_distinct(args: argparse.Namespace) -> None:
     """Refuse an output that is the spans file read, or another output: writing it would replace
     the only record of the run (a slip of tab completion) or one output with the other."""
     named: list[tuple[str, Path]] = []
     if not args.jaeger:
-        named.append(("the spans file read", Path(args.spans or os.environ.get("RMQTRACE_SPANS_FILE") or DEFAULT_SPANS)))
+        named.append(("the spans file read", _spans_path(args)))
     for flag in ("html", "png", "costs"):
         if getattr(args, flag):
             path = Path(getattr(args, flag))
@@ -235,7 +239,7 @@ def _read(args: argparse.Namespace) -> tuple[list[MessageRecord], int, str, str]
             with paused_gc():
                 records = messages_from_spans(spans)
             return records, len(spans), f"Jaeger {args.jaeger} service {args.service}", left_out
-        path = Path(args.spans or environment().get("RMQTRACE_SPANS_FILE") or DEFAULT_SPANS)
+        path = _spans_path(args)
         read = read_span_file(path)  # the process spans; the others only when a message needs them
         left_out = f"{read.unparsed} of {read.lines} lines could not be parsed as spans" if read.unparsed else ""
         return read.records, read.spans, f"spans file {path}", left_out
