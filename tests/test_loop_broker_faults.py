@@ -13,7 +13,7 @@ policies and the stop request, each fault as a class over its siblings.
 from __future__ import annotations
 
 import threading
-from typing import Any
+from typing import Any, Callable
 
 import pytest
 from embedded_rig import consumer_with_messages
@@ -86,6 +86,140 @@ def test_a_base_exception_from_a_settle_call_leaves_nothing_held(call: str, exc:
     finally:
         loop.stop()
         loop.dispatcher.close(timeout=5)
+
+
+# -- every settle site: a BaseException from one broker call leaves none of the batch held ----------
+# (site, op): where the loop makes the call, and which call raises. The driven settle_ready() and
+# renew_leases() (the caller's thread), run()'s ack threads and keeper pool, an outcome reported
+# after run() returned (settled inline on the worker that reports it), DemandPushConsumer's loop.
+SETTLE_SITES = [("settle_ready", "ack"), ("settle_ready", "nack"), ("renew_leases", "renew"),
+                ("run", "ack"), ("run", "nack"), ("run", "renew"), ("late", "ack"), ("late", "nack"),
+                ("demand_push", "ack"), ("demand_push", "nack")]
+
+
+def _two_held(site: str, op: str, exc: BaseException) -> tuple[Clock, Raising, Callable[[Any], None], threading.Event]:
+    """Two messages on an embedded broker behind a client whose first ``op`` call raises ``exc``;
+    a handler that fails when ``op`` is a nack, and (``renew``, ``late``) runs until released."""
+    clock = Clock()
+    _, inner = consumer_with_messages(clock, bodies=(b"a", b"b"))
+    client = Raising(inner, "ack" if op == "ack" else "change_invisible_duration", exc)
+    release = threading.Event()
+    if op == "renew" or site == "late":
+        release.clear()
+    else:
+        release.set()
+
+    def handler(m: Any) -> None:
+        release.wait(60)
+        if op == "nack":
+            raise ValueError("fails: nacked")
+
+    return clock, client, handler, release
+
+
+def _run_on_a_thread(loop: ConsumeLoop) -> tuple[threading.Thread, list[BaseException]]:
+    raised: list[BaseException] = []
+
+    def run() -> None:
+        try:
+            loop.run()
+        except BaseException as e:  # noqa: BLE001 - the test reads what run() re-raised
+            raised.append(e)
+
+    t = threading.Thread(target=run, daemon=True)
+    t.start()
+    return t, raised
+
+
+@pytest.mark.parametrize(("site", "op"), SETTLE_SITES, ids=[f"{s}-{o}" for s, o in SETTLE_SITES])
+def test_a_base_exception_from_one_broker_call_leaves_no_message_held(site: str, op: str,
+                                                                      caplog: pytest.LogCaptureFixture) -> None:
+    """The fault harness's finding (steps ``send_junk_for_a_callable(key-raise)``,
+    ``fail_a_call(nack, base, before)``, ``keeper_before_the_watchdog``): the first of two ready
+    settles raised a BaseException in the driven settle_ready(), and the second outcome stayed
+    queued, held. The rule at every site: the call that raised is counted an error, every other
+    message of the batch is still settled (or renewed), and then the exception goes on — raised to
+    the caller, re-raised by run(), held by DemandPushConsumer.error; logged where no caller is left."""
+    exc = KeyboardInterrupt("ctrl-c in the client")
+    clock, client, handler, release = _two_held(site, op, exc)
+    if site == "demand_push":
+        _demand_push_case(client, op, exc)
+        return
+    loop = ConsumeLoop(client, handler, invisible_duration=5, renew_margin=1, workers=2, ack_threads=1,
+                       monotonic=clock, wall=lambda: WALL0 + clock())
+    try:
+        if site in ("settle_ready", "renew_leases"):
+            assert loop.poll() == 2
+            if site == "settle_ready":
+                assert loop.wait(lambda s: s.reported >= 2, timeout=30)
+                with pytest.raises(KeyboardInterrupt):
+                    loop.settle_ready()
+            else:
+                wait_until(lambda: len(loop.dispatcher.running()) == 2, timeout=30, what="both handlers to run")
+                clock.advance(4.5)  # both leases due (margin 1 s)
+                with pytest.raises(KeyboardInterrupt):
+                    loop.renew_leases()
+                s = loop.statistics()
+                assert (s.lease_errors, s.leases_extended) == (1, 1), (
+                    f"one renewal raised: the other lease of the pass must still be renewed: {s}")
+                release.set()
+                assert loop.wait(lambda s: s.reported >= 2, timeout=30)
+                loop.settle_ready()
+        elif site == "run":
+            runner, raised = _run_on_a_thread(loop)
+            if op == "renew":
+                wait_until(lambda: len(loop.dispatcher.running()) == 2, timeout=30, what="both handlers to run")
+                clock.advance(4.5)
+                wait_until(lambda: loop.statistics().leases_extended >= 1, timeout=30,
+                           what="the other lease renewed after one renewal raised")
+                release.set()
+            runner.join(30)
+            assert not runner.is_alive() and raised == [exc], raised
+        else:  # late: both outcomes come after run() returned from a bounded stop
+            runner, raised = _run_on_a_thread(loop)
+            wait_until(lambda: len(loop.dispatcher.running()) == 2, timeout=30, what="both handlers to run")
+            assert loop.stop(timeout=0.05)
+            runner.join(30)
+            assert not runner.is_alive() and raised == []
+            release.set()
+            wait_until(lambda: loop.statistics().held == 0, timeout=30, what="both late outcomes settled")
+            assert any(r.exc_info is not None and r.exc_info[1] is exc for r in caplog.records), (
+                "a BaseException from a settle no caller hears of must at least be logged")
+        s = loop.statistics()
+        assert s.held == 0 and s.ack_errors == (0 if op == "renew" else 1), s
+        _adds_up(loop)
+    finally:
+        release.set()
+        loop.stop()
+        loop.dispatcher.close(timeout=5)
+
+
+def _demand_push_case(client: Raising, op: str, exc: BaseException) -> None:
+    from tracer.clients.demandpush import DemandPushConsumer
+    from tracer.clients.quiet import import_quietly
+    from tracer.embedded import EmbeddedBroker
+
+    rmq = import_quietly()
+
+    class Listener(rmq.MessageListener):  # type: ignore[misc,name-defined]
+        def consume(self, message: Any) -> Any:
+            return rmq.ConsumeResult.SUCCESS if op == "ack" else rmq.ConsumeResult.FAILURE
+
+    class OnTheDouble(DemandPushConsumer):
+        def _simple_consumer(self) -> Any:
+            return client
+
+    dp = OnTheDouble(EmbeddedBroker(), "G", Listener(), {"T": None}, consumption_thread_count=2,
+                     shutdown_timeout=10)
+    dp.startup()
+    try:
+        wait_until(lambda: not dp.running, timeout=30, what="the loop to end on the interrupt")
+        assert dp.error is exc
+        s = dp.statistics()
+        assert s.held == 0 and s.ack_errors == 1, s
+        _adds_up(dp.loop)  # type: ignore[arg-type]
+    finally:
+        dp.shutdown()
 
 
 # -- 03: a BaseException from a renewal ------------------------------------------------------------

@@ -98,10 +98,7 @@ LONG = os.environ.get("RMQTRACE_LONG") == "1"
 # fix is merged: its rules join the random search and its xfail test below must lose its mark.
 OPEN_ITEMS: frozenset[int] = frozenset()
 # Bugs this harness found that #30 does not list (each with an xfail test below, same rule).
-# base-from-a-settle: fixed for run()'s settles (review30 02; its fixed-sequence tests below pass), but the
-# random search still finds a driven settle_ready() whose nack raised a BaseException after a keeper
-# pass leave the message held (RELIABILITY.md, "Known limits"): kept out of the search until triaged.
-OPEN_NEW: frozenset[str] = frozenset({"base-from-a-settle"})
+OPEN_NEW: frozenset[str] = frozenset()
 
 LEASE, MARGIN, BACKOFF = 3.0, 1.0, 1  # seconds on the manual clock
 KEEPER_TICK = MARGIN / 3  # the loop's keeper passes this often (ConsumeLoop._tick)
@@ -427,17 +424,8 @@ class FaultModel(RuleBasedStateMachine):
         self.moved()
         try:
             self.loop.renew_leases()
-        except InjectedBase:
-            self.excuse_due()  # (as in step())
-        except (Injected, TimeoutError):
-            pass
-
-    def excuse_due(self) -> None:
-        now = self.clock()
-        with self.client.lock:
-            mids = {m.message_id for i, m in self.client.held.items() if self.client.lease_end.get(i, 0.0) - now <= MARGIN}
-        self.excused.update(mids)
-        self.lease_excused.update(mids)
+        except (Injected, TimeoutError, InjectedBase):
+            pass  # (as in step(): the pass renewed every other due lease before it re-raised)
 
     def excuse_held(self) -> None:
         with self.client.lock:
@@ -471,13 +459,11 @@ class FaultModel(RuleBasedStateMachine):
                 self.loop.renew_leases()
             else:
                 self.loop.settle_ready()
-        except InjectedBase:
-            # a BaseException ends the caller's step: a renewal pass it cut short leaves the rest
-            # of its due leases to lapse (the caller wants out); run()'s keeper runs on its pool
-            if what == "renew":
-                self.excuse_due()
-        except (Injected, TimeoutError, KeyboardInterrupt):
-            pass  # run() counts an Exception; a BaseException ends it: the model goes on driving
+        except (Injected, TimeoutError, KeyboardInterrupt, InjectedBase):
+            # run() counts an Exception; a BaseException ends it: the model goes on driving. A
+            # BaseException from one broker call is re-raised only once the rest of its batch (the
+            # ready settles, the pass's due leases) is done: nothing is excused for it
+            pass
         except Exception as exc:  # noqa: BLE001 - recorded: run() would stop on it and re-raise it
             self.escaped.append(f"{what}: {exc!r}")
         if self.client.after_step():
@@ -546,8 +532,6 @@ class FaultModel(RuleBasedStateMachine):
     @rule(op=st.sampled_from(["receive", "ack", "nack", "renew"]),
           kind=st.sampled_from(["raise", "base", "timeout"]), when=st.sampled_from(["before", "after"]))
     def fail_a_call(self, op: str, kind: str, when: str) -> None:
-        if kind == "base" and op in ("ack", "nack") and self.open_item("base-from-a-settle"):
-            kind = "raise"  # see test_a_base_exception_from_an_ack_leaves_the_message_held (new)
         self.client.plan(op, Plan(kind, when, REQUEST_TIMEOUT))
 
     # -- rules: handlers ---------------------------------------------------------------------------
@@ -1275,6 +1259,23 @@ def test_a_base_exception_from_a_settle_leaves_nothing_held(op: str) -> None:
     replay("base-from-a-settle", [*ONE, ("release", {"pick": 0, "end": end}),
                                   ("fail_a_call", {"op": op, "kind": "base", "when": "before"}),
                                   ("settle", {}), ("settle", {})])
+
+
+def test_a_base_exception_from_a_settle_settles_the_rest_of_the_batch() -> None:
+    """Found by this harness: the key= failure's give-back and the hung handler's TIMEOUT are both
+    ready when the give-back's nack raises a BaseException in the driven settle_ready(); the
+    TIMEOUT's settle stayed queued, the message held (fixed: the batch is settled, then it raises)."""
+    replay("base-from-a-settle", [("send_junk_for_a_callable", {"fault": "key-raise"}),
+                                  ("fail_a_call", {"op": "nack", "kind": "base", "when": "before"}),
+                                  ("keeper_before_the_watchdog", {"past_grace": False})], workers=2)
+
+
+def test_a_base_exception_from_a_renewal_renews_the_rest_of_the_pass() -> None:
+    """The keeper's twin: two leases due in one driven pass, the first renewal raises a
+    BaseException; the second is still renewed (its lease must not lapse: held_leases_stay_renewed)."""
+    replay("base-from-a-settle", [("send", {"key": None, "count": 2}), ("poll", {}),
+                                  ("fail_a_call", {"op": "renew", "kind": "base", "when": "before"}),
+                                  ("tick", {"frac": 0.95, "times": 4})], workers=2)
 
 
 @pytest.mark.parametrize("fault", ["key-raise", "key-int"])

@@ -27,6 +27,7 @@ from opentelemetry.instrumentation.utils import suppress_instrumentation
 
 from ..telemetry.tracer import MessageTrace
 from .consume_options import LeaseOptions, whole_seconds
+from .each import each_then_raise
 
 __all__ = ["BrokerLead", "Lease", "LeaseKeeper", "broker_lease"]
 
@@ -158,21 +159,32 @@ class LeaseKeeper:
         ``renew_threads`` calls at once, and return at once (0), so one slow answer never delays
         the next pass — leases falling due meanwhile are renewed by the other pool threads.
         ``wait=True`` (a caller driving the loop by hand, e.g. with a manual clock): renew them
-        on the calling thread, one after another, and return how many were renewed."""
+        on the calling thread, one after another, and return how many were renewed.
+
+        Raises:
+            BaseException: (``wait=True``) the first one a renewal raised, once every other lease
+                of the pass was renewed; the pool hands it to ``interrupted`` instead.
+        """
         if not wait:
             self._hand_to_pool(due, ages)
             return 0
         renewed = 0
-        for h in due:
+
+        def renew_one(h: Lease) -> None:
+            nonlocal renewed
             with self._cond:
                 if self._closed or id(h) in self._inflight:
-                    continue
+                    return
                 self._inflight.add(id(h))
             try:
                 renewed += self._renew_if_free(h, ages.get(id(h.message)))
             finally:
                 with self._cond:
                     self._inflight.discard(id(h))
+
+        # a BaseException inside one renewal (re-raised once the pass is done) must not leave the
+        # rest of the pass's leases to lapse
+        each_then_raise(due, renew_one)
         return renewed
 
     def _hand_to_pool(self, due: list[Lease], ages: dict[int, float]) -> None:
