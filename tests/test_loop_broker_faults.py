@@ -260,6 +260,53 @@ def test_a_base_exception_from_a_renewal_never_ends_renewals(wait: bool, exc: Ba
         keeper.close()
 
 
+# -- a renewal the broker refuses because the lease is gone (40013) ---------------------------------
+@pytest.mark.parametrize("where", ["renew_leases", "keeper_pool"])
+def test_a_renewal_refused_because_the_lease_is_gone_is_a_lost_lease(where: str) -> None:
+    """The broker's clock passed the handle's end while the loop's has not (a stall the loop did not
+    see, a skew): the proxy refuses the renewal with 40013, "receipt handle is expired"
+    (``AbstractProcessor.validateReceiptHandle``), and hands the message out again. The keeper takes
+    that as the lost lease it is — counted ``leases_lost``, never renewed again — so the handler's
+    success is not acked (``expired``: the broker refuses that too). Before: a lease error retried
+    on every pass, and an ack sent on a dead handle."""
+    clock, broker_clock = Clock(), Clock()
+    _, inner = consumer_with_messages(broker_clock)
+    release = threading.Event()
+    loop = ConsumeLoop(inner, lambda m: release.wait(60), invisible_duration=5, renew_margin=1, workers=1,
+                       monotonic=clock)
+    runner: threading.Thread | None = None
+    try:
+        if where == "keeper_pool":
+            runner, raised = _run_on_a_thread(loop)
+        else:
+            assert loop.poll() == 1
+        wait_until(lambda: len(loop.dispatcher.running()) == 1, timeout=30, what="the handler to run")
+        broker_clock.advance(6.0)  # past the handle's end at the broker
+        clock.advance(4.5)  # due, and live as far as the loop can tell
+        if where == "renew_leases":
+            loop.renew_leases()
+            loop.renew_leases()  # a lost lease is not asked for again
+        else:
+            wait_until(lambda: loop.statistics().leases_lost == 1, timeout=30, what="the refusal taken as a lost lease")
+        s = loop.statistics()
+        assert (s.leases_lost, s.lease_errors, s.leases_extended) == (1, 1, 0), s
+        release.set()
+        if runner is not None:
+            loop.stop()
+            runner.join(30)
+            assert not runner.is_alive() and raised == []
+        else:
+            assert loop.wait(lambda s: s.reported >= 1, timeout=30)
+            loop.settle_ready()
+        s = loop.statistics()
+        assert (s.expired, s.acked, s.ack_errors, s.held, s.lease_errors) == (1, 0, 0, 0, 1), s
+        _adds_up(loop)
+    finally:
+        release.set()
+        loop.stop()
+        loop.dispatcher.close(timeout=5)
+
+
 # -- 04: a skewed broker clock ---------------------------------------------------------------------
 @pytest.mark.parametrize("skew", [-3.0, 0.0, 3.0])
 @pytest.mark.parametrize("stall", [0.0, 3.0])

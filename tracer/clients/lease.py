@@ -8,7 +8,8 @@ hands the due leases to the pool and does not wait for the calls: one answer slo
 margin holds up one pool thread, not the next pass (a lease whose renewal is in flight is not
 asked for again). It gives a lease up on
 purpose when its handler hung past ``handler_timeout + hang_grace``, and counts it lost when it
-ended before it could be renewed (a process stall, an unreachable broker). A given-up or lost
+ended before it could be renewed (a process stall, an unreachable broker) or the broker refused a
+renewal because the lease was already gone (code 40013, :func:`.refusal.lease_gone`). A given-up or lost
 lease is never renewed again, and a message whose lease is gone never starts (the loop checks
 :meth:`Lease.live` when a worker is about to run it).
 
@@ -28,6 +29,7 @@ from opentelemetry.instrumentation.utils import suppress_instrumentation
 from ..telemetry.tracer import MessageTrace
 from .consume_options import LeaseOptions, whole_seconds
 from .each import each_then_raise
+from .refusal import lease_gone
 
 __all__ = ["BrokerLead", "Lease", "LeaseKeeper", "broker_lease"]
 
@@ -277,6 +279,13 @@ class LeaseKeeper:
         except Exception as exc:  # noqa: BLE001
             h.restore_handle()
             self._report("lease_errors", exc, "a lease renewal failed")
+            if lease_gone(exc):
+                # the broker says this handle's time has passed (40013): the message is the
+                # broker's again, maybe a peer's already. A retry cannot bring the lease back; it
+                # is lost now, so the message never starts and is never acked here (expired)
+                h.given_up = True
+                _mark_lost(h, "expired")
+                self._report("leases_lost", None, "the broker refused a renewal: the lease was already gone")
             return False
         except BaseException as exc:
             h.restore_handle()  # the handle and the counters as after any failed call, then it goes on
