@@ -12,6 +12,8 @@ policies and the stop request, each fault as a class over its siblings.
 
 from __future__ import annotations
 
+import ast
+import inspect
 import threading
 from typing import Any, Callable
 
@@ -220,6 +222,60 @@ def _demand_push_case(client: Raising, op: str, exc: BaseException) -> None:
         _adds_up(dp.loop)  # type: ignore[arg-type]
     finally:
         dp.shutdown()
+
+
+# The calls that reach the broker on a held message (a settle, a give-back that may settle inline,
+# a renewal); a loop making one of them must not stop at its BaseException.
+BROKER_CALLING = frozenset({"_settle", "_give_back_unrun", "_renew_if_free", "_renew_one"})
+# loops allowed to: why
+# (a give-back makes its broker call only when settled inline, once run()'s drain reached SETTLING)
+LOOP_EXEMPT = {"_own": "gives the batch back while key='s own BaseException propagates; the loop is "
+                       "receiving, so each give-back is queued, never settled inline",
+               "_offer": "feeds the dispatcher, only before the drain's SETTLING phase (the feeder stops "
+                         "there, run()'s own feed comes before it): each give-back is queued"}
+
+
+def _catches_base(t: ast.Try) -> bool:
+    return any(h.type is None or (isinstance(h.type, ast.Name) and h.type.id == "BaseException") for h in t.handlers)
+
+
+def _loops_cut_short(module: Any) -> list[str]:
+    """Every loop of ``module`` that calls a broker-calling method outside a ``try`` (inside the loop)
+    that catches BaseException: one raising call would end the loop, the rest of its batch undone."""
+    tree = ast.parse(inspect.getsource(module))
+    found: list[str] = []
+
+    def visit(node: ast.AST, func: str, in_loop: bool, guarded: bool) -> None:
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.Lambda)):
+            # a nested function (each_then_raise's callable) is not the loop's body
+            func, in_loop, guarded = getattr(node, "name", func), False, False
+        elif isinstance(node, (ast.For, ast.While)):
+            in_loop, guarded = True, False
+        elif isinstance(node, ast.Try) and in_loop and _catches_base(node):
+            for child in node.body:
+                visit(child, func, in_loop, True)
+            for rest in (*node.handlers, *node.orelse, *node.finalbody):
+                visit(rest, func, in_loop, guarded)
+            return
+        elif (isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and node.func.attr in BROKER_CALLING
+              and in_loop and not guarded and func not in LOOP_EXEMPT):
+            found.append(f"{module.__name__}.{func}: {node.func.attr}() at line {node.lineno}")
+        for child in ast.iter_child_nodes(node):
+            visit(child, func, in_loop, guarded)
+
+    visit(tree, "<module>", False, False)
+    return found
+
+
+@pytest.mark.parametrize("module", ["consume", "lease", "demandpush"])
+def test_no_loop_over_held_messages_stops_at_one_calls_base_exception(module: str) -> None:
+    """The sibling rule, discovered: every loop that makes broker calls on held messages either goes
+    through ``each_then_raise`` (the rest of the batch, then the exception) or catches the
+    BaseException itself (the ack threads, the keeper's pool)."""
+    import importlib
+
+    mod = importlib.import_module(f"tracer.clients.{module}")
+    assert _loops_cut_short(mod) == []
 
 
 # -- 03: a BaseException from a renewal ------------------------------------------------------------

@@ -1143,7 +1143,12 @@ class ConsumeLoop:
         ``renew_margin`` (on the keeper's pool, at most ``renew_threads`` calls at once); give up
         on hung handlers and on leases already lost. Returns how many were renewed; with
         ``wait=False`` (the keeper thread) it returns at once, so one slow broker answer never
-        delays the next pass."""
+        delays the next pass.
+
+        Raises:
+            BaseException: (``wait=True``) the first one a renewal raised, once the rest of the
+                pass is renewed.
+        """
         now = self._monotonic()
         with self._lock:
             due = self._keeper.due(list(self._leases.values()), now)
