@@ -270,6 +270,7 @@ class FaultModel(RuleBasedStateMachine):
         self.escaped: list[str] = []  # an Exception no fault injected, out of a driven step
         self.hung_since: tuple[int, int] | None = None  # every worker hung: (received, renewals) then
         self.stalls = 0  # stalls past every lease inside a broker call so far (fault_jump)
+        self.batch_cut: list[str] = []  # a driven settle or pass that left part of its batch (batch_after)
         self.runner: threading.Thread | None = None
         self.metrics = DispatchMetrics(registry=CollectorRegistry())
         self.new_loop()
@@ -458,6 +459,7 @@ class FaultModel(RuleBasedStateMachine):
         see them), then any stall planned after the call."""
         if self.stopped:
             return
+        batch = self.batch_before(what)
         try:
             if what == "poll":
                 # a receive takes a moment: live blame's pending marks (2 ms) are not pinned by a
@@ -476,9 +478,40 @@ class FaultModel(RuleBasedStateMachine):
             pass
         except Exception as exc:  # noqa: BLE001 - recorded: run() would stop on it and re-raise it
             self.escaped.append(f"{what}: {exc!r}")
+        self.batch_after(what, batch)
         if self.client.after_step():
             self.excuse_held()
         self.quiesce()
+
+    def batch_before(self, what: str) -> dict[int, Any]:
+        """What a driven settle or renewal pass must finish, whatever one of its calls raises: the
+        outcomes ready now (by id(lease)), or the leases due now (by id(lease): (lease, deadline))."""
+        loop = self.loop
+        with loop._lock:
+            if what == "settle":
+                return {id(h): h for h, _, _ in loop._acks}
+            if what == "renew":
+                now = self.clock()
+                return {id(h): (h, h.deadline) for h in loop._leases.values()
+                        if not h.done and not h.given_up and h.deadline - now <= MARGIN}
+        return {}
+
+    def batch_after(self, what: str, batch: dict[int, Any]) -> None:
+        """Recorded (the step may run on a helper thread), asserted by the invariants: a settle left
+        an outcome that was ready before it queued; a pass left a due lease neither renewed, given
+        up, settled nor hit by a fault."""
+        if not batch:
+            return
+        loop = self.loop
+        with loop._lock:
+            if what == "settle":
+                left = [h.message.message_id for h, _, _ in loop._acks if id(h) in batch]
+            else:
+                left = [h.message.message_id for h, deadline in batch.values()
+                        if h.deadline == deadline and not h.done and not h.given_up and id(h.message) in loop._leases
+                        and h.message.message_id not in self.client.faulted]
+        if left:
+            self.batch_cut.append(f"{what}: {left}")
 
     # -- rules: traffic ----------------------------------------------------------------------------
     @rule(key=st.sampled_from([None, "a", "b"]), count=st.integers(1, 3))
@@ -576,6 +609,27 @@ class FaultModel(RuleBasedStateMachine):
         self.step("poll")
         if self.my_running():
             self.release(0, end)
+        self.step("settle")
+
+    @rule(op=st.sampled_from(["ack", "nack", "renew"]))
+    def a_base_exception_inside_a_batch(self, op: str) -> None:
+        """Aimed: one call of a batch of broker calls raises a BaseException — the first of two
+        ready settles (ack, nack) or of two leases due in one renewal pass. The rest of the batch
+        is still done before it is raised (checked after the step: ``batch_after``)."""
+        if self.stopped or self.loop.stopping:
+            return
+        self.send(None, 2)
+        self.step("poll")
+        if op == "renew":
+            self.client.plan("renew", Plan("base", "before"))
+            self.tick(0.95, 3)  # the two received together fall due in one pass
+            return
+        for _ in range(2):
+            with self.loop._lock:
+                held = [c for c in self.my_running() if id(c.message) in self.loop._leases]
+            if held:
+                self.release(0, "success" if op == "ack" else "failure")
+        self.client.plan(op, Plan("base", "before"))
         self.step("settle")
 
     @rule(pick=st.integers(0, 10))
@@ -962,7 +1016,11 @@ class FaultModel(RuleBasedStateMachine):
     def held_leases_stay_renewed(self) -> None:
         """A held message's lease at the broker never lapses unless a fault hit it (else a peer gets
         a copy while this one still has it: two copies at once, across processes)."""
-        if not hasattr(self, "loop") or self.stopped:
+        if not hasattr(self, "loop"):
+            return
+        passes = [c for c in self.batch_cut if c.startswith("renew")]
+        assert not passes, f"invariant held_leases_stay_renewed: a renewal pass left due leases unrenewed: {passes}"
+        if self.stopped:
             return
         with self.cond:
             running = {c.message.message_id for c in self.running}
@@ -998,6 +1056,8 @@ class FaultModel(RuleBasedStateMachine):
             out = [(i, m, self.client.lease_end.get(i, 0.0)) for i, m in self.client.held.items()]
             after = list(self.client.renewed_after_settle)
         assert not after, f"invariant held_settled_or_given_back: renewed after its settle began: {after}"
+        settles = [c for c in self.batch_cut if c.startswith("settle")]
+        assert not settles, f"invariant held_settled_or_given_back: a settle_ready() left ready outcomes queued: {settles}"
         holding: set[int] = set()
         for lp in self.loops:
             with lp._lock:
