@@ -196,6 +196,42 @@ def test_a_base_exception_from_one_broker_call_leaves_no_message_held(site: str,
         loop.dispatcher.close(timeout=5)
 
 
+def test_a_base_exception_from_a_settle_on_a_worker_before_run_returns_is_re_raised() -> None:
+    """The late site while run() is still in its drain: a handler outran a bounded stop, and its
+    outcome is settled inline on the worker after the dispatcher closed; the ack raises a Ctrl-C.
+    The worker only logged it; now it is handed to run(), which re-raises it since it had not
+    returned yet. The window is held open deterministically: the drain's last step (closing the
+    keeper's pool) waits until the late settle is done."""
+    exc = KeyboardInterrupt("ctrl-c in the client")
+    clock = Clock()
+    _, inner = consumer_with_messages(clock)
+    client = Raising(inner, "ack", exc)
+    release = threading.Event()
+    loop = ConsumeLoop(client, lambda m: release.wait(60), invisible_duration=5, workers=1, monotonic=clock,
+                       wall=lambda: WALL0 + clock())
+    close_pool = loop._keeper.close
+
+    def close_after_the_late_settle() -> None:
+        release.set()
+        wait_until(lambda: loop.statistics().held == 0, timeout=30, what="the late outcome settled on its worker")
+        close_pool()
+
+    loop._keeper.close = close_after_the_late_settle  # type: ignore[method-assign]
+    try:
+        runner, raised = _run_on_a_thread(loop)
+        wait_until(lambda: len(loop.dispatcher.running()) == 1, timeout=30, what="the handler to run")
+        loop.stop(timeout=0.05)
+        runner.join(30)
+        assert not runner.is_alive()
+        assert raised == [exc], f"run() returned after the late settle raised, without re-raising it: {raised}"
+        s = loop.statistics()
+        assert s.held == 0 and s.ack_errors == 1, s
+    finally:
+        release.set()
+        loop.stop()
+        loop.dispatcher.close(timeout=5)
+
+
 def _demand_push_case(client: Raising, op: str, exc: BaseException) -> None:
     from tracer.clients.demandpush import DemandPushConsumer
     from tracer.clients.quiet import import_quietly
