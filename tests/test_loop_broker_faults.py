@@ -381,7 +381,8 @@ def test_a_renewal_refused_because_the_lease_is_gone_is_a_lost_lease(where: str)
         else:
             wait_until(lambda: loop.statistics().leases_lost == 1, timeout=30, what="the refusal taken as a lost lease")
         s = loop.statistics()
-        assert (s.leases_lost, s.lease_errors, s.leases_extended) == (1, 1, 0), s
+        assert (s.leases_lost, s.lease_errors, s.leases_extended) == (1, 1, 0), (
+            f"invariant counters_add_up: a renewal refused because the lease was gone is a lost lease: {s}")
         release.set()
         if runner is not None:
             loop.stop()
@@ -391,7 +392,8 @@ def test_a_renewal_refused_because_the_lease_is_gone_is_a_lost_lease(where: str)
             assert loop.wait(lambda s: s.reported >= 1, timeout=30)
             loop.settle_ready()
         s = loop.statistics()
-        assert (s.expired, s.acked, s.ack_errors, s.held, s.lease_errors) == (1, 0, 0, 0, 1), s
+        assert (s.expired, s.acked, s.ack_errors, s.held, s.lease_errors) == (1, 0, 0, 0, 1), (
+            f"invariant counters_add_up: a lost lease's success is let expire, no ack sent on a dead handle: {s}")
         _adds_up(loop)
     finally:
         release.set()
