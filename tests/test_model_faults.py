@@ -21,8 +21,10 @@ generator, runs very slowly (renewed throughout), hangs past ``handler_timeout``
 a stop; a signal handler calling ``stop()`` while the loop's lock is held; every policy with
 all its workers hung; and, built every time they are drawn (deterministic interleavings, not
 chance), the keeper's pass racing an ack that is finishing both ways (``keeper_pass_during_an_ack``,
-``ack_during_a_keeper_renewal``) and the keeper's pass before the watchdog's ``TIMEOUT`` of a hung
-handler (``keeper_before_the_watchdog``).
+``ack_during_a_keeper_renewal``), the keeper's pass before the watchdog's ``TIMEOUT`` of a hung
+handler (``keeper_before_the_watchdog``), and a ``BaseException`` from the first call of a batch
+(two ready settles, two leases due in one pass: ``a_base_exception_inside_a_batch``; every driven
+settle and pass is checked to finish its batch, ``batch_after``).
 
 **The promises, as named invariants** checked after every step (messages start
 ``invariant <name>:``):
@@ -36,10 +38,11 @@ handler (``keeper_before_the_watchdog``).
     no handler starts on a delivery whose lease *at the broker* has ended;
 ``held_leases_stay_renewed``
     a held message's lease at the broker never lapses unless a fault hit it (else a peer gets a
-    copy while this one still runs);
+    copy while this one still runs); a driven renewal pass leaves no lease that was due unrenewed;
 ``held_settled_or_given_back``
     every delivery the broker handed out is held by the loop, settled (acked or given back), or
-    past its broker lease (left to expire); no renewal once its settle began;
+    past its lease (left to expire; a lease the loop dated early, by the loop's end); no renewal
+    once its settle began; a ``settle_ready()`` leaves no outcome that was ready before it queued;
 ``stop_keeps_its_bound``
     ``stop(timeout=t)`` answers True once ``run()`` returned (or ``run()`` returns within
     ``STOP_MARGIN_S`` real seconds more: the stop deadline is on real time), and no stop raises;
