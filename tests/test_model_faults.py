@@ -614,17 +614,18 @@ class FaultModel(RuleBasedStateMachine):
             self.release(0, end)
         self.step("settle")
 
-    @rule(op=st.sampled_from(["ack", "nack", "renew"]))
-    def a_base_exception_inside_a_batch(self, op: str) -> None:
-        """Aimed: one call of a batch of broker calls raises a BaseException — the first of two
-        ready settles (ack, nack) or of two leases due in one renewal pass. The rest of the batch
-        is still done before it is raised (checked after the step: ``batch_after``)."""
+    @rule(op=st.sampled_from(["ack", "nack", "renew"]), kind=st.sampled_from(["base", "base", "raise"]))
+    def a_base_exception_inside_a_batch(self, op: str, kind: str = "base") -> None:
+        """Aimed: one call of a batch of broker calls raises a BaseException (or, ``kind="raise"``,
+        an Exception: counted, the batch goes on) — the first of two ready settles (ack, nack) or of
+        two leases due in one renewal pass. The rest of the batch is still done before it is
+        raised (checked after the step: ``batch_after``)."""
         if self.stopped or self.loop.stopping:
             return
         self.send(None, 2)
         self.step("poll")
         if op == "renew":
-            self.client.plan("renew", Plan("base", "before"))
+            self.client.plan("renew", Plan(kind, "before"))
             self.tick(0.95, 3)  # the two received together fall due in one pass
             return
         for _ in range(2):
@@ -632,7 +633,7 @@ class FaultModel(RuleBasedStateMachine):
                 held = [c for c in self.my_running() if id(c.message) in self.loop._leases]
             if held:
                 self.release(0, "success" if op == "ack" else "failure")
-        self.client.plan(op, Plan("base", "before"))
+        self.client.plan(op, Plan(kind, "before"))
         self.step("settle")
 
     @rule(pick=st.integers(0, 10))
