@@ -71,6 +71,9 @@ class FaultyClient:
         self.errors: Counter[str] = Counter()  # op -> calls that raised an Exception the loop sees
         self.faulted: set[str] = set()  # message ids a fault of any kind hit (excused from a re-run)
         self.dated_late: set[str] = set()  # received by a call that stalled past the lease (see receive)
+        # id(message) -> seconds the loop may date its lease early: a receive the clock jumped in
+        # before the broker popped (see receive)
+        self.dated_early: dict[int, float] = {}
         self.acked: Counter[str] = Counter()  # message id -> acks the broker applied
         self.acked_deliveries: set[int] = set()  # id(message) of each delivery acked
         self.held: dict[int, Any] = {}  # id(message) -> delivery handed out and not settled
@@ -181,10 +184,16 @@ class FaultyClient:
         # dates these leases from the call's start (it cannot tell a stall from a broker clock
         # ahead of its own) and lets them go unstarted, to expire at the broker (docs/consume.md)
         dated_late = p is not None and p.kind == "stall" and p.when in ("before", "during") and p.seconds >= invisible
+        # a jump before the broker popped looks to the loop like a broker clock that far ahead of its
+        # own (BrokerLead keeps only an upper bound): until a receive answered at once tightens it,
+        # the loop dates these leases from the call's start, that much earlier than the broker's end
+        early = p.seconds if p is not None and p.kind == "stall" and p.when == "before" else 0.0
         with self.lock:
             for m in got:
                 if dated_late:
                     self.dated_late.add(m.message_id)
+                if early:
+                    self.dated_early[id(m)] = early
                 self.seen.append(m)
                 self.held[id(m)] = m
                 self.lease_end[id(m)] = acted + invisible

@@ -12,8 +12,10 @@ policies and the stop request, each fault as a class over its siblings.
 
 from __future__ import annotations
 
+import ast
+import inspect
 import threading
-from typing import Any
+from typing import Any, Callable
 
 import pytest
 from embedded_rig import consumer_with_messages
@@ -88,6 +90,230 @@ def test_a_base_exception_from_a_settle_call_leaves_nothing_held(call: str, exc:
         loop.dispatcher.close(timeout=5)
 
 
+# -- every settle site: a BaseException from one broker call leaves none of the batch held ----------
+# (site, op): where the loop makes the call, and which call raises. The driven settle_ready() and
+# renew_leases() (the caller's thread), run()'s ack threads and keeper pool, an outcome reported
+# after run() returned (settled inline on the worker that reports it), DemandPushConsumer's loop.
+SETTLE_SITES = [("settle_ready", "ack"), ("settle_ready", "nack"), ("renew_leases", "renew"),
+                ("run", "ack"), ("run", "nack"), ("run", "renew"), ("late", "ack"), ("late", "nack"),
+                ("demand_push", "ack"), ("demand_push", "nack")]
+
+
+def _two_held(site: str, op: str, exc: BaseException) -> tuple[Clock, Raising, Callable[[Any], None], threading.Event]:
+    """Two messages on an embedded broker behind a client whose first ``op`` call raises ``exc``;
+    a handler that fails when ``op`` is a nack, and (``renew``, ``late``) runs until released."""
+    clock = Clock()
+    _, inner = consumer_with_messages(clock, bodies=(b"a", b"b"))
+    client = Raising(inner, "ack" if op == "ack" else "change_invisible_duration", exc)
+    release = threading.Event()
+    if op == "renew" or site == "late":
+        release.clear()
+    else:
+        release.set()
+
+    def handler(m: Any) -> None:
+        release.wait(60)
+        if op == "nack":
+            raise ValueError("fails: nacked")
+
+    return clock, client, handler, release
+
+
+def _run_on_a_thread(loop: ConsumeLoop) -> tuple[threading.Thread, list[BaseException]]:
+    raised: list[BaseException] = []
+
+    def run() -> None:
+        try:
+            loop.run()
+        except BaseException as e:  # noqa: BLE001 - the test reads what run() re-raised
+            raised.append(e)
+
+    t = threading.Thread(target=run, daemon=True)
+    t.start()
+    return t, raised
+
+
+@pytest.mark.parametrize(("site", "op"), SETTLE_SITES, ids=[f"{s}-{o}" for s, o in SETTLE_SITES])
+def test_a_base_exception_from_one_broker_call_leaves_no_message_held(site: str, op: str,
+                                                                      caplog: pytest.LogCaptureFixture) -> None:
+    """The fault harness's finding (steps ``send_junk_for_a_callable(key-raise)``,
+    ``fail_a_call(nack, base, before)``, ``keeper_before_the_watchdog``): the first of two ready
+    settles raised a BaseException in the driven settle_ready(), and the second outcome stayed
+    queued, held. The rule at every site: the call that raised is counted an error, every other
+    message of the batch is still settled (or renewed), and then the exception goes on — raised to
+    the caller, re-raised by run(), held by DemandPushConsumer.error; logged where no caller is left."""
+    exc = KeyboardInterrupt("ctrl-c in the client")
+    clock, client, handler, release = _two_held(site, op, exc)
+    if site == "demand_push":
+        _demand_push_case(client, op, exc)
+        return
+    loop = ConsumeLoop(client, handler, invisible_duration=5, renew_margin=1, workers=2, ack_threads=1,
+                       monotonic=clock, wall=lambda: WALL0 + clock())
+    try:
+        if site in ("settle_ready", "renew_leases"):
+            assert loop.poll() == 2
+            if site == "settle_ready":
+                assert loop.wait(lambda s: s.reported >= 2, timeout=30)
+                with pytest.raises(KeyboardInterrupt):
+                    loop.settle_ready()
+            else:
+                wait_until(lambda: len(loop.dispatcher.running()) == 2, timeout=30, what="both handlers to run")
+                clock.advance(4.5)  # both leases due (margin 1 s)
+                with pytest.raises(KeyboardInterrupt):
+                    loop.renew_leases()
+                s = loop.statistics()
+                assert (s.lease_errors, s.leases_extended) == (1, 1), (
+                    f"one renewal raised: the other lease of the pass must still be renewed: {s}")
+                release.set()
+                assert loop.wait(lambda s: s.reported >= 2, timeout=30)
+                loop.settle_ready()
+        elif site == "run":
+            runner, raised = _run_on_a_thread(loop)
+            if op == "renew":
+                wait_until(lambda: len(loop.dispatcher.running()) == 2, timeout=30, what="both handlers to run")
+                clock.advance(4.5)
+                wait_until(lambda: loop.statistics().leases_extended >= 1, timeout=30,
+                           what="the other lease renewed after one renewal raised")
+                release.set()
+            runner.join(30)
+            assert not runner.is_alive() and raised == [exc], raised
+        else:  # late: both outcomes come after run() returned from a bounded stop
+            runner, raised = _run_on_a_thread(loop)
+            wait_until(lambda: len(loop.dispatcher.running()) == 2, timeout=30, what="both handlers to run")
+            assert loop.stop(timeout=0.05)
+            runner.join(30)
+            assert not runner.is_alive() and raised == []
+            release.set()
+            wait_until(lambda: loop.statistics().held == 0, timeout=30, what="both late outcomes settled")
+            assert any(r.exc_info is not None and r.exc_info[1] is exc for r in caplog.records), (
+                "a BaseException from a settle no caller hears of must at least be logged")
+        s = loop.statistics()
+        assert s.held == 0 and s.ack_errors == (0 if op == "renew" else 1), s
+        _adds_up(loop)
+    finally:
+        release.set()
+        loop.stop()
+        loop.dispatcher.close(timeout=5)
+
+
+def test_a_base_exception_from_a_settle_on_a_worker_before_run_returns_is_re_raised() -> None:
+    """The late site while run() is still in its drain: a handler outran a bounded stop, and its
+    outcome is settled inline on the worker after the dispatcher closed; the ack raises a Ctrl-C.
+    The worker only logged it; now it is handed to run(), which re-raises it since it had not
+    returned yet. The window is held open deterministically: the drain's last step (closing the
+    keeper's pool) waits until the late settle is done."""
+    exc = KeyboardInterrupt("ctrl-c in the client")
+    clock = Clock()
+    _, inner = consumer_with_messages(clock)
+    client = Raising(inner, "ack", exc)
+    release = threading.Event()
+    loop = ConsumeLoop(client, lambda m: release.wait(60), invisible_duration=5, workers=1, monotonic=clock,
+                       wall=lambda: WALL0 + clock())
+    close_pool = loop._keeper.close
+
+    def close_after_the_late_settle() -> None:
+        release.set()
+        wait_until(lambda: loop.statistics().held == 0, timeout=30, what="the late outcome settled on its worker")
+        close_pool()
+
+    loop._keeper.close = close_after_the_late_settle  # type: ignore[method-assign]
+    try:
+        runner, raised = _run_on_a_thread(loop)
+        wait_until(lambda: len(loop.dispatcher.running()) == 1, timeout=30, what="the handler to run")
+        loop.stop(timeout=0.05)
+        runner.join(30)
+        assert not runner.is_alive()
+        assert raised == [exc], f"run() returned after the late settle raised, without re-raising it: {raised}"
+        s = loop.statistics()
+        assert s.held == 0 and s.ack_errors == 1, s
+    finally:
+        release.set()
+        loop.stop()
+        loop.dispatcher.close(timeout=5)
+
+
+def _demand_push_case(client: Raising, op: str, exc: BaseException) -> None:
+    from tracer.clients.demandpush import DemandPushConsumer
+    from tracer.clients.quiet import import_quietly
+    from tracer.embedded import EmbeddedBroker
+
+    rmq = import_quietly()
+
+    class Listener(rmq.MessageListener):  # type: ignore[misc,name-defined]
+        def consume(self, message: Any) -> Any:
+            return rmq.ConsumeResult.SUCCESS if op == "ack" else rmq.ConsumeResult.FAILURE
+
+    class OnTheDouble(DemandPushConsumer):
+        def _simple_consumer(self) -> Any:
+            return client
+
+    dp = OnTheDouble(EmbeddedBroker(), "G", Listener(), {"T": None}, consumption_thread_count=2,
+                     shutdown_timeout=10)
+    dp.startup()
+    try:
+        wait_until(lambda: not dp.running, timeout=30, what="the loop to end on the interrupt")
+        assert dp.error is exc
+        s = dp.statistics()
+        assert s.held == 0 and s.ack_errors == 1, s
+        _adds_up(dp.loop)  # type: ignore[arg-type]
+    finally:
+        dp.shutdown()
+
+
+# The calls that reach the broker on a held message (a settle, a give-back that may settle inline,
+# a renewal); a loop making one of them must not stop at its BaseException.
+BROKER_CALLING = frozenset({"_settle", "_give_back_unrun", "_renew_if_free", "_renew_one"})
+# loops allowed to: why
+# (a give-back makes its broker call only when settled inline, once run()'s drain reached SETTLING)
+LOOP_EXEMPT = {"_own": "gives the batch back while key='s own BaseException propagates; the loop is "
+                       "receiving, so each give-back is queued, never settled inline",
+               "_offer": "feeds the dispatcher, only before the drain's SETTLING phase (the feeder stops "
+                         "there, run()'s own feed comes before it): each give-back is queued"}
+
+
+def _catches_base(t: ast.Try) -> bool:
+    return any(h.type is None or (isinstance(h.type, ast.Name) and h.type.id == "BaseException") for h in t.handlers)
+
+
+def _loops_cut_short(module: Any) -> list[str]:
+    """Every loop of ``module`` that calls a broker-calling method outside a ``try`` (inside the loop)
+    that catches BaseException: one raising call would end the loop, the rest of its batch undone."""
+    tree = ast.parse(inspect.getsource(module))
+    found: list[str] = []
+
+    def visit(node: ast.AST, func: str, in_loop: bool, guarded: bool) -> None:
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.Lambda)):
+            # a nested function (each_then_raise's callable) is not the loop's body
+            func, in_loop, guarded = getattr(node, "name", func), False, False
+        elif isinstance(node, (ast.For, ast.While)):
+            in_loop, guarded = True, False
+        elif isinstance(node, ast.Try) and in_loop and _catches_base(node):
+            for child in node.body:
+                visit(child, func, in_loop, True)
+            for rest in (*node.handlers, *node.orelse, *node.finalbody):
+                visit(rest, func, in_loop, guarded)
+            return
+        elif (isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and node.func.attr in BROKER_CALLING
+              and in_loop and not guarded and func not in LOOP_EXEMPT):
+            found.append(f"{module.__name__}.{func}: {node.func.attr}() at line {node.lineno}")
+        for child in ast.iter_child_nodes(node):
+            visit(child, func, in_loop, guarded)
+
+    visit(tree, "<module>", False, False)
+    return found
+
+
+@pytest.mark.parametrize("module", ["consume", "lease", "demandpush"])
+def test_no_loop_over_held_messages_stops_at_one_calls_base_exception(module: str) -> None:
+    """The sibling rule, discovered: every loop that makes broker calls on held messages either goes
+    through ``each_then_raise`` (the rest of the batch, then the exception) or catches the
+    BaseException itself (the ack threads, the keeper's pool)."""
+    import importlib
+
+    mod = importlib.import_module(f"tracer.clients.{module}")
+    assert _loops_cut_short(mod) == []
+
+
 # -- 03: a BaseException from a renewal ------------------------------------------------------------
 @pytest.mark.parametrize("exc", [KeyboardInterrupt("ctrl-c"), SystemExit(3)], ids=type)
 @pytest.mark.parametrize("wait", [True, False], ids=["caller", "pool"])
@@ -124,6 +350,55 @@ def test_a_base_exception_from_a_renewal_never_ends_renewals(wait: bool, exc: Ba
         assert renewed.wait(30), events
     finally:
         keeper.close()
+
+
+# -- a renewal the broker refuses because the lease is gone (40013) ---------------------------------
+@pytest.mark.parametrize("where", ["renew_leases", "keeper_pool"])
+def test_a_renewal_refused_because_the_lease_is_gone_is_a_lost_lease(where: str) -> None:
+    """The broker's clock passed the handle's end while the loop's has not (a stall the loop did not
+    see, a skew): the proxy refuses the renewal with 40013, "receipt handle is expired"
+    (``AbstractProcessor.validateReceiptHandle``), and hands the message out again. The keeper takes
+    that as the lost lease it is — counted ``leases_lost``, never renewed again — so the handler's
+    success is not acked (``expired``: the broker refuses that too). Before: a lease error retried
+    on every pass, and an ack sent on a dead handle."""
+    clock, broker_clock = Clock(), Clock()
+    _, inner = consumer_with_messages(broker_clock)
+    release = threading.Event()
+    loop = ConsumeLoop(inner, lambda m: release.wait(60), invisible_duration=5, renew_margin=1, workers=1,
+                       monotonic=clock)
+    runner: threading.Thread | None = None
+    try:
+        if where == "keeper_pool":
+            runner, raised = _run_on_a_thread(loop)
+        else:
+            assert loop.poll() == 1
+        wait_until(lambda: len(loop.dispatcher.running()) == 1, timeout=30, what="the handler to run")
+        broker_clock.advance(6.0)  # past the handle's end at the broker
+        clock.advance(4.5)  # due, and live as far as the loop can tell
+        if where == "renew_leases":
+            loop.renew_leases()
+            loop.renew_leases()  # a lost lease is not asked for again
+        else:
+            wait_until(lambda: loop.statistics().leases_lost == 1, timeout=30, what="the refusal taken as a lost lease")
+        s = loop.statistics()
+        assert (s.leases_lost, s.lease_errors, s.leases_extended) == (1, 1, 0), (
+            f"invariant counters_add_up: a renewal refused because the lease was gone is a lost lease: {s}")
+        release.set()
+        if runner is not None:
+            loop.stop()
+            runner.join(30)
+            assert not runner.is_alive() and raised == []
+        else:
+            assert loop.wait(lambda s: s.reported >= 1, timeout=30)
+            loop.settle_ready()
+        s = loop.statistics()
+        assert (s.expired, s.acked, s.ack_errors, s.held, s.lease_errors) == (1, 0, 0, 0, 1), (
+            f"invariant counters_add_up: a lost lease's success is let expire, no ack sent on a dead handle: {s}")
+        _adds_up(loop)
+    finally:
+        release.set()
+        loop.stop()
+        loop.dispatcher.close(timeout=5)
 
 
 # -- 04: a skewed broker clock ---------------------------------------------------------------------

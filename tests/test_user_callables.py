@@ -223,6 +223,7 @@ EXEMPT = {
     ("tracer.clients.consume.ConsumeLoop", "wall"): "a clock: a coroutine fails at the first subtraction",
     ("tracer.clients.lease.LeaseKeeper", "monotonic"): "a clock (internal)",
     ("tracer.clients.lease.LeaseKeeper", "interrupted"): "the loop's own _interrupted (internal)",
+    ("tracer.clients.each.each_then_raise", "call"): "internal: the loop's own settle or renewal of one message",
     ("tracer.embedded.EmbeddedBroker", "monotonic"): "a clock: tests inject a manual one",
     ("tracer.embedded.EmbeddedBroker", "wall_ms"): "a clock: tests inject a manual one",
     ("tracer.clients.probe.ProbeSender", "monotonic"): "a clock",

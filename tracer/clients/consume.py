@@ -72,6 +72,7 @@ from .consume_options import (
     resolve_options,
     whole_seconds,
 )
+from .each import each_then_raise
 from .lease import SETTLING, SUBMITTED, WAITING, BrokerLead, Lease, LeaseKeeper, broker_lease
 from .probe import is_probe, probe_stage, skip_probes
 from .refusal import lease_gone
@@ -976,8 +977,7 @@ class ConsumeLoop:
                 h.state = SUBMITTED  # out of the feeder's reach
             gone = set(map(id, follow))  # not "state != WAITING": one being offered right now stays
             self._backlog = deque(h for h in self._backlog if id(h) not in gone)
-        for h in follow:
-            self._give_back_unrun(h, Outcome.SKIPPED)
+        each_then_raise(follow, lambda h: self._give_back_unrun(h, Outcome.SKIPPED))
         return len(follow)
 
     def _give_back_unrun(self, h: Lease, outcome: Outcome) -> None:
@@ -1020,7 +1020,13 @@ class ConsumeLoop:
                 self._acks.append((h, outcome, ran))
             self._changed.notify_all()
         if inline:
-            self._settle(h, outcome, ran)
+            try:
+                self._settle(h, outcome, ran)
+            except BaseException as exc:
+                # settled all the same; run() re-raises it if it has not returned yet (a worker
+                # reporting here would only log it), and the reporting thread hears of it too
+                self._interrupted(exc)
+                raise
 
     # -- settling and leases, off the workers' threads -------------------------------------------
     def _start_helpers(self) -> None:
@@ -1044,12 +1050,13 @@ class ConsumeLoop:
             return item
 
     def settle_ready(self) -> int:
-        """Settle (ack or nack) every outcome reported so far, in this thread; returns how many."""
-        n = 0
-        while (item := self._take_outcome(None)) is not None:
-            self._settle(*item)
-            n += 1
-        return n
+        """Settle (ack or nack) every outcome reported so far, in this thread; returns how many.
+
+        Raises:
+            BaseException: the first one a broker call raised (a Ctrl-C inside the client), once
+                every other ready outcome is settled too: none is left held behind it.
+        """
+        return each_then_raise(iter(lambda: self._take_outcome(None), None), lambda item: self._settle(*item))
 
     def _ack_worker(self) -> None:
         self._inside.thread = True
@@ -1139,7 +1146,12 @@ class ConsumeLoop:
         ``renew_margin`` (on the keeper's pool, at most ``renew_threads`` calls at once); give up
         on hung handlers and on leases already lost. Returns how many were renewed; with
         ``wait=False`` (the keeper thread) it returns at once, so one slow broker answer never
-        delays the next pass."""
+        delays the next pass.
+
+        Raises:
+            BaseException: (``wait=True``) the first one a renewal raised, once the rest of the
+                pass is renewed.
+        """
         now = self._monotonic()
         with self._lock:
             due = self._keeper.due(list(self._leases.values()), now)
@@ -1287,8 +1299,7 @@ class ConsumeLoop:
             for h in rest:
                 h.state = SUBMITTED  # out of the feeder's reach
             self._backlog = deque(h for h in self._backlog if h.state == WAITING)
-        for h in rest:
-            self._give_back_unrun(h, Outcome.SKIPPED)
+        each_then_raise(rest, lambda h: self._give_back_unrun(h, Outcome.SKIPPED))
 
 
 def _one_tracing_path(consumer: Any, tracer: MessageTracer | None, settle_spans: bool | None

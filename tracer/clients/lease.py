@@ -8,7 +8,8 @@ hands the due leases to the pool and does not wait for the calls: one answer slo
 margin holds up one pool thread, not the next pass (a lease whose renewal is in flight is not
 asked for again). It gives a lease up on
 purpose when its handler hung past ``handler_timeout + hang_grace``, and counts it lost when it
-ended before it could be renewed (a process stall, an unreachable broker). A given-up or lost
+ended before it could be renewed (a process stall, an unreachable broker) or the broker refused a
+renewal because the lease was already gone (code 40013, :func:`.refusal.lease_gone`). A given-up or lost
 lease is never renewed again, and a message whose lease is gone never starts (the loop checks
 :meth:`Lease.live` when a worker is about to run it).
 
@@ -27,6 +28,8 @@ from opentelemetry.instrumentation.utils import suppress_instrumentation
 
 from ..telemetry.tracer import MessageTrace
 from .consume_options import LeaseOptions, whole_seconds
+from .each import each_then_raise
+from .refusal import lease_gone
 
 __all__ = ["BrokerLead", "Lease", "LeaseKeeper", "broker_lease"]
 
@@ -158,21 +161,32 @@ class LeaseKeeper:
         ``renew_threads`` calls at once, and return at once (0), so one slow answer never delays
         the next pass — leases falling due meanwhile are renewed by the other pool threads.
         ``wait=True`` (a caller driving the loop by hand, e.g. with a manual clock): renew them
-        on the calling thread, one after another, and return how many were renewed."""
+        on the calling thread, one after another, and return how many were renewed.
+
+        Raises:
+            BaseException: (``wait=True``) the first one a renewal raised, once every other lease
+                of the pass was renewed; the pool hands it to ``interrupted`` instead.
+        """
         if not wait:
             self._hand_to_pool(due, ages)
             return 0
         renewed = 0
-        for h in due:
+
+        def renew_one(h: Lease) -> None:
+            nonlocal renewed
             with self._cond:
                 if self._closed or id(h) in self._inflight:
-                    continue
+                    return
                 self._inflight.add(id(h))
             try:
                 renewed += self._renew_if_free(h, ages.get(id(h.message)))
             finally:
                 with self._cond:
                     self._inflight.discard(id(h))
+
+        # a BaseException inside one renewal (re-raised once the pass is done) must not leave the
+        # rest of the pass's leases to lapse
+        each_then_raise(due, renew_one)
         return renewed
 
     def _hand_to_pool(self, due: list[Lease], ages: dict[int, float]) -> None:
@@ -265,6 +279,13 @@ class LeaseKeeper:
         except Exception as exc:  # noqa: BLE001
             h.restore_handle()
             self._report("lease_errors", exc, "a lease renewal failed")
+            if lease_gone(exc):
+                # the broker says this handle's time has passed (40013): the message is the
+                # broker's again, maybe a peer's already. A retry cannot bring the lease back; it
+                # is lost now, so the message never starts and is never acked here (expired)
+                h.given_up = True
+                _mark_lost(h, "expired")
+                self._report("leases_lost", None, "the broker refused a renewal: the lease was already gone")
             return False
         except BaseException as exc:
             h.restore_handle()  # the handle and the counters as after any failed call, then it goes on
