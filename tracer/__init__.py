@@ -14,8 +14,9 @@ The folders follow the data path, and each imports only from those above it in t
 * :mod:`tracer.report` — reading spans back: terminal, HTML, PNG;
 * :mod:`tracer.tools` — the ``rmqtrace`` command, demo and benchmarks (the library never imports it).
 
-Below them all: small leaf modules (``version``, ``callables``, ``logonce``, ``argtypes``, ``bounds``) and
-:mod:`tracer.embedded` (an in-process broker, a test double of the proxy, importing nothing of ours).
+Below them all: small leaf modules (``version``, ``callables``, ``logonce``, ``argtypes``, ``bounds``,
+``compiled``) and :mod:`tracer.embedded` (an in-process broker, a test double of the proxy,
+importing nothing of ours).
 """
 
 from .clients.consume import ConsumeLoop, ConsumeStats

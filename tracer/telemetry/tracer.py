@@ -42,6 +42,7 @@ from opentelemetry.trace import Link, NonRecordingSpan, Span, SpanContext, SpanK
 
 from ..bounds import count
 from ..callables import require_plain, unrun
+from ..compiled import mypyc_attr
 from ..path import names as n
 from ..path.clock import Anchor, Clock, MonoNs, WallNs, default_clock, require_clock
 from ..path.message import ClientFacts, MessageInfo
@@ -112,6 +113,9 @@ _MAX_STARTS = 256
 _MAX_LOST_RUNS = 512
 
 
+# Compiled (tracer.compiled), still a Python class: the provider's shutdown hook holds it by a weak
+# reference, and an application may subclass it.
+@mypyc_attr(native_class=False, allow_interpreted_subclasses=True)
 class MessageTracer:
     """Turns stamps into spans and histograms for one consumer group (or one producer).
 
@@ -807,7 +811,7 @@ class MessageTrace:
         self._deferred = (writer, name, creation, pulled_ns, attrs, inner, start_ns)
         return trace.set_span_in_context(NonRecordingSpan(inner), base if base is not None else otel_context.get_current())
 
-    def __exit__(self, *exc: object) -> None:
+    def __exit__(self, *exc_info: object) -> None:
         """The handler returned: stamp its end (or end a late handler span), restore the context."""
         now = self.anchor.now()
         handler: DeferredSpan | None = None
