@@ -438,9 +438,15 @@ class MessageTracer:
         was not finished yet (no ``handler_timeout``, or none reported) is finished first, as a
         ``timeout`` with :class:`~tracer.telemetry.abandon.HandlerAbandoned`: it ran past the
         time it was given (the process ends under it), so it is measured once and its
-        ``process`` span written with the handler's."""
+        ``process`` span written with the handler's — after the keep policy has settled every
+        pending trace (kept), so such a finish supersedes none."""
         with self._end_lock:
             traces = list(self._abandonable)
+        if self.keep is not None and any(not t._done for t in traces):
+            # The shutdown keeps every pending trace (the hold's promise): settled before these
+            # finishes, which would make a running handler its job's latest finisher and drop
+            # the finisher pending now as superseded.
+            self.keep.flush()
         n_ended = 0
         for t in traces:
             if not t._done:
