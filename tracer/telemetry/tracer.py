@@ -114,8 +114,9 @@ _MAX_LOST_RUNS = 512
 
 
 # Compiled (tracer.compiled), still a Python class: the provider's shutdown hook holds it by a weak
-# reference, and an application may subclass it.
-@mypyc_attr(native_class=False, allow_interpreted_subclasses=True)
+# reference. (A Python subclass of it is refused by its compiled methods all the same: the history's
+# "The same path compiled".)
+@mypyc_attr(native_class=False)
 class MessageTracer:
     """Turns stamps into spans and histograms for one consumer group (or one producer).
 
