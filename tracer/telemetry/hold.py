@@ -492,9 +492,11 @@ class HoldingSpanProcessor(SpanProcessor):
                 more = True
             if not more:
                 with self._lock:
-                    if self._held:  # rechecked under the lock: hold() may have just added one
-                        continue
-                    self._ticking = False
+                    idle = not self._held  # rechecked under the lock: hold() may have just added one
+                    if idle:
+                        self._ticking = False
+                if not idle:  # (no `continue` inside the lock's block: mypyc cannot compile one)
+                    continue
                 # a decision may have gone pending between the tick and now: its wake saw us running
                 if any(p.busy() for p in list(self._policies)):
                     self._wake()

@@ -70,6 +70,7 @@ import threading
 from dataclasses import dataclass, field
 from typing import Callable, Mapping, Sequence
 
+from ..compiled import mypyc_attr
 from ..environ import environment
 from ..path.clock import MonoNs, MonotonicClock, default_clock, require_clock, shared_clock
 from ..path.stages import GAP_BY_NAME, Outcome, Stage
@@ -186,6 +187,7 @@ class _Job:
         self.pending: Callable[[bool], None] | None = None
 
 
+@mypyc_attr(allow_interpreted_subclasses=True)  # compiled (tracer.compiled), an application's policy may extend it
 class KeepPolicy:
     """The keep decision for one consumer process (thread-safe; one per tracer or shared).
 

@@ -40,13 +40,14 @@ from opentelemetry.sdk.trace.sampling import Decision
 from opentelemetry.trace import Link, NonRecordingSpan, Span, SpanContext, SpanKind, Status, StatusCode
 
 from ..callables import unrun
+from ..compiled import mypyc_attr
 from ..path import names as n
 from ..path.clock import Anchor, MonoNs, WallNs
 from ..path.message import MessageInfo
 from ..path.propagation import PLAUSIBLE_AHEAD_NS, PLAUSIBLE_MIN_NS, extract, inject, plausible_ns, traceparent_sampled
 from ..path.stages import CROSS_CLOCK_GAPS, GAPS, Outcome, Stage
 from ..path.stamps import MISSING, causal, drawn, store_stamp
-from .attributes import BODY_ATTR, MAX_ATTR_CHARS, MAX_KEYS, body_preview, cap, process_attributes, send_attributes
+from .attributes import BODY_ATTR, MAX_ATTR_CHARS, MAX_KEYS, body_preview, cap, send_attributes
 from .sendtrace import SendTrace
 from .spans import DeferredSpan, SpanWriter, record_error
 from .tracercore import TracerCore, TracerStats
@@ -75,6 +76,8 @@ _DROP = Decision.DROP
 _ERROR = StatusCode.ERROR
 
 
+# Compiled (tracer.compiled), still a Python class: the provider's shutdown hook holds a weak reference
+@mypyc_attr(native_class=False)
 class MessageTracer(TracerCore):
     """Turns stamps into spans and histograms for one consumer group (or one producer).
 
@@ -157,45 +160,47 @@ class MessageTracer(TracerCore):
         # The traceparent is parsed only if a span is written or the context made current
         # (MessageTrace.carried): a message only measured costs no parse (BENCHMARKS.md).
         carried = extract(info.properties, self.errors, now, info.system_trace_context, defer_parent=True)
-        pulled_at: Anchor | None = None
-        if isinstance(pulled_ns, Anchor):
-            if pulled_ns.read_on(clock):  # the batch's pull, read on both clocks at once
-                pulled_at, pulled_ns = pulled_ns, None
-            else:  # read on another clock: only its wall time means anything here
-                pulled_ns = pulled_ns.wall_ns
-        if pulled_ns and not plausible_ns(pulled_ns, now):
-            self.errors.count("timestamp_out_of_range", f"pulled_ns={pulled_ns}")
-            pulled_ns = None
-        if pulled_at is not None:
-            anchor = Anchor(clock, pulled_at.wall_ns, pulled_at.mono_ns)
-        elif pulled_ns:
-            # a wall time read elsewhere (a client's decode): that far back on the monotonic clock,
-            # never ahead of now (the wall clock stepped back in between)
-            since = now - pulled_ns
-            anchor = Anchor(clock, WallNs(pulled_ns), MonoNs(mono - since if since > 0 else mono))
-        else:
-            anchor = Anchor(clock, now, mono)
+        anchor = self._pull_anchor(pulled_ns, now, mono)
         t = MessageTrace(self, info, carried, anchor)
         if self._lost_runs and info.message_id:
             # peeked, not taken: a copy refused unstarted must leave it to the copy that runs
             # (MessageTrace.finish takes it then)
             with self._lost_lock:
                 t._lost_from = self._lost_runs.get(info.message_id)
-        times = t.stamps.times
-        times[_PRODUCE] = carried.produce_ns
-        pulled = times[_PULL] = anchor.wall_ns
-        store_ms = info.store_ms
-        if store_ms:
-            if PLAUSIBLE_MIN_NS <= store_ms * 1_000_000 <= now + PLAUSIBLE_AHEAD_NS:  # plausible_ns, inline
-                # millisecond resolution: placed within its millisecond (tracer.path.stamps)
-                times[_STORE] = store_stamp(store_ms, times[_PRODUCE], pulled)
-            else:
-                self.errors.count("timestamp_out_of_range", f"store_ms={info.store_ms}")
+        self._stamp_received(t.stamps.times, carried.produce_ns, anchor.wall_ns, info.store_ms, now)
         if self.occupancy is not None:
             self.occupancy.received(anchor.mono_ns)  # the pull, on the occupancy's monotonic clock
         if self.capture_body and isinstance(body, (bytes, bytearray, str)):
             t.body = body
         return t
+
+    def _pull_anchor(self, pulled_ns: Anchor | int | None, now: WallNs, mono: MonoNs) -> Anchor:
+        """The message's timeline, anchored at its pull (see :meth:`start_message`'s ``pulled_ns``)."""
+        clock = self.clock
+        if isinstance(pulled_ns, Anchor):
+            if pulled_ns.read_on(clock):  # the batch's pull, read on both clocks at once
+                return Anchor(clock, pulled_ns.wall_ns, pulled_ns.mono_ns)
+            pulled_ns = pulled_ns.wall_ns  # read on another clock: only its wall time means anything here
+        if pulled_ns and not plausible_ns(pulled_ns, now):
+            self.errors.count("timestamp_out_of_range", f"pulled_ns={pulled_ns}")
+            pulled_ns = None
+        if pulled_ns:
+            # a wall time read elsewhere (a client's decode): that far back on the monotonic clock,
+            # never ahead of now (the wall clock stepped back in between)
+            since = now - pulled_ns
+            return Anchor(clock, WallNs(pulled_ns), MonoNs(mono - since if since > 0 else mono))
+        return Anchor(clock, now, mono)
+
+    def _stamp_received(self, times: list[int], produce_ns: int, pulled: int, store_ms: int | None, now: int) -> None:
+        """The three stamps a message has when it is received: produce, broker store, client pull."""
+        times[_PRODUCE] = produce_ns
+        times[_PULL] = pulled
+        if store_ms:
+            if PLAUSIBLE_MIN_NS <= store_ms * 1_000_000 <= now + PLAUSIBLE_AHEAD_NS:  # plausible_ns, inline
+                # millisecond resolution: placed within its millisecond (tracer.path.stamps)
+                times[_STORE] = store_stamp(store_ms, produce_ns, pulled)
+            else:
+                self.errors.count("timestamp_out_of_range", f"store_ms={store_ms}")
 
 
 class MessageTrace(TraceState):
@@ -287,7 +292,7 @@ class MessageTrace(TraceState):
         self._handler = handler
         return trace.set_span_in_context(handler, current)
 
-    def __exit__(self, *exc: object) -> None:
+    def __exit__(self, *exc_info: object) -> None:
         """The handler returned: stamp its end (or end a late handler span), restore the context."""
         now = self.anchor.now()
         handler: DeferredSpan | None = None
@@ -382,10 +387,12 @@ class MessageTrace(TraceState):
             if metrics is not None:
                 metrics.avoidable(self.info.topic, mt.consumer_group, verdict[1], avoidable)
             mt.meters.avoidable(self.info.topic, mt.consumer_group, verdict[1], avoidable)
-        # the skew windows' age (ages are monotonic): the latest stamp's, no clock read (Anchor.mono_of inline)
+        # the skew windows' age (ages are monotonic): the latest stamp's, no clock read (Anchor.mono_of
+        # inline, without its MonoNs call: a NewType call is a Python call, ~0.1 µs, on every message)
         anchor = self.anchor
-        changed = mt.skew.observe_times(
-            times, MonoNs(anchor.mono_ns + ((times[_END] if times[_END] != MISSING else times[_PULL]) - anchor.wall_ns)))
+        latest: MonoNs = anchor.mono_ns + ((times[_END] if times[_END] != MISSING else times[_PULL])  # type: ignore[assignment]
+                                           - anchor.wall_ns)
+        changed = mt.skew.observe_times(times, latest)
         if metrics is not None:
             if changed is not None:
                 for peer, bound in changed:
@@ -419,41 +426,16 @@ class MessageTrace(TraceState):
         # latest stamp drawn, which the producer's clock may have moved past it.
         end_ns = d[_END] or max(self.anchor.now(), *d)
         error_type = type(error).__qualname__ if error is not None else None
-        handler = self._handler
         if outcome is _NOT_STARTED:
             # refused at the start gate inside the scope: no handler ran, so no handler span
             # (opened at the scope's entry, it is never written)
-            handler = self._handler = None
-        if handler is not None:
-            floor = d[_START] or d[_PULL]  # unstamped (not started): still inside its process span
-            if floor > handler.start_time:
-                handler.move_start(floor)  # the producer's clock is ahead of the handler's start
-            if error is not None:
-                record_error(handler, error)
-                handler.set_status(Status(_ERROR, type(error).__name__))
-                handler.put_attributes({n.ERROR_TYPE: error_type})
-            with self._tracer._end_lock:
-                still_running = self._overrun and not self._late_end
-                if still_running:
-                    self._open_handler = handler  # __exit__ ends it when the handler returns
-                    self._tracer._abandonable.add(self)  # ... or abandon(), should it never
-            if not still_running:
-                handler.end(end_time=self._late_end or end_ns)
+            self._handler = None
+        elif self._handler is not None:
+            self._end_handler(self._handler, d, error, error_type, end_ns)
         compact = self._tracer.compact
         blame_attrs, blame_links = self._blame if self._blame is not None else (None, ())
         if not compact:
-            writer = self._tracer.writer()
-            assert writer is not None
-            for name, a, b, gap_attrs in _GAP_SPANS:
-                if d[a] and d[b]:
-                    if blame_attrs is not None and name == n.BLAME_SPAN:  # drawn even when empty: it carries the verdict
-                        writer.emit(name, writer.child_context(ctx), ctx, d[a], d[b],
-                                    attributes={**gap_attrs, **blame_attrs}, links=blame_links)
-                    elif d[b] > d[a]:
-                        # An empty gap (a push listener's client_buffer, a gap clamped by skew or
-                        # a stamp equal on the monotonic clock) gets no span: Jaeger flags every span that
-                        # does not end after it starts as "Negative duration". Its 0 is observed.
-                        writer.emit(name, writer.child_context(ctx), ctx, d[a], d[b], _INTERNAL, gap_attrs)
+            self._emit_gaps(ctx, d, blame_attrs, blame_links)
         attrs = self._process_attributes(outcome, process)
         if self._lease_lost is not None:
             attrs[n.LEASE_LOST] = self._lease_lost
@@ -478,12 +460,37 @@ class MessageTrace(TraceState):
             process.move_start(start)
         process.end(end_ns)
 
-    def _process_attributes(self, outcome: Outcome, span: DeferredSpan | None = None) -> dict[str, Any]:
-        """The ``process`` attributes not given to the sampler at its start; with ``span``, put
-        straight into its attributes (what ``put_attributes`` of them would do) and returned."""
-        mt, carried = self._tracer, self._carried
-        # by position: seven keywords cost a measurable part of a message (BENCHMARKS.md)
-        return process_attributes(self.info, mt.client, outcome, self.stamps.times, carried.job_id, carried.cost,
-                                  self.worker if mt.worker_attr else None, mt.record_body_size, self.body,
-                                  mt.capture_body, span.own_attributes() if span is not None else None)
+    def _end_handler(self, handler: DeferredSpan, d: Sequence[int], error: BaseException | None,
+                     error_type: str | None, end_ns: int) -> None:
+        """End the handler span at ``end_ns`` (drawn stamps ``d``), or leave it open for a handler
+        that still runs (a watchdog's finish): ``__exit__`` or :meth:`abandon` ends it then."""
+        floor = d[_START] or d[_PULL]  # unstamped (not started): still inside its process span
+        if floor > handler.start_time:
+            handler.move_start(floor)  # the producer's clock is ahead of the handler's start
+        if error is not None:
+            record_error(handler, error)
+            handler.set_status(Status(_ERROR, type(error).__name__))
+            handler.put_attributes({n.ERROR_TYPE: error_type})
+        with self._tracer._end_lock:
+            still_running = self._overrun and not self._late_end
+            if still_running:
+                self._open_handler = handler  # __exit__ ends it when the handler returns
+                self._tracer._abandonable.add(self)  # ... or abandon(), should it never
+        if not still_running:
+            handler.end(end_time=self._late_end or end_ns)
 
+    def _emit_gaps(self, ctx: SpanContext, d: Sequence[int], blame_attrs: dict[str, Any] | None,
+                   blame_links: tuple[Link, ...]) -> None:
+        """The gap spans under ``process`` (the full shape), from the drawn stamps ``d``."""
+        writer = self._tracer.writer()
+        assert writer is not None
+        for name, a, b, gap_attrs in _GAP_SPANS:
+            if d[a] and d[b]:
+                if blame_attrs is not None and name == n.BLAME_SPAN:  # drawn even when empty: it carries the verdict
+                    writer.emit(name, writer.child_context(ctx), ctx, d[a], d[b],
+                                attributes={**gap_attrs, **blame_attrs}, links=blame_links)
+                elif d[b] > d[a]:
+                    # An empty gap (a push listener's client_buffer, a gap clamped by skew or
+                    # a stamp equal on the monotonic clock) gets no span: Jaeger flags every span that
+                    # does not end after it starts as "Negative duration". Its 0 is observed.
+                    writer.emit(name, writer.child_context(ctx), ctx, d[a], d[b], _INTERNAL, gap_attrs)

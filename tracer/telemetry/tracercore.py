@@ -22,6 +22,7 @@ from opentelemetry.trace import Link, Span, SpanContext, SpanKind, TracerProvide
 
 from ..bounds import count
 from ..callables import require_plain
+from ..compiled import mypyc_attr
 from ..path import names as n
 from ..path.clock import Clock, default_clock, require_clock
 from ..path.message import ClientFacts, MessageInfo
@@ -100,6 +101,8 @@ def _keep_and_hold(keep: KeepPolicy | None, hold: HoldingSpanProcessor | None, p
     return keep, hold, False
 
 
+# A Python class even when compiled (tracer.compiled): MessageTracer, a Python class, derives from it
+@mypyc_attr(native_class=False)
 class TracerCore:
     """The constructor and bookkeeping of :class:`~tracer.telemetry.tracer.MessageTracer`."""
 
@@ -273,9 +276,15 @@ class TracerCore:
         was not finished yet (no ``handler_timeout``, or none reported) is finished first, as a
         ``timeout`` with :class:`~tracer.telemetry.abandon.HandlerAbandoned`: it ran past the
         time it was given (the process ends under it), so it is measured once and its
-        ``process`` span written with the handler's."""
+        ``process`` span written with the handler's — after the keep policy has settled every
+        pending trace (kept), so such a finish supersedes none."""
         with self._end_lock:
             traces = list(self._abandonable)
+        if self.keep is not None and any(not t._done for t in traces):
+            # The shutdown keeps every pending trace (the hold's promise): settled before these
+            # finishes, which would make a running handler its job's latest finisher and drop
+            # the finisher pending now as superseded.
+            self.keep.flush()
         n_ended = 0
         for t in traces:
             if not t._done:

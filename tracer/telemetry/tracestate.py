@@ -18,12 +18,12 @@ from opentelemetry import trace
 from opentelemetry.trace import Link, NonRecordingSpan, SpanContext, SpanKind, Status, StatusCode
 
 from ..path import names as n
-from ..path.clock import Anchor, WallNs
+from ..path.clock import Anchor, MonoNs, WallNs
 from ..path.message import MessageInfo
 from ..path.propagation import Carried, resolve_parent
 from ..path.stages import Outcome, Stage
 from ..path.stamps import MISSING, Stamps
-from .attributes import cap
+from .attributes import cap, process_attributes
 from .keep import PENDING, KeepPolicy
 from .spans import DeferredSpan, SpanWriter
 from .tracercore import TracerCore
@@ -266,9 +266,12 @@ class TraceState:
         try:
             times = self.stamps.times
             # the policy's timers (job idle, intervals) run on the monotonic clock, as its tick
+            # (Anchor.mono_of inline: two NewType calls and a method call less, every held message)
             end = times[_END]
+            anchor = self.anchor
+            end_mono: MonoNs | None = anchor.mono_ns + (end - anchor.wall_ns) if end else None  # type: ignore[assignment]
             reason = keep.decide(times, outcome, self._carried.job_id, head=ctx is not None and not self._held,
-                                 settle=settle, end_mono=self.anchor.mono_of(WallNs(end)) if end else None, flag=flag)
+                                 settle=settle, end_mono=end_mono, flag=flag)
         except Exception as exc:  # noqa: BLE001 - a broken policy must not cost the histograms
             self._tracer.hook_failed("the keep decision", exc)
             reason = "failure"  # err on keeping
@@ -349,3 +352,12 @@ class TraceState:
                      c: Sequence[int] | None = None) -> None:
         """Write this trace's spans: the message path's (:class:`tracer.telemetry.tracer.MessageTrace`)."""
         raise NotImplementedError
+
+    def _process_attributes(self, outcome: Outcome, span: DeferredSpan | None = None) -> dict[str, Any]:
+        """The ``process`` attributes not given to the sampler at its start; with ``span``, put
+        straight into its attributes (what ``put_attributes`` of them would do) and returned."""
+        mt, carried = self._tracer, self._carried
+        # by position: seven keywords cost a measurable part of a message (BENCHMARKS.md)
+        return process_attributes(self.info, mt.client, outcome, self.stamps.times, carried.job_id, carried.cost,
+                                  self.worker if mt.worker_attr else None, mt.record_body_size, self.body,
+                                  mt.capture_body, span.own_attributes() if span is not None else None)

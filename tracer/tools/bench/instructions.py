@@ -8,8 +8,14 @@ per-message count, start-up and imports cancelled out (the export thread's work 
 the CPU-time bench includes it; the heap left by start-up and the warm-up is frozen, ``gc.freeze``,
 so a full collection's scan of everything imported does not land in one run and not the other).
 
+Beside the total, the instructions spent in the bytecode loop itself (``_PyEval_EvalFrameDefault``,
+read with ``callgrind_annotate``): an instruction there costs several times the CPU time of one in
+the C code the loop calls (dict, frame, attribute helpers), so two loops with the same total can
+differ by a third in CPU time — how a full trace at 0.98 of the contrib span's instructions runs at
+1.3 of its CPU time (docs/benchmarks-history.md, "Session 10"). Compare commits on both.
+
 ``python -m tracer.tools.bench.instructions [LOOP ...] [--short N] [--long N] [--json]`` (needs
-``valgrind`` on the PATH); ``python -m tracer.tools.bench.instructions --child LOOP N`` is one
+``valgrind`` and its ``callgrind_annotate`` on the PATH); ``python -m tracer.tools.bench.instructions --child LOOP N`` is one
 process's loop, what valgrind runs.
 """
 
@@ -26,11 +32,14 @@ import sys
 import tempfile
 from typing import Any
 
-__all__ = ["LOOPS", "count_loop", "main"]
+__all__ = ["LOOPS", "count_loop", "eval_loop_instructions", "main"]
 
 LOOPS = ("span", "contrib_process", "stamps_metrics", "full_trace", "compact_trace", "sampled_out")
 _WARM = 300
 _TOTAL = re.compile(rb"^(?:summary|totals):\s*(\d+)", re.M)
+# a callgrind_annotate line: "1,234 (5.6%)  file:function [object]"
+_FUNCTION = re.compile(r"^\s*([\d,]+)\s+(?:\([^)]*\)\s+)?\S*:(\S+)", re.M)
+_EVAL_LOOP = "_PyEval_EvalFrameDefault"
 
 
 def _child(loop: str, messages: int) -> None:
@@ -58,10 +67,18 @@ def _child(loop: str, messages: int) -> None:
     held_provider.shutdown()
 
 
-def _instructions(loop: str, messages: int) -> int:
-    valgrind = shutil.which("valgrind")
-    if valgrind is None:
-        raise RuntimeError("valgrind is not on the PATH")
+def eval_loop_instructions(annotated: str) -> int:
+    """The instructions ``callgrind_annotate`` output attributes to the bytecode loop (every
+    ``_PyEval_EvalFrameDefault`` entry, recursion levels included)."""
+    return sum(int(count.replace(",", "")) for count, fn in _FUNCTION.findall(annotated)
+               if fn.split("'")[0] == _EVAL_LOOP)
+
+
+def _instructions(loop: str, messages: int) -> tuple[int, int]:
+    """(all instructions, the bytecode loop's) of one child process."""
+    valgrind, annotate = shutil.which("valgrind"), shutil.which("callgrind_annotate")
+    if valgrind is None or annotate is None:
+        raise RuntimeError("valgrind and callgrind_annotate must be on the PATH")
     with tempfile.TemporaryDirectory() as tmp:
         out = os.path.join(tmp, "cg.out")
         subprocess.run([valgrind, "--tool=callgrind", f"--callgrind-out-file={out}", "--dump-line=no",
@@ -69,18 +86,21 @@ def _instructions(loop: str, messages: int) -> int:
                        check=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
         with open(out, "rb") as f:
             found = _TOTAL.findall(f.read())
+        annotated = subprocess.run([annotate, "--threshold=100", "--show=Ir", out], check=True,
+                                   capture_output=True, text=True).stdout
     if not found:
         raise RuntimeError("callgrind wrote no total")
-    return int(found[-1])
+    return int(found[-1]), eval_loop_instructions(annotated)
 
 
-def count_loop(loop: str, short: int = 200, long: int = 2200) -> float:
-    """Instructions per message of ``loop`` (one of :data:`LOOPS`)."""
+def count_loop(loop: str, short: int = 200, long: int = 2200) -> tuple[float, float]:
+    """Instructions per message of ``loop`` (one of :data:`LOOPS`): all of them, and the bytecode loop's."""
     if loop not in LOOPS:
         raise ValueError(f"loop must be one of {', '.join(LOOPS)}, got {loop!r}")
     if not 0 < short < long:
         raise ValueError("need 0 < short < long")
-    return (_instructions(loop, long) - _instructions(loop, short)) / (long - short)
+    (total_a, eval_a), (total_b, eval_b) = _instructions(loop, short), _instructions(loop, long)
+    return (total_b - total_a) / (long - short), (eval_b - eval_a) / (long - short)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -94,12 +114,14 @@ def main(argv: list[str] | None = None) -> int:
     if args.child:
         _child(args.child[0], int(args.child[1]))
         return 0
-    result: dict[str, Any] = {loop: count_loop(loop, args.short, args.long) for loop in args.loops or LOOPS}
+    counts = {loop: count_loop(loop, args.short, args.long) for loop in args.loops or LOOPS}
     if args.json:
+        result: dict[str, Any] = {"instructions": {loop: c[0] for loop, c in counts.items()},
+                                  "eval_loop": {loop: c[1] for loop, c in counts.items()}}
         print(json.dumps(result))
     else:
-        for loop, count in result.items():
-            print(f"{loop:<18}{count:12.0f} instructions a message")
+        for loop, (total, in_loop) in counts.items():
+            print(f"{loop:<18}{total:12.0f} instructions a message, {in_loop:10.0f} in the bytecode loop")
     return 0
 
 

@@ -37,6 +37,7 @@ from opentelemetry.sdk.trace.export import BatchSpanProcessor
 from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
 from prometheus_client import CollectorRegistry
 
+from ...compiled import HOT_MODULES, compiled_modules
 from ...path.message import MessageInfo
 from ...path.propagation import PRODUCE_NS, TRACEPARENT
 from ...path.stages import Outcome, Stage
@@ -195,6 +196,8 @@ def run_overhead_bench(messages: int = 20_000, rounds: int = 7, runs: int = 3,
         "loadavg": {"before": load_before, "after": loadavg()},
         "python": platform.python_version(),
         "machine": f"{platform.machine()}, {os.cpu_count()} CPUs",
+        # the modules of tracer.compiled.HOT_MODULES that ran compiled (mypyc): module -> stale
+        "compiled": compiled_modules(),
     }
 
 
@@ -221,4 +224,7 @@ def format_overhead_bench(result: dict[str, Any]) -> str:
         f"against a bare span: full {result['full_trace_over_span']:.2f}×, compact "
         f"{result['compact_trace_over_span']:.2f}×, dropped {result['sampled_out_over_span']:.2f}×",
         f"load average before/after: {result['loadavg']['before']} / {result['loadavg']['after']}",
+        f"compiled (mypyc, tracer.compiled): {len(result['compiled'])} of {len(HOT_MODULES)} hot modules"
+        + (f", STALE: {', '.join(m for m, stale in result['compiled'].items() if stale)}"
+           if any(result["compiled"].values()) else ""),
     ])
