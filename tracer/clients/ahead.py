@@ -25,7 +25,7 @@ from collections import deque
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
-from ..callables import unrun
+from ..callables import require_plain, unrun
 from ..dispatch.costtable import MAX_COST_S
 from ..path.names import COST_PROPERTY
 
@@ -58,9 +58,13 @@ class ReceiveAhead:
 
     ``cost``: a message's expected handler seconds, or None when unknown; a raising one or one
     answering anything but a finite number in ``[0, MAX_COST_S)`` counts as unknown.
+
+    Raises:
+        TypeError: ``cost`` is not a plain callable (an ``async def`` would never answer a number).
     """
 
     def __init__(self, cost: Callable[[Any], float | None]) -> None:
+        require_plain(cost, "cost=")
         self._cost = cost
         self._lock = threading.Lock()
         self._trips: deque[float] = deque(maxlen=_SAMPLES)
