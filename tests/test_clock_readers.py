@@ -112,4 +112,4 @@ def test_every_public_time_parameter_names_its_timeline(module: str, function: s
 def test_the_discovery_sees_the_path() -> None:
     names = {(m.split("/")[-1], f, p) for m, f, p, _ in PARAMS}
     assert {("hold.py", "HoldingSpanProcessor.tick", "now_ns"), ("keep.py", "KeepPolicy.decide", "end_mono"),
-            ("engine.py", "Dispatcher.__init__", "clock"), ("tracer.py", "MessageTracer.__init__", "clock")} <= names
+            ("engine.py", "Dispatcher.__init__", "clock"), ("tracercore.py", "TracerCore.__init__", "clock")} <= names

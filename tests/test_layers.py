@@ -24,7 +24,8 @@ ROOT = REPO / "tracer"
 
 # Bottom to top. A folder is one layer; the loose modules sit where their imports put them.
 LAYERS: tuple[tuple[str, ...], ...] = (
-    ("tracer.version", "tracer.callables", "tracer.logonce", "tracer.argtypes", "tracer.bounds", "tracer.embedded"),
+    ("tracer.version", "tracer.callables", "tracer.logonce", "tracer.argtypes", "tracer.bounds", "tracer.environ",
+     "tracer.embedded"),
     ("tracer.path",),
     ("tracer.telemetry",),
     ("tracer.config",),

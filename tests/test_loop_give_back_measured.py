@@ -128,7 +128,7 @@ def test_every_delivery_the_loop_gives_back_unrun_is_measured_once(scenario: str
     assert st.not_started >= 1  # the scenario reached the give-back
     wait_until(lambda: rig.measured() == loop.statistics().succeeded + loop.statistics().failed
                + loop.statistics().not_started, what="every settled delivery measured")
-    assert rig.occupancy.snapshot().unstarted == 0  # no phantom waiting message after the give-back
+    assert rig.occupancy.statistics().unstarted == 0  # no phantom waiting message after the give-back
 
 
 def test_every_unrun_report_of_the_loop_finishes_its_trace() -> None:

@@ -457,7 +457,7 @@ class ConsumeModel(RuleBasedStateMachine):
         else:  # nobody runs run(): it only asks — unless nothing was ever polled (it closes)
             assert self.loop.stop() is (not self.polled), "invariant stop_answers_whether_it_ended"
             if not self.polled:  # nobody will run() it: stop() closed the dispatcher, its workers are gone
-                alive = [t.name for t in self.loop.dispatcher._threads if t.is_alive()]
+                alive = self.loop.dispatcher.statistics().live_workers
                 assert not alive, f"invariant unrun_stop_ends_the_workers: {alive} still alive"
         self.stopped = True
         self.received_at_stop = self.loop.statistics().received

@@ -16,6 +16,7 @@ from opentelemetry.trace import SpanKind
 from tracer.clients.official import TracedSimpleConsumer
 from tracer.clients.producer import TracedProducer
 from tracer.embedded import EmbeddedBroker, Message, Producer, SimpleConsumer
+from tracer.path.message import ClientFacts
 from tracer.telemetry.otel_metrics import SEMCONV_BUCKETS, MessagingMeters
 from tracer.telemetry.tracer import MessageTracer
 
@@ -31,7 +32,7 @@ def _setup(settle_spans: bool = False, client_id: str | None = "client-7") -> tu
     producer.startup()
     raw = SimpleConsumer(broker, "G", {"T": None}, await_duration=0)
     raw.startup()
-    tracer = MessageTracer(consumer_group="G", tracer_provider=provider, client_id=client_id)
+    tracer = MessageTracer(consumer_group="G", tracer_provider=provider, client=ClientFacts(client_id=client_id))
     tracer.meters = MessagingMeters(MeterProvider(metric_readers=[reader]))
     return producer, TracedSimpleConsumer(raw, tracer, settle_spans=settle_spans), exporter, reader
 

@@ -28,6 +28,7 @@ import tracer
 from tracer.clients.official import TracedSimpleConsumer
 from tracer.clients.producer import TracedProducer
 from tracer.embedded import EmbeddedBroker, Message, Producer, SimpleConsumer
+from tracer.path.message import ClientFacts
 from tracer.telemetry.otel_metrics import MessagingMeters
 from tracer.telemetry.tracer import MessageTracer
 
@@ -62,7 +63,7 @@ def _send_rig(provider: TracerProvider, fail: bool) -> Rig:
     raw.startup()
     if fail:
         raw.send = _broken  # type: ignore[method-assign]
-    t = MessageTracer(tracer_provider=provider, client_id="p-1")
+    t = MessageTracer(tracer_provider=provider, client=ClientFacts(client_id="p-1"))
     producer = TracedProducer(raw, t)
     m = _message()
     return Rig(lambda: producer.send(m), t, _measured(t), m)
@@ -79,7 +80,7 @@ def _consumer(provider: TracerProvider, settle_spans: bool = False) -> tuple[Tra
         producer.send(m)
     raw = SimpleConsumer(broker, "G", {"T": None}, await_duration=0)
     raw.startup()
-    t = MessageTracer(consumer_group="G", tracer_provider=provider, client_id="client-7")
+    t = MessageTracer(consumer_group="G", tracer_provider=provider, client=ClientFacts(client_id="client-7"))
     return TracedSimpleConsumer(raw, t, settle_spans=settle_spans), t
 
 

@@ -7,7 +7,7 @@ from opentelemetry.sdk.trace.sampling import ALWAYS_OFF, ParentBased
 from opentelemetry.trace import SpanKind, StatusCode
 
 from tracer.path.clock import ManualClock
-from tracer.path.message import MessageInfo
+from tracer.path.message import ClientFacts, MessageInfo
 from tracer.path.stages import GAPS, Outcome, Stage
 from tracer.telemetry.metrics import TracerMetrics
 from tracer.telemetry.tracer import MessageTracer
@@ -314,8 +314,8 @@ def test_conventions_error_type_namespace_type_client_and_server():
     from tracer.path.names import SCHEMA_URL
     provider, exporter = _provider()
     clock = ManualClock()
-    cons = MessageTracer(consumer_group="G", tracer_provider=provider, clock=clock, client_id="host@1@c",
-                         namespace="ns1", server_address="proxy.local", server_port=8081)
+    cons = MessageTracer(consumer_group="G", tracer_provider=provider, clock=clock,
+                         client=ClientFacts("host@1@c", "ns1", "proxy.local", 8081))
     run_one(cons, clock, {}, fail=True)
     by_name = {s.name: s for s in exporter.get_finished_spans()}
     a = by_name["process T"].attributes
@@ -450,15 +450,15 @@ def test_the_probes_parts_fit_the_whole_when_the_store_time_rounds_down(spans, r
 
 
 def test_message_tracer_takes_one_client_facts_object_and_the_loose_keywords_still_work(spans):
-    from tracer.path.message import ClientFacts
-
     provider, exporter = spans
     facts = ClientFacts("host@1@c", "ns", "broker.example", 8081)
     one = MessageTracer(consumer_group="G", tracer_provider=provider, client=facts)
-    loose = MessageTracer(consumer_group="G", tracer_provider=provider, client_id="host@1@c", namespace="ns",
-                          server_address="broker.example", server_port=8081)
+    with pytest.warns(DeprecationWarning):  # tests/test_tracer_config.py: one warning test per keyword
+        loose = MessageTracer(consumer_group="G", tracer_provider=provider, client_id="host@1@c", namespace="ns",
+                              server_address="broker.example", server_port=8081)
     assert one.client == loose.client == facts and one.client_id == "host@1@c" and one.namespace == "ns"
-    mixed = MessageTracer(tracer_provider=provider, client=facts, client_id="other")
+    with pytest.warns(DeprecationWarning):
+        mixed = MessageTracer(tracer_provider=provider, client=facts, client_id="other")
     assert mixed.client == facts._replace(client_id="other")  # a loose keyword overrides its field
     mixed.describe_client(ClientFacts("ignored", "ignored", "ignored", 1))  # given facts win
     assert mixed.client == facts._replace(client_id="other")

@@ -30,7 +30,7 @@ from opentelemetry.trace import Link, NonRecordingSpan, SpanContext, SpanKind, T
 from prometheus_client import CollectorRegistry
 
 from tracer.path.clock import ManualClock
-from tracer.path.message import MessageInfo
+from tracer.path.message import ClientFacts, MessageInfo
 from tracer.path.propagation import PRODUCE_NS, TRACEPARENT
 from tracer.path.stages import GAPS, Outcome, Stage
 from tracer.telemetry.hold import HoldingSpanProcessor
@@ -138,7 +138,7 @@ def test_the_compact_process_span_carries_every_attribute_of_the_full_one_and_th
         provider.add_span_processor(SimpleSpanProcessor(exporter))
         clock = ManualClock()
         mt = MessageTracer(consumer_group="G", tracer_provider=provider, clock=clock, trace_shape=shape,
-                           client_id="c1", namespace="ns")
+                           client=ClientFacts("c1", "ns"))
         _run(mt, clock, _info(clock, sampled=True), fail=fail)
         (shapes[shape],) = [s for s in exporter.get_finished_spans() if s.name == "process T"]
     full, compact = dict(shapes["full"].attributes), dict(shapes["compact"].attributes)

@@ -200,6 +200,8 @@ CHECKED: dict[tuple[str, str], Callable[[Callable[..., Any]], object]] = {
     ("tracer.dispatch.aio.AsyncDispatcher", "on_done"): lambda fn: _async_dispatcher(fn, "on_done"),
     ("tracer.testing.traced_pipeline", "handler"): _pipeline,
     ("tracer.telemetry.tracer.MessageTracer", "listeners"): lambda fn: MessageTracer(listeners=[_plain, fn]),
+    # MessageTracer's constructor, on the base that holds it
+    ("tracer.telemetry.tracercore.TracerCore", "listeners"): lambda fn: MessageTracer(listeners=[_plain, fn]),
     ("tracer.telemetry.exportchild.ChildExportProcessor", "drops"):
         lambda fn: __import__("tracer.telemetry.exportchild", fromlist=["x"]).ChildExportProcessor(drops=fn),
     ("tracer.clients.producer.TracedProducer.send_job", "cost"): lambda fn: _send_job(cost=fn),
@@ -236,6 +238,8 @@ EXEMPT = {
     ("tracer.clients.probe.skip_probes", "handler"): "returns a wrapper; whoever runs it checks it "
                                                     "(__wrapped__ is followed: see test_dispatch_incident)",
     ("tracer.clients.legacy.traced_legacy_send", "send"): "the client's own send method",
+    ("tracer.clients.producer.send_ordered", "send"): "send_job's own lambda around the traced send",
+    ("tracer.clients.producer.send_ordered", "mark"): "send_job's own lambda setting the order property",
     ("tracer.clients.producer.traced_send", "send"): "the client's own send method",
     ("tracer.clients.producer.traced_send_async", "send_async"): "the client's own send_async method",
     ("tracer.clients.listener.traced_consume", "call"): "internal: the seams above check what they pass",
@@ -286,8 +290,11 @@ def _callable_parameters() -> set[tuple[str, str]]:
             obj = getattr(module, name, None)
             if inspect.isclass(obj):
                 where = f"{obj.__module__}.{obj.__qualname__}"
+                # its own methods and those of our bases (MessageTracer's on TracerCore), under its name
+                members = {m: f for k in reversed(obj.__mro__) if k.__module__.startswith("tracer.")
+                           for m, f in vars(k).items()}
                 targets = [(where, obj.__init__)] + [
-                    (f"{where}.{m}", f) for m, f in vars(obj).items() if not m.startswith("_") and inspect.isfunction(f)]
+                    (f"{where}.{m}", f) for m, f in members.items() if not m.startswith("_") and inspect.isfunction(f)]
             elif inspect.isfunction(obj):
                 targets = [(f"{obj.__module__}.{obj.__qualname__}", obj)]
             else:
@@ -826,6 +833,7 @@ RESULT_RUNNERS: dict[tuple[str, str], tuple[list[str], Callable[[str], None]]] =
 RESULTS_ELSEWHERE = {
     ("tracer.telemetry.tracer.MessageTracer", "listeners"): "its answer is ignored (a returned coroutine is "
         "closed: test_a_finish_listener_returning_a_coroutine_is_closed); an Exception is a hook failure",
+    ("tracer.telemetry.tracercore.TracerCore", "listeners"): "MessageTracer's (its constructor is this one)",
     ("tracer.telemetry.exportchild.ChildExportProcessor", "drops"): "a counter hook: its answer is ignored",
     ("tracer.clients.producer.TracedProducer.send_job", "cost"): "a one-shot job: a junk cost is a loud "
         "CostTableError before anything is sent (test_cost_table)",

@@ -11,7 +11,7 @@ import argparse
 import math
 from typing import Callable, TypeVar
 
-__all__ = ["interval", "port", "positive_number", "probability", "whole_at_least"]
+__all__ = ["interval", "path", "port", "positive_number", "probability", "whole_at_least"]
 
 N = TypeVar("N", int, float)
 
@@ -43,3 +43,12 @@ port = _bounded(int, "a TCP port number", lambda v: 1 <= v <= 65535,
                 lambda t, v: f"a TCP port is 1-65535, got {v}", "port")
 probability = _bounded(float, "a probability", lambda v: 0.0 <= v <= 1.0,
                        lambda t, v: f"a probability is 0-1, got {t!r}", "probability")
+
+
+def path(text: str) -> str:
+    """A file or folder path: not empty. ``--costs "$OUT"`` with OUT unset gives "", which every
+    ``if args.costs`` would read as "not asked" (nothing written, exit 0), and a positional SPANS
+    "" as the default file."""
+    if not text:
+        raise argparse.ArgumentTypeError("expected a path, got an empty string")
+    return text

@@ -17,7 +17,7 @@ import inspect
 from collections.abc import Callable
 from typing import Any
 
-__all__ = ["HandlerNeverRan", "holds", "never_ran", "require_async", "require_plain", "unrun"]
+__all__ = ["HandlerNeverRan", "holds", "never_ran", "require_async", "require_plain", "short_repr", "unrun"]
 
 
 def _kind(fn: Callable[..., Any]) -> str:
@@ -125,3 +125,13 @@ def require_async(fn: object, what: str) -> None:
 
 def _name(fn: object) -> str:
     return repr(getattr(fn, "__qualname__", type(fn).__name__))
+
+
+def short_repr(v: object) -> str:
+    """``repr(v)`` cut to 80 characters, for an error or a log line about what a user's callable
+    answered; never raises (an int of 5000 digits refuses ``repr``, a user's ``__repr__`` may raise)."""
+    try:
+        r = repr(v)
+    except Exception:  # noqa: BLE001 - only for a message
+        r = f"<{type(v).__name__}>"
+    return r if len(r) <= 80 else r[:77] + "..."

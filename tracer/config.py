@@ -27,10 +27,12 @@ from opentelemetry.sdk.resources import Resource
 from opentelemetry.sdk.trace import ReadableSpan, Span, SpanProcessor, TracerProvider
 from opentelemetry.sdk.trace.export import BatchSpanProcessor, SpanExporter, SpanExportResult
 
+from .environ import environment
 from .telemetry.adopt import install, keep_for
 from .telemetry.hold import HoldingSpanProcessor
 from .telemetry.keep import KeepPolicy
 from .telemetry.metrics import TracerMetrics, multiprocess_dir
+from .telemetry.tracerconfig import keep_variables
 
 __all__ = [
     "EXPORTERS", "PROTOCOLS", "CountingExporter", "CountingSpanProcessor", "DropCounter", "Settings", "SpanQueueStats",
@@ -81,7 +83,7 @@ class Settings:
         Raises:
             ValueError: an exporter, protocol or port that cannot work.
         """
-        e = os.environ if env is None else env
+        e = environment() if env is None else env
         port = (e.get("RMQTRACE_METRICS_PORT") or "").strip()
         if port and not port.isdigit():
             raise ValueError(f"RMQTRACE_METRICS_PORT must be a port number, got {port!r}")
@@ -188,7 +190,7 @@ class DropCounter:
 
 def _env_int(name: str, default: int) -> int:
     try:
-        return int(os.environ.get(name) or default)
+        return int(environment().get(name) or default)
     except ValueError:
         return default
 
@@ -342,9 +344,10 @@ def configure_tracing(settings: Settings, *, set_global: bool = True,
         policy_drops.bind(metrics.spans_policy_dropped)
     if settings.sdk_disabled:
         return None
+    keep_env = keep_variables()  # RMQTRACE_KEEP_*, one reading for the policy and its hold
     current = trace.get_tracer_provider()
     if isinstance(current, TracerProvider):
-        keep_for(current)  # RMQTRACE_KEEP_* still applies, in front of the processors it has
+        keep_for(current, keep_env)  # RMQTRACE_KEEP_* still applies, in front of the processors it has
         if settings.export_child:
             log.warning("rmqtrace: RMQTRACE_EXPORT_CHILD is set, but a tracer provider was installed before "
                         "(opentelemetry-instrument or the application): its span processors are kept as they are; "
@@ -357,11 +360,11 @@ def configure_tracing(settings: Settings, *, set_global: bool = True,
         attrs["service.name"] = settings.service_name
     provider = TracerProvider(resource=Resource.create(attrs))
     processors = _processors(settings, drops)
-    keep = KeepPolicy.from_env()  # RMQTRACE_KEEP_*: decide again at handler end (telemetry.keep)
+    keep = KeepPolicy.from_env(keep_env)  # decide again at handler end (telemetry.keep)
     if keep is not None and processors:  # OTEL_TRACES_EXPORTER=none: nothing exported, nothing to keep
         # spans the hold loses (bounds, age, shutdown) count with the export losses
         # (rmqtrace_spans_dropped); late spans of dropped traces in rmqtrace_spans_policy_dropped
-        hold = HoldingSpanProcessor.from_env(processors, on_dropped=drops, on_policy_dropped=policy_drops)
+        hold = HoldingSpanProcessor.from_env(processors, keep_env, on_dropped=drops, on_policy_dropped=policy_drops)
         provider.add_span_processor(hold)
         install(provider, keep, hold)  # a MessageTracer writing into this provider picks them up
     else:

@@ -195,6 +195,9 @@ launch() { # name main-class jvm-opts... -- args...
     args=("$@")
     mkdir -p "$RUN/logs"
     echo "===== $(date '+%F %T.%3N') starting $name" >>"$RUN/logs/$name.log"
+    # A pid file left by a JVM that died (a killed session) must not pass for the new one: the wait
+    # below and started_pid would read the dead pid before the new shell writes its own.
+    rm -f "$RUN/$name.pid"
     # setsid: own session/process group, detached from the caller's terminal and job control.
     # The inner shell records its own pid and then execs java, so the pid file is the JVM's pid.
     # The JVM (only) gets the loopback bind() shim preloaded.

@@ -387,14 +387,10 @@ class ConsumeLoop:
         self._n: Counter[str] = Counter()  # the counters; snapshots via statistics()
         self._errors: Counter[str] = Counter()
         self._log = OnceLogger("rmqtrace consume loop", log, logging.WARNING)
-        d = self.dispatch_options
-        self._user_handler = skip_probes(handler)
         # probes (tracer.clients.probe) ride the dispatcher like any message but never reach the handler
-        self.dispatcher: Dispatcher[Any] = Dispatcher(
-            self._start_handler, policy=d.policy, workers=d.workers, key=d.key, cost=d.cost,
-            on_done=self._on_done, metrics=d.metrics, handler_timeout=d.handler_timeout,
-            clock=_SecondsClock(monotonic), name="consume", consumer_group=_group_of(tracer, consumer))
-        self._keeper = LeaseKeeper(consumer, self.lease, monotonic, self._count, d.handler_timeout,
+        self._user_handler = skip_probes(handler)
+        self.dispatcher = self._make_dispatcher(_group_of(tracer, consumer))
+        self._keeper = LeaseKeeper(consumer, self.lease, monotonic, self._count, self.dispatch_options.handler_timeout,
                                    self._interrupted)
         # receive_ahead: running handlers about to end count as room (ahead.py)
         self._ahead = ReceiveAhead(d.cost or sent_cost) if self.flow.receive_ahead else None
@@ -427,6 +423,13 @@ class ConsumeLoop:
         # the start gate reads them here instead of calling key= again (a slow key= there would
         # run on the watchdog's clock of the message being started)
         self._timed_out_keys: dict[int, str] = {}
+
+    def _make_dispatcher(self, group: str) -> Dispatcher[Any]:
+        """The dispatcher the loop feeds: its options, on the loop's monotonic clock."""
+        d = self.dispatch_options
+        return Dispatcher(self._start_handler, policy=d.policy, workers=d.workers, key=d.key, cost=d.cost,
+                          on_done=self._on_done, metrics=d.metrics, handler_timeout=d.handler_timeout,
+                          clock=_SecondsClock(self._monotonic), name="consume", consumer_group=group)
 
     # -- public state ------------------------------------------------------------------------
     @property

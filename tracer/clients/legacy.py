@@ -40,7 +40,7 @@ from ..path.names import JOB_ORDER_PROPERTY, JOB_ORDERS, PROBE_PROPERTY
 from ..path.propagation import BAGGAGE, COST, JOB_ID, PRODUCE_NS, TRACEPARENT, TRACESTATE
 from ..telemetry.tracer import MessageTracer, SendTrace
 from .listener import Seam, traced_consume
-from .producer import ProducerProxy, ordered_job, traced_send
+from .producer import ProducerProxy, check_job_id, ordered_job, send_ordered, traced_send
 
 # Our properties and the W3C ones, read from a received 2.x message (it cannot list its
 # properties); the global propagator's own fields are read as well when it is another one.
@@ -57,9 +57,12 @@ class Produced(NamedTuple):
 def _text(value: Any) -> str | None:
     if value is None:
         return None
-    if isinstance(value, bytes):
-        value = value.decode("utf-8", "replace")
-    value = str(value)
+    try:  # a foreign object's __str__ (or a bytes subclass's decode) may raise anything
+        if isinstance(value, bytes):
+            value = value.decode("utf-8", "replace")
+        value = str(value)
+    except Exception:  # noqa: BLE001
+        return None
     return value or None
 
 
@@ -164,14 +167,15 @@ class TracedLegacyProducer(ProducerProxy):
         and the order (``rmqtrace_order``); every cost checked before the first send.
 
         Raises:
-            ValueError: an unknown ``order``; a junk cost or a raising ``cost`` (naming the message).
-            TypeError: ``cost`` is neither a function nor a table.
+            ValueError: an unknown ``order``, a blank ``job_id``; a junk cost or a raising ``cost``
+                (naming the message).
+            TypeError: ``cost`` is neither a function nor a table; ``job_id`` not a str.
+            JobSendError: a send raised; ``.sent``, ``.failed``, ``.unsent`` say what went.
         """
-        receipts = []
-        for message, c in ordered_job(messages, cost, order, key):
-            message.set_property(JOB_ORDER_PROPERTY, order)
-            receipts.append(self.send_sync(message, job_id=job_id, cost=c))
-        return receipts
+        job_id = check_job_id(job_id)
+        return send_ordered(ordered_job(messages, cost, order, key), order, job_id,
+                            lambda m, c: self.send_sync(m, job_id=job_id, cost=c),
+                            lambda m: m.set_property(JOB_ORDER_PROPERTY, order))
 
     def send_sync(self, msg: Any, *, job_id: str | None = None, cost: float | None = None) -> Any:
         return traced_legacy_send(self._tracer, self._producer.send_sync, msg, job_id=job_id, cost=cost)
@@ -190,15 +194,15 @@ def describe_legacy(msg: Any) -> MessageInfo:
     """A :class:`MessageInfo` from a 2.x ``ReceivedMessage``. Never raises: what cannot be read
     stays empty. ``body`` is the client's NUL-terminated copy, so its size may be short."""
     props: dict[str, Any] = {}
-    get = getattr(msg, "get_property", None)
+    get = _attr(msg, "get_property")
     if get is not None:
         for key in _property_keys():
             try:
                 value = get(key)
-            except Exception:  # noqa: BLE001
+                if value:  # b'' when absent
+                    props[key] = value
+            except Exception:  # noqa: BLE001 - a foreign object's answer may raise even on bool()
                 continue
-            if value:  # b'' when absent
-                props[key] = value
     reconsume = _attr(msg, "reconsume_times")
     body = _attr(msg, "body")
     store = _attr(msg, "store_timestamp")
@@ -210,7 +214,7 @@ def describe_legacy(msg: Any) -> MessageInfo:
         properties=props,
         store_ms=int(store) if isinstance(store, int) and store > 0 else None,
         delivery_attempt=(reconsume + 1) if isinstance(reconsume, int) and reconsume >= 0 else None,
-        body_size=len(body) if isinstance(body, (bytes, bytearray, str)) else None,
+        body_size=_size(body),
     )
 
 
@@ -220,6 +224,14 @@ def _property_keys() -> tuple[str, ...]:
     except Exception:  # noqa: BLE001 - a broken propagator: our keys still work
         extra = ()
     return KNOWN_PROPERTIES + extra
+
+
+def _size(body: Any) -> int | None:
+    # a str/bytes subclass may override __len__ with anything
+    try:
+        return len(body) if isinstance(body, (bytes, bytearray, str)) else None
+    except Exception:  # noqa: BLE001
+        return None
 
 
 def _attr(obj: Any, name: str) -> Any:

@@ -151,13 +151,17 @@ class ReceivedTraces:
         self._evicted = {"max_age": 0, "max_traces": 0}
         self._lock = threading.Lock()
         self._log = OnceLogger("rmqtrace received traces", log, logging.WARNING)
+        self._configured: HoldingSpanProcessor | None = None  # the bounds the tracer's config sets, once read
 
     def limits(self) -> tuple[int, int]:
-        """(max age in ns, max traces): given ones, else the tracer's hold's, else its defaults
-        from ``RMQTRACE_KEEP_HELD_AGE`` / ``RMQTRACE_KEEP_HELD_SPANS``."""
+        """(max age in ns, max traces): given ones, else the tracer's hold's, else the bounds
+        ``RMQTRACE_KEEP_HELD_AGE`` / ``RMQTRACE_KEEP_HELD_SPANS`` give in the tracer's configuration
+        (:attr:`MessageTracer.config`, read once, at the tracer's construction)."""
         hold = self.tracer.hold
         if hold is None and (self._max_age_s is None or self._max_traces is None):
-            hold = _env_hold()
+            if self._configured is None:  # never installed: only its bounds are read (one parser: the hold's)
+                self._configured = HoldingSpanProcessor.from_env([SpanProcessor()], self.tracer.config.keep_env)
+            hold = self._configured
         age_ns = int(self._max_age_s * 1e9) if self._max_age_s is not None else hold.max_age_ns  # type: ignore[union-attr]
         count = self._max_traces if self._max_traces is not None else hold.max_traces  # type: ignore[union-attr]
         return age_ns, count
@@ -301,17 +305,6 @@ class ReceivedTraces:
 
 class NotAcked(Exception):
     """Finishes the trace of a message received but never acked (see :class:`ReceivedTraces`)."""
-
-
-_ENV_HOLD: HoldingSpanProcessor | None = None
-
-
-def _env_hold() -> HoldingSpanProcessor:
-    """The hold's bounds as ``RMQTRACE_KEEP_HELD_*`` set them, read once (one parser: the hold's)."""
-    global _ENV_HOLD
-    if _ENV_HOLD is None:
-        _ENV_HOLD = HoldingSpanProcessor.from_env([SpanProcessor()])  # never installed: only its bounds are read
-    return _ENV_HOLD
 
 
 class TracedSimpleConsumer:

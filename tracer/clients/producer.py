@@ -6,6 +6,7 @@ call :func:`traced_send`, so the ``send {topic}`` span and the properties writte
 
 from __future__ import annotations
 
+import sys
 from collections.abc import Sequence
 from concurrent.futures import Future
 from typing import Any, Callable
@@ -14,14 +15,14 @@ from opentelemetry.instrumentation.utils import suppress_instrumentation
 
 from ..dispatch.cost import JOB_ORDERS, LONGEST_FIRST, job_costs, message_key
 from ..dispatch.costtable import CostTable
-from ..path.message import client_facts
+from ..path.message import client_facts, key_tuple
 from ..path.names import JOB_ORDER_PROPERTY
 from ..telemetry.futures import future_error
 from ..telemetry.tracer import MessageTracer, SendTrace
 from .route import explain_route_failure
 
-__all__ = ["ProducerProxy", "SendOpener", "TracedProducer", "ordered_job", "start_send", "traced_send",
-           "traced_send_async"]
+__all__ = ["JobSendError", "ProducerProxy", "SendOpener", "TracedProducer", "check_job_id", "ordered_job",
+           "send_ordered", "start_send", "traced_send", "traced_send_async"]
 
 
 def _setter(message: Any) -> Callable[[str, str], object]:
@@ -36,13 +37,13 @@ def _setter(message: Any) -> Callable[[str, str], object]:
 
 def start_send(tracer: MessageTracer, message: Any, job_id: str | None = None,
                cost: float | None = None) -> SendTrace:
-    keys = getattr(message, "keys", None) or ()
+    keys = key_tuple(getattr(message, "keys", None))
     body = getattr(message, "body", None)
     due = getattr(message, "delivery_timestamp", None)  # ms; set on a 5.x delay message
     return tracer.start_send(
         str(getattr(message, "topic", "") or ""), _setter(message),
         tag=getattr(message, "tag", None),
-        keys=tuple(keys) if not isinstance(keys, str) else (keys,),
+        keys=keys,
         message_group=getattr(message, "message_group", None),
         job_id=job_id, cost=cost,
         body_size=len(body) if isinstance(body, (bytes, bytearray, str)) else None,
@@ -142,6 +143,63 @@ def ordered_job(messages: Sequence[Any], cost: Callable[[Any], float] | CostTabl
     return pairs
 
 
+class JobSendError(RuntimeError):
+    """A send of :meth:`TracedProducer.send_job` raised: what went and what did not, so exactly the
+    rest can be sent again. ``__cause__`` is the send's own exception.
+
+    Attributes:
+        sent: ``(message, receipt)`` of the messages sent before it, in send order.
+        failed: the message whose send raised (it may or may not have reached the broker).
+        unsent: the messages after it, never tried, in the order they would have been sent.
+    """
+
+    def __init__(self, message: str, sent: list[tuple[Any, Any]], failed: Any, unsent: list[Any]) -> None:
+        super().__init__(message)
+        self.sent = sent
+        self.failed = failed
+        self.unsent = unsent
+
+
+def check_job_id(job_id: object) -> str | None:
+    """``job_id`` if a job can carry it: None or a non-empty str. A falsy or non-str one would be
+    dropped at the send (the property is refused or skipped) and every message go without it."""
+    if job_id is None:
+        return None
+    if not isinstance(job_id, str):
+        raise TypeError(f"job_id must be a str or None, got {type(job_id).__name__}")
+    if not job_id.strip():
+        raise ValueError("job_id must not be blank")
+    return job_id
+
+
+def send_ordered(pairs: Sequence[tuple[Any, float]], order: str, job_id: str | None,
+                 send: Callable[[Any, float], Any], mark: Callable[[Any], object]) -> list[Any]:
+    """Send one job's ``(message, cost)`` pairs in order, each first marked with the order
+    (``mark``): the loop of every producer's ``send_job``.
+
+    Raises:
+        JobSendError: a send raised an ``Exception`` (its ``__cause__``); says what was sent.
+        BaseException: a ``KeyboardInterrupt`` … passes through, with a note of what was sent.
+    """
+    receipts: list[Any] = []
+    for i, (message, c) in enumerate(pairs):
+        try:
+            mark(message)
+            receipts.append(send(message, c))
+        except Exception as exc:
+            sent = [(m, r) for (m, _), r in zip(pairs, receipts)]
+            unsent = [m for m, _ in pairs[i + 1:]]
+            raise JobSendError(
+                f"send_job{f' {job_id!r}' if job_id else ''}: the send of message {i + 1} of {len(pairs)} "
+                f"({order}) raised {type(exc).__name__}: {exc}; {len(sent)} sent before it, {len(unsent)} not "
+                "tried (.sent, .failed, .unsent)", sent, message, unsent) from exc
+        except BaseException as exc:
+            if sys.version_info >= (3, 11):  # a note is all a Ctrl-C can carry
+                exc.add_note(f"send_job: {len(receipts)} of {len(pairs)} messages sent before it")
+            raise
+    return receipts
+
+
 class TracedProducer(ProducerProxy):
     """``send``/``send_async`` of a 5.x-surface producer, traced; :meth:`send_job` sends a job
     longest first.
@@ -162,16 +220,17 @@ class TracedProducer(ProducerProxy):
         them as given (a baseline), still recording the order. Returns the receipts, in send order.
 
         Raises:
-            ValueError: an unknown ``order``; a junk cost (NaN, negative, too large, not a number)
-                or a raising ``cost``, naming the message; nothing is sent then.
-            TypeError: ``cost`` is neither a function nor a table.
-            Exception: whatever a send raises, as ``send`` does; the messages before it were sent.
+            ValueError: an unknown ``order``, a blank ``job_id``; a junk cost (NaN, negative, too
+                large, not a number), a junk ``key=`` answer, or a raising ``cost``/``key``, naming
+                the message; nothing is sent then.
+            TypeError: ``cost`` is neither a function nor a table; ``job_id`` not a str.
+            JobSendError: a send raised (its ``__cause__``): ``.sent`` (with the receipts),
+                ``.failed`` and ``.unsent`` say what went and what did not.
         """
-        receipts = []
-        for message, c in ordered_job(messages, cost, order, key):
-            _setter(message)(JOB_ORDER_PROPERTY, order)
-            receipts.append(self.send(message, job_id=job_id, cost=c))
-        return receipts
+        job_id = check_job_id(job_id)
+        return send_ordered(ordered_job(messages, cost, order, key), order, job_id,
+                            lambda m, c: self.send(m, job_id=job_id, cost=c),
+                            lambda m: _setter(m)(JOB_ORDER_PROPERTY, order))
 
     def send(self, message: Any, *args: Any, job_id: str | None = None, cost: float | None = None,
              **kwargs: Any) -> Any:

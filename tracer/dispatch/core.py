@@ -53,8 +53,6 @@ from __future__ import annotations
 
 import enum
 import logging
-import math
-import numbers
 import threading
 import time
 from collections import deque
@@ -63,12 +61,13 @@ from contextlib import AbstractContextManager
 from typing import Any, Generic, TypeVar, cast
 
 from ..bounds import MAX_THREADS, count, timeout_s
-from ..callables import require_plain, unrun
+from ..callables import require_plain, short_repr, unrun
 from ..logonce import OnceLogger
 from ..path.blocking import BlameTracker, Verdict
 from ..path.clock import MonoNs, MonotonicClock, require_clock
 from ..path.stages import Outcome, Stage
 from .accrual import Accrual
+from .costtable import as_seconds
 from .metrics import BoundDispatchMetrics, DispatchMetrics
 from .policy import Policy, resolve_policy
 from .protocol import DispatcherClosed, DispatchStats, HandlerTimeout, MessageTraceLike, NotStarted
@@ -129,30 +128,6 @@ def exemplar_of(trace: MessageTraceLike) -> Mapping[str, str] | None:
     if fn is None:
         return None
     return cast("Mapping[str, str] | None", fn())
-
-
-def _as_cost(c: object) -> float | None:
-    """``c`` as a finite float >= 0, or None when it cannot be one.
-
-    The conversion itself may raise: an int or Fraction too large for a float (``10**400``)
-    raises OverflowError, a user's ``numbers.Real`` any error from ``__float__``.
-    """
-    if not isinstance(c, numbers.Real) or isinstance(c, bool):
-        return None
-    try:
-        f = float(c)
-    except Exception:  # noqa: BLE001 - a cost is a hint: one that cannot be a float is no cost
-        return None
-    return f if math.isfinite(f) and f >= 0 else None
-
-
-def _short_repr(v: object) -> str:
-    """``repr(v)`` cut to 80 characters; never raises (an int of 5000 digits refuses ``repr``)."""
-    try:
-        r = repr(v)
-    except Exception:  # noqa: BLE001 - only for a log line
-        r = f"<{type(v).__name__}>"
-    return r if len(r) <= 80 else r[:77] + "..."
 
 
 class Core(Generic[T]):
@@ -251,11 +226,11 @@ class Core(Generic[T]):
                 self.log("cost= callable", exc, "the message takes cost 0")
                 self._cost_failed()
             else:
-                f = _as_cost(c)
+                f = as_seconds(c)
                 if f is not None:
                     cost = f
                 else:
-                    self.log("cost= value", None, f"{_short_repr(c)} is not a finite number >= 0; "
+                    self.log("cost= value", None, f"{short_repr(c)} is not a finite number >= 0; "
                              "the message takes cost 0")
                     self._cost_failed()
         e: Entry[Any] = Entry(item, trace, key, cost)

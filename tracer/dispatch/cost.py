@@ -37,7 +37,7 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable, Sequence
 from typing import Any, TypeVar
 
-from ..callables import require_plain, unrun
+from ..callables import require_plain, short_repr, unrun
 from ..path.names import JOB_ORDERS
 from .costtable import MAX_COST_S, CostTable, CostTableError, check_cost
 
@@ -74,9 +74,23 @@ def table_cost(table: CostTable, key: Callable[[Any], str | None] = message_key)
     require_plain(key, "key=")
 
     def cost(message: Any) -> float:
-        return table.cost(key(message))
+        return table.cost(_table_key(key, message))
 
     return cost
+
+
+def _table_key(key: Callable[[Any], str | None], message: Any) -> str | None:
+    """``key(message)`` for a table lookup, or :class:`CostTableError` saying ``key=`` failed: a key
+    that is no str (bytes from a 2.x client, a set of keys) would miss every entry and take the
+    default in silence — the dispatcher refuses such a key too (docs/dispatch.md)."""
+    try:
+        k = key(message)
+    except Exception as exc:  # noqa: BLE001 - said as key='s, not as the cost's
+        raise CostTableError(f"key= raised {type(exc).__name__}: {exc}") from exc
+    if k is None or isinstance(k, str):
+        return k
+    kind = unrun(k)  # a returned coroutine is closed before the loud error: no "never awaited"
+    raise CostTableError(f"key= returned {kind or type(k).__name__ + ' ' + short_repr(k)}, not a str or None")
 
 
 def job_costs(messages: Sequence[Any], cost: Callable[[Any], float] | CostTable,
@@ -98,6 +112,8 @@ def job_costs(messages: Sequence[Any], cost: Callable[[Any], float] | CostTable,
     for i, m in enumerate(messages):
         try:
             value = fn(m)
+        except CostTableError as exc:  # the table's key= or group= failed: said as theirs
+            raise CostTableError(f"{exc} (for {_which(i, key, m)})") from exc
         except Exception as exc:  # noqa: BLE001 - said with the message it failed on
             raise CostTableError(f"cost= raised {type(exc).__name__} for {_which(i, key, m)}: {exc}") from exc
         if value.__class__ is float and 0.0 <= value < MAX_COST_S:  # the usual: no label built
@@ -114,7 +130,10 @@ def _which(index: int, key: Callable[[Any], str | None], message: Any) -> str:
         k = key(message)
     except Exception:  # noqa: BLE001 - only for the error message
         k = None
-    return f"message {index}" + (f" (key {k!r})" if k else "")
+    if not isinstance(k, str):
+        unrun(k)  # a junk key= answer is only not shown (a coroutine closed: no "never awaited")
+        k = None
+    return f"message {index}" + (f" (key {k[:40]!r})" if k else "")
 
 
 __all__ = ["ARRIVAL", "JOB_ORDERS", "LONGEST_FIRST", "job_costs", "longest_first", "message_key", "table_cost"]

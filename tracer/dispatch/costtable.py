@@ -15,25 +15,29 @@ Unknown keys (a group added since the run) take the table's **median** cost: a n
 assumed typical, neither sent first nor last. With ``group=`` (a function of a key, e.g. its suite
 prefix) an unknown key takes the median of the known keys in its group first.
 
-Safe to load from a file someone else wrote: JSON only (never pickle), at most
-:data:`MAX_BYTES` and :data:`MAX_ENTRIES`, keys printable and at most :data:`MAX_KEY_CHARS`,
-costs finite numbers in [0, :data:`MAX_COST_S`); anything else is refused with one
-:class:`CostTableError` naming the file and the entry.
+Safe to load from a file someone else wrote: a regular file (not a FIFO or a device), JSON only
+(never pickle), at most :data:`MAX_BYTES` and :data:`MAX_ENTRIES`, each key once, printable and
+at most :data:`MAX_KEY_CHARS`, costs finite numbers in [0, :data:`MAX_COST_S`); anything else is
+refused with one :class:`CostTableError` naming the file and the entry. What :meth:`CostTable.save`
+writes is always loadable: a table whose JSON would exceed :data:`MAX_BYTES` is refused there.
 """
 
 from __future__ import annotations
 
 import json
 import math
+import numbers
 import os
+import secrets
+import stat
 import statistics
-import tempfile
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
+from types import MappingProxyType
 from typing import Any
 
-from ..callables import require_plain, unrun
+from ..callables import require_plain, short_repr, unrun
 
 __all__ = [
     "FORMAT",
@@ -44,6 +48,7 @@ __all__ = [
     "VERSION",
     "CostTable",
     "CostTableError",
+    "as_seconds",
     "check_cost",
     "check_key",
     "learn_costs",
@@ -55,7 +60,7 @@ FORMAT = "rmqtrace.costs"
 VERSION = 1
 MAX_BYTES = 8 * 1024 * 1024  # ~100 000 entries of short keys; a table is one line per key group
 MAX_ENTRIES = 100_000
-MAX_KEY_CHARS = 256
+MAX_KEY_CHARS = 256  # = the cap on a recorded message key (tracer.telemetry.attributes.MAX_ATTR_CHARS)
 MAX_COST_S = 1e15  # the bound the consumer puts on a carried cost (tracer.path.propagation)
 
 
@@ -63,21 +68,47 @@ class CostTableError(ValueError):
     """A cost table that cannot be used: the message names the file (or "costs") and the entry."""
 
 
+def as_seconds(value: object) -> float | None:
+    """``value`` as a finite float >= 0, or None when it cannot be one: the one rule of what a cost
+    is, for the dispatcher's ``cost=`` (a hint: None there is cost 0) and for a table (refused).
+
+    Any real number but a bool is taken (int, float, Fraction, numpy scalars: ``numbers.Real``);
+    the conversion itself may raise (an int too large for a float, a user's ``__float__``)."""
+    if value.__class__ is float:  # the usual: no conversion
+        f: float = value
+    elif isinstance(value, numbers.Real) and not isinstance(value, bool):
+        try:
+            f = float(value)
+        except Exception:  # noqa: BLE001 - a number that cannot be a float is no cost
+            return None
+    else:
+        return None
+    return f if math.isfinite(f) and f >= 0 else None
+
+
 def check_cost(value: object, what: str) -> float:
     """``value`` as a cost in seconds, or :class:`CostTableError` saying ``what`` it was for.
 
-    A cost is a real number (not a bool), finite, in [0, :data:`MAX_COST_S`)."""
-    if isinstance(value, bool) or not isinstance(value, (int, float)):
-        raise CostTableError(f"{what}: cost {value!r} is not a number")
+    A cost is a real number (:func:`as_seconds`: not a bool), finite, in [0, :data:`MAX_COST_S`)."""
+    cost = as_seconds(value)
+    if cost is not None and cost < MAX_COST_S:
+        return cost
+    shown = short_repr(value)
+    if isinstance(value, bool) or not isinstance(value, numbers.Real):
+        raise CostTableError(f"{what}: cost {shown} is not a number")
+    if cost is not None or _too_large(value):
+        raise CostTableError(f"{what}: cost {shown} is too large (at most {MAX_COST_S:g} s)")
+    raise CostTableError(f"{what}: cost {shown} is not a number >= 0")
+
+
+def _too_large(value: Any) -> bool:
+    """A real that is no float because it is too large (``10**400``, ``inf``), not NaN nor negative."""
     try:
-        cost = float(value)
+        return bool(value > 0) and not math.isnan(float(value))
     except OverflowError:
-        raise CostTableError(f"{what}: cost {value!r} is too large (at most {MAX_COST_S:g} s)") from None
-    if math.isnan(cost) or cost < 0:
-        raise CostTableError(f"{what}: cost {value!r} is not a number >= 0")
-    if cost >= MAX_COST_S:
-        raise CostTableError(f"{what}: cost {value!r} is too large (at most {MAX_COST_S:g} s)")
-    return cost
+        return True
+    except Exception:  # noqa: BLE001 - a user's number that cannot compare or convert
+        return False
 
 
 def check_key(key: object, where: str) -> str:
@@ -106,16 +137,25 @@ class CostTable:
 
     def __post_init__(self) -> None:
         require_plain(self.group, "group=", optional=True)
+        if not isinstance(self.costs, Mapping):
+            raise TypeError(f"costs must be a mapping of key: seconds, got {type(self.costs).__name__}")
         if len(self.costs) > MAX_ENTRIES:
             raise CostTableError(f"costs: {len(self.costs)} entries, more than {MAX_ENTRIES}")
         checked = {check_key(k, "costs"): check_cost(v, f"costs: entry {k!r}") for k, v in self.costs.items()}
-        object.__setattr__(self, "costs", checked)
+        # read-only: a cost put in behind the checks would reach send_job and cost_aware unchecked,
+        # and the default (the median) would no longer be the median of what the table holds
+        object.__setattr__(self, "costs", MappingProxyType(checked))
         object.__setattr__(self, "_default", statistics.median(checked.values()) if checked else 0.0)
         groups: dict[str, list[float]] = {}
         if self.group is not None:
             for k, v in checked.items():
                 groups.setdefault(self._group_of(k), []).append(v)
         object.__setattr__(self, "_groups", {g: statistics.median(v) for g, v in groups.items()})
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        """Rebuilt (and checked again) from its costs: a read-only mapping does not pickle, and a
+        table may be handed to another process (a pool's worker, a copy)."""
+        return (CostTable, (dict(self.costs), self.group))
 
     @property
     def default(self) -> float:
@@ -129,9 +169,14 @@ class CostTable:
         return key in self.costs
 
     def cost(self, key: str | None) -> float:
-        """``key``'s cost; an unknown key its group's median (with ``group=``), else :attr:`default`."""
+        """``key``'s cost; an unknown key its group's median (with ``group=``), else :attr:`default`.
+        A key over :data:`MAX_KEY_CHARS` is read by its first :data:`MAX_KEY_CHARS` characters."""
         if key is None:
             return self._default
+        if len(key) > MAX_KEY_CHARS:
+            # read as a span recorded it: capped at MAX_KEY_CHARS (semconv.md), which is what a table
+            # learned from the spans holds for it; the whole key would miss that entry for ever
+            key = key[:MAX_KEY_CHARS]
         known = self.costs.get(key)
         if known is not None:
             return known
@@ -145,7 +190,10 @@ class CostTable:
         """``group(key)``, refused loudly unless a str: a junk group (a returned coroutine, a new
         object per call) would match no known group, silently."""
         assert self.group is not None
-        g = self.group(key)
+        try:
+            g = self.group(key)
+        except Exception as exc:  # noqa: BLE001 - said as group='s, with the key it failed on
+            raise CostTableError(f"group= raised {type(exc).__name__} for key {key!r}: {exc}") from exc
         if not isinstance(g, str):
             raise CostTableError(f"group= returned {unrun(g) or type(g).__name__} for key {key!r}, not a str")
         return g
@@ -157,16 +205,48 @@ class CostTable:
     def as_dict(self) -> dict[str, Any]:
         return {"format": FORMAT, "version": VERSION, "unit": "s", "costs": dict(sorted(self.costs.items()))}
 
+    def to_json(self) -> str:
+        """The file's text; :class:`CostTableError` when it is longer than a loader reads
+        (:data:`MAX_BYTES`): what is written is always what :func:`load_costs` takes back."""
+        text = json.dumps(self.as_dict(), indent=0, allow_nan=False) + "\n"
+        size = len(text.encode("utf-8"))
+        if size > MAX_BYTES:
+            raise CostTableError(f"costs: {len(self.costs)} keys make {size} bytes of JSON, more than the "
+                                 f"{MAX_BYTES} a loader reads; learn fewer or shorter keys (--group, --job)")
+        return text
+
     def save(self, path: str | os.PathLike[str]) -> Path:
-        """Write the table as JSON to ``path`` (atomically: a reader never sees half a file)."""
+        """Write the table as JSON to ``path``: a regular file is replaced atomically (a reader never
+        sees half a file), through a symlink to it (the link stays), keeping its mode (a new one
+        0666 & ~umask, as any write); anything else the path names (``/dev/stdout``, a pipe) is
+        written to as it is.
+
+        Raises:
+            CostTableError: the table is larger than a loader reads (:meth:`to_json`); nothing is written.
+            OSError: the file cannot be written.
+        """
+        text = self.to_json()
         target = Path(path)
-        target.parent.mkdir(parents=True, exist_ok=True)
-        fd, tmp = tempfile.mkstemp(dir=target.parent, prefix=f".{target.name}.")
+        try:
+            mode: int | None = os.stat(target).st_mode
+        except FileNotFoundError:
+            mode = None
+        if mode is not None and not stat.S_ISREG(mode):
+            with open(target, "w", encoding="utf-8") as out:
+                out.write(text)
+            return target
+        real = Path(os.path.realpath(target))  # a symlink's target is replaced, not the link
+        real.parent.mkdir(parents=True, exist_ok=True)
+        # not mkstemp: its 0600 would stay on the table, unreadable to a producer run as another
+        # user; created 0666 & ~umask like any other write, an existing file's mode kept
+        tmp = str(real.parent / f".{real.name}.{secrets.token_hex(6)}")
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_CLOEXEC", 0), 0o666)
         try:
             with os.fdopen(fd, "w", encoding="utf-8") as f:
-                json.dump(self.as_dict(), f, indent=0, allow_nan=False)
-                f.write("\n")
-            os.replace(tmp, target)
+                if mode is not None:
+                    os.fchmod(f.fileno(), stat.S_IMODE(mode))
+                f.write(text)
+            os.replace(tmp, real)
         except BaseException:
             Path(tmp).unlink(missing_ok=True)
             raise
@@ -195,6 +275,17 @@ def _refuse_constant(name: str) -> float:
     raise CostTableError(f"{name} is not a cost (JSON has no {name})")
 
 
+def _no_duplicates(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+    """A JSON object, refused when a key appears twice: json.loads would keep the last value, so
+    a table could say one cost for a key and mean another."""
+    out: dict[str, Any] = {}
+    for key, value in pairs:
+        if key in out:
+            raise CostTableError(f"duplicate key {key[:40]!r} (a key appears once in a cost table)")
+        out[key] = value
+    return out
+
+
 def parse_costs(text: str | bytes, *, source: str = "costs", group: Callable[[str], str] | None = None) -> CostTable:
     """A table from the JSON text of a cost file; ``source`` names it in errors.
 
@@ -205,7 +296,7 @@ def parse_costs(text: str | bytes, *, source: str = "costs", group: Callable[[st
     if len(text) > MAX_BYTES:
         raise CostTableError(f"{source}: larger than {MAX_BYTES} bytes; not a cost table")
     try:
-        doc = json.loads(text, parse_constant=_refuse_constant)
+        doc = json.loads(text, parse_constant=_refuse_constant, object_pairs_hook=_no_duplicates)
     except CostTableError as exc:
         raise CostTableError(f"{source}: {exc}") from None
     except (ValueError, RecursionError) as exc:  # JSONDecodeError, bad UTF-8, nesting too deep
@@ -232,16 +323,46 @@ def parse_costs(text: str | bytes, *, source: str = "costs", group: Callable[[st
 
 
 def load_costs(path: str | os.PathLike[str], *, group: Callable[[str], str] | None = None) -> CostTable:
-    """The cost table in the file at ``path`` (:func:`parse_costs`), read no further than
+    """The cost table in the regular file at ``path`` (:func:`parse_costs`), read no further than
     :data:`MAX_BYTES`.
 
     Raises:
-        CostTableError: unreadable, too large, or refused by :func:`parse_costs`.
+        TypeError: ``path`` is not a str or path object (an int would be taken as a file descriptor).
+        CostTableError: unreadable, not a regular file (a FIFO would block until a writer comes,
+            for ever), too large, or refused by :func:`parse_costs`.
     """
     require_plain(group, "group=", optional=True)
+    if not isinstance(path, (str, os.PathLike)) or not isinstance(os.fspath(path), str):
+        raise TypeError(f"path must be a str or os.PathLike naming a file, got {type(path).__name__}")
     try:
-        with open(path, "rb") as f:
+        # O_NONBLOCK: opening a FIFO returns at once instead of waiting for a writer; the file's
+        # kind is then seen on what was opened (no gap between a check and the open)
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | getattr(os, "O_CLOEXEC", 0))
+    except OSError as exc:
+        try:  # a socket cannot be opened at all (ENXIO): say what it is rather than the errno
+            kind = _not_regular(os.stat(path).st_mode)
+        except OSError:
+            kind = ""
+        raise CostTableError(f"{path}: not a regular file ({kind}); a cost table is a file" if kind
+                             else f"{path}: cannot read ({exc.strerror or exc})") from None
+    try:
+        kind = _not_regular(os.fstat(fd).st_mode)
+        if kind:
+            raise CostTableError(f"{path}: not a regular file ({kind}); a cost table is a file")
+        with open(fd, "rb", closefd=False) as f:
             data = f.read(MAX_BYTES + 1)
     except OSError as exc:
         raise CostTableError(f"{path}: cannot read ({exc.strerror or exc})") from None
+    finally:
+        os.close(fd)
     return parse_costs(data, source=str(path), group=group)
+
+
+def _not_regular(mode: int) -> str:
+    """What a file that is not a regular one is ("a FIFO" …), or "" for a regular file."""
+    for test, name in ((stat.S_ISREG, ""), (stat.S_ISDIR, "a directory"), (stat.S_ISFIFO, "a FIFO"),
+                       (stat.S_ISCHR, "a character device"), (stat.S_ISSOCK, "a socket"),
+                       (stat.S_ISBLK, "a block device")):
+        if test(mode):
+            return name
+    return "not a file"

@@ -9,7 +9,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, Callable, Mapping, NamedTuple
 
-__all__ = ["ClientFacts", "MessageInfo", "body_of", "client_facts", "describe", "message_type"]
+__all__ = ["ClientFacts", "MessageInfo", "body_of", "client_facts", "describe", "key_tuple", "message_type"]
 
 # The 5.x protocol's MessageType codes, as the semantic conventions name them.
 _MESSAGE_TYPES = {1: "normal", 2: "fifo", 3: "delay", 4: "transaction"}
@@ -59,9 +59,24 @@ def _get(obj: Any, *names: str) -> Any:
 def _int(value: Any) -> int | None:
     try:
         v = int(value)
-    except (TypeError, ValueError, OverflowError):
+    except Exception:  # noqa: BLE001 - a foreign object's __int__ may raise anything
         return None
     return v if v > 0 else None
+
+
+def key_tuple(keys: Any) -> tuple[str, ...]:
+    """A message's keys as recorded (``messaging.rocketmq.message.keys``): a sequence in its order,
+    one str as itself, a set (the 5.x client's) **sorted** — a set's own order is its process's hash
+    order, so its first recorded key is the smallest, the one the producer's ``message_key`` reads
+    and a learned cost table is keyed by."""
+    # once per message on both paths: the common shapes first, map(str) rather than a generator
+    if not keys:
+        return ()
+    if isinstance(keys, (str, bytes)):
+        return (str(keys),)
+    if isinstance(keys, (set, frozenset)):
+        return tuple(sorted(map(str, keys))) if len(keys) > 1 else tuple(map(str, keys))
+    return tuple(map(str, keys))
 
 
 def describe(msg: Any) -> MessageInfo:
@@ -78,15 +93,14 @@ def describe(msg: Any) -> MessageInfo:
 def _describe(msg: Any, get: Callable[..., Any]) -> MessageInfo:
     keys = get(msg, "keys")
     try:
-        keys_t = tuple(str(k) for k in keys) if keys and not isinstance(keys, (str, bytes)) else (
-            (str(keys),) if keys else ())
+        keys_t = key_tuple(keys)
     except Exception:  # noqa: BLE001
         keys_t = ()
     body = get(msg, "body")
     props = get(msg, "properties")
     address, port = _endpoint(get(msg, "endpoints"))
     return MessageInfo(
-        topic=str(get(msg, "topic") or ""),
+        topic=_str(get(msg, "topic")) or "",
         message_id=_str(get(msg, "message_id")),
         tag=_str(get(msg, "tag")),
         keys=keys_t,
@@ -96,7 +110,7 @@ def _describe(msg: Any, get: Callable[..., Any]) -> MessageInfo:
         store_ms=_int(get(msg, "store_timestamp", "_Message__store_timestamp")),
         decode_ms=_int(get(msg, "decode_message_timestamp")),
         delivery_attempt=_int(get(msg, "delivery_attempt")),
-        body_size=len(body) if isinstance(body, (bytes, bytearray, str)) else None,
+        body_size=_size(body),
         system_trace_context=_str(get(msg, "trace_context")),
         namespace=_str(get(msg, "namespace")),
         declared_type=_MESSAGE_TYPES.get(_int(get(msg, "message_type")) or 0),
@@ -148,6 +162,14 @@ def body_of(tracer: Any, msg: Any) -> Any:
         return None
     try:
         return getattr(msg, "body", None)
+    except Exception:  # noqa: BLE001
+        return None
+
+
+def _size(body: Any) -> int | None:
+    # a str/bytes subclass may override __len__ with anything
+    try:
+        return len(body) if isinstance(body, (bytes, bytearray, str)) else None
     except Exception:  # noqa: BLE001
         return None
 

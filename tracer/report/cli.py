@@ -12,6 +12,8 @@ import urllib.parse
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from ..environ import environment
+
 if TYPE_CHECKING:
     from .model import Report
     from .records import MessageRecord
@@ -48,7 +50,7 @@ examples:
   rmqtrace report spans.jsonl --json | jq '.groups[].jobs[].over_lb'
   rmqtrace report spans.jsonl --costs costs.json   # what the next run's send_job(cost=...) reads
 
-exit status: 0 report written; 1 no spans or the source failed; 2 bad arguments.
+exit status: 0 report written; 1 no spans, the source failed or --costs learned nothing; 2 bad arguments.
 """
 
 
@@ -57,18 +59,18 @@ JAEGER_DEFAULTS = {"limit": 2000, "lookback": "1h", "timeout": 30.0}  # options 
 
 def add_cli(subparsers: Any) -> argparse.ArgumentParser:
     """Register ``report`` on the ``rmqtrace`` parser's subparsers."""
-    from ..argtypes import interval
+    from ..argtypes import interval, path
     from .sources import DEFAULT_JAEGER, DEFAULT_SERVICE
 
     p: argparse.ArgumentParser = subparsers.add_parser(
         "report", help="where the time went, per message and per job: terminal, HTML, PNG or JSON",
         description=DESCRIPTION, epilog=EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("spans", nargs="?", metavar="SPANS.jsonl",
+    p.add_argument("spans", nargs="?", metavar="SPANS.jsonl", type=path,
                    help=f"JSON-lines span file (default: $RMQTRACE_SPANS_FILE or {DEFAULT_SPANS})")
     src = p.add_argument_group("reading from Jaeger instead of a file")
     src.add_argument("--jaeger", metavar="URL", nargs="?", const=DEFAULT_JAEGER,
                      help=f"Jaeger query service (HTTP API), e.g. {DEFAULT_JAEGER}")
-    src.add_argument("--service", default=os.environ.get("OTEL_SERVICE_NAME") or DEFAULT_SERVICE,
+    src.add_argument("--service", default=environment().get("OTEL_SERVICE_NAME") or DEFAULT_SERVICE,
                      help=f"service whose traces to read (default $OTEL_SERVICE_NAME or {DEFAULT_SERVICE})")
     # Defaults applied in _check_args, so that one given with a spans file can be refused by name.
     src.add_argument("--limit", type=int, default=None, help="at most this many traces (default 2000; one per message)")
@@ -90,10 +92,10 @@ def add_cli(subparsers: Any) -> argparse.ArgumentParser:
                      help="workers per group for the lower bound (default: distinct rmqtrace.worker values, else "
                           "the peak number of concurrent handlers)")
     out = p.add_argument_group("output")
-    out.add_argument("--html", metavar="FILE", help="write the self-contained HTML report here")
-    out.add_argument("--png", metavar="FILE", help="write a screenshot of the HTML report (headless Chromium)")
+    out.add_argument("--html", metavar="FILE", type=path, help="write the self-contained HTML report here")
+    out.add_argument("--png", metavar="FILE", type=path, help="write a screenshot of the HTML report (headless Chromium)")
     out.add_argument("--json", action="store_true", help="print the report as one JSON object instead of tables")
-    out.add_argument("--costs", metavar="FILE",
+    out.add_argument("--costs", metavar="FILE", type=path,
                      help="also write the cost table learned from these messages (median handler seconds per "
                           "message key, JSON) for TracedProducer.send_job and cost_aware (docs/dispatch.md)")
     from .broker_side import prometheus_url
@@ -141,6 +143,7 @@ def _check_args(args: argparse.Namespace) -> None:
             raise _Stop(str(exc), 2) from exc
     if args.costs and args.fleet:
         raise _Stop("--costs learns from the per-message report; not with --fleet", 2)
+    _check_outputs_distinct(args)
     for flag in ("html", "png", "costs"):
         why = _unwritable(getattr(args, flag))
         if why:
@@ -149,6 +152,35 @@ def _check_args(args: argparse.Namespace) -> None:
         from .png import find_chromium, no_chromium_message
         if find_chromium() is None:  # before the work: the report is not printed only to fail after it
             raise _Stop(no_chromium_message())
+
+
+def _spans_path(args: argparse.Namespace) -> Path:
+    return Path(args.spans or environment().get("RMQTRACE_SPANS_FILE") or DEFAULT_SPANS)
+
+
+def _check_outputs_distinct(args: argparse.Namespace) -> None:
+    """Refuse an output that is the spans file read, or another output: writing it would replace
+    the only record of the run (a slip of tab completion) or one output with the other."""
+    named: list[tuple[str, Path]] = []
+    if not args.jaeger:
+        named.append(("the spans file read", _spans_path(args)))
+    for flag in ("html", "png", "costs"):
+        if getattr(args, flag):
+            path = Path(getattr(args, flag))
+            for what, other in named:
+                if _same_file(path, other):
+                    raise _Stop(f"--{flag} {path}: is {what}; give another file", 2)
+            named.append((f"--{flag}'s file", path))
+
+
+def _same_file(a: Path, b: Path) -> bool:
+    """Whether two paths name one file (through links), or would once written."""
+    try:
+        if a.exists() and b.exists():
+            return os.path.samefile(a, b)  # hard links too
+        return os.path.realpath(a) == os.path.realpath(b)
+    except OSError:
+        return False
 
 
 def _unwritable(target: str | None) -> str | None:
@@ -207,7 +239,7 @@ def _read(args: argparse.Namespace) -> tuple[list[MessageRecord], int, str, str]
             with paused_gc():
                 records = messages_from_spans(spans)
             return records, len(spans), f"Jaeger {args.jaeger} service {args.service}", left_out
-        path = Path(args.spans or os.environ.get("RMQTRACE_SPANS_FILE") or DEFAULT_SPANS)
+        path = _spans_path(args)
         read = read_span_file(path)  # the process spans; the others only when a message needs them
         left_out = f"{read.unparsed} of {read.lines} lines could not be parsed as spans" if read.unparsed else ""
         return read.records, read.spans, f"spans file {path}", left_out
@@ -255,6 +287,10 @@ def _write_costs(records: list[MessageRecord], args: argparse.Namespace) -> None
 
     try:
         learned = costs_from_records(records, group=args.group, job=args.job)
+        if not learned.messages:
+            # an empty table would replace the last run's and send every next job in arrival order
+            raise _Stop(f"--costs {args.costs}: no handled message with a usable message key to learn from"
+                        f"{f' ({learned.left_out} without one)' if learned.left_out else ''}; nothing written")
         learned.table.save(args.costs)
     except CostTableError as exc:
         raise _Stop(f"--costs {args.costs}: {exc}") from exc

@@ -1,9 +1,12 @@
 """``rmqtrace report … --costs costs.json``: the cost table learned from the messages read.
 
 Each message key's cost is the median handler time of its deliveries whose handler ran (every
-outcome: a failing test-case group still took that long), keyed by the message's first key —
-what :func:`tracer.dispatch.cost.message_key` reads on the producer. Messages without a key, or
-with one a cost table refuses (over 256 characters, unprintable), are left out and counted. The
+outcome: a failing test-case group still took that long; a timed-out one is recorded at its
+deadline, a lower bound, which still sorts it among the longest), keyed by the message's first
+recorded key (``MessageRecord.key``, whole: a key may hold a ","); the consumer records a 5.x
+message's keys (a set) sorted, so that is the smallest, what :func:`tracer.dispatch.cost.message_key`
+reads on the producer. Messages without a key, or with one a cost table refuses (over 256
+characters, unprintable), are left out and counted. The
 span file and Jaeger both give the handler time per message; the Prometheus histograms do not
 (no per-key label), so they cannot teach a per-key table.
 """
@@ -45,7 +48,7 @@ def costs_from_records(records: Iterable[MessageRecord], *, group: str | None = 
     for r in records:
         if (group is not None and r.group != group) or (job is not None and r.job_id != job) or not r.handled:
             continue
-        key = r.keys.split(",", 1)[0]
+        key = r.key
         seconds = r.handler_s
         try:
             check_key(key, "message key")

@@ -8,12 +8,13 @@ when none is found the error says so and the HTML report is still written.
 
 from __future__ import annotations
 
-import os
 import re
 import shutil
 import subprocess
 import tempfile
 from pathlib import Path
+
+from ..environ import environment
 
 CANDIDATES = ("chromium", "chromium-browser", "google-chrome", "google-chrome-stable", "chrome")
 HEADLESS_FLAGS = ("--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
@@ -31,7 +32,7 @@ class PngError(Exception):
 
 def find_chromium() -> str | None:
     """``$RMQTRACE_CHROMIUM``, else the first Chromium or Chrome on PATH, else /usr/bin/chromium."""
-    env = os.environ.get("RMQTRACE_CHROMIUM")
+    env = environment().get("RMQTRACE_CHROMIUM")
     if env:
         return env if Path(env).exists() or shutil.which(env) else None
     for name in CANDIDATES:

@@ -68,6 +68,9 @@ class MessageRecord:
     keys: str = ""
     instance: str = ""  # the consumer instance that handled it (instance_of); worker ids are per instance
     order: str = ""  # the job's send order (rmqtrace.job.order, set by send_job), "" when not recorded
+    # the first message key as recorded (a key may hold the "," that joins them in ``keys``): what
+    # the producer's message_key reads, so what a learned cost table is keyed by
+    key: str = ""
     # compute_gaps(stamps), made when first asked for: the report's tables read the stamps'
     # columns instead (gap_columns), and seven GapValues and a dict per message were a sixth of the read
     _gaps: dict[str, GapValue] | None = field(default=None, init=False, repr=False, compare=False)
@@ -224,6 +227,13 @@ def _keys(value: Any) -> str:
     return str(value) if value is not None else ""
 
 
+def _first_key(value: Any) -> str:
+    """The first of the recorded message keys (a sequence, or one str), "" when none."""
+    if isinstance(value, (list, tuple)):
+        value = value[0] if value else ""
+    return value if isinstance(value, str) else ("" if value is None else str(value))
+
+
 def _exact_stamps(attrs: dict[str, Any], end_ns: int) -> Stamps | None:
     """:func:`exact_stamps` of a process span given by its attributes and end: the definition."""
     stamps = _stamps_from_attributes(attrs)
@@ -251,7 +261,7 @@ def _record(trace_id: str, span_id: str, name: str, attrs: dict[str, Any], stamp
         str(a.get(names.MESSAGE_ID) or span_id), str(a.get(JOB_ATTR) or NO_JOB), stamps, timing,
         worker if type(worker) is int else exact_int(worker), False, None if cost is None else _num(cost, float, None),
         str(a.get(names.OUTCOME) or ""), attempt if type(attempt) is int else _num(attempt, int, 1),
-        _keys(keys), instance, _order(a.get(names.JOB_ORDER)))
+        _keys(keys), instance, _order(a.get(names.JOB_ORDER)), _first_key(keys))
 
 
 def message_record(span: SpanRecord, stamps: Stamps, timing: str = "stamps") -> MessageRecord:

@@ -2,5 +2,6 @@
 
 from .metrics import TracerMetrics
 from .tracer import MessageTrace, MessageTracer, SendTrace
+from .tracerconfig import TracerConfig
 
-__all__ = ["MessageTrace", "MessageTracer", "SendTrace", "TracerMetrics"]
+__all__ = ["MessageTrace", "MessageTracer", "SendTrace", "TracerConfig", "TracerMetrics"]

@@ -13,7 +13,6 @@ the SDK's, the policy cannot apply and a warning says so, once per provider.
 from __future__ import annotations
 
 import logging
-import os
 import threading
 import weakref
 from typing import Any, Mapping
@@ -82,7 +81,7 @@ def _adopt(provider: Any, keep: KeepPolicy, env: Mapping[str, str] | None) -> tu
         log.warning("rmqtrace: RMQTRACE_KEEP_* is set but the tracer provider has no span processor: nothing "
                     "is exported, so there is nothing to keep")
         return None
-    hold = HoldingSpanProcessor.from_env(inner, os.environ if env is None else env)
+    hold = HoldingSpanProcessor.from_env(inner, env)
     with plock:
         multi._span_processors = (hold,)
     log.info("rmqtrace: RMQTRACE_KEEP_* applied to the existing tracer provider: its %d span processor(s) "

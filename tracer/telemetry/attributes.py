@@ -16,7 +16,7 @@ from ..path.stages import Outcome
 from ..path.stamps import MISSING
 
 __all__ = [
-    "BODY_ATTR", "MAX_ATTR_CHARS", "MAX_KEYS", "body_preview", "cap", "client_attributes",
+    "BODY_ATTR", "MAX_ATTR_CHARS", "MAX_KEYS", "body_preview", "cap", "client_attributes", "job_order",
     "process_attributes", "process_sampling_attributes", "send_attributes", "server_attributes",
 ]
 
@@ -109,6 +109,18 @@ def process_sampling_attributes(info: MessageInfo, consumer_group: str, server: 
     return attrs
 
 
+def job_order(props: Mapping[str, Any]) -> str | None:
+    """The job order a message's properties carry, when it is one rmqtrace knows; read once per
+    written span, not in extract(): only a span shows it (the report's job view)."""
+    try:
+        order = props.get(n.JOB_ORDER_PROPERTY)
+    except Exception:  # noqa: BLE001 - a foreign mapping whose get raises: extract() counted it unreadable
+        return None
+    if isinstance(order, bytes):  # the 2.x client's property values
+        order = order.decode("ascii", "replace")
+    return order if order is not None and order in _JOB_ORDERS else None
+
+
 def process_attributes(info: MessageInfo, client: ClientFacts, outcome: Outcome, times: Sequence[int],
                        job_id: str | None, cost: float | None, worker: int | None, record_body_size: bool,
                        body: bytes | bytearray | str | None, capture_body: int,
@@ -155,14 +167,8 @@ def process_attributes(info: MessageInfo, client: ClientFacts, outcome: Outcome,
         attrs[n.COST] = cost
     props = info.properties
     if props:
-        # read here, once per written span, not in extract(): only a span shows it (the report's job view)
-        try:
-            order = props.get(n.JOB_ORDER_PROPERTY)
-        except Exception:  # noqa: BLE001 - a foreign mapping whose get raises: extract() counted it unreadable
-            order = None
-        if isinstance(order, bytes):  # the 2.x client's property values
-            order = order.decode("ascii", "replace")
-        if order is not None and order in _JOB_ORDERS:
+        order = job_order(props)
+        if order is not None:
             attrs[n.JOB_ORDER] = order
     if worker is not None:
         attrs[n.WORKER] = worker

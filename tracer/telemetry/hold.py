@@ -52,7 +52,6 @@ Install it in place of the processors it wraps::
 from __future__ import annotations
 
 import logging
-import os
 import random
 import sys
 import threading
@@ -65,6 +64,7 @@ from opentelemetry.sdk.trace import ReadableSpan, Span, SpanProcessor
 from opentelemetry.sdk.trace.id_generator import IdGenerator, RandomIdGenerator
 from opentelemetry.trace import SpanContext, TraceFlags, TraceState
 
+from ..environ import environment
 from ..path.clock import MonoNs, MonotonicClock, default_clock, require_clock, shared_clock
 from ..path.propagation import span_context
 
@@ -202,7 +202,7 @@ class HoldingSpanProcessor(SpanProcessor):
         Raises:
             ValueError: naming the variable whose value is not a positive number.
         """
-        e = os.environ if env is None else env
+        e = environment() if env is None else env
         raw = e.get("RMQTRACE_KEEP_HELD_SPANS", "").strip()
         try:
             n = int(raw) if raw else DEFAULT_MAX_SPANS

@@ -41,22 +41,14 @@ non-recording context carrying their pre-allocated ids, processors see no ``on_s
 (the user's spans get theirs as usual), and they are written, with those ids, only if the trace is
 kept. The user's spans are held and reach the processors' ``on_end`` only when kept.
 
-Environment (read by :meth:`KeepPolicy.from_env` at an entry point, never at import; no
-``RMQTRACE_KEEP_*`` variable set means no policy):
-
-- ``RMQTRACE_KEEP_DISPATCH_WAIT``, ``RMQTRACE_KEEP_CLIENT_BUFFER``, ``RMQTRACE_KEEP_CONSUMER_WAIT``,
-  ``RMQTRACE_KEEP_END_TO_END``: a threshold for that gap, either seconds (``0.5``, ``0.5s``,
-  ``250ms``) or a share of the slowest (``1%``);
-- ``RMQTRACE_KEEP_BACKGROUND``: probability 0–1 of keeping any other message (default 0);
-- ``RMQTRACE_KEEP_INTERVAL``: seconds per interval of the slowest-X % estimate (default 60);
-- ``RMQTRACE_KEEP_JOB_IDLE``: seconds without a finished message after which a job's latest
-  finisher is kept (default 30);
-- ``RMQTRACE_KEEP_MAX_JOBS``: jobs tracked at once (default 10000; the oldest is settled, kept,
-  when a new one would exceed it);
-- ``RMQTRACE_KEEP_HELD_SPANS``: the most spans held undecided (read by
-  :meth:`tracer.telemetry.hold.HoldingSpanProcessor.from_env`, default 20000);
-- ``RMQTRACE_KEEP_HELD_AGE``: seconds an undecided trace may be held (default 600; a message
-  handled but never acked or finished is dropped then, counted as ``max_age``).
+Environment (parsed by :meth:`KeepPolicy.from_env`; its callers hand it and the hold one reading,
+:func:`tracer.telemetry.tracerconfig.keep_variables`, at an entry point, never at import; none set:
+no policy; docs/telemetry.md lists them): ``RMQTRACE_KEEP_DISPATCH_WAIT``, ``_CLIENT_BUFFER``,
+``_CONSUMER_WAIT``, ``_END_TO_END`` (a threshold: seconds, ``250ms``, or a share of the slowest,
+``1%``); ``_BACKGROUND`` (probability, 0); ``_INTERVAL`` (s per estimate interval, 60); ``_JOB_IDLE``
+(s, 30); ``_MAX_JOBS`` (jobs tracked at once, 10000: past it the oldest is settled, kept);
+``_HELD_SPANS`` and ``_HELD_AGE`` (the hold's bounds: 20000 spans, 600 s; see
+:meth:`tracer.telemetry.hold.HoldingSpanProcessor.from_env`).
 
 **Settling by time.** A job's latest finisher is held until the job has been idle for
 ``job_idle_s``; a timer (:meth:`KeepPolicy.tick`, run by the hold's ticker thread while anything
@@ -72,13 +64,13 @@ handler run, so there was nothing to keep) or pending: ``messages = kept + dropp
 from __future__ import annotations
 
 import math
-import os
 import random
 import re
 import threading
 from dataclasses import dataclass, field
 from typing import Callable, Mapping, Sequence
 
+from ..environ import environment
 from ..path.clock import MonoNs, MonotonicClock, default_clock, require_clock, shared_clock
 from ..path.stages import GAP_BY_NAME, Outcome, Stage
 
@@ -259,7 +251,7 @@ class KeepPolicy:
         Raises:
             ValueError: naming the variable whose value cannot work.
         """
-        e = os.environ if env is None else env
+        e = environment() if env is None else env
         if not any(k.startswith("RMQTRACE_KEEP_") and v.strip() for k, v in e.items()):
             return None
         thresholds: dict[str, float | Slowest] = {}
@@ -305,26 +297,10 @@ class KeepPolicy:
         if now and end_mono is not None:
             now = end_mono
         if not now:
-            with self._lock:  # never handled: nothing to judge, kept only for what the caller knows
-                self._messages += 1
-                if flag is None:  # (a lost lease: its redelivery links to this trace)
-                    self._drops["not_handled"] += 1
-                    return None
-                self._counts[flag] += 1
-            return flag
+            return self._not_handled(flag)
         if now >= self._interval_end:
             self._roll(now)
-        slow = False
-        for a, b, limit in self._absolute:
-            if times[a] and times[b] and times[b] - times[a] > limit:
-                slow = True
-        for a, b, est in self._estimates:
-            if times[a] and times[b]:
-                v = times[b] - times[a]
-                est.add(v)
-                t = est.threshold_ns
-                if t is not None and v > t:
-                    slow = True
+        slow = self._slow_gap(times)
         if head:
             reason: str | None = "head"
         elif outcome is _FAILURE or outcome is _TIMEOUT:
@@ -355,6 +331,31 @@ class KeepPolicy:
         for fn, keep in settled:
             fn(keep)
         return reason
+
+    def _not_handled(self, flag: str | None) -> str | None:
+        """Never handled: nothing to judge, kept only for what the caller knows (a lost lease's ``flag``)."""
+        with self._lock:
+            self._messages += 1
+            if flag is None:
+                self._drops["not_handled"] += 1
+                return None
+            self._counts[flag] += 1
+        return flag
+
+    def _slow_gap(self, times: Sequence[int]) -> bool:
+        """Whether a gap passed its threshold (absolute, or its estimate's, which every gap feeds)."""
+        slow = False
+        for a, b, limit in self._absolute:
+            if times[a] and times[b] and times[b] - times[a] > limit:
+                slow = True
+        for a, b, est in self._estimates:
+            if times[a] and times[b]:
+                v = times[b] - times[a]
+                est.add(v)
+                t = est.threshold_ns
+                if t is not None and v > t:
+                    slow = True
+        return slow
 
     def _job(self, job_id: str, times: Sequence[int], now: int, reason: str | None,
              settle: Callable[[bool], None] | None, settled: list[tuple[Callable[[bool], None], bool]]) -> str | None:

@@ -9,7 +9,6 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import json
-import os
 import sys
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, NoReturn, Sequence
@@ -18,7 +17,8 @@ if TYPE_CHECKING:
     from ..config import Settings
     from .demo import PolicyRun
 
-from ..argtypes import port, positive_number, probability, whole_at_least
+from ..argtypes import path, port, positive_number, probability, whole_at_least
+from ..environ import environment
 
 __all__ = ["Parser", "build_parser", "main"]
 
@@ -101,7 +101,7 @@ def add_demo_arguments(d: argparse.ArgumentParser) -> None:
     d.add_argument("--metrics-port", type=port, default=None, metavar="PORT",
                    help="serve Prometheus /metrics on this port during the run (default: not served; "
                         "$RMQTRACE_METRICS_PORT also works)")
-    d.add_argument("--out", default=os.environ.get("RMQTRACE_OUT", "rmqtrace-out"), metavar="DIR",
+    d.add_argument("--out", default=environment().get("RMQTRACE_OUT") or "rmqtrace-out", metavar="DIR", type=path,
                    help="output folder (default $RMQTRACE_OUT or rmqtrace-out)")
     d.add_argument("--json", action="store_true",
                    help="print the per-policy summary as one JSON document on stdout; tables and progress go to stderr")

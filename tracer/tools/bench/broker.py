@@ -44,28 +44,15 @@ import statistics
 import sys
 import threading
 import time
-import uuid
 from concurrent.futures import Future
-from typing import Any, Callable, NamedTuple, Sequence
-
-from opentelemetry import trace as otel_trace
-from opentelemetry.propagators.textmap import DefaultGetter
-from opentelemetry.sdk.trace import ReadableSpan, TracerProvider
-from opentelemetry.sdk.trace.export import BatchSpanProcessor, SpanExporter, SpanExportResult
-from opentelemetry.sdk.trace.sampling import ParentBased, TraceIdRatioBased
-from opentelemetry.trace import SpanKind
-from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
-from prometheus_client import CollectorRegistry
+from typing import Any, Callable, Sequence
 
 from ...clients.consume import ConsumeLoop
-from ...clients.producer import TracedProducer
-from ...telemetry.exportchild import ChildExportProcessor
 from ...telemetry.futures import future_error
-from ...telemetry.hold import HoldingSpanProcessor
-from ...telemetry.keep import KeepPolicy
-from ...telemetry.metrics import TracerMetrics
 from ...telemetry.tracer import MessageTracer
-from . import DropExporter, client_version, contrib_process, loadavg, rmq_admin
+from . import DropExporter, client_version, loadavg
+from .brokermodes import Clients, EncodeOnlyExporter, Mode, child_mode, contrib_mode, keep_mode, open_clients, traced_mode
+from .threadcpu import PARTS, GcTimer, cpu_by_role, thread_cpu
 
 __all__ = ["EncodeOnlyExporter", "format_broker_bench", "main", "run_broker_bench", "run_cli"]
 
@@ -73,26 +60,6 @@ ENDPOINT = "127.0.0.1:8081"
 DEFAULT_MESSAGES = 500
 DEFAULT_ROUNDS = 15
 TARGET = 0.95
-
-
-class EncodeOnlyExporter(SpanExporter):
-    """Encodes every batch to OTLP protobuf bytes, as the OTLP exporter does, and drops them."""
-
-    def __init__(self) -> None:
-        from opentelemetry.exporter.otlp.proto.common.trace_encoder import encode_spans
-
-        self._encode = encode_spans
-        self.spans = 0
-        self.bytes = 0
-
-    def export(self, spans: Sequence[ReadableSpan]) -> SpanExportResult:
-        self.bytes += len(self._encode(spans).SerializeToString())
-        self.spans += len(spans)
-        return SpanExportResult.SUCCESS
-
-    def shutdown(self) -> None:
-        pass
-
 
 
 def _client() -> Any:
@@ -134,77 +101,12 @@ def _produce(producer: Any, rmq: Any, topic: str, n: int, run: str, window: int)
     return took, cpu
 
 
-# Whose CPU it is, by thread name: the 5.x client's asyncio/gRPC thread, its other threads (and
-# native gRPC threads, which `threading` does not know), the loop's own, the span exporter's.
-ROLES = ("client_io", "client_other", "loop_receive", "loop_workers", "loop_acks", "exporter", "main")
-PARTS = (*ROLES, "gc")  # the consumer's CPU per message: by role, and the cyclic collector's share
-
-
-def _role(name: str | None) -> str:
-    if name is None or "message_decode" in name or "_poll_wrapper" in name or "schedule_thread" in name:
-        return "client_other"
-    if name == "channel_io_loop_thread":
-        return "client_io"
-    if name.startswith("consume-dispatch"):
-        return "loop_workers"
-    if name.startswith("rmqtrace-ack"):
-        return "loop_acks"
-    if name.startswith(("OtelBatch", "rmqtrace-export")):
-        return "exporter"
-    if name == "MainThread":
-        return "main"
-    return "loop_receive"  # the thread running ConsumeLoop.run (and the prefetch feeder, if any)
-
-
-def _thread_cpu() -> dict[int, tuple[str, int]]:
-    """CPU ticks of each live thread of this process (Linux ``/proc``; empty elsewhere), by role."""
-    names = {t.native_id: t.name for t in threading.enumerate()}
-    out: dict[int, tuple[str, int]] = {}
-    try:
-        tids = os.listdir("/proc/self/task")
-    except OSError:
-        return out
-    for tid in tids:
-        try:
-            with open(f"/proc/self/task/{tid}/stat") as f:
-                fields = f.read().rsplit(")", 1)[1].split()
-        except OSError:
-            continue  # ended meanwhile
-        out[int(tid)] = (_role(names.get(int(tid))), int(fields[11]) + int(fields[12]))
-    return out
-
-
-def _cpu_by_role(before: dict[int, tuple[str, int]], after: dict[int, tuple[str, int]], n: int) -> dict[str, float]:
-    """µs of CPU per message by role between two snapshots (threads that started meanwhile count from 0)."""
-    hz = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100
-    by = dict.fromkeys(ROLES, 0.0)
-    for tid, (role, ticks) in after.items():
-        by[role] += (ticks - before.get(tid, (role, 0))[1]) / hz / n * 1e6
-    return by
-
-
-class _GcTimer:
-    """Collections and the seconds they took, counted by a ``gc.callbacks`` hook."""
-
-    def __init__(self) -> None:
-        self.collections = 0
-        self.seconds = 0.0
-        self._t0 = 0.0
-
-    def __call__(self, phase: str, _info: dict[str, Any]) -> None:
-        if phase == "start":
-            self._t0 = time.perf_counter()
-        else:
-            self.collections += 1
-            self.seconds += time.perf_counter() - self._t0
-
-
 def _consume(consumer: Any, n: int, handler_ms: float, workers: int,
              tracer: MessageTracer | None, breakdown: dict[str, float] | None = None,
              wrap: Callable[[Callable[[Any], None]], Callable[[Any], None]] | None = None) -> tuple[float, float]:
     """Receive, handle and ack ``n`` messages: (seconds from the loop's start to the n-th ack,
     CPU seconds of this process meanwhile — every thread: the client's, the loop's, the exporter's).
-    ``breakdown``, if given, is filled with µs of CPU per message by thread role (:data:`ROLES`,
+    ``breakdown``, if given, is filled with µs of CPU per message by thread role (:data:`~tracer.tools.bench.threadcpu.ROLES`,
     taken before the loop's threads end) and ``gc`` (the cyclic collector's µs per message);
     ``wrap`` wraps the handler (the contrib mode's process span)."""
     pause = handler_ms / 1000.0
@@ -215,9 +117,9 @@ def _consume(consumer: Any, n: int, handler_ms: float, workers: int,
     loop = ConsumeLoop(consumer, handler if wrap is None else wrap(handler), tracer=tracer, policy="aggressive",
                        workers=workers, invisible_duration=60)
     done = threading.Event()
-    timer = _GcTimer()
+    timer = GcTimer()
     gc.callbacks.append(timer)
-    threads0 = _thread_cpu()
+    threads0 = thread_cpu()
     cpu0 = time.process_time()
     t0 = time.perf_counter()
     end = [0.0]
@@ -236,10 +138,10 @@ def _consume(consumer: Any, n: int, handler_ms: float, workers: int,
             end[0] = time.perf_counter()
             done.set()
     cpu = time.process_time() - cpu0
-    threads1 = _thread_cpu()
+    threads1 = thread_cpu()
     gc.callbacks.remove(timer)
     if breakdown is not None:
-        breakdown.update(_cpu_by_role(threads0, threads1, n), gc=timer.seconds / n * 1e6)
+        breakdown.update(cpu_by_role(threads0, threads1, n), gc=timer.seconds / n * 1e6)
     loop.stop()
     runner.join(60)
     if loop.statistics().acked < n or loop.statistics().redelivered or loop.statistics().ack_errors:
@@ -247,139 +149,7 @@ def _consume(consumer: Any, n: int, handler_ms: float, workers: int,
     return end[0] - t0, cpu
 
 
-class _Clients(NamedTuple):
-    """One run's topic and group, a started plain producer and simple consumer."""
-
-    rmq: Any
-    topic: str
-    group: str
-    producer: Any
-    consumer: Any
-
-
-class _Mode(NamedTuple):
-    producer: Any
-    tracer: MessageTracer | None
-    provider: TracerProvider | None
-    wrap: Callable[[Callable[[Any], None]], Callable[[Any], None]] | None = None
-    helper_cpu_s: Callable[[], float] | None = None  # CPU seconds so far of a helper process (the export child)
-
-
-def _process_cpu_s(pid: int | None) -> float:
-    """CPU seconds (user + system) of process ``pid`` so far (Linux ``/proc``; 0 elsewhere or when gone)."""
-    if pid is None:
-        return 0.0
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            fields = f.read().rsplit(")", 1)[1].split()
-    except OSError:
-        return 0.0
-    return (int(fields[11]) + int(fields[12])) / (os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100)
-
-
-class _ContribProducer:
-    """A ``send`` span per message and ``traceparent`` injected, as a contrib instrumentation does."""
-
-    def __init__(self, producer: Any, tracer: Any) -> None:
-        self._producer = producer
-        self._tracer = tracer
-        self._propagator = TraceContextTextMapPropagator()
-
-    def send_async(self, message: Any) -> Future[Any]:
-        topic = message.topic
-        span = self._tracer.start_span(f"send {topic}", kind=SpanKind.PRODUCER, attributes={
-            "messaging.system": "rocketmq", "messaging.operation.type": "send",
-            "messaging.operation.name": "send", "messaging.destination.name": topic})
-        carrier: dict[str, str] = {}
-        self._propagator.inject(carrier, otel_trace.set_span_in_context(span))
-        for k, v in carrier.items():
-            message.add_property(k, v)
-        future: Future[Any] = self._producer.send_async(message)
-        future.add_done_callback(lambda _f: span.end())
-        return future
-
-
-class _PropertiesGetter(DefaultGetter):
-    """Reads the W3C fields from a 5.x message's ``properties`` dict."""
-
-    def get(self, carrier: Any, key: str) -> list[str] | None:
-        value = (getattr(carrier, "properties", None) or {}).get(key)
-        return [value] if value is not None else None
-
-
-def _contrib_mode(clients: _Clients) -> _Mode:
-    """No rmqtrace: a contrib-style ``send`` span and ``process`` span per message (module doc)."""
-    provider = TracerProvider()
-    provider.add_span_processor(BatchSpanProcessor(DropExporter(), max_queue_size=1 << 16))
-    tracer = provider.get_tracer("contrib-style")
-    propagator = TraceContextTextMapPropagator()
-    getter = _PropertiesGetter()
-    group = clients.group
-
-    def wrap(handler: Callable[[Any], None]) -> Callable[[Any], None]:
-        def traced(msg: Any) -> None:
-            topic = getattr(msg, "topic", "")
-            with contrib_process(tracer, propagator.extract(msg, getter=getter), topic, group,
-                                 str(getattr(msg, "message_id", ""))):
-                handler(msg)
-        return traced
-
-    return _Mode(_ContribProducer(clients.producer, tracer), None, provider, wrap)
-
-
-def _open_clients(rmq: Any, endpoint: str) -> _Clients:
-    """Create a fresh topic (4 queues) and group, start a producer and a consumer on them."""
-    admin = rmq_admin("broker")
-    run = uuid.uuid4().hex[:8]
-    topic = group = f"rmqtrace-bench-{run}"
-    admin.create_topic(topic, queues=4)
-    admin.create_group(group)
-    config = rmq.ClientConfiguration(endpoint, rmq.Credentials())
-    producer = rmq.Producer(config, (topic,))
-    producer.startup()
-    consumer = rmq.SimpleConsumer(config, group, {topic: rmq.FilterExpression()}, await_duration=1)
-    consumer.startup()
-    settled = getattr(consumer, "_init_settings_event", None)  # 5.1.2: startup() does not wait for it
-    if settled is not None:
-        settled.wait(15)
-    return _Clients(rmq, topic, group, producer, consumer)
-
-
-def _traced_mode(clients: _Clients, exporter: SpanExporter, shape: str = "full") -> _Mode:
-    """A traced producer and consumer tracer (histograms on, every span sampled, the trace
-    ``shape``) on their own provider, whose batch processor hands spans to ``exporter``."""
-    provider = TracerProvider()
-    provider.add_span_processor(BatchSpanProcessor(exporter, max_queue_size=1 << 16))
-    return _Mode(TracedProducer(clients.producer, MessageTracer(tracer_provider=provider)),
-                 MessageTracer(consumer_group=clients.group, tracer_provider=provider,
-                               metrics=TracerMetrics(CollectorRegistry()), trace_shape=shape),
-                 provider)
-
-
-def _child_mode(clients: _Clients) -> _Mode:
-    """``traced`` (full shape) with the spans exported by a child process that OTLP-encodes them."""
-    provider = TracerProvider()
-    processor = ChildExportProcessor(f"{__name__}:EncodeOnlyExporter", max_queue_size=1 << 16)
-    provider.add_span_processor(processor)
-    return _Mode(TracedProducer(clients.producer, MessageTracer(tracer_provider=provider)),
-                 MessageTracer(consumer_group=clients.group, tracer_provider=provider,
-                               metrics=TracerMetrics(CollectorRegistry()), trace_shape="full"),
-                 provider, helper_cpu_s=lambda: _process_cpu_s(processor.child_pid))
-
-
-def _keep_mode(clients: _Clients) -> _Mode:
-    """Head sampling at 1 %, the keep policy deciding the rest on the consumer (see the module doc)."""
-    provider = TracerProvider(sampler=ParentBased(TraceIdRatioBased(0.01)))
-    hold = HoldingSpanProcessor([BatchSpanProcessor(DropExporter(), max_queue_size=1 << 16)])
-    provider.add_span_processor(hold)
-    policy = KeepPolicy({"dispatch_wait": 10.0, "end_to_end": 600.0}, background=0.0)
-    return _Mode(TracedProducer(clients.producer, MessageTracer(tracer_provider=provider)),
-                 MessageTracer(consumer_group=clients.group, tracer_provider=provider,
-                               metrics=TracerMetrics(CollectorRegistry()), keep=policy, hold=hold),
-                 provider)
-
-
-def _run_rounds(clients: _Clients, modes: dict[str, _Mode], *, messages: int, rounds: int, handler_ms: float,
+def _run_rounds(clients: Clients, modes: dict[str, Mode], *, messages: int, rounds: int, handler_ms: float,
                 workers: int, window: int, progress: Callable[[int, int], None] | None) -> dict[str, dict[str, list[float]]]:
     """A warm-up per mode, then ``rounds`` rounds of every mode in rotating order: produce and
     consume throughput (msg/s) and consumer CPU per message (µs) per round and mode."""
@@ -474,15 +244,15 @@ def run_broker_bench(messages: int = DEFAULT_MESSAGES, handler_ms: float = 1.0, 
                      workers: int = 8, window: int = 64, endpoint: str = ENDPOINT,
                      progress: Callable[[int, int], None] | None = None) -> dict[str, Any]:
     """Traced vs untraced produce and consume throughput on the real broker (see the module doc)."""
-    clients = _open_clients(_client(), endpoint)
+    clients = open_clients(_client(), endpoint)
     encoder = EncodeOnlyExporter()
-    modes = {"untraced": _Mode(clients.producer, None, None),
-             "traced": _traced_mode(clients, DropExporter()),
-             "traced_otlp": _traced_mode(clients, encoder),
-             "traced_compact": _traced_mode(clients, DropExporter(), "compact"),
-             "traced_child": _child_mode(clients),
-             "traced_keep": _keep_mode(clients),
-             "contrib": _contrib_mode(clients)}
+    modes = {"untraced": Mode(clients.producer, None, None),
+             "traced": traced_mode(clients, DropExporter()),
+             "traced_otlp": traced_mode(clients, encoder),
+             "traced_compact": traced_mode(clients, DropExporter(), "compact"),
+             "traced_child": child_mode(clients),
+             "traced_keep": keep_mode(clients),
+             "contrib": contrib_mode(clients)}
     load_before = loadavg()
     try:
         results = _run_rounds(clients, modes, messages=messages, rounds=rounds, handler_ms=handler_ms,
