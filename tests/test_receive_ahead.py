@@ -3,6 +3,7 @@
 import math
 import threading
 import warnings
+from fractions import Fraction
 
 import pytest
 from manual_clock import Clock
@@ -73,8 +74,10 @@ def test_an_unknown_raising_or_junk_cost_never_counts():
     with warnings.catch_warnings():
         warnings.simplefilter("error")  # a coroutine left unawaited would warn
         pending = coroutine()
-        assert ahead.soon([("raise", 1.0), (None, 1.0), (math.nan, 1.0), (-1.0, 0.0), (pending, 1.0)]) == 0
+        assert ahead.soon([("raise", 1.0), (None, 1.0), (math.nan, 1.0), (-1.0, 0.0), (pending, 1.0),
+                           (True, 1.0), (1e15, 1e15)]) == 0
     assert pending.cr_frame is None  # closed
+    assert ahead.soon([(Fraction(1), 1.0), (1, 1.0)]) == 2  # any real but a bool, as the dispatcher's cost=
 
 
 def test_receive_ahead_is_a_bool_and_not_with_prefetch():

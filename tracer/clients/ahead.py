@@ -26,7 +26,7 @@ from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from ..callables import require_plain, unrun
-from ..dispatch.costtable import MAX_COST_S
+from ..dispatch.costtable import MAX_COST_S, as_seconds
 from ..path.names import COST_PROPERTY
 
 __all__ = ["MAX_LEAD_S", "ReceiveAhead", "sent_cost"]
@@ -88,12 +88,11 @@ class ReceiveAhead:
             cost = self._cost(item)
         except Exception:  # noqa: BLE001 - an unknown cost: this handler just does not count ahead
             return None
-        if cost.__class__ is not float and cost.__class__ is not int:
+        seconds = as_seconds(cost)  # the dispatcher's rule of what a cost is (any real but a bool)
+        if seconds is None:
             unrun(cost)  # a returned coroutine is closed: no "never awaited"
             return None
-        if not 0.0 <= cost < MAX_COST_S:
-            return None
-        return cost - age
+        return seconds - age if seconds < MAX_COST_S else None
 
     def soon(self, running: Sequence[tuple[Any, float]]) -> int:
         """How many of ``running`` (item, seconds since it started) are expected to end within the lead."""

@@ -393,7 +393,7 @@ class ConsumeLoop:
         self._keeper = LeaseKeeper(consumer, self.lease, monotonic, self._count, self.dispatch_options.handler_timeout,
                                    self._interrupted)
         # receive_ahead: running handlers about to end count as room (ahead.py)
-        self._ahead = ReceiveAhead(d.cost or sent_cost) if self.flow.receive_ahead else None
+        self._ahead = ReceiveAhead(self.dispatch_options.cost or sent_cost) if self.flow.receive_ahead else None
         # one lock for all of the loop's state and its counters: _room() and snapshots are consistent
         self._lock = threading.Lock()
         self._changed = _Changes(self._lock)  # any state change: receive loop, waiters
