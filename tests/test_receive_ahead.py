@@ -161,3 +161,38 @@ def test_the_push_replacement_passes_receive_ahead_to_its_loop():
         push.shutdown()
     with pytest.raises(TypeError, match="receive_ahead must be a bool"):
         DemandPushConsumer(broker, "G", Listener(), {"T": None}, receive_ahead=1)  # type: ignore[arg-type]
+
+
+def test_run_with_receive_ahead_handles_a_job_once_each_and_settles_everything():
+    """run()'s wait wakes for a handler coming within the lead: the whole job runs, each once, acked."""
+    broker = EmbeddedBroker(min_receive_invisible=1)
+    broker.create_topic("T")
+    producer = Producer(broker, ["T"])
+    producer.startup()
+    for i in range(40):
+        m = Message()
+        m.topic, m.body = "T", f"{i}".encode()
+        m.add_property(COST_PROPERTY, "0.005")
+        producer.send(m)
+    consumer = SimpleConsumer(broker, "G", {"T": None}, await_duration=0.05)
+    consumer.startup()
+    seen = []
+    lock = threading.Lock()
+
+    def handler(m):
+        with lock:
+            seen.append(m.body)
+        threading.Event().wait(0.005)  # real time: the handler's cost, what receive_ahead predicts
+
+    loop = ConsumeLoop(consumer, handler, workers=3, invisible_duration=30, receive_ahead=True)
+    t = threading.Thread(target=loop.run, daemon=True)
+    t.start()
+    try:
+        assert loop.wait(lambda s: s.acked == 40, timeout=60)
+    finally:
+        loop.stop()
+        t.join(30)
+    s = loop.statistics()
+    assert sorted(seen) == sorted(f"{i}".encode() for i in range(40))  # each once
+    assert (s.received, s.acked, s.given_back, s.held) == (40, 40, 0, 0)
+    assert loop._ahead is not None and loop._ahead.lead > 0  # round trips were measured
