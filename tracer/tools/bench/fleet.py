@@ -38,6 +38,11 @@ sees a message only when a pool thread starts it; the members announce each rece
 count is exact there too. Without that seam (a plain
 ``TracedListener``), busy and idle workers stay exact but unstarted messages are seen only as they
 start: the in-process counter then under-counts and the fleet gauges miss the cache.
+
+``--orders`` (:mod:`.fleetorders`) is the send-order bench: arrival vs longest first, for the
+demand-driven loop and the push replacement, each also with ``receive_ahead`` (the kinds
+``demand_driven_ahead`` and ``push_replacement_ahead``). The job and its bounds are in
+:mod:`.fleetjob`, the member processes and one run in :mod:`.fleetmember`.
 """
 
 
