@@ -58,3 +58,19 @@ def test_the_verdict_fits_the_numbers():
     assert "where no other consumer could take them" not in near and "within 3% of its lower bound" in near
     far = where_time_went_line("round_robin", shares, 2.01, 0.5)
     assert far.endswith("messages queued inside the consumer, where no other consumer could take them")
+
+
+def test_the_demo_summary_says_which_order_the_job_was_sent_in(spans):
+    """Issue #34: the summary reads the order back from the messages (rmqtrace_order)."""
+    from tracer.tools.cli import sent_line
+
+    provider, _ = spans
+    said = {}
+    for order in ("longest_first", "arrival"):
+        opts = DemoOptions(groups=30, workers=2, case_ms=0.5, policies=("aggressive",), seed=3, order=order)
+        (run,) = run_demo(opts, tracer_provider=provider, registry=CollectorRegistry())
+        assert run.sent_order == order and run.as_dict()["sent_order"] == order
+        said[order] = sent_line([run])
+    assert said["longest_first"].startswith("The job was sent longest first") and "--order" not in said["longest_first"]
+    assert said["arrival"].startswith("The job was sent in arrival order")
+    assert "--order longest_first" in said["arrival"]  # the hint, only for a job sent as it came

@@ -108,6 +108,8 @@ def test_order_bench_kinds_are_checked_before_any_run() -> None:
     from tracer.tools.bench.fleet import check_kinds, main, run_order_bench
 
     assert check_kinds(["prefetch", "demand_driven", "prefetch"], 1) == ("prefetch", "demand_driven")
+    assert check_kinds(["demand_driven_ahead", "push_replacement_ahead"], 1) == (
+        "demand_driven_ahead", "push_replacement_ahead")
     for kinds, prefetch in ((["pull"], 1), ([], 1), (["prefetch"], 0)):
         with pytest.raises(ValueError, match="kinds must be some of"):
             check_kinds(kinds, prefetch)

@@ -44,6 +44,9 @@ checked after every step once the threads have settled (a deadline wait, no fixe
     errors are only the injected ones;
 ``nothing_received_after_stop``
     once stopped, the loop receives nothing;
+``receives_only_for_free_or_ending_workers``
+    a receive asks for at most the free workers, plus (``receive_ahead``) the running handlers
+    within one round trip of their cost;
 ``run_stop_drains_or_gives_back`` (threaded)
     once ``run()`` returned after a stop, the loop holds nothing but messages whose handler still
     runs, and every message it held is acked, given back, or its lease was lost.
@@ -73,12 +76,17 @@ from waiting import wait_until
 from tracer.clients.consume import ConsumeLoop, DispatchOptions, FlowOptions, LeaseOptions
 from tracer.dispatch import Aggressive, RoundRobin
 from tracer.embedded import EmbeddedBroker, Message, Producer, SimpleConsumer
+from tracer.path.names import COST_PROPERTY
 
 LONG = os.environ.get("RMQTRACE_LONG") == "1"
 LEASE, BACKOFF = 3, 1  # seconds; renewals ask for LEASE, nacks for BACKOFF
 TIMEOUT, GRACE = 4.0, 1.0  # handler_timeout (longer than a stall past the lease) and hang_grace
 
 POISON = "poison"  # a key whose callable raises on a message's first delivery
+# receive_ahead: what the messages cost, in turn (what the ticks age a handler to: 0.25, 0.5 and
+# 0.95 of the margin, 2 s) and how long a receive that hands messages over takes on the clock
+# (the loop's lead, below MAX_LEAD_S)
+AHEAD_COSTS, AHEAD_TRIP = (0.5, 1.0, 1.9), 0.04
 
 
 def key_of(m: Any, failed: set[int] | None = None) -> str | None:
@@ -125,6 +133,9 @@ class Broker:
         self.seen: list[Any] = []  # every received message object, so ids are never reused
         self.calls = 0  # receive calls entered
         self.got_by_call: dict[int, int] = {}  # receive call (1, 2, ...) -> messages it handed over
+        self.trip = 0.0  # clock seconds a receive that hands messages over takes (receive_ahead's lead)
+        self.room: Any = None  # () -> how many a receive may ask for now (set by the model)
+        self.over_asked: list[tuple[int, int]] = []  # (asked, room) of receives that asked for more
 
     def _fail(self, op: str, when: str, mid: str | None = None) -> None:
         with self.lock:
@@ -137,11 +148,16 @@ class Broker:
         raise Injected(f"injected {op} failure ({when})")
 
     def receive(self, n: int, invisible: int) -> list[Any]:
+        room = None if self.room is None else self.room()
         with self.lock:
             self.calls += 1
             call = self.calls
+            if room is not None and n > room:
+                self.over_asked.append((n, room))
         self._fail("receive", "before")
         got = self.consumer.receive(n, invisible)
+        if got and self.trip:
+            self.clock.advance(self.trip)
         now = self.clock()
         self._fail("receive", "after")  # the answer is lost: those come back after their lease
         with self.lock:
@@ -183,9 +199,14 @@ class ConsumeModel(RuleBasedStateMachine):
     threaded = False
     margin = 2.0  # renew_margin; clock steps without a stall stay below it
 
-    @initialize(policy=st.sampled_from(["aggressive", "round_robin"]), workers=st.integers(1, 3))
-    def start(self, policy: str, workers: int) -> None:
+    @initialize(policy=st.sampled_from(["aggressive", "round_robin"]), workers=st.integers(1, 3),
+                ahead=st.booleans())
+    def start(self, policy: str, workers: int, ahead: bool) -> None:
         self.workers = workers
+        # receive_ahead (non-threaded: the receive moves the shared clock): the messages cost
+        # AHEAD_COSTS in turn, each receive takes AHEAD_TRIP, so a handler the ticks age to about
+        # its cost counts as room
+        self.ahead = ahead and not self.threaded
         self.clock = Clock()
         self.broker = EmbeddedBroker(monotonic=self.clock, min_receive_invisible=1)
         self.broker.create_topic("T")
@@ -194,6 +215,9 @@ class ConsumeModel(RuleBasedStateMachine):
         consumer = SimpleConsumer(self.broker, "G", {"T": None}, await_duration=0)
         consumer.startup()
         self.client = Broker(consumer, self.clock)
+        self.client.trip = AHEAD_TRIP if self.ahead else 0.0
+        if not self.threaded:  # threaded: handlers start and end while a receive is being asked for
+            self.client.room = self.receive_room
         self.cond = threading.Condition()
         self.calls: list[Call] = []
         self.running: set[Call] = set()
@@ -214,7 +238,7 @@ class ConsumeModel(RuleBasedStateMachine):
                 policy=Aggressive(max_parked=1) if policy == "aggressive" else RoundRobin(buffer=1),
                 workers=workers, key=lambda m: key_of(m, self.failed), handler_timeout=TIMEOUT),
             lease=LeaseOptions(invisible_duration=LEASE, renew_margin=self.margin, hang_grace=GRACE),
-            flow=FlowOptions(retry_backoff=lambda attempt: BACKOFF, ack_threads=2))
+            flow=FlowOptions(retry_backoff=lambda attempt: BACKOFF, ack_threads=2, receive_ahead=self.ahead))
         self.run_thread: threading.Thread | None = None
         if self.threaded:
             self.run_thread = threading.Thread(target=self.loop.run, name="model-run", daemon=True)
@@ -240,6 +264,16 @@ class ConsumeModel(RuleBasedStateMachine):
             raise RuntimeError("handler failed")
 
     # -- helpers ------------------------------------------------------------------------------
+    def receive_room(self) -> int:
+        """What one receive may ask for now: the free workers and, with receive_ahead, each
+        running handler within one round trip (the lead: AHEAD_TRIP) of its cost."""
+        now = self.clock()
+        with self.cond:
+            ending = sum(1 for c in self.running
+                         if abs(float(c.message.properties.get(COST_PROPERTY, "inf")) - (now - c.started))
+                         <= AHEAD_TRIP + 1e-9)
+        return self.loop.dispatcher.free_slots() + (ending if self.ahead else 0)
+
     def quiesce(self) -> None:
         """Wait until every outcome the dispatcher reported reached the loop, every message it
         handed out is inside its handler, no released handler is still on its way out — and in
@@ -299,6 +333,8 @@ class ConsumeModel(RuleBasedStateMachine):
             m.topic, m.body = "T", f"m{len(self.sent)}".encode()
             if key is not None:
                 m.add_property("key", key)
+            if self.ahead:
+                m.add_property(COST_PROPERTY, repr(AHEAD_COSTS[len(self.sent) % len(AHEAD_COSTS)]))
             self.sent.append(self.producer.send(m).message_id)
         if self.threaded:
             self.quiesce()
@@ -553,6 +589,12 @@ class ConsumeModel(RuleBasedStateMachine):
                 f"invariant stats_add_up: broker errors not injected: {s} {fired}")
 
     @invariant()
+    def receives_only_for_free_or_ending_workers(self) -> None:
+        if hasattr(self, "client"):
+            assert not self.client.over_asked, (
+                f"invariant receives_only_for_free_or_ending_workers: (asked, room) {self.client.over_asked}")
+
+    @invariant()
     def held_is_bounded(self) -> None:
         """What the loop holds is bounded by its room, whatever the broker's speed: the workers and
         what the policy lets wait for them (a buffer of one per worker, one parked), the backlog
@@ -592,7 +634,7 @@ class ConsumeModel(RuleBasedStateMachine):
         for name in ("failed_or_timed_out_never_acked", "acked_only_after_success", "no_two_copies_at_once",
                      "started_only_with_a_live_lease", "no_delivery_runs_twice", "held_leases_stay_renewed",
                      "stats_add_up", "run_stop_drains_or_gives_back", "unbounded_stop_hands_out_the_backlog",
-                     "held_is_bounded"):
+                     "held_is_bounded", "receives_only_for_free_or_ending_workers"):
             getattr(self, name)()
 
     def loop_finished(self) -> bool:

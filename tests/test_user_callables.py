@@ -171,8 +171,15 @@ def _table_call(name: str, fn: Callable[..., Any]) -> Any:
 
 
 # Every public parameter that takes a callable and is checked: (where) -> build it with `fn`.
+def _ahead(fn: Callable[..., Any]) -> object:
+    from tracer.clients.ahead import ReceiveAhead
+
+    return ReceiveAhead(fn)
+
+
 CHECKED: dict[tuple[str, str], Callable[[Callable[..., Any]], object]] = {
     ("tracer.clients.consume.ConsumeLoop", "handler"): lambda fn: _loop(handler=fn),
+    ("tracer.clients.ahead.ReceiveAhead", "cost"): lambda fn: _ahead(fn),
     ("tracer.clients.consume.ConsumeLoop.run", "until"): lambda fn: _on_loop(lambda loop: loop.run(until=fn)),
     ("tracer.clients.consume.ConsumeLoop.wait", "predicate"): lambda fn: _on_loop(lambda loop: loop.wait(fn, timeout=0)),
     ("tracer.clients.consume_options.DispatchOptions", "key"): lambda fn: DispatchOptions(key=fn),
@@ -264,7 +271,7 @@ EXEMPT = {
     ("tracer.tools.bench.broker.run_broker_bench", "progress"): "the CLI's progress printer",
     ("tracer.tools.bench.dispatch.run_dispatch_bench", "progress"): "the CLI's progress printer",
     ("tracer.tools.bench.fleet.run_fleet_bench", "progress"): "the CLI's progress printer",
-    ("tracer.tools.bench.fleet.run_order_bench", "progress"): "the CLI's progress printer",
+    ("tracer.tools.bench.fleetorders.run_order_bench", "progress"): "the CLI's progress printer",
     ("tracer.tools.bench.overhead.run_overhead_bench", "progress"): "the CLI's progress printer",
     ("tracer.tools.demo.run_policy", "on_message"): "the demo's progress printer",
 }
@@ -841,6 +848,8 @@ RESULTS_ELSEWHERE = {
     ("tracer.dispatch.costtable.learn_costs", "group"): "builds a CostTable: as CostTable's group",
     ("tracer.dispatch.costtable.load_costs", "group"): "builds a CostTable: as CostTable's group",
     ("tracer.dispatch.costtable.parse_costs", "group"): "builds a CostTable: as CostTable's group",
+    ("tracer.clients.ahead.ReceiveAhead", "cost"): "a raising, coroutine or junk answer counts as an "
+        "unknown cost (test_receive_ahead: test_an_unknown_raising_or_junk_cost_never_counts)",
 }
 
 

@@ -58,6 +58,7 @@ from ..path.message import body_of, describe
 from ..path.stages import Outcome
 from ..telemetry.operations import ConsumerOperations
 from ..telemetry.tracer import MessageTrace, MessageTracer
+from .ahead import ReceiveAhead, sent_cost
 from .consume_options import (
     MAX_BATCH,
     MAX_INVISIBLE_S,
@@ -392,6 +393,8 @@ class ConsumeLoop:
         self.dispatcher = self._make_dispatcher(_group_of(tracer, consumer))
         self._keeper = LeaseKeeper(consumer, self.lease, monotonic, self._count, self.dispatch_options.handler_timeout,
                                    self._interrupted)
+        # receive_ahead: running handlers about to end count as room (ahead.py)
+        self._ahead = ReceiveAhead(self.dispatch_options.cost or sent_cost) if self.flow.receive_ahead else None
         # one lock for all of the loop's state and its counters: _room() and snapshots are consistent
         self._lock = threading.Lock()
         self._changed = _Changes(self._lock)  # any state change: receive loop, waiters
@@ -529,10 +532,12 @@ class ConsumeLoop:
                     self._stop.wait(0.5)
                     continue
                 if got is None:  # no room, or a backlog the dispatcher cannot take yet
+                    ahead = None if self._ahead is None else self._ahead.wake_in(self.dispatcher.running())
                     with self._changed:
                         if not self._stop.is_set():
                             # a waiting backlog is offered again soon: room frees just after an outcome
-                            self._changed.wait(min(tick, 0.05) if self._backlog else tick)
+                            wait = min(tick, 0.05) if self._backlog else tick
+                            self._changed.wait(wait if ahead is None else min(wait, ahead))
                     continue
                 failures = 0
         finally:
@@ -589,6 +594,8 @@ class ConsumeLoop:
                     "minInvisibleTimeMillsForRecv is 10 s by default: use a longer lease or lower it") from exc
             raise
         batch = list(messages or ())
+        if batch and self._ahead is not None:
+            self._ahead.observe(self._monotonic() - called)
         if batch:
             self._own(batch, dict((id(m), t) for m, t in started) if self._ops is not None else None, called,
                       called_wall)
@@ -707,7 +714,9 @@ class ConsumeLoop:
         # (each is held and renewed); an unkeyed one waiting means the pool itself is full.
         if blocked_unkeyed or waiting >= self.flow.max_batch:
             return 0
-        return min(self.dispatcher.free_slots() - settling, self.flow.max_batch - waiting)
+        # a message already waiting here took the room of a handler about to end: one ahead each
+        ahead = 0 if self._ahead is None else max(0, self._ahead.soon(self.dispatcher.running()) - waiting)
+        return min(self.dispatcher.free_slots() + ahead - settling, self.flow.max_batch - waiting)
 
     def _key_of(self, msg: Any) -> str | None:
         """The message's ordering key for the backlog's per-key order; None when it has none, or

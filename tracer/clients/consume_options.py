@@ -176,7 +176,9 @@ class FlowOptions:
     consumers, until the dispatcher takes them (leases renewed all the while). Kept to reproduce
     the incident; 0 (the default) receives only what the dispatcher can start now.
     ``resync_after``: failed receives in a row before the client's settings are re-announced
-    (0: never). ``retry_backoff(delivery_attempt)``: seconds a failed or given-back message stays
+    (0: never). ``receive_ahead``: also receive for a running handler expected to end within one
+    receive round trip, by its cost (:mod:`tracer.clients.ahead`; not with ``prefetch``).
+    ``retry_backoff(delivery_attempt)``: seconds a failed or given-back message stays
     invisible; a raising or junk one is contained (:func:`backoff_seconds`). ``stop_timeout``:
     the longest :meth:`ConsumeLoop.run` drains after a stop, in seconds (None or ``math.inf``:
     until every held message is settled; :meth:`ConsumeLoop.stop` can shorten it).
@@ -188,8 +190,14 @@ class FlowOptions:
     resync_after: int = 3
     ack_threads: int = 4
     stop_timeout: float | None = None
+    receive_ahead: bool = False
 
     def __post_init__(self) -> None:
+        if not isinstance(self.receive_ahead, bool):
+            raise TypeError(f"receive_ahead must be a bool, got {type(self.receive_ahead).__name__}")
+        if self.receive_ahead and self.prefetch:
+            raise ValueError(f"receive_ahead cannot work with prefetch={self.prefetch}: a prefetch "
+                             "buffer already receives ahead, for workers that are not about to free")
         count(self.max_batch, "max_batch (the proxy's batch limit)", maximum=MAX_BATCH)
         count(self.prefetch, "prefetch", minimum=0, maximum=MAX_PREFETCH)
         count(self.resync_after, "resync_after", minimum=0)
@@ -218,6 +226,7 @@ class ConsumeKeywords(TypedDict, total=False):
     resync_after: int
     ack_threads: int
     stop_timeout: float | None
+    receive_ahead: bool
 
 
 _KEYWORD_GROUP: dict[str, tuple[str, str]] = {  # keyword -> (option group, field)
@@ -228,7 +237,7 @@ _KEYWORD_GROUP: dict[str, tuple[str, str]] = {  # keyword -> (option group, fiel
     "hang_grace": ("lease", "hang_grace"), "renew_threads": ("lease", "renew_threads"),
     "max_batch": ("flow", "max_batch"), "prefetch": ("flow", "prefetch"), "retry_backoff": ("flow", "retry_backoff"),
     "resync_after": ("flow", "resync_after"), "ack_threads": ("flow", "ack_threads"),
-    "stop_timeout": ("flow", "stop_timeout"),
+    "stop_timeout": ("flow", "stop_timeout"), "receive_ahead": ("flow", "receive_ahead"),
 }
 
 

@@ -36,6 +36,8 @@ What differs from the stock class, on purpose: ``max_cache_message_count`` and
 broker's retry policy. Messages of one message group (FIFO
 topics) run one at a time in order within this consumer (the dispatcher's key), but a failed FIFO
 message does not block its group's later messages as the stock FIFO consumer does.
+``receive_ahead=True`` receives a worker's next message one round trip before its handler is
+expected to end, by the cost ``send_job`` wrote on the message (:mod:`tracer.clients.ahead`).
 """
 
 from __future__ import annotations
@@ -83,7 +85,7 @@ class DemandPushConsumer:
                  invisible_duration: float = 60.0, handler_timeout: float | None = None,
                  retry_backoff: Callable[[int], float] = exponential_backoff,
                  startup_timeout: float | None = 15.0, shutdown_timeout: float | None = 30.0,
-                 settle_spans: bool | None = None) -> None:
+                 settle_spans: bool | None = None, receive_ahead: bool = False) -> None:
         if not callable(getattr(message_listener, "consume", None)):
             raise TypeError(f"message_listener must have a consume(message) method, got {message_listener!r}")
         require_plain(message_listener.consume, "message_listener.consume")  # an async def never runs
@@ -112,7 +114,8 @@ class DemandPushConsumer:
         self.tracer = tracer
         self.settle_spans = default_settle if settle_spans is None else bool(settle_spans)
         self._loop_options: dict[str, Any] = {"invisible_duration": invisible_duration,
-                                              "handler_timeout": handler_timeout, "retry_backoff": retry_backoff}
+                                              "handler_timeout": handler_timeout, "retry_backoff": retry_backoff,
+                                              "receive_ahead": receive_ahead}
         resolve_options(None, None, None, self._loop_options)  # a bad loop option fails here, not at startup()
         self.consumer: Any = None
         self.loop: ConsumeLoop | None = None
