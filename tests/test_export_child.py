@@ -8,6 +8,10 @@ the receiver holds exactly the exported spans, each one once.
 
 from __future__ import annotations
 
+# imported before any TracerProvider exists: the SDK's (1.45) fork handler submits to a thread pool,
+# and a pool module imported after a provider registers its own fork hooks after the provider's, so
+# in a forked worker the provider's handler waits for ever on the lock the pool's before-fork hook holds
+import concurrent.futures.thread  # noqa: F401
 import logging
 import multiprocessing
 import os
@@ -267,7 +271,10 @@ def test_the_setting_refuses_what_it_cannot_mean(value: str) -> None:
 @pytest.mark.parametrize("kw", [{"max_queue_size": 0}, {"max_batch_size": -1}, {"interval_s": float("nan")},
                                 {"interval_s": 0}, {"interval_s": float("inf")}, {"restart_delay_s": -1},
                                 {"restart_delay_s": 10**400}, {"max_queue_size": 2.5}, {"factory": "no_colon"},
-                                {"drops": 3}])
+                                {"drops": 3}, {"factory": "no_such_module_x:f"}, {"factory": "tracer.config:nothing"},
+                                {"factory": "tracer.config:EXPORTERS"}, {"factory": ":f"}, {"factory": "tracer.config:"},
+                                {"stall_timeout_s": 0}, {"stall_timeout_s": float("nan")}, {"stall_timeout_s": True},
+                                {"stall_timeout_s": "5"}])
 def test_arguments_that_cannot_work_are_refused(kw: dict[str, Any]) -> None:
     with pytest.raises((ValueError, TypeError)) as info:
         ChildExportProcessor(**kw)
@@ -326,6 +333,11 @@ class ExportChildModel(RuleBasedStateMachine):
     def every_span_ended_is_accepted_or_dropped(self) -> None:
         st_ = self.rig.processor.statistics()
         assert st_.accepted + st_.dropped == len(self.rig.ended), st_
+
+    @invariant()
+    def every_accepted_span_is_somewhere(self) -> None:
+        st_ = self.rig.processor.statistics()
+        assert st_.accepted == st_.exported + st_.failed + st_.lost + st_.queued + st_.unacknowledged, st_
 
     @invariant()
     def no_span_is_counted_twice(self) -> None:

@@ -41,8 +41,10 @@ try:
         if st.restarts and st.exported > exported_before:
             break
 finally:
-    os.kill(stopped, signal.SIGCONT)
-    os.kill(stopped, signal.SIGKILL) if proc.child_pid == stopped else None
+    try:  # still the stopped one: let the shutdown below count it
+        os.kill(stopped, signal.SIGKILL)
+    except ProcessLookupError:
+        pass  # replaced (killed and reaped) already
 proc.shutdown(timeout_millis=5000)
 st = proc.statistics()
 print(st)
