@@ -5,8 +5,8 @@ written once, at its end) to a bounded in-process queue and returns; when the qu
 drops the span and counts it — it never waits, so a slow or dead backend never blocks a handler.
 One thread (``rmqtrace-export-writer``) takes the queued spans in batches, turns each into a
 plain tuple (:func:`span_record`) and writes the batch, ``marshal``-ed, to a child process's stdin;
-the pipe write releases the GIL. The child (``python -m tracer.telemetry.exportchild``) rebuilds
-the spans as SDK ``ReadableSpan`` objects and hands them to its exporters (the OTLP one by
+the pipe write releases the GIL. The child (this module run as ``__main__`` by a ``python -c``
+launcher) rebuilds the spans as SDK ``ReadableSpan`` objects and hands them to its exporters (the OTLP one by
 default, built in the child from the same ``OTEL_*`` environment), then acknowledges the batch on
 a pipe of its own (not its stdout, which is this process's: a console exporter prints where it
 would in process): how many spans were exported and how many failed. A reader thread
