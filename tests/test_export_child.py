@@ -283,8 +283,8 @@ def test_arguments_that_cannot_work_are_refused(kw: dict[str, Any]) -> None:
 
 # -- model: any sequence of ends, stalls, kills and flushes keeps the books ------------------------------------
 class ExportChildModel(RuleBasedStateMachine):
-    """Spans ended in bursts while the child is stalled (gate shut) or exporting, killed at any
-    moment, flushed when it can export. Named invariants after every step; at teardown, after
+    """Spans ended in bursts while the child is stalled (gate shut), stopped (SIGSTOP) or exporting,
+    killed at any moment, flushed when it can export. Named invariants after every step; at teardown, after
     shutdown, the books balance exactly and the receiver holds exactly the exported spans."""
 
     def __init__(self) -> None:
@@ -294,6 +294,7 @@ class ExportChildModel(RuleBasedStateMachine):
         self.rig = Rig(self.receiver, self.tmp, gate_open=True, max_queue_size=64, max_batch_size=16,
                        interval_s=0.01, restart_delay_s=0)
         self.kills = 0
+        self.stopped: int | None = None  # a child SIGSTOPped by the model (the stall kills it only after 30 s)
 
     @rule(n=st.integers(1, 120))
     def end_spans(self, n: int) -> None:
@@ -319,9 +320,36 @@ class ExportChildModel(RuleBasedStateMachine):
         except ProcessLookupError:  # it died (and was reaped) since: nothing to kill
             return
         self.kills += 1
+        if pid == self.stopped:
+            self.stopped = None  # dead: nothing to continue
         wait_until(lambda: self.rig.processor.child_pid != pid, what="the dead child reaped")
 
-    @precondition(lambda self: self.rig.gate.exists())
+    @precondition(lambda self: self.stopped is None)
+    @rule()
+    def stop_child(self) -> None:
+        pid = self.rig.processor.child_pid
+        if pid is None:
+            return
+        try:
+            os.kill(pid, signal.SIGSTOP)
+        except ProcessLookupError:
+            return
+        self.stopped = pid
+
+    @precondition(lambda self: self.stopped is not None)
+    @rule()
+    def continue_child(self) -> None:
+        self._continue()
+
+    def _continue(self) -> None:
+        if self.stopped is not None:
+            try:
+                os.kill(self.stopped, signal.SIGCONT)
+            except ProcessLookupError:
+                pass
+            self.stopped = None
+
+    @precondition(lambda self: self.rig.gate.exists() and self.stopped is None)
     @rule()
     def flush(self) -> None:
         assert self.rig.processor.force_flush(60_000)
@@ -355,6 +383,7 @@ class ExportChildModel(RuleBasedStateMachine):
 
     def teardown(self) -> None:
         try:
+            self._continue()
             self.rig.gate.touch()
             self.rig.provider.shutdown()
             self.rig.check_accounts()
