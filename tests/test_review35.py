@@ -257,3 +257,16 @@ def test_a_hung_child_does_not_hold_the_writer_past_a_flush(receiver: OtlpReceiv
     st = rig.processor.statistics()
     assert st.lost > 0 and st.exported >= 5, st
     rig.check_accounts()
+
+
+def test_a_span_without_a_context_is_ignored_as_the_in_process_path_ignores_it(
+        receiver: OtlpReceiver, tmp_path: Path) -> None:
+    from tracer.config import CountingSpanProcessor, DropCounter
+
+    bare = ReadableSpan(name="no context")  # what a hand-made span may be; the SDK's always have one
+    CountingSpanProcessor(InMemorySpanExporter(), DropCounter()).on_end(bare)  # the sibling: ignored
+    rig = Rig(receiver, tmp_path)
+    rig.processor.on_end(bare)
+    rig.provider.shutdown()
+    st = rig.processor.statistics()
+    assert (st.accepted, st.dropped) == (0, 0), st

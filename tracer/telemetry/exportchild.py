@@ -204,8 +204,9 @@ class ChildExportProcessor(SpanProcessor):
         pass
 
     def on_end(self, span: ReadableSpan) -> None:
-        if not span.context.trace_flags.sampled:
-            return  # as the batch processor: only sampled spans are exported
+        ctx = span.context
+        if ctx is None or not ctx.trace_flags.sampled:
+            return  # as the batch processor (and CountingSpanProcessor): only sampled spans are exported
         queue = self._queue
         # under the lock: the bound is exact, and no span slips in after shutdown counted the rest
         with self._lock:
