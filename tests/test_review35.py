@@ -270,3 +270,28 @@ def test_a_span_without_a_context_is_ignored_as_the_in_process_path_ignores_it(
     rig.provider.shutdown()
     st = rig.processor.statistics()
     assert (st.accepted, st.dropped) == (0, 0), st
+
+
+@pytest.mark.parametrize(("env", "expected"), [
+    ({}, (2048, 512, 0.2)),
+    ({"OTEL_BSP_SCHEDULE_DELAY": "50", "OTEL_BSP_MAX_QUEUE_SIZE": "100", "OTEL_BSP_MAX_EXPORT_BATCH_SIZE": "4096"},
+     (100, 100, 0.05)),
+    ({"OTEL_BSP_SCHEDULE_DELAY": "5000", "OTEL_BSP_MAX_EXPORT_BATCH_SIZE": "64"}, (2048, 64, 5.0)),
+    ({"OTEL_BSP_SCHEDULE_DELAY": "0"}, (2048, 512, 0.2)), ({"OTEL_BSP_SCHEDULE_DELAY": "junk"}, (2048, 512, 0.2)),
+])
+def test_the_otel_bsp_settings_reach_the_child_path_as_the_in_process_one_reads_them(
+        monkeypatch: pytest.MonkeyPatch, env: dict[str, str], expected: tuple[int, int, float]) -> None:
+    from tracer.config import Settings, configure_tracing
+
+    for name in ("OTEL_BSP_SCHEDULE_DELAY", "OTEL_BSP_MAX_QUEUE_SIZE", "OTEL_BSP_MAX_EXPORT_BATCH_SIZE"):
+        monkeypatch.delenv(name, raising=False)
+    for name, value in env.items():
+        monkeypatch.setenv(name, value)
+    provider = configure_tracing(Settings(export_child=True, traces_exporter="console"), set_global=False)
+    assert provider is not None
+    try:
+        (proc,) = provider._active_span_processor._span_processors  # noqa: SLF001 - what was built
+        assert isinstance(proc, ChildExportProcessor)
+        assert (proc.max_queue_size, proc.max_batch_size, proc.interval_s) == expected
+    finally:
+        provider.shutdown()

@@ -141,8 +141,8 @@ class ChildExportProcessor(SpanProcessor):
         self._spec = json.dumps({"factory": factory, "args": dict(factory_args or {})})
         self._drops = drops
         self.max_queue_size = max_queue_size
-        self._batch = max_batch_size
-        self._interval = float(interval_s)
+        self.max_batch_size = max_batch_size
+        self.interval_s = float(interval_s)
         self._restart_delay = float(restart_delay_s)
         env = dict(os.environ if env is None else env)
         env["PYTHONPATH"] = os.pathsep.join(p for p in (_PACKAGE_ROOT, env.get("PYTHONPATH")) if p)
@@ -213,7 +213,7 @@ class ChildExportProcessor(SpanProcessor):
             room = not self._closed and len(queue) < self.max_queue_size
             if room:
                 queue.append(span)
-                wake = len(queue) >= self._batch
+                wake = len(queue) >= self.max_batch_size
             else:
                 self._dropped += 1
         if not room:
@@ -226,7 +226,7 @@ class ChildExportProcessor(SpanProcessor):
 
     def _run(self) -> None:
         while True:
-            self._wake.wait(self._interval)
+            self._wake.wait(self.interval_s)
             self._wake.clear()
             closing = self._closed
             try:
@@ -279,12 +279,12 @@ class ChildExportProcessor(SpanProcessor):
         """Up to a batch of queued spans, counted taken in the same step (statistics add up)."""
         with self._lock:
             queue = self._queue
-            if len(queue) <= self._batch:
+            if len(queue) <= self.max_batch_size:
                 spans = list(queue)
                 queue.clear()
             else:
                 popleft = queue.popleft
-                spans = [popleft() for _ in range(self._batch)]
+                spans = [popleft() for _ in range(self.max_batch_size)]
             self._taken += len(spans)
             self._in_hand = len(spans)
         return spans
@@ -330,7 +330,7 @@ class ChildExportProcessor(SpanProcessor):
                 continue
             except BlockingIOError:
                 pass
-            poller.poll(self._interval * 1000)
+            poller.poll(self.interval_s * 1000)
             if self._abandoned:
                 raise BrokenPipeError("the shutdown stopped it")
             self._kill_if_hung(child)
