@@ -295,3 +295,28 @@ def test_the_otel_bsp_settings_reach_the_child_path_as_the_in_process_one_reads_
         assert (proc.max_queue_size, proc.max_batch_size, proc.interval_s) == expected
     finally:
         provider.shutdown()
+
+
+def test_a_drops_hook_that_raises_costs_only_its_own_count(receiver: OtlpReceiver, tmp_path: Path) -> None:
+    calls: list[int] = []
+
+    def broken(n: int) -> None:
+        calls.append(n)
+        raise RuntimeError("the counter is broken")
+
+    rig = Rig(receiver, tmp_path, gate_open=False, max_queue_size=4, max_batch_size=2, interval_s=0.01,
+              restart_delay_s=0)
+    rig.processor._drops = broken  # after construction: the plain callable check is not what is tested
+    rig.end(200)  # the queue overflows: every refusal calls the hook from the span's end, which must not raise
+    wait_until(lambda: rig.processor.statistics().unacknowledged > 0, what="spans written to the child")
+    pid = rig.processor.child_pid
+    assert pid is not None
+    os.kill(pid, signal.SIGKILL)  # its unacknowledged spans: the writer calls the hook
+    wait_until(lambda: rig.processor.statistics().lost > 0, what="the dead child's spans counted")
+    rig.gate.touch()
+    rig.end(3)
+    assert rig.processor.force_flush(30_000)  # the writer lives on
+    rig.provider.shutdown()
+    st = rig.processor.statistics()
+    assert st.accepted + st.dropped == len(rig.ended) and st.accepted == st.exported + st.failed + st.lost, st
+    assert sum(calls) == st.dropped + st.failed + st.lost and st.exported >= 3, (sum(calls), st)

@@ -68,6 +68,7 @@ from opentelemetry.sdk.trace.export import SpanExporter, SpanExportResult
 from opentelemetry.sdk.util.instrumentation import InstrumentationScope
 
 from ..callables import require_plain
+from ..logonce import OnceLogger
 from .spanwire import attributes_record, plain, span_from_record, span_record
 
 __all__ = ["ChildExportProcessor", "ChildExportStats", "child_main", "span_from_record", "span_record"]
@@ -140,6 +141,7 @@ class ChildExportProcessor(SpanProcessor):
             raise ValueError(f"stall_timeout_s must be seconds in (0, 86400) or None, got {stall_timeout_s!r}")
         self._spec = json.dumps({"factory": factory, "args": dict(factory_args or {})})
         self._drops = drops
+        self._failures = OnceLogger("span export child", log)
         self.max_queue_size = max_queue_size
         self.max_batch_size = max_batch_size
         self.interval_s = float(interval_s)
@@ -217,8 +219,7 @@ class ChildExportProcessor(SpanProcessor):
             else:
                 self._dropped += 1
         if not room:
-            if self._drops is not None:
-                self._drops(1)
+            self._count_drops(1)
         elif wake and not self._wake.is_set():
             self._wake.set()  # a lock and a notify: once per batch, not per span while the writer is busy
 
@@ -266,8 +267,8 @@ class ChildExportProcessor(SpanProcessor):
                     if not child.inflight:
                         child.progress = time.monotonic()
                     child.inflight[payload[0]] = len(spans) - bad
-            if bad and self._drops is not None:
-                self._drops(bad)
+            if bad:
+                self._count_drops(bad)
             if payload is None:
                 continue
             try:
@@ -399,8 +400,8 @@ class ChildExportProcessor(SpanProcessor):
                 self._exported += ok
                 self._failed += failed
                 self._acked.notify_all()
-            if failed and self._drops is not None:
-                self._drops(failed)
+            if failed:
+                self._count_drops(failed)
 
     def _reap_if_dead(self) -> None:
         child = self._child
@@ -445,8 +446,8 @@ class ChildExportProcessor(SpanProcessor):
                 self._restarts += 1
             self._acked.notify_all()
         self._child = None
-        if lost and self._drops is not None:
-            self._drops(lost)
+        if lost:
+            self._count_drops(lost)
         if not self._closed:
             log.warning("rmqtrace: the span export child %d died (%s) with %d span(s) unacknowledged, counted "
                         "as lost; it is started again at the next batch", child.proc.pid, why, lost)
@@ -520,8 +521,17 @@ class ChildExportProcessor(SpanProcessor):
             self._lost += left
             self._taken += left
         if left:
-            if self._drops is not None:
-                self._drops(left)
+            self._count_drops(left)
+
+    def _count_drops(self, n: int) -> None:
+        """Tell ``drops`` about ``n`` spans not exported; a hook that raises costs only its own count
+        (logged once): never the handler ending a span, the writer or the acknowledgement reader."""
+        if self._drops is None:
+            return
+        try:
+            self._drops(n)
+        except Exception as exc:  # noqa: BLE001 - a user's counter must not stop the export
+            self._failures("drops", exc)
 
     def statistics(self) -> ChildExportStats:
         with self._lock:
