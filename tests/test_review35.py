@@ -320,3 +320,56 @@ def test_a_drops_hook_that_raises_costs_only_its_own_count(receiver: OtlpReceive
     st = rig.processor.statistics()
     assert st.accepted + st.dropped == len(rig.ended) and st.accepted == st.exported + st.failed + st.lost, st
     assert sum(calls) == st.dropped + st.failed + st.lost and st.exported >= 3, (sum(calls), st)
+
+
+@pytest.mark.parametrize("handlers", [True, False], ids=["os.fork", "a fork without handlers"])
+def test_a_process_forked_while_a_child_starts_does_not_wedge_the_writer(
+        receiver: OtlpReceiver, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, handlers: bool) -> None:
+    """A worker forked (another thread's os.fork) while the writer starts a child holds every
+    descriptor the parent has then, the acknowledgement pipe's write end too: its fork handler
+    closes it; without handlers (a C extension's fork) the dead child's reader is not waited for."""
+    import time
+
+    from tracer.telemetry import exportchild
+
+    holders: list[int] = []
+    real = subprocess.Popen
+
+    def popen(*args: Any, **kw: Any) -> Any:
+        proc = real(*args, **kw)
+        if not holders:
+            # a raw fork runs no fork handler; os.fork runs them (ours closes the starting pipe)
+            pid = os.fork() if handlers else _raw_fork()
+            if pid == 0:
+                time.sleep(120)  # real-time: the holder only keeps its descriptors open; killed below
+                os._exit(0)
+            holders.append(pid)
+        return proc
+
+    monkeypatch.setattr(exportchild.subprocess, "Popen", popen)
+    try:
+        rig = Rig(receiver, tmp_path, gate_open=False, max_batch_size=4, interval_s=0.01, restart_delay_s=0)
+        rig.end(8)
+        wait_until(lambda: rig.processor.statistics().unacknowledged == 8, what="8 spans written to the child")
+        pid = rig.processor.child_pid
+        assert pid is not None and holders
+        os.kill(pid, signal.SIGKILL)
+        wait_until(lambda: rig.processor.statistics().lost == 8, what="the dead child reaped", timeout=30)
+        rig.gate.touch()
+        rig.end(4)
+        assert rig.processor.force_flush(30_000)
+        rig.provider.shutdown()
+        st = rig.processor.statistics()
+        assert (st.exported, st.lost) == (4, 8), st
+        rig.check_accounts()
+    finally:
+        for holder in holders:
+            os.kill(holder, signal.SIGKILL)
+            os.waitpid(holder, 0)
+
+
+def _raw_fork() -> int:
+    """fork(2) without Python's fork handlers (what a C extension's fork does)."""
+    import ctypes
+
+    return int(ctypes.CDLL(None, use_errno=True).fork())

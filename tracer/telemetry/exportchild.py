@@ -80,6 +80,7 @@ _LEN = struct.Struct(">I")
 # stop sent to every process of the group meanwhile must not kill the child the parent will flush to
 _LAUNCH = ("import signal; signal.signal(signal.SIGINT, signal.SIG_IGN); signal.signal(signal.SIGTERM, signal.SIG_IGN); "
            f"import runpy; runpy.run_module({__name__!r}, run_name='__main__', alter_sys=True)")
+_READER_GRACE_S = 5.0  # a dead child's last acknowledgements take microseconds; a loaded machine, seconds
 _MIN_STALL_S = 10.0  # a child starting on a loaded machine takes seconds to answer its first batch
 _PACKAGE_ROOT = str(Path(__file__).resolve().parents[2])  # the directory holding the tracer package
 
@@ -107,6 +108,7 @@ class _Child:
         self.inflight: dict[int, int] = {}  # seq -> spans, written and not yet acknowledged
         self.reader: threading.Thread | None = None
         self.progress = now  # last acknowledgement, or when unacknowledged spans appeared after none
+        self.reaped = False  # its unacknowledged spans are counted lost: a late acknowledgement is ignored
 
 
 class ChildExportProcessor(SpanProcessor):
@@ -166,6 +168,7 @@ class ChildExportProcessor(SpanProcessor):
         self._child: _Child | None = None
         self._last_start = -float("inf")
         self._closing_started = False
+        self._starting: tuple[int, ...] = ()  # the acknowledgement pipe while a child starts (fork: close it)
         self._abandoned = False  # shutdown ran out of time: write nothing more
         self._deadline = float("inf")  # of the shutdown, on the monotonic clock
         self._flush_asked = 0
@@ -181,13 +184,15 @@ class ChildExportProcessor(SpanProcessor):
         this copy's ends of the parent's pipes (the parent's child must see the parent's EOF
         only), forget the spans queued before the fork (the parent exports them), start afresh."""
         inherited, self._child = self._child, None
+        fds = list(self._starting)  # forked while the parent's writer was starting a child
         if inherited is not None:
-            for stream in (inherited.proc.stdin, inherited.acks):
-                if stream is not None:
-                    try:
-                        os.close(stream.fileno())
-                    except (OSError, ValueError):
-                        pass
+            fds += [s.fileno() for s in (inherited.proc.stdin, inherited.acks) if s is not None and not s.closed]
+        for fd in fds:
+            try:
+                os.close(fd)
+            except OSError:
+                pass
+        self._starting = ()
         self._queue = deque()
         self._wake = threading.Event()
         self._lock = threading.Lock()  # a thread of the parent may have held it at the fork
@@ -368,10 +373,12 @@ class ChildExportProcessor(SpanProcessor):
         ack_r = ack_w = -1
         try:
             ack_r, ack_w = os.pipe()
+            self._starting = (ack_r, ack_w)
             # a session of its own: a terminal's Ctrl-C goes to this process, not to the child
             proc = subprocess.Popen([sys.executable, "-c", _LAUNCH, self._spec, str(ack_w)], stdin=subprocess.PIPE,
                                     env=self._env, pass_fds=(ack_w,), start_new_session=True)
         except OSError as exc:  # no descriptors, no memory, no interpreter: the next batch tries again
+            self._starting = ()
             for fd in (ack_r, ack_w):
                 if fd >= 0:
                     os.close(fd)
@@ -379,6 +386,7 @@ class ChildExportProcessor(SpanProcessor):
                         "up to %d, and drop beyond (counted)", exc, self.max_queue_size)
             return None
         os.close(ack_w)  # the child holds the only write end: its death ends the reader's stream
+        self._starting = ()
         assert proc.stdin is not None
         os.set_blocking(proc.stdin.fileno(), False)  # the writer never waits on a child that hung
         child = _Child(proc, os.fdopen(ack_r, "rb"), now)
@@ -395,6 +403,8 @@ class ChildExportProcessor(SpanProcessor):
             except ValueError:
                 continue
             with self._lock:
+                if child.reaped:
+                    return  # counted lost already (the reader was late): not exported twice over
                 child.inflight.pop(seq, None)
                 child.progress = time.monotonic()
                 self._exported += ok
@@ -431,14 +441,20 @@ class ChildExportProcessor(SpanProcessor):
             child.proc.kill()
         child.proc.wait()
         if child.reader is not None:
-            child.reader.join()
-        for stream in (child.proc.stdin, child.acks):
+            # the child is dead: its acknowledgements end at once, unless a process forked from ours
+            # (no fork handler ran: a C extension's fork) holds the pipe's write end; then not wait for it
+            child.reader.join(_READER_GRACE_S)
+            if child.reader.is_alive():
+                self._failures("acknowledgement reader", None, "a forked process holds the pipe; the reader is left")
+        left_reading = child.reader is not None and child.reader.is_alive()
+        for stream in (child.proc.stdin, None if left_reading else child.acks):  # a read holds its stream's lock
             if stream is not None:
                 try:
                     stream.close()
                 except OSError:
                     pass
         with self._lock:
+            child.reaped = True
             lost = sum(child.inflight.values())
             child.inflight.clear()
             self._lost += lost
