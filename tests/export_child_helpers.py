@@ -20,12 +20,16 @@ class GatedExporter(SpanExporter):
     """Waits until the file ``gate`` exists before each export, then hands the batch to ``inner``:
     a child that is alive and not reading, for as long as a test keeps the gate shut."""
 
-    def __init__(self, gate: str, inner: SpanExporter) -> None:
+    def __init__(self, gate: str, inner: SpanExporter, owner: int | None = None) -> None:
         self.gate = Path(gate)
         self.inner = inner
+        self.owner = owner  # the test process: when it is gone, nobody opens the gate
 
     def export(self, spans: Sequence[ReadableSpan]) -> SpanExportResult:
         while not self.gate.exists():
+            if self.owner is not None and not _alive(self.owner):
+                # killed with its group, the test left this child behind (it has a session of its own)
+                return SpanExportResult.FAILURE
             time.sleep(0.01)  # real-time: runs in the child exporter process, polling the test's gate file
         return self.inner.export(spans)
 
@@ -33,10 +37,20 @@ class GatedExporter(SpanExporter):
         self.inner.shutdown()
 
 
-def gated_otlp(gate: str, endpoint: str) -> SpanExporter:
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def gated_otlp(gate: str, endpoint: str, owner: int | None = None) -> SpanExporter:
     from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter
 
-    return GatedExporter(gate, OTLPSpanExporter(endpoint=endpoint))
+    return GatedExporter(gate, OTLPSpanExporter(endpoint=endpoint), owner)
 
 
 class OtlpReceiver:
@@ -110,5 +124,5 @@ class PrintingExporter(SpanExporter):
         self.inner.shutdown()
 
 
-def printing_otlp(gate: str, endpoint: str) -> SpanExporter:
-    return PrintingExporter(gated_otlp(gate, endpoint))
+def printing_otlp(gate: str, endpoint: str, owner: int | None = None) -> SpanExporter:
+    return PrintingExporter(gated_otlp(gate, endpoint, owner))

@@ -62,7 +62,8 @@ class Rig:
         self.drops = DropCounter()
         env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(TESTS), os.environ.get("PYTHONPATH", "")]))
         self.processor = ChildExportProcessor("export_child_helpers:gated_otlp",
-                                              {"gate": str(self.gate), "endpoint": receiver.endpoint},
+                                              {"gate": str(self.gate), "endpoint": receiver.endpoint,
+                                               "owner": os.getpid()},
                                               drops=self.drops, env=env, **kw)
         self.provider = TracerProvider(resource=Resource.create({"service.name": "child-test"}))
         self.provider.add_span_processor(self.processor)
