@@ -187,7 +187,7 @@ class ChildExportProcessor(SpanProcessor):
         fds = list(self._starting)  # forked while the parent's writer was starting a child
         if inherited is not None:
             fds += [s.fileno() for s in (inherited.proc.stdin, inherited.acks) if s is not None and not s.closed]
-        for fd in fds:
+        for fd in set(fds):
             try:
                 os.close(fd)
             except OSError:
@@ -197,6 +197,7 @@ class ChildExportProcessor(SpanProcessor):
         self._wake = threading.Event()
         self._lock = threading.Lock()  # a thread of the parent may have held it at the fork
         self._acked = threading.Condition(self._lock)
+        self._failures = OnceLogger("span export child", log)  # its lock, too
         self._seq = self._taken = self._in_hand = self._dropped = self._exported = self._failed = self._lost = 0
         self._restarts = self._flush_asked = self._flushed = 0
         self._last_start = -float("inf")
@@ -385,8 +386,8 @@ class ChildExportProcessor(SpanProcessor):
             log.warning("rmqtrace: the span export child could not start (%s); spans queue meanwhile, "
                         "up to %d, and drop beyond (counted)", exc, self.max_queue_size)
             return None
+        self._starting = (ack_r,)  # first: a fork must never close a number this process closed already
         os.close(ack_w)  # the child holds the only write end: its death ends the reader's stream
-        self._starting = ()
         assert proc.stdin is not None
         os.set_blocking(proc.stdin.fileno(), False)  # the writer never waits on a child that hung
         child = _Child(proc, os.fdopen(ack_r, "rb"), now)
@@ -394,6 +395,7 @@ class ChildExportProcessor(SpanProcessor):
                                         daemon=True)
         child.reader.start()
         self._child = child
+        self._starting = ()
         return child
 
     def _read_acks(self, child: _Child) -> None:
