@@ -3,6 +3,7 @@ receiver that records what arrives."""
 
 from __future__ import annotations
 
+import os
 import threading
 import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
@@ -12,19 +13,23 @@ from typing import Any, Sequence
 from opentelemetry.sdk.trace import ReadableSpan
 from opentelemetry.sdk.trace.export import SpanExporter, SpanExportResult
 
-__all__ = ["GatedExporter", "OtlpReceiver", "gated_otlp"]
+__all__ = ["GatedExporter", "OtlpReceiver", "PrintingExporter", "gated_otlp", "printing_otlp"]
 
 
 class GatedExporter(SpanExporter):
     """Waits until the file ``gate`` exists before each export, then hands the batch to ``inner``:
     a child that is alive and not reading, for as long as a test keeps the gate shut."""
 
-    def __init__(self, gate: str, inner: SpanExporter) -> None:
+    def __init__(self, gate: str, inner: SpanExporter, owner: int | None = None) -> None:
         self.gate = Path(gate)
         self.inner = inner
+        self.owner = owner  # the test process: when it is gone, nobody opens the gate
 
     def export(self, spans: Sequence[ReadableSpan]) -> SpanExportResult:
         while not self.gate.exists():
+            if self.owner is not None and not _alive(self.owner):
+                # killed with its group, the test left this child behind (it has a session of its own)
+                return SpanExportResult.FAILURE
             time.sleep(0.01)  # real-time: runs in the child exporter process, polling the test's gate file
         return self.inner.export(spans)
 
@@ -32,10 +37,20 @@ class GatedExporter(SpanExporter):
         self.inner.shutdown()
 
 
-def gated_otlp(gate: str, endpoint: str) -> SpanExporter:
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def gated_otlp(gate: str, endpoint: str, owner: int | None = None) -> SpanExporter:
     from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter
 
-    return GatedExporter(gate, OTLPSpanExporter(endpoint=endpoint))
+    return GatedExporter(gate, OTLPSpanExporter(endpoint=endpoint), owner)
 
 
 class OtlpReceiver:
@@ -91,3 +106,23 @@ class OtlpReceiver:
         self._server.shutdown()
         self._server.server_close()
         self._thread.join()
+
+
+class PrintingExporter(SpanExporter):
+    """Prints a line with ``print`` and writes one to descriptor 1 for every batch, then exports: a
+    console-like exporter, and a library that writes to fd 1 behind Python's back."""
+
+    def __init__(self, inner: SpanExporter) -> None:
+        self.inner = inner
+
+    def export(self, spans: Sequence[ReadableSpan]) -> SpanExportResult:
+        print("printed by print", flush=True)
+        os.write(1, b"written to fd 1 ")  # no newline: it would split an acknowledgement line
+        return self.inner.export(spans)
+
+    def shutdown(self) -> None:
+        self.inner.shutdown()
+
+
+def printing_otlp(gate: str, endpoint: str, owner: int | None = None) -> SpanExporter:
+    return PrintingExporter(gated_otlp(gate, endpoint, owner))

@@ -8,6 +8,10 @@ the receiver holds exactly the exported spans, each one once.
 
 from __future__ import annotations
 
+# imported before any TracerProvider exists: the SDK's (1.45) fork handler submits to a thread pool,
+# and a pool module imported after a provider registers its own fork hooks after the provider's, so
+# in a forked worker the provider's handler waits for ever on the lock the pool's before-fork hook holds
+import concurrent.futures.thread  # noqa: F401
 import logging
 import multiprocessing
 import os
@@ -58,7 +62,8 @@ class Rig:
         self.drops = DropCounter()
         env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(TESTS), os.environ.get("PYTHONPATH", "")]))
         self.processor = ChildExportProcessor("export_child_helpers:gated_otlp",
-                                              {"gate": str(self.gate), "endpoint": receiver.endpoint},
+                                              {"gate": str(self.gate), "endpoint": receiver.endpoint,
+                                               "owner": os.getpid()},
                                               drops=self.drops, env=env, **kw)
         self.provider = TracerProvider(resource=Resource.create({"service.name": "child-test"}))
         self.provider.add_span_processor(self.processor)
@@ -267,7 +272,10 @@ def test_the_setting_refuses_what_it_cannot_mean(value: str) -> None:
 @pytest.mark.parametrize("kw", [{"max_queue_size": 0}, {"max_batch_size": -1}, {"interval_s": float("nan")},
                                 {"interval_s": 0}, {"interval_s": float("inf")}, {"restart_delay_s": -1},
                                 {"restart_delay_s": 10**400}, {"max_queue_size": 2.5}, {"factory": "no_colon"},
-                                {"drops": 3}])
+                                {"drops": 3}, {"factory": "no_such_module_x:f"}, {"factory": "tracer.config:nothing"},
+                                {"factory": "tracer.config:EXPORTERS"}, {"factory": ":f"}, {"factory": "tracer.config:"},
+                                {"stall_timeout_s": 0}, {"stall_timeout_s": float("nan")}, {"stall_timeout_s": True},
+                                {"stall_timeout_s": "5"}])
 def test_arguments_that_cannot_work_are_refused(kw: dict[str, Any]) -> None:
     with pytest.raises((ValueError, TypeError)) as info:
         ChildExportProcessor(**kw)
@@ -276,8 +284,8 @@ def test_arguments_that_cannot_work_are_refused(kw: dict[str, Any]) -> None:
 
 # -- model: any sequence of ends, stalls, kills and flushes keeps the books ------------------------------------
 class ExportChildModel(RuleBasedStateMachine):
-    """Spans ended in bursts while the child is stalled (gate shut) or exporting, killed at any
-    moment, flushed when it can export. Named invariants after every step; at teardown, after
+    """Spans ended in bursts while the child is stalled (gate shut), stopped (SIGSTOP) or exporting,
+    killed at any moment, flushed when it can export. Named invariants after every step; at teardown, after
     shutdown, the books balance exactly and the receiver holds exactly the exported spans."""
 
     def __init__(self) -> None:
@@ -287,6 +295,7 @@ class ExportChildModel(RuleBasedStateMachine):
         self.rig = Rig(self.receiver, self.tmp, gate_open=True, max_queue_size=64, max_batch_size=16,
                        interval_s=0.01, restart_delay_s=0)
         self.kills = 0
+        self.stopped: int | None = None  # a child SIGSTOPped by the model (the stall kills it only after 30 s)
 
     @rule(n=st.integers(1, 120))
     def end_spans(self, n: int) -> None:
@@ -312,9 +321,36 @@ class ExportChildModel(RuleBasedStateMachine):
         except ProcessLookupError:  # it died (and was reaped) since: nothing to kill
             return
         self.kills += 1
+        if pid == self.stopped:
+            self.stopped = None  # dead: nothing to continue
         wait_until(lambda: self.rig.processor.child_pid != pid, what="the dead child reaped")
 
-    @precondition(lambda self: self.rig.gate.exists())
+    @precondition(lambda self: self.stopped is None)
+    @rule()
+    def stop_child(self) -> None:
+        pid = self.rig.processor.child_pid
+        if pid is None:
+            return
+        try:
+            os.kill(pid, signal.SIGSTOP)
+        except ProcessLookupError:
+            return
+        self.stopped = pid
+
+    @precondition(lambda self: self.stopped is not None)
+    @rule()
+    def continue_child(self) -> None:
+        self._continue()
+
+    def _continue(self) -> None:
+        if self.stopped is not None:
+            try:
+                os.kill(self.stopped, signal.SIGCONT)
+            except ProcessLookupError:
+                pass
+            self.stopped = None
+
+    @precondition(lambda self: self.rig.gate.exists() and self.stopped is None)
     @rule()
     def flush(self) -> None:
         assert self.rig.processor.force_flush(60_000)
@@ -326,6 +362,11 @@ class ExportChildModel(RuleBasedStateMachine):
     def every_span_ended_is_accepted_or_dropped(self) -> None:
         st_ = self.rig.processor.statistics()
         assert st_.accepted + st_.dropped == len(self.rig.ended), st_
+
+    @invariant()
+    def every_accepted_span_is_somewhere(self) -> None:
+        st_ = self.rig.processor.statistics()
+        assert st_.accepted == st_.exported + st_.failed + st_.lost + st_.queued + st_.unacknowledged, st_
 
     @invariant()
     def no_span_is_counted_twice(self) -> None:
@@ -343,6 +384,7 @@ class ExportChildModel(RuleBasedStateMachine):
 
     def teardown(self) -> None:
         try:
+            self._continue()
             self.rig.gate.touch()
             self.rig.provider.shutdown()
             self.rig.check_accounts()

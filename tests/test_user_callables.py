@@ -835,7 +835,8 @@ RESULTS_ELSEWHERE = {
     ("tracer.telemetry.tracer.MessageTracer", "listeners"): "its answer is ignored (a returned coroutine is "
         "closed: test_a_finish_listener_returning_a_coroutine_is_closed); an Exception is a hook failure",
     ("tracer.telemetry.tracercore.TracerCore", "listeners"): "MessageTracer's (its constructor is this one)",
-    ("tracer.telemetry.exportchild.ChildExportProcessor", "drops"): "a counter hook: its answer is ignored",
+    ("tracer.telemetry.exportchild.ChildExportProcessor", "drops"): "a counter hook: its answer is ignored; an "
+        "Exception costs only its count, logged once (test_a_drops_hook_that_raises_costs_only_its_own_count)",
     ("tracer.clients.producer.TracedProducer.send_job", "cost"): "a one-shot job: a junk cost is a loud "
         "CostTableError before anything is sent (test_cost_table)",
     ("tracer.clients.producer.TracedProducer.send_job", "key"): "as send_job's cost",

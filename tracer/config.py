@@ -310,9 +310,14 @@ def _processors(settings: Settings, drops: DropCounter | None) -> list[SpanProce
 
         log.info("rmqtrace: spans go to an export child process (RMQTRACE_EXPORT_CHILD), which sends them %s",
                  f"to {settings.otlp_endpoint}" if settings.otlp_endpoint else "as OTEL_TRACES_EXPORTER says")
+        # OTEL_BSP_* as the in-process path reads them (the batch at most the queue); the schedule
+        # delay when set, else the child's 0.2 s (a wake costs a lock and a notify, not an export)
+        queue = max(1, _env_int("OTEL_BSP_MAX_QUEUE_SIZE", 2048))
+        delay_ms = _env_int("OTEL_BSP_SCHEDULE_DELAY", 200)
         return [ChildExportProcessor(factory_args=_child_fields(settings), drops=drops or DropCounter(),
-                                     max_queue_size=max(1, _env_int("OTEL_BSP_MAX_QUEUE_SIZE", 2048)),
-                                     max_batch_size=max(1, _env_int("OTEL_BSP_MAX_EXPORT_BATCH_SIZE", 512)))]
+                                     max_queue_size=queue,
+                                     max_batch_size=min(queue, max(1, _env_int("OTEL_BSP_MAX_EXPORT_BATCH_SIZE", 512))),
+                                     interval_s=min(3599.0, delay_ms / 1000) if delay_ms > 0 else 0.2)]
     exporters = make_exporters(settings)
     for exporter in exporters:
         endpoint = exporter_endpoint(exporter)

@@ -5,24 +5,40 @@ written once, at its end) to a bounded in-process queue and returns; when the qu
 drops the span and counts it — it never waits, so a slow or dead backend never blocks a handler.
 One thread (``rmqtrace-export-writer``) takes the queued spans in batches, turns each into a
 plain tuple (:func:`span_record`) and writes the batch, ``marshal``-ed, to a child process's stdin;
-the pipe write releases the GIL. The child (``python -m tracer.telemetry.exportchild``) rebuilds
-the spans as SDK ``ReadableSpan`` objects and hands them to its exporters (the OTLP one by
+the pipe write releases the GIL. The child (this module run as ``__main__`` by a ``python -c``
+launcher) rebuilds the spans as SDK ``ReadableSpan`` objects and hands them to its exporters (the OTLP one by
 default, built in the child from the same ``OTEL_*`` environment), then acknowledges the batch on
-its stdout: how many spans were exported and how many failed. A reader thread
-(``rmqtrace-export-acks``) records the acknowledgements.
+a pipe of its own (not its stdout, which is this process's: a console exporter prints where it
+would in process): how many spans were exported and how many failed. A reader thread
+(``rmqtrace-export-acks``) records the acknowledgements. The child runs in a session of its own and
+ignores SIGINT and SIGTERM: a Ctrl-C or a service manager's stop reaches this process, whose clean
+shutdown then flushes to a child still there; the child ends when its stdin ends.
 
 Every span ``on_end`` accepted ends in exactly one of: ``exported`` (the child's exporter said
 success), ``failed`` (the child's exporter said failure), ``lost`` (the child died, or could not be
 started, while the span was on its way or unacknowledged: the whole unacknowledged batch counts,
 even the part the child may have sent before it died) or, if :meth:`shutdown` runs out of time,
-``lost`` too. Spans refused at a full queue or after shutdown are ``dropped``. Every one but the
-exported is also added to the ``drops`` counter (``rmqtrace_spans_dropped_total`` when built by
+``lost`` too. Spans refused at a full queue or after shutdown are ``dropped``. Until then an accepted
+span is ``queued`` or ``unacknowledged`` (taken by the writer: being encoded, in the pipe or in the
+child), so every :meth:`~ChildExportProcessor.statistics` snapshot adds up: ``accepted = exported +
+failed + lost + queued + unacknowledged``. Every one but the exported is also added to the
+``drops`` counter (``rmqtrace_spans_dropped_total`` when built by
 :func:`tracer.config.configure_tracing`). A dead child is logged (a warning per death) and
-started again at the next batch, no sooner than ``restart_delay_s`` after the previous start.
+started again at the next batch, no sooner than ``restart_delay_s`` after the previous start. A
+child that holds unacknowledged spans and acknowledges nothing for ``stall_timeout_s`` (default:
+three times the OTLP export timeout the ``OTEL_EXPORTER_OTLP_[TRACES_]TIMEOUT`` environment gives,
+at least 10 s — an exporter gives up on a batch within its timeout) is hung: it is killed and
+counted as a dead one. The writer never blocks on the pipe for longer than it takes to see that.
+
+A span whose values ``marshal`` refuses although the OTLP encoder takes them (an ``IntEnum`` or a
+``str`` enum member: instances of subclasses of the wire types) is sent with those values as the
+plain ints, strings and floats the encoder would have sent; a span that still cannot be encoded
+fails alone, not its batch.
 
 Frames on the child's stdin: a 4-byte big-endian length, then ``marshal.dumps((seq, resources,
-scopes, records))``; length 0 asks the child to flush, shut its exporters down and exit. Lines on
-its stdout: ``seq exported failed``.
+scopes, records))``; length 0 (or the end of stdin) asks the child to flush, shut its exporters down
+and exit. Lines on its acknowledgement pipe (the descriptor named on its command line):
+``seq exported failed``.
 """
 
 from __future__ import annotations
@@ -32,6 +48,8 @@ import json
 import logging
 import marshal
 import os
+import select
+import signal
 import struct
 import subprocess
 import sys
@@ -50,13 +68,20 @@ from opentelemetry.sdk.trace.export import SpanExporter, SpanExportResult
 from opentelemetry.sdk.util.instrumentation import InstrumentationScope
 
 from ..callables import require_plain
-from .spanwire import attributes_record, span_from_record, span_record
+from ..logonce import OnceLogger
+from .spanwire import attributes_record, plain, span_from_record, span_record
 
 __all__ = ["ChildExportProcessor", "ChildExportStats", "child_main", "span_from_record", "span_record"]
 
 log = logging.getLogger(__name__)
 
 _LEN = struct.Struct(">I")
+# SIGINT and SIGTERM ignored before the imports (a second of a loaded machine): a service manager's
+# stop sent to every process of the group meanwhile must not kill the child the parent will flush to
+_LAUNCH = ("import signal; signal.signal(signal.SIGINT, signal.SIG_IGN); signal.signal(signal.SIGTERM, signal.SIG_IGN); "
+           f"import runpy; runpy.run_module({__name__!r}, run_name='__main__', alter_sys=True)")
+_READER_GRACE_S = 5.0  # a dead child's last acknowledgements take microseconds; a loaded machine, seconds
+_MIN_STALL_S = 10.0  # a child starting on a loaded machine takes seconds to answer its first batch
 _PACKAGE_ROOT = str(Path(__file__).resolve().parents[2])  # the directory holding the tracer package
 
 
@@ -77,10 +102,13 @@ class ChildExportStats:
 class _Child:
     """One running child: the process and its acknowledgements."""
 
-    def __init__(self, proc: subprocess.Popen[bytes]) -> None:
+    def __init__(self, proc: subprocess.Popen[bytes], acks: IO[bytes], now: float) -> None:
         self.proc = proc
+        self.acks = acks  # the read end of the child's acknowledgement pipe
         self.inflight: dict[int, int] = {}  # seq -> spans, written and not yet acknowledged
         self.reader: threading.Thread | None = None
+        self.progress = now  # last acknowledgement, or when unacknowledged spans appeared after none
+        self.reaped = False  # its unacknowledged spans are counted lost: a late acknowledgement is ignored
 
 
 class ChildExportProcessor(SpanProcessor):
@@ -90,16 +118,18 @@ class ChildExportProcessor(SpanProcessor):
     ``function(**factory_args)`` and gets an exporter or a list of them (the default builds what
     ``OTEL_TRACES_EXPORTER`` and ``OTEL_EXPORTER_OTLP_*`` ask for, as
     :func:`tracer.config.make_exporters` does). ``env`` is the child's environment (default: this
-    process's). ``drops`` is called with the number of every span not exported.
+    process's). ``drops`` is called with the number of every span not exported. The factory is
+    resolved here (its module imported in this process too): one that cannot work is refused at
+    once. ``stall_timeout_s``: how long a child holding unacknowledged spans may stay silent before
+    it is killed as hung (module doc; None: from the OTLP timeout).
     """
 
     def __init__(self, factory: str = "tracer.config:child_exporters", factory_args: Mapping[str, Any] | None = None,
                  *, drops: Callable[[int], None] | None = None, max_queue_size: int = 2048,
                  max_batch_size: int = 512, interval_s: float = 0.2, restart_delay_s: float = 1.0,
-                 env: Mapping[str, str] | None = None) -> None:
+                 env: Mapping[str, str] | None = None, stall_timeout_s: float | None = None) -> None:
         require_plain(drops, "ChildExportProcessor(drops=...)", optional=True)
-        if ":" not in factory:
-            raise ValueError(f"factory must be 'module:function', got {factory!r}")
+        _resolve(factory)
         for name, value in (("max_queue_size", max_queue_size), ("max_batch_size", max_batch_size)):
             if not isinstance(value, int) or isinstance(value, bool) or value < 1:
                 raise ValueError(f"{name} must be an int >= 1, got {value!r}")
@@ -107,15 +137,21 @@ class ChildExportProcessor(SpanProcessor):
             raise ValueError(f"interval_s must be seconds in (0, 3600), got {interval_s!r}")
         if not (isinstance(restart_delay_s, (int, float)) and 0 <= restart_delay_s < 3600):
             raise ValueError(f"restart_delay_s must be seconds in [0, 3600), got {restart_delay_s!r}")
+        if stall_timeout_s is not None and not (
+                isinstance(stall_timeout_s, (int, float)) and not isinstance(stall_timeout_s, bool)
+                and 0 < stall_timeout_s < 86400):
+            raise ValueError(f"stall_timeout_s must be seconds in (0, 86400) or None, got {stall_timeout_s!r}")
         self._spec = json.dumps({"factory": factory, "args": dict(factory_args or {})})
         self._drops = drops
+        self._failures = OnceLogger("span export child", log)
         self.max_queue_size = max_queue_size
-        self._batch = max_batch_size
-        self._interval = float(interval_s)
+        self.max_batch_size = max_batch_size
+        self.interval_s = float(interval_s)
         self._restart_delay = float(restart_delay_s)
         env = dict(os.environ if env is None else env)
         env["PYTHONPATH"] = os.pathsep.join(p for p in (_PACKAGE_ROOT, env.get("PYTHONPATH")) if p)
         self._env = env
+        self.stall_timeout_s = float(stall_timeout_s) if stall_timeout_s is not None else _stall_from_env(env)
         self._queue: deque[ReadableSpan] = deque()
         self._wake = threading.Event()
         self._lock = threading.Lock()  # the counters and the current child's inflight table
@@ -123,6 +159,7 @@ class ChildExportProcessor(SpanProcessor):
         self._closed = False
         self._seq = 0
         self._taken = 0  # spans the writer took from the queue
+        self._in_hand = 0  # of those, being encoded: neither queued nor in a child's inflight table
         self._dropped = 0
         self._exported = 0
         self._failed = 0
@@ -131,6 +168,7 @@ class ChildExportProcessor(SpanProcessor):
         self._child: _Child | None = None
         self._last_start = -float("inf")
         self._closing_started = False
+        self._starting: tuple[int, ...] = ()  # the acknowledgement pipe while a child starts (fork: close it)
         self._abandoned = False  # shutdown ran out of time: write nothing more
         self._deadline = float("inf")  # of the shutdown, on the monotonic clock
         self._flush_asked = 0
@@ -146,18 +184,21 @@ class ChildExportProcessor(SpanProcessor):
         this copy's ends of the parent's pipes (the parent's child must see the parent's EOF
         only), forget the spans queued before the fork (the parent exports them), start afresh."""
         inherited, self._child = self._child, None
+        fds = list(self._starting)  # forked while the parent's writer was starting a child
         if inherited is not None:
-            for stream in (inherited.proc.stdin, inherited.proc.stdout):
-                if stream is not None:
-                    try:
-                        os.close(stream.fileno())
-                    except (OSError, ValueError):
-                        pass
+            fds += [s.fileno() for s in (inherited.proc.stdin, inherited.acks) if s is not None and not s.closed]
+        for fd in set(fds):
+            try:
+                os.close(fd)
+            except OSError:
+                pass
+        self._starting = ()
         self._queue = deque()
         self._wake = threading.Event()
         self._lock = threading.Lock()  # a thread of the parent may have held it at the fork
         self._acked = threading.Condition(self._lock)
-        self._seq = self._taken = self._dropped = self._exported = self._failed = self._lost = 0
+        self._failures = OnceLogger("span export child", log)  # its lock, too
+        self._seq = self._taken = self._in_hand = self._dropped = self._exported = self._failed = self._lost = 0
         self._restarts = self._flush_asked = self._flushed = 0
         self._last_start = -float("inf")
         self._closing_started = False
@@ -171,20 +212,20 @@ class ChildExportProcessor(SpanProcessor):
         pass
 
     def on_end(self, span: ReadableSpan) -> None:
-        if not span.context.trace_flags.sampled:
-            return  # as the batch processor: only sampled spans are exported
+        ctx = span.context
+        if ctx is None or not ctx.trace_flags.sampled:
+            return  # as the batch processor (and CountingSpanProcessor): only sampled spans are exported
         queue = self._queue
         # under the lock: the bound is exact, and no span slips in after shutdown counted the rest
         with self._lock:
             room = not self._closed and len(queue) < self.max_queue_size
             if room:
                 queue.append(span)
-                wake = len(queue) >= self._batch
+                wake = len(queue) >= self.max_batch_size
             else:
                 self._dropped += 1
         if not room:
-            if self._drops is not None:
-                self._drops(1)
+            self._count_drops(1)
         elif wake and not self._wake.is_set():
             self._wake.set()  # a lock and a notify: once per batch, not per span while the writer is busy
 
@@ -192,10 +233,13 @@ class ChildExportProcessor(SpanProcessor):
 
     def _run(self) -> None:
         while True:
-            self._wake.wait(self._interval)
+            self._wake.wait(self.interval_s)
             self._wake.clear()
             closing = self._closed
-            self._pump()
+            try:
+                self._pump()
+            except Exception:  # noqa: BLE001 - a bug here must not end the export for the process's life
+                log.exception("rmqtrace: the span export writer failed; it carries on")
             if closing:
                 break
         self._stop_child()
@@ -206,43 +250,97 @@ class ChildExportProcessor(SpanProcessor):
             self._reap_if_dead()
             with self._lock:
                 asked = self._flush_asked
-            if not self._queue:
-                with self._lock:
+                empty = not self._queue
+                if empty:
                     self._flushed = max(self._flushed, asked)
                     self._acked.notify_all()
+            if empty:
                 return
             child = self._ensure_child()
             if child is None:
                 return  # not yet restartable: the queue keeps filling, and drops at its bound
-            spans = []
-            popleft = self._queue.popleft
+            spans = self._take()
             try:
-                for _ in range(self._batch):
-                    spans.append(popleft())
-            except IndexError:
-                pass
-            with self._lock:
-                self._taken += len(spans)
-                self._seq += 1
-                seq = self._seq
-            try:
-                payload = marshal.dumps((seq, *self._encode(spans)))
-            except (ValueError, TypeError, AttributeError):  # a span the SDK would not have built
+                payload, bad = self._payload(spans)
+            except Exception:  # noqa: BLE001 - whatever a span holds, the writer lives on and counts it
                 log.warning("rmqtrace: %d span(s) could not be encoded for the export child; counted as failed",
                             len(spans), exc_info=True)
-                with self._lock:
-                    self._failed += len(spans)
-                if self._drops is not None:
-                    self._drops(len(spans))
-                continue
+                payload, bad = None, len(spans)
             with self._lock:
-                child.inflight[seq] = len(spans)
+                self._in_hand = 0
+                self._failed += bad
+                if payload is not None:
+                    if not child.inflight:
+                        child.progress = time.monotonic()
+                    child.inflight[payload[0]] = len(spans) - bad
+            if bad:
+                self._count_drops(bad)
+            if payload is None:
+                continue
             try:
-                assert child.proc.stdin is not None
-                os.write(child.proc.stdin.fileno(), _LEN.pack(len(payload)))
-                _write_all(child.proc.stdin.fileno(), payload)
-            except OSError:  # the child died (EPIPE) or its stdin was closed by a stop
-                self._reap(child, "its stdin closed")
+                self._write(child, _LEN.pack(len(payload[1])) + payload[1])
+            except OSError as exc:  # the child died (EPIPE), its stdin was closed by a stop, or it hung
+                self._reap(child, str(exc) if isinstance(exc, _Hung) else "its stdin closed")
+
+    def _take(self) -> list[ReadableSpan]:
+        """Up to a batch of queued spans, counted taken in the same step (statistics add up)."""
+        with self._lock:
+            queue = self._queue
+            if len(queue) <= self.max_batch_size:
+                spans = list(queue)
+                queue.clear()
+            else:
+                popleft = queue.popleft
+                spans = [popleft() for _ in range(self.max_batch_size)]
+            self._taken += len(spans)
+            self._in_hand = len(spans)
+        return spans
+
+    def _payload(self, spans: list[ReadableSpan]) -> tuple[tuple[int, bytes] | None, int]:
+        """``((seq, frame body), spans that could not be encoded)``; None when none could."""
+        resources, scopes, records = self._encode(spans)
+        with self._lock:
+            self._seq += 1
+            seq = self._seq
+        try:
+            return (seq, marshal.dumps((seq, resources, scopes, records))), 0
+        except ValueError:  # values of subclasses of the wire types (an IntEnum): the encoder's plain values
+            resources, scopes = plain(resources), plain(scopes)
+            records = [plain(r) for r in records]
+        try:
+            return (seq, marshal.dumps((seq, resources, scopes, records))), 0
+        except ValueError:  # still not: the spans that cannot be written fail, each alone
+            good = []
+            for r in records:
+                try:
+                    marshal.dumps(r)
+                except ValueError:
+                    continue
+                good.append(r)
+            bad = len(records) - len(good)
+            log.warning("rmqtrace: %d span(s) hold values that cannot be sent to the export child; counted as "
+                        "failed", bad)
+            if not good:
+                return None, bad
+            return (seq, marshal.dumps((seq, resources, scopes, good))), bad
+
+    def _write(self, child: _Child, data: bytes) -> None:
+        """Write ``data`` to the child's stdin (non-blocking); between tries, look for a hung child."""
+        assert child.proc.stdin is not None
+        fd = child.proc.stdin.fileno()
+        view = memoryview(data)
+        poller = select.poll()
+        poller.register(fd, select.POLLOUT)
+        while view:
+            try:
+                view = view[os.write(fd, view):]
+                continue
+            except BlockingIOError:
+                pass
+            poller.poll(self.interval_s * 1000)
+            if self._abandoned:
+                raise BrokenPipeError("the shutdown stopped it")
+            self._kill_if_hung(child)
 
     def _encode(self, spans: list[ReadableSpan]) -> tuple[list[Any], list[Any], list[Any]]:
         resources: dict[int, int] = {}
@@ -273,39 +371,71 @@ class ChildExportProcessor(SpanProcessor):
             return None
         self._closing_started = self._closed  # at close, one start ignores the delay: the queue is flushed
         self._last_start = now
+        ack_r = ack_w = -1
         try:
-            proc = subprocess.Popen([sys.executable, "-m", __name__, self._spec], stdin=subprocess.PIPE,
-                                    stdout=subprocess.PIPE, env=self._env)
-        except OSError as exc:
+            ack_r, ack_w = os.pipe()
+            self._starting = (ack_r, ack_w)
+            # a session of its own: a terminal's Ctrl-C goes to this process, not to the child
+            proc = subprocess.Popen([sys.executable, "-c", _LAUNCH, self._spec, str(ack_w)], stdin=subprocess.PIPE,
+                                    env=self._env, pass_fds=(ack_w,), start_new_session=True)
+        except OSError as exc:  # no descriptors, no memory, no interpreter: the next batch tries again
+            self._starting = ()
+            for fd in (ack_r, ack_w):
+                if fd >= 0:
+                    os.close(fd)
             log.warning("rmqtrace: the span export child could not start (%s); spans queue meanwhile, "
                         "up to %d, and drop beyond (counted)", exc, self.max_queue_size)
             return None
-        child = _Child(proc)
+        self._starting = (ack_r,)  # first: a fork must never close a number this process closed already
+        os.close(ack_w)  # the child holds the only write end: its death ends the reader's stream
+        assert proc.stdin is not None
+        os.set_blocking(proc.stdin.fileno(), False)  # the writer never waits on a child that hung
+        child = _Child(proc, os.fdopen(ack_r, "rb"), now)
         child.reader = threading.Thread(target=self._read_acks, args=(child,), name="rmqtrace-export-acks",
                                         daemon=True)
         child.reader.start()
         self._child = child
+        self._starting = ()
         return child
 
     def _read_acks(self, child: _Child) -> None:
-        assert child.proc.stdout is not None
-        for line in child.proc.stdout:
+        for line in child.acks:
             try:
                 seq, ok, failed = (int(x) for x in line.split())
             except ValueError:
                 continue
             with self._lock:
+                if child.reaped:
+                    return  # counted lost already (the reader was late): not exported twice over
                 child.inflight.pop(seq, None)
+                child.progress = time.monotonic()
                 self._exported += ok
                 self._failed += failed
                 self._acked.notify_all()
-            if failed and self._drops is not None:
-                self._drops(failed)
+            if failed:
+                self._count_drops(failed)
 
     def _reap_if_dead(self) -> None:
         child = self._child
-        if child is not None and child.proc.poll() is not None:
+        if child is None:
+            return
+        try:
+            self._kill_if_hung(child)
+        except _Hung as exc:
+            self._reap(child, str(exc))
+            return
+        if child.proc.poll() is not None:
             self._reap(child, f"exit status {child.proc.returncode}")
+
+    def _kill_if_hung(self, child: _Child) -> None:
+        """Kill ``child`` and raise :class:`_Hung` when it held unacknowledged spans and said nothing
+        for ``stall_timeout_s``: an exporter gives up within its timeout, so this one never will."""
+        with self._lock:
+            silent = time.monotonic() - child.progress if child.inflight else 0.0
+        if silent > self.stall_timeout_s:
+            if child.proc.poll() is None:
+                child.proc.kill()
+            raise _Hung(f"no acknowledgement for {silent:.1f} s, stall_timeout_s {self.stall_timeout_s:g}: hung, killed")
 
     def _reap(self, child: _Child, why: str) -> None:
         """The child is gone: read its last acknowledgements, count the rest as lost, forget it."""
@@ -313,13 +443,20 @@ class ChildExportProcessor(SpanProcessor):
             child.proc.kill()
         child.proc.wait()
         if child.reader is not None:
-            child.reader.join()
-        if child.proc.stdin is not None:
-            try:
-                child.proc.stdin.close()
-            except OSError:
-                pass
+            # the child is dead: its acknowledgements end at once, unless a process forked from ours
+            # (no fork handler ran: a C extension's fork) holds the pipe's write end; then not wait for it
+            child.reader.join(_READER_GRACE_S)
+            if child.reader.is_alive():
+                self._failures("acknowledgement reader", None, "a forked process holds the pipe; the reader is left")
+        left_reading = child.reader is not None and child.reader.is_alive()
+        for stream in (child.proc.stdin, None if left_reading else child.acks):  # a read holds its stream's lock
+            if stream is not None:
+                try:
+                    stream.close()
+                except OSError:
+                    pass
         with self._lock:
+            child.reaped = True
             lost = sum(child.inflight.values())
             child.inflight.clear()
             self._lost += lost
@@ -327,8 +464,8 @@ class ChildExportProcessor(SpanProcessor):
                 self._restarts += 1
             self._acked.notify_all()
         self._child = None
-        if lost and self._drops is not None:
-            self._drops(lost)
+        if lost:
+            self._count_drops(lost)
         if not self._closed:
             log.warning("rmqtrace: the span export child %d died (%s) with %d span(s) unacknowledged, counted "
                         "as lost; it is started again at the next batch", child.proc.pid, why, lost)
@@ -341,10 +478,14 @@ class ChildExportProcessor(SpanProcessor):
         child = self._child
         if child is None:
             return
+        stdin = child.proc.stdin
+        assert stdin is not None
         try:
-            assert child.proc.stdin is not None
-            os.write(child.proc.stdin.fileno(), _LEN.pack(0))
-            child.proc.stdin.close()
+            os.write(stdin.fileno(), _LEN.pack(0))
+        except OSError:
+            pass  # the pipe is full (the end of stdin says the same) or the child is gone
+        try:
+            stdin.close()
         except OSError:
             pass
         try:
@@ -392,14 +533,23 @@ class ChildExportProcessor(SpanProcessor):
             if child is not None:
                 child.proc.kill()
             self._writer.join()
-        left = len(self._queue)
-        self._queue.clear()
+        with self._lock:
+            left = len(self._queue)
+            self._queue.clear()
+            self._lost += left
+            self._taken += left
         if left:
-            with self._lock:
-                self._lost += left
-                self._taken += left
-            if self._drops is not None:
-                self._drops(left)
+            self._count_drops(left)
+
+    def _count_drops(self, n: int) -> None:
+        """Tell ``drops`` about ``n`` spans not exported; a hook that raises costs only its own count
+        (logged once): never the handler ending a span, the writer or the acknowledgement reader."""
+        if self._drops is None:
+            return
+        try:
+            self._drops(n)
+        except Exception as exc:  # noqa: BLE001 - a user's counter must not stop the export
+            self._failures("drops", exc)
 
     def statistics(self) -> ChildExportStats:
         with self._lock:
@@ -407,7 +557,7 @@ class ChildExportProcessor(SpanProcessor):
             return ChildExportStats(
                 accepted=self._taken + len(self._queue), dropped=self._dropped, exported=self._exported,
                 failed=self._failed, lost=self._lost, restarts=self._restarts, queued=len(self._queue),
-                unacknowledged=sum(child.inflight.values()) if child is not None else 0)
+                unacknowledged=self._in_hand + (sum(child.inflight.values()) if child is not None else 0))
 
     @property
     def child_pid(self) -> int | None:
@@ -416,16 +566,38 @@ class ChildExportProcessor(SpanProcessor):
         return child.proc.pid if child is not None else None
 
 
+class _Hung(OSError):
+    """The child held unacknowledged spans and said nothing for ``stall_timeout_s`` (it is killed)."""
+
+
 def _call_if_alive(method: weakref.WeakMethod[Callable[[], None]]) -> None:
     bound = method()
     if bound is not None:
         bound()
 
 
-def _write_all(fd: int, data: bytes) -> None:
-    view = memoryview(data)
-    while view:
-        view = view[os.write(fd, view):]
+def _resolve(factory: str) -> Callable[..., Any]:
+    """The callable ``"module:function"`` names (imported here), or a ValueError saying why it cannot work."""
+    module, sep, name = factory.partition(":") if isinstance(factory, str) else ("", "", "")
+    if not (sep and module and name):
+        raise ValueError(f"factory must be 'module:function', got {factory!r}")
+    try:
+        made = getattr(importlib.import_module(module), name)
+    except (ImportError, AttributeError) as exc:
+        raise ValueError(f"factory {factory!r} cannot work: {exc}") from None
+    if not callable(made):
+        raise ValueError(f"factory {factory!r} cannot work: {name} is a {type(made).__name__}, not a callable")
+    return made  # type: ignore[no-any-return]
+
+
+def _stall_from_env(env: Mapping[str, str]) -> float:
+    """Three OTLP export timeouts (the exporters' own reading of the environment), at least 10 s."""
+    raw = env.get("OTEL_EXPORTER_OTLP_TRACES_TIMEOUT") or env.get("OTEL_EXPORTER_OTLP_TIMEOUT") or "10"
+    try:
+        timeout = float(raw)
+    except ValueError:
+        timeout = 10.0  # the exporters fall back to their default, 10 s, too
+    return max(_MIN_STALL_S, 3 * timeout) if timeout > 0 else _MIN_STALL_S
 
 
 # --- the child ------------------------------------------------------------------------------------
@@ -437,18 +609,20 @@ def _read_exact(stream: IO[bytes], n: int) -> bytes | None:
 
 
 def _exporters(spec: Mapping[str, Any]) -> list[SpanExporter]:
-    module, _, name = str(spec["factory"]).partition(":")
-    made = getattr(importlib.import_module(module), name)(**spec.get("args", {}))
+    made = _resolve(str(spec["factory"]))(**spec.get("args", {}))
     return list(made) if isinstance(made, (list, tuple)) else [made]
 
 
 def child_main(argv: Sequence[str] | None = None) -> int:
-    """The child: read frames from stdin, export them, acknowledge on stdout (module doc)."""
+    """The child: read frames from stdin, export them, acknowledge on the pipe argv[1] names (module doc)."""
     args = list(sys.argv[1:] if argv is None else argv)
+    for signum in (signal.SIGINT, signal.SIGTERM):  # the parent stops us, by the end of stdin, after its flush
+        signal.signal(signum, signal.SIG_IGN)
     logging.basicConfig(level=logging.WARNING, format="rmqtrace export child: %(message)s")
     frames = sys.stdin.buffer
-    acks = os.fdopen(os.dup(sys.stdout.fileno()), "w", buffering=1)
-    sys.stdout = sys.stderr  # an exporter that prints (console) must not write into the acknowledgements
+    ack_fd = int(args[1])
+    os.set_inheritable(ack_fd, False)  # a process an exporter starts must not hold our parent's stream open
+    acks = os.fdopen(ack_fd, "w", buffering=1)  # stdout stays the parent's: a console exporter prints there
     exporters = _exporters(json.loads(args[0]))
     resources: dict[Any, Resource] = {}
     scopes: dict[Any, InstrumentationScope] = {}

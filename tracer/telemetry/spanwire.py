@@ -3,7 +3,10 @@
 :func:`span_record` turns an SDK ``ReadableSpan`` into nested tuples of ints, strings and
 attribute values (what ``marshal`` writes), resources and scopes as indexes into the batch's own
 lists; :func:`span_from_record` rebuilds a ``ReadableSpan`` an exporter reads the same, dropped
-counts included (:mod:`tracer.telemetry.exportchild` writes and reads the frames).
+counts included — the span's and its events' and links' (:mod:`tracer.telemetry.exportchild`
+writes and reads the frames). :func:`plain` turns what ``marshal`` refuses although the OTLP encoder
+takes it (instances of subclasses of str, int, float, bytes, tuple, dict: an ``IntEnum``) into the
+plain values the encoder would have sent.
 """
 
 from __future__ import annotations
@@ -17,13 +20,37 @@ from opentelemetry.sdk.util import BoundedList
 from opentelemetry.sdk.util.instrumentation import InstrumentationScope
 from opentelemetry.trace import Link, SpanContext, SpanKind, Status, StatusCode, TraceFlags, TraceState
 
-__all__ = ["attributes_record", "span_from_record", "span_record"]
+__all__ = ["attributes_record", "plain", "span_from_record", "span_record"]
+
+_EXACT = frozenset((str, int, float, bool, bytes, type(None)))
 
 
 def attributes_record(values: Any) -> dict[str, Any]:
     if not values:
         return {}
     return values if type(values) is dict else dict(values)
+
+
+def plain(value: Any) -> Any:
+    """``value`` (a record, or any part of one) with every instance of a subclass of a wire type
+    made that type, holding what the OTLP encoder reads from it (``str.__str__`` of a ``str`` enum
+    member is its value, ``int.__index__`` of an ``IntEnum`` member its number)."""
+    kind = type(value)
+    if kind in _EXACT:
+        return value
+    if isinstance(value, (tuple, list)):
+        return tuple(plain(v) for v in value)
+    if isinstance(value, dict):
+        return {plain(k): plain(v) for k, v in value.items()}
+    if isinstance(value, str):
+        return str.__str__(value)
+    if isinstance(value, int):
+        return int.__index__(value)
+    if isinstance(value, float):
+        return float.__float__(value)
+    if isinstance(value, bytes):
+        return bytes(value)
+    return value  # not a wire type at all: marshal says so, and the span fails alone
 
 
 def _dropped(values: Any) -> int:
@@ -60,6 +87,30 @@ def span_record(span: ReadableSpan, resource_ix: int, scope_ix: int) -> tuple[An
         events.dropped if isinstance(events, BoundedList) else 0,
         links.dropped if isinstance(links, BoundedList) else 0,
     )
+
+
+class _ReplayedEvent(Event):
+    """An event rebuilt in the child, with the dropped attribute count the parent's event had."""
+
+    def __init__(self, name: str, attributes: Any, timestamp: int, dropped: int) -> None:
+        super().__init__(name, attributes, timestamp=timestamp)
+        self._dropped_attributes = dropped
+
+    @property
+    def dropped_attributes(self) -> int:
+        return self._dropped_attributes
+
+
+class _ReplayedLink(Link):
+    """A link rebuilt in the child, with the dropped attribute count the parent's link had."""
+
+    def __init__(self, context: SpanContext, attributes: Any, dropped: int) -> None:
+        super().__init__(context, attributes)
+        self._dropped_attributes = dropped
+
+    @property
+    def dropped_attributes(self) -> int:
+        return self._dropped_attributes
 
 
 class _Dropped(NamedTuple):
@@ -101,7 +152,7 @@ def span_from_record(record: Sequence[Any], resources: Sequence[Resource],
     parent = SpanContext(trace_id, parent_id, parent_remote, TraceFlags(flags)) if parent_id else None
     return _Replayed(
         _Dropped(d_attrs, d_events, d_links), name=name, context=context, parent=parent, resource=resources[resource_ix],
-        attributes=attributes, events=[Event(n, a, timestamp=t) for n, t, a, _d in events],
-        links=[Link(SpanContext(t, s, r, TraceFlags(f), _state(ts)), a) for t, s, f, r, ts, a, _d in links],
+        attributes=attributes, events=[_ReplayedEvent(n, a, t, d) for n, t, a, d in events],
+        links=[_ReplayedLink(SpanContext(t, s, r, TraceFlags(f), _state(ts)), a, d) for t, s, f, r, ts, a, d in links],
         kind=SpanKind(kind), status=Status(StatusCode(code), description), start_time=start, end_time=end,
         instrumentation_scope=scopes[scope_ix])
