@@ -147,7 +147,9 @@ class TraceState:
 
     @property
     def held(self) -> bool:
-        """Its trace id is in the hold: kept back for the keep policy, or head-sampled under a hold."""
+        """Its spans go through a hold: kept back for the keep policy's decision, or head-sampled
+        under a hold (kept at its finish). Fixed once its spans open; whether its id is still held
+        is the hold's to say (:meth:`HoldingSpanProcessor.holds`)."""
         return self._fate is not _HEAD
 
     def blame(self, verdict: Any, policy: str) -> None:
