@@ -253,8 +253,8 @@ class TracerCore:
             self.hook_failed("reading RMQTRACE_KEEP_*", exc)
             found = None
         if found is not None:
-            self.keep, self.hold = found
-            found[1].attach(found[0])
+            keep, hold = self.keep, self.hold = found
+            hold.attach(keep)
             try:
                 self._share_clock()
             except ValueError as exc:  # another tracer's clock took the hold first: say it, trace on
