@@ -48,7 +48,7 @@ def test_a_finished_trace_lets_its_blocker_go_and_keeps_its_blame(shape: str) ->
         previous = t
     del t
     gc.collect()
-    alive = sorted(o.info.message_id for o in gc.get_objects() if type(o) is MessageTrace and o._tracer is mt)
+    alive = sorted(o.info.message_id for o in gc.get_objects() if type(o) is MessageTrace and o.tracer is mt)
     assert alive == ["M49"], f"traces kept alive by the newest one's blame chain: {alive}"
     # the blame still made it to the spans: blocker id, reason, and a link to its span
     carrier = n.BLAME_SPAN if shape == "full" else "process T"

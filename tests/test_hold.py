@@ -546,7 +546,7 @@ def test_the_ticker_thread_settles_an_idle_job_on_its_own() -> None:
     assert _kept_message_ids(memory) == {"m0"}
     clock.advance_s(1.0)  # the manual clock moves; the ticker thread reads it
     wait_until(lambda: _kept_message_ids(memory) == {"m0", "m1"}, what="the idle job's latest finisher kept")
-    wait_until(lambda: not hold._ticking, what="the ticker stops when nothing is left")  # noqa: SLF001
+    wait_until(lambda: not hold.statistics().ticking, what="the ticker stops when nothing is left")
 
 
 @pytest.mark.parametrize("end", ["shutdown", "force_flush"])

@@ -72,6 +72,7 @@ from tracer.path.stamps import causal, drawn
 from tracer.telemetry.hold import HoldingSpanProcessor
 from tracer.telemetry.keep import KeepPolicy
 from tracer.telemetry.metrics import TracerMetrics
+from tracer.telemetry.tracephase import KeepFate, TracePhase
 from tracer.telemetry.tracer import MessageTrace, MessageTracer
 
 LONG = os.environ.get("RMQTRACE_LONG") == "1"
@@ -117,6 +118,7 @@ class _Msg:
     lost_from: int | None = None  # the lost run this redelivery was told of at its start (its index)
     lost_pending: bool = False  # lost after its finish while pending as its job's latest finisher
     lost_gone: bool = False  # lost after its finish, dropped, and no longer in the hold (its bounds): not kept
+    overran: bool = False  # finished while its handler still ran (the watchdog's timeout, the shutdown)
 
     @property
     def must_keep(self) -> bool:
@@ -190,6 +192,7 @@ class KeepHoldModel(RuleBasedStateMachine):
         if Stage.HANDLER_START in m.monos and Stage.HANDLER_END not in m.monos:
             m.monos[Stage.HANDLER_END] = self.clock.monotonic_ns()  # the watchdog's finish stamps it
         m.t.finish(outcome, error)
+        m.overran = m.running and outcome is not Outcome.NOT_STARTED
         m.finished, m.outcome = True, outcome
         self._decided(m)
 
@@ -228,10 +231,10 @@ class KeepHoldModel(RuleBasedStateMachine):
         """The broker hands a message whose lease was lost out again (its first run may still
         run: the copy is then usually refused unstarted): a copy of its own, same message id."""
         lost = data.draw(st.sampled_from([m for m in self.msgs if m.lease_lost is not None]))
-        remembered = self.mt._lost_runs.get(lost.mid)  # noqa: SLF001 - what the tracer tells the copy
+        remembered = self.mt.lost_run(lost.mid)  # what the tracer tells the copy
         copy = self._start(None, False, slow, 0, lost.mid)
         if remembered is not None:
-            copy.lost_from = next(m.i for m in self.msgs if m.t._ctx == remembered)  # noqa: SLF001
+            copy.lost_from = next(m.i for m in self.msgs if m.t.context == remembered)
 
     @precondition(lambda self: not self.closed and any(m.running for m in self.msgs))
     @rule(data=st.data(), nested=st.booleans())
@@ -349,7 +352,7 @@ class KeepHoldModel(RuleBasedStateMachine):
         m.t.lease_lost("expired")
         m.lease_lost = "expired"
         m.lost_pending = self._undecided(m)  # kept when its job settles it (superseded or idle), not now
-        if self.mt._lost_runs.get(m.mid) != m.t._ctx:  # noqa: SLF001 - not remembered: nothing to link to
+        if self.mt.lost_run(m.mid) != m.t.context:  # not remembered: nothing to link to
             # only a run the hold let go for its bounds (evicted while held: not revivable)
             s = self.hold.statistics()
             assert s.traces_evicted["max_spans"] + s.traces_evicted["max_traces"] > 0, f"m{m.i} not kept for its link"
@@ -386,7 +389,7 @@ class KeepHoldModel(RuleBasedStateMachine):
         self.closed = True
         for m in abandoned:  # the shutdown finished them: timeout, HandlerAbandoned
             m.monos.setdefault(Stage.HANDLER_END, self.clock.monotonic_ns())
-            m.finished, m.outcome = True, Outcome.TIMEOUT
+            m.finished, m.outcome, m.overran = True, Outcome.TIMEOUT, True
             self._decided(m)
 
     # -- invariants ---------------------------------------------------------------------------
@@ -419,7 +422,7 @@ class KeepHoldModel(RuleBasedStateMachine):
                 continue
             if m.lost_pending and self._undecided(m) and m.i not in self.settled:
                 continue  # promised kept: written when its job's policy settles it
-            ctx = m.t._ctx  # noqa: SLF001 - its process span's context (a redelivery shares the message id)
+            ctx = m.t.context  # its process span's context (a redelivery shares the message id)
             process = exported.get(ctx.span_id) if ctx is not None else None
             assert process is not None and process.name == "process jobs", (f"m{m.i}", m)
             ours = {s.name for s in exported.values() if s.parent is not None
@@ -498,7 +501,7 @@ class KeepHoldModel(RuleBasedStateMachine):
     def a_refused_copy_exports_no_handler_span(self) -> None:
         exported = self._exported()
         for m in self.msgs:
-            ctx = m.t._ctx  # noqa: SLF001
+            ctx = m.t.context
             if m.outcome is not Outcome.NOT_STARTED or ctx is None:
                 continue
             names = {s.name for s in exported.values() if s.context.trace_id == ctx.trace_id}
@@ -512,15 +515,15 @@ class KeepHoldModel(RuleBasedStateMachine):
         for span in exported.values():  # no dangling lease-lost link (a pending job finisher is promised kept)
             for link in span.links:
                 if link.attributes and link.attributes.get(LINK_REASON) == LINK_LEASE_LOST:
-                    target = [m for m in self.msgs if m.t._ctx is not None  # noqa: SLF001
-                              and m.t._ctx.span_id == link.context.span_id]  # noqa: SLF001
+                    target = [m for m in self.msgs if m.t.context is not None
+                              and m.t.context.span_id == link.context.span_id]
                     assert len(target) == 1, "a lease-lost link to a span that is none of the runs"
                     assert link.context.span_id in exported or bounded or self._undecided(target[0]), (
                         span.name, f"links to m{target[0].i}, not exported")
         for m in self.msgs:
             if m.lost_from is None or not m.finished:
                 continue
-            ctx = m.t._ctx  # noqa: SLF001
+            ctx = m.t.context
             process = exported.get(ctx.span_id) if ctx is not None else None
             if m.outcome is Outcome.NOT_STARTED:
                 # it left the lost run to the copy that runs: still remembered for it
@@ -528,12 +531,36 @@ class KeepHoldModel(RuleBasedStateMachine):
                     (link.attributes or {}).get(LINK_REASON) != LINK_LEASE_LOST for link in process.links), m.i
                 continue
             lost = self.msgs[m.lost_from]
-            lost_ctx = lost.t._ctx  # noqa: SLF001
+            lost_ctx = lost.t.context
             assert process is not None, (f"m{m.i}", "a run of a message whose lease was lost is not exported")
             assert [link.context.span_id for link in process.links
                     if (link.attributes or {}).get(LINK_REASON) == LINK_LEASE_LOST] == [lost_ctx.span_id], m.i
             if not bounded and not self._undecided(lost):
                 assert lost_ctx.span_id in exported, (f"m{lost.i}", "the lost run is not exported beside its rerun")
+
+    @invariant()
+    def phase_follows_the_message(self) -> None:
+        """A trace's TracePhase is the model's: OPEN until its finish; a finish under a running
+        handler is OVERRUN until that handler returns (LATE_ENDED); any other finish FINISHED."""
+        for m in self.msgs:
+            expected = (TracePhase.OPEN if not m.finished else TracePhase.FINISHED if not m.overran
+                        else TracePhase.OVERRUN if m.running else TracePhase.LATE_ENDED)
+            assert m.t.phase is expected, (f"m{m.i}", m.t.phase, expected)
+
+    @invariant()
+    def fate_follows_the_head_decision(self) -> None:
+        """Every message's trace is held (a hold and a policy are set up): a sampled one by the
+        head (HEAD_HELD, for good), a dropped one for the policy — UNDECIDED until its finish,
+        then past it (deciding, pending, kept, dropped or gone)."""
+        for m in self.msgs:
+            fate = m.t.fate
+            assert m.t.held
+            if m.sampled:
+                assert fate is KeepFate.HEAD_HELD, (f"m{m.i}", fate)
+            elif not m.finished:
+                assert fate is KeepFate.UNDECIDED, (f"m{m.i}", fate)
+            else:
+                assert fate > KeepFate.DECIDING, (f"m{m.i}", fate)
 
     @invariant()
     def holds_stay_within_bounds(self) -> None:
@@ -551,9 +578,8 @@ class KeepHoldModel(RuleBasedStateMachine):
         s = self.hold.statistics()
         gone = 0
         for m in self.msgs:
-            ctx = m.t._ctx  # noqa: SLF001
-            held = m.t._held or m.t._head_held  # noqa: SLF001
-            if m.running and not m.finished and held and ctx is not None and ctx.trace_id not in self.hold._held:  # noqa: SLF001
+            ctx = m.t.context
+            if m.running and not m.finished and m.t.held and ctx is not None and not self.hold.holds(ctx.trace_id):
                 gone += 1
         bounds = s.traces_evicted["max_spans"] + s.traces_evicted["max_traces"] + s.traces_evicted["shutdown"]
         assert gone <= bounds, (gone, s.traces_evicted)

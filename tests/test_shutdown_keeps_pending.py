@@ -62,7 +62,7 @@ def test_a_pending_finisher_is_kept_though_a_running_handler_of_its_job_is_aband
     start(2)  # still running at the shutdown
     assert policy.statistics().pending == 1
     provider.shutdown()
-    ctx = second[0]._ctx
+    ctx = second[0].context
     assert ctx is not None
     assert any(s.context.span_id == ctx.span_id and s.name == "process jobs" for s in out.spans), \
         "the finisher pending at the shutdown was dropped"

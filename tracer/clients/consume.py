@@ -148,9 +148,10 @@ class ConsumeStats:
     resync_errors: int = 0
     held: int = 0  # now: received, not yet settled (as ConsumeState.held, but in this snapshot)
     errors_by_kind: Mapping[str, int] = field(default_factory=dict)
+    ahead_lead_s: float = 0.0  # receive_ahead's lead (ReceiveAhead.lead): 0 when off or not measured yet
 
 
-_COUNTERS = tuple(f.name for f in dataclasses.fields(ConsumeStats) if f.name not in ("errors_by_kind", "held"))
+_COUNTERS = tuple(f.name for f in dataclasses.fields(ConsumeStats) if f.name not in ("errors_by_kind", "held", "ahead_lead_s"))
 
 _LOG_KIND = {  # counter -> what failed, as one OnceLogger kind
     "lease_errors": "lease renewal", "ack_errors": "ack or nack", "receive_errors": "receive",
@@ -449,7 +450,8 @@ class ConsumeLoop:
     def _snapshot_locked(self) -> ConsumeStats:
         n = self._n
         return ConsumeStats(**{name: n[name] for name in _COUNTERS}, held=len(self._leases),
-                            errors_by_kind=dict(self._errors))  # a copy: the snapshot shares nothing
+                            errors_by_kind=dict(self._errors),  # a copy: the snapshot shares nothing
+                            ahead_lead_s=self._ahead.lead if self._ahead is not None else 0.0)
 
     def state(self) -> ConsumeState:
         with self._lock:

@@ -119,6 +119,7 @@ class HoldStats:
     # decision covers them as it covered the trace's held spans
     policy_dropped: int = 0
     revived: int = 0  # dropped traces kept after all (revive: a kept victim's blocker)
+    ticking: bool = False  # the ticker thread runs (it stops when nothing is left to age or settle)
 
 
 class _Held:
@@ -406,7 +407,12 @@ class HoldingSpanProcessor(SpanProcessor):
             since = next((h.since for h in self._held.values() if not h.running), now)
             oldest = (now - since) / 1e9
             return HoldStats(self._n_spans, len(self._held), sum(drops.values()), self.forwarded, drops,
-                             dict(self._evictions), oldest, self.policy_dropped, self.revived)
+                             dict(self._evictions), oldest, self.policy_dropped, self.revived, self._ticking)
+
+    def holds(self, trace_id: int) -> bool:
+        """Whether the spans of ``trace_id`` are held now (between :meth:`hold` and its release or eviction)."""
+        with self._lock:
+            return trace_id in self._held
 
 
     # -- internals (under self._lock unless said) -----------------------------------------

@@ -50,6 +50,7 @@ from ..path.stamps import MISSING, causal, drawn, store_stamp
 from .attributes import BODY_ATTR, MAX_ATTR_CHARS, MAX_KEYS, body_preview, cap, send_attributes
 from .sendtrace import SendTrace
 from .spans import DeferredSpan, SpanWriter, record_error
+from .tracephase import KeepFate, TracePhase
 from .tracercore import TracerCore, TracerStats
 from .tracestate import PARSE_IF_KEPT as _PARSE_IF_KEPT
 from .tracestate import TraceState
@@ -72,8 +73,9 @@ _ENQUEUE, _START, _END = int(Stage.DISPATCH_ENQUEUE), int(Stage.HANDLER_START), 
 _SUCCESS = Outcome.SUCCESS
 _NOT_STARTED = Outcome.NOT_STARTED
 _CONSUMER, _INTERNAL, _PRODUCER = SpanKind.CONSUMER, SpanKind.INTERNAL, SpanKind.PRODUCER
-_DROP = Decision.DROP
-_ERROR = StatusCode.ERROR
+_DROP, _ERROR = Decision.DROP, StatusCode.ERROR
+_OPEN, _FINISHED, _OVERRUN, _LATE_ENDED = TracePhase.OPEN, TracePhase.FINISHED, TracePhase.OVERRUN, TracePhase.LATE_ENDED
+_HEAD, _HEAD_HELD = KeepFate.HEAD, KeepFate.HEAD_HELD
 
 
 # Compiled (tracer.compiled), still a Python class: the provider's shutdown hook holds a weak reference
@@ -272,7 +274,7 @@ class MessageTrace(TraceState):
             return self._open_held(writer, name, attrs, parent, pulled_ns, start_ns, base)
         if start_attrs is not None and self._tracer.hold is not None and keep is not None:
             self._tracer.hold.hold(ctx.trace_id, running=True)  # not aged out while the handler runs
-            self._head_held = True
+            self._fate = _HEAD_HELD
         current = base if base is not None else otel_context.get_current()  # read once, used twice
         if start_attrs is None:
             # Dropped: the message's context stays current so the handler's spans share the
@@ -297,9 +299,10 @@ class MessageTrace(TraceState):
         now = self.anchor.now()
         handler: DeferredSpan | None = None
         with self._tracer._end_lock:
-            late = self._overrun  # finished already: the stamps are the finish's, the span waits for us
+            late = self._phase >= _OVERRUN  # finished already: the stamps are the finish's, the span waits for us
             if late:
                 self._late_end = now
+                self._phase = _LATE_ENDED
                 handler, self._open_handler = self._open_handler, None
             else:
                 self.stamps.times[_END] = now
@@ -310,7 +313,7 @@ class MessageTrace(TraceState):
             except Exception as exc:  # noqa: BLE001
                 self._tracer.hook_failed("ending a late handler span", exc)
         hold, ctx = self._tracer.hold, self._ctx
-        if hold is not None and ctx is not None and (self._held or self._head_held):
+        if hold is not None and ctx is not None and self._fate is not _HEAD:  # held, either way
             try:
                 # ctx[0]: the trace id (a SpanContext is a tuple, no property call)
                 hold.ran(ctx[0])  # undecided from now on (an unacked message): aged from here
@@ -327,12 +330,12 @@ class MessageTrace(TraceState):
 
     def finish(self, outcome: Outcome, error: BaseException | None = None) -> None:
         """Write spans, observe every gap, count the outcome. Idempotent; never raises."""
-        if self._done:
+        if self._phase is not _OPEN:
             return
         with self._tracer._end_lock:  # the provider's shutdown may finish it while its handler's report does
-            if self._done:
+            if self._phase is not _OPEN:
                 return
-            self._done = True
+            self._phase = _FINISHED
         times = self.stamps.times
         occupancy = self._tracer.occupancy
         if occupancy is not None and times[_START] == MISSING:
@@ -358,7 +361,7 @@ class MessageTrace(TraceState):
             with self._tracer._end_lock:
                 if times[_END] == MISSING:
                     times[_END] = now
-                    self._overrun = True
+                    self._phase = _OVERRUN
         try:
             self._finish(outcome, error)
         except Exception as exc:  # noqa: BLE001
@@ -382,11 +385,12 @@ class MessageTrace(TraceState):
             # and handler context kept: held on, every live trace would keep the chain of every
             # trace that blocked one before it alive.
             self._verdict = None
-            self._blame = self._blame_of(verdict[0], kept=ctx is not None)
-            avoidable = float(verdict[0].avoidable_s)
+            wait, policy = verdict
+            self._blame = self._blame_of(wait, kept=ctx is not None)
+            avoidable = float(wait.avoidable_s)
             if metrics is not None:
-                metrics.avoidable(self.info.topic, mt.consumer_group, verdict[1], avoidable)
-            mt.meters.avoidable(self.info.topic, mt.consumer_group, verdict[1], avoidable)
+                metrics.avoidable(self.info.topic, mt.consumer_group, policy, avoidable)
+            mt.meters.avoidable(self.info.topic, mt.consumer_group, policy, avoidable)
         # the skew windows' age (ages are monotonic): the latest stamp's, no clock read (Anchor.mono_of
         # inline, without its MonoNs call: a NewType call is a Python call, ~0.1 µs, on every message)
         anchor = self.anchor
@@ -472,7 +476,7 @@ class MessageTrace(TraceState):
             handler.set_status(Status(_ERROR, type(error).__name__))
             handler.put_attributes({n.ERROR_TYPE: error_type})
         with self._tracer._end_lock:
-            still_running = self._overrun and not self._late_end
+            still_running = self._phase is _OVERRUN  # not returned yet (LATE_ENDED: it has)
             if still_running:
                 self._open_handler = handler  # __exit__ ends it when the handler returns
                 self._tracer._abandonable.add(self)  # ... or abandon(), should it never

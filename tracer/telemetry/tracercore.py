@@ -39,6 +39,7 @@ from .metrics import TracerMetrics
 from .occupancy import Occupancy
 from .otel_metrics import GLOBAL_METERS, MessagingMeters
 from .spans import SpanWriter, span_writer
+from .tracephase import TracePhase
 from .tracerconfig import TracerConfig
 
 __all__ = ["LOOSE_CLIENT_KEYWORDS", "TracerCore", "TracerStats", "client_facts"]
@@ -50,6 +51,7 @@ log = logging.getLogger(__name__)
 _MAX_LOST_RUNS = 512
 # Topics (with their endpoint) whose process span name and sampling attributes are kept built.
 _MAX_STARTS = 256
+_OPEN = TracePhase.OPEN
 # The keywords `client=` replaced, each a field of ClientFacts (deprecated, still honoured).
 LOOSE_CLIENT_KEYWORDS: tuple[str, ...] = ClientFacts._fields
 
@@ -160,7 +162,7 @@ class TracerCore:
         self._lost_runs: OrderedDict[str, SpanContext] = OrderedDict()
         self._lost_lock = threading.Lock()
         self._abandonable: set[Any] = set()  # handlers entered, not exited: what a shutdown abandons (_end_lock)
-        self._fate_lock = threading.Lock()  # MessageTrace._fate / _must_keep (blame-aware keep)
+        self._fate_lock = threading.Lock()  # a held MessageTrace's _fate and _must_keep (blame-aware keep)
 
     def _set_client(self, facts: ClientFacts) -> None:
         self.client: ClientFacts = facts  # read by the attributes, and by telemetry.operations
@@ -251,8 +253,8 @@ class TracerCore:
             self.hook_failed("reading RMQTRACE_KEEP_*", exc)
             found = None
         if found is not None:
-            self.keep, self.hold = found
-            found[1].attach(found[0])
+            keep, hold = self.keep, self.hold = found
+            hold.attach(keep)
             try:
                 self._share_clock()
             except ValueError as exc:  # another tracer's clock took the hold first: say it, trace on
@@ -280,14 +282,14 @@ class TracerCore:
         pending trace (kept), so such a finish supersedes none."""
         with self._end_lock:
             traces = list(self._abandonable)
-        if self.keep is not None and any(not t._done for t in traces):
+        if self.keep is not None and any(t.phase is _OPEN for t in traces):
             # The shutdown keeps every pending trace (the hold's promise): settled before these
             # finishes, which would make a running handler its job's latest finisher and drop
             # the finisher pending now as superseded.
             self.keep.flush()
         n_ended = 0
         for t in traces:
-            if not t._done:
+            if t.phase is _OPEN:
                 t.finish(Outcome.TIMEOUT, HandlerAbandoned("the handler still ran when the tracer provider shut down"))
             n_ended += t.abandon()
         return n_ended
@@ -297,6 +299,12 @@ class TracerCore:
         with self._lost_lock:
             if self._lost_runs.get(message_id) == ctx:
                 del self._lost_runs[message_id]
+
+    def lost_run(self, message_id: str) -> SpanContext | None:
+        """The ``process`` context of a run of ``message_id`` whose lease was lost, while it is
+        remembered for its redelivery's link (:meth:`MessageTrace.lease_lost`)."""
+        with self._lost_lock:
+            return self._lost_runs.get(message_id)
 
     def _remember_lost_run(self, message_id: str, ctx: SpanContext) -> None:
         with self._lost_lock:

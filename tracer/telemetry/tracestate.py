@@ -11,7 +11,7 @@ whose private state they share.
 
 from __future__ import annotations
 
-from typing import Any, Sequence
+from typing import Any, NamedTuple, Sequence
 
 from opentelemetry import context as otel_context
 from opentelemetry import trace
@@ -26,26 +26,43 @@ from ..path.stamps import MISSING, Stamps
 from .attributes import cap, process_attributes
 from .keep import PENDING, KeepPolicy
 from .spans import DeferredSpan, SpanWriter
+from .tracephase import KeepFate, TracePhase
 from .tracercore import TracerCore
 
-__all__ = ["PARSE_IF_KEPT", "TraceState"]
+__all__ = ["PARSE_IF_KEPT", "HeldSpans", "TraceState"]
 
 _START, _END = int(Stage.HANDLER_START), int(Stage.HANDLER_END)
 _CONSUMER = SpanKind.CONSUMER
 _ERROR = StatusCode.ERROR
 # A held trace's creation link whose traceparent is parsed only if the trace is kept.
 PARSE_IF_KEPT = object()
-# A held trace's keep decision, as its victims see it (blame-aware keep, TraceState._fate).
-_UNDECIDED, _DECIDING, _KEPT, _DROPPED, _PENDING, _GONE = range(6)
+
+
+# Members as module constants: a member read off its class is a descriptor call (tracer.py).
+_OPEN = TracePhase.OPEN
+_HEAD, _HEAD_HELD, _UNDECIDED, _DECIDING = KeepFate.HEAD, KeepFate.HEAD_HELD, KeepFate.UNDECIDED, KeepFate.DECIDING
+_PENDING, _KEPT, _DROPPED, _GONE = KeepFate.PENDING, KeepFate.KEPT, KeepFate.DROPPED, KeepFate.GONE
+
+
+class HeldSpans(NamedTuple):
+    """A held trace's ``process`` and ``handler`` spans before the keep decision: ids allocated,
+    the spans made (:meth:`TraceState._materialize`) and written only if it is kept."""
+
+    writer: SpanWriter
+    name: str  # the process span's
+    creation: Any  # the producer's context for the creation link, None, or PARSE_IF_KEPT
+    pulled_ns: int
+    attrs: dict[str, Any]  # the process span's sampling attributes (shared: copied when made)
+    inner: SpanContext  # the handler's context (the process's in the compact shape)
+    start_ns: int  # the handler's start
 
 
 class TraceState:
     """A :class:`~tracer.telemetry.tracer.MessageTrace`'s state and all of it but the message path."""
 
     __slots__ = ("_tracer", "info", "_carried", "_parent", "_parsed", "stamps", "worker", "body", "_ctx", "_process",
-                 "_handler", "_token", "_done", "_scope_start", "_held", "_head_held", "_overrun", "_late_end",
-                 "_open_handler", "_deferred", "_verdict", "_blame", "anchor", "_lease_lost", "_lost_from",
-                 "_written", "_fate", "_must_keep", "_dropped_outcome")
+                 "_handler", "_token", "_phase", "_scope_start", "_late_end", "_open_handler", "_deferred", "_verdict",
+                 "_blame", "anchor", "_lease_lost", "_lost_from", "_written", "_fate", "_must_keep", "_dropped_outcome")
 
     def __init__(self, tracer: TracerCore, info: MessageInfo, carried: Carried, anchor: Anchor) -> None:
         self._tracer = tracer
@@ -62,29 +79,20 @@ class TraceState:
         self._process: DeferredSpan | None = None
         self._handler: DeferredSpan | None = None
         self._token: object | None = None
-        self._done = False
+        self._phase = _OPEN
         self._scope_start: int | None = None
-        self._held = False  # a keep policy's trace, undecided until finish
-        # a head-sampled trace held too (kept at finish): a message never finished must not leave
-        # its handler's spans exported without ours; the hold's age limit drops them then
-        self._head_held = False
-        # Finished (a watchdog's timeout) while the handler still ran: handler_end was stamped at the
-        # finish; the handler span ends when the handler really returns, at _late_end.
-        self._overrun = False
-        self._late_end = 0
+        self._late_end = 0  # an overrun handler's return (phase LATE_ENDED)
         self._open_handler: DeferredSpan | None = None  # written, waiting for the late handler end
-        # a held trace's process/handler, not yet spans: ids allocated, written only if kept;
-        # (writer, name, creation, pulled_ns, attrs, inner, start_ns), read by unpacking into those
-        # names (a plain tuple: a NamedTuple instance per held message costs its allocation)
-        self._deferred: tuple[Any, ...] | None = None
+        self._deferred: HeldSpans | None = None  # a held trace's spans, until made (kept) or dropped
         self._verdict: tuple[Any, str] | None = None  # (Verdict, policy) from the dispatcher, until the finish
         # what the spans carry of it (attributes, link to the blocker), made at the finish
         self._blame: tuple[dict[str, Any], tuple[Link, ...]] | None = None
         self._lease_lost: str | None = None  # the consume loop lost this delivery's lease (why)
         self._lost_from: SpanContext | None = None  # an earlier run of this message whose lease was lost
-        self._written = False  # our spans of this trace were written (so a link to it resolves)
-        # the keep decision of a held trace, for the victims that link to it (under _fate_lock)
-        self._fate = _UNDECIDED
+        # our spans of this trace were written (so a link to it resolves): a fact of both fates, a
+        # head-sampled trace's at its finish and a held one's when kept (at its finish or later)
+        self._written = False
+        self._fate = _HEAD  # the keep decision (KeepFate), for the traces that link to it
         # keep it whatever its own decision, and why: a kept victim links to it (blocker), its
         # lease was lost after its finish (lease_lost: its redelivery links to it)
         self._must_keep: str | None = None
@@ -117,6 +125,33 @@ class TraceState:
     def trace_id(self) -> int:
         return self._ctx.trace_id if self._ctx is not None else 0
 
+    @property
+    def tracer(self) -> TracerCore:
+        """The :class:`~tracer.telemetry.tracer.MessageTracer` that made it."""
+        return self._tracer
+
+    @property
+    def context(self) -> SpanContext | None:
+        """The ``process`` span's context (a held trace's allocated one); None when unsampled."""
+        return self._ctx
+
+    @property
+    def phase(self) -> TracePhase:
+        """Where its message path stands (:class:`TracePhase`)."""
+        return self._phase
+
+    @property
+    def fate(self) -> KeepFate:
+        """Its keep decision (:class:`KeepFate`)."""
+        return self._fate
+
+    @property
+    def held(self) -> bool:
+        """Its spans go through a hold: kept back for the keep policy's decision, or head-sampled
+        under a hold (kept at its finish). Fixed once its spans open; whether its id is still held
+        is the hold's to say (:meth:`HoldingSpanProcessor.holds`)."""
+        return self._fate is not _HEAD
+
     def blame(self, verdict: Any, policy: str) -> None:
         """The dispatcher's verdict on this message's wait (a :class:`tracer.path.blocking.Verdict`,
         whose ``blocker_ref`` is the blocker's trace), given when its handler starts."""
@@ -126,17 +161,14 @@ class TraceState:
         """The context of the span current in this message's handler (``handler``; ``process`` in
         the compact shape); None when unsampled or not started. A copy refused unstarted has no
         handler span: its ``process`` stands in (what a blame link to it then resolves to)."""
-        if self._done and self.stamps.times[_START] == MISSING:
+        if self._phase is not _OPEN and self.stamps.times[_START] == MISSING:
             return self._ctx
         if self._handler is not None:
             return self._handler.context
         if self._process is not None:
             return self._process.context
         deferred = self._deferred
-        if deferred is not None:
-            _writer, _name, _creation, _pulled_ns, _attrs, inner, _start_ns = deferred
-            return inner  # type: ignore[no-any-return]
-        return None
+        return deferred.inner if deferred is not None else None
 
     def abandon(self) -> bool:
         """The timed-out handler is let go while it still runs (its dispatcher closed, the
@@ -146,7 +178,7 @@ class TraceState:
         mt = self._tracer
         with mt._end_lock:
             handler, self._open_handler = self._open_handler, None
-            if self._done:  # a running, unfinished one stays for the shutdown to finish (abandon_handlers)
+            if self._phase is not _OPEN:  # a running, unfinished one stays for the shutdown to finish (abandon_handlers)
                 mt._abandonable.discard(self)
         if handler is None:
             return False
@@ -188,7 +220,8 @@ class TraceState:
             # redelivery's link resolves; one not revivable (or unsampled) has nothing to link to.
             # A held one still deciding is promised kept the same way (the flag may come too late).
             if self.info.message_id and ctx is not None and ctx.is_valid and (
-                    self._written or (self._exported_for("lease_lost", True) if self._held else not self._done)):
+                    self._written or (self._exported_for("lease_lost", True) if self._fate >= _UNDECIDED
+                                      else self._phase is _OPEN)):
                 mt._remember_lost_run(self.info.message_id, ctx)
         except Exception as exc:  # noqa: BLE001 - the loop's settle must go on
             mt.hook_failed("recording a lost lease", exc)
@@ -217,21 +250,21 @@ class TraceState:
         ``keep_it``: keep it for that link — when undecided, whatever its decision; when dropped
         a moment ago, revived if the hold still has it (:meth:`HoldingSpanProcessor.revive`);
         counted as kept after all for ``why``."""
-        if not self._held:
+        if self._fate < _UNDECIDED:  # not held (never changes once its spans opened)
             return True  # the head decision: sampled (a context to link to) means exported
         mt = self._tracer
         with mt._fate_lock:
             fate = self._fate
-            if fate == _UNDECIDED or fate == _DECIDING:
+            if fate is _UNDECIDED or fate is _DECIDING:
                 if keep_it and self._must_keep is None:
                     self._must_keep = why  # its _decide keeps it (reason why)
                 return keep_it
-            if fate == _KEPT:
+            if fate is _KEPT:
                 return True
-            if fate == _PENDING and keep_it:
+            if fate is _PENDING and keep_it:
                 self._must_keep = self._must_keep or why  # its settle keeps it (a job's latest finisher, superseded or not)
                 return True
-            if fate != _DROPPED or not keep_it:
+            if fate is not _DROPPED or not keep_it:
                 return False
             self._fate = _GONE  # one reviver; a victim racing with it leaves its link out
         ctx, hold, keep, outcome = self._ctx, mt.hold, mt.keep, self._dropped_outcome
@@ -250,15 +283,16 @@ class TraceState:
 
     def _decide(self, keep: KeepPolicy, outcome: Outcome, error: BaseException | None) -> SpanContext | None:
         ctx, hold = self._ctx, self._tracer.hold
+        held = self._fate >= _UNDECIDED  # held for the policy (head_held: the head kept it)
         settle = None
-        if self._held and self._carried.job_id:
+        if held and self._carried.job_id:
             def settle(kept: bool) -> None:
                 self._settle(kept, outcome, error)
         mt = self._tracer
         flag: str | None = None
         if self._lease_lost is not None or self._lost_from is not None:
             flag = "lease_lost"  # both runs of a message that may have run twice
-        if self._held:
+        if held:
             with mt._fate_lock:
                 self._fate = _DECIDING
                 if flag is None and self._must_keep:
@@ -270,12 +304,12 @@ class TraceState:
             end = times[_END]
             anchor = self.anchor
             end_mono: MonoNs | None = anchor.mono_ns + (end - anchor.wall_ns) if end else None  # type: ignore[assignment]
-            reason = keep.decide(times, outcome, self._carried.job_id, head=ctx is not None and not self._held,
+            reason = keep.decide(times, outcome, self._carried.job_id, head=ctx is not None and not held,
                                  settle=settle, end_mono=end_mono, flag=flag)
         except Exception as exc:  # noqa: BLE001 - a broken policy must not cost the histograms
             self._tracer.hook_failed("the keep decision", exc)
             reason = "failure"  # err on keeping
-        if self._held:
+        if held:
             flipped: str | None = None
             with mt._fate_lock:
                 if reason is None and self._must_keep:  # a kept victim linked to it meanwhile (or a lost lease)
@@ -285,10 +319,10 @@ class TraceState:
                     self._dropped_outcome = outcome
             if flipped is not None:
                 keep.kept_after_all(flipped)
-        if self._head_held and ctx is not None and hold is not None:
+        if self._fate is _HEAD_HELD and ctx is not None and hold is not None:
             hold.release(ctx.trace_id, True)
             return ctx
-        if not self._held or ctx is None or hold is None:
+        if not held or ctx is None or hold is None:
             return ctx
         if reason is PENDING:
             return None
@@ -317,8 +351,10 @@ class TraceState:
 
     def _materialize(self) -> DeferredSpan:
         """The process (and handler) span of a held trace, made now that it is kept."""
-        writer, name, creation, pulled_ns, attrs, inner, start_ns = self._deferred  # type: ignore[misc]
+        held = self._deferred
+        assert held is not None
         self._deferred = None
+        creation = held.creation
         assert self._ctx is not None
         if creation is PARSE_IF_KEPT:
             creation = self._producer_context()  # a canonical traceparent: valid, its tracestate checked now
@@ -326,10 +362,10 @@ class TraceState:
                 creation = None
         # a root linked to the producer's context (its parent, the unrecorded send span, is not)
         links = (Link(creation),) if creation is not None else ()
-        process = self._process = DeferredSpan(writer, name, self._ctx, None, pulled_ns, kind=_CONSUMER,
-                                               attributes=dict(attrs), links=links)
+        process = self._process = DeferredSpan(held.writer, held.name, self._ctx, None, held.pulled_ns,
+                                               kind=_CONSUMER, attributes=dict(held.attrs), links=links)
         if not self._tracer.compact:
-            self._handler = DeferredSpan(writer, n.HANDLER_SPAN, inner, self._ctx, start_ns)
+            self._handler = DeferredSpan(held.writer, n.HANDLER_SPAN, held.inner, self._ctx, held.start_ns)
         return process
 
     def _open_held(self, writer: SpanWriter, name: str, attrs: dict[str, Any], creation: Any, pulled_ns: int,
@@ -343,9 +379,11 @@ class TraceState:
         hold = self._tracer.hold
         assert hold is not None
         ctx = self._ctx = hold.open_trace(writer.tracer.id_generator, running=True)  # not aged while it runs
-        self._held = True
+        self._fate = _UNDECIDED
         inner = ctx if self._tracer.compact else writer.child_context(ctx)
-        self._deferred = (writer, name, creation, pulled_ns, attrs, inner, start_ns)
+        # tuple.__new__, not HeldSpans(...): the NamedTuple's Python __new__ is a call per held
+        # message, measurable in `rmqtrace bench overhead`'s sampled_out loop
+        self._deferred = tuple.__new__(HeldSpans, (writer, name, creation, pulled_ns, attrs, inner, start_ns))
         return trace.set_span_in_context(NonRecordingSpan(inner), base if base is not None else otel_context.get_current())
 
     def _write_spans(self, ctx: SpanContext, outcome: Outcome, error: BaseException | None,
