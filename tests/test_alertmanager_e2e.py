@@ -36,6 +36,7 @@ FLEET_DASHBOARD = REPO / "dashboards" / "grafana" / "rmqtrace-fleet-dashboard.js
 ALERT = "RmqtraceFleetHeadOfLineBlocking"
 THRESHOLD = 0.25  # mean fleet-HOL workers over the run; the push fleet's is ~1-2, demand-driven's ~0
 WORKERS = 2
+MIN_HELD = 1.0  # worker-seconds a push run must hold back to be the incident the tests read
 
 pytestmark = pytest.mark.integration
 
@@ -139,19 +140,24 @@ def fleet_alerts() -> Iterator[dict[str, Any]]:
 
         # How much a push fleet holds back depends on the order the broker delivers in: the first
         # run of a session (a cold broker) once held too little for the threshold (CI, mean HOL
-        # under 0.25). One more push run then; the alert must come for that run's group.
-        for attempt in (1, 2):
+        # under 0.25), and a loaded machine once gave a run with 0.67 worker-s held back in all —
+        # too little for the live signal's 1 s evaluations to be compared with the stamps. Such a
+        # run is not the incident: one more push run then (at most two); the alert must come for
+        # the run kept, and that run must hold back over MIN_HELD worker-seconds.
+        attempts = 3
+        for attempt in range(1, attempts + 1):
             push_group = runs["push_consumer"].group
             push = runs["push_consumer"].summary()
             try:
                 wait_until(lambda g=push_group: delivered(g), timeout=90, interval=0.5,
                            what=f"{ALERT} for {push_group} at the webhook (push run {attempt}: {push})")
-                break
+                if push["idle_worker_seconds"] > MIN_HELD or attempt == attempts:
+                    break
             except AssertionError:
-                if attempt == 2:
+                if attempt == attempts:
                     raise
-                runs["push_consumer"] = run_fleet("push_consumer", job, instances=3, workers=WORKERS,
-                                                  metrics_ports=ports, linger=3.0)
+            runs["push_consumer"] = run_fleet("push_consumer", job, instances=3, workers=WORKERS,
+                                              metrics_ports=ports, linger=3.0)
         yield {"prom": prom, "receiver": receiver, "runs": runs, "push": push_group, "dd": dd_group,
                "targets": targets}
     finally:
@@ -175,7 +181,7 @@ def test_the_push_fleet_alert_arrives_with_instance_and_group(fleet_alerts: dict
         assert a["status"] in ("firing", "resolved")
     # the holder Prometheus named is an instance that held messages while others idled
     push = fleet_alerts["runs"]["push_consumer"].summary()
-    assert push["idle_worker_seconds"] > 1.0
+    assert push["idle_worker_seconds"] > MIN_HELD
 
 
 def test_the_demand_driven_fleet_stays_quiet(fleet_alerts: dict[str, Any]) -> None:
