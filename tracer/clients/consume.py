@@ -138,7 +138,9 @@ class ConsumeStats:
     expired: int = 0  # no broker call: the loop no longer held a lease for it
     leases_extended: int = 0
     lease_errors: int = 0
-    leases_lost: int = 0  # the lease ran out before it could be renewed (broker unreachable, a stall)
+    # the lease ran out before it could be renewed (broker unreachable, a stall), or the broker
+    # refused a renewal, an ack or a nack because it was already gone (40013)
+    leases_lost: int = 0
     abandoned: int = 0  # handlers past handler_timeout + hang_grace: lease given up on purpose
     let_go: int = 0  # held unstarted while every worker hung: lease not renewed, a peer may take it
     submit_errors: int = 0  # the dispatcher refused one message (given back for a retry)
@@ -704,6 +706,12 @@ class ConsumeLoop:
                 return 0
             waiting, settling = len(self._backlog), len(self._acks)
             blocked_unkeyed = any(h.key is None for h in self._backlog)
+            # receive_ahead: every held message not started yet (the backlog, and what the
+            # dispatcher accepted without a worker: a keyed one parked behind its busy key, a
+            # window) will take the worker of a handler about to end — the backlog alone missed
+            # a parked one, and each poll received one more for the same handler
+            unstarted = 0 if self._ahead is None else sum(
+                1 for h in self._leases.values() if h.state != SETTLING and not h.started)
         if self._all_workers_hung():
             # a window or a worker's buffer is no room when no worker can ever start from it:
             # what the loop received now would only be held and renewed, out of every peer's reach
@@ -714,8 +722,8 @@ class ConsumeLoop:
         # (each is held and renewed); an unkeyed one waiting means the pool itself is full.
         if blocked_unkeyed or waiting >= self.flow.max_batch:
             return 0
-        # a message already waiting here took the room of a handler about to end: one ahead each
-        ahead = 0 if self._ahead is None else max(0, self._ahead.soon(self.dispatcher.running()) - waiting)
+        # a message already held unstarted took the room of a handler about to end: one ahead each
+        ahead = 0 if self._ahead is None else max(0, self._ahead.soon(self.dispatcher.running()) - unstarted)
         return min(self.dispatcher.free_slots() + ahead - settling, self.flow.max_batch - waiting)
 
     def _key_of(self, msg: Any) -> str | None:
@@ -1112,8 +1120,13 @@ class ConsumeLoop:
                 except Exception as exc:  # noqa: BLE001 - the broker redelivers after the lease
                     self._count("ack_errors", exc)
                     what = ""
-                    if lease_gone(exc) and h.trace is not None:
-                        h.trace.lease_lost("expired")  # the broker found it gone first (refusal.py)
+                    if lease_gone(exc):
+                        # the broker found it gone first (refusal.py): a lost lease, counted as
+                        # the keeper counts a renewal refused the same way
+                        h.given_up = True
+                        self._count("leases_lost", None, "the broker refused an ack or nack: the lease was already gone")
+                        if h.trace is not None:
+                            h.trace.lease_lost("expired")
                 except BaseException as exc:  # noqa: BLE001 - a Ctrl-C inside the broker call: settled
                     # as a failed call (the broker redelivers after the lease), then it goes on, so
                     # nothing stays held and the counters add up
@@ -1167,20 +1180,23 @@ class ConsumeLoop:
         if not due:
             return 0
         ages: dict[int, float] = {}
-        if self.dispatch_options.handler_timeout is not None and any(h.state == SUBMITTED for h in due):
+        if self.dispatch_options.handler_timeout is not None and any(h.state != SETTLING for h in due):
             ages = {id(item): age for item, age in self.dispatcher.running()}
             if self._all_workers_hung():
                 due = self._let_go_unstartable(due, ages)
         return self._keeper.renew(due, ages, wait=wait)
 
     def _let_go_unstartable(self, due: list[Lease], running: dict[int, float]) -> list[Lease]:
-        """Every worker hung: a message queued in the dispatcher (a window, a worker's buffer)
-        cannot start, so its lease is not renewed — the broker hands it to a peer once it ends;
-        should a worker free first, the message does not start (its lease is gone). The rest of
-        ``due`` is returned, to be renewed."""
+        """Every worker hung: a message queued in the dispatcher (a window, a worker's buffer) or
+        waiting in the loop's backlog (one received ahead for a handler that then hung) cannot
+        start, so its lease is not renewed — the broker hands it to a peer once it ends; should a
+        worker free first, the message does not start (its lease is gone). The rest of ``due``
+        is returned, to be renewed."""
         keep: list[Lease] = []
         for h in due:
-            if h.state == SUBMITTED and id(h.message) not in running:
+            # a started one is the dispatcher's running item until its outcome (an ended one,
+            # between its return and its report, must keep its lease: its ack comes next)
+            if h.state != SETTLING and not h.started and id(h.message) not in running:
                 with h.lock:
                     if h.done or h.given_up:
                         continue

@@ -1,0 +1,224 @@
+"""The third loop review (issues #30/#34, 2026-12-05): its scripts, and each finding as a class.
+
+``tests/review30c/`` holds the reviewer's scripts (each exits 0 once its finding is fixed); the
+tests below check each finding across the places built the same way: every dispatch policy, a
+keyed and an unkeyed job, both settle calls, every junk count."""
+
+from __future__ import annotations
+
+import math
+import os
+import subprocess
+import sys
+import threading
+from pathlib import Path
+from types import SimpleNamespace
+from typing import Any
+
+import pytest
+from manual_clock import Clock
+from waiting import wait_until
+
+from tracer.clients.consume import ConsumeLoop, FlowOptions
+from tracer.dispatch import Aggressive, CostAware, Random, RoundRobin
+from tracer.embedded import EmbeddedBroker, Message, Producer, SimpleConsumer
+from tracer.path.names import COST_PROPERTY
+
+HERE = Path(__file__).parent / "review30c"
+SCRIPTS = sorted(HERE.glob("[0-9][0-9]*_*.py"))
+
+
+def test_the_scripts_are_found() -> None:
+    assert len(SCRIPTS) >= 4
+
+
+@pytest.mark.parametrize("script", SCRIPTS, ids=lambda p: p.stem)
+def test_the_finding_stays_fixed(script: Path) -> None:
+    env = {**os.environ, "PYTHONPATH": str(HERE.parent.parent)}
+    try:
+        done = subprocess.run([sys.executable, script.name], cwd=HERE, env=env, capture_output=True, text=True,
+                              timeout=120)
+    except subprocess.TimeoutExpired:
+        pytest.fail(f"{script.name} did not end (a hang is the finding's failure)")
+    assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
+
+
+# -- 01: at most one message received ahead per ending handler, wherever the first one went ----
+class _Broker:
+    """A SimpleConsumer double: hands ``queue`` out in order; a receive is ``trip`` s on ``clock``."""
+
+    consumer_group = "G30c"
+
+    def __init__(self, queue: list[Any], clock: Clock, trip: float) -> None:
+        self.queue, self.clock, self.trip = list(queue), clock, trip
+        self.received = 0
+
+    def receive(self, n: int, invisible: int) -> list[Any]:
+        got, self.queue = self.queue[:n], self.queue[n:]
+        self.received += len(got)
+        self.clock.advance(self.trip)
+        return got
+
+    def ack(self, m: Any) -> None:
+        pass
+
+    def change_invisible_duration(self, m: Any, seconds: int) -> None:
+        pass
+
+
+def _message(i: int, key: str | None) -> Any:
+    return SimpleNamespace(message_id=f"m{i}", receipt_handle=None, properties={COST_PROPERTY: "1.0"},
+                           message_group=key, delivery_attempt=1)
+
+
+# every policy, with one key for the whole job (what is received ahead parks behind the running
+# one, or shares its fixed worker) and without keys
+POLICIES = {"aggressive": Aggressive(), "cost_aware": CostAware(window=2), "round_robin": RoundRobin(buffer=1),
+            "random": Random(buffer=1, seed=1)}
+
+
+def _received_near_the_end(policy: Any, keyed: bool, ahead: bool) -> int:
+    """One worker runs a 1 s message; the clock is put within one lead (10 ms) of its end and the
+    loop polls five times: how many messages it received in all."""
+    clock = Clock()
+    broker = _Broker([_message(i, "k" if keyed else None) for i in range(30)], clock, trip=0.01)
+    gate = threading.Event()
+    loop = ConsumeLoop(broker, lambda m: gate.wait(30), workers=1, policy=policy, invisible_duration=30,
+                       key=(lambda m: m.message_group) if keyed else None, receive_ahead=ahead, monotonic=clock)
+    try:
+        loop.poll()
+        wait_until(lambda: len(loop.dispatcher.running()) == 1, what="the first handler to start")
+        age = loop.dispatcher.running()[0][1]
+        clock.advance(1.0 - 0.005 - age)
+        for _ in range(5):
+            loop.poll()
+        return broker.received
+    finally:
+        gate.set()
+        loop.stop()
+        loop.settle_ready()
+        loop.dispatcher.close(timeout=10)
+
+
+@pytest.mark.parametrize("keyed", [True, False], ids=["one-key", "unkeyed"])
+@pytest.mark.parametrize("policy", list(POLICIES), ids=list(POLICIES))
+def test_receive_ahead_receives_at_most_one_more_for_one_ending_handler(policy: str, keyed: bool) -> None:
+    """Fails before (review30c 01): aggressive, one key: 3 received against 1 without receive_ahead —
+    the one received ahead parked in the dispatcher and no longer counted against the handler."""
+    plain = _received_near_the_end(POLICIES[policy], keyed, ahead=False)
+    ahead = _received_near_the_end(POLICIES[policy], keyed, ahead=True)
+    assert plain <= ahead <= plain + 1, (plain, ahead)
+
+
+# -- 02: every worker hung: nothing is renewed where no worker can start it -------------------
+class _SlowReceive:
+    """A consumer whose receive takes 30 ms more: receive_ahead's lead is about that."""
+
+    def __init__(self, inner: Any) -> None:
+        self._inner = inner
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._inner, name)
+
+    def receive(self, n: int, invisible: int) -> Any:
+        threading.Event().wait(0.03)  # the slow broker's round trip (real time, what the lead measures)
+        return self._inner.receive(n, invisible)
+
+
+@pytest.mark.parametrize("policy", ["aggressive", "cost_aware"])
+def test_a_message_received_ahead_is_let_go_once_every_worker_hangs(policy: str) -> None:
+    """Fails before (review30c 02): the message received ahead waited in the loop's backlog and was
+    renewed for the whole hang (let_go 0); the peer never got it."""
+    broker = EmbeddedBroker(min_receive_invisible=1)
+    broker.create_topic("T")
+    producer = Producer(broker, ["T"])
+    producer.startup()
+    for i in range(2):
+        m = Message()
+        m.topic, m.body = "T", f"{i}".encode()
+        m.add_property(COST_PROPERTY, "0.1")
+        producer.send(m)
+    consumer = SimpleConsumer(broker, "G", {"T": None}, await_duration=0.2)
+    consumer.startup()
+    hang = threading.Event()
+    first: list[str] = []
+
+    def handler(m: Any) -> None:
+        if not first:
+            first.append(m.message_id)
+            hang.wait(30)
+
+    chosen = CostAware(window=1) if policy == "cost_aware" else Aggressive()
+    loop = ConsumeLoop(_SlowReceive(consumer), handler, workers=1, policy=chosen, receive_ahead=True,
+                       handler_timeout=0.5, invisible_duration=1)
+    t = threading.Thread(target=loop.run, daemon=True)
+    t.start()
+    try:
+        assert loop.wait(lambda s: s.received == 2, timeout=10)  # the second one, received ahead
+        assert loop.wait(lambda s: s.let_go == 1, timeout=10)  # its only worker hangs: not renewed
+        peer = SimpleConsumer(broker, "G", {"T": None}, await_duration=0.5)
+        peer.startup()
+        got: set[str] = set()
+        # the first comes back after its backoff (1 s), the second once its lease (1 s) ends
+        for _ in range(20):
+            for m in peer.receive(4, 1):
+                got.add(m.message_id)
+                peer.ack(m)
+            if len(got) == 2:
+                break
+        assert len(got) == 2, got
+    finally:
+        hang.set()
+        loop.stop(timeout=5)
+        t.join(10)
+
+
+# -- 03: a settle refused with 40013 is a lost lease, as a refused renewal --------------------
+class _Refusing:
+    """Every ack and nack refused as the proxy refuses an expired handle (code 40013)."""
+
+    consumer_group = "G30c"
+
+    def __init__(self, n: int) -> None:
+        self.queue = [_message(i, None) for i in range(n)]
+
+    def receive(self, n: int, invisible: int) -> list[Any]:
+        got, self.queue = self.queue[:n], self.queue[n:]
+        return got
+
+    def _refuse(self, *_: Any) -> None:
+        exc = RuntimeError("receipt handle is expired")
+        exc.code = 40013  # type: ignore[attr-defined]
+        raise exc
+
+    ack = change_invisible_duration = _refuse
+
+
+@pytest.mark.parametrize("outcome", ["ack", "nack"])
+def test_a_settle_refused_because_the_lease_is_gone_is_a_lost_lease(outcome: str) -> None:
+    """Fails before (review30c 03): leases_lost 0, only ack_errors 1."""
+    def handler(m: Any) -> None:
+        if outcome == "nack":
+            raise RuntimeError("fails: given back")
+
+    loop = ConsumeLoop(_Refusing(1), handler, workers=1, invisible_duration=30)
+    try:
+        loop.poll()
+        wait_until(lambda: loop.state().settling == 1, what="the handler to end")
+        loop.settle_ready()
+        s = loop.statistics()
+        assert (s.ack_errors, s.leases_lost, s.acked, s.retry_scheduled, s.held) == (1, 1, 0, 0, 0)
+    finally:
+        loop.stop()
+        loop.dispatcher.close(timeout=10)
+
+
+# -- 04: a bad prefetch is named as such, receive_ahead or not ----------------------------------
+@pytest.mark.parametrize("bad", [math.nan, 1.5, -1, "2", True])
+def test_a_bad_prefetch_is_not_blamed_on_receive_ahead(bad: Any) -> None:
+    """Fails before (review30c 04): nan, 1.5, -1, "2" and True were all "receive_ahead cannot work"."""
+    with pytest.raises((ValueError, TypeError)) as plain:
+        FlowOptions(prefetch=bad)
+    with pytest.raises((ValueError, TypeError)) as ahead:
+        FlowOptions(prefetch=bad, receive_ahead=True)
+    assert str(ahead.value) == str(plain.value)
