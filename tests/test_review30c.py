@@ -294,3 +294,85 @@ def test_demand_push_with_receive_ahead_keeps_each_fifo_group_in_order() -> None
     assert sum(map(len, ran.values())) == n
     for g, seen in ran.items():
         assert seen == sorted(seen), (g, seen)
+
+
+# -- 06: an interrupt gives back what has not started, wherever it was raised and waits ----------
+class _Interrupting:
+    """Hands ``queue`` over in one receive; the next receive raises KeyboardInterrupt when asked."""
+
+    consumer_group = "G30c"
+
+    def __init__(self, queue: list[Any], raise_in_receive: bool) -> None:
+        self.queue, self.raise_in_receive = list(queue), raise_in_receive
+        self.calls = 0
+        self.acked: list[str] = []
+        self.nacked: list[str] = []
+
+    def receive(self, n: int, invisible: int) -> list[Any]:
+        self.calls += 1
+        if self.calls > 1 and self.raise_in_receive:
+            raise KeyboardInterrupt("Ctrl-C inside receive")
+        got, self.queue = self.queue[:n], self.queue[n:]
+        if not got:
+            threading.Event().wait(0.01)  # an empty long poll
+        return got
+
+    def ack(self, m: Any) -> None:
+        self.acked.append(m.message_id)
+
+    def change_invisible_duration(self, m: Any, seconds: int) -> None:
+        self.nacked.append(m.message_id)
+
+
+@pytest.mark.parametrize("waits", ["backlog", "parked"])
+@pytest.mark.parametrize("source", ["receive", "until", "retry_backoff"])
+def test_an_interrupt_gives_back_what_has_not_started(source: str, waits: str) -> None:
+    """m0 (key k) runs, held open; m1 (key k) waits behind it — in the loop's backlog
+    (max_parked=0) or parked in the dispatcher; a KeyboardInterrupt comes from run()'s thread
+    (receive, until=) or an ack thread (retry_backoff= of mf, which fails). m1 must go back unrun.
+    Fails before (review30c 06): receive/until, both places, and retry_backoff with m1 in the
+    backlog or parked: m1 ran in the drain and was acked."""
+    queue = [SimpleNamespace(message_id=i, receipt_handle=None, properties={}, message_group=k, delivery_attempt=1)
+             for i, k in (("m0", "k"), ("mf", "f"), ("m1", "k"))]
+    client = _Interrupting(queue, raise_in_receive=source == "receive")
+    gate = threading.Event()
+    ran: list[str] = []
+
+    def handler(m: Any) -> None:
+        ran.append(m.message_id)
+        if m.message_id == "m0":
+            gate.wait(20)
+        elif m.message_id == "mf":
+            raise RuntimeError("fails: its nack asks retry_backoff")
+
+    def backoff(attempt: int) -> float:
+        if source == "retry_backoff":
+            raise KeyboardInterrupt("Ctrl-C inside retry_backoff=")
+        return 1.0
+
+    def until(s: Any) -> bool:
+        if source == "until" and s.failed >= 1:
+            raise KeyboardInterrupt("Ctrl-C inside until=")
+        return False
+
+    loop = ConsumeLoop(client, handler, workers=3, key=lambda m: m.message_group, invisible_duration=30,
+                       policy=Aggressive(max_parked=0 if waits == "backlog" else 64), retry_backoff=backoff)
+    box: dict[str, BaseException] = {}
+
+    def run() -> None:
+        try:
+            loop.run(until=until)
+        except BaseException as exc:  # noqa: BLE001 - what the test looks at
+            box["exc"] = exc
+
+    t = threading.Thread(target=run, daemon=True)
+    t.start()
+    try:
+        wait_until(lambda: loop.stopping, what="the interrupt to stop the loop")
+    finally:
+        gate.set()
+        t.join(20)
+    assert isinstance(box.get("exc"), KeyboardInterrupt)
+    assert "m1" not in ran and "m1" in client.nacked, (ran, client.nacked)
+    s = loop.statistics()
+    assert s.held == 0 and s.received == s.acked + s.retry_scheduled + s.given_back + s.ack_errors + s.expired

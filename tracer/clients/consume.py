@@ -498,8 +498,10 @@ class ConsumeLoop:
             LeaseRefused: (a ValueError) the broker refused the lease length (the proxy's
                 ``minInvisibleTimeMillsForRecv``, 10 s by default): no receive can succeed.
             TypeError: ``until`` returned a coroutine or generator (its check never ran), after the drain.
-            KeyboardInterrupt, SystemExit: raised by user code on one of the loop's threads (``key=``,
-                ``cost=``, ``retry_backoff=``), after the drain; an ``Exception`` from those is contained.
+            KeyboardInterrupt, SystemExit: raised by user code or a broker call on one of the loop's
+                threads, this one too (``key=``, ``cost=``, ``retry_backoff=``, ``until=``, a Ctrl-C
+                inside ``receive``), after the drain, which gives back what has not started; an
+                ``Exception`` from user code is contained.
         """
         require_plain(until, "until", optional=True)  # a coroutine is truthy: run() would end at once
         with self._lock:
@@ -542,6 +544,13 @@ class ConsumeLoop:
                             self._changed.wait(wait if ahead is None else min(wait, ahead))
                     continue
                 failures = 0
+        except BaseException as exc:
+            if not isinstance(exc, Exception):
+                # a Ctrl-C or SystemExit on this very thread (inside receive's long poll, until=,
+                # receive_ahead's cost=) is the loop's interrupt as on its other threads: the
+                # drain gives back what has not started instead of running it
+                self._interrupted(exc)
+            raise
         finally:
             try:
                 self._shutdown()
@@ -933,10 +942,10 @@ class ConsumeLoop:
 
     def _start_handler(self, msg: Any) -> object:
         """What each worker runs: the user's handler — only while the loop still holds the message's
-        lease, the stop deadline has not passed, no other copy of the message runs in this process
-        (a hung first run's redelivery), no message of its key hangs past its TIMEOUT, and no
-        outcome of it was reported yet (a TIMEOUT while it waited here: it was given back); else it
-        does not start and is given back."""
+        lease, the stop deadline has not passed, no interrupt (a Ctrl-C, a SystemExit) stopped the
+        loop, no other copy of the message runs in this process (a hung first run's redelivery), no
+        message of its key hangs past its TIMEOUT, and no outcome of it was reported yet (a TIMEOUT
+        while it waited here: it was given back); else it does not start and is given back."""
         own = self._inside
         own.thread = True  # a stop(timeout=) from the handler must not wait for the drain
         try:
@@ -958,6 +967,8 @@ class ConsumeLoop:
             # while it waited, then its settle), and a handler must not run on a lease nobody holds
             if h is None or h.state == SETTLING or self._past_stop_deadline() or not h.live(self._monotonic()):
                 raise _NotStarted("its outcome was reported, the lease is gone or the stop deadline passed")
+            if self._interrupt is not None:  # the program wants out: nothing more starts
+                raise _NotStarted("the loop was interrupted (a Ctrl-C or SystemExit): it goes back unrun")
             if mid is not None and not _RUNNING.claim(copy):
                 raise _NotStarted("another copy of this message still runs in this process")
             if h is not None:
@@ -1252,12 +1263,13 @@ class ConsumeLoop:
             self._phase = _Phase.DRAINING
             self._changed.notify_all()
         # the backlog is drained into the dispatcher before it closes (nothing is redelivered on
-        # a stop), as far as the deadline allows
+        # a stop), as far as the deadline allows — unless the program wants out (an interrupt):
+        # then what has not started goes back
         if self._feeder is not None:
             self._join(self._feeder)
         else:
             try:
-                while self.state().waiting and not self._past_stop_deadline():
+                while self.state().waiting and not self._past_stop_deadline() and self._interrupt is None:
                     if not self._feed():
                         left = self._left()
                         with self._changed:
@@ -1267,7 +1279,7 @@ class ConsumeLoop:
         if self._interrupt is not None:
             self._give_back_backlog()  # the program wants out: what has not started goes back
         self._await_quiet_dispatcher()
-        self.dispatcher.close(drain=True, timeout=self._left())
+        self.dispatcher.close(drain=self._interrupt is None, timeout=self._left())
         if self._past_stop_deadline():
             self._cut_at_deadline()
         else:
@@ -1308,7 +1320,14 @@ class ConsumeLoop:
         then is it closed, with what is left of the deadline: a close already waiting could not
         hear of a shorter deadline."""
         d = self.dispatcher
+        cut = False
         while (step := self._step()) is not None:
+            if self._interrupt is not None and not cut:
+                # the program wants out: what the dispatcher queued (parked behind a busy key, a
+                # window) goes back now, SKIPPED, and nothing more starts; what runs is still
+                # waited for here, within the deadline as it moves
+                cut = True
+                d.close(drain=False, timeout=0)
             if d.wait_idle(timeout=step) or d.statistics().in_flight == 0:
                 return
 
