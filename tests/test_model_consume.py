@@ -46,7 +46,7 @@ checked after every step once the threads have settled (a deadline wait, no fixe
     once stopped, the loop receives nothing;
 ``receives_only_for_free_or_ending_workers``
     a receive asks for at most the free workers, plus (``receive_ahead``) the running handlers
-    within one round trip of their cost;
+    within one round trip of their cost less the messages held and not started yet;
 ``run_stop_drains_or_gives_back`` (threaded)
     once ``run()`` returned after a stop, the loop holds nothing but messages whose handler still
     runs, and every message it held is acked, given back, or its lease was lost.
@@ -266,13 +266,18 @@ class ConsumeModel(RuleBasedStateMachine):
     # -- helpers ------------------------------------------------------------------------------
     def receive_room(self) -> int:
         """What one receive may ask for now: the free workers and, with receive_ahead, each
-        running handler within one round trip (the lead: AHEAD_TRIP) of its cost."""
+        running handler within one round trip (the lead: AHEAD_TRIP) of its cost, less every
+        message held and not started yet (wherever it waits, it takes such a handler's worker:
+        one ahead per handler, not one per poll)."""
         now = self.clock()
+        with self.client.lock:  # held on a live lease (one that ended is settled without a call)
+            held = [i for i in self.client.held if self.client.lease_end.get(i, 0.0) > now]
         with self.cond:
             ending = sum(1 for c in self.running
                          if abs(float(c.message.properties.get(COST_PROPERTY, "inf")) - (now - c.started))
                          <= AHEAD_TRIP + 1e-9)
-        return self.loop.dispatcher.free_slots() + (ending if self.ahead else 0)
+            unstarted = sum(1 for i in held if not self.deliveries[i])
+        return self.loop.dispatcher.free_slots() + (max(0, ending - unstarted) if self.ahead else 0)
 
     def quiesce(self) -> None:
         """Wait until every outcome the dispatcher reported reached the loop, every message it

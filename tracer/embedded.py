@@ -366,15 +366,16 @@ class EmbeddedBroker:
         while sub.redeliver and len(out) < n:
             rec, attempt = sub.redeliver.popleft()
             out.append(self._lease(sub, rec, attempt, invisible, now, new_group_hold=False))
-        if topic.fifo:
-            for _ in range(len(sub.held)):
-                if len(out) >= n:
-                    break
-                rec = sub.held.popleft()
-                if rec.group in sub.busy_groups:
-                    sub.held.append(rec)  # rotate: keep relative order per group
-                else:
+        if topic.fifo and sub.held and len(out) < n:
+            # one whole pass, the rest kept in its order: a pass cut short once the batch is full
+            # would leave a rotated deque, a group's later message before its earlier one
+            kept: deque[_Stored] = deque()
+            for rec in sub.held:
+                if len(out) < n and rec.group not in sub.busy_groups:
                     out.append(self._lease(sub, rec, 1, invisible, now, new_group_hold=True))
+                else:
+                    kept.append(rec)
+            sub.held = kept
         while len(out) < n and sub.offset < topic.end():
             rec = topic.log[sub.offset - topic.base]
             sub.offset += 1

@@ -8,10 +8,13 @@ expected to end within one round trip: its cost minus its age lies within ``[-le
 ``lead`` being the median of the loop's recent receive round trips that returned messages (at
 most :data:`MAX_LEAD_S`). So the next message is on its way while the handler ends.
 
-What it promises: at most one message received ahead per running handler, and only for a
-handler whose cost is known (``cost=``, else the cost ``send_job`` wrote on the message:
-:func:`sent_cost`); a handler past its cost by more than the lead no longer counts (a wrong cost
-holds at most the one message already received for it). What it costs: a message received
+What it promises: at most one message received ahead per running handler — the loop counts
+every message it holds unstarted against the handlers about to end, wherever it waits (its
+backlog, or the dispatcher: parked behind a busy key, in a window) — and only for a handler whose
+cost is known (``cost=``, else the cost ``send_job`` wrote on the message: :func:`sent_cost`); a
+handler past its cost by more than the lead no longer counts (a wrong cost holds at most the one
+message already received for it; with ``handler_timeout``, once every worker hangs, that one's
+lease is let go like any message no worker can start). What it costs: a message received
 ahead waits in this process until a worker frees — about one lead when the cost is right, longer
 when the handler overruns its cost; meanwhile a peer with a free worker cannot take it.
 """

@@ -138,7 +138,9 @@ class ConsumeStats:
     expired: int = 0  # no broker call: the loop no longer held a lease for it
     leases_extended: int = 0
     lease_errors: int = 0
-    leases_lost: int = 0  # the lease ran out before it could be renewed (broker unreachable, a stall)
+    # the lease ran out before it could be renewed (broker unreachable, a stall), or the broker
+    # refused a renewal, an ack or a nack because it was already gone (40013)
+    leases_lost: int = 0
     abandoned: int = 0  # handlers past handler_timeout + hang_grace: lease given up on purpose
     let_go: int = 0  # held unstarted while every worker hung: lease not renewed, a peer may take it
     submit_errors: int = 0  # the dispatcher refused one message (given back for a retry)
@@ -498,8 +500,10 @@ class ConsumeLoop:
             LeaseRefused: (a ValueError) the broker refused the lease length (the proxy's
                 ``minInvisibleTimeMillsForRecv``, 10 s by default): no receive can succeed.
             TypeError: ``until`` returned a coroutine or generator (its check never ran), after the drain.
-            KeyboardInterrupt, SystemExit: raised by user code on one of the loop's threads (``key=``,
-                ``cost=``, ``retry_backoff=``), after the drain; an ``Exception`` from those is contained.
+            KeyboardInterrupt, SystemExit: raised by user code or a broker call on one of the loop's
+                threads, this one too (``key=``, ``cost=``, ``retry_backoff=``, ``until=``, a Ctrl-C
+                inside ``receive``), after the drain, which gives back what has not started; an
+                ``Exception`` from user code is contained.
         """
         require_plain(until, "until", optional=True)  # a coroutine is truthy: run() would end at once
         with self._lock:
@@ -542,6 +546,13 @@ class ConsumeLoop:
                             self._changed.wait(wait if ahead is None else min(wait, ahead))
                     continue
                 failures = 0
+        except BaseException as exc:
+            if not isinstance(exc, Exception):
+                # a Ctrl-C or SystemExit on this very thread (inside receive's long poll, until=,
+                # receive_ahead's cost=) is the loop's interrupt as on its other threads: the
+                # drain gives back what has not started instead of running it
+                self._interrupted(exc)
+            raise
         finally:
             try:
                 self._shutdown()
@@ -706,6 +717,12 @@ class ConsumeLoop:
                 return 0
             waiting, settling = len(self._backlog), len(self._acks)
             blocked_unkeyed = any(h.key is None for h in self._backlog)
+            # receive_ahead: every held message not started yet (the backlog, and what the
+            # dispatcher accepted without a worker: a keyed one parked behind its busy key, a
+            # window) will take the worker of a handler about to end — the backlog alone missed
+            # a parked one, and each poll received one more for the same handler
+            unstarted = 0 if self._ahead is None else sum(
+                1 for h in self._leases.values() if h.state != SETTLING and not h.started)
         if self._all_workers_hung():
             # a window or a worker's buffer is no room when no worker can ever start from it:
             # what the loop received now would only be held and renewed, out of every peer's reach
@@ -716,8 +733,8 @@ class ConsumeLoop:
         # (each is held and renewed); an unkeyed one waiting means the pool itself is full.
         if blocked_unkeyed or waiting >= self.flow.max_batch:
             return 0
-        # a message already waiting here took the room of a handler about to end: one ahead each
-        ahead = 0 if self._ahead is None else max(0, self._ahead.soon(self.dispatcher.running()) - waiting)
+        # a message already held unstarted took the room of a handler about to end: one ahead each
+        ahead = 0 if self._ahead is None else max(0, self._ahead.soon(self.dispatcher.running()) - unstarted)
         return min(self.dispatcher.free_slots() + ahead - settling, self.flow.max_batch - waiting)
 
     def _key_of(self, msg: Any) -> str | None:
@@ -927,10 +944,10 @@ class ConsumeLoop:
 
     def _start_handler(self, msg: Any) -> object:
         """What each worker runs: the user's handler — only while the loop still holds the message's
-        lease, the stop deadline has not passed, no other copy of the message runs in this process
-        (a hung first run's redelivery), no message of its key hangs past its TIMEOUT, and no
-        outcome of it was reported yet (a TIMEOUT while it waited here: it was given back); else it
-        does not start and is given back."""
+        lease, the stop deadline has not passed, no interrupt (a Ctrl-C, a SystemExit) stopped the
+        loop, no other copy of the message runs in this process (a hung first run's redelivery), no
+        message of its key hangs past its TIMEOUT, and no outcome of it was reported yet (a TIMEOUT
+        while it waited here: it was given back); else it does not start and is given back."""
         own = self._inside
         own.thread = True  # a stop(timeout=) from the handler must not wait for the drain
         try:
@@ -952,6 +969,8 @@ class ConsumeLoop:
             # while it waited, then its settle), and a handler must not run on a lease nobody holds
             if h is None or h.state == SETTLING or self._past_stop_deadline() or not h.live(self._monotonic()):
                 raise _NotStarted("its outcome was reported, the lease is gone or the stop deadline passed")
+            if self._interrupt is not None:  # the program wants out: nothing more starts
+                raise _NotStarted("the loop was interrupted (a Ctrl-C or SystemExit): it goes back unrun")
             if mid is not None and not _RUNNING.claim(copy):
                 raise _NotStarted("another copy of this message still runs in this process")
             if h is not None:
@@ -1114,8 +1133,13 @@ class ConsumeLoop:
                 except Exception as exc:  # noqa: BLE001 - the broker redelivers after the lease
                     self._count("ack_errors", exc)
                     what = ""
-                    if lease_gone(exc) and h.trace is not None:
-                        h.trace.lease_lost("expired")  # the broker found it gone first (refusal.py)
+                    if lease_gone(exc):
+                        # the broker found it gone first (refusal.py): a lost lease, counted as
+                        # the keeper counts a renewal refused the same way
+                        h.given_up = True
+                        self._count("leases_lost", None, "the broker refused an ack or nack: the lease was already gone")
+                        if h.trace is not None:
+                            h.trace.lease_lost("expired")
                 except BaseException as exc:  # noqa: BLE001 - a Ctrl-C inside the broker call: settled
                     # as a failed call (the broker redelivers after the lease), then it goes on, so
                     # nothing stays held and the counters add up
@@ -1169,20 +1193,23 @@ class ConsumeLoop:
         if not due:
             return 0
         ages: dict[int, float] = {}
-        if self.dispatch_options.handler_timeout is not None and any(h.state == SUBMITTED for h in due):
+        if self.dispatch_options.handler_timeout is not None and any(h.state != SETTLING for h in due):
             ages = {id(item): age for item, age in self.dispatcher.running()}
             if self._all_workers_hung():
                 due = self._let_go_unstartable(due, ages)
         return self._keeper.renew(due, ages, wait=wait)
 
     def _let_go_unstartable(self, due: list[Lease], running: dict[int, float]) -> list[Lease]:
-        """Every worker hung: a message queued in the dispatcher (a window, a worker's buffer)
-        cannot start, so its lease is not renewed — the broker hands it to a peer once it ends;
-        should a worker free first, the message does not start (its lease is gone). The rest of
-        ``due`` is returned, to be renewed."""
+        """Every worker hung: a message queued in the dispatcher (a window, a worker's buffer) or
+        waiting in the loop's backlog (one received ahead for a handler that then hung) cannot
+        start, so its lease is not renewed — the broker hands it to a peer once it ends; should a
+        worker free first, the message does not start (its lease is gone). The rest of ``due``
+        is returned, to be renewed."""
         keep: list[Lease] = []
         for h in due:
-            if h.state == SUBMITTED and id(h.message) not in running:
+            # a started one is the dispatcher's running item until its outcome (an ended one,
+            # between its return and its report, must keep its lease: its ack comes next)
+            if h.state != SETTLING and not h.started and id(h.message) not in running:
                 with h.lock:
                     if h.done or h.given_up:
                         continue
@@ -1238,12 +1265,13 @@ class ConsumeLoop:
             self._phase = _Phase.DRAINING
             self._changed.notify_all()
         # the backlog is drained into the dispatcher before it closes (nothing is redelivered on
-        # a stop), as far as the deadline allows
+        # a stop), as far as the deadline allows — unless the program wants out (an interrupt):
+        # then what has not started goes back
         if self._feeder is not None:
             self._join(self._feeder)
         else:
             try:
-                while self.state().waiting and not self._past_stop_deadline():
+                while self.state().waiting and not self._past_stop_deadline() and self._interrupt is None:
                     if not self._feed():
                         left = self._left()
                         with self._changed:
@@ -1253,7 +1281,7 @@ class ConsumeLoop:
         if self._interrupt is not None:
             self._give_back_backlog()  # the program wants out: what has not started goes back
         self._await_quiet_dispatcher()
-        self.dispatcher.close(drain=True, timeout=self._left())
+        self.dispatcher.close(drain=self._interrupt is None, timeout=self._left())
         if self._past_stop_deadline():
             self._cut_at_deadline()
         else:
@@ -1294,7 +1322,14 @@ class ConsumeLoop:
         then is it closed, with what is left of the deadline: a close already waiting could not
         hear of a shorter deadline."""
         d = self.dispatcher
+        cut = False
         while (step := self._step()) is not None:
+            if self._interrupt is not None and not cut:
+                # the program wants out: what the dispatcher queued (parked behind a busy key, a
+                # window) goes back now, SKIPPED, and nothing more starts; what runs is still
+                # waited for here, within the deadline as it moves
+                cut = True
+                d.close(drain=False, timeout=0)
             if d.wait_idle(timeout=step) or d.statistics().in_flight == 0:
                 return
 

@@ -195,11 +195,12 @@ class FlowOptions:
     def __post_init__(self) -> None:
         if not isinstance(self.receive_ahead, bool):
             raise TypeError(f"receive_ahead must be a bool, got {type(self.receive_ahead).__name__}")
+        count(self.max_batch, "max_batch (the proxy's batch limit)", maximum=MAX_BATCH)
+        # what prefetch is comes first: a NaN one must be named as such, not blamed on receive_ahead
+        count(self.prefetch, "prefetch", minimum=0, maximum=MAX_PREFETCH)
         if self.receive_ahead and self.prefetch:
             raise ValueError(f"receive_ahead cannot work with prefetch={self.prefetch}: a prefetch "
                              "buffer already receives ahead, for workers that are not about to free")
-        count(self.max_batch, "max_batch (the proxy's batch limit)", maximum=MAX_BATCH)
-        count(self.prefetch, "prefetch", minimum=0, maximum=MAX_PREFETCH)
         count(self.resync_after, "resync_after", minimum=0)
         count(self.ack_threads, "ack_threads", maximum=MAX_THREADS)
         # stored as the loop uses it: math.inf or a huge one is no bound, as None
