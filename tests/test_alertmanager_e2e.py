@@ -41,7 +41,7 @@ INSTANCES = 3
 # The live fleet signal's resolution (dashboards/README.md#fleet): each change of the fleet's state
 # is seen up to one scrape late and counted in whole 1 s evaluations, so a run's estimate may be off
 # by up to the starved workers, (INSTANCES - 1) x WORKERS, for about two evaluations, whatever the
-# run held back (measured: +0.8 to +5.5 worker-s over runs that held back 0.67 to 16.7).
+# run held back (measured: -0.7 to +5.5 worker-s over runs that held back 0.74 to 51.7).
 RESOLUTION_WS = (INSTANCES - 1) * WORKERS * 2.0
 
 pytestmark = pytest.mark.integration
