@@ -146,10 +146,10 @@ def fleet_alerts() -> Iterator[dict[str, Any]]:
 
         # How much a push fleet holds back depends on the order the broker delivers in: the first
         # run of a session (a cold broker) once held too little for the threshold (CI, mean HOL
-        # under 0.25), and a loaded machine once gave a run with 0.67 worker-s held back in all —
-        # too little for the live signal's 1 s evaluations to be compared with the stamps. Such a
-        # run is not the incident: one more push run then (at most two); the alert must come for
-        # the run kept, and that run must hold back over MIN_HELD worker-seconds.
+        # under 0.25), and a loaded machine once gave a run with 0.67 worker-s held back in all (the
+        # live signal read 6.0: its error is additive, see RESOLUTION_WS). Such a run is not the
+        # incident: one more push run then (at most two); the alert must come for the run kept, and
+        # that run must hold back over MIN_HELD worker-seconds.
         attempts = 3
         for attempt in range(1, attempts + 1):
             push_group = runs["push_consumer"].group
