@@ -38,7 +38,7 @@ from opentelemetry.trace import SpanContext as Ctx
 from waiting import wait_until
 
 from tracer.config import DropCounter, Settings, configure_tracing
-from tracer.telemetry.exportchild import ChildExportProcessor, span_from_record, span_record
+from tracer.telemetry.exportchild import ChildExportProcessor, ExportPhase, span_from_record, span_record
 
 TESTS = Path(__file__).resolve().parent
 
@@ -285,8 +285,9 @@ def test_arguments_that_cannot_work_are_refused(kw: dict[str, Any]) -> None:
 # -- model: any sequence of ends, stalls, kills and flushes keeps the books ------------------------------------
 class ExportChildModel(RuleBasedStateMachine):
     """Spans ended in bursts while the child is stalled (gate shut), stopped (SIGSTOP) or exporting,
-    killed at any moment, flushed when it can export. Named invariants after every step; at teardown, after
-    shutdown, the books balance exactly and the receiver holds exactly the exported spans."""
+    killed at any moment, flushed when it can export, shut down (with time to flush, or none) and
+    shut down again. Named invariants after every step; at teardown, after shutdown, the books
+    balance exactly and the receiver holds exactly the exported spans."""
 
     def __init__(self) -> None:
         super().__init__()
@@ -296,6 +297,8 @@ class ExportChildModel(RuleBasedStateMachine):
                        interval_s=0.01, restart_delay_s=0)
         self.kills = 0
         self.stopped: int | None = None  # a child SIGSTOPped by the model (the stall kills it only after 30 s)
+        self.shut = False
+        self.phase = ExportPhase.OPEN  # the furthest statistics().phase seen
 
     @rule(n=st.integers(1, 120))
     def end_spans(self, n: int) -> None:
@@ -350,13 +353,38 @@ class ExportChildModel(RuleBasedStateMachine):
                 pass
             self.stopped = None
 
-    @precondition(lambda self: self.rig.gate.exists() and self.stopped is None)
+    @precondition(lambda self: self.rig.gate.exists() and self.stopped is None and not self.shut)
     @rule()
     def flush(self) -> None:
         assert self.rig.processor.force_flush(60_000)
         st_ = self.rig.processor.statistics()
         assert st_.queued == 0 and st_.unacknowledged == 0, st_
         assert st_.accepted == st_.exported + st_.failed + st_.lost, st_
+
+    @rule(twice=st.booleans())
+    def shutdown_now(self, twice: bool) -> None:
+        """No time to flush: what the writer has not written is lost (ABANDONED, from any phase)."""
+        self._continue()
+        self.shutdown(0, twice)
+
+    @precondition(lambda self: self.rig.gate.exists() and self.stopped is None)
+    @rule(twice=st.booleans())
+    def shutdown_flushed(self, twice: bool) -> None:
+        self.shutdown(60_000, twice)
+
+    def shutdown(self, timeout_millis: int, twice: bool) -> None:
+        self.rig.processor.shutdown(timeout_millis)
+        self.shut = True
+        self.phase_moves_forward()
+        if twice:
+            self.rig.processor.shutdown(60_000)  # returns at once: the first one's phase stays
+
+    @invariant()
+    def phase_moves_forward(self) -> None:
+        phase = self.rig.processor.statistics().phase
+        assert phase >= self.phase, f"invariant phase_moves_forward: {phase!r} after {self.phase!r}"
+        self.phase = phase
+        assert (phase is ExportPhase.OPEN) is not self.shut, f"invariant phase_moves_forward: {phase!r}, shut {self.shut}"
 
     @invariant()
     def every_span_ended_is_accepted_or_dropped(self) -> None:
@@ -387,6 +415,8 @@ class ExportChildModel(RuleBasedStateMachine):
             self._continue()
             self.rig.gate.touch()
             self.rig.provider.shutdown()
+            self.shut = True
+            self.phase_moves_forward()
             self.rig.check_accounts()
             st_ = self.rig.processor.statistics()
             assert st_.queued == 0 and st_.unacknowledged == 0, st_

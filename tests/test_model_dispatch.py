@@ -22,6 +22,9 @@ of worker tasks (mid-handler and idle). The promise, as named invariants checked
   message given back or rejected leaves nothing in it (else memory grows with every retry);
 * ``close_drains_or_gives_back`` — when ``close`` returns True every accepted message has its
   outcome; when False, every one without an outcome is running.
+* ``phase_moves_forward`` — ``statistics().phase`` never moves back (a second ``close`` leaves it
+  where the first took it: a timed-out close's ABANDONED stays), is OPEN until ``close`` and at
+  least STOPPING once ``close`` returned.
 
 ``close(timeout=)`` while handlers hang (blocked on their events until ``close`` has returned):
 
@@ -60,6 +63,7 @@ from tracer.dispatch import (
     CostAware,
     Dispatcher,
     DispatcherClosed,
+    DispatchPhase,
     HandlerTimeout,
     NotStarted,
     Random,
@@ -253,6 +257,7 @@ class _Model(RuleBasedStateMachine):
         self.cost_errors = 0
         self.steps = 0
         self.max_waiters = 0
+        self.phase = DispatchPhase.OPEN  # the furthest statistics().phase seen
 
     def close_allowed(self) -> bool:
         """close ends an example: only after a dozen steps, so most schedules get long."""
@@ -294,6 +299,7 @@ class _Model(RuleBasedStateMachine):
         with h.cond:
             assert not h.violations, "; ".join(h.violations)
         s = self.stats()
+        self.check_phase(s)
         inv = "stats_add_up"
         assert s.submitted == (s.handled + s.failed + s.timed_out + s.skipped + s.not_started + s.in_flight
                                + s.queued), violated(inv, s)
@@ -313,12 +319,22 @@ class _Model(RuleBasedStateMachine):
             if o is Outcome.TIMEOUT:
                 assert isinstance(e, HandlerTimeout), violated("failure_never_success", e)
 
+    def check_phase(self, s: Any, closed: bool = False) -> None:
+        inv = "phase_moves_forward"
+        assert s.phase >= self.phase, violated(inv, f"{s.phase!r} after {self.phase!r}")
+        self.phase = s.phase
+        if closed:
+            assert s.phase >= DispatchPhase.STOPPING, violated(inv, f"{s.phase!r} once close returned")
+        elif not self.closed:
+            assert s.phase is DispatchPhase.OPEN, violated(inv, f"{s.phase!r} before close")
+
     def check_closed(self, settled: bool) -> None:
         h = self.h
         inv = "close_drains_or_gives_back"
         # The snapshot first: an outcome it counts was delivered to on_done before it was counted,
         # so a second outcome (a hung handler's, returning after close) is named as what it is.
         s = self.stats()
+        self.check_phase(s, closed=True)
         with h.cond:
             assert not h.violations, "; ".join(h.violations)
         running = set(h.running)

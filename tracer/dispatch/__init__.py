@@ -20,7 +20,7 @@ from .policy import (
     RoundRobin,
     resolve_policy,
 )
-from .protocol import DispatcherClosed, DispatchStats, HandlerTimeout, MessageTraceLike, NotStarted
+from .protocol import DispatcherClosed, DispatchPhase, DispatchStats, HandlerTimeout, MessageTraceLike, NotStarted
 
 __all__ = [
     "DEFAULT_BUCKETS",
@@ -32,6 +32,7 @@ __all__ = [
     "CostTable",
     "CostTableError",
     "DispatchMetrics",
+    "DispatchPhase",
     "DispatchStats",
     "Dispatcher",
     "DispatcherClosed",

@@ -37,7 +37,7 @@ from ..path.stages import Outcome
 from .core import Core, EngineBase, Running, Waiter, WaitState, WouldBlock
 from .metrics import DispatchMetrics
 from .policy import Policy
-from .protocol import DispatchStats, HandlerTimeout, MessageTraceLike
+from .protocol import DispatchPhase, DispatchStats, HandlerTimeout, MessageTraceLike
 from .scheduler import Entry
 
 __all__ = ["AsyncDispatcher"]
@@ -47,6 +47,8 @@ T = TypeVar("T")
 logger = logging.getLogger("tracer.dispatch")
 
 _FAILURE = Outcome.FAILURE
+_OPEN = DispatchPhase.OPEN
+_STOPPING = DispatchPhase.STOPPING
 
 def _uncancel(task: asyncio.Task[Any] | None) -> None:
     """Undo one cancel() of ours, so the task's own cancellation state stays its caller's (3.11+)."""
@@ -199,7 +201,7 @@ class AsyncDispatcher(EngineBase[T], Generic[T]):
         """
         core = self._core
         timeout = timeout_s(timeout, "submit timeout", negative_waits=True)
-        if core.closed:
+        if core.phase is not _OPEN:
             raise core.closed_error()
         e = core.build(item, trace)
         self._started()
@@ -268,8 +270,8 @@ class AsyncDispatcher(EngineBase[T], Generic[T]):
     async def wait_for_free_slot(self, timeout: float | None = None) -> bool:
         """Wait until :meth:`free_slots` > 0 (True), or ``timeout`` passes / the dispatcher closes (False)."""
         core = self._core
-        ok = await self._wait_until(lambda: core.closed or core.sched.free_slots() > 0, timeout)
-        return ok and not core.closed
+        ok = await self._wait_until(lambda: core.phase is not _OPEN or core.sched.free_slots() > 0, timeout)
+        return ok and core.phase is _OPEN
 
     async def wait_idle(self, timeout: float | None = None) -> bool:
         """Wait until nothing is queued or in flight (True), or ``timeout`` passes (False)."""
@@ -332,7 +334,7 @@ class AsyncDispatcher(EngineBase[T], Generic[T]):
                         w.entry = e
                         self._spawn(w)  # the next entry must not go down with this task
                     raise cancelled
-                if e is None and self._core.stopping:
+                if e is None and self._core.phase >= _STOPPING:
                     return
 
     async def _run(self, w: _AioWorker, e: Entry[Any]) -> tuple[Outcome, BaseException | None]:
@@ -430,7 +432,7 @@ class AsyncDispatcher(EngineBase[T], Generic[T]):
             raise RuntimeError("close() awaited from a dispatcher worker (a handler) would wait for itself")
         core = self._core
         deadline = core.deadline(timeout)
-        core.closed = True
+        core.close_locked()
         for wt in core.close_waiters_locked():
             assert isinstance(wt, _AioWaiter)
             wt.wake()
@@ -442,7 +444,6 @@ class AsyncDispatcher(EngineBase[T], Generic[T]):
         ws = self._workers or []
         back = core.take_queued_locked()  # drain: what no worker can take; timeout: all not started
         if not quiet:
-            core.abandoned = True
             stolen = []
             for w in ws:
                 e = w.entry
@@ -452,8 +453,7 @@ class AsyncDispatcher(EngineBase[T], Generic[T]):
                     stolen.append(e)
             back.extend(core.give_back_locked(stolen))
         self._give_back(back)
-        if not core.stopping:
-            core.stopping = True
+        if core.stop_locked(abandon=not quiet):
             for i in self._sched.idle_workers() if ws else ():
                 iw = ws[i]
                 if iw.task is not None and not iw.task.done():

@@ -70,7 +70,7 @@ from .accrual import Accrual
 from .costtable import as_seconds
 from .metrics import BoundDispatchMetrics, DispatchMetrics
 from .policy import Policy, resolve_policy
-from .protocol import DispatcherClosed, DispatchStats, HandlerTimeout, MessageTraceLike, NotStarted
+from .protocol import DispatcherClosed, DispatchPhase, DispatchStats, HandlerTimeout, MessageTraceLike, NotStarted
 from .scheduler import Admission, Entry
 
 __all__ = ["Core", "EngineBase", "Running", "WaitState", "Waiter", "WouldBlock", "exemplar_of"]
@@ -85,6 +85,8 @@ _FULL = Admission.FULL
 _SKIPPED = Outcome.SKIPPED
 _NOT_STARTED = Outcome.NOT_STARTED
 _OK: tuple[Outcome, BaseException | None] = (Outcome.SUCCESS, None)
+_OPEN = DispatchPhase.OPEN
+_STOPPING = DispatchPhase.STOPPING
 
 
 class WouldBlock(Exception):
@@ -172,14 +174,13 @@ class Core(Generic[T]):
         self.m: BoundDispatchMetrics | None = (
             None if metrics is None or self.accrual is None
             else metrics.bind(self.policy.name, self.accrual, consumer_group))
-        self.closed = False
-        self.stopping = False  # workers exit once idle
+        # the dispatcher's life: one field, moved only forward by close_locked and stop_locked
+        self.phase: DispatchPhase = _OPEN
         self.waiters: deque[Waiter] = deque()  # blocked submitters, oldest first
         self.watchers = 0  # callers blocked in wait_for_free_slot / wait_idle / close
         self.overrun = 0  # workers held by a handler already reported TIMEOUT
         # outcomes counted but whose trace.finish/on_done has not returned yet: close waits for them
         self.reporting = 0
-        self.abandoned = False  # close's timeout passed: nothing not yet started may start
         self.seq = 0
         self.submitted = 0
         self.handled = 0
@@ -249,6 +250,21 @@ class Core(Generic[T]):
         counters stay bound: a late outcome is still counted."""
         if self.m is not None:
             self.m.unbind()
+
+    # ---------------------------------------------------------------------------- life cycle
+    def close_locked(self) -> None:
+        """close() begins (every call): OPEN becomes CLOSING; a later phase stays."""
+        if self.phase is _OPEN:
+            self.phase = DispatchPhase.CLOSING
+
+    def stop_locked(self, *, abandon: bool) -> bool:
+        """close's wait ended, ``abandon``: by its timeout. The phase moves to STOPPING (ABANDONED),
+        never back. Whether this call is the one that stopped it (the engine wakes its idle workers)."""
+        first = self.phase < _STOPPING
+        target = DispatchPhase.ABANDONED if abandon else _STOPPING
+        if self.phase < target:
+            self.phase = target
+        return first
 
     def closed_error(self, blocked: bool = False) -> DispatcherClosed:
         if blocked:
@@ -550,7 +566,7 @@ class Core(Generic[T]):
         self.reporting -= n
 
     def free_slots_locked(self) -> int:
-        return 0 if self.closed else self.sched.free_slots()
+        return 0 if self.phase is not _OPEN else self.sched.free_slots()
 
     def blocked_locked(self, key: str) -> bool:
         return self.sched.blocked(key)
@@ -611,6 +627,7 @@ class Core(Generic[T]):
             cost_errors=self.cost_errors,
             blame=self.blame.statistics() if self.blaming else None,
             not_started=self.not_started,
+            phase=self.phase,
         )
 
 
@@ -632,7 +649,7 @@ class EngineBase(Generic[T]):
     @property
     def closed(self) -> bool:
         """True once :meth:`close` began (``submit`` raises ``DispatcherClosed``)."""
-        return self._core.closed
+        return self._core.phase is not _OPEN
 
     @property
     def name(self) -> str:

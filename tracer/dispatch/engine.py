@@ -58,7 +58,7 @@ from ..path.stages import Outcome
 from .core import Core, EngineBase, Running, Waiter, WaitState, WouldBlock
 from .metrics import DispatchMetrics
 from .policy import Policy
-from .protocol import DispatchStats, HandlerTimeout, MessageTraceLike
+from .protocol import DispatchPhase, DispatchStats, HandlerTimeout, MessageTraceLike
 from .scheduler import Entry
 
 __all__ = ["Dispatcher"]
@@ -68,6 +68,8 @@ T = TypeVar("T")
 logger = logging.getLogger("tracer.dispatch")
 
 _FAILURE = Outcome.FAILURE
+_OPEN = DispatchPhase.OPEN
+_STOPPING = DispatchPhase.STOPPING
 _TIMEOUT = Outcome.TIMEOUT
 _SKIPPED = Outcome.SKIPPED
 
@@ -181,7 +183,7 @@ class Dispatcher(EngineBase[T], Generic[T]):
         timeout = timeout_s(timeout, "submit timeout", negative_waits=True)
         e = core.build(item, trace)  # user callables run outside the lock
         with self._lock:
-            if core.closed:
+            if core.phase is not _OPEN:
                 raise core.closed_error()
             core.number_locked(e)
             if e.error is not None:
@@ -253,7 +255,7 @@ class Dispatcher(EngineBase[T], Generic[T]):
             if ready and not self._waking and self._sleepers:
                 self._wake_one_locked()  # the chain: more wait, so the next sleeper looks too
             return got
-        if self._core.stopping:
+        if self._core.phase >= _STOPPING:
             return _STOP
         self._sleepers.append(w)
         return None
@@ -301,8 +303,8 @@ class Dispatcher(EngineBase[T], Generic[T]):
     def wait_for_free_slot(self, timeout: float | None = None) -> bool:
         """Block until :meth:`free_slots` > 0 (True), or ``timeout`` passes / the dispatcher closes (False)."""
         core = self._core
-        ok = self._wait_until(lambda: core.closed or core.sched.free_slots() > 0, timeout)
-        return ok and not core.closed
+        ok = self._wait_until(lambda: core.phase is not _OPEN or core.sched.free_slots() > 0, timeout)
+        return ok and core.phase is _OPEN
 
     def wait_idle(self, timeout: float | None = None) -> bool:
         """Block until nothing is queued or in flight (True), or ``timeout`` passes (False).
@@ -416,7 +418,7 @@ class Dispatcher(EngineBase[T], Generic[T]):
                 self._admit_waiters_locked()
             if core.watchers:
                 self._cond.notify_all()
-            if self._watchdog is not None and core.stopping and core.idle_locked():
+            if self._watchdog is not None and core.phase >= _STOPPING and core.idle_locked():
                 # the last handler of a closed dispatcher returned after close() gave up on it: the
                 # watchdog sleeps until that handler's deadline and nothing else would wake it
                 self._watch.notify_all()
@@ -473,7 +475,7 @@ class Dispatcher(EngineBase[T], Generic[T]):
             with self._lock:
                 starts = [started for w in self._workers if (r := w.running) is not None
                           for entry, started, _slot in (r,) if w.expired is not entry]
-                if core.stopping and core.idle_locked():
+                if core.phase >= _STOPPING and core.idle_locked():
                     return
                 # A handler starting now has its deadline at least one timeout away: waking after
                 # one timeout when none runs cannot miss it.
@@ -515,7 +517,7 @@ class Dispatcher(EngineBase[T], Generic[T]):
         core = self._core
         deadline = core.deadline(timeout)
         with self._lock:
-            core.closed = True
+            core.close_locked()
             for wt in core.close_waiters_locked():
                 assert isinstance(wt, _ThreadWaiter)
                 wt.sig.release()
@@ -548,7 +550,6 @@ class Dispatcher(EngineBase[T], Generic[T]):
         core = self._core
         back = core.take_queued_locked()
         if not quiet:
-            core.abandoned = True
             n = len(back)
             ready = self._ready
             while ready:  # handed to a slot, not claimed: it must not start after we return
@@ -556,8 +557,7 @@ class Dispatcher(EngineBase[T], Generic[T]):
                 back.append(e)
                 core.done_locked(slot, e)
             core.give_back_locked(back[n:])
-        if not core.stopping:
-            core.stopping = True  # a thread that finds nothing ready now exits
+        if core.stop_locked(abandon=not quiet):  # a thread that finds nothing ready now exits
             while self._sleepers:
                 self._wake_one_locked()
         self._watch.notify_all()

@@ -6,6 +6,7 @@ object satisfies it structurally); the dispatcher never imports the telemetry la
 
 from __future__ import annotations
 
+import enum
 from contextlib import AbstractContextManager
 from dataclasses import dataclass
 from typing import Protocol
@@ -44,6 +45,18 @@ class MessageTraceLike(Protocol):
     def finish(self, outcome: Outcome, error: BaseException | None) -> None: ...
 
 
+class DispatchPhase(enum.IntEnum):
+    """Where a dispatcher's life stands. It only moves forward (a second ``close`` leaves it where
+    the first one took it), changed by the engine under its lock (or on its loop)."""
+
+    OPEN = 0  # submit takes messages
+    CLOSING = 1  # close() began: submit raises DispatcherClosed; workers still run what they hold
+    STOPPING = 2  # close's wait ended: a worker that finds nothing to run exits
+    # close's timeout passed first: what had not started was given back and nothing starts any
+    # more; a handler still running reports when it returns (workers stop as in STOPPING)
+    ABANDONED = 3
+
+
 @dataclass(frozen=True, slots=True)
 class DispatchStats:
     """A consistent snapshot (taken under the dispatcher's lock, or on the event loop).
@@ -63,6 +76,7 @@ class DispatchStats:
     results that raised or were not a finite number >= 0 (those messages got cost 0).
     ``not_started``: messages whose handler raised :class:`NotStarted`, or whose ``key=`` failed
     (they never reach a worker), both ``Outcome.NOT_STARTED``.
+    ``phase``: the dispatcher's :class:`DispatchPhase` (open, or how far ``close`` got).
     ``blame``: live blame's snapshot (:class:`tracer.path.blocking.BlameStats`: starts
     judged, seconds waited and avoidable, head_of_line / capacity counts); None until a trace or
     metrics were attached.
@@ -84,6 +98,7 @@ class DispatchStats:
     cost_errors: int = 0
     blame: BlameStats | None = None
     not_started: int = 0
+    phase: DispatchPhase = DispatchPhase.OPEN
 
 
 class DispatcherClosed(RuntimeError):
@@ -112,4 +127,4 @@ class HandlerTimeout(TimeoutError):
         self.timeout_s = timeout_s
 
 
-__all__ = ["DispatchStats", "DispatcherClosed", "HandlerTimeout", "MessageTraceLike", "NotStarted"]
+__all__ = ["DispatchPhase", "DispatchStats", "DispatcherClosed", "HandlerTimeout", "MessageTraceLike", "NotStarted"]

@@ -43,6 +43,7 @@ and exit. Lines on its acknowledgement pipe (the descriptor named on its command
 
 from __future__ import annotations
 
+import enum
 import importlib
 import json
 import logging
@@ -71,7 +72,7 @@ from ..callables import require_plain
 from ..logonce import OnceLogger
 from .spanwire import attributes_record, plain, span_from_record, span_record
 
-__all__ = ["ChildExportProcessor", "ChildExportStats", "child_main", "span_from_record", "span_record"]
+__all__ = ["ChildExportProcessor", "ChildExportStats", "ExportPhase", "child_main", "span_from_record", "span_record"]
 
 log = logging.getLogger(__name__)
 
@@ -85,9 +86,27 @@ _MIN_STALL_S = 10.0  # a child starting on a loaded machine takes seconds to ans
 _PACKAGE_ROOT = str(Path(__file__).resolve().parents[2])  # the directory holding the tracer package
 
 
+class ExportPhase(enum.IntEnum):
+    """Where a :class:`ChildExportProcessor`'s life stands. It only moves forward (a second
+    ``shutdown`` leaves it where the first took it), under the processor's lock."""
+
+    OPEN = 0  # on_end queues spans
+    # shutdown() began: on_end drops; the writer writes what is queued, and its next child start
+    # ignores restart_delay_s (the queue is flushed now, not a delay later)
+    SHUTDOWN = 1
+    FLUSHING = 2  # a child was started since shutdown began: a restart waits restart_delay_s again
+    ABANDONED = 3  # shutdown's timeout passed: nothing more is written; what is queued is lost
+
+
+_OPEN = ExportPhase.OPEN
+_SHUTDOWN = ExportPhase.SHUTDOWN
+_ABANDONED = ExportPhase.ABANDONED
+
+
 @dataclass(frozen=True, slots=True)
 class ChildExportStats:
-    """What happened to the spans ``on_end`` saw (see the module doc); a frozen snapshot."""
+    """What happened to the spans ``on_end`` saw (see the module doc); a frozen snapshot, with
+    the processor's :class:`ExportPhase`."""
 
     accepted: int = 0
     dropped: int = 0
@@ -97,6 +116,7 @@ class ChildExportStats:
     restarts: int = 0
     queued: int = 0
     unacknowledged: int = 0
+    phase: ExportPhase = ExportPhase.OPEN
 
 
 class _Child:
@@ -156,7 +176,7 @@ class ChildExportProcessor(SpanProcessor):
         self._wake = threading.Event()
         self._lock = threading.Lock()  # the counters and the current child's inflight table
         self._acked = threading.Condition(self._lock)
-        self._closed = False
+        self._phase: ExportPhase = _OPEN  # moved only forward, by _shut_locked, _flush_started and _abandon
         self._seq = 0
         self._taken = 0  # spans the writer took from the queue
         self._in_hand = 0  # of those, being encoded: neither queued nor in a child's inflight table
@@ -167,9 +187,7 @@ class ChildExportProcessor(SpanProcessor):
         self._restarts = 0
         self._child: _Child | None = None
         self._last_start = -float("inf")
-        self._closing_started = False
         self._starting: tuple[int, ...] = ()  # the acknowledgement pipe while a child starts (fork: close it)
-        self._abandoned = False  # shutdown ran out of time: write nothing more
         self._deadline = float("inf")  # of the shutdown, on the monotonic clock
         self._flush_asked = 0
         self._flushed = 0
@@ -201,9 +219,8 @@ class ChildExportProcessor(SpanProcessor):
         self._seq = self._taken = self._in_hand = self._dropped = self._exported = self._failed = self._lost = 0
         self._restarts = self._flush_asked = self._flushed = 0
         self._last_start = -float("inf")
-        self._closing_started = False
         self._writer = threading.Thread(target=self._run, name="rmqtrace-export-writer", daemon=True)
-        if not self._closed:
+        if self._phase is _OPEN:  # shut down before the fork: no writer, nothing to flush
             self._writer.start()
 
     # --- the consumer's side: never waits --------------------------------------------------
@@ -218,7 +235,7 @@ class ChildExportProcessor(SpanProcessor):
         queue = self._queue
         # under the lock: the bound is exact, and no span slips in after shutdown counted the rest
         with self._lock:
-            room = not self._closed and len(queue) < self.max_queue_size
+            room = self._phase is _OPEN and len(queue) < self.max_queue_size
             if room:
                 queue.append(span)
                 wake = len(queue) >= self.max_batch_size
@@ -235,7 +252,7 @@ class ChildExportProcessor(SpanProcessor):
         while True:
             self._wake.wait(self.interval_s)
             self._wake.clear()
-            closing = self._closed
+            closing = self._phase is not _OPEN
             try:
                 self._pump()
             except Exception:  # noqa: BLE001 - a bug here must not end the export for the process's life
@@ -246,7 +263,7 @@ class ChildExportProcessor(SpanProcessor):
 
     def _pump(self) -> None:
         """Write every queued span to the child, starting or restarting it as needed."""
-        while not self._abandoned:
+        while self._phase is not _ABANDONED:
             self._reap_if_dead()
             with self._lock:
                 asked = self._flush_asked
@@ -338,7 +355,7 @@ class ChildExportProcessor(SpanProcessor):
             except BlockingIOError:
                 pass
             poller.poll(self.interval_s * 1000)
-            if self._abandoned:
+            if self._phase is _ABANDONED:
                 raise BrokenPipeError("the shutdown stopped it")
             self._kill_if_hung(child)
 
@@ -364,12 +381,12 @@ class ChildExportProcessor(SpanProcessor):
         return resource_list, scope_list, records
 
     def _ensure_child(self) -> _Child | None:
-        if self._child is not None or self._abandoned:
+        if self._child is not None or self._phase is _ABANDONED:
             return self._child
         now = time.monotonic()
-        if now - self._last_start < self._restart_delay and not (self._closed and not self._closing_started):
+        if now - self._last_start < self._restart_delay and self._phase is not _SHUTDOWN:
             return None
-        self._closing_started = self._closed  # at close, one start ignores the delay: the queue is flushed
+        self._flush_started()  # at shutdown, one start ignores the delay: the queue is flushed
         self._last_start = now
         ack_r = ack_w = -1
         try:
@@ -460,13 +477,13 @@ class ChildExportProcessor(SpanProcessor):
             lost = sum(child.inflight.values())
             child.inflight.clear()
             self._lost += lost
-            if not self._closed:
+            if self._phase is _OPEN:
                 self._restarts += 1
             self._acked.notify_all()
         self._child = None
         if lost:
             self._count_drops(lost)
-        if not self._closed:
+        if self._phase is _OPEN:
             log.warning("rmqtrace: the span export child %d died (%s) with %d span(s) unacknowledged, counted "
                         "as lost; it is started again at the next batch", child.proc.pid, why, lost)
         elif lost:
@@ -496,11 +513,29 @@ class ChildExportProcessor(SpanProcessor):
 
     # --- life cycle ---------------------------------------------------------------------------
 
+    def _shut_locked(self) -> bool:
+        """shutdown() begins: OPEN becomes SHUTDOWN. Whether this call did it (a later one returns)."""
+        if self._phase is not _OPEN:
+            return False
+        self._phase = _SHUTDOWN
+        return True
+
+    def _flush_started(self) -> None:
+        """The writer starts a child: after shutdown began, the one start that ignored the delay."""
+        with self._lock:
+            if self._phase is _SHUTDOWN:
+                self._phase = ExportPhase.FLUSHING
+
+    def _abandon(self) -> None:
+        """shutdown's timeout passed: the writer writes nothing more."""
+        with self._lock:
+            self._phase = _ABANDONED
+
     def force_flush(self, timeout_millis: int = 30000) -> bool:
         """Wait until every span queued before the call is acknowledged by the child (or counted lost)."""
         deadline = time.monotonic() + timeout_millis / 1000
         with self._lock:
-            if self._closed:
+            if self._phase is not _OPEN:
                 return False
             self._flush_asked += 1
             ticket = self._flush_asked
@@ -519,16 +554,15 @@ class ChildExportProcessor(SpanProcessor):
     def shutdown(self, timeout_millis: int = 30000) -> None:
         """Write what is queued, let the child export it and exit; whatever is left then is lost, counted."""
         with self._lock:
-            if self._closed:
+            if not self._shut_locked():
                 return
-            self._closed = True
         self._deadline = time.monotonic() + max(0.0, timeout_millis / 1000)
         self._wake.set()
         self._writer.join(max(0.0, self._deadline - time.monotonic()))
         if self._writer.is_alive():
             # blocked writing to a child that stopped reading: stop it (the write then fails), and
             # count what is still queued as lost rather than start another child now
-            self._abandoned = True
+            self._abandon()
             child = self._child
             if child is not None:
                 child.proc.kill()
@@ -557,7 +591,8 @@ class ChildExportProcessor(SpanProcessor):
             return ChildExportStats(
                 accepted=self._taken + len(self._queue), dropped=self._dropped, exported=self._exported,
                 failed=self._failed, lost=self._lost, restarts=self._restarts, queued=len(self._queue),
-                unacknowledged=self._in_hand + (sum(child.inflight.values()) if child is not None else 0))
+                unacknowledged=self._in_hand + (sum(child.inflight.values()) if child is not None else 0),
+                phase=self._phase)
 
     @property
     def child_pid(self) -> int | None:
