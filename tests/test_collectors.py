@@ -37,9 +37,10 @@ def _tracer_classes() -> list[type]:
     return [found[k] for k in sorted(found)]
 
 
-# Code that puts something on a registry: registry.register(...), the base's _register(...), or
-# a stock metric built with registry=<something other than None> (which registers itself).
-_REGISTERS = re.compile(r"\.register\(|\b_register\(|\bregistry=(?!None\b)[A-Za-z_]")
+# Code that puts something on a registry: <a registry>.register(...), the base's _register(...), or
+# a stock metric built with registry=<something other than None> (which registers itself). Only a
+# name that says registry: a select.poll()'s register(fd) (the export child's writer) is no collector.
+_REGISTERS = re.compile(r"\b\w*(?:registry|REGISTRY)\w*\.register\(|\b_register\(|\bregistry=(?!None\b)[A-Za-z_]")
 
 
 def _registers(cls: type) -> bool:
