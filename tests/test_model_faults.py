@@ -232,12 +232,15 @@ class WatchedLock:
 class FaultModel(RuleBasedStateMachine):
     @initialize(policy=st.sampled_from(POLICIES), workers=st.integers(1, 3),
                 backoff=st.sampled_from(["ok", "ok", "ok", "neg", "nan", "inf", "huge", "str", "raise"]),
-                ahead=st.booleans())
-    def start(self, policy: str, workers: int, backoff: str, ahead: bool = False) -> None:
+                ahead=st.booleans(), prefetch=st.sampled_from([0, 0, 2]))
+    def start(self, policy: str, workers: int, backoff: str, ahead: bool = False, prefetch: int = 0) -> None:
         if self.open_item("junk-backoff") and backoff not in ("ok", "neg"):
             backoff = "ok"
         self.policy, self.workers, self.backoff = policy, workers, backoff
         self.ahead = ahead  # receive_ahead: a handler within a round trip of its cost's end is room
+        # prefetch (a push consumer's cache, refused beside receive_ahead): the loop's own room rules
+        # (every worker hung: no room) are then the only guard, not the dispatcher's free slots
+        self.prefetch = 0 if ahead else prefetch
         self.clock = Clock()
         # one clock for both: the broker's pop time in each receipt handle (what the loop dates a
         # lease on, #30 item 3) moves with the stalls the double injects
@@ -293,7 +296,8 @@ class FaultModel(RuleBasedStateMachine):
             dispatch=DispatchOptions(policy=_policy(self.policy), workers=self.workers, key=self.key_of,
                                      cost=self.cost_of, handler_timeout=TIMEOUT, metrics=self.metrics),
             lease=LeaseOptions(invisible_duration=LEASE, renew_margin=MARGIN, hang_grace=GRACE),
-            flow=FlowOptions(retry_backoff=self.retry_backoff, ack_threads=2, receive_ahead=self.ahead))
+            flow=FlowOptions(retry_backoff=self.retry_backoff, ack_threads=2, receive_ahead=self.ahead,
+                             prefetch=self.prefetch))
         guard = GuardLock()  # before any thread uses it: the loop's own lock, watched
         self.loop._lock = guard  # type: ignore[assignment]
         self.loop._changed = threading.Condition(guard)  # type: ignore[arg-type]
@@ -473,6 +477,8 @@ class FaultModel(RuleBasedStateMachine):
                 self.clock.advance(RECEIVE_S)
                 self.moved()
                 self.loop.poll()
+                if self.prefetch:  # with prefetch, run()'s feeder thread hands the backlog out: its one pass
+                    self.loop._feed()
             elif what == "renew":
                 self.loop.renew_leases()
             else:
@@ -1091,7 +1097,8 @@ class FaultModel(RuleBasedStateMachine):
         if not hasattr(self, "loop"):
             return
         # receive_ahead: at most one more per ending handler (one per worker)
-        room = (2 + self.ahead) * self.workers + 2 + self.loop.flow.max_batch + self.loop.flow.ack_threads
+        room = ((2 + self.ahead) * self.workers + 2 + self.loop.flow.max_batch + self.loop.flow.ack_threads
+                + self.prefetch)
         held = self.loop.state().held
         assert held <= room, f"invariant memory_bounded: {held} held > {room}"
         ds = self.loop.dispatcher.statistics()

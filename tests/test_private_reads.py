@@ -63,6 +63,7 @@ EXEMPT: dict[tuple[str, str], str] = {
         "written: it only prints which messages wait in the loop (its verdict reads statistics())",
     ("test_review35.py", "_spec"): "the child's exporter factory swapped for a printing one (its stdout is the finding)",
     ("test_review35.py", "_drops"): "a raising drops hook set after the constructor's plain-callable check",
+    ("test_model_faults.py", "_feed"): "with prefetch, run()'s feeder thread's one pass, driven as a step",
     ("test_model_faults.py", "_lock"): "the fault model swaps the loop's lock for a guard and reads its lease table under it",
     ("test_model_faults.py", "_changed"): "the condition rebuilt on the swapped lock (fault injection)",
     ("test_model_faults.py", "_leases"): "per-lease deadlines and states under the loop's lock: no public snapshot has them",
