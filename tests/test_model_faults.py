@@ -1248,19 +1248,29 @@ test_fault_model = FaultModel.TestCase
 # test_itemN_*: #30 item N, each failed on the code before its fix (strict xfails until the fixes
 # were merged); the rest: bugs this harness found that are still open (OPEN_NEW, strict xfails).
 def replay(item: int | str, steps: list[tuple[str, dict[str, Any]]], *, policy: str = "aggressive",
-           workers: int = 1, backoff: str = "ok") -> None:
+           workers: int = 1, backoff: str = "ok", prefetch: int = 0) -> None:
     """Run ``steps`` (rule name, arguments) on a fresh model with ``item``'s gates open, every
     invariant after each, then the teardown's drain (which checks the promise too)."""
     m = FaultModel()
     m.forcing = frozenset({item})
     try:
-        m.start(policy=policy, workers=workers, backoff=backoff)
+        m.start(policy=policy, workers=workers, backoff=backoff, prefetch=prefetch)
         m.check_all()
         for name, kw in steps:
             getattr(m, name)(**kw)
             m.check_all()
     finally:
         m.teardown()
+
+
+@pytest.mark.parametrize("policy", POLICIES)
+@pytest.mark.parametrize("workers", [1, 2])
+def test_every_worker_hung_with_a_prefetch_backlog_receives_nothing(policy: str, workers: int) -> None:
+    """#30 item 5 where only the loop's own guard holds it: with ``prefetch`` the room is the
+    cache's, not the dispatcher's free slots, so with every worker hung the loop itself must say
+    no room (memory_bounded: received stays put). Seeded bug
+    fault-receive-while-every-worker-hangs is caught here (cost_aware, one worker)."""
+    replay("none", [("hang_every_worker", {})], policy=policy, workers=workers, prefetch=2)
 
 
 def test_a_lease_renewed_while_settling_that_expires_later_is_no_stray_renewal() -> None:
