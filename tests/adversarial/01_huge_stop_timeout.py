@@ -4,7 +4,7 @@ b, c = setup(3)
 done = []
 loop = ConsumeLoop(c, lambda m: done.append(m), invisible_duration=5, workers=2)
 t = threading.Thread(target=lambda: done.append(("run", loop.run())), daemon=True)
-t.start(); time.sleep(0.5)
+t.start(); time.sleep(0.5)  # real-time: run() is receiving when stop() comes (the finding's timing)
 err = None
 t0 = time.monotonic()
 try:

@@ -6,7 +6,7 @@ loop = ConsumeLoop(c, lambda m: None, invisible_duration=5, workers=2, stop_time
 def r():
     try: res["ok"] = loop.run()
     except BaseException as e: res["err"] = e
-t = threading.Thread(target=r, daemon=True); t.start(); time.sleep(0.5)
+t = threading.Thread(target=r, daemon=True); t.start(); time.sleep(0.5)  # real-time: run() is receiving when stop() comes (the finding's timing)
 loop.stop()
 t.join(5)
 print(res, "alive", t.is_alive(), loop.state(), loop.statistics())

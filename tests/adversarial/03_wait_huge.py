@@ -1,7 +1,7 @@
 from common import *
 b, c = setup(0)
 loop = ConsumeLoop(c, lambda m: None, invisible_duration=5, workers=1)
-t = threading.Thread(target=loop.run, daemon=True); t.start(); time.sleep(0.2)
+t = threading.Thread(target=loop.run, daemon=True); t.start(); time.sleep(0.2)  # real-time: run() is receiving when wait() is called
 threading.Timer(0.5, loop.stop).start()
 err=None
 try:

@@ -7,7 +7,7 @@ try:
 except (ValueError, TypeError):
     raise SystemExit(0)  # refused at construction: fine
 t = threading.Thread(target=loop.run, daemon=True); t.start()
-time.sleep(2)
+time.sleep(2)  # real-time: the finding is that nothing is fed for a while: a duration observed
 st = loop.statistics(); n_ran = len(ran)
 print(st.received, len(ran), loop.state())
 ok = loop.stop(timeout=1)

@@ -9,7 +9,7 @@ class L:
         return None
 dp = DemandPushConsumer(b, "g", L(), {"t": None}, consumption_thread_count=2, invisible_duration=5,
                         shutdown_timeout=1e10)
-dp.startup(); time.sleep(0.5)
+dp.startup(); time.sleep(0.5)  # real-time: the push consumer is consuming when shutdown() comes
 err = None
 try:
     dp.shutdown()

@@ -3,7 +3,7 @@
 # wedges for good -- no settle, no renewal, run() never returns, held messages are never settled.
 from common import *
 b, c = setup(4)
-loop = ConsumeLoop(c, lambda m: time.sleep(0.1), invisible_duration=3, workers=2)
+loop = ConsumeLoop(c, lambda m: time.sleep(0.1), invisible_duration=3, workers=2)  # real-time: the handler's work, so the loop is busy while wait() runs
 t = threading.Thread(target=loop.run, daemon=True); t.start()
 w = threading.Thread(target=lambda: loop.wait(lambda s: loop.state().held == 0 and s.acked >= 4, timeout=2),
                      daemon=True)

@@ -5,11 +5,11 @@ from common import *
 bad = []
 for first in (None, 3.0):
     b, c = setup(1)
-    loop = ConsumeLoop(c, lambda m: time.sleep(4), invisible_duration=5, workers=2)
+    loop = ConsumeLoop(c, lambda m: time.sleep(4), invisible_duration=5, workers=2)  # real-time: the handler's work outlasts the stop under test
     t = threading.Thread(target=loop.run, daemon=True); t.start()
-    loop.wait(lambda s: s.received >= 1, timeout=3); time.sleep(0.2)
+    loop.wait(lambda s: s.received >= 1, timeout=3); time.sleep(0.2)  # real-time: the received message reaches its worker (no public event for a start)
     threading.Thread(target=loop.stop, kwargs={"timeout": first}, daemon=True).start()  # e.g. SIGTERM
-    time.sleep(0.3)
+    time.sleep(0.3)  # real-time: the first stop() (on its thread) is under way when the second comes
     t0 = time.monotonic()
     ok = loop.stop(timeout=0.2)
     print(f"stop({first}) then stop(timeout=0.2) -> {ok} after {time.monotonic()-t0:.2f} s")

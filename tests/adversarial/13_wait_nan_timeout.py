@@ -3,7 +3,7 @@
 from common import *
 b, c = setup(0)
 loop = ConsumeLoop(c, lambda m: None, invisible_duration=5, workers=1)
-t = threading.Thread(target=loop.run, daemon=True); t.start(); time.sleep(0.2)
+t = threading.Thread(target=loop.run, daemon=True); t.start(); time.sleep(0.2)  # real-time: run() is receiving when wait() is called
 res = {}
 def w():
     try: res["r"] = loop.wait(lambda s: s.received > 0, timeout=float("nan"))

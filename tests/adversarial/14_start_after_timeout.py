@@ -11,7 +11,7 @@ def send(body):
 started = []; done = threading.Event()
 def key(m):
     if m.body == b"A" and threading.current_thread().name != "runner":
-        time.sleep(0.6)   # a slowish key= (e.g. a lookup), called from a worker's start gate
+        time.sleep(0.6)  # real-time: a slowish key= (a lookup), the finding's premise (a slowish key= (e.g. a lookup), called from a worker's start gate)
     return m.body.decode()
 def handler(m):
     started.append((m.body, m.delivery_attempt, time.monotonic()))
@@ -25,8 +25,8 @@ def civ(m, s):
 c.change_invisible_duration = civ
 loop = ConsumeLoop(c, handler, invisible_duration=5, workers=2, handler_timeout=0.3, key=key)
 t = threading.Thread(target=loop.run, name="runner", daemon=True); t.start()
-send(b"A"); time.sleep(0.6)          # A hangs, is reported TIMEOUT at 0.3 s
-send(b"B"); time.sleep(1.5)
+send(b"A"); time.sleep(0.6)  # real-time: A hangs past handler_timeout (0.3 s) on the real watchdog (A hangs, is reported TIMEOUT at 0.3 s)
+send(b"B"); time.sleep(1.5)  # real-time: B's start gate runs after A's TIMEOUT on the real watchdog
 done.set(); loop.stop(timeout=2)
 s = loop.statistics()
 print("started", [(b_, a) for b_, a, _ in started]); print("nacked", nacked); print(s)

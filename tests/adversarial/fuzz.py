@@ -26,11 +26,11 @@ def h(m):
         running.add(k)
     try:
         r = rnd.random()
-        if r < 0.15: time.sleep(rnd.uniform(0.3, 1.5)); 
+        if r < 0.15: time.sleep(rnd.uniform(0.3, 1.5));  # real-time: a slow handler, the fuzzer's drawn work
         elif r < 0.25: raise ValueError("x")
         elif r < 0.30: raise KeyboardInterrupt()
         elif r < 0.33: raise SystemExit()
-        else: time.sleep(rnd.uniform(0, 0.05))
+        else: time.sleep(rnd.uniform(0, 0.05))  # real-time: a short handler, the fuzzer's drawn work
         with lock: results[(k, m.delivery_attempt)] = True
         return None
     except BaseException:
@@ -49,7 +49,7 @@ try:
 except Exception as e:
     print("ctor", e); sys.exit(0)
 t = threading.Thread(target=loop.run, daemon=True); t.start()
-time.sleep(rnd.uniform(0.2, 3))
+time.sleep(rnd.uniform(0.2, 3))  # real-time: stop() lands at a drawn moment of a real run
 st = rnd.choice([None, 0, 0.05, 0.5, 1.0])
 t0 = time.monotonic()
 r = loop.stop(timeout=st) if st is not None else loop.stop()
@@ -57,7 +57,7 @@ el = time.monotonic() - t0
 if st is not None and el > st + 0.7: problems.append(f"stop({st}) took {el:.2f}")
 t.join(15)
 if t.is_alive(): problems.append("run() did not return in 15 s")
-time.sleep(2.0)  # hung handlers end, late outcomes settle
+time.sleep(2.0)  # real-time: hung handlers end and late outcomes settle on their own threads (hung handlers end, late outcomes settle)
 s = loop.statistics()
 lhs = s.acked + s.retry_scheduled + s.given_back + s.ack_errors + s.expired + s.held
 if s.received != lhs: problems.append(f"received {s.received} != {lhs}")

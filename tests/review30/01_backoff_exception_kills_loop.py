@@ -24,7 +24,7 @@ def handler(m):
     if len(ran) == 1: raise RuntimeError("first fails")
 loop = ConsumeLoop(c, handler, invisible_duration=1, workers=2, retry_backoff=backoff)
 t, box = run_in_thread(loop)
-time.sleep(2.0)
+time.sleep(2.0)  # real-time: the failed message's nack and the next receives happen: whether run() lives on is the finding
 alive = t.is_alive()
 loop.stop(timeout=5); t.join(6)
 print("run thread alive after 2 s:", alive, "run() raised:", repr(box.get("exc")), loop.statistics())

@@ -28,10 +28,10 @@ class C(Wrap):
 c = C(consumer(b))
 running = []
 def handler(m):
-    running.append(1); time.sleep(4.0)
+    running.append(1); time.sleep(4.0)  # real-time: a handler longer than the 1 s lease, so renewals must happen
 loop = ConsumeLoop(c, handler, invisible_duration=1, workers=1, renew_threads=1)
 t, box = run_in_thread(loop)
-time.sleep(3.5)
+time.sleep(3.5)  # real-time: past the lease ends while the handler runs
 peer = consumer(b, group="g")  # another consumer of the same group
 stolen = peer.receive(1, 5)
 s = loop.statistics()

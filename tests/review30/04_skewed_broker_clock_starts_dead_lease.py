@@ -35,7 +35,7 @@ ran = []
 loop = ConsumeLoop(c, lambda m: ran.append(m.message_id), invisible_duration=2, workers=1,
                    monotonic=mono, wall=wall)
 loop.poll()
-time.sleep(1.0)  # real time for the worker thread to start it or refuse it
+time.sleep(1.0)  # real-time: the worker thread starts the message or refuses it (real time for the worker thread to start it or refuse it)
 loop.settle_ready()
 print("handler ran:", ran, loop.statistics())
 loop.stop()

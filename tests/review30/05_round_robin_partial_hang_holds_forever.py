@@ -30,9 +30,9 @@ def handler(m):
 send(b, 1)
 loop = ConsumeLoop(c, handler, policy="round_robin", workers=2, handler_timeout=0.3, invisible_duration=1)
 t, box = run_in_thread(loop)
-time.sleep(1.0)         # the first message is running (hung) and has timed out
+time.sleep(1.0)  # real-time: the first message hangs past handler_timeout on the real watchdog (the first message is running (hung) and has timed out)
 send(b, 20)
-time.sleep(4.0)
+time.sleep(4.0)  # real-time: past several 1 s leases: what stays held is the finding
 peer = consumer(b, group="g")
 peer_got = peer.receive(32, 5)
 s, st = loop.statistics(), loop.state()

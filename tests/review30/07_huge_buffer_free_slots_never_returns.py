@@ -29,7 +29,7 @@ try:
 except (ValueError, TypeError) as e:
     print("refused early:", e); print("OK"); raise SystemExit(0)
 t, box = run_in_thread(loop)
-time.sleep(1.0)
+time.sleep(1.0)  # real-time: the loop is running (and may be wedged) when stop() comes
 t0 = time.monotonic(); ok = loop.stop(timeout=1); took = time.monotonic() - t0
 t.join(2)
 print("ran:", len(ran), "stop(timeout=1) ->", ok, f"after {took:.2f}s; run thread alive:", t.is_alive())

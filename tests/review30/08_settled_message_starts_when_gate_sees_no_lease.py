@@ -48,7 +48,7 @@ clk.t += 3.0                      # the stall: past handler_timeout and past the
 loop.dispatcher.check_timeouts()  # the watchdog wakes first: TIMEOUT reported
 loop.settle_ready()               # the ack side settles it: lease gone -> expired, lease dropped
 s_before = loop.statistics()
-gate.set(); time.sleep(0.5)       # the worker resumes
+gate.set(); time.sleep(0.5)  # real-time: the released worker runs its start gate (no public event for it) (the worker resumes)
 print("before resume:", s_before)
 print("handler ran:", len(ran))
 loop.stop()

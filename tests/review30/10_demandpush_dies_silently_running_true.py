@@ -30,9 +30,9 @@ def backoff(attempt): raise ValueError("backoff bug")
 pc = DemandPushConsumer(b, "g", Listener(), {TOPIC: None}, consumption_thread_count=2,
                         invisible_duration=1, retry_backoff=backoff, shutdown_timeout=2)
 pc.startup()
-time.sleep(1.0)
+time.sleep(1.0)  # real-time: the push consumer is consuming before the messages come
 send(b, 5)
-time.sleep(3.0)
+time.sleep(3.0)  # real-time: the failed message's nack and the rest's deliveries happen on real threads
 print("running:", pc.running, "consumed:", len(done), pc.statistics())
 ok = len(done) >= 6 or not pc.running
 try: pc.shutdown()

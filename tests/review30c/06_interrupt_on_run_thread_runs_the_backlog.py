@@ -32,7 +32,7 @@ class Interrupting(Double):
     def receive(self, n, invisible):
         self.calls += 1
         if self.calls > 1 and self.where == "receive":
-            time.sleep(0.05)
+            time.sleep(0.05)  # real-time: the interrupt lands while the loop holds a backlog
             raise KeyboardInterrupt("Ctrl-C inside receive")
         return super().receive(n, invisible)
 
@@ -53,7 +53,7 @@ for where in ("receive", "until"):
     loop = ConsumeLoop(c, handler, workers=2, key=lambda m: m.message_group, policy=Aggressive(max_parked=0),
                        invisible_duration=30)
     t, box = run_in_thread(loop, until=until)
-    time.sleep(0.5)
+    time.sleep(0.5)  # real-time: the interrupt from until= lands while the handler is held at its gate
     gate.set()
     t.join(20)
     s = loop.statistics()

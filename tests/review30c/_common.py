@@ -93,7 +93,7 @@ def until(pred, timeout=10.0):
     while time.monotonic() < end:
         if pred():
             return True
-        time.sleep(0.005)
+        time.sleep(0.005)  # real-time: the poll's interval (a deadline bounds it)
     return pred()
 
 
@@ -131,5 +131,5 @@ class Slow:
         return getattr(self._inner, name)
 
     def receive(self, n, invisible):
-        time.sleep(self._s)
+        time.sleep(self._s)  # real-time: a slow broker: each receive takes this long
         return self._inner.receive(n, invisible)

@@ -31,10 +31,10 @@ for i in range(20):
     with tracer.start_as_current_span(f"s{i}"):
         pass
 while proc.statistics().unacknowledged == 0:  # a poll: the writer hands the first batch over
-    time.sleep(0.01)
+    time.sleep(0.01)  # real-time: the poll's interval (a statistics() condition)
 os.killpg(os.getpgid(0), signal.SIGINT)
 while not stop:
-    time.sleep(0.01)
+    time.sleep(0.01)  # real-time: the poll's interval (the SIGINT handler's flag)
 prov.shutdown()
 st = proc.statistics()
 print(st)

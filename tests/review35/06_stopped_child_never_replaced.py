@@ -36,7 +36,7 @@ try:
         for _ in range(5):
             with tracer.start_as_current_span("after") as s:
                 s.set_attribute("pad", pad)
-        time.sleep(0.01)
+        time.sleep(0.01)  # real-time: spans keep coming at a rate while the child is stopped
         st = proc.statistics()
         if st.restarts and st.exported > exported_before:
             break

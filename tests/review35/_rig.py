@@ -29,7 +29,7 @@ class Recording(SpanExporter):
     def export(self, spans: Sequence[ReadableSpan]) -> SpanExportResult:
         from opentelemetry.exporter.otlp.proto.common.trace_encoder import encode_spans
         if self.delay_s:
-            time.sleep(self.delay_s)  # a slow backend: spans stay unacknowledged a while
+            time.sleep(self.delay_s)  # real-time: a slow backend: spans stay unacknowledged a while (a slow backend: spans stay unacknowledged a while)
         with open(self.path, "a") as f:
             for span in spans:
                 f.write(encode_spans([span]).SerializeToString(deterministic=True).hex() + "\n")
