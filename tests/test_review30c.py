@@ -7,9 +7,6 @@ keyed and an unkeyed job, both settle calls, every junk count."""
 from __future__ import annotations
 
 import math
-import os
-import subprocess
-import sys
 import threading
 from pathlib import Path
 from types import SimpleNamespace
@@ -19,6 +16,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from manual_clock import Clock
+from review_scripts import run_finding, scripts
 from waiting import wait_until
 
 from tracer.clients.consume import ConsumeLoop, FlowOptions
@@ -26,8 +24,7 @@ from tracer.dispatch import Aggressive, CostAware, Random, RoundRobin
 from tracer.embedded import EmbeddedBroker, Message, Producer, SimpleConsumer
 from tracer.path.names import COST_PROPERTY
 
-HERE = Path(__file__).parent / "review30c"
-SCRIPTS = sorted(HERE.glob("[0-9][0-9]*_*.py"))
+SCRIPTS = scripts("review30c")
 
 
 def test_the_scripts_are_found() -> None:
@@ -36,13 +33,7 @@ def test_the_scripts_are_found() -> None:
 
 @pytest.mark.parametrize("script", SCRIPTS, ids=lambda p: p.stem)
 def test_the_finding_stays_fixed(script: Path) -> None:
-    env = {**os.environ, "PYTHONPATH": str(HERE.parent.parent)}
-    try:
-        done = subprocess.run([sys.executable, script.name], cwd=HERE, env=env, capture_output=True, text=True,
-                              timeout=120)
-    except subprocess.TimeoutExpired:
-        pytest.fail(f"{script.name} did not end (a hang is the finding's failure)")
-    assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
+    run_finding(script)
 
 
 # -- 01: at most one message received ahead per ending handler, wherever the first one went ----

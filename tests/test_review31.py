@@ -5,15 +5,12 @@ also has its own test, so a script here failing says which promise broke in the 
 
 from __future__ import annotations
 
-import os
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
+from review_scripts import run_finding, scripts
 
-HERE = Path(__file__).parent / "review31"
-SCRIPTS = sorted(HERE.glob("[0-9][0-9]*_*.py"))
+SCRIPTS = scripts("review31")
 
 
 def test_the_scripts_are_found() -> None:
@@ -30,10 +27,4 @@ BY_DESIGN = {"05_batch_anchor_wall_step_fake_gap": "a bare int pull time is a wa
 def test_the_finding_stays_fixed(script: Path, request: pytest.FixtureRequest) -> None:
     if script.stem in BY_DESIGN:
         request.applymarker(pytest.mark.xfail(strict=True, reason=BY_DESIGN[script.stem]))
-    env = {**os.environ, "PYTHONPATH": str(HERE.parent.parent)}
-    try:
-        done = subprocess.run([sys.executable, script.name], cwd=HERE, env=env, capture_output=True, text=True,
-                              timeout=120)
-    except subprocess.TimeoutExpired:
-        pytest.fail(f"{script.name} did not end (a hang is the finding's failure)")
-    assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
+    run_finding(script)

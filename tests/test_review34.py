@@ -12,7 +12,6 @@ import math
 import numbers
 import os
 import socket
-import subprocess
 import sys
 from collections.abc import Callable
 from fractions import Fraction
@@ -22,6 +21,7 @@ from typing import Any
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from review_scripts import run_finding, scripts
 
 from tracer.clients.legacy import TracedLegacyProducer
 from tracer.clients.producer import JobSendError, TracedProducer
@@ -44,7 +44,7 @@ from tracer.report.cli import cmd_report
 from tracer.telemetry.tracer import MessageTracer
 
 HERE = Path(__file__).parent / "review34"
-SCRIPTS = sorted(HERE.glob("[0-9][0-9]_*.py"))
+SCRIPTS = scripts("review34")
 
 
 def test_the_scripts_are_found() -> None:
@@ -53,13 +53,7 @@ def test_the_scripts_are_found() -> None:
 
 @pytest.mark.parametrize("script", SCRIPTS, ids=lambda p: p.stem)
 def test_the_finding_stays_fixed(script: Path) -> None:
-    env = {**os.environ, "PYTHONPATH": str(HERE.parent.parent)}
-    try:
-        done = subprocess.run([sys.executable, script.name], cwd=HERE, env=env, capture_output=True, text=True,
-                              timeout=120)
-    except subprocess.TimeoutExpired:
-        pytest.fail(f"{script.name} did not end (a hang is the finding's failure)")
-    assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
+    run_finding(script)
 
 
 # -- every file kind load_costs may be handed: a regular file or one clear refusal, never a hang --

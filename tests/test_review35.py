@@ -12,7 +12,6 @@ import marshal
 import os
 import signal
 import subprocess
-import sys
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -26,14 +25,14 @@ from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 from opentelemetry.sdk.util.instrumentation import InstrumentationScope
 from opentelemetry.trace import Link, SpanContext, Status, StatusCode, TraceFlags
+from review_scripts import run_finding, scripts
 from test_export_child import Rig
 from waiting import wait_until
 
 from tracer.telemetry.exportchild import ChildExportProcessor
 from tracer.telemetry.spanwire import plain, span_from_record, span_record
 
-HERE = Path(__file__).parent / "review35"
-SCRIPTS = sorted(HERE.glob("[0-9][0-9]_*.py"))
+SCRIPTS = scripts("review35")
 
 
 def test_the_scripts_are_found() -> None:
@@ -42,13 +41,7 @@ def test_the_scripts_are_found() -> None:
 
 @pytest.mark.parametrize("script", SCRIPTS, ids=lambda p: p.stem)
 def test_the_finding_stays_fixed(script: Path) -> None:
-    env = {**os.environ, "PYTHONPATH": str(HERE.parent.parent)}
-    try:
-        done = subprocess.run([sys.executable, script.name], cwd=HERE, env=env, capture_output=True, text=True,
-                              timeout=180)
-    except subprocess.TimeoutExpired:
-        pytest.fail(f"{script.name} did not end (a hang is the finding's failure)")
-    assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
+    run_finding(script, timeout=180)
 
 
 @pytest.fixture
