@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import importlib.util
 import os
+import platform
 from collections.abc import Sequence
 from contextlib import AbstractContextManager
 from pathlib import Path
@@ -23,7 +24,7 @@ from opentelemetry.sdk.trace import ReadableSpan
 from opentelemetry.sdk.trace.export import SpanExporter, SpanExportResult
 from opentelemetry.trace import Span, SpanKind, Tracer
 
-__all__ = ["DropExporter", "client_version", "contrib_process", "loadavg", "rmq_admin"]
+__all__ = ["DropExporter", "client_version", "contrib_process", "fleet_context", "loadavg", "rmq_admin"]
 
 
 class DropExporter(SpanExporter):
@@ -42,6 +43,16 @@ def loadavg() -> list[float]:
         return [round(x, 2) for x in os.getloadavg()]
     except OSError:
         return []
+
+
+def fleet_context(load_before: list[float]) -> dict[str, Any]:
+    """What a real-broker fleet bench's ``--json`` says of where it ran: the load before and after,
+    the client, Python and the machine (one shape for ``bench fleet`` and ``bench fleet --orders``)."""
+    return {
+        "loadavg": {"before": load_before, "after": loadavg()},
+        "client": client_version(), "python": platform.python_version(),
+        "machine": f"{platform.machine()}, {os.cpu_count()} CPUs",
+    }
 
 
 def client_version() -> str:

@@ -50,13 +50,11 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
-import platform
 import statistics
 import sys
 from typing import Any, Callable, Sequence
 
-from . import client_version, loadavg
+from . import fleet_context, loadavg
 from .fleetjob import ENDPOINT, KINDS, MODES, PREFETCH, FleetRun, Handled, fleet_greedy, fleet_waits, long_tail_job
 from .fleetmember import member_main, run_fleet
 from .fleetorders import (
@@ -134,9 +132,7 @@ def run_fleet_bench(*, messages: int = 500, instances: int = 3, workers: int = 4
         "instances": instances, "workers": workers, "runs": runs, "jobs": jobs, "prefetch": PREFETCH,
         "target": TARGET, "target_modes": list(TARGET_MODES),
         "target_met": all(x <= TARGET for x in targeted), "modes": modes,
-        "loadavg": {"before": load_before, "after": loadavg()},
-        "client": client_version(), "python": platform.python_version(),
-        "machine": f"{platform.machine()}, {os.cpu_count()} CPUs",
+        **fleet_context(load_before),
     }
 
 

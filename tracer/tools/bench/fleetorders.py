@@ -8,13 +8,12 @@ each consumer kind; job time ÷ the fleet's lower bound, median and worst.
 from __future__ import annotations
 
 import os
-import platform
 import random
 import statistics
 from typing import Any, Callable, Sequence
 
 from ...dispatch.costtable import CostTable, learn_costs, load_costs
-from . import client_version, loadavg
+from . import fleet_context, loadavg
 from .fleetjob import ENDPOINT, KINDS, FleetRun, long_tail_job
 from .fleetmember import run_fleet
 
@@ -122,9 +121,7 @@ def run_order_bench(*, messages: int = 500, instances: int = 3, workers: int = 4
         "bench": "fleet --orders", "instances": instances, "workers": workers, "runs": runs, "jobs": jobs,
         "noise": NOISE, "targets": ORDER_TARGETS, "target_met": met, "kinds": kinds_out,
         **({"prefetch": prefetch} if "prefetch" in kinds else {}),
-        "loadavg": {"before": load_before, "after": loadavg()},
-        "client": client_version(), "python": platform.python_version(),
-        "machine": f"{platform.machine()}, {os.cpu_count()} CPUs",
+        **fleet_context(load_before),
     }
 
 
