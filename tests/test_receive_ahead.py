@@ -6,6 +6,7 @@ import warnings
 from fractions import Fraction
 
 import pytest
+from embedded_rig import consumer_with_messages
 from manual_clock import Clock
 from waiting import wait_until
 
@@ -166,17 +167,8 @@ def test_the_push_replacement_passes_receive_ahead_to_its_loop():
 
 def test_run_with_receive_ahead_handles_a_job_once_each_and_settles_everything():
     """run()'s wait wakes for a handler coming within the lead: the whole job runs, each once, acked."""
-    broker = EmbeddedBroker(min_receive_invisible=1)
-    broker.create_topic("T")
-    producer = Producer(broker, ["T"])
-    producer.startup()
-    for i in range(40):
-        m = Message()
-        m.topic, m.body = "T", f"{i}".encode()
-        m.add_property(COST_PROPERTY, "0.005")
-        producer.send(m)
-    consumer = SimpleConsumer(broker, "G", {"T": None}, await_duration=0.05)
-    consumer.startup()
+    broker, consumer = consumer_with_messages(bodies=tuple(f"{i}".encode() for i in range(40)), await_duration=0.05,
+                                              properties={COST_PROPERTY: "0.005"})
     seen = []
     lock = threading.Lock()
 

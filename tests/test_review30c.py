@@ -13,6 +13,7 @@ from types import SimpleNamespace
 from typing import Any
 
 import pytest
+from embedded_rig import consumer_with_messages
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from manual_clock import Clock
@@ -122,17 +123,7 @@ class _SlowReceive:
 def test_a_message_received_ahead_is_let_go_once_every_worker_hangs(policy: str) -> None:
     """Fails before (review30c 02): the message received ahead waited in the loop's backlog and was
     renewed for the whole hang (let_go 0); the peer never got it."""
-    broker = EmbeddedBroker(min_receive_invisible=1)
-    broker.create_topic("T")
-    producer = Producer(broker, ["T"])
-    producer.startup()
-    for i in range(2):
-        m = Message()
-        m.topic, m.body = "T", f"{i}".encode()
-        m.add_property(COST_PROPERTY, "0.1")
-        producer.send(m)
-    consumer = SimpleConsumer(broker, "G", {"T": None}, await_duration=0.2)
-    consumer.startup()
+    broker, consumer = consumer_with_messages(bodies=(b"0", b"1"), await_duration=0.2, properties={COST_PROPERTY: "0.1"})
     hang = threading.Event()
     first: list[str] = []
 
