@@ -664,33 +664,40 @@ def _loop_predicate(kind: str, where: str) -> None:
     assert loop.statistics().held == 0
 
 
-def _dispatcher_key(kind: str, engine: str) -> None:
-    # fails before (finding 06, both engines): a failed key= was Outcome.FAILURE, counted failed
-    got: list[tuple[Any, Any]] = []
-    ran: list[Any] = []
+def _one_submit(engine: str, handler: Any, *, interrupted: bool = False, **kw: Any) -> Any:
+    """Submit one message to a one-worker dispatcher of ``engine`` (built with ``kw``) and close it;
+    its statistics. ``interrupted``: the submit must raise KeyboardInterrupt (a user callable's)."""
     if engine == "thread":
-        d = Dispatcher(ran.append, workers=1, key=_answering(kind), on_done=lambda i, o, e: got.append((o, e)))
-        if kind == "base":
+        d = Dispatcher(handler, workers=1, **kw)
+        if interrupted:
             with pytest.raises(KeyboardInterrupt):
                 d.submit("m")
         else:
             assert d.submit("m") is True
         assert d.close() is True
-        stats = d.statistics()
-    else:
-        async def handler(m: Any) -> None:
-            ran.append(m)
+        return d.statistics()
 
-        async def main() -> Any:
-            d = AsyncDispatcher(handler, workers=1, key=_answering(kind), on_done=lambda i, o, e: got.append((o, e)))
-            if kind == "base":
-                with pytest.raises(KeyboardInterrupt):
-                    await d.submit("m")
-            else:
-                assert await d.submit("m") is True
-            assert await d.close() is True
-            return d.statistics()
-        stats = asyncio.run(main())
+    async def run_async(m: Any) -> None:
+        handler(m)
+
+    async def main() -> Any:
+        d = AsyncDispatcher(run_async, workers=1, **kw)
+        if interrupted:
+            with pytest.raises(KeyboardInterrupt):
+                await d.submit("m")
+        else:
+            assert await d.submit("m") is True
+        assert await d.close() is True
+        return d.statistics()
+    return asyncio.run(main())
+
+
+def _dispatcher_key(kind: str, engine: str) -> None:
+    # fails before (finding 06, both engines): a failed key= was Outcome.FAILURE, counted failed
+    got: list[tuple[Any, Any]] = []
+    ran: list[Any] = []
+    stats = _one_submit(engine, ran.append, interrupted=kind == "base", key=_answering(kind),
+                        on_done=lambda i, o, e: got.append((o, e)))
     assert not ran and stats.failed == 0
     if kind != "base":
         assert [o.value for o, _ in got] == ["not_started"] and stats.not_started == 1, got
@@ -698,29 +705,8 @@ def _dispatcher_key(kind: str, engine: str) -> None:
 
 def _dispatcher_cost(kind: str, engine: str) -> None:
     got: list[Any] = []
-    if engine == "thread":
-        d = Dispatcher(lambda m: None, workers=1, cost=_answering(kind), on_done=lambda i, o, e: got.append(o))
-        if kind == "base":
-            with pytest.raises(KeyboardInterrupt):
-                d.submit("m")
-        else:
-            assert d.submit("m") is True
-        assert d.close() is True
-        stats = d.statistics()
-    else:
-        async def handler(m: Any) -> None:
-            return None
-
-        async def main() -> Any:
-            d = AsyncDispatcher(handler, workers=1, cost=_answering(kind), on_done=lambda i, o, e: got.append(o))
-            if kind == "base":
-                with pytest.raises(KeyboardInterrupt):
-                    await d.submit("m")
-            else:
-                assert await d.submit("m") is True
-            assert await d.close() is True
-            return d.statistics()
-        stats = asyncio.run(main())
+    stats = _one_submit(engine, lambda m: None, interrupted=kind == "base", cost=_answering(kind),
+                        on_done=lambda i, o, e: got.append(o))
     if kind != "base":  # a cost is a hint: a junk one is 0 and the message runs
         assert [o.value for o in got] == ["success"] and stats.cost_errors == 1, (got, stats)
 
@@ -734,19 +720,7 @@ def _dispatcher_on_done(kind: str, engine: str) -> None:
         seen.append(outcome)
         return _answering(kind)()
 
-    if engine == "thread":
-        d = Dispatcher(lambda m: None, workers=1, on_done=on_done)
-        assert d.submit("m") is True and d.close() is True
-        stats = d.statistics()
-    else:
-        async def handler(m: Any) -> None:
-            return None
-
-        async def main() -> Any:
-            d = AsyncDispatcher(handler, workers=1, on_done=on_done)
-            assert await d.submit("m") is True and await d.close() is True
-            return d.statistics()
-        stats = asyncio.run(main())
+    stats = _one_submit(engine, lambda m: None, on_done=on_done)
     assert [o.value for o in seen] == ["success"] and stats.handled == 1 and stats.failed == 0, stats
 
 
