@@ -227,3 +227,63 @@ def test_a_message_given_back_by_change_invisible_duration_comes_back_with_the_n
     again = side.receive_one(10)
     assert (again.message_id, again.delivery_attempt) == (mid, 2)
     side.consumer.ack(again)
+
+
+# -- a FIFO group: one message of a group held at a time, the group in send order ----------------
+class FifoSide:
+    """A FIFO topic and group on either broker (the embedded FIFO rule review30c 05 fixed)."""
+
+    def __init__(self, kind: str) -> None:
+        if kind == "embedded":
+            broker = EmbeddedBroker(min_receive_invisible=1)
+            broker.create_topic("F", fifo=True)
+            self.producer: Any = Producer(broker, ["F"])
+            self.producer.startup()
+            self.consumer: Any = SimpleConsumer(broker, "GF", {"F": None}, await_duration=0)
+            self.consumer.startup()
+
+            def make(body: str, group: str) -> Any:
+                m = Message()
+                m.topic, m.body, m.message_group = "F", body.encode(), group
+                return m
+        else:
+            import rmq_real
+
+            rmq_real.ensure_broker()
+            topic = rmq_real.fresh_topic("rules-fifo", fifo=True)
+            self.producer = rmq_real.start_producer(topic)
+            self.consumer = rmq_real.start_simple(rmq_real.fresh_group("rules-fifo", fifo=True), topic, await_duration=1)
+            self.closing = [self.consumer.shutdown, self.producer.shutdown]
+            self.quietly = rmq_real.quietly
+
+            def make(body: str, group: str) -> Any:
+                return rmq_real.message(topic, body, group=group)
+        self.make = make
+
+    def close(self) -> None:
+        for fn in getattr(self, "closing", []):
+            self.quietly(fn)
+
+
+@pytest.mark.parametrize("kind", ["embedded", pytest.param("real", marks=pytest.mark.integration)])
+def test_a_fifo_group_is_handed_out_in_send_order_each_message_once(kind: str) -> None:
+    """The rule both brokers keep. Where they differ (found writing this test): the proxy hands out
+    several messages of one group in one receive (a queue's consecutive run, e.g. c0 c1 c2 a0 b0 …),
+    the embedded broker at most one per group per receive — RELIABILITY "Known limits"."""
+    side = FifoSide(kind)
+    try:
+        sent = [(g, i) for i in range(3) for g in ("a", "b", "c")]  # interleaved groups
+        for g, i in sent:
+            side.producer.send(side.make(f"{g}{i}", g))
+        seen: dict[str, list[int]] = {}
+        end = time.monotonic() + 60
+        while sum(map(len, seen.values())) < len(sent):
+            assert time.monotonic() < end, f"not every message came within 60 s: {seen}"
+            held = side.consumer.receive(8, 10)
+            for m in held:
+                seen.setdefault(m.message_group, []).append(int(m.body.decode()[1:]))
+            for m in held:
+                side.consumer.ack(m)
+        assert seen == {g: [0, 1, 2] for g in ("a", "b", "c")}, seen
+    finally:
+        side.close()
