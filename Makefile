@@ -6,12 +6,13 @@ BIN := $(VENV)/bin
 PIP := $(BIN)/python -m pip
 export PIP_DISABLE_PIP_VERSION_CHECK := 1
 
-.PHONY: demo test test-unit test-py bench lint dist seeded mutation services-up services-down stack stack-down alerts-demo clean help
+.PHONY: demo test test-unit test-py explore bench lint dist seeded mutation services-up services-down stack stack-down alerts-demo clean help
 
 help:
 	@echo "make demo         the incident and its fix on the embedded broker (no Java, no Go)"
 	@echo "make test         install test deps, start RocketMQ + Jaeger + Prometheus, run every test"
 	@echo "make test-unit    only the tests that need no service"
+	@echo "make explore      the model tests on fresh random seeds, long budgets (make test repeats its examples)"
 	@echo "make test-py V=3.13  those under another Python (venv built once in .cache/venvs)"
 	@echo "make bench        the benchmarks behind BENCHMARKS.md"
 	@echo "make stack        RocketMQ + Jaeger + Prometheus on loopback for your own app (stack-down stops it)"
@@ -72,6 +73,10 @@ bench: $(VENV)/.installed
 	$(BIN)/rmqtrace bench dispatch
 
 # Not part of `make test`: hand-written seeded bugs, each must be caught by a named invariant
+# make test draws the same examples each run (tests/conftest.py); this searches for new ones.
+explore: $(VENV)/.installed-test
+	RMQTRACE_EXPLORE=1 RMQTRACE_LONG=1 nice $(BIN)/python -m pytest -ra -m "not integration" $$(grep -l RuleBasedStateMachine tests/test_*.py)
+
 seeded: $(VENV)/.installed-test
 	nice $(BIN)/python tests/mutation/run_seeded.py
 
