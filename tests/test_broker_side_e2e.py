@@ -250,7 +250,7 @@ def test_no_consumer_raises_the_broker_no_consumer_alert(incidents: dict[str, An
     assert "RmqtraceBrokerNoConsumer" in names
     a = next(a for a in got if a["labels"]["alertname"] == "RmqtraceBrokerNoConsumer")
     assert a["labels"]["topic"] == topic and a["labels"]["severity"] == "critical"
-    assert "5 messages" in a["annotations"]["summary"]
+    assert f"consumer group {group} with no consumer connected" in a["annotations"]["summary"]
     prom: Prometheus = incidents["prom"]
     # nothing of rmqtrace's own exists for the group: only broker-side rules can fire
     assert prom.query(f'{{__name__=~"rmqtrace_.+", consumer_group="{group}"}}') == []
@@ -268,6 +268,13 @@ def test_every_broker_rule_is_recorded_from_the_real_broker(incidents: dict[str,
     assert ready[g_none] in (5, 6)  # 5 late messages (+ the probe test's probe when it ran first)
     consumers = {s["metric"]["consumer_group"]: float(s["value"][1]) for s in prom.query("rmqtrace:broker_consumers")}
     assert consumers[g_none] == 0 and consumers[g_wedge] >= 1
+    # what the two alerts average over 5 minutes: the gone group's ready messages without a consumer
+    alone = {s["metric"]["consumer_group"]: float(s["value"][1])
+             for s in prom.query(f'rmqtrace:broker_ready_without_consumer{{topic=~"{t_none}|{t_wedge}"}}')}
+    assert alone == {g_none: 1, g_wedge: 0}
+    connected = {s["metric"]["consumer_group"]: float(s["value"][1])
+                 for s in prom.query("rmqtrace:broker_consumer_connected")}
+    assert connected[g_none] == 0 and connected[g_wedge] == 1
     # the joins: the wedged group finished two, so a drain time; the gone one finished none here
     drain = prom.query(f'rmqtrace:broker_backlog_drain_seconds{{consumer_group="{g_wedge}", topic="{t_wedge}"}}[5m]')
     assert drain, "no backlog drain time for the wedged group while its rate was > 0"

@@ -23,12 +23,7 @@ RULE_FILES = sorted(RULES.parent.glob("rmqtrace-*.yml"))
 _NAME = re.compile(r"\b(?:rmqtrace[_:]|rocketmq_)[A-Za-z0-9_:]*")
 _STRING = re.compile(r'"(?:[^"\\]|\\.)*"')
 # (rule, raw series): read twice on purpose, with the reason
-_ALLOWED = {
-    ("RmqtraceBrokerNoConsumer", "rocketmq_consumer_ready_messages"):
-        "rmqtrace:broker_consumers reads the ready messages only for their groups (`* 0`, a 0 where no "
-        "consumer is connected): a scrape between the two records changes no value, at most one group's presence "
-        "for one evaluation, under a 5-minute `for`",
-}
+_ALLOWED: dict[tuple[str | None, str], str] = {}
 
 
 def _reads(expr: str) -> set[str]:
