@@ -6,6 +6,10 @@ dispatcher's ``close``/``stop(timeout=)`` or the provider's shutdown, the span w
 exported and the user's span under it was an orphan. Now it ends then, status ERROR,
 ``rmqtrace.abandoned``. Both dispatcher engines and the provider shutdown; ConsumeLoop's
 ``stop(timeout=)`` (and DemandPushConsumer, which stops through it) ride the thread engine's close.
+
+Gap (a) of the issue's last round: a handler still *running* (no timeout reported: none set, or
+not yet past it) at the provider's shutdown or after a bounded stop, on every class that runs a
+handler — found by a census, so a new engine or seam joins the parametrized tests.
 """
 
 from __future__ import annotations
@@ -13,6 +17,7 @@ from __future__ import annotations
 import asyncio
 import threading
 import time
+from enum import IntEnum
 from typing import Any
 
 import pytest
@@ -155,29 +160,124 @@ def test_item9_consume_loop_stop_with_timeout_ends_a_hung_handlers_span():
         loop.dispatcher.close(timeout=5)
 
 
-# -- review #31 finding 7: a handler still running (no timeout reported) at the provider's shutdown --
+# -- review #31 finding 7 / issue 31 gap (a): a handler still running (no timeout reported) --------------
+# Each seam that runs a handler, started with one message whose handler opens a user span and then hangs
+# until released. ``stop`` is the seam's bounded stop (None: it has none; its caller's thread just waits).
+class Hang:
+    def __init__(self, rig: Rig) -> None:
+        self.rig, self.started, self.release = rig, threading.Event(), threading.Event()
+
+    def __call__(self, _msg: Any) -> None:
+        self.rig.user_span()
+        self.started.set()
+        self.release.wait(30)
+
+    def consume(self, msg: Any) -> Any:  # a push client's MessageListener
+        self(msg)
+        return SUCCESS
+
+    async def handle_async(self, _msg: Any) -> None:
+        self.rig.user_span()
+        self.started.set()
+        while not self.release.is_set():
+            await asyncio.sleep(0.01)
+
+
+class ConsumeResult(IntEnum):  # SUCCESS as every push seam reads it: the 5.x enum by name, the 2.x int 0
+    SUCCESS = 0
+
+
+SUCCESS: Any = ConsumeResult.SUCCESS
+HANDLER_TIMEOUT_S = 600.0  # set where a seam takes one, never reached: the handler is running, not timed out
+
+
+class Running:
+    """One seam running a hung handler: ``stop()`` is its bounded stop (returns at once while the
+    handler runs on), ``finish()`` releases and ends everything."""
+
+    stop: Any = None
+
+    def __init__(self, finish: Any, stop: Any = None) -> None:
+        self._finish, self.stop = finish, stop
+
+    def finish(self) -> None:
+        self._finish()
+
+
 def _in_thread(call: Any) -> threading.Thread:
     t = threading.Thread(target=call, daemon=True)
     t.start()
     return t
 
 
-def _run_consume_loop(rig: Rig, handler: Any) -> Any:
+def _run_consume_loop(rig: Rig, hang: Hang) -> Running:
     from tracer.clients.consume import ConsumeLoop
 
     _broker, consumer = consumer_with_messages(time.monotonic, await_duration=0)
-    loop = ConsumeLoop(consumer, handler, workers=1, tracer=rig.tracer, invisible_duration=30)  # no handler_timeout
+    loop = ConsumeLoop(consumer, hang, workers=1, tracer=rig.tracer, invisible_duration=30,
+                       handler_timeout=HANDLER_TIMEOUT_S)
     t = _in_thread(loop.run)
-    return lambda: (loop.stop(timeout=5), t.join(10))
+    return Running(lambda: (loop.stop(timeout=5), t.join(10)), stop=lambda: loop.stop(timeout=0.1))
 
 
-def _run_dispatcher(rig: Rig, handler: Any) -> Any:
-    d = Dispatcher(handler, workers=1)
+def _run_demand_push(rig: Rig, hang: Hang) -> Running:
+    from tracer.clients.demandpush import DemandPushConsumer
+    from tracer.embedded import EmbeddedBroker, Message, Producer
+
+    broker = EmbeddedBroker(min_receive_invisible=1)
+    broker.create_topic("T")
+    producer = Producer(broker, ["T"])
+    producer.startup()
+    m = Message()
+    m.topic, m.body = "T", b"x"
+    producer.send(m)
+    push = DemandPushConsumer(broker, "G", hang, {"T": None}, consumption_thread_count=1, tracer=rig.tracer,
+                              handler_timeout=HANDLER_TIMEOUT_S, shutdown_timeout=0.1)
+    push.startup()
+    stopped: list[bool] = []
+
+    def stop() -> None:
+        push.shutdown()
+        stopped.append(True)
+
+    def finish() -> None:
+        hang.release.set()
+        if not stopped:
+            push.shutdown()
+
+    return Running(finish, stop=stop)
+
+
+def _run_dispatcher(rig: Rig, hang: Hang) -> Running:
+    d = Dispatcher(hang, workers=1, handler_timeout=HANDLER_TIMEOUT_S)
     d.submit("m1", rig.message())
-    return lambda: d.close(timeout=5)
+    return Running(lambda: d.close(timeout=5), stop=lambda: d.close(timeout=0))
 
 
-def _run_processing(rig: Rig, handler: Any) -> Any:
+def _run_async_dispatcher(rig: Rig, hang: Hang) -> Running:
+    """The asyncio engine on a loop of its own thread; the provider shuts down while that loop runs."""
+    ready = threading.Event()
+    box: dict[str, Any] = {}
+
+    async def main() -> None:
+        d: AsyncDispatcher[str] = AsyncDispatcher(hang.handle_async, workers=1, handler_timeout=HANDLER_TIMEOUT_S)
+        box["loop"], box["d"] = asyncio.get_running_loop(), d
+        await d.submit("m1", rig.message())
+        ready.set()
+        while not hang.release.is_set():
+            await asyncio.sleep(0.01)
+        await d.close(timeout=5)
+
+    t = _in_thread(lambda: asyncio.run(main()))
+    assert ready.wait(10)
+
+    def stop() -> None:
+        asyncio.run_coroutine_threadsafe(box["d"].close(timeout=0), box["loop"]).result(10)
+
+    return Running(lambda: t.join(10), stop=stop)
+
+
+def _run_processing(rig: Rig, hang: Hang) -> Running:
     from tracer.clients.official import TracedSimpleConsumer
 
     _broker, raw = consumer_with_messages(time.monotonic, await_duration=0)
@@ -186,11 +286,21 @@ def _run_processing(rig: Rig, handler: Any) -> Any:
     def run() -> None:
         (msg,) = consumer.receive(1, 30)
         with consumer.processing(msg):
-            handler(msg)
+            hang(msg)
         consumer.ack(msg)
 
     t = _in_thread(run)
-    return lambda: t.join(10)
+    return Running(lambda: t.join(10))
+
+
+def _run_traced_listener(rig: Rig, hang: Hang) -> Running:
+    from test_failed_deliveries import _Pushed
+
+    from tracer.clients.official import TracedListener
+
+    listener = TracedListener(hang, rig.tracer)
+    t = _in_thread(lambda: listener.consume(_Pushed()))
+    return Running(lambda: t.join(10))
 
 
 def _push_seam_runner(seam: Any) -> Any:
@@ -198,50 +308,127 @@ def _push_seam_runner(seam: Any) -> Any:
 
     from tracer.clients.listener import traced_consume
 
-    def run_push(rig: Rig, handler: Any) -> Any:
-        t = _in_thread(lambda: traced_consume(rig.tracer, seam, handler, _Pushed()))
-        return lambda: t.join(10)
+    def run_push(rig: Rig, hang: Hang) -> Running:
+        t = _in_thread(lambda: traced_consume(rig.tracer, seam, hang.consume, _Pushed()))
+        return Running(lambda: t.join(10))
 
     return run_push
+
+
+# every public class that runs a user's handler, by the name the census below finds it under
+RUNNERS: dict[str, Any] = {
+    "tracer.dispatch.Dispatcher": _run_dispatcher,
+    "tracer.dispatch.AsyncDispatcher": _run_async_dispatcher,
+    "tracer.clients.consume.ConsumeLoop": _run_consume_loop,
+    "tracer.clients.demandpush.DemandPushConsumer": _run_demand_push,
+    "tracer.clients.official.TracedSimpleConsumer": _run_processing,
+    "tracer.clients.official.TracedListener": _run_traced_listener,
+}
 
 
 def _seams() -> list[tuple[str, Any]]:
     from test_failed_deliveries import _push_seams
 
-    return [("ConsumeLoop", _run_consume_loop), ("Dispatcher", _run_dispatcher),
-            ("TracedSimpleConsumer.processing", _run_processing),
-            *((name, _push_seam_runner(seam)) for name, seam in _push_seams())]
+    return [*RUNNERS.items(), *((name, _push_seam_runner(seam)) for name, seam in _push_seams())]
+
+
+def _handler_runners() -> set[str]:
+    """Every public class of the package that runs a user's handler: it takes one (``handler``,
+    ``listener``, ``message_listener``) or opens a handler scope around the caller's code
+    (``processing``). The push ``Seam`` instances are found by ``_push_seams``."""
+    import importlib
+    import inspect
+    import pkgutil
+
+    import tracer.clients
+    import tracer.dispatch
+
+    modules = [tracer.dispatch, *(importlib.import_module(m.name)
+                                  for m in pkgutil.iter_modules(tracer.clients.__path__, "tracer.clients."))]
+    found = set()
+    for mod in modules:
+        for name in getattr(mod, "__all__", ()):
+            obj = getattr(mod, name)
+            if not inspect.isclass(obj) or issubclass(obj, BaseException):
+                continue
+            try:
+                params = set(inspect.signature(obj).parameters)
+            except (TypeError, ValueError):
+                params = set()
+            if params & {"handler", "listener", "message_listener"} or callable(getattr(obj, "processing", None)):
+                found.add(f"{mod.__name__}.{name}")
+    return found
+
+
+def test_every_seam_that_runs_a_handler_is_abandoned_at_shutdown_below() -> None:
+    """The census: a new engine or seam must join the two tests below (issue 31 gap (a))."""
+    assert _handler_runners() == set(RUNNERS)
+
+
+def _check_abandoned(rig: Rig) -> None:
+    spans = rig.exporter.get_finished_spans()
+    ids = {s.context.span_id for s in spans}
+    orphans = [s.name for s in spans if s.parent is not None and not s.parent.is_remote
+               and s.parent.span_id not in ids]
+    assert orphans == []  # fails before: ['user-work'] (no handler, no process span)
+    rig.check()
+    [process] = [s for s in spans if s.name == "process T"]
+    assert process.attributes["rmqtrace.outcome"] == "timeout"
+    assert process.attributes[n.ERROR_TYPE] == "HandlerAbandoned"
 
 
 @pytest.mark.parametrize(("name", "run"), _seams(), ids=[name for name, _ in _seams()])
 def test_a_handler_running_at_the_providers_shutdown_has_its_spans_ended_abandoned(name: str, run: Any) -> None:
     """Before, only a handler already reported TIMEOUT was abandoned: without ``handler_timeout``
-    (the default) a handler still running at ``provider.shutdown()`` (SIGTERM, atexit) had no
-    handler or process span, and the user's span under it was exported as an orphan. Every seam
-    that opens a handler scope: the loop, the dispatcher, ``processing()``, the push callbacks."""
+    (the default), or before it passed, a handler still running at ``provider.shutdown()``
+    (SIGTERM, atexit) had no handler or process span, and the user's span under it was exported
+    as an orphan. Every seam that runs a handler: both dispatcher engines, the loop, the push
+    replacement, ``processing()``, the push listeners."""
     rig = Rig()
-    release, started = threading.Event(), threading.Event()
-
-    def handler(_msg: Any) -> None:
-        rig.user_span()
-        started.set()
-        release.wait(10)
-
-    finish = run(rig, handler)
+    hang = Hang(rig)
+    running = run(rig, hang)
     try:
-        assert started.wait(10)
+        assert hang.started.wait(10)
         rig.provider.shutdown()
-        spans = rig.exporter.get_finished_spans()
-        ids = {s.context.span_id for s in spans}
-        orphans = [s.name for s in spans if s.parent is not None and not s.parent.is_remote
-                   and s.parent.span_id not in ids]
-        assert orphans == []  # fails before: ['user-work'] (no handler, no process span)
-        rig.check()
-        [process] = [s for s in spans if s.name == "process T"]
-        assert process.attributes["rmqtrace.outcome"] == "timeout"
-        assert process.attributes[n.ERROR_TYPE] == "HandlerAbandoned"
+        _check_abandoned(rig)
     finally:
-        release.set()
-        finish()
+        hang.release.set()
+        running.finish()
     # the late return ends nothing twice
+    assert [s.name for s in rig.exporter.get_finished_spans()].count("handler") == 1
+
+
+STOPPABLE = [(name, run) for name, run in RUNNERS.items() if name.rsplit(".", 1)[1] in
+             ("Dispatcher", "AsyncDispatcher", "ConsumeLoop", "DemandPushConsumer")]
+
+
+@pytest.mark.parametrize("then", ["provider_shutdown", "handler_returns"])
+@pytest.mark.parametrize(("name", "run"), STOPPABLE, ids=[name for name, _ in STOPPABLE])
+def test_a_handler_still_running_after_a_bounded_stop(name: str, run: Any, then: str) -> None:
+    """Issue 31 gap (a): a bounded stop (``close(timeout=0)``, ``stop(timeout=)``, ``shutdown()``
+    with ``shutdown_timeout``) returns while a handler runs, not yet past its ``handler_timeout``.
+    Its spans stay open for it (the documented promise: it goes on and is settled when it ends):
+    when it returns it is a plain success, never marked abandoned; should the provider shut down
+    first, the handler span ends then, abandoned, and the message is measured once."""
+    rig = Rig()
+    hang = Hang(rig)
+    running = run(rig, hang)
+    try:
+        assert hang.started.wait(10)
+        running.stop()
+        assert "handler" not in {s.name for s in rig.exporter.get_finished_spans()}, "ended while it runs"
+        if then == "provider_shutdown":
+            rig.provider.shutdown()
+            _check_abandoned(rig)
+        else:
+            hang.release.set()
+            wait_until(lambda: "process T" in {s.name for s in rig.exporter.get_finished_spans()},
+                       what="the late handler's trace ends")
+            spans = {s.name: s for s in rig.exporter.get_finished_spans()}
+            assert spans["process T"].attributes["rmqtrace.outcome"] == "success"
+            assert n.ABANDONED not in spans["handler"].attributes
+            assert spans["user-work"].parent.span_id == spans["handler"].context.span_id
+    finally:
+        hang.release.set()
+        running.finish()
     assert [s.name for s in rig.exporter.get_finished_spans()].count("handler") == 1

@@ -50,9 +50,10 @@ small bounds (spans, traces, age) are hit. After every step the promise holds:
 from __future__ import annotations
 
 import contextvars
+import functools
 import os
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Callable
 
 from hypothesis import settings
 from hypothesis import strategies as st
@@ -62,6 +63,8 @@ from opentelemetry.sdk.trace import ReadableSpan, SpanProcessor, TracerProvider
 from opentelemetry.sdk.trace.sampling import ALWAYS_OFF, ParentBased
 from prometheus_client import CollectorRegistry
 
+from tracer.clients.official import Processing, ReceivedTraces
+from tracer.clients.refusal import HANDLE_EXPIRED
 from tracer.path.blocking import Verdict
 from tracer.path.clock import ManualClock
 from tracer.path.message import MessageInfo
@@ -119,6 +122,7 @@ class _Msg:
     lost_pending: bool = False  # lost after its finish while pending as its job's latest finisher
     lost_gone: bool = False  # lost after its finish, dropped, and no longer in the hold (its bounds): not kept
     overran: bool = False  # finished while its handler still ran (the watchdog's timeout, the shutdown)
+    wire: Any = None  # received through the wrappers' ReceivedTraces (TracedSimpleConsumer, the instrumentor)
 
     @property
     def must_keep(self) -> bool:
@@ -128,6 +132,36 @@ class _Msg:
         return self.finished and (self.sampled or slow or (self.lease_lost is not None and not self.lost_gone)
                                   or (self.lost_from is not None and ran)
                                   or self.outcome in (Outcome.FAILURE, Outcome.TIMEOUT))
+
+
+@dataclass(eq=False)
+class _Wire:
+    """A received 5.x message as the wrappers see it (the attributes ``describe`` reads)."""
+
+    topic: str
+    message_id: str
+    properties: dict[str, str]
+    store_timestamp: int
+
+
+class _Refused(Exception):
+    """The broker's refusal of a settle for an expired receipt handle (code 40013)."""
+
+    code = HANDLE_EXPIRED
+
+
+def named_invariant(check: Callable[[Any], None]) -> Any:
+    """``@invariant()`` whose failure names it (``invariant <name>: ...``), as the other models'
+    do: tests/mutation/run_seeded.py counts a seeded bug caught only by the invariant it names."""
+
+    @functools.wraps(check)
+    def named(self: Any) -> None:
+        try:
+            check(self)
+        except AssertionError as exc:
+            raise AssertionError(f"invariant {check.__name__}: {exc}") from exc
+
+    return invariant()(named)
 
 
 class KeepHoldModel(RuleBasedStateMachine):
@@ -144,6 +178,9 @@ class KeepHoldModel(RuleBasedStateMachine):
         self.mt = MessageTracer(consumer_group="g", tracer_provider=self.provider, clock=self.clock,
                                 keep=self.policy, hold=self.hold, metrics=TracerMetrics(self.registry))
         self.user = self.provider.get_tracer("user")
+        # the wrappers' settles (ack, nack, a refused one) of messages received through them; never
+        # let go here (the hold's own bounds are what the model draws)
+        self.received = ReceivedTraces(self.mt, max_age_s=10.0**9, max_traces=10**6)
         self.msgs: list[_Msg] = []
         self.closed = False
         self.open_at_shutdown: set[int] = set()  # user spans that ended only after the provider shut down
@@ -188,10 +225,16 @@ class KeepHoldModel(RuleBasedStateMachine):
             self.settled.add(latest.i)
             del self.jobs[job]
 
-    def _finish(self, m: _Msg, outcome: Outcome, error: BaseException | None) -> None:
+    def _finish(self, m: _Msg, outcome: Outcome, error: BaseException | None,
+                settle: Callable[[], None] | None = None) -> None:
+        """``m`` settles with ``outcome``: through ``settle`` (a wrapper's ack or nack, which must
+        finish the trace itself), else by the dispatcher's finish."""
         if Stage.HANDLER_START in m.monos and Stage.HANDLER_END not in m.monos:
             m.monos[Stage.HANDLER_END] = self.clock.monotonic_ns()  # the watchdog's finish stamps it
-        m.t.finish(outcome, error)
+        if settle is None:
+            m.t.finish(outcome, error)
+        else:
+            settle()
         m.overran = m.running and outcome is not Outcome.NOT_STARTED
         m.finished, m.outcome = True, outcome
         self._decided(m)
@@ -201,26 +244,31 @@ class KeepHoldModel(RuleBasedStateMachine):
     # biased to ordinary messages of few jobs: those are the ones held for the critical path
     @rule(job=st.sampled_from(["a", "a", "b", None, "c"]), sampled=st.sampled_from([False, False, False, True]),
           slow=st.sampled_from([False, False, False, True]),
-          producer_ahead_ms=st.sampled_from([0, 0, 0, 1, 40, 900]))
-    def start(self, job: str | None, sampled: bool, slow: bool, producer_ahead_ms: int) -> None:
-        self._start(job, sampled, slow, producer_ahead_ms, f"m{len(self.msgs)}")
+          producer_ahead_ms=st.sampled_from([0, 0, 0, 1, 40, 900]), wrapped=st.booleans())
+    def start(self, job: str | None, sampled: bool, slow: bool, producer_ahead_ms: int, wrapped: bool) -> None:
+        self._start(job, sampled, slow, producer_ahead_ms, f"m{len(self.msgs)}", wrapped)
 
-    def _start(self, job: str | None, sampled: bool, slow: bool, producer_ahead_ms: int, mid: str) -> _Msg:
+    def _start(self, job: str | None, sampled: bool, slow: bool, producer_ahead_ms: int, mid: str,
+               wrapped: bool = False) -> _Msg:
         i = len(self.msgs)
         produce_ns = self.clock.now_ns() - 2_000_000 + producer_ahead_ms * 1_000_000
         props = {TRACEPARENT: f"00-{i + 1:032x}-{i + 1:016x}-{'01' if sampled else '00'}",
                  PRODUCE_NS: str(produce_ns)}
         if job:
             props[JOB_ID] = job
-        t = self.mt.start_message(MessageInfo(topic="jobs", message_id=mid, properties=props,
-                                              store_ms=self.clock.now_ns() // 1_000_000 - 1))
+        store_ms = self.clock.now_ns() // 1_000_000 - 1
+        wire = _Wire("jobs", mid, props, store_ms) if wrapped else None
+        if wire is not None:  # TracedSimpleConsumer.receive / the instrumentor's patched receive
+            (t,) = self.received.received([wire])
+        else:
+            t = self.mt.start_message(MessageInfo(topic="jobs", message_id=mid, properties=props, store_ms=store_ms))
         pulled = self.clock.monotonic_ns()
         t.mark(Stage.DISPATCH_ENQUEUE)
         self.clock.advance_s(SLOW_WAIT_S if slow else 0.001)
         ctx = contextvars.copy_context()
         ctx.run(t.__enter__)  # each handler in a context of its own, as on its own worker
         monos = {Stage.CLIENT_PULL: pulled, Stage.DISPATCH_ENQUEUE: pulled, Stage.HANDLER_START: self.clock.monotonic_ns()}
-        m = _Msg(i, t, ctx, job, sampled, slow, produce_ns, monos=monos, mid=mid)
+        m = _Msg(i, t, ctx, job, sampled, slow, produce_ns, monos=monos, mid=mid, wire=wire)
         self.msgs.append(m)
         return m
 
@@ -269,17 +317,26 @@ class KeepHoldModel(RuleBasedStateMachine):
         self.clock.advance_s(0.001)
         error = RuntimeError("boom") if fail else None
         m.monos.setdefault(Stage.HANDLER_END, self.clock.monotonic_ns())  # unless the watchdog stamped it
-        m.ctx.run(m.t.__exit__, None if error is None else RuntimeError, error, None)
+        wire = m.wire
+        if wire is not None and not m.finished:
+            # the end of TracedSimpleConsumer.processing(): a raised exception finishes the trace there
+            m.ctx.run(Processing(self.received, wire).__exit__, None if error is None else RuntimeError, error, None)
+        else:
+            m.ctx.run(m.t.__exit__, None if error is None else RuntimeError, error, None)
         m.running = False
         if m.finished:
-            return  # the watchdog reported it already: this is the hung handler coming back
-        if ack or fail:
-            self._finish(m, Outcome.FAILURE if fail else Outcome.SUCCESS, error)
+            return  # the watchdog (or the shutdown) reported it already: the hung handler coming back
+        if fail:
+            self._finish(m, Outcome.FAILURE, error, None if wire is None else lambda: None)
+        elif ack and wire is None:  # a wrapper's ack or nack is the user's own call after the block: a step
+            self._finish(m, Outcome.SUCCESS, None)
 
-    @precondition(lambda self: not self.closed and any(m.running and not m.finished for m in self.msgs))
+    @precondition(lambda self: not self.closed and any(m.running and not m.finished and m.wire is None
+                                                       for m in self.msgs))
     @rule(data=st.data())
     def watchdog_times_out(self, data: st.DataObject) -> None:
-        m = data.draw(st.sampled_from([m for m in self.msgs if m.running and not m.finished]))
+        """A dispatcher's watchdog (the wrappers have none)."""
+        m = data.draw(st.sampled_from([m for m in self.msgs if m.running and not m.finished and m.wire is None]))
         self.clock.advance_s(5.0)
         self._finish(m, Outcome.TIMEOUT, TimeoutError("over 5 s"))
 
@@ -303,20 +360,37 @@ class KeepHoldModel(RuleBasedStateMachine):
     def acked_late(self, data: st.DataObject) -> None:
         """A message handled long ago is settled now (its trace may have aged out of the hold)."""
         m = data.draw(st.sampled_from([m for m in self.msgs if not m.running and not m.finished]))
-        self._finish(m, Outcome.SUCCESS, None)
+        wire = m.wire
+        self._finish(m, Outcome.SUCCESS, None, None if wire is None else lambda: self.received.acked(wire))
 
     @precondition(lambda self: not self.closed and any(not m.running and not m.finished for m in self.msgs))
     @rule(data=st.data())
     def nacked_after_handling(self, data: st.DataObject) -> None:
         """The user gives a handled message back (``change_invisible_duration`` after ``processing()``,
         ``ReceivedTraces.nacked``): a failure with no exception."""
-        m = data.draw(st.sampled_from([m for m in self.msgs if not m.running and not m.finished]))
-        self._finish(m, Outcome.FAILURE, None)
+        handled = [m for m in self.msgs if not m.running and not m.finished]
+        # the wrappers' nack first: their change_invisible_duration (issue 31 item 1: it ended nothing)
+        m = data.draw(st.sampled_from([m for m in handled if m.wire is not None] * 2 + handled))
+        wire = m.wire
+        self._finish(m, Outcome.FAILURE, None, None if wire is None else lambda: self.received.nacked(wire))
+
+    @precondition(lambda self: not self.closed and any(
+        m.wire is not None and not m.running and not m.finished and m.lease_lost is None for m in self.msgs))
+    @rule(data=st.data(), ack=st.booleans())
+    def settle_refused(self, data: st.DataObject, ack: bool) -> None:
+        """A wrapper's ack or nack the broker refuses: the handle expired (40013). The outcome was
+        decided (measured as it), and the lease was lost: the message runs again."""
+        m = data.draw(st.sampled_from([m for m in self.msgs if m.wire is not None and not m.running
+                                       and not m.finished and m.lease_lost is None]))
+        wire, settle = m.wire, self.received.acked if ack else self.received.nacked
+        m.lease_lost = "expired"
+        self._finish(m, Outcome.SUCCESS if ack else Outcome.FAILURE, None, lambda: settle(wire, _Refused()))
 
     def _refusable(self) -> list[_Msg]:
         # refused at the gate, at once: no user span, and no victim that started while it "ran" blamed on it
         blockers = set(self.blame.values())
-        return [m for m in self.msgs if m.running and not m.finished and not m.opened_ids and m.i not in blockers]
+        return [m for m in self.msgs if m.running and not m.finished and not m.opened_ids and m.i not in blockers
+                and m.wire is None]  # only a dispatcher's start gate refuses a copy
 
     @precondition(lambda self: not self.closed and bool(self._refusable()))
     @rule(data=st.data())
@@ -396,12 +470,12 @@ class KeepHoldModel(RuleBasedStateMachine):
     def _exported(self) -> dict[int, ReadableSpan]:
         return {s.context.span_id: s for s in self.out.spans}
 
-    @invariant()
+    @named_invariant
     def nothing_exported_twice(self) -> None:
         ids = [s.context.span_id for s in self.out.spans]
         assert len(ids) == len(set(ids))
 
-    @invariant()
+    @named_invariant
     def nothing_exported_without_its_parent(self) -> None:
         exported = self._exported()
         still_open = {s.get_span_context().span_id for m in self.msgs for s in m.open} | self.open_at_shutdown
@@ -413,7 +487,7 @@ class KeepHoldModel(RuleBasedStateMachine):
             assert s.parent.span_id in exported or s.parent.span_id in still_open | running, (
                 s.name, [x.name for x in exported.values()])
 
-    @invariant()
+    @named_invariant
     def kept_messages_are_whole(self) -> None:
         exported = self._exported()
         missing_user = 0
@@ -440,7 +514,7 @@ class KeepHoldModel(RuleBasedStateMachine):
             missing_user += sum(1 for sid in m.ended if sid not in exported)
         assert missing_user <= self.hold.statistics().dropped, missing_user
 
-    @invariant()
+    @named_invariant
     def no_consumer_gap_is_zero_unless_its_stamps_are_equal_on_the_monotonic_clock(self) -> None:
         consumer = (Stage.CLIENT_PULL, Stage.DISPATCH_ENQUEUE, Stage.HANDLER_START, Stage.HANDLER_END)
         for m in self.msgs:
@@ -449,7 +523,7 @@ class KeepHoldModel(RuleBasedStateMachine):
                 if times[a] and times[b]:
                     assert times[b] - times[a] == m.monos[b] - m.monos[a], (m.i, a.name, b.name)
 
-    @invariant()
+    @named_invariant
     def no_exported_span_starts_before_its_parent(self) -> None:
         exported = self._exported()
         sends = {m.i + 1: m.produce_ns for m in self.msgs}  # the remote send span ids (see start)
@@ -461,7 +535,7 @@ class KeepHoldModel(RuleBasedStateMachine):
             elif s.parent.span_id in exported:
                 assert s.start_time >= exported[s.parent.span_id].start_time, (s.name, s.parent.span_id)
 
-    @invariant()
+    @named_invariant
     def a_kept_victims_blocker_is_kept_or_its_link_is_absent(self) -> None:
         exported = self._exported()
         for s in exported.values():
@@ -481,7 +555,7 @@ class KeepHoldModel(RuleBasedStateMachine):
                 assert undecided or (b.running and b.finished), (
                     f"m{b.i} blocked a kept victim, its decision came, and its handler span was never exported")
 
-    @invariant()
+    @named_invariant
     def every_settled_delivery_is_measured_once_with_its_outcome(self) -> None:
         labels = {"topic": "jobs", "consumer_group": "g"}
         value = self.registry.get_sample_value
@@ -497,7 +571,7 @@ class KeepHoldModel(RuleBasedStateMachine):
             lost = value("rmqtrace_consumer_leases_lost_total", {**labels, "reason": reason}) or 0
             assert lost == sum(1 for m in self.msgs if m.lease_lost == reason), reason
 
-    @invariant()
+    @named_invariant
     def a_refused_copy_exports_no_handler_span(self) -> None:
         exported = self._exported()
         for m in self.msgs:
@@ -507,7 +581,7 @@ class KeepHoldModel(RuleBasedStateMachine):
             names = {s.name for s in exported.values() if s.context.trace_id == ctx.trace_id}
             assert "handler" not in names, (m.i, names)
 
-    @invariant()
+    @named_invariant
     def a_message_that_ran_twice_shows_both_runs_linked(self) -> None:
         exported = self._exported()
         s = self.hold.statistics()
@@ -538,7 +612,7 @@ class KeepHoldModel(RuleBasedStateMachine):
             if not bounded and not self._undecided(lost):
                 assert lost_ctx.span_id in exported, (f"m{lost.i}", "the lost run is not exported beside its rerun")
 
-    @invariant()
+    @named_invariant
     def phase_follows_the_message(self) -> None:
         """A trace's TracePhase is the model's: OPEN until its finish; a finish under a running
         handler is OVERRUN until that handler returns (LATE_ENDED); any other finish FINISHED."""
@@ -547,7 +621,7 @@ class KeepHoldModel(RuleBasedStateMachine):
                         else TracePhase.OVERRUN if m.running else TracePhase.LATE_ENDED)
             assert m.t.phase is expected, (f"m{m.i}", m.t.phase, expected)
 
-    @invariant()
+    @named_invariant
     def fate_follows_the_head_decision(self) -> None:
         """Every message's trace is held (a hold and a policy are set up): a sampled one by the
         head (HEAD_HELD, for good), a dropped one for the policy — UNDECIDED until its finish,
@@ -562,7 +636,7 @@ class KeepHoldModel(RuleBasedStateMachine):
             else:
                 assert fate > KeepFate.DECIDING, (f"m{m.i}", fate)
 
-    @invariant()
+    @named_invariant
     def holds_stay_within_bounds(self) -> None:
         s = self.hold.statistics()
         assert s.held_spans <= MAX_SPANS and s.held_traces <= MAX_TRACES
@@ -570,7 +644,7 @@ class KeepHoldModel(RuleBasedStateMachine):
         assert s.oldest_held_s <= MAX_AGE_S + (self.clock.monotonic_ns() - self.ticked_at) / S
         assert sum(s.dropped_by_reason.values()) == s.dropped
 
-    @invariant()
+    @named_invariant
     def a_running_handlers_trace_is_never_aged_out(self) -> None:
         """Review #31 finding 8: a handler running past max_age lost its trace (and the user's
         spans) to the age limit meant for a message never acked. Only a memory bound or shutdown may
@@ -584,7 +658,7 @@ class KeepHoldModel(RuleBasedStateMachine):
         bounds = s.traces_evicted["max_spans"] + s.traces_evicted["max_traces"] + s.traces_evicted["shutdown"]
         assert gone <= bounds, (gone, s.traces_evicted)
 
-    @invariant()
+    @named_invariant
     def every_message_is_accounted(self) -> None:
         k = self.policy.statistics()
         finished = sum(1 for m in self.msgs if m.finished)

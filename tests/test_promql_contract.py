@@ -172,7 +172,7 @@ def test_alert_rules_have_the_shape_the_tooling_relies_on() -> None:
     alerts = [r for r in load_rules() if "alert" in r]
     names = {r["alert"] for r in alerts}
     assert {"RmqtraceConsumerWaitHigh", "RmqtraceDispatchShareHigh", "RmqtraceWorkersSaturated",
-            "RmqtraceClockSkew", "RmqtracePropagationErrors", "RmqtraceSpansDropped"} <= names
+            "RmqtraceClockSkew", "RmqtracePropagationErrors", "RmqtraceSpansDropped", "RmqtraceLeasesLost"} <= names
     for r in alerts:
         split_alert_expr(r["expr"])  # `<signal> <op> <threshold>`
         assert r["labels"]["severity"] in ("warning", "info", "critical")

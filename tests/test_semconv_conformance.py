@@ -1,15 +1,18 @@
-"""Our spans against the semantic-conventions registry (issue 31's "Done when": no violation outside
-the ``rmqtrace.*`` names).
+"""Our spans and OTel metrics against the semantic-conventions registry (issue 31's "Done when": no
+violation outside the ``rmqtrace.*`` names).
 
 OpenTelemetry's own check is weaver's ``registry live-check``; no registry reachable here ships a
 weaver binary (crates.io's ``weaver`` is another project, PyPI and npm have none), so this test
-makes the same checks of names, deprecation and value types itself, against the registry's
-attributes in tests/semconv/registry-attributes.json (generated from the semantic-conventions
-model by tests/semconv/make_registry.py). It reads every attribute of every span, span event and
-link written by a demo run (both dispatch policies, the blame links) and by the traced 5.x wrapper
-path on the embedded broker (send, receive, process with a failure and an exception, the settle
-spans of an ack and a nack). Item 13 was the first such violation: ``exception.escaped``
-(deprecated, and written as a string), 8 per run.
+makes the checks it reports as violations itself, against the registry in
+tests/semconv/registry.json (generated from the semantic-conventions model by
+tests/semconv/make_registry.py): for attributes, ``missing_attribute``, ``deprecated`` and
+``type_mismatch``; for metrics (weaver's ``sample_metric.rs`` and ``type_advisor.rs``),
+``missing_metric``, ``deprecated``, ``unexpected_instrument`` and ``unit_mismatch``, and every data
+point's attributes as above. It reads every span, span event and link, and every metric the
+tracer records into an OTel ``MeterProvider``, of a demo run (both dispatch policies, the blame
+links) and of the traced 5.x wrapper path on the embedded broker (send, receive, process with a
+failure and an exception, the settle spans of an ack and a nack). Item 13 was the first such
+violation: ``exception.escaped`` (deprecated, and written as a string), 8 per run.
 """
 
 from __future__ import annotations
@@ -25,7 +28,8 @@ from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 from prometheus_client import CollectorRegistry
 
-REGISTRY = json.loads((Path(__file__).parent / "semconv" / "registry-attributes.json").read_text())["attributes"]
+_REGISTRY = json.loads((Path(__file__).parent / "semconv" / "registry.json").read_text())
+REGISTRY, METRICS = _REGISTRY["attributes"], _REGISTRY["metrics"]
 OURS = "rmqtrace."
 
 
@@ -51,21 +55,25 @@ def _definition(key: str) -> dict[str, Any] | None:
     return None
 
 
+def _check(found: set[str], where: str, attrs: Mapping[str, Any] | None) -> None:
+    for key, value in (attrs or {}).items():
+        if key.startswith(OURS):
+            continue
+        d = _definition(key)
+        if d is None:
+            found.add(f"{where}: {key} is not in the registry")
+        elif d["deprecated"]:
+            found.add(f"{where}: {key} is deprecated")
+        elif not _matches(str(d["type"]), value):
+            found.add(f"{where}: {key}={value!r} is not of type {d['type']}")
+
+
 def violations(spans: Sequence[ReadableSpan]) -> list[str]:
     """What weaver's live check reports as violations, for every attribute outside ``rmqtrace.*``."""
     found: set[str] = set()
 
     def check(where: str, attrs: Mapping[str, Any] | None) -> None:
-        for key, value in (attrs or {}).items():
-            if key.startswith(OURS):
-                continue
-            d = _definition(key)
-            if d is None:
-                found.add(f"{where}: {key} is not in the registry")
-            elif d["deprecated"]:
-                found.add(f"{where}: {key} is deprecated")
-            elif not _matches(str(d["type"]), value):
-                found.add(f"{where}: {key}={value!r} is not of type {d['type']}")
+        _check(found, where, attrs)
 
     for s in spans:
         check(f"span {s.name}", s.attributes)
@@ -73,6 +81,42 @@ def violations(spans: Sequence[ReadableSpan]) -> list[str]:
             check(f"event {e.name} of {s.name}", e.attributes)
         for link in s.links:
             check(f"link of {s.name}", link.attributes)
+    return sorted(found)
+
+
+def _instrument(data: Any) -> str:
+    """The instrument of an SDK metric's data, as weaver names it (from the OTLP data kind)."""
+    from opentelemetry.sdk.metrics.export import ExponentialHistogram, Gauge, Histogram, Sum
+
+    if isinstance(data, (Histogram, ExponentialHistogram)):
+        return "histogram"
+    if isinstance(data, Sum):
+        return "counter" if data.is_monotonic else "updowncounter"
+    if isinstance(data, Gauge):
+        return "gauge"
+    return type(data).__name__
+
+
+def metric_violations(data: Any) -> list[str]:
+    """What weaver's live check reports as violations for metrics (``MetricsData``), outside ``rmqtrace.*``."""
+    found: set[str] = set()
+    for rm in data.resource_metrics:
+        for sm in rm.scope_metrics:
+            for m in sm.metrics:
+                where = f"metric {m.name}"
+                if not m.name.startswith(OURS):
+                    d = METRICS.get(m.name)
+                    if d is None:
+                        found.add(f"{where} is not in the registry")
+                    else:
+                        if d["deprecated"]:
+                            found.add(f"{where} is deprecated")
+                        if d["instrument"] != _instrument(m.data):
+                            found.add(f"{where} is a {_instrument(m.data)}, not a {d['instrument']}")
+                        if d["unit"] is not None and d["unit"] != m.unit:
+                            found.add(f"{where} has unit {m.unit!r}, not {d['unit']!r}")
+                for point in m.data.data_points:
+                    _check(found, where, point.attributes)
     return sorted(found)
 
 
@@ -135,6 +179,56 @@ def test_our_spans_break_no_semantic_convention_outside_our_names(spans) -> None
             "exception.stacktrace", "messaging.rocketmq.message.keys"} <= seen, seen
     assert any(s.links for s in written)
     assert violations(written) == []
+
+
+def test_our_otel_metrics_break_no_semantic_convention_outside_our_names(spans, monkeypatch) -> None:
+    """Every metric the tracers record into an OTel meter provider (the demo's and the wrappers'),
+    as weaver's live check reads an OTLP metrics export."""
+    from opentelemetry.sdk.metrics import MeterProvider
+    from opentelemetry.sdk.metrics.export import InMemoryMetricReader
+
+    from tracer.telemetry import tracercore
+    from tracer.telemetry.otel_metrics import MessagingMeters
+
+    reader = InMemoryMetricReader()
+    meter_provider = MeterProvider(metric_readers=[reader])
+    # every MessageTracer built from here on records into it (the global provider is process-wide)
+    monkeypatch.setattr(tracercore, "GLOBAL_METERS", MessagingMeters(meter_provider))
+    provider, _memory = spans
+    _demo(provider)
+    _wrappers(provider)
+    data = reader.get_metrics_data()
+    meter_provider.shutdown()
+    assert data is not None
+    names = {m.name for rm in data.resource_metrics for sm in rm.scope_metrics for m in sm.metrics}
+    # not vacuous: send, receive/settle, process and consumed all recorded
+    assert {"messaging.client.operation.duration", "messaging.client.sent.messages", "messaging.process.duration",
+            "messaging.client.consumed.messages"} <= names, names
+    assert metric_violations(data) == []
+
+
+def test_the_metric_check_finds_what_weaver_would() -> None:
+    """missing_metric, deprecated, unexpected_instrument, unit_mismatch and a data point's attributes;
+    our own names pass."""
+    from opentelemetry.sdk.metrics import MeterProvider
+    from opentelemetry.sdk.metrics.export import InMemoryMetricReader
+
+    reader = InMemoryMetricReader()
+    provider = MeterProvider(metric_readers=[reader])
+    meter = provider.get_meter("t")
+    meter.create_counter("messaging.process.duration", unit="ms").add(1, {"messaging.system": "rocketmq"})
+    meter.create_histogram("messaging.publish.duration", unit="s").record(0.1)
+    meter.create_counter("messaging.no_such_metric").add(1)
+    meter.create_histogram("rmqtrace.stage.duration", unit="s").record(0.1, {"messaging.batch.message_count": "3"})
+    data = reader.get_metrics_data()
+    provider.shutdown()
+    assert metric_violations(data) == [
+        "metric messaging.no_such_metric is not in the registry",
+        "metric messaging.process.duration has unit 'ms', not 's'",
+        "metric messaging.process.duration is a counter, not a histogram",
+        "metric messaging.publish.duration is deprecated",
+        "metric rmqtrace.stage.duration: messaging.batch.message_count='3' is not of type int",
+    ]
 
 
 def test_the_check_finds_what_weaver_would() -> None:
