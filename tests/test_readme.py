@@ -159,6 +159,29 @@ def test_the_readme_sample_output_agrees_with_itself() -> None:
             assert said.groups() == (wait, ratio, busy), policy
 
 
+def _comparable(text: str) -> str:
+    """Text with the terminal's table borders and wrapping gone and every number a #."""
+    text = re.sub(r"[│┃┏┓┗┛┡┩└┘┌┐━─╇┳┻┴┬╈┼]", " ", text)
+    return " ".join(re.sub(r"\d+(\.\d+)?", "#", text).split())
+
+
+def test_the_readme_demo_sample_is_what_the_demo_prints(tmp_path: Path) -> None:
+    """The sample under "The blind spot" is checked for its own sums above; this holds its words to
+    the command's: every piece of it between two elisions (…) is in a real run's output, numbers
+    aside (a small job: the verdicts are the full one's)."""
+    text = README.read_text(encoding="utf-8")
+    sample = re.search(r"^```\n( policy .*?)^```", text, re.S | re.M)
+    assert sample, "the README shows the demo's output"
+    env = {k: v for k, v in _env(tmp_path).items() if k != "OTEL_TRACES_EXPORTER"}
+    proc = subprocess.run([sys.executable, "-m", "tracer", "demo", "--groups", "120", "--workers", "4", "--case-ms", "1"],
+                          capture_output=True, text=True, timeout=TIMEOUT, cwd=tmp_path, env=env, check=False)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    printed = _comparable(proc.stdout)
+    pieces = [_comparable(p) for p in sample.group(1).split("…")]
+    missing = [p for p in pieces if p and p not in printed]
+    assert missing == [], f"README demo sample pieces the demo does not print: {missing}\n---\n{printed}"
+
+
 def test_the_readme_leads_with_an_install_that_works_today() -> None:
     """The package is not on PyPI: the first install the README shows is the clone's, and the PyPI
     form is said to be future."""
