@@ -320,3 +320,12 @@ def test_another_send_error_passes_through_untouched() -> None:
     with pytest.raises(type(refused)) as info:
         TracedProducer(raw, MessageTracer(tracer_provider=TracerProvider())).send_async(_message("jobs"))
     assert info.value is refused
+
+
+def test_any_name_server_of_a_list_that_answers_makes_it_the_topics_fault(listening: str) -> None:
+    """The 2.x address is "host:port;host:port": one that answers means the route is missing; none
+    (refused, no such host, a port past 65535, no port) means no name server."""
+    from tracer.clients.route import check_name_server
+
+    assert check_name_server(f"127.0.0.1:99999;nosuchhost.invalid:9876;{NOBODY};{listening}") is RouteProblem.TOPIC_MISSING
+    assert check_name_server(f"127.0.0.1:99999;nosuchhost.invalid:9876;{NOBODY};no-port") is RouteProblem.BROKER_DOWN
