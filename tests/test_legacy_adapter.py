@@ -99,6 +99,9 @@ class FakeProducer:
     def start(self) -> None:
         self.started = True
 
+    def set_name_server_address(self, addr: str) -> None:
+        self.name_server = addr
+
     def send_sync(self, msg: FakeMessage) -> SendResult:
         if self.fail is not None:
             raise self.fail
@@ -275,7 +278,7 @@ def test_instrumentor_patches_and_unpatches_the_legacy_client(monkeypatch, spans
     import tracer.clients.instrumentor as inst_mod
 
     # the 2.x classes define these methods themselves (no base class)
-    body = {k: v for k, v in FakeProducer.__dict__.items() if k.startswith(("send", "start"))}
+    body = {k: v for k, v in FakeProducer.__dict__.items() if k.startswith(("send", "start", "set_name"))}
     body["__init__"] = lambda self, group_id: FakeProducer.__init__(self)
     Producer = type("Producer", (), body)
 
@@ -295,7 +298,7 @@ def test_instrumentor_patches_and_unpatches_the_legacy_client(monkeypatch, spans
     monkeypatch.setitem(sys.modules, "rocketmq.client", fake)
     monkeypatch.setattr(inst_mod, "_legacy_only", lambda: True)
     names = [(Producer, "send_sync"), (Producer, "send_orderly_with_sharding_key"), (Producer, "send_oneway"),
-             (PushConsumer, "__init__"), (PushConsumer, "subscribe")]
+             (Producer, "set_name_server_address"), (PushConsumer, "__init__"), (PushConsumer, "subscribe")]
     before = [cls.__dict__[n] for cls, n in names]
     provider, exporter = spans
     inst = inst_mod.RocketMQInstrumentor()

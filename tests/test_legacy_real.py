@@ -132,3 +132,19 @@ def test_legacy_instrumentor_traces_plain_code_and_unpatches_cleanly(runs):
         assert p["attributes"]["messaging.consumer.group.name"] == r["group"]
     assert r["restored"] is True
     assert r["spans_after_uninstrument"] == 0
+
+
+def test_a_legacy_send_with_no_name_server_says_so_in_one_line(tmp_path):
+    """The real 2.x client says "No route info of this topic: jobs,error:-1,in file <…cpp> line:434"
+    with no name server; both traced seams say which it is and what to do (issue 33)."""
+    python = _legacy_python()
+    env = dict(os.environ, ROCKETMQ_CLIENT_LOG_DIR=str(tmp_path), PYTHONPATH="")
+    proc = subprocess.run([python, str(REPO / "tests" / "legacy_programs" / "no_route.py")], cwd=REPO, env=env,
+                          capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    results = [json.loads(line) for line in proc.stdout.strip().splitlines()]
+    assert [r["seam"] for r in results] == ["TracedLegacyProducer", "instrumentor"]
+    for r in results:
+        assert (r["type"], r["problem"]) == ("TopicRouteError", "RouteProblem.BROKER_DOWN"), r
+        assert r["message"].startswith("no RocketMQ name server answers at 127.0.0.1:1: start one (`make stack`"), r
+        assert r["client_error"].startswith("No route info of this topic: jobs"), r

@@ -58,6 +58,22 @@ def _run(code: str, tmp_path: Path) -> subprocess.CompletedProcess[str]:
                           cwd=tmp_path, env=_env(tmp_path), check=False)
 
 
+def block_failed(proc: subprocess.CompletedProcess[str]) -> str | None:
+    """Why a block's run failed, or None: an exit status, or a traceback on stderr even with exit
+    0 — a first run that prints one reads as a crash to whoever copied the block (issue 33)."""
+    if proc.returncode != 0:
+        return f"exit {proc.returncode}:\n{proc.stderr[-3000:]}"
+    if "Traceback (most recent call last)" in proc.stderr:
+        return f"exit 0 with a traceback on stderr:\n{proc.stderr[-3000:]}"
+    return None
+
+
+def test_a_block_that_prints_a_traceback_and_exits_0_fails(tmp_path: Path) -> None:
+    logged = "import logging\ntry:\n    1 / 0\nexcept ZeroDivisionError:\n    logging.exception('startup race')\n"
+    assert "traceback on stderr" in (block_failed(_run(logged, tmp_path)) or "")
+    assert block_failed(_run("import sys\nprint('a warning', file=sys.stderr)\n", tmp_path)) is None
+
+
 def test_the_readme_has_code_and_every_block_is_run_or_needs_a_known_service() -> None:
     assert len(BLOCKS) >= 2 and BROKER and PLAIN
     unknown = [line for line, code in BLOCKS if code.startswith("# needs") and not code.startswith(NEEDS_BROKER)]
@@ -66,8 +82,8 @@ def test_the_readme_has_code_and_every_block_is_run_or_needs_a_known_service() -
 
 @pytest.mark.parametrize(("line", "code"), PLAIN, ids=[f"README.md:{line}" for line, _ in PLAIN])
 def test_readme_block_runs_as_written(line: int, code: str, tmp_path: Path) -> None:
-    proc = _run(code, tmp_path)
-    assert proc.returncode == 0, f"README.md line {line}:\n{proc.stderr[-3000:]}"
+    failed = block_failed(_run(code, tmp_path))
+    assert failed is None, f"README.md line {line}: {failed}"
 
 
 @pytest.mark.integration
@@ -80,10 +96,8 @@ def test_readme_block_runs_against_the_real_broker(line: int, code: str, tmp_pat
     renamed = code.replace('"jobs"', f'"{topic}"').replace('"workers"', f'"{group}"')
     assert renamed.count(topic) >= 3 and renamed.count(group) >= 2  # the names were there to replace
     proc = _run(renamed, tmp_path)
-    assert proc.returncode == 0, f"README.md line {line}:\n{proc.stderr[-3000:]}"
+    assert block_failed(proc) is None, f"README.md line {line}: {block_failed(proc)}"
     assert "running 3 cases of" in proc.stdout, proc.stdout
-    # a first real run that prints a traceback looks like a crash, even when it exits 0 (issue 33)
-    assert "Traceback" not in proc.stderr, f"README.md line {line}:\n{proc.stderr[-3000:]}"
 
 
 @pytest.mark.integration
@@ -143,6 +157,29 @@ def test_the_readme_sample_output_agrees_with_itself() -> None:
                          r"the lower bound, workers busy (\d+)%", lines)
         if said:
             assert said.groups() == (wait, ratio, busy), policy
+
+
+def _comparable(text: str) -> str:
+    """Text with the terminal's table borders and wrapping gone and every number a #."""
+    text = re.sub(r"[│┃┏┓┗┛┡┩└┘┌┐━─╇┳┻┴┬╈┼]", " ", text)
+    return " ".join(re.sub(r"\d+(\.\d+)?", "#", text).split())
+
+
+def test_the_readme_demo_sample_is_what_the_demo_prints(tmp_path: Path) -> None:
+    """The sample under "The blind spot" is checked for its own sums above; this holds its words to
+    the command's: every piece of it between two elisions (…) is in a real run's output, numbers
+    aside (a small job: the verdicts are the full one's)."""
+    text = README.read_text(encoding="utf-8")
+    sample = re.search(r"^```\n( policy .*?)^```", text, re.S | re.M)
+    assert sample, "the README shows the demo's output"
+    env = {k: v for k, v in _env(tmp_path).items() if k != "OTEL_TRACES_EXPORTER"}
+    proc = subprocess.run([sys.executable, "-m", "tracer", "demo", "--groups", "120", "--workers", "4", "--case-ms", "1"],
+                          capture_output=True, text=True, timeout=TIMEOUT, cwd=tmp_path, env=env, check=False)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    printed = _comparable(proc.stdout)
+    pieces = [_comparable(p) for p in sample.group(1).split("…")]
+    missing = [p for p in pieces if p and p not in printed]
+    assert missing == [], f"README demo sample pieces the demo does not print: {missing}\n---\n{printed}"
 
 
 def test_the_readme_leads_with_an_install_that_works_today() -> None:

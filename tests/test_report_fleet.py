@@ -150,7 +150,7 @@ def test_a_fleet_demo_in_jaeger_reads_back_per_instance(tmp_path: Path, capsys: 
                OTEL_TRACES_EXPORTER="otlp", OTEL_EXPORTER_OTLP_TRACES_PROTOCOL="http/protobuf")
     started = time.time()
     proc = subprocess.run([sys.executable, "-m", "tracer", "demo", "--consumers", "3", "--groups", "60",
-                           "--workers", "2", "--case-ms", "1", "--out", "/tmp/rmqtrace-fleet-demo"],
+                           "--workers", "2", "--case-ms", "1", "--out", str(tmp_path / "demo")],
                           env=env, capture_output=True, text=True, timeout=180)
     assert proc.returncode == 0, proc.stderr[-2000:]
     deadline = time.monotonic() + 60

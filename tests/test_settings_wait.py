@@ -50,6 +50,13 @@ class RacyClient:
             raise InternalErrorException('receive failed: CODE 50001, "settings" is null')
         return self._consumer.receive(*args, **kwargs)
 
+    def receive_async(self, *args: Any, **kwargs: Any) -> Any:
+        from concurrent.futures import Future
+
+        fut: Future[Any] = Future()
+        fut.set_result(self.receive(*args, **kwargs))  # raises as 5.1.2's does before its settings
+        return fut
+
     def __getattr__(self, name: str) -> Any:
         return getattr(self._consumer, name)
 
@@ -107,3 +114,95 @@ def test_wait_for_settings_reads_the_client_or_its_wrapper_and_stops_when_asked(
     assert wait_for_settings(client, 3600, stop) is False  # a stop ends the wait at once
     with pytest.raises(ValueError, match="timeout"):
         wait_for_settings(client, float("nan"))
+
+
+# -- every seam that receives: found in the source, each driven against the racy client ----------------
+def receive_seams() -> set[str]:
+    """``module.Class.method`` of every function of tracer/clients that calls a ``receive`` or
+    ``receive_async`` (the client's, or the operations' that wraps the client's)."""
+    import ast
+
+    from conftest import REPO
+
+    found = set()
+    for path in sorted((REPO / "tracer" / "clients").glob("*.py")):
+        module = ".".join(path.relative_to(REPO).with_suffix("").parts)
+        for cls in [n for n in ast.parse(path.read_text(encoding="utf-8")).body if isinstance(n, ast.ClassDef)]:
+            for fn in [n for n in cls.body if isinstance(n, ast.FunctionDef)]:
+                if any(isinstance(c, ast.Call) and isinstance(c.func, ast.Attribute)
+                       and c.func.attr in ("receive", "receive_async") for c in ast.walk(fn)):
+                    found.add(f"{module}.{cls.name}.{fn.name}")
+    return found
+
+
+def _racy() -> RacyClient:
+    racy: list[RacyClient] = []
+    _, loop = pipeline(1, lambda m: None, consumer_wrapper=lambda c: racy.append(RacyClient(c)) or racy[0])
+    loop.dispatcher.close()
+    return racy[0]
+
+
+def _traced(method: str) -> Any:
+    def drive() -> RacyClient:
+        racy = _racy()
+        got = getattr(TracedSimpleConsumer(racy, MessageTracer()), method)(1, 30)
+        assert len(got if method == "receive" else got.result(10)) == 1
+        return racy
+    return drive
+
+
+def _instrumented(method: str) -> Any:
+    def drive() -> RacyClient:
+        from opentelemetry.sdk.trace import TracerProvider
+        from prometheus_client import CollectorRegistry
+
+        from tracer.clients.instrumentor import RocketMQInstrumentor
+
+        pytest.importorskip("rocketmq")
+        racy = _racy()
+        inst = RocketMQInstrumentor()
+        inst.instrument(tracer_provider=TracerProvider(), registry=CollectorRegistry())
+        try:  # the wrapper as wrapt calls it for a patched SimpleConsumer.receive
+            got = getattr(inst, f"_{method}")(getattr(racy, method), racy, (1, 30), {})
+        finally:
+            inst.uninstrument()
+        assert len(got if method == "receive" else got.result(10)) == 1
+        return racy
+    return drive
+
+
+def _polled() -> RacyClient:
+    racy: list[RacyClient] = []
+    _, loop = pipeline(1, lambda m: None, consumer_wrapper=lambda c: racy.append(RacyClient(c)) or racy[0])
+    try:
+        loop.poll()
+    finally:
+        loop.stop(timeout=5)
+        loop.dispatcher.close()  # a polled loop's stop() only asks
+    return racy[0]
+
+
+SETTINGS_SEAMS = {
+    "tracer.clients.official.TracedSimpleConsumer.receive": _traced("receive"),
+    "tracer.clients.official.TracedSimpleConsumer.receive_async": _traced("receive_async"),
+    "tracer.clients.instrumentor.RocketMQInstrumentor._receive": _instrumented("receive"),
+    "tracer.clients.instrumentor.RocketMQInstrumentor._receive_async": _instrumented("receive_async"),
+    "tracer.clients.consume.ConsumeLoop.poll": _polled,  # run() waits: test above
+}
+
+
+def test_every_receive_seam_has_a_driver_here() -> None:
+    assert receive_seams() == set(SETTINGS_SEAMS)
+
+
+# ConsumeLoop.poll(), public (the POLLED phase), receives with no settings wait: run() waits before
+# its first poll, a caller driving poll() itself gets the client's "settings" is null. The loop is
+# another helper's file (tracer/clients/consume.py): left to it, strict so the fix is noticed.
+NOT_YET = {"tracer.clients.consume.ConsumeLoop.poll": "poll() does not wait for the settings (consume.py)"}
+
+
+@pytest.mark.parametrize("seam", [pytest.param(s, marks=pytest.mark.xfail(strict=True, reason=NOT_YET[s]))
+                                  if s in NOT_YET else s for s in sorted(SETTINGS_SEAMS)])
+def test_every_receive_seam_waits_for_the_settings_before_its_first_receive(seam: str) -> None:
+    racy = SETTINGS_SEAMS[seam]()
+    assert racy.refused == 0 and getattr(racy, SETTINGS_ATTR).waits == 1, seam

@@ -80,7 +80,7 @@ def main(mode: str) -> int:
         from tracer.clients.instrumentor import RocketMQInstrumentor
 
         names = [(Producer, "send_sync"), (Producer, "send_orderly_with_sharding_key"), (Producer, "send_oneway"),
-                 (PushConsumer, "__init__"), (PushConsumer, "subscribe")]
+                 (Producer, "set_name_server_address"), (PushConsumer, "__init__"), (PushConsumer, "subscribe")]
         originals = {(c.__name__, n): c.__dict__[n] for c, n in names}
         instrumentor = RocketMQInstrumentor()
         instrumentor.instrument(tracer_provider=provider, registry=registry)
@@ -164,8 +164,8 @@ def main(mode: str) -> int:
         instrumentor.uninstrument()
         result["restored"] = all(c.__dict__[n] is originals[(c.__name__, n)]
                                  for c, n in [(Producer, "send_sync"), (Producer, "send_orderly_with_sharding_key"),
-                                              (Producer, "send_oneway"), (PushConsumer, "__init__"),
-                                              (PushConsumer, "subscribe")])
+                                              (Producer, "send_oneway"), (Producer, "set_name_server_address"),
+                                              (PushConsumer, "__init__"), (PushConsumer, "subscribe")])
         # after uninstrument a send writes no properties and makes no span
         before = len(exporter.get_finished_spans())
         p2 = Producer(f"{GROUP}-p2")

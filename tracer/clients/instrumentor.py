@@ -43,7 +43,7 @@ from ..path.names import ACK, CHANGE_INVISIBLE_DURATION
 from ..telemetry.metrics import TracerMetrics
 from ..telemetry.operations import ConsumerOperations
 from ..telemetry.tracer import MessageTracer
-from .legacy import traced_callback, traced_legacy_send
+from .legacy import remember_name_server, traced_callback, traced_legacy_send
 from .official import ReceivedTraces, TracedListener, settle_received
 from .package import _instruments, _instruments_legacy
 from .producer import traced_send, traced_send_async
@@ -132,6 +132,7 @@ class RocketMQInstrumentor(BaseInstrumentor):  # type: ignore[misc]
         if self._legacy:
             for name in _LEGACY_SENDS:
                 wrap_function_wrapper(_LEGACY, f"Producer.{name}", self._legacy_send)
+            wrap_function_wrapper(_LEGACY, "Producer.set_name_server_address", self._legacy_name_server)
             wrap_function_wrapper(_LEGACY, "PushConsumer.__init__", self._legacy_push_init)
             wrap_function_wrapper(_LEGACY, "PushConsumer.subscribe", self._legacy_subscribe)
             return
@@ -155,6 +156,7 @@ class RocketMQInstrumentor(BaseInstrumentor):  # type: ignore[misc]
 
             for name in _LEGACY_SENDS:
                 unwrap(legacy.Producer, name)
+            unwrap(legacy.Producer, "set_name_server_address")
             unwrap(legacy.PushConsumer, "__init__")
             unwrap(legacy.PushConsumer, "subscribe")
             return
@@ -323,6 +325,13 @@ class RocketMQInstrumentor(BaseInstrumentor):  # type: ignore[misc]
         if not is_instrumentation_enabled() or not args:
             return wrapped(*args, **kwargs)
         return traced_legacy_send(self._tracer_for_producer(instance), wrapped, *args, **kwargs)
+
+    def _legacy_name_server(self, wrapped: Any, instance: Any, args: Any, kwargs: Any) -> Any:
+        # the C++ client keeps the address with no getter: remembered, a route failure says
+        # whether the name server is down or the topic missing
+        result = wrapped(*args, **kwargs)
+        remember_name_server(instance, args[0] if args else kwargs.get("addr"))
+        return result
 
     def _legacy_push_init(self, wrapped: Any, instance: Any, args: Any, kwargs: Any) -> Any:
         # PushConsumer(group_id, orderly=False, message_model=...): the group lives only in C++

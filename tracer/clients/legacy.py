@@ -28,6 +28,7 @@ from __future__ import annotations
 import ctypes
 import sys
 import threading
+import weakref
 from collections.abc import Sequence
 from typing import Any, Callable, NamedTuple
 
@@ -41,6 +42,7 @@ from ..path.propagation import BAGGAGE, COST, JOB_ID, PRODUCE_NS, TRACEPARENT, T
 from ..telemetry.tracer import MessageTracer, SendTrace
 from .listener import Seam, traced_consume
 from .producer import ProducerProxy, check_job_id, ordered_job, send_ordered, traced_send
+from .route import explain_legacy_route_failure
 
 # Our properties and the W3C ones, read from a received 2.x message (it cannot list its
 # properties); the global propagator's own fields are read as well when it is another one.
@@ -139,12 +141,37 @@ def start_legacy_send(tracer: MessageTracer, message: Any, job_id: str | None, c
                              job_id=job_id, cost=cost)
 
 
+# The name server each 2.x producer was given, as far as rmqtrace saw the call (the C++ client
+# keeps it and has no getter): it tells a name server that is down from a missing topic.
+_NAME_SERVERS: weakref.WeakKeyDictionary[Any, str] = weakref.WeakKeyDictionary()
+
+
+def remember_name_server(producer: Any, addresses: Any) -> None:
+    """Keep ``addresses`` (what ``set_name_server_address`` was given) for ``producer``. Never raises."""
+    try:
+        if isinstance(addresses, str) and addresses:
+            _NAME_SERVERS[producer] = addresses
+    except TypeError:  # not weakly referenceable: its route failure names both causes
+        pass
+
+
+def explain_legacy_send_failure(exc: BaseException, client: Any, message: Any) -> Exception | None:
+    """The 2.x client's "No route info of this topic" as a :class:`.route.TopicRouteError`: the
+    name server down or the topic missing (both, when its address was set before rmqtrace saw it)."""
+    try:
+        name_server = _NAME_SERVERS.get(client)
+    except TypeError:
+        name_server = None
+    return explain_legacy_route_failure(exc, name_server, produced_fields(message).topic)
+
+
 def traced_legacy_send(tracer: MessageTracer, send: Callable[..., Any], message: Any, *args: Any,
                        job_id: str | None = None, cost: float | None = None, **kwargs: Any) -> Any:
     """``send(message, ...)`` of a 2.x producer inside a ``send {topic}`` span. The receipt's
-    ``msg_id`` becomes ``messaging.message.id``; the user's exceptions pass through."""
+    ``msg_id`` becomes ``messaging.message.id``; the user's exceptions pass through, but for the
+    client's "No route info of this topic", raised as a :class:`.route.TopicRouteError`."""
     return traced_send(tracer, send, message, *args, job_id=job_id, cost=cost, opener=start_legacy_send,
-                       id_attr="msg_id", **kwargs)
+                       explain=explain_legacy_send_failure, id_attr="msg_id", **kwargs)
 
 
 def legacy_message_key(message: Any) -> str | None:
@@ -176,6 +203,11 @@ class TracedLegacyProducer(ProducerProxy):
         return send_ordered(ordered_job(messages, cost, order, key), order, job_id,
                             lambda m, c: self.send_sync(m, job_id=job_id, cost=c),
                             lambda m: m.set_property(JOB_ORDER_PROPERTY, order))
+
+    def set_name_server_address(self, addr: str) -> None:
+        """The client's own, remembered: a route failure then says whether the name server is down."""
+        self._producer.set_name_server_address(addr)
+        remember_name_server(self._producer, addr)
 
     def send_sync(self, msg: Any, *, job_id: str | None = None, cost: float | None = None) -> Any:
         return traced_legacy_send(self._tracer, self._producer.send_sync, msg, job_id=job_id, cost=cost)
@@ -280,8 +312,10 @@ __all__ = [
     "Produced",
     "TracedLegacyProducer",
     "describe_legacy",
+    "explain_legacy_send_failure",
     "legacy_message_key",
     "produced_fields",
+    "remember_name_server",
     "traced_callback",
     "traced_legacy_send",
 ]

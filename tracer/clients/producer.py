@@ -21,8 +21,8 @@ from ..telemetry.futures import future_error
 from ..telemetry.tracer import MessageTracer, SendTrace
 from .route import explain_route_failure
 
-__all__ = ["JobSendError", "ProducerProxy", "SendOpener", "TracedProducer", "check_job_id", "ordered_job",
-           "send_ordered", "start_send", "traced_send", "traced_send_async"]
+__all__ = ["JobSendError", "ProducerProxy", "SendExplainer", "SendOpener", "TracedProducer", "check_job_id",
+           "explain_send_failure", "ordered_job", "send_ordered", "start_send", "traced_send", "traced_send_async"]
 
 
 def _setter(message: Any) -> Callable[[str, str], object]:
@@ -52,17 +52,32 @@ def start_send(tracer: MessageTracer, message: Any, job_id: str | None = None,
 
 
 SendOpener = Callable[[MessageTracer, Any, "str | None", "float | None"], SendTrace]
+# (the send's exception, the client, the message) -> the exception to raise instead, or None
+SendExplainer = Callable[[BaseException, Any, Any], "Exception | None"]
+
+
+def explain_send_failure(exc: BaseException, client: Any, message: Any) -> Exception | None:
+    """The 5.x client's "failed to fetch topic:T route." as a :class:`.route.TopicRouteError`
+    (broker down or topic missing, and the next step); None for any other error. Never raises."""
+    return explain_route_failure(exc, client, getattr(message, "topic", None))
+
+
+def _explained(explain: SendExplainer, exc: BaseException, send: Callable[..., Any], message: Any) -> Exception | None:
+    try:
+        return explain(exc, getattr(send, "__self__", None), message)
+    except Exception:  # noqa: BLE001 - the client's own error is raised then
+        return None
 
 
 def traced_send(tracer: MessageTracer, send: Callable[..., Any], message: Any, *args: Any,
                 job_id: str | None = None, cost: float | None = None, opener: SendOpener = start_send,
-                id_attr: str = "message_id", **kwargs: Any) -> Any:
+                explain: SendExplainer = explain_send_failure, id_attr: str = "message_id", **kwargs: Any) -> Any:
     """``send(message, ...)`` inside a ``send {topic}`` span; the user's exceptions pass through.
-    The 5.x client's "failed to fetch topic:T route." becomes a :class:`.route.TopicRouteError`
-    that says whether the broker is down or the topic missing, and the next step.
+    The client's "no route for this topic" becomes a :class:`.route.TopicRouteError` that says
+    whether the broker is down or the topic missing, and the next step.
 
-    ``opener`` reads the message (the 2.x client's differs) and ``id_attr`` names the receipt's
-    message id."""
+    ``opener`` reads the message and ``explain`` the client's route failure (the 2.x client's
+    differ); ``id_attr`` names the receipt's message id."""
     try:
         st = opener(tracer, message, job_id, cost)
     except Exception as exc:  # noqa: BLE001 - our failure must not stop the send
@@ -73,10 +88,10 @@ def traced_send(tracer: MessageTracer, send: Callable[..., Any], message: Any, *
             receipt = send(message, *args, **kwargs)
     except BaseException as exc:
         st.end(error=exc)
-        explained = explain_route_failure(exc, getattr(send, "__self__", None), getattr(message, "topic", None))
+        explained = _explained(explain, exc, send, message)
         if explained is not None:
-            # the 5.x client says "failed to fetch topic:T route." for a broker that is down and for
-            # a topic that is missing alike; say which, and what to do (client_error keeps its own)
+            # the client says the same for a broker that is down and for a topic that is missing;
+            # say which, and what to do (client_error keeps its own)
             raise explained from None
         raise
     st.end(message_id=getattr(receipt, id_attr, None))
@@ -86,6 +101,9 @@ def traced_send(tracer: MessageTracer, send: Callable[..., Any], message: Any, *
 def traced_send_async(tracer: MessageTracer, send_async: Callable[..., Future[Any]], message: Any,
                       *args: Any, job_id: str | None = None, cost: float | None = None,
                       **kwargs: Any) -> Future[Any]:
+    """``send_async(message, ...)`` inside a ``send {topic}`` span ended by the future. A route
+    failure is explained as :func:`traced_send` does: the 5.x client raises it from the call itself
+    (it picks the queue before it returns the future), never through the future."""
     try:
         st = start_send(tracer, message, job_id, cost)
     except Exception as exc:  # noqa: BLE001
@@ -96,6 +114,9 @@ def traced_send_async(tracer: MessageTracer, send_async: Callable[..., Future[An
             fut = send_async(message, *args, **kwargs)
     except BaseException as exc:
         st.end(error=exc)
+        explained = _explained(explain_send_failure, exc, send_async, message)
+        if explained is not None:
+            raise explained from None
         raise
 
     def _done(f: Future[Any]) -> None:
