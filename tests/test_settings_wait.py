@@ -195,14 +195,7 @@ def test_every_receive_seam_has_a_driver_here() -> None:
     assert receive_seams() == set(SETTINGS_SEAMS)
 
 
-# ConsumeLoop.poll(), public (the POLLED phase), receives with no settings wait: run() waits before
-# its first poll, a caller driving poll() itself gets the client's "settings" is null. The loop is
-# another helper's file (tracer/clients/consume.py): left to it, strict so the fix is noticed.
-NOT_YET = {"tracer.clients.consume.ConsumeLoop.poll": "poll() does not wait for the settings (consume.py)"}
-
-
-@pytest.mark.parametrize("seam", [pytest.param(s, marks=pytest.mark.xfail(strict=True, reason=NOT_YET[s]))
-                                  if s in NOT_YET else s for s in sorted(SETTINGS_SEAMS)])
+@pytest.mark.parametrize("seam", sorted(SETTINGS_SEAMS))
 def test_every_receive_seam_waits_for_the_settings_before_its_first_receive(seam: str) -> None:
     racy = SETTINGS_SEAMS[seam]()
     assert racy.refused == 0 and getattr(racy, SETTINGS_ATTR).waits == 1, seam

@@ -581,8 +581,13 @@ class ConsumeLoop:
         """
         if self._phase == _Phase.NEW:
             with self._lock:
-                if self._phase == _Phase.NEW:
+                first = self._phase == _Phase.NEW
+                if first:
                     self._phase = _Phase.POLLED
+            # a caller driving poll() itself gets run()'s wait before its first receive (startup.py)
+            if first and wait_for_settings(self.consumer, SETTINGS_WAIT_S, self._stop) is False:
+                log.debug("rmqtrace consume loop: no settings from the proxy within %g s; receiving anyway",
+                          SETTINGS_WAIT_S)
         if self.flow.prefetch == 0:
             self._feed()
         free = self._room()
