@@ -19,7 +19,8 @@ def test_stop_while_this_thread_holds_the_lock_returns_and_the_loop_stops():
     with loop._lock:  # the interrupted main thread, inside statistics() or wait()'s predicate
         t0 = time.monotonic()
         assert loop.stop() in (False, True)  # fails before: blocks forever on the held lock
-        assert time.monotonic() - t0 < 1.0
+        # blocking is for ever (the lock is ours): any bound a loaded machine keeps tells the two apart
+        assert time.monotonic() - t0 < 10.0
     t.join(10)
     assert not t.is_alive()
     assert loop.stopping

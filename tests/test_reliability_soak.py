@@ -302,7 +302,8 @@ def test_span_queue_is_bounded_and_every_lost_span_is_counted_without_waiting():
     for _ in range(5_000):
         tracer.start_span("s").end()
     took = time.monotonic() - t0
-    assert took < 5  # ending a span never waits for the backend
+    # ending a span never waits for the backend: one that waited would sit out Stuck's 30 s hold
+    assert took < 25
     assert processor.statistics().pending <= 100  # the queue never holds more than its size
     assert drops.dropped >= 5_000 - 100 - stuck.taken
     stuck.release.set()
