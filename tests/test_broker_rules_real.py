@@ -229,14 +229,19 @@ def test_a_message_given_back_by_change_invisible_duration_comes_back_with_the_n
     side.consumer.ack(again)
 
 
-# -- a FIFO group: one message of a group held at a time, the group in send order ----------------
+# -- a FIFO topic: a queue's consecutive run, the queue blocked while one of it is in flight -----
 class FifoSide:
-    """A FIFO topic and group on either broker (the embedded FIFO rule review30c 05 fixed)."""
+    """A FIFO topic and group on either broker. ``queues=1`` puts every message group in one
+    queue on both, so both must give the very same answers; with more queues only each queue's
+    run is the same (the proxy starts a receive at a random queue, and the 5.x client's hash
+    decides which groups share one)."""
 
-    def __init__(self, kind: str) -> None:
+    def __init__(self, kind: str, queues: int | None = None) -> None:
+        self.kind = kind
         if kind == "embedded":
-            broker = EmbeddedBroker(min_receive_invisible=1)
-            broker.create_topic("F", fifo=True)
+            self.clock = Clock()
+            broker = EmbeddedBroker(monotonic=self.clock, min_receive_invisible=1)
+            broker.create_topic("F", fifo=True, queues=queues)
             self.producer: Any = Producer(broker, ["F"])
             self.producer.startup()
             self.consumer: Any = SimpleConsumer(broker, "GF", {"F": None}, await_duration=0)
@@ -250,7 +255,7 @@ class FifoSide:
             import rmq_real
 
             rmq_real.ensure_broker()
-            topic = rmq_real.fresh_topic("rules-fifo", fifo=True)
+            topic = rmq_real.fresh_topic("rules-fifo", fifo=True, queues=queues or 4)
             self.producer = rmq_real.start_producer(topic)
             self.consumer = rmq_real.start_simple(rmq_real.fresh_group("rules-fifo", fifo=True), topic, await_duration=1)
             self.closing = [self.consumer.shutdown, self.producer.shutdown]
@@ -260,30 +265,165 @@ class FifoSide:
                 return rmq_real.message(topic, body, group=group)
         self.make = make
 
+    def send(self, *bodies: str) -> None:
+        """Each body's first letter is its message group: ``send("a0", "b0", "a1")``."""
+        for body in bodies:
+            self.producer.send(self.make(body, body[0]))
+
+    def receive(self, n: int, invisible: int = 10) -> list[Any]:
+        """The first answer that is not empty (the proxy may answer [] while a send settles)."""
+        end = time.monotonic() + 30
+        while True:
+            got = self.consumer.receive(n, invisible)
+            if got:
+                return list(got)
+            assert time.monotonic() < end, "nothing received within 30 s"
+
+    def nothing(self) -> bool:
+        """One receive (a long poll of 1 s on the proxy) answers nothing."""
+        return list(self.consumer.receive(8, 10)) == []
+
+    def pass_time(self, seconds: float) -> None:
+        if self.kind == "embedded":
+            self.clock.t += seconds
+        else:
+            time.sleep(seconds)  # real-time: the proxy decides expiry on its own clock
+
     def close(self) -> None:
         for fn in getattr(self, "closing", []):
             self.quietly(fn)
 
 
-@pytest.mark.parametrize("kind", ["embedded", pytest.param("real", marks=pytest.mark.integration)])
+def bodies(messages: list[Any]) -> list[str]:
+    return [m.body.decode() for m in messages]
+
+
+def attempts(messages: list[Any]) -> list[int]:
+    return [m.delivery_attempt for m in messages]
+
+
+KINDS = ["embedded", pytest.param("real", marks=pytest.mark.integration)]
+
+
+@pytest.fixture(params=KINDS)
+def one_queue(request: pytest.FixtureRequest) -> Any:
+    side = FifoSide(request.param, queues=1)
+    yield side
+    side.close()
+
+
+@pytest.mark.parametrize("kind", KINDS)
 def test_a_fifo_group_is_handed_out_in_send_order_each_message_once(kind: str) -> None:
-    """The rule both brokers keep. Where they differ (found writing this test): the proxy hands out
-    several messages of one group in one receive (a queue's consecutive run, e.g. c0 c1 c2 a0 b0 …),
-    the embedded broker at most one per group per receive — RELIABILITY "Known limits"."""
-    side = FifoSide(kind)
+    """Four queues: each group in send order, each message once, and a receive may carry several
+    of one group (a queue's run: ``a0 b0 a1 b1 a2 b2 c0 c1`` on the proxy, a and b sharing a queue)."""
+    side = FifoSide(kind, queues=4)
     try:
-        sent = [(g, i) for i in range(3) for g in ("a", "b", "c")]  # interleaved groups
-        for g, i in sent:
-            side.producer.send(side.make(f"{g}{i}", g))
+        side.send(*(f"{g}{i}" for i in range(3) for g in "abc"))  # interleaved groups
         seen: dict[str, list[int]] = {}
+        several = False
         end = time.monotonic() + 60
-        while sum(map(len, seen.values())) < len(sent):
+        while sum(map(len, seen.values())) < 9:
             assert time.monotonic() < end, f"not every message came within 60 s: {seen}"
             held = side.consumer.receive(8, 10)
+            groups = [m.message_group for m in held]
+            several |= any(groups.count(g) > 1 for g in groups)
             for m in held:
                 seen.setdefault(m.message_group, []).append(int(m.body.decode()[1:]))
             for m in held:
                 side.consumer.ack(m)
-        assert seen == {g: [0, 1, 2] for g in ("a", "b", "c")}, seen
+        assert seen == {g: [0, 1, 2] for g in "abc"}, seen
+        assert several, "no receive carried two of one group"
     finally:
         side.close()
+
+
+def test_a_fifo_receive_is_the_queues_run_and_the_queue_then_waits(one_queue: FifoSide) -> None:
+    """A receive takes the queue's consecutive run in send order, several of one group and of
+    several groups; nothing more comes from the queue while the run is in flight, not even what
+    the receive had no room for."""
+    side = one_queue
+    side.send("a0", "b0", "a1", "b1", "a2")
+    first = side.receive(3)
+    assert (bodies(first), attempts(first)) == (["a0", "b0", "a1"], [1, 1, 1])
+    assert side.nothing()
+    for m in first:
+        side.consumer.ack(m)
+    rest = side.receive(8)
+    assert (bodies(rest), attempts(rest)) == (["b1", "a2"], [1, 1])
+    for m in rest:
+        side.consumer.ack(m)
+
+
+def test_no_later_fifo_message_while_an_earlier_one_is_in_flight(one_queue: FifoSide) -> None:
+    """Acking the later messages of a run frees nothing while the first one is in flight."""
+    side = one_queue
+    side.send("a0", "a1", "a2")
+    run = side.receive(8)
+    assert bodies(run) == ["a0", "a1", "a2"]
+    side.send("a3")
+    side.consumer.ack(run[1])
+    side.consumer.ack(run[2])
+    assert side.nothing()
+    side.consumer.ack(run[0])
+    nxt = side.receive(8)
+    assert (bodies(nxt), attempts(nxt)) == (["a3"], [1])
+    side.consumer.ack(nxt[0])
+
+
+def test_after_a_fifo_nack_the_run_comes_again_from_the_nacked_message(one_queue: FifoSide) -> None:
+    """``change_invisible_duration`` of the first (the loop's nack) blocks the queue for its
+    time; then the run comes again from it, the later messages too although they were acked."""
+    side = one_queue
+    side.send("a0", "a1", "a2")
+    run = side.receive(8)
+    side.consumer.change_invisible_duration(run[0], 1)
+    side.consumer.ack(run[1])
+    side.consumer.ack(run[2])
+    assert side.nothing()
+    side.pass_time(1.5)
+    again = side.receive(8)
+    assert (bodies(again), attempts(again)) == (["a0", "a1", "a2"], [2, 2, 2])
+    for m in again:
+        side.consumer.ack(m)
+
+
+def test_after_a_fifo_expiry_the_run_comes_again_from_the_first_unacked(one_queue: FifoSide) -> None:
+    side = one_queue
+    side.send("a0", "a1", "a2")
+    run = side.receive(8, invisible=1)
+    side.consumer.ack(run[0])
+    side.consumer.ack(run[2])  # a1 is left to expire
+    side.pass_time(1.5)
+    again = side.receive(8)
+    assert (bodies(again), attempts(again)) == (["a1", "a2"], [2, 2])
+    for m in again:
+        side.consumer.ack(m)
+
+
+def test_a_fifo_run_holding_a_new_message_says_attempt_1_for_all(one_queue: FifoSide) -> None:
+    """The local-mode proxy gives the run's attempt from the queue's count: a message handed out
+    before comes again as attempt 1 when the run also holds one not handed out before. So
+    ``(message_id, delivery_attempt)`` does not name one delivery on a FIFO topic."""
+    side = one_queue
+    side.send("a0", "a1")
+    run = side.receive(8, invisible=1)
+    assert bodies(run) == ["a0", "a1"]
+    side.send("a2")
+    side.pass_time(1.5)
+    again = side.receive(8)
+    assert (bodies(again), attempts(again)) == (["a0", "a1", "a2"], [1, 1, 1])
+    assert [m.message_id for m in again[:2]] == [m.message_id for m in run]
+    for m in again:
+        side.consumer.ack(m)
+
+
+def test_a_fifo_renewal_after_the_ack_is_accepted_and_brings_nothing_back(one_queue: FifoSide) -> None:
+    """Unlike a normal topic's (above): the acked offset no longer blocks the queue."""
+    side = one_queue
+    side.send("a0", "a1")
+    run = side.receive(8)
+    side.consumer.ack(run[0])
+    assert answer(side.consumer.change_invisible_duration, run[0], 1) == (None, "")
+    side.consumer.ack(run[1])
+    side.pass_time(1.5)
+    assert side.nothing()

@@ -79,13 +79,20 @@ def test_change_invisible_duration_renews_the_lease_and_the_handle():
 
 
 def test_fifo_group_is_held_while_an_earlier_message_is_unacked():
+    """A group's queue hands out its run and then nothing until the whole run is acked (the
+    rules against the real proxy: tests/test_broker_rules_real.py)."""
     broker, p, c = setup(fifo=True)
     for body, g in [("a1", "A"), ("a2", "A"), ("b1", "B"), ("a3", "A")]:
         p.send(msg(body, group=g))
     first = c.receive(10, 30)
-    assert [m.body for m in first] == [b"a1", b"b1"]
+    assert sorted(m.body for m in first) == [b"a1", b"a2", b"a3", b"b1"]
+    assert [m.body for m in first if m.message_group == "A"] == [b"a1", b"a2", b"a3"]
+    p.send(msg("a4", group="A"))
     c.ack(first[0])
-    assert [m.body for m in c.receive(10, 30)] == [b"a2"]
+    assert c.receive(10, 30) == []
+    for m in first[1:]:
+        c.ack(m)
+    assert [m.body for m in c.receive(10, 30)] == [b"a4"]
     with pytest.raises(EmbeddedBrokerError):
         p.send(msg("no-group"))
 
@@ -176,3 +183,9 @@ def test_the_broker_public_surface_is_what_the_clients_call():
     handle = broker.change_invisible("G", "T", mid, m.receipt_handle, 5)
     broker.ack("G", "T", mid, handle)
     assert broker.backlog("G", "T") == 0 and broker.stored("T") == 1
+
+
+@pytest.mark.parametrize("fifo, queues", [(False, 4), (True, 0), (True, -1), (True, True), (True, 2.0)])
+def test_create_topic_refuses_queues_that_cannot_work(fifo: bool, queues: object) -> None:
+    with pytest.raises(ValueError, match="queues"):
+        EmbeddedBroker().create_topic("T", fifo=fifo, queues=queues)  # type: ignore[arg-type]
