@@ -13,6 +13,7 @@ import time
 from typing import Any
 
 import pytest
+from fifo_side import KINDS, FifoSide
 
 from tracer.embedded import (
     ILLEGAL_INVISIBLE_TIME,
@@ -230,79 +231,12 @@ def test_a_message_given_back_by_change_invisible_duration_comes_back_with_the_n
 
 
 # -- a FIFO topic: a queue's consecutive run, the queue blocked while one of it is in flight -----
-class FifoSide:
-    """A FIFO topic and group on either broker. ``queues=1`` puts every message group in one
-    queue on both, so both must give the very same answers; with more queues only each queue's
-    run is the same (the proxy starts a receive at a random queue, and the 5.x client's hash
-    decides which groups share one)."""
-
-    def __init__(self, kind: str, queues: int | None = None) -> None:
-        self.kind = kind
-        if kind == "embedded":
-            self.clock = Clock()
-            broker = EmbeddedBroker(monotonic=self.clock, min_receive_invisible=1)
-            broker.create_topic("F", fifo=True, queues=queues)
-            self.producer: Any = Producer(broker, ["F"])
-            self.producer.startup()
-            self.consumer: Any = SimpleConsumer(broker, "GF", {"F": None}, await_duration=0)
-            self.consumer.startup()
-
-            def make(body: str, group: str) -> Any:
-                m = Message()
-                m.topic, m.body, m.message_group = "F", body.encode(), group
-                return m
-        else:
-            import rmq_real
-
-            rmq_real.ensure_broker()
-            topic = rmq_real.fresh_topic("rules-fifo", fifo=True, queues=queues or 4)
-            self.producer = rmq_real.start_producer(topic)
-            self.consumer = rmq_real.start_simple(rmq_real.fresh_group("rules-fifo", fifo=True), topic, await_duration=1)
-            self.closing = [self.consumer.shutdown, self.producer.shutdown]
-            self.quietly = rmq_real.quietly
-
-            def make(body: str, group: str) -> Any:
-                return rmq_real.message(topic, body, group=group)
-        self.make = make
-
-    def send(self, *bodies: str) -> None:
-        """Each body's first letter is its message group: ``send("a0", "b0", "a1")``."""
-        for body in bodies:
-            self.producer.send(self.make(body, body[0]))
-
-    def receive(self, n: int, invisible: int = 10) -> list[Any]:
-        """The first answer that is not empty (the proxy may answer [] while a send settles)."""
-        end = time.monotonic() + 30
-        while True:
-            got = self.consumer.receive(n, invisible)
-            if got:
-                return list(got)
-            assert time.monotonic() < end, "nothing received within 30 s"
-
-    def nothing(self) -> bool:
-        """One receive (a long poll of 1 s on the proxy) answers nothing."""
-        return list(self.consumer.receive(8, 10)) == []
-
-    def pass_time(self, seconds: float) -> None:
-        if self.kind == "embedded":
-            self.clock.t += seconds
-        else:
-            time.sleep(seconds)  # real-time: the proxy decides expiry on its own clock
-
-    def close(self) -> None:
-        for fn in getattr(self, "closing", []):
-            self.quietly(fn)
-
-
 def bodies(messages: list[Any]) -> list[str]:
     return [m.body.decode() for m in messages]
 
 
 def attempts(messages: list[Any]) -> list[int]:
     return [m.delivery_attempt for m in messages]
-
-
-KINDS = ["embedded", pytest.param("real", marks=pytest.mark.integration)]
 
 
 @pytest.fixture(params=KINDS)
@@ -376,11 +310,13 @@ def test_after_a_fifo_nack_the_run_comes_again_from_the_nacked_message(one_queue
     side = one_queue
     side.send("a0", "a1", "a2")
     run = side.receive(8)
-    side.consumer.change_invisible_duration(run[0], 1)
+    # 3 s: the long poll in nothing() (1 s on the proxy) must end before the queue is free again,
+    # or the proxy wakes it with the run (seen once with 1 s on the loaded machine)
+    side.consumer.change_invisible_duration(run[0], 3)
     side.consumer.ack(run[1])
     side.consumer.ack(run[2])
     assert side.nothing()
-    side.pass_time(1.5)
+    side.pass_time(3.5)
     again = side.receive(8)
     assert (bodies(again), attempts(again)) == (["a0", "a1", "a2"], [2, 2, 2])
     for m in again:
