@@ -20,9 +20,9 @@ messages of one group may come in one receive); a queue stays blocked while any 
 last run is neither acked nor past its invisible time (a renewal or ``change_invisible_duration``
 moves that time). Once unblocked, the queue is read again from its first unacked message: the run
 after a nack or an expiry starts there and carries the later messages again, acked or not. Every
-message of a run carries the same ``delivery_attempt``: one more than the times the whole run was
-handed out before, 1 as soon as the run holds a message not handed out before (the local-mode
-proxy reads the queue's count, not the message's). ``ack`` and ``change_invisible_duration`` of a
+message of a run carries the same ``delivery_attempt``: one more than the fewest runs in a row
+any of its messages came in before, so 1 as soon as the run holds a message not handed out before
+(the local-mode proxy reads the queue's count, not the message's). ``ack`` and ``change_invisible_duration`` of a
 message of an earlier run, or of an acked one, are accepted and change nothing.
 
 The rules the tracer relies on are the proxy's (``tests/test_broker_rules_real.py`` runs each
@@ -263,8 +263,8 @@ class EmbeddedBroker:
     ``keep_consumed=False`` drops stored records once every subscribed group has read past them
     (in-flight ones stay with their leases), so a long run's memory is what is in flight, as on
     a real broker whose retention has passed; a group subscribing later starts after them. It
-    also forgets an acked message at once, so a renewal after its ack is refused (40013) there
-    instead of bringing the message back as on the proxy.
+    also forgets an acked message of a normal topic at once, so a renewal after its ack is refused
+    (40013) there instead of bringing the message back as on the proxy.
     ``min_receive_invisible`` / ``max_invisible`` (seconds) are the proxy's limits; lower the
     minimum like ``minInvisibleTimeMillsForRecv`` in ``rmq-proxy.json`` for short-lease tests.
     """
