@@ -10,6 +10,11 @@ Two machines share the rules and the invariants:
   workers, the watchdog and each other are explored, and its ``stop`` rule is the real
   ``stop()`` → drain path (unbounded, or ``stop(timeout=0)``: cut at once).
 
+:class:`FifoConsumeModel` and :class:`ThreadedFifoConsumeModel` run each on a FIFO topic,
+``key=`` the message group: a receive carries a group's run, and after a failure the broker hands
+the run out again from the failed message, the later ones with it (a documented reason to run
+again, of the message or of an earlier one of its group).
+
 Both run on a manual clock shared with the broker. Handlers run on the dispatcher's real worker
 threads and block on events the test sets (success, failure, or an overrun past
 ``handler_timeout`` on the manual clock); a handler never released is a hang. Broker errors are
@@ -53,8 +58,8 @@ checked after every step once the threads have settled (a deadline wait, no fixe
 
 At the end everything is released and drained: with the loop still running, every message is
 acked. Default profile: 300 driven + 25 threaded examples (a minute or so on a quiet machine; the threaded
-ones wait for the real keeper tick); ``RMQTRACE_LONG=1``:
-1000 + 300.
+ones wait for the real keeper tick), FIFO 100 + 15; ``RMQTRACE_LONG=1``:
+1000 + 300, FIFO 300 + 100.
 """
 
 from __future__ import annotations
@@ -751,6 +756,12 @@ class FifoConsumeModel(ConsumeModel):
         return calls.index(call)
 
 
+class ThreadedFifoConsumeModel(ThreadedConsumeModel):
+    """The threaded model on a FIFO topic: ``run()``'s own threads against the FIFO runs."""
+
+    fifo = True
+
+
 # no shrinking when asked, or under the seeded-bug runner (its profile's phases are overridden
 # by the explicit settings below, so they are chosen here)
 _NO_SHRINK = os.environ.get("RMQTRACE_NO_SHRINK") or os.environ.get("RMQTRACE_SEEDED") == "1"
@@ -766,4 +777,8 @@ FifoConsumeModel.TestCase.settings = settings(
     suppress_health_check=[HealthCheck.too_slow])
 test_consume_loop_model = ConsumeModel.TestCase
 test_consume_loop_threaded_model = ThreadedConsumeModel.TestCase
+ThreadedFifoConsumeModel.TestCase.settings = settings(
+    max_examples=100 if LONG else 15, stateful_step_count=20, deadline=None, phases=_PHASES,
+    suppress_health_check=[HealthCheck.too_slow])
 test_consume_loop_fifo_model = FifoConsumeModel.TestCase
+test_consume_loop_threaded_fifo_model = ThreadedFifoConsumeModel.TestCase
