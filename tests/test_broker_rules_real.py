@@ -363,3 +363,18 @@ def test_a_fifo_renewal_after_the_ack_is_accepted_and_brings_nothing_back(one_qu
     side.consumer.ack(run[1])
     side.pass_time(1.5)
     assert side.nothing()
+
+
+def test_a_fifo_attempt_counts_the_runs_in_a_row_that_carried_every_message(one_queue: FifoSide) -> None:
+    """A rerun cut short by the receive's size counts for what it carried only: the next rerun
+    of the whole run says attempt 1, the one after it 2 (the broker merges each run's counts
+    with the last run's alone)."""
+    side = one_queue
+    side.send("a0", "a1", "a2")
+    seen = []
+    for n in (8, 1, 8, 8):
+        run = side.receive(n, invisible=1)
+        seen.append([(m.body.decode(), m.delivery_attempt) for m in run])
+        side.pass_time(1.5)
+    assert seen == [[("a0", 1), ("a1", 1), ("a2", 1)], [("a0", 2)],
+                    [("a0", 1), ("a1", 1), ("a2", 1)], [("a0", 2), ("a1", 2), ("a2", 2)]]
