@@ -94,7 +94,8 @@ class EmbeddedFifoModel(RuleBasedStateMachine):
             run = by_queue.get(id(q))
             if run is None:
                 continue
-            assert id(q) in free, "invariant no_run_while_one_of_the_last_is_in_flight"
+            assert id(q) in free, (
+                f"invariant no_run_while_one_of_the_last_is_in_flight: {[m.message_id for m in run]}")
             ids = [m.message_id for m in run]
             assert ids == q.sent[q.committed:q.committed + len(ids)], (
                 f"invariant a_run_starts_at_the_first_uncommitted: {ids} vs {q.sent[q.committed:]}")
