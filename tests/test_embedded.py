@@ -189,3 +189,22 @@ def test_the_broker_public_surface_is_what_the_clients_call():
 def test_create_topic_refuses_queues_that_cannot_work(fifo: bool, queues: object) -> None:
     with pytest.raises(ValueError, match="queues"):
         EmbeddedBroker().create_topic("T", fifo=fifo, queues=queues)  # type: ignore[arg-type]
+
+
+def test_a_fifo_topic_with_keep_consumed_false_keeps_only_what_is_pending() -> None:
+    """The FIFO queues hold the records from their commit offsets on; the log drops the rest."""
+    broker = EmbeddedBroker(min_receive_invisible=1, keep_consumed=False)
+    broker.create_topic("T", fifo=True)
+    p = Producer(broker, ["T"])
+    p.startup()
+    c = SimpleConsumer(broker, "G", {"T": None}, await_duration=0)
+    c.startup()
+    for i in range(3000):
+        p.send(msg(f"m{i}", group=f"g{i % 50}"))
+    handed = 0
+    while (got := c.receive(32, 10)):
+        handed += len(got)
+        for m in got:
+            c.ack(m)
+    assert handed == 3000 and broker.backlog("G", "T") == 0
+    assert broker.stored("T") < 1024
