@@ -28,7 +28,10 @@ class FifoSide:
         if kind == "embedded":
             # a manual clock unless a consume loop runs on real time over it
             self.clock = Clock() if manual_clock else None
-            broker = EmbeddedBroker(monotonic=self.clock or time.monotonic, min_receive_invisible=1)
+            clock = self.clock
+            # the handles' wall-clock pop times move with the manual clock too
+            wall_ms = (lambda: int(clock() * 1000) + 1_700_000_000_000) if clock else (lambda: time.time_ns() // 1_000_000)
+            broker = EmbeddedBroker(monotonic=clock or time.monotonic, wall_ms=wall_ms, min_receive_invisible=1)
             broker.create_topic("F", fifo=True, queues=queues)
             self.producer: Any = Producer(broker, ["F"])
             self.producer.startup()

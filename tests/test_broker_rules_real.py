@@ -378,3 +378,19 @@ def test_a_fifo_attempt_counts_the_runs_in_a_row_that_carried_every_message(one_
         side.pass_time(1.5)
     assert seen == [[("a0", 1), ("a1", 1), ("a2", 1)], [("a0", 2)],
                     [("a0", 1), ("a1", 1), ("a2", 1)], [("a0", 2), ("a1", 2), ("a2", 2)]]
+
+
+def test_a_fifo_renewal_s_handle_keeps_the_pop_time_and_runs_to_the_new_end(one_queue: FifoSide) -> None:
+    """Unlike a normal topic's renewal (a new pop time, the renewal's length): the orderly
+    renewal keeps the run's pop time, its invisible time running from it to the new end."""
+    side = one_queue
+    side.send("a0")
+    m = side.receive(8)[0]
+    popped, length = m.receipt_handle.split(" ")[1:3]
+    side.pass_time(1.0)
+    side.consumer.change_invisible_duration(m, 5)
+    renewed_pop, renewed_length = m.receipt_handle.split(" ")[1:3]
+    assert (renewed_pop, length) == (popped, "10000")
+    # 1 s after the pop plus the 5 asked for; the real proxy's own calls take some ms more
+    assert 6000 <= int(renewed_length) < 7000, renewed_length
+    side.consumer.ack(m)

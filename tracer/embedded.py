@@ -169,6 +169,8 @@ class _RunEntry:
     deadline: float  # the offset's next visible time
     delivery: int
     repeats: int  # runs in a row it was handed out in, less one (the broker's offsetConsumedCount)
+    pop_ms: int  # the run's pop time (wall ms): a renewal's handle keeps it, as the broker's does
+    queue_id: int
     acked: bool = False
 
 
@@ -479,12 +481,13 @@ class EmbeddedBroker:
         # ConsumerOrderInfoManager.update: the run's count is the least of its messages', 0 when one is new
         attempt = 1 + (min(repeats) if all(r.message_id in earlier for r in records) else 0)
         queue_id = key if isinstance(key, int) else 0
+        pop_ms = self._wall_ms()
         out: list[Message] = []
         for rec, rep in zip(records, repeats):
             delivery = next(self._deliveries)
             deadline = now + invisible
-            handle = self._new_handle(rec.message_id, delivery, deadline, invisible, queue_id)
-            entry = _RunEntry(rec, attempt, handle, deadline, delivery, rep)
+            handle = self._new_handle(rec.message_id, delivery, deadline, invisible, queue_id, pop_ms)
+            entry = _RunEntry(rec, attempt, handle, deadline, delivery, rep, pop_ms, queue_id)
             q.run.append(entry)
             sub.live[delivery] = (q, entry)
             out.append(self._message(rec, attempt, handle))
@@ -497,9 +500,12 @@ class EmbeddedBroker:
             topic.base = low
 
     def _new_handle(self, message_id: str, delivery: int, deadline: float, invisible: float,
-                    queue_id: int = 0) -> str:
+                    queue_id: int = 0, pop_ms: int | None = None) -> str:
+        """``pop_ms`` and ``invisible`` are the handle's pop time and length (``broker_lease``
+        reads them): by default now and the lease's length."""
         seq = next(self._handles)
-        return (f"{seq} {self._wall_ms()} {int(invisible * 1000)} 0 0 embedded {queue_id} {delivery} {seq} "
+        pop = self._wall_ms() if pop_ms is None else pop_ms
+        return (f"{seq} {pop} {int(invisible * 1000)} 0 0 embedded {queue_id} {delivery} {seq} "
                 f"{message_id} {deadline!r}")
 
     def _lease(self, sub: _Subscription, rec: _Stored, attempt: int, invisible: float, now: float) -> Message:
@@ -584,12 +590,17 @@ class EmbeddedBroker:
             deadline = self._monotonic() + invisible
             if self._topics[topic].fifo:
                 found = sub.live.get(delivery)
-                handle = self._new_handle(str(message_id), delivery, deadline, invisible)
-                if found is not None and not found[1].acked:
-                    found[1].deadline, found[1].handle = deadline, handle
-                    self._cond.notify_all()
-                # else an earlier run's, committed or acked: accepted, and nothing comes back
-                return handle
+                if found is None or found[1].acked:
+                    # an earlier run's, committed or acked: accepted, and nothing comes back
+                    return self._new_handle(str(message_id), delivery, deadline, invisible)
+                entry = found[1]
+                # the broker's orderly renewal keeps the pop time; its length runs to the new end
+                length = (self._wall_ms() + invisible * 1000 - entry.pop_ms) / 1000
+                entry.deadline = deadline
+                entry.handle = self._new_handle(str(message_id), delivery, deadline, length, entry.queue_id,
+                                                entry.pop_ms)
+                self._cond.notify_all()
+                return entry.handle
             lease = self._lease_of(sub, message_id, delivery)
             if lease is None:
                 raise EmbeddedBrokerError(f"message {message_id} is not in flight", INVALID_RECEIPT_HANDLE)
