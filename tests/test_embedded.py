@@ -79,13 +79,20 @@ def test_change_invisible_duration_renews_the_lease_and_the_handle():
 
 
 def test_fifo_group_is_held_while_an_earlier_message_is_unacked():
+    """A group's queue hands out its run and then nothing until the whole run is acked (the
+    rules against the real proxy: tests/test_broker_rules_real.py)."""
     broker, p, c = setup(fifo=True)
     for body, g in [("a1", "A"), ("a2", "A"), ("b1", "B"), ("a3", "A")]:
         p.send(msg(body, group=g))
     first = c.receive(10, 30)
-    assert [m.body for m in first] == [b"a1", b"b1"]
+    assert sorted(m.body for m in first) == [b"a1", b"a2", b"a3", b"b1"]
+    assert [m.body for m in first if m.message_group == "A"] == [b"a1", b"a2", b"a3"]
+    p.send(msg("a4", group="A"))
     c.ack(first[0])
-    assert [m.body for m in c.receive(10, 30)] == [b"a2"]
+    assert c.receive(10, 30) == []
+    for m in first[1:]:
+        c.ack(m)
+    assert [m.body for m in c.receive(10, 30)] == [b"a4"]
     with pytest.raises(EmbeddedBrokerError):
         p.send(msg("no-group"))
 
@@ -176,3 +183,28 @@ def test_the_broker_public_surface_is_what_the_clients_call():
     handle = broker.change_invisible("G", "T", mid, m.receipt_handle, 5)
     broker.ack("G", "T", mid, handle)
     assert broker.backlog("G", "T") == 0 and broker.stored("T") == 1
+
+
+@pytest.mark.parametrize("fifo, queues", [(False, 4), (True, 0), (True, -1), (True, True), (True, 2.0)])
+def test_create_topic_refuses_queues_that_cannot_work(fifo: bool, queues: object) -> None:
+    with pytest.raises(ValueError, match="queues"):
+        EmbeddedBroker().create_topic("T", fifo=fifo, queues=queues)  # type: ignore[arg-type]
+
+
+def test_a_fifo_topic_with_keep_consumed_false_keeps_only_what_is_pending() -> None:
+    """The FIFO queues hold the records from their commit offsets on; the log drops the rest."""
+    broker = EmbeddedBroker(min_receive_invisible=1, keep_consumed=False)
+    broker.create_topic("T", fifo=True)
+    p = Producer(broker, ["T"])
+    p.startup()
+    c = SimpleConsumer(broker, "G", {"T": None}, await_duration=0)
+    c.startup()
+    for i in range(3000):
+        p.send(msg(f"m{i}", group=f"g{i % 50}"))
+    handed = 0
+    while (got := c.receive(32, 10)):
+        handed += len(got)
+        for m in got:
+            c.ack(m)
+    assert handed == 3000 and broker.backlog("G", "T") == 0
+    assert broker.stored("T") < 1024

@@ -11,8 +11,19 @@ own tests: :class:`EmbeddedBroker`'s public methods (``store``, ``subscribe``, `
 Semantics kept from RocketMQ 5 (pop consumption): a received message is invisible to the group
 for ``invisible_duration`` seconds; acked it is gone; not acked it comes back with
 ``delivery_attempt + 1``. ``change_invisible_duration`` gives the message a new receipt handle
-and the old one stops working. On a FIFO topic a message group's next message is held back
-while an earlier one of the same group is unacknowledged.
+(the old one keeps working until its own time ends).
+
+A FIFO topic is read the way the broker's orderly pop reads it (``PopMessageProcessor`` with
+``order=true``, ``ConsumerOrderInfoManager``): its message groups are spread over queues, and a
+receive takes from each queue that is not blocked a consecutive run in send order (so several
+messages of one group may come in one receive); a queue stays blocked while any message of its
+last run is neither acked nor past its invisible time (a renewal or ``change_invisible_duration``
+moves that time). Once unblocked, the queue is read again from its first unacked message: the run
+after a nack or an expiry starts there and carries the later messages again, acked or not. Every
+message of a run carries the same ``delivery_attempt``: one more than the fewest runs in a row
+any of its messages came in before, so 1 as soon as the run holds a message not handed out before
+(the local-mode proxy reads the queue's count, not the message's). ``ack`` and ``change_invisible_duration`` of a
+message of an earlier run, or of an acked one, are accepted and change nothing.
 
 The rules the tracer relies on are the proxy's (``tests/test_broker_rules_real.py`` runs each
 against the real 5.5 proxy and this broker and expects the same answer):
@@ -27,11 +38,15 @@ against the real 5.5 proxy and this broker and expects the same answer):
   decides from the handle alone, even if nobody received the message again yet);
 * nothing else: a handle replaced by ``change_invisible_duration`` keeps working until its own
   time ends, a second ack is accepted, and so is a renewal after the ack — which brings the
-  acked message back (``delivery_attempt + 1``), as on the proxy (5.5, local mode).
+  acked message back (``delivery_attempt + 1``) on a normal topic and changes nothing on a FIFO
+  one, as on the proxy (5.5, local mode);
+* a FIFO topic's queues as above (a consecutive run per queue, the queue blocked while one of the
+  run is in flight, the run after a nack or an expiry from the first unacked message on).
 """
 
 from __future__ import annotations
 
+import hashlib
 import heapq
 import itertools
 import threading
@@ -39,7 +54,7 @@ import time
 from collections import deque
 from concurrent.futures import Future
 from dataclasses import dataclass, field
-from typing import Callable, Iterable, Mapping, NamedTuple
+from typing import Callable, Hashable, Iterable, Mapping, NamedTuple
 
 __all__ = [
     "ILLEGAL_INVISIBLE_TIME",
@@ -144,6 +159,33 @@ class _InFlight:
     delivery: int  # one number per receive of the message: its handles name it
 
 
+@dataclass
+class _RunEntry:
+    """One message of a FIFO queue's last run (what the broker's ``OrderInfo`` keeps per offset)."""
+
+    record: _Stored
+    attempt: int
+    handle: str
+    deadline: float  # the offset's next visible time
+    delivery: int
+    repeats: int  # runs in a row it was handed out in, less one (the broker's offsetConsumedCount)
+    pop_ms: int  # the run's pop time (wall ms): a renewal's handle keeps it, as the broker's does
+    queue_id: int
+    acked: bool = False
+
+
+@dataclass
+class _FifoQueue:
+    """One queue of a FIFO topic as one group reads it: the records from its commit offset on, the
+    first ``len(run)`` of them handed out by the queue's last pop."""
+
+    records: deque[_Stored] = field(default_factory=deque)
+    run: deque[_RunEntry] = field(default_factory=deque)
+
+    def blocked(self, now: float) -> bool:
+        return any(not e.acked and e.deadline > now for e in self.run)
+
+
 class _HandleExpiry(NamedTuple):  # a heap entry: the soonest deadline first
     deadline: float
     message_id: str
@@ -168,17 +210,20 @@ class _Subscription:
     inflight: dict[str, _InFlight] = field(default_factory=dict)  # message id -> lease
     expiry: list[_HandleExpiry] = field(default_factory=list)  # a heap
     redeliver: deque[tuple[_Stored, int]] = field(default_factory=deque)  # (record, next attempt)
-    held: deque[_Stored] = field(default_factory=deque)  # FIFO: waiting for their group
-    busy_groups: dict[str, int] = field(default_factory=dict)  # group -> unacked count
+    # FIFO topics: queue -> what is not committed yet; delivery -> its entry in a queue's last run
+    queues: dict[Hashable, _FifoQueue] = field(default_factory=dict)
+    live: dict[int, tuple[_FifoQueue, _RunEntry]] = field(default_factory=dict)
+    turn: int = 0  # the queue a receive starts at moves on by one (the broker starts at a random one)
     # acked leases whose last handle has not expired yet: a renewal with it revives the message
     acked: dict[str, _InFlight] = field(default_factory=dict)
     acked_expiry: list[_AckedExpiry] = field(default_factory=list)  # a heap
 
 
 class _Topic:
-    def __init__(self, name: str, fifo: bool) -> None:
+    def __init__(self, name: str, fifo: bool, queues: int | None = None) -> None:
         self.name = name
         self.fifo = fifo
+        self.queues = queues  # FIFO: None gives each message group its own queue
         self.log: list[_Stored] = []
         self.base = 0  # offset of log[0]: records below it were dropped (keep_consumed=False)
 
@@ -220,8 +265,8 @@ class EmbeddedBroker:
     ``keep_consumed=False`` drops stored records once every subscribed group has read past them
     (in-flight ones stay with their leases), so a long run's memory is what is in flight, as on
     a real broker whose retention has passed; a group subscribing later starts after them. It
-    also forgets an acked message at once, so a renewal after its ack is refused (40013) there
-    instead of bringing the message back as on the proxy.
+    also forgets an acked message of a normal topic at once, so a renewal after its ack is refused
+    (40013) there instead of bringing the message back as on the proxy.
     ``min_receive_invisible`` / ``max_invisible`` (seconds) are the proxy's limits; lower the
     minimum like ``minInvisibleTimeMillsForRecv`` in ``rmq-proxy.json`` for short-lease tests.
     """
@@ -246,9 +291,17 @@ class EmbeddedBroker:
         self._deliveries = itertools.count(1)
 
     # -- admin ---------------------------------------------------------------------------
-    def create_topic(self, name: str, fifo: bool = False) -> None:
+    def create_topic(self, name: str, fifo: bool = False, queues: int | None = None) -> None:
+        """``queues`` (FIFO topics only): how many queues the message groups are spread over, by
+        the 5.x client's rule (``sha256(group) % queues``); groups of one queue block each other
+        as on the broker. None gives each group a queue of its own (no two groups share one)."""
+        if queues is not None:
+            if not fifo:
+                raise ValueError("queues= is for a FIFO topic: a normal topic's queues change no answer here")
+            if isinstance(queues, bool) or not isinstance(queues, int) or queues < 1:
+                raise ValueError(f"queues must be a positive int, got {queues!r}")
         with self._cond:
-            self._topics.setdefault(name, _Topic(name, fifo))
+            self._topics.setdefault(name, _Topic(name, fifo, queues))
 
     def ensure_topic(self, name: str) -> None:
         """The topic exists afterwards (created as a normal topic when ``auto_create_topics``)."""
@@ -272,7 +325,8 @@ class EmbeddedBroker:
                 return 0
             if sub is None:
                 return len(t.log)
-            return t.end() - sub.offset + len(sub.held) + len(sub.inflight) + len(sub.redeliver)
+            uncommitted = sum(len(q.records) for q in sub.queues.values())
+            return t.end() - sub.offset + uncommitted + len(sub.inflight) + len(sub.redeliver)
 
     def stored(self, topic: str) -> int:
         """Records the broker still keeps for ``topic`` (what ``keep_consumed=False`` bounds)."""
@@ -345,11 +399,20 @@ class EmbeddedBroker:
             sub = self._subs[(group, topic)]
             if sub.expiry:
                 soonest = min(soonest, max(0.0, sub.expiry[0].deadline - now))
+            for q in sub.queues.values():
+                for e in q.run:
+                    if not e.acked and e.deadline > now:
+                        soonest = min(soonest, e.deadline - now)
         return soonest
 
     def _take(self, group: str, topic: _Topic, flt: FilterExpression, n: int, invisible: float,
               now: float) -> list[Message]:
         sub = self._subs[(group, topic.name)]
+        if topic.fifo:
+            got = self._take_fifo(sub, topic, flt, n, invisible, now)
+            if not self.keep_consumed:
+                self._drop_consumed(topic)
+            return got
         while sub.acked_expiry and sub.acked_expiry[0].deadline <= now:
             _, mid, delivery = heapq.heappop(sub.acked_expiry)
             gone = sub.acked.get(mid)
@@ -365,28 +428,69 @@ class EmbeddedBroker:
         out: list[Message] = []
         while sub.redeliver and len(out) < n:
             rec, attempt = sub.redeliver.popleft()
-            out.append(self._lease(sub, rec, attempt, invisible, now, new_group_hold=False))
-        if topic.fifo and sub.held and len(out) < n:
-            # one whole pass, the rest kept in its order: a pass cut short once the batch is full
-            # would leave a rotated deque, a group's later message before its earlier one
-            kept: deque[_Stored] = deque()
-            for rec in sub.held:
-                if len(out) < n and rec.group not in sub.busy_groups:
-                    out.append(self._lease(sub, rec, 1, invisible, now, new_group_hold=True))
-                else:
-                    kept.append(rec)
-            sub.held = kept
+            out.append(self._lease(sub, rec, attempt, invisible, now))
         while len(out) < n and sub.offset < topic.end():
             rec = topic.log[sub.offset - topic.base]
             sub.offset += 1
             if not flt.accepts(rec.tag):
                 continue  # filtered out for this group: consumed without delivery, as on a broker
-            if topic.fifo and (rec.group in sub.busy_groups or any(h.group == rec.group for h in sub.held)):
-                sub.held.append(rec)
-                continue
-            out.append(self._lease(sub, rec, 1, invisible, now, new_group_hold=topic.fifo))
+            out.append(self._lease(sub, rec, 1, invisible, now))
         if not self.keep_consumed:
             self._drop_consumed(topic)
+        return out
+
+    def _queue_key(self, topic: _Topic, group: str | None) -> Hashable:
+        if topic.queues is None:
+            return group
+        # the 5.x client's MessageQueueSelector.select_queue_by_hash_key
+        return int.from_bytes(hashlib.sha256(str(group).encode()).digest(), "big") % topic.queues
+
+    def _take_fifo(self, sub: _Subscription, topic: _Topic, flt: FilterExpression, n: int, invisible: float,
+                   now: float) -> list[Message]:
+        """The orderly pop: from each queue not blocked, its consecutive run from the commit offset."""
+        while sub.offset < topic.end():
+            rec = topic.log[sub.offset - topic.base]
+            sub.offset += 1
+            if flt.accepts(rec.tag):  # one filtered out is consumed without delivery, as on a broker
+                sub.queues.setdefault(self._queue_key(topic, rec.group), _FifoQueue()).records.append(rec)
+        keys = list(sub.queues)
+        if not keys:
+            return []
+        start = sub.turn % len(keys)
+        sub.turn += 1
+        out: list[Message] = []
+        for key in keys[start:] + keys[:start]:
+            q = sub.queues[key]
+            if len(out) >= n:
+                break
+            if not q.records:
+                del sub.queues[key]  # nothing uncommitted: forgotten, so memory is what is pending
+                continue
+            if not q.blocked(now):
+                out.extend(self._pop_run(sub, q, key, n - len(out), invisible, now))
+        return out
+
+    def _pop_run(self, sub: _Subscription, q: _FifoQueue, key: Hashable, n: int, invisible: float,
+                 now: float) -> list[Message]:
+        earlier = {e.record.message_id: e.repeats for e in q.run}
+        for e in q.run:
+            del sub.live[e.delivery]  # their handles now belong to an earlier pop: acks change nothing
+        q.run.clear()
+        records = list(itertools.islice(q.records, n))
+        repeats = [earlier[r.message_id] + 1 if r.message_id in earlier else 0 for r in records]
+        # ConsumerOrderInfoManager.update: the run's count is the least of its messages', 0 when one is new
+        attempt = 1 + (min(repeats) if all(r.message_id in earlier for r in records) else 0)
+        queue_id = key if isinstance(key, int) else 0
+        pop_ms = self._wall_ms()
+        out: list[Message] = []
+        for rec, rep in zip(records, repeats):
+            delivery = next(self._deliveries)
+            deadline = now + invisible
+            handle = self._new_handle(rec.message_id, delivery, deadline, invisible, queue_id, pop_ms)
+            entry = _RunEntry(rec, attempt, handle, deadline, delivery, rep, pop_ms, queue_id)
+            q.run.append(entry)
+            sub.live[delivery] = (q, entry)
+            out.append(self._message(rec, attempt, handle))
         return out
 
     def _drop_consumed(self, topic: _Topic) -> None:
@@ -395,19 +499,24 @@ class EmbeddedBroker:
             del topic.log[:low - topic.base]
             topic.base = low
 
-    def _new_handle(self, message_id: str, delivery: int, deadline: float, invisible: float) -> str:
+    def _new_handle(self, message_id: str, delivery: int, deadline: float, invisible: float,
+                    queue_id: int = 0, pop_ms: int | None = None) -> str:
+        """``pop_ms`` and ``invisible`` are the handle's pop time and length (``broker_lease``
+        reads them): by default now and the lease's length."""
         seq = next(self._handles)
-        return f"{seq} {self._wall_ms()} {int(invisible * 1000)} 0 0 embedded 0 {delivery} {seq} {message_id} {deadline!r}"
+        pop = self._wall_ms() if pop_ms is None else pop_ms
+        return (f"{seq} {pop} {int(invisible * 1000)} 0 0 embedded {queue_id} {delivery} {seq} "
+                f"{message_id} {deadline!r}")
 
-    def _lease(self, sub: _Subscription, rec: _Stored, attempt: int, invisible: float, now: float,
-               new_group_hold: bool) -> Message:
+    def _lease(self, sub: _Subscription, rec: _Stored, attempt: int, invisible: float, now: float) -> Message:
         deadline = now + invisible
         delivery = next(self._deliveries)
         handle = self._new_handle(rec.message_id, delivery, deadline, invisible)
         sub.inflight[rec.message_id] = _InFlight(rec, attempt, handle, deadline, delivery)
         heapq.heappush(sub.expiry, _HandleExpiry(deadline, rec.message_id, handle))
-        if new_group_hold and rec.group is not None:
-            sub.busy_groups[rec.group] = sub.busy_groups.get(rec.group, 0) + 1
+        return self._message(rec, attempt, handle)
+
+    def _message(self, rec: _Stored, attempt: int, handle: str) -> Message:
         m = Message()
         m.topic, m.body, m.tag, m.message_group = rec.topic, rec.body, rec.tag, rec.group
         m._keys = list(rec.keys)
@@ -417,9 +526,9 @@ class EmbeddedBroker:
         m.decode_message_timestamp = self._wall_ms()
         return m
 
-    def _lease_of(self, group: str, topic: str, message_id: str | None,
-                  receipt_handle: str | None) -> tuple[_Subscription, _InFlight | None]:
-        """The lease ``receipt_handle`` belongs to, None when its delivery is no longer in flight.
+    def _checked(self, group: str, topic: str, message_id: str | None,
+                 receipt_handle: str | None) -> tuple[_Subscription, int]:
+        """The subscription and delivery ``receipt_handle`` names, refused when it has expired.
 
         Like the proxy, only the handle's own expiry makes it invalid: a handle replaced by
         ``change_invisible_duration`` but not yet expired still works, and acking twice is
@@ -428,34 +537,47 @@ class EmbeddedBroker:
         decoded = _decode_handle(receipt_handle)
         if decoded is None or decoded.message_id != message_id:
             raise EmbeddedBrokerError("receipt handle cannot be decoded", INVALID_RECEIPT_HANDLE)
-        delivery, handle_deadline = decoded.delivery, decoded.deadline
-        if handle_deadline <= self._monotonic():
+        if decoded.deadline <= self._monotonic():
             raise EmbeddedBrokerError("receipt handle is expired", INVALID_RECEIPT_HANDLE)
         sub = self._subs.get((group, topic))
         if sub is None:
             raise EmbeddedBrokerError(f"group {group!r} does not subscribe to {topic!r}")
+        return sub, decoded.delivery
+
+    def _lease_of(self, sub: _Subscription, message_id: str | None, delivery: int) -> _InFlight | None:
+        """The lease of ``delivery`` (in flight, or acked with a live handle), None when gone."""
         lease = sub.inflight.get(message_id or "")
         if lease is None or lease.delivery != delivery:
             gone = sub.acked.get(message_id or "")
-            return sub, gone if gone is not None and gone.delivery == delivery else None
-        return sub, lease
+            return gone if gone is not None and gone.delivery == delivery else None
+        return lease
 
     def ack(self, group: str, topic: str, message_id: str | None, receipt_handle: str | None) -> None:
         """The message is consumed by ``group``; refused for an expired handle."""
         with self._cond:
-            sub, lease = self._lease_of(group, topic, message_id, receipt_handle)
+            sub, delivery = self._checked(group, topic, message_id, receipt_handle)
+            if self._topics[topic].fifo:
+                self._ack_fifo(sub, delivery)
+                return
+            lease = self._lease_of(sub, message_id, delivery)
             if lease is None or sub.inflight.get(lease.record.message_id) is not lease:
                 return  # acked already: the proxy answers OK
             del sub.inflight[lease.record.message_id]
             if self.keep_consumed:
                 sub.acked[lease.record.message_id] = lease
                 heapq.heappush(sub.acked_expiry, _AckedExpiry(lease.deadline, lease.record.message_id, lease.delivery))
-            g = lease.record.group
-            if g is not None and g in sub.busy_groups:
-                sub.busy_groups[g] -= 1
-                if sub.busy_groups[g] <= 0:
-                    del sub.busy_groups[g]
             self._cond.notify_all()
+
+    def _ack_fifo(self, sub: _Subscription, delivery: int) -> None:
+        found = sub.live.get(delivery)
+        if found is None:
+            return  # an earlier run's, or committed already: the broker answers OK and changes nothing
+        q, entry = found
+        entry.acked = True
+        while q.run and q.run[0].acked:  # the commit offset moves to the first unacked message
+            del sub.live[q.run.popleft().delivery]
+            q.records.popleft()
+        self._cond.notify_all()
 
     def change_invisible(self, group: str, topic: str, message_id: str | None, receipt_handle: str | None,
                          invisible_duration: int) -> str:
@@ -464,17 +586,29 @@ class EmbeddedBroker:
         invisible = _whole_seconds(invisible_duration, "invisible_duration")
         self._check_invisible(invisible, 0)
         with self._cond:
-            sub, lease = self._lease_of(group, topic, message_id, receipt_handle)
+            sub, delivery = self._checked(group, topic, message_id, receipt_handle)
+            deadline = self._monotonic() + invisible
+            if self._topics[topic].fifo:
+                found = sub.live.get(delivery)
+                if found is None or found[1].acked:
+                    # an earlier run's, committed or acked: accepted, and nothing comes back
+                    return self._new_handle(str(message_id), delivery, deadline, invisible)
+                entry = found[1]
+                # the broker's orderly renewal keeps the pop time; its length runs to the new end
+                length = (self._wall_ms() + invisible * 1000 - entry.pop_ms) / 1000
+                entry.deadline = deadline
+                entry.handle = self._new_handle(str(message_id), delivery, deadline, length, entry.queue_id,
+                                                entry.pop_ms)
+                self._cond.notify_all()
+                return entry.handle
+            lease = self._lease_of(sub, message_id, delivery)
             if lease is None:
                 raise EmbeddedBrokerError(f"message {message_id} is not in flight", INVALID_RECEIPT_HANDLE)
             if sub.inflight.get(lease.record.message_id) is not lease:
                 # renewing an acked message puts it back in flight, as on the proxy
                 del sub.acked[lease.record.message_id]
                 sub.inflight[lease.record.message_id] = lease
-                g = lease.record.group
-                if g is not None and self._topics[topic].fifo:
-                    sub.busy_groups[g] = sub.busy_groups.get(g, 0) + 1
-            lease.deadline = self._monotonic() + invisible
+            lease.deadline = deadline
             lease.handle = self._new_handle(lease.record.message_id, lease.delivery, lease.deadline, invisible)
             heapq.heappush(sub.expiry, _HandleExpiry(lease.deadline, lease.record.message_id, lease.handle))
             self._cond.notify_all()
