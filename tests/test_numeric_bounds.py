@@ -257,6 +257,7 @@ PARAMETERS: dict[tuple[str, str], tuple[str, Build]] = {
 ELSEWHERE: dict[tuple[str, str], str] = {
     ("tracer.embedded.EmbeddedBroker", "min_receive_invisible"): "a test double's setting, in the census",
     ("tracer.embedded.EmbeddedBroker", "max_invisible"): "a test double's setting, in the census",
+    ("tracer.embedded.EmbeddedBroker.create_topic", "queues"): "a test double's setting, in the census",
     ("tracer.path.clock.ManualClock.step_wall", "ns"): "a test clock's step in int ns (either way), not a limit",
 }
 

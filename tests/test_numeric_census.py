@@ -220,6 +220,8 @@ CHECKED: dict[tuple[str, str], Callable[[object], object]] = {
                  "max_cache_message_size", "shutdown_timeout", "startup_timeout")},
     ("tracer.embedded.EmbeddedBroker", "min_receive_invisible"): _broker("min_receive_invisible"),
     ("tracer.embedded.EmbeddedBroker", "max_invisible"): _broker("max_invisible"),
+    ("tracer.embedded.EmbeddedBroker.create_topic", "queues"):
+        lambda v: EmbeddedBroker().create_topic("F", fifo=True, queues=v),  # type: ignore[arg-type]
     ("tracer.path.clock.ManualClock.advance_s", "seconds"): lambda v: ManualClock().advance_s(v),  # type: ignore[arg-type]
     ("tracer.telemetry.tracer.MessageTracer", "capture_body"): lambda v: MessageTracer(capture_body=v),  # type: ignore[arg-type]
 }
