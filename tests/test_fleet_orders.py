@@ -47,6 +47,7 @@ def test_greedy_follows_the_order_sent() -> None:
     assert arrival["greedy_s"] == fleet_greedy(durations, 2) == 4.0 == arrival["makespan_s"]
     assert lpt["greedy_s"] == 3.0 == lpt["makespan_s"] == lpt["lower_bound_s"]
     assert lpt["makespan_over_greedy"] == 1.0 and lpt["makespan_over_lb"] == 1.0
+    assert arrival["planned_greedy_over_lb"] == round(4 / 3, 4) and lpt["planned_greedy_over_lb"] == 1.0
     # arrival: worker 0 idles from 2 s to 4 s while the 3 s message runs on worker 1; 4 messages
     assert arrival["idle_per_message_ms"] == pytest.approx(500.0)
     assert lpt["idle_per_message_ms"] == 0.0
@@ -98,10 +99,11 @@ def test_quick_order_bench_on_the_real_broker() -> None:
             (run,) = result["kinds"][kind][mode]["runs"]
             assert sum(run["messages_per_instance"]) >= n
             assert run["makespan_over_lb"] >= 0.95  # no schedule beats LB (timing slack: µs stamps)
-        # longest first: the greedy schedule in the order sent is at LB (how near the job comes
-        # to it is a timing figure of the loaded machine: BENCHMARKS.md, not asserted)
+        # longest first: the greedy schedule of the job's planned durations, in the order sent, is at
+        # LB (on measured durations it moves with the machine's load, 1.3 % once; how near the job
+        # comes to LB is a timing figure: BENCHMARKS.md, not asserted)
         lpt = result["kinds"][kind]["longest_first"]["runs"][0]
-        assert lpt["greedy_s"] <= lpt["lower_bound_s"] * 1.01
+        assert lpt["planned_greedy_over_lb"] <= 1.01
 
 
 def test_order_bench_kinds_are_checked_before_any_run() -> None:

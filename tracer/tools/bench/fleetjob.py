@@ -95,6 +95,10 @@ class FleetRun:
             "makespan_s": round(makespan, 3),
             "lower_bound_s": round(lb, 3),
             "greedy_s": round(greedy, 3),
+            # the same greedy on the job's planned durations: what the order sent decides, apart from
+            # how long each handler really took on this machine
+            "planned_greedy_over_lb": round(fleet_greedy([self.durations[i] for i in self.send_order()], n_workers)
+                                            / max(sum(self.durations) / n_workers, max(self.durations)), 4),
             # the fleet's worker-time not in a handler until the job ended, per message: the hand-off
             # (receive, ack, start) plus the end's stragglers; what keeps a longest-first job off LB
             "idle_per_message_ms": round((n_workers * makespan - sum(measured)) / len(handled) * 1000, 1),
