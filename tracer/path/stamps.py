@@ -216,6 +216,13 @@ class _SkewWindow:
         return self.current if prev is None or self.current <= prev else prev
 
 
+def _window_size(name: str, value: object) -> int:
+    """A :class:`SkewTracker` window bound, or the ``ValueError`` naming it."""
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise ValueError(f"SkewTracker({name}=) must be an int >= 1, not {value!r}")
+    return value
+
+
 class SkewTracker:
     """Per clock pair, the smallest cross-clock gap of the recent messages (ns, may be negative).
 
@@ -233,13 +240,11 @@ class SkewTracker:
     (``tests/test_skew_window.py`` checks these against a model).
     """
 
-    def __init__(self, bucket_messages: int = SKEW_WINDOW_MESSAGES, bucket_ns: int = SKEW_WINDOW_NS) -> None:
-        if isinstance(bucket_messages, bool) or not isinstance(bucket_messages, int) or bucket_messages < 1:
-            raise ValueError(f"SkewTracker(bucket_messages=) must be an int >= 1, not {bucket_messages!r}")
-        if isinstance(bucket_ns, bool) or not isinstance(bucket_ns, int) or bucket_ns < 1:
-            raise ValueError(f"SkewTracker(bucket_ns=) must be an int >= 1, not {bucket_ns!r}")
-        self.bucket_messages = bucket_messages
-        self.bucket_ns = bucket_ns
+    # ``object``, not ``int``: compiled (tracer.compiled), an ``int`` parameter refuses a float with
+    # mypyc's TypeError before the check below can name the argument.
+    def __init__(self, bucket_messages: object = SKEW_WINDOW_MESSAGES, bucket_ns: object = SKEW_WINDOW_NS) -> None:
+        self.bucket_messages = _window_size("bucket_messages", bucket_messages)
+        self.bucket_ns = _window_size("bucket_ns", bucket_ns)
         self._lock = threading.Lock()
         self._windows: dict[str, _SkewWindow] = {}
 

@@ -140,7 +140,7 @@ class MessageTracer(TracerCore):
 
     # -- consumer side -------------------------------------------------------------------
     def start_message(self, info: MessageInfo, pulled_ns: Anchor | int | None = None,
-                      body: bytes | bytearray | str | None = None) -> MessageTrace:
+                      body: object = None) -> MessageTrace:
         """A trace for one received message, stamped with produce, broker store and client pull.
 
         ``pulled_ns``: when the message was pulled. An :class:`~tracer.path.clock.Anchor` read on
@@ -150,8 +150,11 @@ class MessageTracer(TracerCore):
         read elsewhere (a client's decode time): it is placed that far back on the monotonic
         clock, so a step in between does enter the gaps; ``None`` is now.
 
-        ``body`` is read only when ``capture_body`` is on. Timestamps that cannot be real (before
-        2000, over a day ahead) are ignored and counted as ``timestamp_out_of_range``.
+        ``body`` is read only when ``capture_body`` is on, and only a ``bytes``, ``bytearray`` or
+        ``str``; it is whatever the client's message carries, so it is typed ``object``: compiled
+        (``tracer.compiled``), a narrower annotation would raise where the path never does.
+        Timestamps that cannot be real (before 2000, over a day ahead) are ignored and counted as
+        ``timestamp_out_of_range``.
         """
         # The message's timeline (tracer.path.clock): anchored once, at the pull, to the wall clock;
         # every later consumer stamp is the anchor plus monotonic time, so a wall-clock step moves
