@@ -20,15 +20,19 @@ than the message's whole path.
 from __future__ import annotations
 
 import threading
-from typing import Iterable, NamedTuple, Sequence
+from typing import Final, Iterable, NamedTuple, Sequence
 
 from .clock import MonoNs
 from .stages import CROSS_CLOCK_GAPS, GAPS, PATH_GAPS, STAGES, Gap, Stage
 
-MISSING = 0
-_N_STAGES = len(Stage)
-_PRODUCE, _STORE, _PULL = int(Stage.PRODUCE), int(Stage.BROKER_STORE), int(Stage.CLIENT_PULL)
-_MS = 1_000_000
+# Final: compiled (tracer.compiled), a literal is inlined and any other value read from a C static,
+# not looked up in the module's dict on every use (docs/benchmarks-history.md, "Session 11").
+MISSING: Final = 0
+_N_STAGES: Final = len(Stage)
+_PRODUCE: Final = int(Stage.PRODUCE)
+_STORE: Final = int(Stage.BROKER_STORE)
+_PULL: Final = int(Stage.CLIENT_PULL)
+_MS: Final = 1_000_000
 
 
 def store_stamp(store_ms: int, produce_ns: int = MISSING, pull_ns: int = MISSING) -> int:
@@ -198,7 +202,7 @@ def timeline(stamps: Stamps) -> list[tuple[Stage, int]]:
 
 
 # The cross-clock gaps as (first stage, last stage, clock pair): what SkewTracker.observe_times reads.
-_CROSS: tuple[tuple[int, int, str], ...] = tuple((int(g.start), int(g.end), g.peer) for g in CROSS_CLOCK_GAPS)
+_CROSS: Final[tuple[tuple[int, int, str], ...]] = tuple((int(g.start), int(g.end), g.peer) for g in CROSS_CLOCK_GAPS)
 
 SKEW_WINDOW_MESSAGES = 64  # per clock pair, a bucket of the skew window holds at most this many gaps
 SKEW_WINDOW_NS = 60 * 10**9  # and only gaps of one slot of this much monotonic time

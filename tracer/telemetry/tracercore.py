@@ -14,7 +14,7 @@ import threading
 import warnings
 from collections import OrderedDict
 from dataclasses import dataclass, replace
-from typing import Any, Callable, Mapping, Sequence
+from typing import Any, Callable, Final, Mapping, Sequence
 
 from opentelemetry import trace
 from opentelemetry.context import Context
@@ -49,10 +49,10 @@ log = logging.getLogger(__name__)
 
 # Runs whose lease was lost, remembered (by message id) for the redelivery's link: the broker
 # redelivers within a lease or two, so a few hundred cover any burst; the oldest go first.
-_MAX_LOST_RUNS = 512
+_MAX_LOST_RUNS: Final = 512
 # Topics (with their endpoint) whose process span name and sampling attributes are kept built.
-_MAX_STARTS = 256
-_OPEN = TracePhase.OPEN
+_MAX_STARTS: Final = 256
+_OPEN: Final = TracePhase.OPEN
 # The keywords `client=` replaced, each a field of ClientFacts (deprecated, still honoured).
 LOOSE_CLIENT_KEYWORDS: tuple[str, ...] = ClientFacts._fields
 
