@@ -11,7 +11,7 @@ whose private state they share.
 
 from __future__ import annotations
 
-from typing import Any, Final, NamedTuple, Sequence
+from typing import Any, Callable, Final, NamedTuple, Sequence
 
 from opentelemetry import context as otel_context
 from opentelemetry import trace
@@ -292,10 +292,7 @@ class TraceState:
     def _decide(self, keep: KeepPolicy, outcome: Outcome, error: BaseException | None) -> SpanContext | None:
         ctx, hold = self._ctx, self._tracer.hold
         held = self._fate >= _UNDECIDED  # held for the policy (head_held: the head kept it)
-        settle = None
-        if held and self._carried.job_id:
-            def settle(kept: bool) -> None:
-                self._settle(kept, outcome, error)
+        settle = self._settler(outcome, error) if held and self._carried.job_id else None
         mt = self._tracer
         flag: str | None = None
         if self._lease_lost is not None or self._lost_from is not None:
@@ -336,6 +333,14 @@ class TraceState:
             return None
         hold.release(ctx[0], reason is not None)  # its trace id, by index
         return ctx if reason is not None else None
+
+    def _settler(self, outcome: Outcome, error: BaseException | None) -> Callable[[bool], None]:
+        """:meth:`_settle` for a job's finisher, as the policy calls it. Its own method: a closure
+        in :meth:`_decide` made every local there a cell, and compiled (tracer.compiled) an
+        environment object built for every message, held by a job or not."""
+        def settle(kept: bool) -> None:
+            self._settle(kept, outcome, error)
+        return settle
 
     def _settle(self, kept: bool, outcome: Outcome, error: BaseException | None) -> None:
         """The policy's later word on a job's latest finisher (called from another message's finish)."""
