@@ -6,7 +6,7 @@ BIN := $(VENV)/bin
 PIP := $(BIN)/python -m pip
 export PIP_DISABLE_PIP_VERSION_CHECK := 1
 
-.PHONY: demo test test-unit test-py explore bench lint dist seeded mutation services-up services-down stack stack-down alerts-demo clean help
+.PHONY: demo test test-unit test-py explore bench compiled lint dist seeded mutation services-up services-down stack stack-down alerts-demo clean help
 
 help:
 	@echo "make demo         the incident and its fix on the embedded broker (no Java, no Go)"
@@ -15,6 +15,7 @@ help:
 	@echo "make explore      the model tests on fresh random seeds, long budgets (make test repeats its examples)"
 	@echo "make test-py V=3.13  those under another Python (venv built once in .cache/venvs)"
 	@echo "make bench        the benchmarks behind BENCHMARKS.md"
+	@echo "make compiled     build/compiled: rmqtrace with its per-message path compiled by mypyc (needs a C compiler)"
 	@echo "make stack        RocketMQ + Jaeger + Prometheus on loopback for your own app (stack-down stops it)"
 	@echo "make alerts-demo  Prometheus + Alertmanager + a webhook and the incident: the real rules fire (~1-2 min)"
 	@echo "make lint         ruff + mypy --strict"
@@ -71,6 +72,13 @@ services-down:
 bench: $(VENV)/.installed
 	$(BIN)/rmqtrace bench overhead
 	$(BIN)/rmqtrace bench dispatch
+
+# The per-message path compiled by mypyc (tracer.compiled; README "Compiled build"): a copy of the
+# package in build/compiled, used by putting that directory first on PYTHONPATH. Rebuilt every time
+# (a compiled module imported beside a newer .py runs the old code).
+compiled: $(VENV)/.installed-test
+	rm -rf build/compiled
+	$(BIN)/python -m tracer.tools.compile build/compiled
 
 # Not part of `make test`: hand-written seeded bugs, each must be caught by a named invariant
 # make test draws the same examples each run (tests/conftest.py); this searches for new ones.

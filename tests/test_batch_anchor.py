@@ -35,7 +35,7 @@ class SteppedTracer(MessageTracer):
     """NTP steps the wall clock forward between the batch's pull reading and each trace start."""
 
     def start_message(self, info: MessageInfo, pulled_ns: Anchor | int | None = None,
-                      body: bytes | bytearray | str | None = None) -> MessageTrace:
+                      body: object = None) -> MessageTrace:
         assert isinstance(self.clock, ManualClock)
         self.clock.advance(MS)
         self.clock.step_wall(STEP_NS)

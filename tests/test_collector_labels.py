@@ -32,6 +32,15 @@ NOT_PER_GROUP = {
 }
 
 
+def _attributes(obj: object) -> list[object]:
+    """``obj``'s attribute values: from ``vars()``, or by name where it has no ``__dict__`` (a class
+    compiled by mypyc, tracer.compiled, keeps its attributes in slots)."""
+    try:
+        return list(vars(obj).values())
+    except TypeError:
+        return [getattr(obj, n) for n in dir(obj) if not n.startswith("__") and hasattr(obj, n)]
+
+
 def _families() -> dict[str, tuple[str, tuple[str, ...]]]:
     for mod in pkgutil.walk_packages(tracer.__path__, "tracer."):
         if ".tools" not in mod.name and not mod.name.endswith("__main__"):
@@ -48,7 +57,7 @@ def _families() -> dict[str, tuple[str, tuple[str, ...]]]:
         metrics = kind(CollectorRegistry())
         for collector in metrics.collectors:
             # a stock metric, a custom family, or a wrapper around a stock metric
-            inner = [collector, *(v for v in vars(collector).values() if isinstance(v, MetricWrapperBase))]
+            inner = [collector, *(v for v in _attributes(collector) if isinstance(v, MetricWrapperBase))]
             for family in collector.describe():
                 labels = getattr(family, "_labelnames", None) or next(
                     (m._labelnames for m in inner if getattr(m, "_name", None) == family.name), None)

@@ -534,7 +534,8 @@ def test_a_jobs_critical_path_is_settled_by_time_when_traffic_stops() -> None:
 
 
 def test_the_ticker_thread_settles_an_idle_job_on_its_own() -> None:
-    from tests.waiting import wait_until
+    from waiting import wait_until
+
     from tracer.path.clock import ManualClock
     from tracer.telemetry.keep import KeepPolicy
 

@@ -72,7 +72,9 @@ def _numeric_parameters() -> set[tuple[str, str]]:
                 except (TypeError, ValueError):
                     continue
                 for p in params:
-                    if re.fullmatch(r"(int|float)( \| None)?", str(p.annotation)):
+                    # int | float: a count the compiled build (tracer.compiled) must hand over
+                    # unconverted, so that its own check refuses a bool or a float
+                    if re.fullmatch(r"(int|float)( \| (int|float))?( \| None)?", str(p.annotation)):
                         found.add((where, p.name))
     return found
 

@@ -129,4 +129,4 @@ def test_a_window_that_cannot_work_is_refused() -> None:
     import pytest
     for kw in ({"bucket_messages": 0}, {"bucket_ns": 0}, {"bucket_messages": 1.5}, {"bucket_ns": True}):
         with pytest.raises(ValueError, match="SkewTracker"):
-            SkewTracker(**kw)  # type: ignore[arg-type]
+            SkewTracker(**kw)

@@ -1,13 +1,14 @@
-"""The per-message path compiled with mypyc, measured: which modules, and which of them run compiled.
+"""The per-message path compiled with mypyc: which modules, and which of them run compiled.
 
 A message's CPU time follows the bytecode it runs more than its instruction count (BENCHMARKS.md;
 docs/benchmarks-history.md, "Session 10"): the same modules compiled by mypyc cut a full trace from
-1.3 to ~0.83 of a contrib-style span. ``python -m tracer.tools.compile DEST`` builds a compiled copy
-to measure; it is not a supported way to run rmqtrace yet (the compiled modules enforce their
-annotations at run time, and four tests fail on them: the history names them). The hints below
-(:func:`mypyc_attr`) do nothing when the sources run. :func:`compiled_modules` names each module
-that runs compiled and whether its source is newer (stale); ``rmqtrace bench overhead --json``
-records them.
+1.3 to ~0.83 of a contrib-style span. ``python -m tracer.tools.compile DEST`` (``make compiled``)
+builds the compiled copy (docs/settings.md, "Compiled build"). A compiled module enforces its
+annotations at run time, so a public argument is typed as wide as what callers pass and checked by
+the code; ``tests/test_compiled_build.py`` runs the message path's tests against a copy. The hints
+below (:func:`mypyc_attr`) do nothing when the sources run. :func:`compiled_modules` names each
+module that runs compiled and whether its source is newer (stale); ``rmqtrace bench overhead
+--json`` records them.
 """
 
 from __future__ import annotations

@@ -2,15 +2,33 @@
 
 rmqtrace runs inside other people's consumers, so a failure of its own code (a hook, an exporter,
 a user's ``cost=`` callable) must never stop the message flow, and must not flood their logs
-either. Every place that swallows such a failure goes through a :class:`OnceLogger`.
+either. Every place that swallows such a failure goes through a :class:`OnceLogger`; a warning
+meant for the caller's line (a deprecation) takes its ``stacklevel`` from :func:`outside_stacklevel`.
 """
 
 from __future__ import annotations
 
+import inspect
 import logging
+import os
 import threading
 
-__all__ = ["OnceLogger"]
+__all__ = ["OnceLogger", "outside_stacklevel"]
+
+_PACKAGE = os.path.dirname(os.path.abspath(__file__)) + os.sep
+
+
+def outside_stacklevel() -> int:
+    """``warnings.warn``'s ``stacklevel``, for the function calling this one, that names the first
+    line outside rmqtrace: a fixed count is wrong in the compiled build (tracer.compiled), whose
+    compiled functions have no Python frames of their own."""
+    here = inspect.currentframe()
+    frame = here.f_back if here is not None else None  # the warner's, or (compiled) the nearest above it
+    level = 1
+    while frame is not None and frame.f_back is not None and frame.f_code.co_filename.startswith(_PACKAGE):
+        frame = frame.f_back
+        level += 1
+    return level
 
 
 class OnceLogger:

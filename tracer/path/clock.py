@@ -124,8 +124,9 @@ class ManualClock:
             self._mono += ns
             return self._wall
 
-    def advance_s(self, seconds: float) -> int:
-        """:meth:`advance` by ``seconds`` (a finite number: an infinite step has no reading after it)."""
+    def advance_s(self, seconds: float | int) -> int:
+        """:meth:`advance` by ``seconds`` (a finite number: an infinite step has no reading after it;
+        ``| int``: compiled, a ``float`` parameter refuses a huge int before the check can name it)."""
         return self.advance(int(finite_seconds(seconds, "seconds", minimum=-math.inf) * 1e9))
 
     def step_wall(self, ns: int) -> int:

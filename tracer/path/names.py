@@ -11,6 +11,8 @@ The gap spans are derived from :data:`tracer.path.stages.PATH_GAPS`, not listed 
 
 from __future__ import annotations
 
+from typing import Final
+
 from .stages import GAPS, PATH_GAPS, Gap, Stage
 
 __all__ = [
@@ -120,8 +122,9 @@ LINK_LEASE_LOST = "lease_lost"  # the redelivery's link to the run whose lease w
 
 # -- message properties (what travels) -----------------------------------------------------------
 # W3C keys, as the OpenTelemetry Java agent's RocketMQ instrumentation writes them.
-TRACEPARENT = "traceparent"
-TRACESTATE = "tracestate"
+# Final: the compiled message path (tracer.compiled) inlines them
+TRACEPARENT: Final = "traceparent"
+TRACESTATE: Final = "tracestate"
 PRODUCE_NS_PROPERTY = "rmqtrace_produce_ns"
 JOB_ID_PROPERTY = "rmqtrace_job"
 COST_PROPERTY = "rmqtrace_cost"

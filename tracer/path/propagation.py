@@ -26,7 +26,7 @@ from __future__ import annotations
 import logging
 import re
 import threading
-from typing import Any, Callable, Mapping, NamedTuple
+from typing import Any, Callable, Final, Mapping, NamedTuple
 
 from opentelemetry import propagate, trace
 from opentelemetry.baggage.propagation import W3CBaggagePropagator
@@ -48,35 +48,38 @@ __all__ = [
 log = logging.getLogger(__name__)
 
 # Property names (defined in .names; kept here under their old names for importers).
-PRODUCE_NS = PRODUCE_NS_PROPERTY
-JOB_ID = JOB_ID_PROPERTY
-COST = COST_PROPERTY
-BAGGAGE = "baggage"
+PRODUCE_NS: Final = PRODUCE_NS_PROPERTY
+JOB_ID: Final = JOB_ID_PROPERTY
+COST: Final = COST_PROPERTY
+BAGGAGE: Final = "baggage"
 # The fields of the SDK's default propagator (tracecontext,baggage): the hand path's condition.
-_W3C_FIELDS = frozenset((TRACEPARENT, TRACESTATE, BAGGAGE))
+_W3C_FIELDS: Final = frozenset((TRACEPARENT, TRACESTATE, BAGGAGE))
 _BAGGAGE = W3CBaggagePropagator()
 
 # Bounds on what we are willing to parse; beyond them the value is hostile or broken.
-MAX_TRACESTATE_LEN = 512
-MAX_JOB_ID_LEN = 128
-_NS_MIN = 946_684_800 * 10**9  # 2000-01-01: earlier is not a real produce time
-_NS_FUTURE_SLACK = 24 * 3600 * 10**9
+# Final: compiled (tracer.compiled), read from C statics, not the module's dict, on every message.
+MAX_TRACESTATE_LEN: Final = 512
+MAX_JOB_ID_LEN: Final = 128
+_NS_MIN: Final = 946_684_800_000_000_000  # 2000-01-01: earlier is not a real produce time
+_NS_FUTURE_SLACK: Final = 86_400_000_000_000  # a day
 # plausible_ns's bounds, for callers that inline it on the message path
-PLAUSIBLE_MIN_NS, PLAUSIBLE_AHEAD_NS = _NS_MIN, _NS_FUTURE_SLACK
+PLAUSIBLE_MIN_NS: Final = _NS_MIN
+PLAUSIBLE_AHEAD_NS: Final = _NS_FUTURE_SLACK
 
-_EMPTY_STATE = TraceState()
-_FLAGS = (TraceFlags(0), TraceFlags(1))
-_TRACEPARENT_RE = re.compile(r"^([0-9a-f]{2})-([0-9a-f]{32})-([0-9a-f]{16})-([0-9a-f]{2})(-.*)?$")
+_EMPTY_STATE: Final = TraceState()
+_FLAGS: Final = (TraceFlags(0), TraceFlags(1))
+_TRACEPARENT_RE: Final = re.compile(r"^([0-9a-f]{2})-([0-9a-f]{32})-([0-9a-f]{16})-([0-9a-f]{2})(-.*)?$")
 # What every producer writes (version 00, lower case, nothing around it): matched without the
 # copies strip() and lower() make; anything else takes the general path above.
-_TRACEPARENT_00 = re.compile(r"00-([0-9a-f]{32})-([0-9a-f]{16})-[0-9a-f]([0-9a-f])")
-_ODD_HEX = frozenset("13579bdf")  # the sampled bit is the low bit of the flags' last digit
-_ZERO_TRACE_ID, _ZERO_SPAN_ID = "0" * 32, "0" * 16
+_TRACEPARENT_00: Final = re.compile(r"00-([0-9a-f]{32})-([0-9a-f]{16})-[0-9a-f]([0-9a-f])")
+_ODD_HEX: Final = frozenset("13579bdf")  # the sampled bit is the low bit of the flags' last digit
+_ZERO_TRACE_ID: Final = "0" * 32
+_ZERO_SPAN_ID: Final = "0" * 16
 # W3C tracestate list members (the grammar OpenTelemetry's TraceState checks), at most 32 of them
-_TRACESTATE_MEMBER_RE = re.compile(
+_TRACESTATE_MEMBER_RE: Final = re.compile(
     r"([a-z][_0-9a-z\-\*\/]{0,255}|[a-z0-9][_0-9a-z\-\*\/]{0,240}@[a-z][_0-9a-z\-\*\/]{0,13})"
     r"=([\x20-\x2b\x2d-\x3c\x3e-\x7e]{0,255}[\x21-\x2b\x2d-\x3c\x3e-\x7e])")
-_TRACESTATE_MAX_MEMBERS = 32
+_TRACESTATE_MAX_MEMBERS: Final = 32
 
 
 class PropagationErrors:
@@ -136,7 +139,7 @@ class Carried(NamedTuple):
     tracestate: str | None = None
 
 
-_new_tuple = tuple.__new__
+_new_tuple: Final = tuple.__new__
 
 
 class _PropertyGetter(Getter[Mapping[str, Any]]):
@@ -192,7 +195,7 @@ class _PathChoice:
         return self.w3c, current
 
 
-_choice = _PathChoice()
+_choice: Final = _PathChoice()
 
 
 def _text(value: Any, errors: PropagationErrors) -> str | None:
@@ -210,9 +213,10 @@ def _text(value: Any, errors: PropagationErrors) -> str | None:
     return None
 
 
-_TRACE_ID_MAX = (1 << 128) - 1
-_SPAN_ID_MAX = (1 << 64) - 1
-_new_tuple = tuple.__new__
+_TRACE_ID_MAX: Final = (1 << 128) - 1
+_SPAN_ID_MAX: Final = (1 << 64) - 1
+_SPAN_CONTEXT: Final = SpanContext  # C statics when compiled (tracer.compiled)
+_DEFAULT_STATE: Final = DEFAULT_TRACE_STATE
 
 
 def span_context(trace_id: int, span_id: int, is_remote: bool, flags: TraceFlags,
@@ -220,9 +224,9 @@ def span_context(trace_id: int, span_id: int, is_remote: bool, flags: TraceFlags
     """``SpanContext(trace_id, span_id, is_remote, flags, state)``: the same tuple (validity
     included), built without the class call's ``__new__`` dispatch and defaults; a traced message
     builds up to five (docs/benchmarks-history.md, "Session 8")."""
-    return _new_tuple(SpanContext, (trace_id, span_id, is_remote, flags,
-                                    DEFAULT_TRACE_STATE if state is None else state,
-                                    0 < trace_id <= _TRACE_ID_MAX and 0 < span_id <= _SPAN_ID_MAX))
+    return _new_tuple(_SPAN_CONTEXT, (trace_id, span_id, is_remote, flags,
+                                      _DEFAULT_STATE if state is None else state,
+                                      0 < trace_id <= _TRACE_ID_MAX and 0 < span_id <= _SPAN_ID_MAX))
 
 
 def parse_traceparent(value: str, tracestate: str | None, errors: PropagationErrors) -> SpanContext | None:

@@ -20,15 +20,19 @@ than the message's whole path.
 from __future__ import annotations
 
 import threading
-from typing import Iterable, NamedTuple, Sequence
+from typing import Final, Iterable, NamedTuple, Sequence
 
 from .clock import MonoNs
 from .stages import CROSS_CLOCK_GAPS, GAPS, PATH_GAPS, STAGES, Gap, Stage
 
-MISSING = 0
-_N_STAGES = len(Stage)
-_PRODUCE, _STORE, _PULL = int(Stage.PRODUCE), int(Stage.BROKER_STORE), int(Stage.CLIENT_PULL)
-_MS = 1_000_000
+# Final: compiled (tracer.compiled), a literal is inlined and any other value read from a C static,
+# not looked up in the module's dict on every use (docs/benchmarks-history.md, "Session 11").
+MISSING: Final = 0
+_N_STAGES: Final = len(Stage)
+_PRODUCE: Final = int(Stage.PRODUCE)
+_STORE: Final = int(Stage.BROKER_STORE)
+_PULL: Final = int(Stage.CLIENT_PULL)
+_MS: Final = 1_000_000
 
 
 def store_stamp(store_ms: int, produce_ns: int = MISSING, pull_ns: int = MISSING) -> int:
@@ -198,7 +202,7 @@ def timeline(stamps: Stamps) -> list[tuple[Stage, int]]:
 
 
 # The cross-clock gaps as (first stage, last stage, clock pair): what SkewTracker.observe_times reads.
-_CROSS: tuple[tuple[int, int, str], ...] = tuple((int(g.start), int(g.end), g.peer) for g in CROSS_CLOCK_GAPS)
+_CROSS: Final[tuple[tuple[int, int, str], ...]] = tuple((int(g.start), int(g.end), g.peer) for g in CROSS_CLOCK_GAPS)
 
 SKEW_WINDOW_MESSAGES = 64  # per clock pair, a bucket of the skew window holds at most this many gaps
 SKEW_WINDOW_NS = 60 * 10**9  # and only gaps of one slot of this much monotonic time
@@ -214,6 +218,13 @@ class _SkewWindow:
     def bound(self) -> int:
         prev = self.previous
         return self.current if prev is None or self.current <= prev else prev
+
+
+def _window_size(name: str, value: object) -> int:
+    """A :class:`SkewTracker` window bound, or the ``ValueError`` naming it."""
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise ValueError(f"SkewTracker({name}=) must be an int >= 1, not {value!r}")
+    return value
 
 
 class SkewTracker:
@@ -233,13 +244,11 @@ class SkewTracker:
     (``tests/test_skew_window.py`` checks these against a model).
     """
 
-    def __init__(self, bucket_messages: int = SKEW_WINDOW_MESSAGES, bucket_ns: int = SKEW_WINDOW_NS) -> None:
-        if isinstance(bucket_messages, bool) or not isinstance(bucket_messages, int) or bucket_messages < 1:
-            raise ValueError(f"SkewTracker(bucket_messages=) must be an int >= 1, not {bucket_messages!r}")
-        if isinstance(bucket_ns, bool) or not isinstance(bucket_ns, int) or bucket_ns < 1:
-            raise ValueError(f"SkewTracker(bucket_ns=) must be an int >= 1, not {bucket_ns!r}")
-        self.bucket_messages = bucket_messages
-        self.bucket_ns = bucket_ns
+    # ``object``, not ``int``: compiled (tracer.compiled), an ``int`` parameter refuses a float with
+    # mypyc's TypeError before the check below can name the argument.
+    def __init__(self, bucket_messages: object = SKEW_WINDOW_MESSAGES, bucket_ns: object = SKEW_WINDOW_NS) -> None:
+        self.bucket_messages = _window_size("bucket_messages", bucket_messages)
+        self.bucket_ns = _window_size("bucket_ns", bucket_ns)
         self._lock = threading.Lock()
         self._windows: dict[str, _SkewWindow] = {}
 

@@ -57,7 +57,7 @@ import sys
 import threading
 from collections import OrderedDict
 from dataclasses import dataclass, field
-from typing import Any, Callable, Iterable, Mapping, Protocol, Sequence
+from typing import Any, Callable, Final, Iterable, Mapping, Protocol, Sequence
 
 from opentelemetry.context import Context
 from opentelemetry.sdk.trace import ReadableSpan, Span, SpanProcessor
@@ -78,14 +78,15 @@ DEFAULT_MAX_AGE_S = 600.0
 # Why spans were lost: a bound, the age limit, undecided at shutdown, their trace evicted (a span
 # ending after the eviction), or their parent lost (exporting them would make orphans). A span
 # ending after its trace was dropped on purpose is no loss: it counts in ``policy_dropped``.
-DROP_REASONS: tuple[str, ...] = ("max_spans", "max_traces", "max_age", "shutdown", "dropped_trace", "parent_lost")
-_SAMPLED = TraceFlags(TraceFlags.SAMPLED)
-_LOW32 = 0xFFFF_FFFF
+DROP_REASONS: Final[tuple[str, ...]] = ("max_spans", "max_traces", "max_age", "shutdown", "dropped_trace", "parent_lost")
+_SAMPLED: Final = TraceFlags(TraceFlags.SAMPLED)
+_LOW32: Final = 0xFFFF_FFFF
+_RANDOM_IDS: Final = RandomIdGenerator  # a C static when compiled (tracer.compiled)
 # Traces remembered after their decision: kept ones (their lost span ids, so late spans can join
 # without orphans), evicted ones (so a late decision to keep still knows what was lost) and dropped
 # foreign ones (ids without our check). Beyond this a late span of one of our traces is dropped
 # with the policy's drops, never exported blind.
-_REMEMBERED = 4096
+_REMEMBERED: Final = 4096
 # Dropped traces whose spans are kept a little longer, so a later decision can still keep them
 # (:meth:`HoldingSpanProcessor.revive`: a kept head-of-line victim keeps its blocker, whose
 # decision came first). The oldest beyond either bound is forgotten for good.
@@ -288,7 +289,7 @@ class HoldingSpanProcessor(SpanProcessor):
                    running: bool = False) -> SpanContext:
         """A new sampled root context, its trace held (the trace a keep policy decides later).
         ``running``: its handler runs now; it is not aged until :meth:`ran`."""
-        if type(ids) is RandomIdGenerator:  # its ids drawn as it draws them, two method calls less
+        if type(ids) is _RANDOM_IDS:  # its ids drawn as it draws them, two method calls less
             high = (random.getrandbits(128) or ids.generate_trace_id()) >> 32
             span_id = random.getrandbits(64) or ids.generate_span_id()
         else:

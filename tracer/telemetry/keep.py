@@ -68,7 +68,7 @@ import random
 import re
 import threading
 from dataclasses import dataclass, field
-from typing import Callable, Mapping, Sequence
+from typing import Callable, Final, Mapping, Sequence
 
 from ..compiled import mypyc_attr
 from ..environ import environment
@@ -80,24 +80,26 @@ __all__ = [
 ]
 
 # Gaps a threshold may be set on: the consumer-side waits and what the user feels.
-KEEP_GAPS: tuple[str, ...] = ("dispatch_wait", "client_buffer", "consumer_wait", "end_to_end")
+KEEP_GAPS: Final[tuple[str, ...]] = ("dispatch_wait", "client_buffer", "consumer_wait", "end_to_end")
 # Why a message was kept; PENDING means "held as its job's latest finisher, settled later".
-REASONS: tuple[str, ...] = ("head", "failure", "lease_lost", "slow", "job_start", "critical_path", "background",
+REASONS: Final[tuple[str, ...]] = ("head", "failure", "lease_lost", "slow", "job_start", "critical_path", "background",
                             "blocker")
-PENDING = "pending"
+PENDING: Final = "pending"
 # Why a message was not kept.
-DROP_REASONS: tuple[str, ...] = ("unremarkable", "superseded", "not_handled")
+DROP_REASONS: Final[tuple[str, ...]] = ("unremarkable", "superseded", "not_handled")
 
-_ENV_GAPS = {f"RMQTRACE_KEEP_{g.upper()}": g for g in KEEP_GAPS}
-_SECONDS_RE = re.compile(r"^\s*([0-9]*\.?[0-9]+(?:[eE][-+]?[0-9]+)?)\s*(ms|s)?\s*$")
-_PERCENT_RE = re.compile(r"^\s*([0-9]*\.?[0-9]+)\s*%\s*$")
+_ENV_GAPS: Final = {f"RMQTRACE_KEEP_{g.upper()}": g for g in KEEP_GAPS}
+_SECONDS_RE: Final = re.compile(r"^\s*([0-9]*\.?[0-9]+(?:[eE][-+]?[0-9]+)?)\s*(ms|s)?\s*$")
+_PERCENT_RE: Final = re.compile(r"^\s*([0-9]*\.?[0-9]+)\s*%\s*$")
 # Streaming estimate: log-spaced buckets, 8 per doubling (9 % wide), 1 µs … ~12 days.
-_PER_OCTAVE = 8
-_N_BUCKETS = 40 * _PER_OCTAVE
-_FLOOR_NS = 1_000
+_PER_OCTAVE: Final = 8
+_N_BUCKETS: Final = 40 * _PER_OCTAVE
+_FLOOR_NS: Final = 1_000
 # Read per message: module constants, not Enum members off their class (a descriptor call each).
-_PRODUCE, _END = int(Stage.PRODUCE), int(Stage.HANDLER_END)
-_FAILURE, _TIMEOUT = Outcome.FAILURE, Outcome.TIMEOUT
+_PRODUCE: Final = int(Stage.PRODUCE)
+_END: Final = int(Stage.HANDLER_END)
+_FAILURE: Final = Outcome.FAILURE
+_TIMEOUT: Final = Outcome.TIMEOUT
 
 
 @dataclass(frozen=True)

@@ -27,7 +27,7 @@ import threading
 import time
 from bisect import bisect_left
 from dataclasses import dataclass
-from typing import Any, Callable, Iterator, Sequence
+from typing import Any, Callable, Final, Iterator, Sequence
 
 from prometheus_client import REGISTRY as DEFAULT_REGISTRY
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
@@ -183,6 +183,10 @@ def _count_gaps(counts: list[list[int]], sums: list[float], bounds: list[float],
                 ex_values[gi][i] = v
 
 
+# A C static when compiled (tracer.compiled), not a lookup in the module's dict per gap.
+_bisect_left: Final = bisect_left
+
+
 # What _count_gaps_fast runs instead of the loop of _count_gaps, once per message: ``rmqtrace bench
 # overhead`` (its stamps_metrics loop) is cheaper with it. tests/test_metrics_count_gaps.py holds the
 # two equal for every stamp pattern, and fails if GAP_INDEX changes under the written-out copy.
@@ -192,7 +196,7 @@ def _count_gaps_fast(counts: list[list[int]], sums: list[float], bounds: list[fl
     produce, store, pull, enqueue, start, end = times
     if produce and store:
         v = (store - produce) / 1e9 if store > produce else 0.0
-        i = bisect_left(bounds, v)
+        i = _bisect_left(bounds, v)
         counts[0][i] += 1
         sums[0] += v
         if ref is not None:
@@ -200,7 +204,7 @@ def _count_gaps_fast(counts: list[list[int]], sums: list[float], bounds: list[fl
             ex_values[0][i] = v
     if store and pull:
         v = (pull - store) / 1e9 if pull > store else 0.0
-        i = bisect_left(bounds, v)
+        i = _bisect_left(bounds, v)
         counts[1][i] += 1
         sums[1] += v
         if ref is not None:
@@ -208,7 +212,7 @@ def _count_gaps_fast(counts: list[list[int]], sums: list[float], bounds: list[fl
             ex_values[1][i] = v
     if pull and enqueue:
         v = (enqueue - pull) / 1e9 if enqueue > pull else 0.0
-        i = bisect_left(bounds, v)
+        i = _bisect_left(bounds, v)
         counts[2][i] += 1
         sums[2] += v
         if ref is not None:
@@ -216,7 +220,7 @@ def _count_gaps_fast(counts: list[list[int]], sums: list[float], bounds: list[fl
             ex_values[2][i] = v
     if enqueue and start:
         v = (start - enqueue) / 1e9 if start > enqueue else 0.0
-        i = bisect_left(bounds, v)
+        i = _bisect_left(bounds, v)
         counts[3][i] += 1
         sums[3] += v
         if ref is not None:
@@ -224,7 +228,7 @@ def _count_gaps_fast(counts: list[list[int]], sums: list[float], bounds: list[fl
             ex_values[3][i] = v
     if start and end:
         v = (end - start) / 1e9 if end > start else 0.0
-        i = bisect_left(bounds, v)
+        i = _bisect_left(bounds, v)
         counts[4][i] += 1
         sums[4] += v
         if ref is not None:
@@ -232,7 +236,7 @@ def _count_gaps_fast(counts: list[list[int]], sums: list[float], bounds: list[fl
             ex_values[4][i] = v
     if produce and end:
         v = (end - produce) / 1e9 if end > produce else 0.0
-        i = bisect_left(bounds, v)
+        i = _bisect_left(bounds, v)
         counts[5][i] += 1
         sums[5] += v
         if ref is not None:
@@ -240,7 +244,7 @@ def _count_gaps_fast(counts: list[list[int]], sums: list[float], bounds: list[fl
             ex_values[5][i] = v
     if pull and start:
         v = (start - pull) / 1e9 if start > pull else 0.0
-        i = bisect_left(bounds, v)
+        i = _bisect_left(bounds, v)
         counts[6][i] += 1
         sums[6] += v
         if ref is not None:

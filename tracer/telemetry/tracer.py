@@ -32,7 +32,7 @@ send's span in :mod:`~tracer.telemetry.sendtrace`.
 
 from __future__ import annotations
 
-from typing import Any, Callable, Sequence
+from typing import Any, Callable, Final, Sequence
 
 from opentelemetry import context as otel_context
 from opentelemetry import trace
@@ -59,23 +59,39 @@ __all__ = ["BODY_ATTR", "MAX_ATTR_CHARS", "MAX_KEYS", "MessageTrace", "MessageTr
            "body_preview"]
 
 # The gap spans under `process`: (name, first stage, last stage, attributes), from names.GAP_SPANS.
-_GAP_SPANS: tuple[tuple[str, int, int, dict[str, Any]], ...] = tuple(
+_GAP_SPANS: Final[tuple[tuple[str, int, int, dict[str, Any]], ...]] = tuple(
     (g.name, int(g.start), int(g.end), {n.STAGE: g.name}) for g in n.GAP_SPANS)
 # The compact trace's gap attributes: (attribute, first stage, last stage).
-_GAP_ATTRS: tuple[tuple[str, int, int], ...] = tuple((n.GAP_ATTRS[g.name], int(g.start), int(g.end)) for g in GAPS)
+_GAP_ATTRS: Final[tuple[tuple[str, int, int], ...]] = tuple((n.GAP_ATTRS[g.name], int(g.start), int(g.end)) for g in GAPS)
 # Cross-clock gaps, their fields read once: (first stage, last stage, tolerance, name).
-_CROSS: tuple[tuple[int, int, int, str], ...] = tuple(
+_CROSS: Final[tuple[tuple[int, int, int, str], ...]] = tuple(
     (int(g.start), int(g.end), g.tolerance_ns, g.name) for g in CROSS_CLOCK_GAPS)
 # Stages, outcomes and kinds as module constants: an Enum member read off its class costs a
 # descriptor call (~0.2 µs on CPython 3.11), and the message path reads about twenty of them.
-_PRODUCE, _STORE, _PULL = int(Stage.PRODUCE), int(Stage.BROKER_STORE), int(Stage.CLIENT_PULL)
-_ENQUEUE, _START, _END = int(Stage.DISPATCH_ENQUEUE), int(Stage.HANDLER_START), int(Stage.HANDLER_END)
-_SUCCESS = Outcome.SUCCESS
-_NOT_STARTED = Outcome.NOT_STARTED
-_CONSUMER, _INTERNAL, _PRODUCER = SpanKind.CONSUMER, SpanKind.INTERNAL, SpanKind.PRODUCER
-_DROP, _ERROR = Decision.DROP, StatusCode.ERROR
-_OPEN, _FINISHED, _OVERRUN, _LATE_ENDED = TracePhase.OPEN, TracePhase.FINISHED, TracePhase.OVERRUN, TracePhase.LATE_ENDED
-_HEAD, _HEAD_HELD = KeepFate.HEAD, KeepFate.HEAD_HELD
+_PRODUCE: Final = int(Stage.PRODUCE)
+_STORE: Final = int(Stage.BROKER_STORE)
+_PULL: Final = int(Stage.CLIENT_PULL)
+_ENQUEUE: Final = int(Stage.DISPATCH_ENQUEUE)
+_START: Final = int(Stage.HANDLER_START)
+_END: Final = int(Stage.HANDLER_END)
+_SUCCESS: Final = Outcome.SUCCESS
+_NOT_STARTED: Final = Outcome.NOT_STARTED
+_CONSUMER: Final = SpanKind.CONSUMER
+_INTERNAL: Final = SpanKind.INTERNAL
+_PRODUCER: Final = SpanKind.PRODUCER
+_DROP: Final = Decision.DROP
+_ERROR: Final = StatusCode.ERROR
+_OPEN: Final = TracePhase.OPEN
+_FINISHED: Final = TracePhase.FINISHED
+_OVERRUN: Final = TracePhase.OVERRUN
+_LATE_ENDED: Final = TracePhase.LATE_ENDED
+_HEAD: Final = KeepFate.HEAD
+_HEAD_HELD: Final = KeepFate.HEAD_HELD
+# The context functions as C statics when compiled (tracer.compiled): no module-dict and attribute
+# lookups a message.
+_attach: Final = otel_context.attach
+_detach: Final = otel_context.detach
+_get_current: Final = otel_context.get_current
 
 
 # Compiled (tracer.compiled), still a Python class: the provider's shutdown hook holds a weak reference
@@ -140,7 +156,7 @@ class MessageTracer(TracerCore):
 
     # -- consumer side -------------------------------------------------------------------
     def start_message(self, info: MessageInfo, pulled_ns: Anchor | int | None = None,
-                      body: bytes | bytearray | str | None = None) -> MessageTrace:
+                      body: object = None) -> MessageTrace:
         """A trace for one received message, stamped with produce, broker store and client pull.
 
         ``pulled_ns``: when the message was pulled. An :class:`~tracer.path.clock.Anchor` read on
@@ -150,8 +166,11 @@ class MessageTracer(TracerCore):
         read elsewhere (a client's decode time): it is placed that far back on the monotonic
         clock, so a step in between does enter the gaps; ``None`` is now.
 
-        ``body`` is read only when ``capture_body`` is on. Timestamps that cannot be real (before
-        2000, over a day ahead) are ignored and counted as ``timestamp_out_of_range``.
+        ``body`` is read only when ``capture_body`` is on, and only a ``bytes``, ``bytearray`` or
+        ``str``; it is whatever the client's message carries, so it is typed ``object``: compiled
+        (``tracer.compiled``), a narrower annotation would raise where the path never does.
+        Timestamps that cannot be real (before 2000, over a day ahead) are ignored and counted as
+        ``timestamp_out_of_range``.
         """
         # The message's timeline (tracer.path.clock): anchored once, at the pull, to the wall clock;
         # every later consumer stamp is the anchor plus monotonic time, so a wall-clock step moves
@@ -235,15 +254,15 @@ class MessageTrace(TraceState):
                 # the user's spans, recorded by another SDK, join the producer's trace
                 found = self._producer_context()
                 if self._carried.context is not None:
-                    self._token = otel_context.attach(self._carried.context)
+                    self._token = _attach(self._carried.context)
                 elif found is not None:
-                    self._token = otel_context.attach(trace.set_span_in_context(NonRecordingSpan(found)))
+                    self._token = _attach(trace.set_span_in_context(NonRecordingSpan(found)))
             return None
         try:
             # process starts at the broker's store (else the pull): broker_wait is its first child
             pulled = times[_PULL]
             start = pulled if self._tracer.compact else min(times[_STORE] or pulled, pulled)
-            self._token = otel_context.attach(self._open_spans(writer, start, times[_START]))
+            self._token = _attach(self._open_spans(writer, start, times[_START]))
         except Exception as exc:  # noqa: BLE001
             self._tracer.hook_failed("starting the handler span", exc)
         return self._handler
@@ -275,7 +294,7 @@ class MessageTrace(TraceState):
         if start_attrs is not None and self._tracer.hold is not None and keep is not None:
             self._tracer.hold.hold(ctx.trace_id, running=True)  # not aged out while the handler runs
             self._fate = _HEAD_HELD
-        current = base if base is not None else otel_context.get_current()  # read once, used twice
+        current = base if base is not None else _get_current()  # read once, used twice
         if start_attrs is None:
             # Dropped: the message's context stays current so the handler's spans share the
             # decision instead of starting root traces of their own (as contrib does).
@@ -323,7 +342,7 @@ class MessageTrace(TraceState):
             self._tracer.occupancy.ended()
         if self._token is not None:
             try:
-                otel_context.detach(self._token)  # type: ignore[arg-type]
+                _detach(self._token)  # type: ignore[arg-type]
             except Exception as exc:  # noqa: BLE001
                 self._tracer.hook_failed("detaching the handler context", exc)
             self._token = None

@@ -14,7 +14,7 @@ import threading
 import warnings
 from collections import OrderedDict
 from dataclasses import dataclass, replace
-from typing import Any, Callable, Mapping, Sequence
+from typing import Any, Callable, Final, Mapping, Sequence
 
 from opentelemetry import trace
 from opentelemetry.context import Context
@@ -23,6 +23,7 @@ from opentelemetry.trace import Link, Span, SpanContext, SpanKind, TracerProvide
 from ..bounds import count
 from ..callables import require_plain
 from ..compiled import mypyc_attr
+from ..logonce import outside_stacklevel
 from ..path import names as n
 from ..path.clock import Clock, default_clock, require_clock
 from ..path.message import ClientFacts, MessageInfo
@@ -48,15 +49,17 @@ log = logging.getLogger(__name__)
 
 # Runs whose lease was lost, remembered (by message id) for the redelivery's link: the broker
 # redelivers within a lease or two, so a few hundred cover any burst; the oldest go first.
-_MAX_LOST_RUNS = 512
+_MAX_LOST_RUNS: Final = 512
 # Topics (with their endpoint) whose process span name and sampling attributes are kept built.
-_MAX_STARTS = 256
-_OPEN = TracePhase.OPEN
+_MAX_STARTS: Final = 256
+_OPEN: Final = TracePhase.OPEN
 # The keywords `client=` replaced, each a field of ClientFacts (deprecated, still honoured).
 LOOSE_CLIENT_KEYWORDS: tuple[str, ...] = ClientFacts._fields
 
 # What a finished trace's listener is called with: the MessageTrace (tracer.telemetry.tracer) and its outcome.
-Listener = Callable[[Any, Outcome], None]
+# Its answer is ignored (a coroutine's closed): typed ``object``, which a compiled build
+# (tracer.compiled) does not check, where ``None`` refused a coroutine before it could be closed.
+Listener = Callable[[Any, Outcome], object]
 
 
 def client_facts(client: ClientFacts | None, **loose: Any) -> ClientFacts:
@@ -68,7 +71,7 @@ def client_facts(client: ClientFacts | None, **loose: Any) -> ClientFacts:
     given = {k: v for k, v in loose.items() if v is not None}
     if given:
         warnings.warn(f"MessageTracer({'=, '.join(given)}=) is deprecated: pass client=ClientFacts(...) "
-                      "(tracer.path.message.ClientFacts)", DeprecationWarning, stacklevel=3)
+                      "(tracer.path.message.ClientFacts)", DeprecationWarning, stacklevel=outside_stacklevel())
     facts = (client or ClientFacts())._replace(**given)
     port = facts.server_port
     if port is not None and not (isinstance(port, int) and 0 < port < 65536):
@@ -116,8 +119,8 @@ class TracerCore:
         metrics: TracerMetrics | None = None,
         clock: Clock | None = None,
         worker_attr: bool = True,
-        listeners: Sequence[Callable[[Any, Outcome], None]] = (),  # a MessageTrace and its outcome
-        capture_body: int = 0,
+        listeners: Sequence[Callable[[Any, Outcome], object]] = (),  # a MessageTrace and its outcome
+        capture_body: int | float = 0,  # an int; also float: compiled, an int parameter takes True as 1
         occupancy: Occupancy | None = None,
         client: ClientFacts | None = None,
         client_id: str | None = None,

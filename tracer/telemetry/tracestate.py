@@ -11,7 +11,7 @@ whose private state they share.
 
 from __future__ import annotations
 
-from typing import Any, NamedTuple, Sequence
+from typing import Any, Callable, Final, NamedTuple, Sequence
 
 from opentelemetry import context as otel_context
 from opentelemetry import trace
@@ -31,17 +31,25 @@ from .tracercore import TracerCore
 
 __all__ = ["PARSE_IF_KEPT", "HeldSpans", "TraceState"]
 
-_START, _END = int(Stage.HANDLER_START), int(Stage.HANDLER_END)
-_CONSUMER = SpanKind.CONSUMER
-_ERROR = StatusCode.ERROR
+_START: Final = int(Stage.HANDLER_START)
+_END: Final = int(Stage.HANDLER_END)
+_CONSUMER: Final = SpanKind.CONSUMER
+_ERROR: Final = StatusCode.ERROR
 # A held trace's creation link whose traceparent is parsed only if the trace is kept.
-PARSE_IF_KEPT = object()
+PARSE_IF_KEPT: Final = object()
 
 
 # Members as module constants: a member read off its class is a descriptor call (tracer.py).
-_OPEN = TracePhase.OPEN
-_HEAD, _HEAD_HELD, _UNDECIDED, _DECIDING = KeepFate.HEAD, KeepFate.HEAD_HELD, KeepFate.UNDECIDED, KeepFate.DECIDING
-_PENDING, _KEPT, _DROPPED, _GONE = KeepFate.PENDING, KeepFate.KEPT, KeepFate.DROPPED, KeepFate.GONE
+_OPEN: Final = TracePhase.OPEN
+_HEAD: Final = KeepFate.HEAD
+_HEAD_HELD: Final = KeepFate.HEAD_HELD
+_UNDECIDED: Final = KeepFate.UNDECIDED
+_DECIDING: Final = KeepFate.DECIDING
+_PENDING: Final = KeepFate.PENDING
+_KEPT: Final = KeepFate.KEPT
+_DROPPED: Final = KeepFate.DROPPED
+_GONE: Final = KeepFate.GONE
+_get_current: Final = otel_context.get_current  # a C static when compiled (tracer.compiled)
 
 
 class HeldSpans(NamedTuple):
@@ -284,10 +292,7 @@ class TraceState:
     def _decide(self, keep: KeepPolicy, outcome: Outcome, error: BaseException | None) -> SpanContext | None:
         ctx, hold = self._ctx, self._tracer.hold
         held = self._fate >= _UNDECIDED  # held for the policy (head_held: the head kept it)
-        settle = None
-        if held and self._carried.job_id:
-            def settle(kept: bool) -> None:
-                self._settle(kept, outcome, error)
+        settle = self._settler(outcome, error) if held and self._carried.job_id else None
         mt = self._tracer
         flag: str | None = None
         if self._lease_lost is not None or self._lost_from is not None:
@@ -328,6 +333,14 @@ class TraceState:
             return None
         hold.release(ctx[0], reason is not None)  # its trace id, by index
         return ctx if reason is not None else None
+
+    def _settler(self, outcome: Outcome, error: BaseException | None) -> Callable[[bool], None]:
+        """:meth:`_settle` for a job's finisher, as the policy calls it. Its own method: a closure
+        in :meth:`_decide` made every local there a cell, and compiled (tracer.compiled) an
+        environment object built for every message, held by a job or not."""
+        def settle(kept: bool) -> None:
+            self._settle(kept, outcome, error)
+        return settle
 
     def _settle(self, kept: bool, outcome: Outcome, error: BaseException | None) -> None:
         """The policy's later word on a job's latest finisher (called from another message's finish)."""
@@ -384,7 +397,7 @@ class TraceState:
         # tuple.__new__, not HeldSpans(...): the NamedTuple's Python __new__ is a call per held
         # message, measurable in `rmqtrace bench overhead`'s sampled_out loop
         self._deferred = tuple.__new__(HeldSpans, (writer, name, creation, pulled_ns, attrs, inner, start_ns))
-        return trace.set_span_in_context(NonRecordingSpan(inner), base if base is not None else otel_context.get_current())
+        return trace.set_span_in_context(NonRecordingSpan(inner), base if base is not None else _get_current())
 
     def _write_spans(self, ctx: SpanContext, outcome: Outcome, error: BaseException | None,
                      c: Sequence[int] | None = None) -> None:

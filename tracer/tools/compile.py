@@ -1,11 +1,11 @@
 """``python -m tracer.tools.compile DEST``: a copy of the ``tracer`` package in ``DEST`` with
-:data:`tracer.compiled.HOT_MODULES` compiled by mypyc (needs mypy and a C compiler), to measure:
-``cd DEST && python -m tracer bench overhead`` (the current directory comes first on the path).
+:data:`tracer.compiled.HOT_MODULES` compiled by mypyc (needs mypy and a C compiler: the
+``compiled`` extra; ``make compiled`` builds ``build/compiled``). Run from it, or with it first on
+``PYTHONPATH`` (docs/settings.md, "Compiled build"); ``cd DEST && python -m tracer bench overhead``
+measures it.
 
 The checkout it is run from is not touched: an extension module is imported before the ``.py``
-beside it, so one built in place would hide every later edit of its source. Not a supported way to
-run rmqtrace: the compiled modules enforce their annotations at run time and differ from the
-sources where the tests name (docs/benchmarks-history.md, "Session 10"). Exit 2 when ``DEST``
+beside it, so one built in place would hide every later edit of its source. Exit 2 when ``DEST``
 exists, 1 when the build fails."""
 
 from __future__ import annotations
@@ -24,6 +24,20 @@ __all__ = ["build", "main"]
 PACKAGE = Path(__file__).resolve().parents[1]  # the tracer package this runs from
 
 
+# mypycify with one named group: ``separate`` turns mypyc's whole-program class analysis off, so a
+# compiled method checks ``self`` with isinstance() and a Python subclass of MessageTracer passes (with
+# it on, mypyc knows every subclass in the build and checks the exact type: mypyc honours
+# allow_interpreted_subclasses only on its native classes). One group keeps the calls between the
+# modules direct.
+_SETUP = """\
+from setuptools import setup
+from mypyc.build import mypycify
+
+setup(name="rmqtrace_compiled", ext_modules=mypycify({sources!r}, opt_level="3",
+      separate=[({sources!r}, "rmqtrace")]))
+"""
+
+
 def build(dest: Path) -> subprocess.CompletedProcess[str]:
     """Copy the package to ``dest/tracer`` and compile :data:`HOT_MODULES` there (mypyc's C sources
     go to ``dest/build``, its runtime library beside the package)."""
@@ -31,9 +45,11 @@ def build(dest: Path) -> subprocess.CompletedProcess[str]:
     # pyproject.toml's [tool.mypy], which an installed package has not got: the clients' untyped imports
     (dest / "mypy.ini").write_text("[mypy]\nstrict = True\nwarn_unused_ignores = False\n\n"
                                    "[mypy-rocketmq.*,wrapt.*]\nignore_missing_imports = True\n")
-    mypyc = shutil.which("mypyc") or os.path.join(os.path.dirname(sys.executable), "mypyc")
     sources = [os.path.join(*m.split(".")) + ".py" for m in HOT_MODULES]
-    return subprocess.run([mypyc, *sources], cwd=dest, capture_output=True, text=True)
+    (dest / "build").mkdir()
+    (dest / "build" / "setup.py").write_text(_SETUP.format(sources=sources))
+    return subprocess.run([sys.executable, os.path.join("build", "setup.py"), "build_ext", "--inplace"],
+                          cwd=dest, capture_output=True, text=True)
 
 
 def main(argv: list[str] | None = None) -> int:
