@@ -26,7 +26,7 @@ import pytest
 from opentelemetry.sdk.trace import ReadableSpan, TracerProvider
 from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
-from prometheus_client import CollectorRegistry
+from semconv_runs import demo, wrappers
 
 _REGISTRY = json.loads((Path(__file__).parent / "semconv" / "registry.json").read_text())
 REGISTRY, METRICS = _REGISTRY["attributes"], _REGISTRY["metrics"]
@@ -129,47 +129,10 @@ def spans() -> Iterator[tuple[TracerProvider, InMemorySpanExporter]]:
     provider.shutdown()
 
 
-def _demo(provider: TracerProvider) -> None:
-    from tracer.tools.demo import DemoOptions, run_demo
-
-    run_demo(DemoOptions(groups=30, workers=3, case_ms=0.5, policies=("round_robin", "aggressive"), seed=3),
-             tracer_provider=provider, registry=CollectorRegistry())
-
-
-def _wrappers(provider: TracerProvider) -> None:
-    from tracer.clients.official import TracedSimpleConsumer
-    from tracer.clients.producer import TracedProducer
-    from tracer.embedded import EmbeddedBroker, Message, Producer, SimpleConsumer
-    from tracer.telemetry.tracer import MessageTracer
-
-    broker = EmbeddedBroker()
-    producer = TracedProducer(Producer(broker, ["T"]), MessageTracer(tracer_provider=provider))
-    producer.startup()
-    for body in (b"ok", b"nack", b"boom"):
-        m = Message()
-        m.topic, m.body = "T", body
-        m.keys = "k1", "k2"
-        producer.send(m)
-    raw = SimpleConsumer(broker, "G", {"T": None}, await_duration=0)
-    raw.startup()
-    consumer = TracedSimpleConsumer(raw, MessageTracer(consumer_group="G", tracer_provider=provider),
-                                    settle_spans=True)
-    for msg in consumer.receive(3, 30):
-        if msg.body == b"ok":
-            with consumer.processing(msg):
-                pass
-            consumer.ack(msg)
-        elif msg.body == b"nack":
-            consumer.change_invisible_duration(msg, 10)
-        else:
-            with pytest.raises(ValueError), consumer.processing(msg):
-                raise ValueError("a user's bug")
-
-
 def test_our_spans_break_no_semantic_convention_outside_our_names(spans) -> None:
     provider, memory = spans
-    _demo(provider)
-    _wrappers(provider)
+    demo(provider)
+    wrappers(provider)
     written = memory.get_finished_spans()
     seen = {k for s in written for k in (s.attributes or {})} | {k for s in written for e in s.events
                                                                  for k in (e.attributes or {})}
@@ -195,8 +158,8 @@ def test_our_otel_metrics_break_no_semantic_convention_outside_our_names(spans, 
     # every MessageTracer built from here on records into it (the global provider is process-wide)
     monkeypatch.setattr(tracercore, "GLOBAL_METERS", MessagingMeters(meter_provider))
     provider, _memory = spans
-    _demo(provider)
-    _wrappers(provider)
+    demo(provider)
+    wrappers(provider)
     data = reader.get_metrics_data()
     meter_provider.shutdown()
     assert data is not None

@@ -1,0 +1,54 @@
+"""The telemetry the conformance checks read: a demo run and the traced 5.x wrapper path.
+
+Shared by tests/test_semconv_conformance.py (in-repo registry, in-memory exporters) and
+tests/semconv/weaver_live_check.py (weaver's live check over OTLP), so both judge the same spans and
+metrics: the demo (both dispatch policies, the blame links) and, on the embedded broker, send,
+receive, process with a success, a nack and a failure whose exception is an event on the ``handler``
+span, and the settle spans of the ack and the nack.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+from prometheus_client import CollectorRegistry
+
+__all__ = ["demo", "wrappers"]
+
+
+def demo(provider: Any) -> None:
+    from tracer.tools.demo import DemoOptions, run_demo
+
+    run_demo(DemoOptions(groups=30, workers=3, case_ms=0.5, policies=("round_robin", "aggressive"), seed=3),
+             tracer_provider=provider, registry=CollectorRegistry())
+
+
+def wrappers(provider: Any) -> None:
+    from tracer.clients.official import TracedSimpleConsumer
+    from tracer.clients.producer import TracedProducer
+    from tracer.embedded import EmbeddedBroker, Message, Producer, SimpleConsumer
+    from tracer.telemetry.tracer import MessageTracer
+
+    broker = EmbeddedBroker()
+    producer = TracedProducer(Producer(broker, ["T"]), MessageTracer(tracer_provider=provider))
+    producer.startup()
+    for body in (b"ok", b"nack", b"boom"):
+        m = Message()
+        m.topic, m.body = "T", body
+        m.keys = "k1", "k2"
+        producer.send(m)
+    raw = SimpleConsumer(broker, "G", {"T": None}, await_duration=0)
+    raw.startup()
+    consumer = TracedSimpleConsumer(raw, MessageTracer(consumer_group="G", tracer_provider=provider),
+                                    settle_spans=True)
+    for msg in consumer.receive(3, 30):
+        if msg.body == b"ok":
+            with consumer.processing(msg):
+                pass
+            consumer.ack(msg)
+        elif msg.body == b"nack":
+            consumer.change_invisible_duration(msg, 10)
+        else:
+            with pytest.raises(ValueError), consumer.processing(msg):
+                raise ValueError("a user's bug")
