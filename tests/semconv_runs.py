@@ -4,7 +4,8 @@ Shared by tests/test_semconv_conformance.py (in-repo registry, in-memory exporte
 tests/semconv/weaver_live_check.py (weaver's live check over OTLP), so both judge the same spans and
 metrics: the demo (both dispatch policies, the blame links) and, on the embedded broker, send,
 receive, process with a success, a nack and a failure whose exception is an event on the ``handler``
-span, and the settle spans of the ack and the nack.
+span, and the settle spans of the ack and the nack: through the wrappers, and through a
+``ConsumeLoop`` (its failure retried by the loop's own nack).
 """
 
 from __future__ import annotations
@@ -14,7 +15,7 @@ from typing import Any
 import pytest
 from prometheus_client import CollectorRegistry
 
-__all__ = ["demo", "wrappers"]
+__all__ = ["consume_loop", "demo", "wrappers"]
 
 
 def demo(provider: Any) -> None:
@@ -52,3 +53,28 @@ def wrappers(provider: Any) -> None:
         else:
             with pytest.raises(ValueError), consumer.processing(msg):
                 raise ValueError("a user's bug")
+
+
+def consume_loop(provider: Any) -> None:
+    from tracer.clients.consume import ConsumeLoop
+    from tracer.clients.producer import TracedProducer
+    from tracer.embedded import EmbeddedBroker, Message, Producer, SimpleConsumer
+    from tracer.telemetry.tracer import MessageTracer
+
+    broker = EmbeddedBroker()
+    producer = TracedProducer(Producer(broker, ["L"]), MessageTracer(tracer_provider=provider))
+    producer.startup()
+    for body in (b"ok", b"boom"):
+        m = Message()
+        m.topic, m.body = "L", body
+        producer.send(m)
+    consumer = SimpleConsumer(broker, "GL", {"L": None}, await_duration=0)
+    consumer.startup()
+
+    def handler(msg: Any) -> None:
+        if msg.body == b"boom":
+            raise ValueError("a user's bug")
+
+    loop = ConsumeLoop(consumer, handler, tracer=MessageTracer(consumer_group="GL", tracer_provider=provider),
+                       settle_spans=True, workers=2, invisible_duration=30)
+    loop.run(until=lambda s: s.acked + s.retry_scheduled >= 2)

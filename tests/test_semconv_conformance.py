@@ -27,7 +27,7 @@ import pytest
 from opentelemetry.sdk.trace import ReadableSpan, TracerProvider
 from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
-from semconv_runs import demo, wrappers
+from semconv_runs import consume_loop, demo, wrappers
 
 _REGISTRY = json.loads((Path(__file__).parent / "semconv" / "registry.json").read_text())
 REGISTRY, METRICS = _REGISTRY["attributes"], _REGISTRY["metrics"]
@@ -135,6 +135,7 @@ def test_our_spans_break_no_semantic_convention_outside_our_names(spans) -> None
     provider, memory = spans
     demo(provider)
     wrappers(provider)
+    consume_loop(provider)
     written = memory.get_finished_spans()
     seen = {k for s in written for k in (s.attributes or {})} | {k for s in written for e in s.events
                                                                  for k in (e.attributes or {})}
@@ -162,6 +163,7 @@ def test_our_otel_metrics_break_no_semantic_convention_outside_our_names(spans, 
     provider, _memory = spans
     demo(provider)
     wrappers(provider)
+    consume_loop(provider)
     data = reader.get_metrics_data()
     meter_provider.shutdown()
     assert data is not None

@@ -9,8 +9,9 @@ Starts weaver's OTLP gRPC receiver, points rmqtrace's exporters at it and reads 
    ``OTEL_EXPORTER_OTLP_ENDPOINT``, protocol ``grpc``), in both trace shapes (``full``, ``compact``);
 2. in this process, the demo again and the traced 5.x wrappers on the embedded broker (send, receive,
    process with a success, a nack and a failure whose exception is an event on the ``handler`` span,
-   the ack and nack settle spans: tests/semconv_runs.py), with an OTLP span exporter and an OTLP
-   metric exporter, so the OTel metrics (``messaging.*`` and ours) are checked too.
+   the ack and nack settle spans; the same through a ``ConsumeLoop``: tests/semconv_runs.py), with
+   an OTLP span exporter and an OTLP metric exporter, so the OTel metrics (``messaging.*`` and
+   ours) are checked too.
 
 ``--run control`` sends instead one SDK span weaver must flag (``exception.escaped``, item 13's
 violation, and a mistyped attribute), so a report read wrongly cannot pass silently.
@@ -182,7 +183,7 @@ def _in_process(endpoint: str) -> None:
     from opentelemetry.sdk.resources import Resource
     from opentelemetry.sdk.trace import TracerProvider
     from opentelemetry.sdk.trace.export import BatchSpanProcessor
-    from semconv_runs import demo, wrappers
+    from semconv_runs import consume_loop, demo, wrappers
 
     from tracer.telemetry import tracercore
     from tracer.telemetry.otel_metrics import MessagingMeters
@@ -199,6 +200,7 @@ def _in_process(endpoint: str) -> None:
     try:
         demo(provider)
         wrappers(provider)
+        consume_loop(provider)
     finally:
         provider.shutdown()
         meters.shutdown()
