@@ -142,7 +142,10 @@ def test_our_spans_break_no_semantic_convention_outside_our_names(spans) -> None
     # not vacuous: the paths that write each kind of attribute ran
     assert {"messaging.system", "messaging.operation.type", "messaging.operation.name", "messaging.destination.name",
             "messaging.consumer.group.name", "messaging.message.id", "error.type", "exception.type",
-            "exception.stacktrace", "messaging.rocketmq.message.keys"} <= seen, seen
+            "exception.stacktrace", "messaging.rocketmq.message.keys", "messaging.client.id", "server.address",
+            "server.port", "messaging.rocketmq.namespace", "messaging.rocketmq.message.tag",
+            "messaging.rocketmq.message.group", "messaging.rocketmq.message.delivery_timestamp",
+            "messaging.message.body.size", "messaging.batch.message_count"} <= seen, seen
     assert any(s.links for s in written)
     assert violations(written) == []
 
