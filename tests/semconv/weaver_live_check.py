@@ -144,11 +144,15 @@ def _free_port() -> int:
         return int(s.getsockname()[1])
 
 
+class _NotListening(RuntimeError):
+    """weaver exited before it listened (e.g. a port taken between our probe and its bind)."""
+
+
 def _wait_listening(proc: subprocess.Popen[bytes], port: int, log: Path) -> None:
     """Until weaver's receiver takes connections (it loads the registry first: seconds)."""
     for _ in range(600):
         if proc.poll() is not None:
-            raise RuntimeError(f"weaver exited with {proc.returncode} before listening: {log.read_text()[-2000:]}")
+            raise _NotListening(f"weaver exited with {proc.returncode} before listening: {log.read_text()[-2000:]}")
         try:
             with socket.create_connection(("127.0.0.1", port), timeout=1):
                 return
@@ -158,6 +162,28 @@ def _wait_listening(proc: subprocess.Popen[bytes], port: int, log: Path) -> None
             except subprocess.TimeoutExpired:
                 pass
     raise RuntimeError(f"weaver did not listen on {port} in 5 minutes: {log.read_text()[-2000:]}")
+
+
+def _start(weaver: Path, registry: Path, report_dir: Path, log: Path) -> tuple[subprocess.Popen[bytes], int, int]:
+    """weaver listening: the process, its OTLP gRPC port and its admin port (three tries at free ports)."""
+    for attempt in range(3):
+        port, admin = _free_port(), _free_port()
+        cmd = [str(weaver), "registry", "live-check", "-r", str(registry), "--input-source", "otlp",
+               "--otlp-grpc-address", "127.0.0.1", "--otlp-grpc-port", str(port), "--admin-port", str(admin),
+               "--inactivity-timeout", "600", "--format", "json", "-o", str(report_dir), "--fail-on", "none"]
+        with log.open("wb") as sink:
+            proc = subprocess.Popen(cmd, stdout=sink, stderr=subprocess.STDOUT)
+        try:
+            _wait_listening(proc, port, log)
+            return proc, port, admin
+        except _NotListening:
+            if attempt == 2:
+                raise
+        except BaseException:
+            proc.kill()
+            proc.wait()
+            raise
+    raise AssertionError("unreachable")
 
 
 def _cli_demo(endpoint: str, out: Path, shape: str) -> None:
@@ -235,19 +261,11 @@ RUNS: dict[str, Callable[[str, Path], None]] = {"rmqtrace": _rmqtrace, "control"
 
 
 def live_check(weaver: Path, registry: Path, out: Path, run: str = "rmqtrace") -> Report:
-    port, admin = _free_port(), _free_port()
-    log = out / "weaver.log"
-    report_dir = out / "report"
-    cmd = [str(weaver), "registry", "live-check", "-r", str(registry), "--input-source", "otlp",
-           "--otlp-grpc-address", "127.0.0.1", "--otlp-grpc-port", str(port), "--admin-port", str(admin),
-           "--inactivity-timeout", "600", "--format", "json", "-o", str(report_dir), "--fail-on", "none"]
+    log, report_dir = out / "weaver.log", out / "report"
     version = subprocess.run([str(weaver), "--version"], capture_output=True, text=True).stdout.strip()
-    with log.open("wb") as sink:
-        proc = subprocess.Popen(cmd, stdout=sink, stderr=subprocess.STDOUT)
+    proc, port, admin = _start(weaver, registry, report_dir, log)
     try:
-        _wait_listening(proc, port, log)
-        endpoint = f"http://127.0.0.1:{port}"
-        RUNS[run](endpoint, out)
+        RUNS[run](f"http://127.0.0.1:{port}", out)
         urllib.request.urlopen(urllib.request.Request(f"http://127.0.0.1:{admin}/stop", method="POST"), timeout=60)
         if proc.wait(300):
             raise RuntimeError(f"weaver exited with {proc.returncode}: {log.read_text()[-2000:]}")
@@ -291,7 +309,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         report = live_check(weaver, registry, out, args.run)
     except (RuntimeError, OSError) as e:
-        print(f"weaver-check: {e}", file=sys.stderr)
+        print("weaver-check: " + " ".join(str(e).split()), file=sys.stderr)  # one line, weaver's log tail too
         return 1
     print(json.dumps(report.as_json(), indent=2) if args.json else _summary(report))
     print(f"weaver's report: {out / 'report' / 'live_check.json'}", file=sys.stderr)
