@@ -55,7 +55,8 @@ def find_weaver(given: str | None = None) -> Path | None:
     named = given or os.environ.get("WEAVER")
     if named:
         return Path(named)
-    found = sorted((REPO / ".cache" / "bin").glob("weaver-*"), key=lambda p: _version(p.name))
+    found = sorted((p for p in (REPO / ".cache" / "bin").glob("weaver-*") if p.is_file() and os.access(p, os.X_OK)),
+                   key=lambda p: _version(p.name))  # not a build's stamp or log beside it
     return found[-1] if found else None
 
 
