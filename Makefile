@@ -6,7 +6,7 @@ BIN := $(VENV)/bin
 PIP := $(BIN)/python -m pip
 export PIP_DISABLE_PIP_VERSION_CHECK := 1
 
-.PHONY: demo test test-unit test-py explore bench compiled lint dist seeded mutation services-up services-down stack stack-down alerts-demo clean help
+.PHONY: demo test test-unit test-py explore bench compiled lint dist seeded mutation services-up services-down stack stack-down alerts-demo weaver-check clean help
 
 help:
 	@echo "make demo         the incident and its fix on the embedded broker (no Java, no Go)"
@@ -19,6 +19,7 @@ help:
 	@echo "make stack        RocketMQ + Jaeger + Prometheus on loopback for your own app (stack-down stops it)"
 	@echo "make alerts-demo  Prometheus + Alertmanager + a webhook and the incident: the real rules fire (~1-2 min)"
 	@echo "make lint         ruff + mypy --strict"
+	@echo "make weaver-check OTel's weaver live check on our spans and metrics (WEAVER=path, WEAVER_REGISTRY=model dir)"
 	@echo "make dist         build dist/rmqtrace-VERSION.tar.gz and the wheel, twine check them"
 
 $(BIN)/python:
@@ -109,6 +110,10 @@ alerts-demo: $(VENV)/.installed
 	bash services/prometheus/prom.sh install
 	bash services/alertmanager/am.sh install
 	$(BIN)/python services/alerts_demo.py
+
+# weaver is on no package registry reachable here: WEAVER=path or .cache/bin/weaver-<version> (docs/semconv.md).
+weaver-check: $(VENV)/.installed-test
+	$(BIN)/python tests/semconv/weaver_live_check.py
 
 lint: $(VENV)/.installed-test
 	$(BIN)/ruff check tracer tests

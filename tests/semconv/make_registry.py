@@ -8,7 +8,8 @@ deprecated and its stability; and every metric (``groups[]`` of ``type: metric``
 ``metric_name``, and the ``definition/2`` files' ``metrics[].name``) with its instrument, unit and
 whether it is deprecated. tests/test_semconv_conformance.py checks our spans and OTel metrics
 against it — the checks weaver's ``registry live-check`` makes of names, deprecation, types,
-instruments and units, without weaver (no registry here ships it; see docs/semconv.md).
+instruments and units, without weaver (no package registry here ships it; with a weaver binary,
+tests/semconv/weaver_live_check.py runs the real check: see docs/semconv.md).
 """
 
 from __future__ import annotations
