@@ -54,9 +54,10 @@ test-unit: $(VENV)/.installed-test
 	$(BIN)/python -m pytest -ra -m "not integration" tests
 
 # The checkout on PYTHONPATH wins over the copy installed in the shared venv (.ci/pyvenv.sh says why).
+# The mypyc build is built and tested once, under the venv's Python, by `make test` (CI time).
 test-py:
 	@test -n "$(V)" || { echo "make test-py: say which Python, e.g. make test-py V=3.10" >&2; exit 2; }
-	@py="$$(bash .ci/pyvenv.sh $(V))" && PYTHONPATH="$(CURDIR)" "$$py" -m pytest -ra -m "not integration" tests
+	@py="$$(bash .ci/pyvenv.sh $(V))" && PYTHONPATH="$(CURDIR)" "$$py" -m pytest -ra -m "not integration and not compiled" tests
 
 services-up:
 	bash services/prometheus/prom.sh install
