@@ -149,8 +149,14 @@ class Core(Generic[T]):
         name: str,
         kind: str,
         consumer_group: str = "",
+        successors_follow: bool = False,
     ) -> None:
         count(workers, "workers", maximum=MAX_THREADS)
+        if not isinstance(successors_follow, bool):
+            raise TypeError(f"successors_follow must be a bool, got {type(successors_follow).__name__}")
+        # a keyed message that ends without success takes its key's waiting successors with it
+        # (SKIPPED, unrun): the consume loop's per-key order (drop_successors_locked)
+        self.successors_follow = successors_follow
         # math.inf or past NO_BOUND_S: no watchdog (a deadline past what a thread can wait for)
         handler_timeout = timeout_s(handler_timeout, "handler_timeout", positive=True)
         for what, fn in (("key=", key), ("cost=", cost), ("on_done=", on_done)):
@@ -532,6 +538,21 @@ class Core(Generic[T]):
         self.overrun += 1
         self.reporting += 1
         out = self.sched.expire(worker, e)
+        if self.accrual is not None:
+            self.accrual.mark()
+        return self.give_back_locked(out)
+
+    def drop_successors_locked(self, worker: int, e: Entry[Any], outcome: Outcome) -> list[Entry[Any]]:
+        """With ``successors_follow``: ``e`` on ``worker`` ended ``outcome`` (reported by its worker);
+        unless it succeeded, the messages of its key waiting behind it leave with it, counted
+        SKIPPED. Call before :meth:`done_locked`, under the same lock (while ``e`` still holds its
+        key, nothing of its key can start); :meth:`report_skipped` them after the lock, then
+        :meth:`reported_locked` their number."""
+        if not self.successors_follow or e.key is None or outcome is Outcome.SUCCESS:
+            return []
+        out = self.sched.drop_successors(worker, e)
+        if not out:
+            return out
         if self.accrual is not None:
             self.accrual.mark()
         return self.give_back_locked(out)
