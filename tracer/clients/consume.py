@@ -314,7 +314,10 @@ class ConsumeLoop:
     see :class:`ConsumeKeywords`), which override the groups' fields.
 
     A handler that raises, or runs past ``handler_timeout`` seconds, is not acked: the message
-    comes back after ``retry_backoff(delivery_attempt)`` seconds.
+    comes back after ``retry_backoff(delivery_attempt)`` seconds. With ``key=``, the later messages
+    of its key the loop holds unstarted go back with it, unrun (the dispatcher's
+    ``successors_follow``, and the loop's backlog), as for a message refused at the start: none
+    runs before it has succeeded (on a FIFO topic the broker hands them out again behind it).
 
     **A hung handler.** A Python thread cannot be stopped. The thread dispatcher's watchdog
     reports a handler still running at ``handler_timeout`` as ``TIMEOUT`` at that deadline; the

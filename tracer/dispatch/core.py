@@ -19,6 +19,9 @@ Exception rules, the same in both engines:
   ``Outcome.NOT_STARTED``, counted in ``not_started`` — not a failure, whatever the clock says.
   So is a *result* that means the handler never ran — a coroutine, another awaitable or a
   generator (``lambda m: handle_async(m)``): ``FAILURE`` with ``HandlerNeverRan``, never a success.
+* **successors_follow** (off by default; the consume loop sets it): a keyed message whose outcome
+  (reported by its worker) is not ``SUCCESS`` takes its key's waiting successors with it, reported
+  ``SKIPPED`` unrun right after it (:meth:`Core.drop_successors_locked`), as a watchdog TIMEOUT does.
 * **Timeout**: a handler that runs longer than ``handler_timeout`` on the injected clock is
   ``Outcome.TIMEOUT`` with a :class:`.HandlerTimeout`, whatever it returned or raised (its own
   exception is the ``__cause__``).
