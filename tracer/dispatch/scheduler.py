@@ -369,7 +369,9 @@ class BufferedScheduler(Scheduler):
             return []
         out = [x for x in buf if x.key == key]
         if out:
-            self._bufs[worker] = deque(x for x in buf if x.key != key)
+            keep = [x for x in buf if x.key != key]  # other keys and unkeyed ones stay, in order
+            buf.clear()
+            buf.extend(keep)
             self.queued -= len(out)
         return out
 
