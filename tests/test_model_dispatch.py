@@ -299,6 +299,17 @@ class _Model(RuleBasedStateMachine):
     def running_unreleased(self) -> list[Item]:
         return sorted((it for it in self.h.running if not it.released), key=lambda it: it.n)
 
+    @precondition(lambda self: hasattr(self, "d") and not self.closed)
+    @rule(action=st.sampled_from(["fail", "refuse", "interrupt"]))
+    def fail_with_successors(self, action: str) -> None:
+        """The precondition of ``per_key_order``'s bugs: a keyed message running with more of its
+        key parked (or in its worker's buffer) behind it, then it ends without success."""
+        for _ in range(3):
+            self.submit("k1", False)  # type: ignore[attr-defined]  # each engine's rule
+        heads = [i for i, it in enumerate(self.running_unreleased()) if it.key == "k1" and not it.expired]
+        if heads:
+            self.release(heads[0], action)  # type: ignore[attr-defined]
+
     def stats(self) -> Any:
         raise NotImplementedError
 

@@ -68,6 +68,7 @@ T = TypeVar("T")
 logger = logging.getLogger("tracer.dispatch")
 
 _FAILURE = Outcome.FAILURE
+_SUCCESS = Outcome.SUCCESS
 _OPEN = DispatchPhase.OPEN
 _STOPPING = DispatchPhase.STOPPING
 _TIMEOUT = Outcome.TIMEOUT
@@ -419,13 +420,19 @@ class Dispatcher(EngineBase[T], Generic[T]):
         with lock:
             if mine:
                 core.count_locked(outcome)
-                back = core.drop_successors_locked(slot, e, outcome)  # successors_follow: before done
+                if outcome is not _SUCCESS and core.successors_follow:  # before done: e still holds its key
+                    back = core.drop_successors_locked(slot, e, outcome)
             else:
                 core.overrun -= 1
             nxt = self._core.done_locked(slot, e)
             if core.waiters and not back:  # else after their SKIPPED reports, as after a TIMEOUT
                 self._admit_waiters_locked()
-            self._changed_locked()
+            if core.watchers:
+                self._cond.notify_all()
+            if self._watchdog is not None and core.phase >= _STOPPING and core.idle_locked():
+                # the last handler of a closed dispatcher returned after close() gave up on it: the
+                # watchdog sleeps until that handler's deadline and nothing else would wake it
+                self._watch.notify_all()
             if nxt is not None:  # the slot's next (its key's successor, its buffer): same slot, this thread
                 if self._ready:
                     self._kick_locked()
@@ -435,16 +442,6 @@ class Dispatcher(EngineBase[T], Generic[T]):
         if back:
             self._follow(back)
         return got
-
-    def _changed_locked(self) -> None:
-        """An outcome was reported: wake who waits for one."""
-        core = self._core
-        if core.watchers:
-            self._cond.notify_all()
-        if self._watchdog is not None and core.phase >= _STOPPING and core.idle_locked():
-            # the last handler of a closed dispatcher returned after close() gave up on it: the
-            # watchdog sleeps until that handler's deadline and nothing else would wake it
-            self._watch.notify_all()
 
     def _follow(self, back: list[Entry[Any]]) -> None:
         """``successors_follow``: report SKIPPED, on this worker, the successors of a message that
@@ -456,7 +453,10 @@ class Dispatcher(EngineBase[T], Generic[T]):
             if core.waiters:
                 self._admit_waiters_locked()
                 self._kick_locked()
-            self._changed_locked()
+            if core.watchers:
+                self._cond.notify_all()
+            if self._watchdog is not None and core.phase >= _STOPPING and core.idle_locked():
+                self._watch.notify_all()  # as in _finish: the watchdog may sleep on a closed dispatcher
 
     # --------------------------------------------------------------------------------- watchdog
     def check_timeouts(self) -> int:
