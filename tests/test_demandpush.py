@@ -260,3 +260,28 @@ def test_a_hung_listener_gives_its_message_back_and_its_copies_bounce_once_per_l
     assert calls[0] == ("hangs", 1) and len(calls) == 2 and calls[1][1] == s.given_back + 2
     assert 1 <= s.given_back <= math.ceil(hang_s / lease_s), s
     assert s.failed == 1 and s.acked == 1
+
+
+def test_a_failed_fifo_message_takes_its_group_s_later_ones_back_unrun() -> None:
+    # built on ConsumeLoop, so it inherits successors_follow: fails before (branch fifofail) with
+    # a0 a1 a0 a1 a2 a3 — a1 ran past the failed a0, then again
+    broker = EmbeddedBroker(min_receive_invisible=1)
+    broker.create_topic("dpf", fifo=True, queues=1)
+    producer = EmbeddedProducer(broker, ["dpf"])
+    producer.startup()
+    for body in ("a0", "a1", "a2", "a3"):  # before the start: its first receive takes a0 and a1 (2 workers)
+        m = EmbeddedMessage()
+        m.topic, m.body, m.message_group = "dpf", body.encode(), "a"
+        producer.send(m)
+    listener = Listener(answers={("a0", 1): _boom})
+    b = Backend("embedded", broker, "dpf", "dpf-group", lambda body: "", producer.shutdown)
+    c = _consumer(b, listener, invisible_duration=10)
+    c.startup()
+    try:
+        wait_until(lambda: c.statistics().acked >= 4, timeout=40, what="the group acked after its rerun")
+    finally:
+        c.shutdown()
+        producer.shutdown()
+    assert [body for body, _m, _a in listener.calls] == ["a0", "a0", "a1", "a2", "a3"], listener.calls
+    s = c.statistics()
+    assert (s.acked, s.failed) == (4, 1) and s.not_started >= 1, s  # a1 at least went back with a0

@@ -1,13 +1,11 @@
 """What the consume loop does on a FIFO topic, on the real proxy and on the embedded broker alike.
 
-A failed message of a group is given back (nacked) and its group's later messages of the same
-receive run on past it (README: "a failed FIFO message does not hold back its message group's
-later ones"). The broker then hands the queue out again from the failed message on, the later
-ones with it although they were acked (``tests/test_broker_rules_real.py``): they run twice, and
-before the failed one's successful run. Before the embedded broker read FIFO queues as the proxy
-does, it held a group's later messages back until the failed one was acked, so on it the loop ran
-``a0 a0 a1 a2 a3`` — and no test saw what the proxy makes of the same loop (RELIABILITY "Known
-limits").
+A failed message of a group is given back (nacked) and so are its group's later messages the
+loop holds unstarted — those parked in the dispatcher (``successors_follow``) and those in the
+loop's backlog — unrun. The broker hands the queue out again from the failed message on
+(``tests/test_broker_rules_real.py``), so the group runs again in order: ``a0`` (fails), then
+``a0 a1 a2 a3``, each later one once. Before, the loop ran the later ones past the failed one:
+``a0 a1 a2 a3 a0 a1 a2 a3`` — twice each, and before the failed one's successful run.
 """
 
 from __future__ import annotations
@@ -22,7 +20,7 @@ from tracer.clients.consume import ConsumeLoop, DispatchOptions, FlowOptions, Le
 
 
 @pytest.mark.parametrize("kind", KINDS)
-def test_a_failed_fifo_message_s_group_runs_past_it_and_then_again(kind: str) -> None:
+def test_a_failed_fifo_message_s_group_waits_for_its_rerun(kind: str) -> None:
     side = FifoSide(kind, queues=1, manual_clock=False)
     ran: list[tuple[str, int]] = []
     lock = threading.Lock()
@@ -41,9 +39,14 @@ def test_a_failed_fifo_message_s_group_runs_past_it_and_then_again(kind: str) ->
     runner = threading.Thread(target=loop.run, name="fifo-loop", daemon=True)
     runner.start()
     try:
-        assert loop.wait(lambda s: s.acked == 7, timeout=60), f"not 7 acks within 60 s: {ran}"
+        assert loop.wait(lambda s: s.acked == 4, timeout=60), f"not 4 acks within 60 s: {ran}"
     finally:
         loop.stop(timeout=10)
         runner.join(10)
         side.close()
-    assert ran == [("a0", 1), ("a1", 1), ("a2", 1), ("a3", 1), ("a0", 2), ("a1", 2), ("a2", 2), ("a3", 2)]
+    assert [body for body, _ in ran] == ["a0", "a0", "a1", "a2", "a3"], ran
+    # attempts are the queue's count (RELIABILITY's rule table): a rerun the loop receives in two
+    # parts counts only what each carried, so a3 may say 1 or 2
+    assert ran[:2] == [("a0", 1), ("a0", 2)], ran
+    stats = loop.statistics()
+    assert (stats.failed, stats.retry_scheduled) == (1, 1) and stats.not_started == stats.given_back >= 1, stats

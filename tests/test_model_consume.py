@@ -52,6 +52,9 @@ checked after every step once the threads have settled (a deadline wait, no fixe
 ``receives_only_for_free_or_ending_workers``
     a receive asks for at most the free workers, plus (``receive_ahead``) the running handlers
     within one round trip of their cost less the messages held and not started yet;
+``per_key_order`` (FIFO)
+    no message of a group starts before every earlier message of its group has succeeded (a
+    failed, timed-out or unstarted one takes the later ones the loop holds back with it);
 ``run_stop_drains_or_gives_back`` (threaded)
     once ``run()`` returned after a stop, the loop holds nothing but messages whose handler still
     runs, and every message it held is acked, given back, or its lease was lost.
@@ -240,6 +243,8 @@ class ConsumeModel(RuleBasedStateMachine):
         self.failed: set[int] = set()  # id(message) of deliveries whose handler raised or overran, or whose key= raised
         self.keep: list[Any] = []  # every delivered message object, so ids are never reused
         self.started_stale: list[str] = []  # message ids started after their lease had ended
+        self.succeeded_ids: set[str] = set()  # message ids with a run that returned in time
+        self.out_of_order: list[tuple[str, list[str]]] = []  # FIFO: (started, earlier ones not succeeded yet)
         self.loop = ConsumeLoop(
             self.client, self.handler, monotonic=self.clock,
             dispatch=DispatchOptions(
@@ -258,6 +263,10 @@ class ConsumeModel(RuleBasedStateMachine):
             if self.client.lease_end.get(id(m), 0.0) <= call.started:  # no excuse: a stall is exactly this case
                 self.started_stale.append(m.message_id)
         with self.cond:
+            if self.fifo:
+                behind = [e for e in self.earlier.get(m.message_id, ()) if e not in self.succeeded_ids]
+                if behind:
+                    self.out_of_order.append((m.message_id, behind))
             self.deliveries[id(m)] += 1
             self.runs[m.message_id] += 1
             self.keep.append(m)
@@ -267,6 +276,8 @@ class ConsumeModel(RuleBasedStateMachine):
         in_time = self.clock() - call.started <= TIMEOUT
         with self.cond:
             (self.succeeded if in_time and not call.fail else self.failed).add(id(m))
+            if in_time and not call.fail:  # before it returns: its successor may start right after
+                self.succeeded_ids.add(m.message_id)
             self.running.discard(call)
         if call.fail:
             raise RuntimeError("handler failed")
@@ -560,6 +571,12 @@ class ConsumeModel(RuleBasedStateMachine):
             assert not self.started_stale, f"invariant started_only_with_a_live_lease: {self.started_stale}"
 
     @invariant()
+    def per_key_order(self) -> None:
+        with self.cond:
+            assert not self.out_of_order, (
+                f"invariant per_key_order: started before its group's earlier ones succeeded: {self.out_of_order}")
+
+    @invariant()
     def no_delivery_runs_twice(self) -> None:
         if hasattr(self, "loop"):
             with self.cond:
@@ -659,7 +676,7 @@ class ConsumeModel(RuleBasedStateMachine):
         for name in ("failed_or_timed_out_never_acked", "acked_only_after_success", "no_two_copies_at_once",
                      "started_only_with_a_live_lease", "no_delivery_runs_twice", "held_leases_stay_renewed",
                      "stats_add_up", "run_stop_drains_or_gives_back", "unbounded_stop_hands_out_the_backlog",
-                     "held_is_bounded", "receives_only_for_free_or_ending_workers"):
+                     "held_is_bounded", "receives_only_for_free_or_ending_workers", "per_key_order"):
             getattr(self, name)()
 
     def loop_finished(self) -> bool:
@@ -732,8 +749,8 @@ class FifoConsumeModel(ConsumeModel):
     @rule(failing=st.sampled_from(["failure", "overrun"]))
     def a_run_whose_first_fails(self, failing: str) -> None:
         """The state random search rarely reaches: a fresh group's run of three in one receive, its
-        first fails, the others succeed after it; once the backoff passes the broker hands the run
-        out again from the first, the acked ones with it."""
+        first fails, the others are given back unrun with it (per_key_order); once the backoff
+        passes the broker hands the run out again from the first, in order."""
         self.send(f"r{len(self.sent)}", 3)
         self.poll()
         outcomes = [failing, "success", "success"]

@@ -15,6 +15,9 @@ of worker tasks (mid-handler and idle). The promise, as named invariants checked
 * ``no_start_after_close`` — after ``close`` returned, no handler starts;
 * ``deadline_kept`` — a handler past its deadline is reported TIMEOUT by the watchdog check;
 * ``successors_follow`` — what waited behind a message reported TIMEOUT is given back SKIPPED;
+* ``per_key_order`` (a dispatcher built with ``successors_follow=True``, drawn) — a keyed message
+  accepted before an earlier one of its key ended without success (FAILURE, NOT_STARTED,
+  TIMEOUT) never starts: it is given back SKIPPED with that one;
 * ``engine_alive`` — every worker thread lives until close;
 * ``stats_add_up`` — the snapshot adds up and agrees with what ``on_done`` saw;
 * ``blame_forgets_what_left`` — live blame waits only for messages the engine holds unstarted
@@ -172,6 +175,8 @@ class Harness:
         self.order: list[Item] = []  # accepted items, in acceptance order
         self.closed_returned = False  # close() has returned
         self.no_more_starts = False  # close(drain=False) began after quiescence: nothing may start
+        self.follow = False  # the engine was built with successors_follow=True
+        self.failed_at: dict[Item, int] = {}  # keyed item that did not succeed -> items accepted by then
 
     def accepted(self, it: Item) -> None:
         with self.cond:
@@ -191,6 +196,10 @@ class Harness:
                     if other.key == it.key and other not in self.outcomes:
                         self.violations.append(violated(
                             "key_order", f"{it} started while {other}, earlier of key {it.key}, has no outcome"))  # fmt: skip
+                    failed = self.failed_at.get(other)
+                    if self.follow and other.key == it.key and failed is not None and failed > it.accept_no:
+                        self.violations.append(violated(
+                            "per_key_order", f"{it} started after {other}, earlier of key {it.key}, did not succeed"))
             it.started_ns = self.clock.now_ns()
             self.running.add(it)
 
@@ -211,6 +220,8 @@ class Harness:
                     self.violations.append(violated("failure_never_success", f"{it} ({it.action}) reported SUCCESS"))
             if outcome is Outcome.SKIPPED and it.starts:
                 self.violations.append(violated("skipped_never_ran", f"{it} reported SKIPPED but it started"))
+            if it.key is not None and outcome in (Outcome.FAILURE, Outcome.NOT_STARTED, Outcome.TIMEOUT):
+                self.failed_at[it] = len(self.order)
             self.outcomes[it] = (outcome, error)
             self.cond.notify_all()
 
@@ -287,6 +298,17 @@ class _Model(RuleBasedStateMachine):
 
     def running_unreleased(self) -> list[Item]:
         return sorted((it for it in self.h.running if not it.released), key=lambda it: it.n)
+
+    @precondition(lambda self: hasattr(self, "d") and not self.closed)
+    @rule(action=st.sampled_from(["fail", "refuse", "interrupt"]))
+    def fail_with_successors(self, action: str) -> None:
+        """The precondition of ``per_key_order``'s bugs: a keyed message running with more of its
+        key parked (or in its worker's buffer) behind it, then it ends without success."""
+        for _ in range(3):
+            self.submit("k1", False)  # type: ignore[attr-defined]  # each engine's rule
+        heads = [i for i, it in enumerate(self.running_unreleased()) if it.key == "k1" and not it.expired]
+        if heads:
+            self.release(heads[0], action)  # type: ignore[attr-defined]
 
     def stats(self) -> Any:
         raise NotImplementedError
@@ -373,12 +395,13 @@ class _Model(RuleBasedStateMachine):
 
 # ----------------------------------------------------------------------------- thread engine
 class ThreadEngineModel(_Model):
-    @initialize(policy=POLICIES, workers=st.integers(1, 3))
-    def start(self, policy: Any, workers: int) -> None:
+    @initialize(policy=POLICIES, workers=st.integers(1, 3), follow=st.booleans())
+    def start(self, policy: Any, workers: int, follow: bool) -> None:
         self.workers = workers
+        self.h.follow = follow
         self.d: Dispatcher[Item] = Dispatcher(
             self.handler, policy=policy, workers=workers, key=key_of, cost=cost_of, on_done=self.h.on_done,
-            handler_timeout=TIMEOUT_S, clock=self.clock, name="model",
+            handler_timeout=TIMEOUT_S, clock=self.clock, name="model", successors_follow=follow,
         )  # fmt: skip
         self.bg: list[threading.Thread] = []
 
@@ -632,14 +655,15 @@ test_thread_engine_model = ThreadEngineModel.TestCase
 class AsyncEngineModel(_Model):
     """The loop runs only inside a rule, so every step is deterministic between rules."""
 
-    @initialize(policy=POLICIES, workers=st.integers(1, 3))
-    def start(self, policy: Any, workers: int) -> None:
+    @initialize(policy=POLICIES, workers=st.integers(1, 3), follow=st.booleans())
+    def start(self, policy: Any, workers: int, follow: bool) -> None:
         self.workers = workers
+        self.h.follow = follow
         self.loop = asyncio.new_event_loop()
         # A timeout that never fires in test time: timeouts come from the manual clock alone.
         self.d: AsyncDispatcher[Item] = AsyncDispatcher(
             self.handler, policy=policy, workers=workers, key=key_of, cost=cost_of, on_done=self.h.on_done,
-            handler_timeout=TIMEOUT_S * 1000, clock=self.clock, name="model",
+            handler_timeout=TIMEOUT_S * 1000, clock=self.clock, name="model", successors_follow=follow,
         )  # fmt: skip
         self.bg: list[asyncio.Task[None]] = []
         self.tasks: dict[asyncio.Task[Any], int] = {}  # worker tasks seen running a handler, numbered

@@ -1,6 +1,7 @@
 """Model-based test of the policies' pure state machines (no threads: every step is exact).
 
-Random admits (keyed, unkeyed, costs), finishes, timeouts (``expire``) and a final
+Random admits (keyed, unkeyed, costs), finishes, failures (``drop_successors`` then ``done``, as a
+dispatcher with ``successors_follow`` calls them), timeouts (``expire``) and a final
 ``take_queued``, on the pool policies (aggressive, cost-aware) and the buffered ones, against a
 plain model of who holds what. Named invariants, checked after every step (a failure says
 ``invariant <name>: ...``):
@@ -12,6 +13,8 @@ plain model of who holds what. Named invariants, checked after every step (a fai
   policies; buffered: per worker, in order);
 * ``work_conserving`` — a pool worker is idle only when nothing queued may start;
 * ``expire_gives_back`` — ``expire`` returns exactly what waited behind the message, in order;
+* ``per_key_order`` — no message that waited behind a message of its key that failed or timed out
+  is handed out afterwards (``drop_successors``/``expire`` returned it, exactly, in order);
 * ``counts`` — ``busy``, ``queued``, ``free_slots()`` agree with the model;
 * ``take_all`` — ``take_queued`` returns every queued message, oldest first.
 
@@ -51,6 +54,7 @@ class SchedulerModel(RuleBasedStateMachine):
         self.held: dict[int, Entry[Any]] = {}  # worker -> entry it holds (expired ones too)
         self.queued: list[Entry[Any]] = []  # accepted, not held, in arrival order
         self.violations: list[str] = []
+        self.must_follow: set[int] = set()  # seqs of what waited behind a failure or a timeout of its key
 
     # ------------------------------------------------------------------------------ helpers
     def live_keys(self) -> set[str]:
@@ -71,6 +75,8 @@ class SchedulerModel(RuleBasedStateMachine):
         return out
 
     def handed(self, worker: int, e: Entry[Any]) -> None:
+        if e.seq in self.must_follow:
+            self.violations.append(violated("per_key_order", f"{e} handed out after its key's earlier one failed"))
         if self.pool and e.key is not None:
             if e.key in self.live_keys():
                 self.violations.append(violated("key_order", f"{e} handed out while its key is held"))
@@ -132,18 +138,44 @@ class SchedulerModel(RuleBasedStateMachine):
             self.violations.append(violated("key_order", f"buffered worker {worker} took {nxt}, not {buf[0]}"))
         self.handed(worker, nxt)
 
-    @rule(finish=st.booleans())
-    def burst_of_one_key(self, finish: bool) -> None:
+    def waiting_behind(self, worker: int, e: Entry[Any]) -> list[Entry[Any]]:
+        """The queued messages of ``e``'s key, in arrival order (buffered: all are in its worker's buffer)."""
+        if e.key is None:
+            return []
+        return [q for q in (self.queued if self.pool else self.bufs_of(worker)) if q.key == e.key]
+
+    @precondition(lambda self: any(not e.expired for e in self.held.values()))
+    @rule(pick=st.integers(0, 5))
+    def fail(self, pick: int) -> None:
+        """A held message ends without success under ``successors_follow``: its key's waiting
+        successors leave with it (``drop_successors``), then its worker is done with it."""
+        workers = sorted(w for w, e in self.held.items() if not e.expired)
+        worker = workers[pick % len(workers)]
+        e = self.held[worker]
+        want = self.waiting_behind(worker, e)
+        self.must_follow.update(q.seq for q in want)
+        back = self.s.drop_successors(worker, e)
+        if back != want:
+            self.violations.append(violated("per_key_order", f"drop_successors({e}) gave back {back}, expected {want}"))
+        for q in back:
+            if q in self.queued:
+                self.queued.remove(q)
+        self.done(sorted(self.held).index(worker))
+
+    @rule(finish=st.sampled_from(["done", "fail", "expire"]))
+    def burst_of_one_key(self, finish: str) -> None:
         """The exact precondition of the keyed bugs random search rarely reaches: three messages of one
         key back to back (the first busy, its successors parked beside idle workers), then the busy one
-        ends (``finish``) or overruns its deadline."""
+        ends (``finish``: succeeds, fails, or overruns its deadline)."""
         for _ in range(3):
             self.admit("k", 1.0)
         holders = [w for w, e in self.held.items() if e.key == "k" and not e.expired]
         if not holders:
             return
-        if finish:
+        if finish == "done":
             self.done(sorted(self.held).index(holders[0]))
+        elif finish == "fail":
+            self.fail(sorted(w for w, e in self.held.items() if not e.expired).index(holders[0]))
         else:
             self.expire(sorted(w for w, e in self.held.items() if not e.expired).index(holders[0]))
 
@@ -187,6 +219,7 @@ class SchedulerModel(RuleBasedStateMachine):
             want = [q for q in self.queued if e.key is not None and q.key == e.key]
         else:
             want = self.bufs_of(worker)
+        self.must_follow.update(q.seq for q in want if q.key == e.key and e.key is not None)
         back = self.s.expire(worker, e)
         if back != want:
             self.violations.append(violated("expire_gives_back", f"expire({e}) gave back {back}, expected {want}"))

@@ -314,7 +314,10 @@ class ConsumeLoop:
     see :class:`ConsumeKeywords`), which override the groups' fields.
 
     A handler that raises, or runs past ``handler_timeout`` seconds, is not acked: the message
-    comes back after ``retry_backoff(delivery_attempt)`` seconds.
+    comes back after ``retry_backoff(delivery_attempt)`` seconds. With ``key=``, the later messages
+    of its key the loop holds unstarted go back with it, unrun (the dispatcher's
+    ``successors_follow``, and the loop's backlog), as for a message refused at the start: none
+    runs before it has succeeded (on a FIFO topic the broker hands them out again behind it).
 
     **A hung handler.** A Python thread cannot be stopped. The thread dispatcher's watchdog
     reports a handler still running at ``handler_timeout`` as ``TIMEOUT`` at that deadline; the
@@ -433,7 +436,8 @@ class ConsumeLoop:
         d = self.dispatch_options
         return Dispatcher(self._start_handler, policy=d.policy, workers=d.workers, key=d.key, cost=d.cost,
                           on_done=self._on_done, metrics=d.metrics, handler_timeout=d.handler_timeout,
-                          clock=_SecondsClock(self._monotonic), name="consume", consumer_group=group)
+                          clock=_SecondsClock(self._monotonic), name="consume", consumer_group=group,
+                          successors_follow=True)  # per-key order: no successor runs past a failure
 
     # -- public state ------------------------------------------------------------------------
     @property
@@ -998,12 +1002,14 @@ class ConsumeLoop:
         # before the start gate, which may outlast it (a stall) and then refuses to start it
         never = _never_ran(outcome, error)
         self._report(h, outcome, ran=False if never else None if outcome is Outcome.TIMEOUT else True)
-        if outcome is Outcome.TIMEOUT and h.key is not None:
+        if outcome is not Outcome.SUCCESS and h.key is not None:
             self._give_back_key(h.key)
 
     def _give_back_key(self, key: str) -> int:
-        """A message of ``key`` was given back after a timeout: its successors the loop still holds
-        unsubmitted follow it back to the broker (they must not overtake it here). How many."""
+        """A message of ``key`` was given back (it failed, timed out or did not start): its
+        successors the loop still holds unsubmitted follow it back to the broker (they must not
+        overtake it here; those the dispatcher holds it gives back itself, ``successors_follow``).
+        How many."""
         with self._lock:
             follow = [h for h in self._backlog if h.key == key and h.state == WAITING]
             if not follow:

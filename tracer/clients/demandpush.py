@@ -34,8 +34,10 @@ What differs from the stock class, on purpose: ``max_cache_message_count`` and
 ``consumption_thread_count`` is the number of workers; a failed message comes back after
 ``retry_backoff(delivery_attempt)`` seconds (1, 2, 4 … 60) where the stock client uses the
 broker's retry policy. Messages of one message group (FIFO
-topics) run one at a time in order within this consumer (the dispatcher's key), but a failed FIFO
-message does not block its group's later messages as the stock FIFO consumer does.
+topics) run one at a time in order within this consumer (the dispatcher's key); a failed FIFO
+message is not retried in place as the stock FIFO consumer does: it goes back to the broker with
+the later messages of its group this consumer holds, unrun, and the broker hands them out again
+in order (:class:`~tracer.clients.consume.ConsumeLoop`).
 ``receive_ahead=True`` receives a worker's next message one round trip before its handler is
 expected to end, by the cost ``send_job`` wrote on the message (:mod:`tracer.clients.ahead`).
 """

@@ -118,12 +118,13 @@ class AsyncDispatcher(EngineBase[T], Generic[T]):
         clock: MonotonicClock | None = None,
         name: str = "rmqtrace",
         consumer_group: str = "",
+        successors_follow: bool = False,
     ) -> None:
         require_async(handler, "handler")
         self._core = Core(
             policy=policy, workers=workers, key=key, cost=cost, on_done=on_done, metrics=metrics,
             handler_timeout=handler_timeout, clock=clock, name=name, kind="async dispatcher",
-            consumer_group=consumer_group,
+            consumer_group=consumer_group, successors_follow=successors_follow,
         )  # fmt: skip
         self._sched = self._core.sched
         self._handler = handler
@@ -413,7 +414,11 @@ class AsyncDispatcher(EngineBase[T], Generic[T]):
             core.count_locked(outcome)
         else:
             core.overrun -= 1
+        back = core.drop_successors_locked(w.index, e, outcome) if mine else []  # before done
         nxt = self._core.done_locked(w.index, e)
+        if back:  # successors_follow: reported right after the message they follow, as at a TIMEOUT
+            core.report_skipped(back, on_worker=True)
+            core.reported_locked(len(back))
         if core.waiters:
             nxt = self._admit_waiters(w.index, nxt)
         self._notify()

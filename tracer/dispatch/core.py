@@ -19,6 +19,9 @@ Exception rules, the same in both engines:
   ``Outcome.NOT_STARTED``, counted in ``not_started`` — not a failure, whatever the clock says.
   So is a *result* that means the handler never ran — a coroutine, another awaitable or a
   generator (``lambda m: handle_async(m)``): ``FAILURE`` with ``HandlerNeverRan``, never a success.
+* **successors_follow** (off by default; the consume loop sets it): a keyed message whose outcome
+  (reported by its worker) is not ``SUCCESS`` takes its key's waiting successors with it, reported
+  ``SKIPPED`` unrun right after it (:meth:`Core.drop_successors_locked`), as a watchdog TIMEOUT does.
 * **Timeout**: a handler that runs longer than ``handler_timeout`` on the injected clock is
   ``Outcome.TIMEOUT`` with a :class:`.HandlerTimeout`, whatever it returned or raised (its own
   exception is the ``__cause__``).
@@ -149,8 +152,14 @@ class Core(Generic[T]):
         name: str,
         kind: str,
         consumer_group: str = "",
+        successors_follow: bool = False,
     ) -> None:
         count(workers, "workers", maximum=MAX_THREADS)
+        if not isinstance(successors_follow, bool):
+            raise TypeError(f"successors_follow must be a bool, got {type(successors_follow).__name__}")
+        # a keyed message that ends without success takes its key's waiting successors with it
+        # (SKIPPED, unrun): the consume loop's per-key order (drop_successors_locked)
+        self.successors_follow = successors_follow
         # math.inf or past NO_BOUND_S: no watchdog (a deadline past what a thread can wait for)
         handler_timeout = timeout_s(handler_timeout, "handler_timeout", positive=True)
         for what, fn in (("key=", key), ("cost=", cost), ("on_done=", on_done)):
@@ -532,6 +541,21 @@ class Core(Generic[T]):
         self.overrun += 1
         self.reporting += 1
         out = self.sched.expire(worker, e)
+        if self.accrual is not None:
+            self.accrual.mark()
+        return self.give_back_locked(out)
+
+    def drop_successors_locked(self, worker: int, e: Entry[Any], outcome: Outcome) -> list[Entry[Any]]:
+        """With ``successors_follow``: ``e`` on ``worker`` ended ``outcome`` (reported by its worker);
+        unless it succeeded, the messages of its key waiting behind it leave with it, counted
+        SKIPPED. Call before :meth:`done_locked`, under the same lock (while ``e`` still holds its
+        key, nothing of its key can start); :meth:`report_skipped` them after the lock, then
+        :meth:`reported_locked` their number."""
+        if not self.successors_follow or e.key is None or outcome is Outcome.SUCCESS:
+            return []
+        out = self.sched.drop_successors(worker, e)
+        if not out:
+            return out
         if self.accrual is not None:
             self.accrual.mark()
         return self.give_back_locked(out)

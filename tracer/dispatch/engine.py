@@ -68,6 +68,7 @@ T = TypeVar("T")
 logger = logging.getLogger("tracer.dispatch")
 
 _FAILURE = Outcome.FAILURE
+_SUCCESS = Outcome.SUCCESS
 _OPEN = DispatchPhase.OPEN
 _STOPPING = DispatchPhase.STOPPING
 _TIMEOUT = Outcome.TIMEOUT
@@ -113,12 +114,18 @@ class Dispatcher(EngineBase[T], Generic[T]):
     when ``key``/``cost``/``on_done``/the trace raise.
     ``consumer_group``: the ``consumer_group`` label of its gauges and worker-seconds counters
     (``metrics=``), so dispatchers of two consumers in one process are told apart.
+    ``successors_follow``: when a keyed message ends without success (FAILURE, NOT_STARTED, or a
+    TIMEOUT its own worker reports), the messages of its key waiting behind it are given back
+    with it — reported ``SKIPPED`` right after it, in arrival order, unrun — as after a watchdog
+    TIMEOUT, so none runs before the failed one has succeeded (the consume loop sets it: the
+    broker brings them back in order). Default False: the next message of the key runs after a
+    failure, as after a success.
 
     Raises:
         ValueError: ``workers`` < 1, ``handler_timeout`` not a finite number > 0, unknown policy.
-        TypeError: ``consumer_group`` is not a str; ``handler``, ``key``, ``cost`` or ``on_done`` is
-            not callable, or is an ``async def`` or generator function (calling one would not run
-            it); ``clock`` has no ``monotonic_ns()``.
+        TypeError: ``consumer_group`` is not a str, ``successors_follow`` not a bool; ``handler``,
+            ``key``, ``cost`` or ``on_done`` is not callable, or is an ``async def`` or generator
+            function (calling one would not run it); ``clock`` has no ``monotonic_ns()``.
     """
 
     def __init__(
@@ -135,12 +142,13 @@ class Dispatcher(EngineBase[T], Generic[T]):
         clock: MonotonicClock | None = None,
         name: str = "rmqtrace",
         consumer_group: str = "",
+        successors_follow: bool = False,
     ) -> None:
         require_plain(handler, "handler")
         self._core = Core(
             policy=policy, workers=workers, key=key, cost=cost, on_done=on_done, metrics=metrics,
             handler_timeout=handler_timeout, clock=clock, name=name, kind="dispatcher",
-            consumer_group=consumer_group,
+            consumer_group=consumer_group, successors_follow=successors_follow,
         )  # fmt: skip
         self._sched = self._core.sched
         self._handler = handler
@@ -408,13 +416,16 @@ class Dispatcher(EngineBase[T], Generic[T]):
             w.running = None
         if mine:
             core.report(e, outcome, error)
+        back: list[Entry[Any]] = []
         with lock:
             if mine:
                 core.count_locked(outcome)
+                if outcome is not _SUCCESS and core.successors_follow:  # before done: e still holds its key
+                    back = core.drop_successors_locked(slot, e, outcome)
             else:
                 core.overrun -= 1
             nxt = self._core.done_locked(slot, e)
-            if core.waiters:
+            if core.waiters and not back:  # else after their SKIPPED reports, as after a TIMEOUT
                 self._admit_waiters_locked()
             if core.watchers:
                 self._cond.notify_all()
@@ -425,8 +436,27 @@ class Dispatcher(EngineBase[T], Generic[T]):
             if nxt is not None:  # the slot's next (its key's successor, its buffer): same slot, this thread
                 if self._ready:
                     self._kick_locked()
-                return (slot, nxt)
-            return self._claim_locked(w)
+                got: Any = (slot, nxt)
+            else:
+                got = self._claim_locked(w)
+        if back:
+            self._follow(back)
+        return got
+
+    def _follow(self, back: list[Entry[Any]]) -> None:
+        """``successors_follow``: report SKIPPED, on this worker, the successors of a message that
+        did not succeed (counted already), then admit the waiters their parking room lets in."""
+        core = self._core
+        core.report_skipped(back, on_worker=True)
+        with self._lock:
+            core.reported_locked(len(back))
+            if core.waiters:
+                self._admit_waiters_locked()
+                self._kick_locked()
+            if core.watchers:
+                self._cond.notify_all()
+            if self._watchdog is not None and core.phase >= _STOPPING and core.idle_locked():
+                self._watch.notify_all()  # as in _finish: the watchdog may sleep on a closed dispatcher
 
     # --------------------------------------------------------------------------------- watchdog
     def check_timeouts(self) -> int:

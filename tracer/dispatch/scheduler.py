@@ -100,6 +100,11 @@ class Scheduler(ABC):
         """
 
     @abstractmethod
+    def drop_successors(self, worker: int, e: Entry[Any]) -> list[Entry[Any]]:
+        """``e``, keyed and held by ``worker``, ended without success: remove and return the
+        messages of its key waiting behind it, oldest first. ``e`` still holds its key until :meth:`done`."""
+
+    @abstractmethod
     def free_slots(self) -> int:
         """How many unkeyed messages :meth:`admit` would take now without FULL."""
 
@@ -218,6 +223,19 @@ class PoolScheduler(Scheduler):
         self._holder.pop(key, None)
         if not dq:
             return []
+        out = list(dq)
+        self.parked -= len(out)
+        self.queued -= len(out)
+        return out
+
+    def drop_successors(self, worker: int, e: Entry[Any]) -> list[Entry[Any]]:
+        key = e.key
+        if key is None:
+            return []
+        dq = self._active.get(key)
+        if not dq:
+            return []
+        self._active[key] = None
         out = list(dq)
         self.parked -= len(out)
         self.queued -= len(out)
@@ -342,6 +360,19 @@ class BufferedScheduler(Scheduler):
         out = list(buf)
         buf.clear()
         self.queued -= len(out)
+        return out
+
+    def drop_successors(self, worker: int, e: Entry[Any]) -> list[Entry[Any]]:
+        key = e.key
+        buf = self._bufs[worker]  # a key is routed to one worker: all its waiting messages are here
+        if key is None or not buf:
+            return []
+        out = [x for x in buf if x.key == key]
+        if out:
+            keep = [x for x in buf if x.key != key]  # other keys and unkeyed ones stay, in order
+            buf.clear()
+            buf.extend(keep)
+            self.queued -= len(out)
         return out
 
     def free_slots(self) -> int:
