@@ -42,11 +42,11 @@ from opentelemetry.trace import Link, NonRecordingSpan, Span, SpanContext, SpanK
 from ..callables import unrun
 from ..compiled import mypyc_attr
 from ..path import names as n
-from ..path.clock import Anchor, MonoNs, WallNs
+from ..path.clock import Anchor, MonoNs
 from ..path.message import MessageInfo
-from ..path.propagation import PLAUSIBLE_AHEAD_NS, PLAUSIBLE_MIN_NS, extract, inject, plausible_ns, traceparent_sampled
+from ..path.propagation import extract, inject, traceparent_sampled
 from ..path.stages import CROSS_CLOCK_GAPS, GAPS, Outcome, Stage
-from ..path.stamps import MISSING, causal, drawn, store_stamp
+from ..path.stamps import MISSING, causal, drawn
 from .attributes import BODY_ATTR, MAX_ATTR_CHARS, MAX_KEYS, body_preview, cap, send_attributes
 from .sendtrace import SendTrace
 from .spans import DeferredSpan, SpanWriter, record_error
@@ -194,34 +194,6 @@ class MessageTracer(TracerCore):
         if self.capture_body and isinstance(body, (bytes, bytearray, str)):
             t.body = body
         return t
-
-    def _pull_anchor(self, pulled_ns: Anchor | int | None, now: WallNs, mono: MonoNs) -> Anchor:
-        """The message's timeline, anchored at its pull (see :meth:`start_message`'s ``pulled_ns``)."""
-        clock = self.clock
-        if isinstance(pulled_ns, Anchor):
-            if pulled_ns.read_on(clock):  # the batch's pull, read on both clocks at once
-                return Anchor(clock, pulled_ns.wall_ns, pulled_ns.mono_ns)
-            pulled_ns = pulled_ns.wall_ns  # read on another clock: only its wall time means anything here
-        if pulled_ns and not plausible_ns(pulled_ns, now):
-            self.errors.count("timestamp_out_of_range", f"pulled_ns={pulled_ns}")
-            pulled_ns = None
-        if pulled_ns:
-            # a wall time read elsewhere (a client's decode): that far back on the monotonic clock,
-            # never ahead of now (the wall clock stepped back in between)
-            since = now - pulled_ns
-            return Anchor(clock, WallNs(pulled_ns), MonoNs(mono - since if since > 0 else mono))
-        return Anchor(clock, now, mono)
-
-    def _stamp_received(self, times: list[int], produce_ns: int, pulled: int, store_ms: int | None, now: int) -> None:
-        """The three stamps a message has when it is received: produce, broker store, client pull."""
-        times[_PRODUCE] = produce_ns
-        times[_PULL] = pulled
-        if store_ms:
-            if PLAUSIBLE_MIN_NS <= store_ms * 1_000_000 <= now + PLAUSIBLE_AHEAD_NS:  # plausible_ns, inline
-                # millisecond resolution: placed within its millisecond (tracer.path.stamps)
-                times[_STORE] = store_stamp(store_ms, produce_ns, pulled)
-            else:
-                self.errors.count("timestamp_out_of_range", f"store_ms={store_ms}")
 
 
 class MessageTrace(TraceState):

@@ -25,11 +25,11 @@ from ..callables import require_plain
 from ..compiled import mypyc_attr
 from ..logonce import outside_stacklevel
 from ..path import names as n
-from ..path.clock import Clock, default_clock, require_clock
+from ..path.clock import Anchor, Clock, MonoNs, WallNs, default_clock, require_clock
 from ..path.message import ClientFacts, MessageInfo
-from ..path.propagation import PropagationErrors
-from ..path.stages import Outcome
-from ..path.stamps import SkewTracker
+from ..path.propagation import PLAUSIBLE_AHEAD_NS, PLAUSIBLE_MIN_NS, PropagationErrors, plausible_ns
+from ..path.stages import Outcome, Stage
+from ..path.stamps import SkewTracker, store_stamp
 from ..version import __version__
 from .abandon import HandlerAbandoned, watch_shutdown
 from .adopt import keep_for
@@ -53,6 +53,9 @@ _MAX_LOST_RUNS: Final = 512
 # Topics (with their endpoint) whose process span name and sampling attributes are kept built.
 _MAX_STARTS: Final = 256
 _OPEN: Final = TracePhase.OPEN
+_PRODUCE: Final = int(Stage.PRODUCE)
+_STORE: Final = int(Stage.BROKER_STORE)
+_PULL: Final = int(Stage.CLIENT_PULL)
 # The keywords `client=` replaced, each a field of ClientFacts (deprecated, still honoured).
 LOOSE_CLIENT_KEYWORDS: tuple[str, ...] = ClientFacts._fields
 
@@ -316,6 +319,34 @@ class TracerCore:
             runs.move_to_end(message_id)
             while len(runs) > _MAX_LOST_RUNS:
                 runs.popitem(last=False)
+
+    def _pull_anchor(self, pulled_ns: Anchor | int | None, now: WallNs, mono: MonoNs) -> Anchor:
+        """The message's timeline, anchored at its pull (see :meth:`start_message`'s ``pulled_ns``)."""
+        clock = self.clock
+        if isinstance(pulled_ns, Anchor):
+            if pulled_ns.read_on(clock):  # the batch's pull, read on both clocks at once
+                return Anchor(clock, pulled_ns.wall_ns, pulled_ns.mono_ns)
+            pulled_ns = pulled_ns.wall_ns  # read on another clock: only its wall time means anything here
+        if pulled_ns and not plausible_ns(pulled_ns, now):
+            self.errors.count("timestamp_out_of_range", f"pulled_ns={pulled_ns}")
+            pulled_ns = None
+        if pulled_ns:
+            # a wall time read elsewhere (a client's decode): that far back on the monotonic clock,
+            # never ahead of now (the wall clock stepped back in between)
+            since = now - pulled_ns
+            return Anchor(clock, WallNs(pulled_ns), MonoNs(mono - since if since > 0 else mono))
+        return Anchor(clock, now, mono)
+
+    def _stamp_received(self, times: list[int], produce_ns: int, pulled: int, store_ms: int | None, now: int) -> None:
+        """The three stamps a message has when it is received: produce, broker store, client pull."""
+        times[_PRODUCE] = produce_ns
+        times[_PULL] = pulled
+        if store_ms:
+            if PLAUSIBLE_MIN_NS <= store_ms * 1_000_000 <= now + PLAUSIBLE_AHEAD_NS:  # plausible_ns, inline
+                # millisecond resolution: placed within its millisecond (tracer.path.stamps)
+                times[_STORE] = store_stamp(store_ms, produce_ns, pulled)
+            else:
+                self.errors.count("timestamp_out_of_range", f"store_ms={store_ms}")
 
     def hook_failed(self, where: str, exc: BaseException) -> None:
         """Log a failure of our own code once per place; the user's message flow goes on."""
