@@ -13,7 +13,6 @@ Needs the shared services (``bash services/rocketmq/rmq.sh status``); exits 2 if
 import os
 import sys
 import threading
-import time
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.dirname(HERE))  # tests/: rmq_real
