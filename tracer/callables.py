@@ -17,7 +17,7 @@ import inspect
 from collections.abc import Callable
 from typing import Any
 
-__all__ = ["HandlerNeverRan", "holds", "never_ran", "require_async", "require_plain", "short_repr", "unrun"]
+__all__ = ["HandlerNeverRan", "exact_str", "holds", "never_ran", "require_async", "require_plain", "short_repr", "unrun"]
 
 
 def _kind(fn: Callable[..., Any]) -> str:
@@ -121,6 +121,12 @@ def require_async(fn: object, what: str) -> None:
         got = "an async generator" if kind == "async" else f"a {kind}"
         raise TypeError(f"{what} must be an async def function, got {got} function {_name(fn)}"
                         f"{'; use Dispatcher for plain handlers' if what == 'handler' else ''}")  # fmt: skip
+
+
+def exact_str(k: str) -> str:
+    """A ``key=`` answer as rmqtrace keeps it: a ``str`` subclass copied to a plain ``str`` (its own
+    ``__hash__``/``__eq__``, which may raise or disagree with ``str``'s, never run on our side)."""
+    return k if type(k) is str else str.__str__(k)
 
 
 def _name(fn: object) -> str:

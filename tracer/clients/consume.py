@@ -49,7 +49,7 @@ from typing import TYPE_CHECKING, Any, Callable
 from opentelemetry.instrumentation.utils import suppress_instrumentation
 
 from ..bounds import timeout_s
-from ..callables import holds, require_plain, unrun
+from ..callables import exact_str, holds, require_plain, unrun
 from ..dispatch import Dispatcher, DispatcherClosed, NotStarted
 from ..logonce import OnceLogger
 from ..path import names as n
@@ -317,7 +317,8 @@ class ConsumeLoop:
     comes back after ``retry_backoff(delivery_attempt)`` seconds. With ``key=``, the later messages
     of its key the loop holds unstarted go back with it, unrun (the dispatcher's
     ``successors_follow``, and the loop's backlog), as for a message refused at the start: none
-    runs before it has succeeded (on a FIFO topic the broker hands them out again behind it).
+    runs past it here. On a FIFO topic the broker hands them out again behind it; on a normal
+    topic each comes back after its own backoff (a normal topic keeps no order).
 
     **A hung handler.** A Python thread cannot be stopped. The thread dispatcher's watchdog
     reports a handler still running at ``handler_timeout`` as ``TIMEOUT`` at that deadline; the
@@ -757,7 +758,7 @@ class ConsumeLoop:
         except Exception:  # noqa: BLE001 - the dispatcher reports it (a BaseException propagates)
             return None
         if isinstance(k, str):
-            return k
+            return exact_str(k)
         unrun(k)  # a returned coroutine is closed (the dispatcher's own key= call refuses the message)
         return None
 

@@ -64,7 +64,7 @@ from contextlib import AbstractContextManager
 from typing import Any, Generic, TypeVar, cast
 
 from ..bounds import MAX_THREADS, count, timeout_s
-from ..callables import require_plain, short_repr, unrun
+from ..callables import exact_str, require_plain, short_repr, unrun
 from ..logonce import OnceLogger
 from ..path.blocking import BlameTracker, Verdict
 from ..path.clock import MonoNs, MonotonicClock, require_clock
@@ -222,7 +222,7 @@ class Core(Generic[T]):
                 key_error = exc
             else:
                 if k is None or isinstance(k, str):
-                    key = k
+                    key = None if k is None else exact_str(k)
                 else:  # a returned coroutine is closed (unrun): Python does not warn "never awaited"
                     key_error = TypeError(f"key= returned {unrun(k) or type(k).__name__}; expected str or None")
             if key_error is not None:

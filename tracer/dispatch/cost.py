@@ -37,7 +37,7 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable, Sequence
 from typing import Any, TypeVar
 
-from ..callables import require_plain, short_repr, unrun
+from ..callables import exact_str, require_plain, short_repr, unrun
 from ..path.names import JOB_ORDERS
 from .costtable import MAX_COST_S, CostTable, CostTableError, check_cost
 
@@ -88,7 +88,7 @@ def _table_key(key: Callable[[Any], str | None], message: Any) -> str | None:
     except Exception as exc:  # noqa: BLE001 - said as key='s, not as the cost's
         raise CostTableError(f"key= raised {type(exc).__name__}: {exc}") from exc
     if k is None or isinstance(k, str):
-        return k
+        return None if k is None else exact_str(k)
     kind = unrun(k)  # a returned coroutine is closed before the loud error: no "never awaited"
     raise CostTableError(f"key= returned {kind or type(k).__name__ + ' ' + short_repr(k)}, not a str or None")
 
@@ -130,7 +130,9 @@ def _which(index: int, key: Callable[[Any], str | None], message: Any) -> str:
         k = key(message)
     except Exception:  # noqa: BLE001 - only for the error message
         k = None
-    if not isinstance(k, str):
+    if isinstance(k, str):
+        k = exact_str(k)
+    else:
         unrun(k)  # a junk key= answer is only not shown (a coroutine closed: no "never awaited")
         k = None
     return f"message {index}" + (f" (key {k[:40]!r})" if k else "")

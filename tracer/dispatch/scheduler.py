@@ -297,7 +297,8 @@ class BufferedScheduler(Scheduler):
         self._hung: set[int] = set()
 
     def _route(self, key: str) -> int:
-        return zlib.crc32(key.encode()) % self.workers
+        # surrogatepass: a key decoded with surrogateescape holds lone surrogates, and must route too
+        return zlib.crc32(key.encode("utf-8", "surrogatepass")) % self.workers
 
     def blocked(self, key: str) -> bool:
         return self._route(key) in self._hung
