@@ -86,6 +86,17 @@ def _our_threads() -> dict[int, threading.Thread]:
     return {t.ident: t for t in threading.enumerate() if t.ident is not None and _OUR_THREAD.match(t.name)}
 
 
+# The test running now (rmq_real.ensure_broker asks whether it is marked integration)
+RUNNING: list[pytest.Item] = []
+
+
+@pytest.fixture(autouse=True)
+def _running_test(request: pytest.FixtureRequest) -> Iterator[None]:
+    RUNNING.append(request.node)
+    yield
+    RUNNING.pop()
+
+
 @pytest.fixture(autouse=True)
 def no_leaked_threads() -> Iterator[None]:
     """Fail a test that leaves a library thread running after it returns: a dispatcher, consumer

@@ -23,6 +23,8 @@ from pathlib import Path
 from types import ModuleType
 from typing import Any
 
+import pytest
+
 REPO = Path(__file__).resolve().parent.parent
 RMQ_DIR = REPO / "services" / "rocketmq"
 RMQ_SH = RMQ_DIR / "rmq.sh"
@@ -49,8 +51,12 @@ def _port_open(port: int) -> bool:
 def ensure_broker() -> None:
     """Make sure the local broker answers; ``unavailable(reason)`` (skip, or fail under
     ``RMQTRACE_REQUIRE_SERVICES=1``) when it cannot be started."""
-    from conftest import unavailable
+    from conftest import RUNNING, unavailable
 
+    # `-m "not integration"` (make test-py, make test-unit) must never start a broker: a test that
+    # reaches the real one says so with the marker
+    if RUNNING and RUNNING[-1].get_closest_marker("integration") is None:
+        pytest.fail(f"{RUNNING[-1].nodeid} reaches the real broker but is not marked integration")
     global _ready
     with _lock:
         if _ready is None:

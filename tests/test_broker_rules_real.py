@@ -310,13 +310,14 @@ def test_after_a_fifo_nack_the_run_comes_again_from_the_nacked_message(one_queue
     side = one_queue
     side.send("a0", "a1", "a2")
     run = side.receive(8)
-    # 3 s: the long poll in nothing() (1 s on the proxy) must end before the queue is free again,
-    # or the proxy wakes it with the run (seen once with 1 s on the loaded machine)
-    side.consumer.change_invisible_duration(run[0], 3)
+    # 6 s: the two acks and the long poll in nothing() (1 s on the proxy) must end before the queue
+    # is free again, or the proxy wakes it with the run (seen with 1 s, and once with 3 s, on the
+    # loaded machine)
+    side.consumer.change_invisible_duration(run[0], 6)
     side.consumer.ack(run[1])
     side.consumer.ack(run[2])
     assert side.nothing()
-    side.pass_time(3.5)
+    side.pass_time(6.5)
     again = side.receive(8)
     assert (bodies(again), attempts(again)) == (["a0", "a1", "a2"], [2, 2, 2])
     for m in again:
@@ -326,10 +327,10 @@ def test_after_a_fifo_nack_the_run_comes_again_from_the_nacked_message(one_queue
 def test_after_a_fifo_expiry_the_run_comes_again_from_the_first_unacked(one_queue: FifoSide) -> None:
     side = one_queue
     side.send("a0", "a1", "a2")
-    run = side.receive(8, invisible=1)
+    run = side.receive(8, invisible=3)  # the two acks land before it ends, on a loaded machine too
     side.consumer.ack(run[0])
     side.consumer.ack(run[2])  # a1 is left to expire
-    side.pass_time(1.5)
+    side.pass_time(3.5)
     again = side.receive(8)
     assert (bodies(again), attempts(again)) == (["a1", "a2"], [2, 2])
     for m in again:

@@ -338,6 +338,7 @@ def test_a_handle_not_in_the_proxys_layout_is_not_read(junk):
     assert broker_lease(junk) is None
 
 
+@pytest.mark.integration
 def test_the_real_proxys_handle_brackets_the_receive_call():
     from rmq_real import ensure_broker, fresh_group, fresh_topic, message, quietly, start_producer, start_simple
 
