@@ -14,8 +14,12 @@ a3 runs while a0, a1, a2 have never succeeded: on a FIFO topic the group's order
 (a0 fails, a3 runs, then the broker brings a0 a1 a2 a3 back: a3 runs twice, once out of order).
 """
 import asyncio
+import os
+import sys
 import threading
-import time
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+from waiting import wait_until  # noqa: E402
 
 from tracer.dispatch import Aggressive, AsyncDispatcher, CostAware, Dispatcher, RoundRobin
 
@@ -37,14 +41,12 @@ def thread_run(pol):
     d = Dispatcher(h, policy=pol, workers=2, key=lambda m: m[0],
                    on_done=lambda m, o, e: log.append((o.name, m)), successors_follow=True)
     d.submit("a0")
-    while not d.running():
-        time.sleep(0.01)
+    wait_until(lambda: bool(d.running()), what="a0 to start")
     d.submit("a1")
     d.submit("a2")
     t = threading.Thread(target=d.submit, args=("a3",))
     t.start()
-    while d.statistics().waiters == 0:
-        time.sleep(0.01)
+    wait_until(lambda: d.statistics().waiters > 0, what="a3's submit to block")
     gate.set()
     t.join()
     d.wait_idle()

@@ -39,7 +39,7 @@ def handler(m):
     if body == "a0":
         if m.delivery_attempt == 2:
             send("a1")  # arrives while a0 runs: the loop parks it behind a0
-            time.sleep(0.5)
+            time.sleep(0.5)  # real-time: a0's attempt 2 still runs when a1 arrives
         if m.delivery_attempt < 3:
             raise RuntimeError("a0 fails")
     with lock:

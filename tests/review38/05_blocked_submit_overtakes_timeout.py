@@ -14,8 +14,13 @@ runs locally while a0 (and a1, a2) go back to the broker: it overtakes them. rou
 threads refuses a3 (the key's worker is still hung) — that one holds.
 """
 import asyncio
+import os
+import sys
 import threading
 import time
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+from waiting import wait_until  # noqa: E402
 
 from tracer.dispatch import Aggressive, AsyncDispatcher, CostAware, Dispatcher, RoundRobin
 
@@ -36,14 +41,13 @@ def thread_run(pol):
     d = Dispatcher(h, policy=pol, workers=2, key=lambda m: m[0], handler_timeout=0.3,
                    on_done=lambda m, o, e: log.append((o.name, m)), successors_follow=True)
     d.submit("a0")
-    while not d.running():
-        time.sleep(0.01)
+    wait_until(lambda: bool(d.running()), what="a0 to start")
     d.submit("a1")
     d.submit("a2")
     t = threading.Thread(target=lambda: log.append(("accepted", d.submit("a3", timeout=1.0))))
     t.start()
     t.join()
-    time.sleep(0.2)
+    time.sleep(0.2)  # real-time: past a0's 0.3 s handler_timeout, so the watchdog reports it
     gate.set()
     d.wait_idle(timeout=2)
     d.close(timeout=2)

@@ -86,6 +86,6 @@ if t.is_alive():
 if "error" in box:
     problems.append(f"loop: run() raised {box['error']!r}")
 consumer.shutdown()
-time.sleep(0.1)
+time.sleep(0.1)  # real-time: the client's own threads end before the verdict prints
 print("\n".join(problems))
 assert not problems, f"{len(problems)} problems with a str-subclass junk key"
