@@ -122,9 +122,9 @@ def unique(prefix: str) -> str:
     return f"{prefix}-{uuid.uuid4().hex[:10]}"
 
 
-def fresh_topic(prefix: str, *, fifo: bool = False, queues: int = 4) -> str:
+def fresh_topic(prefix: str, *, fifo: bool = False, queues: int = 4, priority: bool = False) -> str:
     name = unique(prefix)
-    rmq_admin.create_topic(name, fifo=fifo, queues=queues)
+    rmq_admin.create_topic(name, fifo=fifo, queues=queues, priority=priority)
     return name
 
 

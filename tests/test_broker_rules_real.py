@@ -395,3 +395,95 @@ def test_a_fifo_renewal_s_handle_keeps_the_pop_time_and_runs_to_the_new_end(one_
     # 1 s after the pop plus the 5 asked for; the real proxy's own calls take some ms more
     assert 6000 <= int(renewed_length) < 7000, renewed_length
     side.consumer.ack(m)
+
+
+# -- PRIORITY topics (RocketMQ 5.5: +message.type=PRIORITY), what send_job(priority_levels=) relies on
+class PrioritySide:
+    """A PRIORITY topic of ``QUEUES`` queues, a normal topic and one group on either broker."""
+
+    QUEUES = 4
+
+    def __init__(self, kind: str) -> None:
+        self.kind = kind
+        if kind == "embedded":
+            broker = EmbeddedBroker(monotonic=Clock(), min_receive_invisible=1)
+            self.topic, self.normal = "P", "N"
+            broker.create_topic(self.topic, priority=True, queues=self.QUEUES)
+            self.producer: Any = Producer(broker, [self.topic, self.normal])
+            self.producer.startup()
+            self.consumer: Any = SimpleConsumer(broker, "GP", {self.topic: None}, await_duration=0)
+            self.consumer.startup()
+            self.new_message: Any = Message
+        else:
+            import rmq_real
+
+            rmq_real.ensure_broker()
+            self.topic = rmq_real.fresh_topic("prio", priority=True, queues=self.QUEUES)
+            self.normal = rmq_real.fresh_topic("prio-normal")
+            self.producer = rmq_real.start_producer(self.topic)
+            self.consumer = rmq_real.start_simple(rmq_real.fresh_group("prio"), self.topic, await_duration=1)
+            self.new_message = rmq_real.client().Message
+
+    def message(self, topic: str, body: str, priority: int | None = None, group: str | None = None) -> Any:
+        m = self.new_message()
+        m.topic, m.body = topic, body.encode()
+        if group is not None:
+            m.message_group = group
+        if priority is not None:
+            m.priority = priority
+        return m
+
+    def receive_all(self, n: int) -> list[Any]:
+        out: list[Any] = []
+        end = time.monotonic() + 30
+        while len(out) < n and time.monotonic() < end:
+            for m in self.consumer.receive(1, 30):  # one at a time: the order is the broker's
+                out.append(m)
+                self.consumer.ack(m)
+        return out
+
+    def close(self) -> None:
+        for fn in (self.consumer.shutdown, self.producer.shutdown):
+            try:
+                fn()
+            except Exception:  # noqa: BLE001 - a failed shutdown must not hide the test's result
+                pass
+
+
+@pytest.fixture(params=KINDS)
+def priority_side(request: pytest.FixtureRequest) -> Any:
+    s = PrioritySide(request.param)
+    yield s
+    s.close()
+
+
+def test_a_priority_topic_hands_out_its_highest_queue_first_each_in_send_order(priority_side: PrioritySide) -> None:
+    """A message of priority p goes to queue min(p, queues - 1); every receive takes from the
+    highest queue holding one, each queue in send order; a received message says its priority
+    as sent (99, not the queue it landed in)."""
+    side = priority_side
+    sent = [("a", 0), ("b", 3), ("c", 1), ("d", 3), ("e", 99), ("f", 2), ("g", 0)]
+    for body, p in sent:
+        side.producer.send(side.message(side.topic, body, priority=p))
+    got = side.receive_all(len(sent))
+    assert [(m.body.decode(), m.priority) for m in got] == [
+        ("b", 3), ("d", 3), ("e", 99), ("f", 2), ("c", 1), ("a", 0), ("g", 0)]
+    assert [int(m.receipt_handle.split(" ")[6]) for m in got] == [3, 3, 3, 2, 1, 0, 0]  # the queue id
+
+
+def test_a_message_s_type_must_be_its_topic_s(priority_side: PrioritySide) -> None:
+    """Refused before the send: a priority message to a normal topic, a plain one to a PRIORITY
+    topic, a FIFO one (with a message group) to either; a message with a priority takes no group."""
+    side = priority_side
+    for topic, priority, group in ((side.normal, 2, None), (side.topic, None, None), (side.topic, None, "g"),
+                                   (side.normal, None, "g")):
+        code, text = answer(side.producer.send, side.message(topic, "x", priority, group))
+        assert "current message type not match" in text, (topic, priority, group, code, text)
+    m = side.message(side.topic, "x", priority=1)
+    with pytest.raises(Exception, match="message_group and priority should not"):
+        m.message_group = "g"
+    m = side.message(side.normal, "x", group="g")
+    with pytest.raises(Exception, match="priority and message_group"):
+        m.priority = 1
+    with pytest.raises(Exception, match="greater than or equal to 0"):
+        side.message(side.topic, "x").priority = -1

@@ -102,7 +102,8 @@ class Message:
         self.body: bytes = b""
         self.tag: str | None = None
         self._keys: list[str] = []
-        self.message_group: str | None = None
+        self._message_group: str | None = None
+        self._priority: int | None = None
         self._properties: dict[str, str] = {}
         self.message_id: str | None = None
         self.delivery_attempt: int | None = None
@@ -120,6 +121,30 @@ class Message:
         # rocketmq.Message takes `msg.keys = "k"` (the setter has a *keys signature)
         for k in keys:
             self._keys.extend(k if isinstance(k, (list, tuple, set)) else [k])
+
+    @property
+    def message_group(self) -> str | None:
+        return self._message_group
+
+    @message_group.setter
+    def message_group(self, group: str | None) -> None:
+        if group and self._priority is not None:  # the 5.x client's setter: a FIFO message has no priority
+            raise EmbeddedBrokerError("message_group and priority should not be set at same time.")
+        self._message_group = group
+
+    @property
+    def priority(self) -> int | None:
+        """A PRIORITY topic's level (>= 0; the broker reads any above its queues as the top)."""
+        return self._priority
+
+    @priority.setter
+    def priority(self, priority: int) -> None:
+        # the 5.x client's setter: a level is a non-negative int, and a message with a group is FIFO
+        if isinstance(priority, bool) or not isinstance(priority, int) or priority < 0:
+            raise EmbeddedBrokerError("priority must be greater than or equal to 0.")
+        if self.message_group:
+            raise EmbeddedBrokerError("priority and message_group should not be set at same time.")
+        self._priority = priority
 
     @property
     def properties(self) -> dict[str, str]:
@@ -148,6 +173,7 @@ class _Stored:
     properties: dict[str, str]
     born_ms: int
     store_ms: int
+    priority: int | None = None
 
 
 @dataclass
@@ -214,16 +240,19 @@ class _Subscription:
     queues: dict[Hashable, _FifoQueue] = field(default_factory=dict)
     live: dict[int, tuple[_FifoQueue, _RunEntry]] = field(default_factory=dict)
     turn: int = 0  # the queue a receive starts at moves on by one (the broker starts at a random one)
+    # PRIORITY topics: queue (the level, clamped) -> what it holds past the offset, in send order
+    levels: dict[int, deque[_Stored]] = field(default_factory=dict)
     # acked leases whose last handle has not expired yet: a renewal with it revives the message
     acked: dict[str, _InFlight] = field(default_factory=dict)
     acked_expiry: list[_AckedExpiry] = field(default_factory=list)  # a heap
 
 
 class _Topic:
-    def __init__(self, name: str, fifo: bool, queues: int | None = None) -> None:
+    def __init__(self, name: str, fifo: bool, queues: int | None = None, priority: bool = False) -> None:
         self.name = name
         self.fifo = fifo
-        self.queues = queues  # FIFO: None gives each message group its own queue
+        self.priority = priority
+        self.queues = queues  # FIFO: None gives each message group its own queue; PRIORITY: the levels
         self.log: list[_Stored] = []
         self.base = 0  # offset of log[0]: records below it were dropped (keep_consumed=False)
 
@@ -291,17 +320,31 @@ class EmbeddedBroker:
         self._deliveries = itertools.count(1)
 
     # -- admin ---------------------------------------------------------------------------
-    def create_topic(self, name: str, fifo: bool = False, queues: int | None = None) -> None:
-        """``queues`` (FIFO topics only): how many queues the message groups are spread over, by
+    def create_topic(self, name: str, fifo: bool = False, queues: int | None = None, *,
+                     priority: bool = False) -> None:
+        """``queues``: for a FIFO topic, how many queues the message groups are spread over, by
         the 5.x client's rule (``sha256(group) % queues``); groups of one queue block each other
-        as on the broker. None gives each group a queue of its own (no two groups share one)."""
+        as on the broker; None gives each group a queue of its own (no two groups share one).
+        ``priority``: a PRIORITY topic (``message.type=PRIORITY``, RocketMQ 5.5) of ``queues``
+        levels (default 8): a message of priority p is stored in queue ``min(p, queues - 1)`` and a
+        receive takes the highest queue that holds one first, each queue in send order.
+
+        Raises:
+            ValueError: ``queues`` not a positive int, or given for a normal topic; a topic both
+                FIFO and PRIORITY.
+        """
+        if fifo and priority:
+            raise ValueError("a topic is FIFO or PRIORITY, not both (message.type is one of them)")
+        if priority and queues is None:
+            queues = 8
         if queues is not None:
-            if not fifo:
-                raise ValueError("queues= is for a FIFO topic: a normal topic's queues change no answer here")
+            if not (fifo or priority):
+                raise ValueError("queues= is for a FIFO or PRIORITY topic: a normal topic's queues change no "
+                                 "answer here")
             if isinstance(queues, bool) or not isinstance(queues, int) or queues < 1:
                 raise ValueError(f"queues must be a positive int, got {queues!r}")
         with self._cond:
-            self._topics.setdefault(name, _Topic(name, fifo, queues))
+            self._topics.setdefault(name, _Topic(name, fifo, queues, priority))
 
     def ensure_topic(self, name: str) -> None:
         """The topic exists afterwards (created as a normal topic when ``auto_create_topics``)."""
@@ -325,7 +368,7 @@ class EmbeddedBroker:
                 return 0
             if sub is None:
                 return len(t.log)
-            uncommitted = sum(len(q.records) for q in sub.queues.values())
+            uncommitted = sum(len(q.records) for q in sub.queues.values()) + sum(map(len, sub.levels.values()))
             return t.end() - sub.offset + uncommitted + len(sub.inflight) + len(sub.redeliver)
 
     def stored(self, topic: str) -> int:
@@ -344,10 +387,16 @@ class EmbeddedBroker:
             topic = self._topic(msg.topic)
             if topic.fifo and not msg.message_group:
                 raise EmbeddedBrokerError(f"FIFO topic {topic.name!r} needs a message_group")
+            priority = getattr(msg, "priority", None)
+            kind = "PRIORITY" if priority is not None else "FIFO" if msg.message_group else "NORMAL"
+            accepts = "PRIORITY" if topic.priority else "FIFO" if topic.fifo else "NORMAL"
+            if kind != accepts:  # the 5.x client's check before the send: a message's type is its topic's
+                raise EmbeddedBrokerError("current message type not match with queue accept message types, "
+                                          f"topic:{topic.name}, message_type:{kind}, queue access type:{accepts}")
             mid = f"EMB{next(_MESSAGE_IDS):020d}"
             topic.log.append(_Stored(topic.end(), mid, topic.name, body, msg.tag, tuple(msg.keys),
                                      msg.message_group, dict(msg.properties),
-                                     born_ms=self._wall_ms(), store_ms=self._wall_ms()))
+                                     born_ms=self._wall_ms(), store_ms=self._wall_ms(), priority=priority))
             self._cond.notify_all()
         return mid
 
@@ -426,6 +475,10 @@ class EmbeddedBroker:
                 del sub.inflight[mid]
                 sub.redeliver.append((lease.record, lease.attempt + 1))
         out: list[Message] = []
+        if topic.priority:
+            # PopMessageProcessor on a PRIORITY topic: from the highest queue down, each in send
+            # order; the retry topic only to fill what is left (popFromRetryProbabilityForPriority 0)
+            self._take_levels(sub, topic, flt, n, invisible, now, out)
         while sub.redeliver and len(out) < n:
             rec, attempt = sub.redeliver.popleft()
             out.append(self._lease(sub, rec, attempt, invisible, now))
@@ -438,6 +491,23 @@ class EmbeddedBroker:
         if not self.keep_consumed:
             self._drop_consumed(topic)
         return out
+
+    def _take_levels(self, sub: _Subscription, topic: _Topic, flt: FilterExpression, n: int, invisible: float,
+                     now: float, out: list[Message]) -> None:
+        top = (topic.queues or 1) - 1
+        while sub.offset < topic.end():
+            rec = topic.log[sub.offset - topic.base]
+            sub.offset += 1
+            if flt.accepts(rec.tag):  # one filtered out is consumed without delivery, as on a broker
+                sub.levels.setdefault(min(rec.priority or 0, top), deque()).append(rec)
+        for level in sorted(sub.levels, reverse=True):
+            q = sub.levels[level]
+            while q and len(out) < n:
+                out.append(self._lease(sub, q.popleft(), 1, invisible, now, queue_id=level))
+            if not q:
+                del sub.levels[level]  # memory is what is pending
+            if len(out) >= n:
+                return
 
     def _queue_key(self, topic: _Topic, group: str | None) -> Hashable:
         if topic.queues is None:
@@ -508,19 +578,21 @@ class EmbeddedBroker:
         return (f"{seq} {pop} {int(invisible * 1000)} 0 0 embedded {queue_id} {delivery} {seq} "
                 f"{message_id} {deadline!r}")
 
-    def _lease(self, sub: _Subscription, rec: _Stored, attempt: int, invisible: float, now: float) -> Message:
+    def _lease(self, sub: _Subscription, rec: _Stored, attempt: int, invisible: float, now: float,
+               queue_id: int = 0) -> Message:
         deadline = now + invisible
         delivery = next(self._deliveries)
-        handle = self._new_handle(rec.message_id, delivery, deadline, invisible)
+        handle = self._new_handle(rec.message_id, delivery, deadline, invisible, queue_id)
         sub.inflight[rec.message_id] = _InFlight(rec, attempt, handle, deadline, delivery)
         heapq.heappush(sub.expiry, _HandleExpiry(deadline, rec.message_id, handle))
         return self._message(rec, attempt, handle)
 
     def _message(self, rec: _Stored, attempt: int, handle: str) -> Message:
         m = Message()
-        m.topic, m.body, m.tag, m.message_group = rec.topic, rec.body, rec.tag, rec.group
+        m.topic, m.body, m.tag, m._message_group = rec.topic, rec.body, rec.tag, rec.group
         m._keys = list(rec.keys)
         m._properties = dict(rec.properties)
+        m._priority = rec.priority
         m.message_id, m.delivery_attempt, m.receipt_handle = rec.message_id, attempt, handle
         m.born_timestamp, m.store_timestamp = rec.born_ms, rec.store_ms
         m.decode_message_timestamp = self._wall_ms()

@@ -35,13 +35,14 @@ from typing import Any, Callable, NamedTuple
 from opentelemetry import propagate
 
 from ..callables import require_plain
+from ..dispatch.cost import check_priority_levels
 from ..dispatch.costtable import CostTable
 from ..path.message import MessageInfo
-from ..path.names import JOB_ORDER_PROPERTY, JOB_ORDERS, PROBE_PROPERTY
+from ..path.names import JOB_ORDER_PROPERTY, JOB_ORDERS, PRIORITY_PROPERTY, PROBE_PROPERTY
 from ..path.propagation import BAGGAGE, COST, JOB_ID, PRODUCE_NS, TRACEPARENT, TRACESTATE
 from ..telemetry.tracer import MessageTracer, SendTrace
 from .listener import Seam, traced_consume
-from .producer import ProducerProxy, check_job_id, ordered_job, send_ordered, traced_send
+from .producer import ProducerProxy, check_job_id, ordered_job, prioritize, send_ordered, traced_send
 from .route import explain_legacy_route_failure
 
 # Our properties and the W3C ones, read from a received 2.x message (it cannot list its
@@ -180,6 +181,11 @@ def legacy_message_key(message: Any) -> str | None:
     return keys[0] if keys else None
 
 
+def _no_property_setter(message: Any) -> str | None:
+    return None if callable(getattr(message, "set_property", None)) else (
+        f"({type(message).__name__}) has no set_property(): a 2.x client Message carries the priority")
+
+
 class TracedLegacyProducer(ProducerProxy):
     """The send methods of one 2.x ``Producer``, traced; :meth:`send_job` sends a job longest first.
 
@@ -188,20 +194,27 @@ class TracedLegacyProducer(ProducerProxy):
 
     def send_job(self, messages: Sequence[Any], *, cost: Callable[[Any], float] | CostTable,
                  job_id: str | None = None, order: str = JOB_ORDERS[0],
-                 key: Callable[[Any], str | None] = legacy_message_key) -> list[Any]:
+                 key: Callable[[Any], str | None] = legacy_message_key,
+                 priority_levels: int | None = None) -> list[Any]:
         """:meth:`TracedProducer.send_job <tracer.clients.producer.TracedProducer.send_job>` for the
         2.x client: one job with ``send_sync``, longest first, each message with its job id, cost
         and the order (``rmqtrace_order``); every cost checked before the first send.
+        ``priority_levels``: each message's priority on a PRIORITY topic of that many queues, in
+        the broker's own property (``_SYS_MSG_PRIORITY_``: the 2.x client has no field for it).
 
         Raises:
             ValueError: an unknown ``order``, a blank ``job_id``; a junk cost or a raising ``cost``
-                (naming the message).
-            TypeError: ``cost`` is neither a function nor a table; ``job_id`` not a str.
+                (naming the message); ``priority_levels`` below 1.
+            TypeError: ``cost`` is neither a function nor a table; ``job_id`` not a str;
+                ``priority_levels`` not an int.
             JobSendError: a send raised; ``.sent``, ``.failed``, ``.unsent`` say what went.
         """
         job_id = check_job_id(job_id)
-        return send_ordered(ordered_job(messages, cost, order, key), order, job_id,
-                            lambda m, c: self.send_sync(m, job_id=job_id, cost=c),
+        check_priority_levels(priority_levels)
+        pairs = ordered_job(messages, cost, order, key)
+        prioritize(messages, pairs, priority_levels, key, _no_property_setter,
+                   lambda m, level: m.set_property(PRIORITY_PROPERTY, str(level)))
+        return send_ordered(pairs, order, job_id, lambda m, c: self.send_sync(m, job_id=job_id, cost=c),
                             lambda m: m.set_property(JOB_ORDER_PROPERTY, order))
 
     def set_name_server_address(self, addr: str) -> None:

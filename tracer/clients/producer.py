@@ -13,7 +13,15 @@ from typing import Any, Callable
 
 from opentelemetry.instrumentation.utils import suppress_instrumentation
 
-from ..dispatch.cost import JOB_ORDERS, LONGEST_FIRST, job_costs, message_key
+from ..dispatch.cost import (
+    JOB_ORDERS,
+    LONGEST_FIRST,
+    check_priority_levels,
+    job_costs,
+    job_priorities,
+    message_key,
+    which_message,
+)
 from ..dispatch.costtable import CostTable
 from ..path.message import client_facts, key_tuple
 from ..path.names import JOB_ORDER_PROPERTY
@@ -22,7 +30,8 @@ from ..telemetry.tracer import MessageTracer, SendTrace
 from .route import explain_route_failure
 
 __all__ = ["JobSendError", "ProducerProxy", "SendExplainer", "SendOpener", "TracedProducer", "check_job_id",
-           "explain_send_failure", "ordered_job", "send_ordered", "start_send", "traced_send", "traced_send_async"]
+           "explain_send_failure", "ordered_job", "prioritize", "priority_refusal", "send_ordered", "start_send", "traced_send",
+           "traced_send_async"]
 
 
 def _setter(message: Any) -> Callable[[str, str], object]:
@@ -164,6 +173,53 @@ def ordered_job(messages: Sequence[Any], cost: Callable[[Any], float] | CostTabl
     return pairs
 
 
+def priority_refusal(message: Any) -> str | None:
+    """Why a 5.x-surface ``message`` cannot carry a priority, or None when it can."""
+    if not hasattr(type(message), "priority"):
+        return (f"({type(message).__name__}) has no priority: a PRIORITY topic needs the 5.x client's "
+                "Message (rocketmq-python-client >= 5.1)")
+    for exclusive in ("message_group", "delivery_timestamp", "lite_topic"):
+        if getattr(message, exclusive, None):
+            return (f"has a {exclusive}; a message with a priority can have none (a PRIORITY topic holds "
+                    "neither FIFO nor delay messages)")
+    return None
+
+
+def _set_priority(message: Any, level: int) -> None:
+    message.priority = level
+
+
+def prioritize(messages: Sequence[Any], pairs: Sequence[tuple[Any, float]], levels: int | None,
+               key: Callable[[Any], str | None] = message_key,
+               refusal: Callable[[Any], str | None] = priority_refusal,
+               assign: Callable[[Any, int], object] = _set_priority) -> None:
+    """Give each message of a job (``messages``, in the order given), in the order it will be
+    sent (``pairs``: :func:`ordered_job`), its priority on a PRIORITY topic of ``levels`` queues
+    (:func:`~tracer.dispatch.cost.job_priorities`: the broker then hands the job out in exactly
+    that order). Every message is checked (``refusal``) before any is changed (``assign``); an
+    error names a message by its index in ``messages``. None changes nothing.
+
+    Raises:
+        TypeError: ``levels`` not an int.
+        ValueError: ``levels`` below 1; a message that cannot carry a priority (a FIFO message
+            with a message group, a delay message, one the client refuses a priority), named.
+    """
+    levels = check_priority_levels(levels)
+    if levels is None:
+        return
+    for i, m in enumerate(messages):
+        why = refusal(m)
+        if why is not None:
+            raise ValueError(f"priority_levels: {which_message(i, key, m)} {why}")
+    given = {id(m): i for i, m in enumerate(messages)}
+    for (m, _), level in zip(pairs, job_priorities([c for _, c in pairs], levels)):
+        try:
+            assign(m, level)
+        except Exception as exc:  # noqa: BLE001 - the client's refusal, said with the message
+            raise ValueError(f"priority_levels: {which_message(given[id(m)], key, m)} refused priority "
+                             f"{level}: {exc}") from exc
+
+
 class JobSendError(RuntimeError):
     """A send of :meth:`TracedProducer.send_job` raised: what went and what did not, so exactly the
     rest can be sent again. ``__cause__`` is the send's own exception.
@@ -230,27 +286,35 @@ class TracedProducer(ProducerProxy):
 
     def send_job(self, messages: Sequence[Any], *, cost: Callable[[Any], float] | CostTable,
                  job_id: str | None = None, order: str = LONGEST_FIRST,
-                 key: Callable[[Any], str | None] = message_key) -> list[Any]:
+                 key: Callable[[Any], str | None] = message_key, priority_levels: int | None = None) -> list[Any]:
         """Send one job's ``messages`` one by one, longest first (LPT), each with ``job_id``, its
         cost and the order (property ``rmqtrace_order``, which the report's job view shows).
 
-        A demand-driven fleet takes messages in the order the broker hands them out, which is the
-        order they were sent: sent longest first, the long ones start first wherever a worker is
-        free (docs/dispatch.md). ``cost``: a function of the message, or a :class:`CostTable`
-        read by ``key(message)`` (default: the message's first key). ``order="arrival"`` sends
-        them as given (a baseline), still recording the order. Returns the receipts, in send order.
+        A demand-driven fleet takes messages in the order the broker hands them out. On a normal
+        topic that is only roughly the order sent: the broker spreads a job over the topic's
+        queues and each receive starts at a queue of its choosing. ``priority_levels``, the queue
+        count of a PRIORITY topic (RocketMQ 5.5, ``message.type=PRIORITY``), gives each message
+        a priority falling with the send order (:func:`~tracer.dispatch.cost.job_priorities`),
+        and the broker then hands the job out in exactly that order (docs/dispatch.md).
+        ``cost``: a function of the message, or a :class:`CostTable` read by ``key(message)``
+        (default: the message's first key). ``order="arrival"`` sends them as given (a
+        baseline), still recording the order. Returns the receipts, in send order.
 
         Raises:
             ValueError: an unknown ``order``, a blank ``job_id``; a junk cost (NaN, negative, too
                 large, not a number), a junk ``key=`` answer, or a raising ``cost``/``key``, naming
-                the message; nothing is sent then.
-            TypeError: ``cost`` is neither a function nor a table; ``job_id`` not a str.
+                the message; ``priority_levels`` below 1, or a message that cannot carry a
+                priority (a message group, a delivery time), named; nothing is sent then.
+            TypeError: ``cost`` is neither a function nor a table; ``job_id`` not a str;
+                ``priority_levels`` not an int.
             JobSendError: a send raised (its ``__cause__``): ``.sent`` (with the receipts),
                 ``.failed`` and ``.unsent`` say what went and what did not.
         """
         job_id = check_job_id(job_id)
-        return send_ordered(ordered_job(messages, cost, order, key), order, job_id,
-                            lambda m, c: self.send(m, job_id=job_id, cost=c),
+        check_priority_levels(priority_levels)
+        pairs = ordered_job(messages, cost, order, key)
+        prioritize(messages, pairs, priority_levels, key)
+        return send_ordered(pairs, order, job_id, lambda m, c: self.send(m, job_id=job_id, cost=c),
                             lambda m: _setter(m)(JOB_ORDER_PROPERTY, order))
 
     def send(self, message: Any, *args: Any, job_id: str | None = None, cost: float | None = None,

@@ -113,18 +113,68 @@ def job_costs(messages: Sequence[Any], cost: Callable[[Any], float] | CostTable,
         try:
             value = fn(m)
         except CostTableError as exc:  # the table's key= or group= failed: said as theirs
-            raise CostTableError(f"{exc} (for {_which(i, key, m)})") from exc
+            raise CostTableError(f"{exc} (for {which_message(i, key, m)})") from exc
         except Exception as exc:  # noqa: BLE001 - said with the message it failed on
-            raise CostTableError(f"cost= raised {type(exc).__name__} for {_which(i, key, m)}: {exc}") from exc
+            raise CostTableError(f"cost= raised {type(exc).__name__} for {which_message(i, key, m)}: {exc}") from exc
         if value.__class__ is float and 0.0 <= value < MAX_COST_S:  # the usual: no label built
             out.append(value)
         else:
             unrun(value)  # a returned coroutine is closed before the loud error: no "never awaited"
-            out.append(check_cost(value, _which(i, key, m)))
+            out.append(check_cost(value, which_message(i, key, m)))
     return out
 
 
-def _which(index: int, key: Callable[[Any], str | None], message: Any) -> str:
+MAX_PRIORITY = 2**31 - 1  # a message's priority is an int32 on the wire (apache.rocketmq.v2.SystemProperties)
+
+
+def check_priority_levels(levels: object) -> int | None:
+    """``levels`` if a job can be spread over that many priority levels: None or an int in
+    [1, 2**31].
+
+    Raises:
+        TypeError: not an int (a bool neither).
+        ValueError: below 1 or above 2**31.
+    """
+    if levels is None:
+        return None
+    if isinstance(levels, bool) or not isinstance(levels, int):
+        raise TypeError(f"priority_levels must be an int (the PRIORITY topic's queues), got {type(levels).__name__}")
+    if not 1 <= levels <= MAX_PRIORITY + 1:
+        raise ValueError(f"priority_levels must be between 1 and {MAX_PRIORITY + 1} (the PRIORITY topic's queues), "
+                         f"got {levels}")
+    return levels
+
+
+def job_priorities(costs: Sequence[float], levels: int) -> list[int]:
+    """The priority of each message of a job, given its costs in the order it is sent, for a
+    PRIORITY topic of ``levels`` queues: falling with the send order from ``levels - 1``, each
+    level holding about ``1/levels`` of the job's work (a long message a level of its own, many
+    short ones one level together).
+
+    The broker stores a message of priority p in queue ``min(p, queues - 1)`` and every receive
+    takes from the highest queue that holds one, each queue in send order: so it hands the job
+    out in exactly the order sent, to whichever process asks. Spreading the levels by work keeps
+    the concurrent receives of a fleet apart: one that finds a queue busy takes the next one
+    down, the next longest.
+
+    Raises:
+        ValueError: ``levels`` below 1; a cost that is not a finite number >= 0.
+    """
+    if levels < 1:
+        raise ValueError(f"levels must be at least 1, got {levels}")
+    if any(not (0.0 <= c < MAX_COST_S) for c in costs):
+        raise ValueError("every cost must be a finite number >= 0")
+    total = float(sum(costs))
+    top = levels - 1
+    out: list[int] = []
+    before = 0.0
+    for c in costs:
+        out.append(top - min(top, int(before / total * levels)) if total > 0.0 else top)
+        before += c
+    return out
+
+
+def which_message(index: int, key: Callable[[Any], str | None], message: Any) -> str:
     """How an error names a message: its index in the job and, when it has one, its key."""
     try:
         k = key(message)
@@ -138,4 +188,5 @@ def _which(index: int, key: Callable[[Any], str | None], message: Any) -> str:
     return f"message {index}" + (f" (key {k[:40]!r})" if k else "")
 
 
-__all__ = ["ARRIVAL", "JOB_ORDERS", "LONGEST_FIRST", "job_costs", "longest_first", "message_key", "table_cost"]
+__all__ = ["ARRIVAL", "JOB_ORDERS", "LONGEST_FIRST", "MAX_PRIORITY", "check_priority_levels", "job_costs",
+           "job_priorities", "longest_first", "message_key", "table_cost", "which_message"]

@@ -18,7 +18,7 @@ from .stages import GAPS, PATH_GAPS, Gap, Stage
 __all__ = [
     "BODY", "BODY_SIZE", "CLIENT_ID", "GAP_ATTRS", "TRACE_SHAPES", "CONSUMER_GROUP", "DELIVERY_TIMESTAMP",
     "COST", "COST_PROPERTY", "DELIVERY_ATTEMPT", "DESTINATION", "ERROR_TYPE", "GAP_SPANS",
-    "HANDLER_SPAN", "JOB_ID", "JOB_ID_PROPERTY", "JOB_ORDER", "JOB_ORDERS", "JOB_ORDER_PROPERTY",
+    "HANDLER_SPAN", "JOB_ID", "JOB_ID_PROPERTY", "JOB_ORDER", "JOB_ORDERS", "JOB_ORDER_PROPERTY", "PRIORITY_PROPERTY",
     "LEGACY_DELIVERY_ATTEMPT", "MESSAGE_GROUP",
     "MESSAGE_ID", "MESSAGE_KEYS", "MESSAGE_TAG", "MESSAGE_TYPE", "NAMESPACE", "OPERATION_NAME",
     "OPERATION_TYPE", "OUTCOME", "PROBE_PROPERTY", "PROBE_VALUE",
@@ -129,6 +129,9 @@ PRODUCE_NS_PROPERTY = "rmqtrace_produce_ns"
 JOB_ID_PROPERTY = "rmqtrace_job"
 COST_PROPERTY = "rmqtrace_cost"
 JOB_ORDER_PROPERTY = "rmqtrace_order"  # one of JOB_ORDERS; anything else is not recorded
+# the broker's own property for a message's priority (MessageConst.PROPERTY_PRIORITY): the 2.x client has
+# no field for it; the 5.x client sends Message.priority as a system property instead
+PRIORITY_PROPERTY = "_SYS_MSG_PRIORITY_"
 # Marks a probe (tracer.clients.probe): consumers settle it without running the handler. Only
 # PROBE_VALUE, what the probe sender writes, marks one: a user message that happens to carry the
 # property with another value ("false", "0") is the user's and must run.
