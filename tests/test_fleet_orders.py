@@ -75,11 +75,16 @@ def test_learned_table_is_the_measured_times_within_the_noise(tmp_path: Path) ->
 def test_run_fleet_refuses_an_unknown_order() -> None:
     with pytest.raises(ValueError, match="order must be one of"):
         run_fleet("demand_driven", [0.1], instances=1, workers=1, order="shortest")
+    with pytest.raises(ValueError, match="PRIORITY topic's job is sent with send_job"):
+        run_fleet("demand_driven", [0.1], instances=1, workers=1, priority=True)
 
 
 def test_the_bench_command_knows_orders() -> None:
     args = build_parser().parse_args(["bench", "fleet", "--orders", "--runs", "5", "--json"])
-    assert (args.which, args.orders, args.runs, args.json) == ("fleet", True, 5, True)
+    assert (args.which, args.orders, args.runs, args.json, args.topic) == ("fleet", True, 5, True, "priority")
+    assert build_parser().parse_args(["bench", "fleet", "--orders", "--topic", "normal"]).topic == "normal"
+    with pytest.raises(SystemExit):
+        build_parser().parse_args(["bench", "fleet", "--orders", "--topic", "fifo"])
     with pytest.raises(SystemExit):
         build_parser().parse_args(["bench", "fleet", "--orders", "--runs", "0"])
 
@@ -104,6 +109,12 @@ def test_quick_order_bench_on_the_real_broker() -> None:
         # comes to LB is a timing figure: BENCHMARKS.md, not asserted)
         lpt = result["kinds"][kind]["longest_first"]["runs"][0]
         assert lpt["planned_greedy_over_lb"] <= 1.01
+        # a PRIORITY topic hands the job out in the order sent: the longest message is in the
+        # first wave (one per worker of the fleet), whichever member asked first
+        workers = result["instances"] * result["workers"]
+        for mode in ("longest_first", "learned"):
+            assert result["kinds"][kind][mode]["runs"][0]["longest_start_rank"] < workers, (kind, mode)
+    assert result["topic"] == "priority"
 
 
 def test_order_bench_kinds_are_checked_before_any_run() -> None:
@@ -117,6 +128,8 @@ def test_order_bench_kinds_are_checked_before_any_run() -> None:
             check_kinds(kinds, prefetch)
     with pytest.raises(ValueError, match="kinds must be some of"):
         run_order_bench(kinds=["pull"])
+    with pytest.raises(ValueError, match="topic must be one of"):
+        check_kinds(["demand_driven"], 1, "fifo")
     with pytest.raises(SystemExit) as err:
         main(["--orders", "--kinds", "pull"])
     assert err.value.code == 2

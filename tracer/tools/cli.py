@@ -425,6 +425,9 @@ def build_parser() -> argparse.ArgumentParser:
     b.add_argument("--orders", action="store_true",
                    help="fleet: the job sent in arrival order vs longest first (true costs, and costs learned from "
                         "an earlier run with ±30%% noise), demand-driven loop and push replacement")
+    b.add_argument("--topic", choices=("priority", "normal"), default="priority",
+                   help="fleet --orders: where the longest-first jobs go: a PRIORITY topic with send_job's priorities "
+                        "(the broker keeps the order sent; RocketMQ 5.5) or a normal topic (default %(default)s)")
     b.add_argument("--sizes", default="10000,100000", help="report: messages per size, comma-separated")
     b.add_argument("--jaeger", default="http://127.0.0.1:16686", help="report: Jaeger query HTTP URL")
     b.add_argument("--jaeger-grpc", metavar="HOST:PORT", help="report: Jaeger api_v3 gRPC (default: --jaeger host:16685)")

@@ -62,6 +62,7 @@ from .fleetorders import (
     ORDER_KINDS,
     ORDER_MODES,
     ORDER_TARGETS,
+    TOPICS,
     check_kinds,
     format_order_bench,
     learned_table,
@@ -168,7 +169,8 @@ def run_cli(args: argparse.Namespace, console: Any = None) -> int:
 
     runs = getattr(args, "runs", None)
     if getattr(args, "orders", False):
-        result = run_order_bench(quick=bool(getattr(args, "quick", False)), runs=runs or 5, progress=say)
+        result = run_order_bench(quick=bool(getattr(args, "quick", False)), runs=runs or 5, progress=say,
+                                 topic=getattr(args, "topic", TOPICS[0]))
         print(json.dumps(result) if getattr(args, "json", False) else format_order_bench(result))
         return 0
     result = run_fleet_bench(quick=bool(getattr(args, "quick", False)), runs=runs or 3, progress=say)
@@ -188,6 +190,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     p.add_argument("--kinds", default=",".join(ORDER_KINDS),
                    help=f"--orders: comma-separated consumers, any of {','.join(KINDS)} (default %(default)s)")
     p.add_argument("--prefetch", type=int, default=1, help="--orders, kind prefetch: its buffer (default 1)")
+    p.add_argument("--topic", choices=TOPICS, default=TOPICS[0],
+                   help="--orders: where the longest-first jobs go (default %(default)s)")
     p.add_argument("--quick", action="store_true")
     p.add_argument("--json", action="store_true")
     args = p.parse_args(argv)
@@ -203,10 +207,10 @@ def main(argv: Sequence[str] | None = None) -> int:
           "progress": lambda s: print(s, file=sys.stderr, flush=True)}
     if args.orders:
         try:
-            kinds = check_kinds(args.kinds.split(","), args.prefetch)
+            kinds = check_kinds(args.kinds.split(","), args.prefetch, args.topic)
         except ValueError as exc:
             p.error(str(exc))
-        result = run_order_bench(runs=args.runs or 5, kinds=kinds, prefetch=args.prefetch, **kw)
+        result = run_order_bench(runs=args.runs or 5, kinds=kinds, prefetch=args.prefetch, topic=args.topic, **kw)
         print(json.dumps(result) if args.json else format_order_bench(result))
         return 0
     result = run_fleet_bench(runs=args.runs or 3, **kw)

@@ -13,7 +13,7 @@ from typing import Any, Sequence
 
 from ...report.fleet import Handled, sweep_waits
 
-__all__ = ["ENDPOINT", "KINDS", "MODES", "PREFETCH", "QUEUES", "FleetRun", "Handled", "fleet_greedy",
+__all__ = ["ENDPOINT", "KINDS", "MODES", "PREFETCH", "PRIORITY_QUEUES", "QUEUES", "FleetRun", "Handled", "fleet_greedy",
            "fleet_waits", "long_tail_job"]
 
 ENDPOINT = "127.0.0.1:8081"
@@ -22,6 +22,8 @@ MODES = ("push_consumer", "prefetch", "demand_driven", "push_replacement")
 KINDS = (*MODES, "demand_driven_ahead", "push_replacement_ahead")
 PREFETCH = 32
 QUEUES = 4
+# a PRIORITY topic's queues, its priority levels (send_job spreads a job's work over them)
+PRIORITY_QUEUES = 8
 
 
 # -- the job and its bounds ------------------------------------------------------------------------
@@ -111,5 +113,9 @@ class FleetRun:
             "idle_worker_seconds": round(waits["fleet_idle_while_held_s"], 2),
             "inprocess_hol_seconds": round(sum(o.get("hol_s", 0.0) for o in self.occupancy), 2),
             "first_handler_s": round((min(r.start_ns for r in handled) - self.t0_ns) / 1e9, 3),
+            # where the job's longest message came in the fleet's start order (0: first): under
+            # the fleet's worker count it started in the first wave, as longest first means
+            "longest_start_rank": sorted(handled, key=lambda r: r.start_ns).index(
+                first[max(range(len(self.durations)), key=self.durations.__getitem__)]),
             "redelivered": len(self.records) - len(handled),
         }

@@ -19,16 +19,17 @@ from typing import IO, Any, Callable, Sequence
 from ...dispatch.costtable import CostTable
 from ...path.names import JOB_ORDERS
 from . import rmq_admin
-from .fleetjob import ENDPOINT, KINDS, PREFETCH, QUEUES, FleetRun, Handled
+from .fleetjob import ENDPOINT, KINDS, PREFETCH, PRIORITY_QUEUES, QUEUES, FleetRun, Handled
 
 __all__ = ["member_main", "run_fleet"]
 
 
 def _produce(topic: str, durations: Sequence[float], endpoint: str, order: str | None = None,
-             costs: Sequence[float] | CostTable | None = None) -> list[int] | None:
+             costs: Sequence[float] | CostTable | None = None, priority_levels: int | None = None) -> list[int] | None:
     """The job into ``topic``: with ``order`` through ``TracedProducer.send_job`` (one by one, in
-    that order, by ``costs``: a cost per message or a table keyed by the message's index), else
-    all at once with ``send_async`` in job order. Returns the message indexes in send order (None: job order)."""
+    that order, by ``costs``: a cost per message or a table keyed by the message's index; with
+    ``priority_levels`` for a PRIORITY topic of that many queues), else all at once with
+    ``send_async`` in job order. Returns the message indexes in send order (None: job order)."""
     from ...clients.producer import TracedProducer, ordered_job
     from ...clients.quiet import import_quietly
     from ...dispatch.cost import message_key
@@ -51,7 +52,8 @@ def _produce(topic: str, durations: Sequence[float], endpoint: str, order: str |
                 per_message if isinstance(per_message, CostTable)
                 else lambda m: per_message[int(message_key(m) or 0)])
             sent = [int(message_key(m) or 0) for m, _ in ordered_job(messages, cost, order)]
-            TracedProducer(producer, MessageTracer()).send_job(messages, cost=cost, order=order)
+            TracedProducer(producer, MessageTracer()).send_job(messages, cost=cost, order=order,
+                                                               priority_levels=priority_levels)
             return sent
         futures = [producer.send_async(m) for m in messages]
         for f in futures:
@@ -113,11 +115,14 @@ class _Member:
 def run_fleet(mode: str, durations: Sequence[float], *, instances: int, workers: int,
               endpoint: str = ENDPOINT, metrics_ports: Sequence[int] | None = None,
               timeout: float = 120.0, linger: float = 0.0, order: str | None = None,
-              costs: Sequence[float] | CostTable | None = None, prefetch: int = PREFETCH) -> FleetRun:
+              costs: Sequence[float] | CostTable | None = None, prefetch: int = PREFETCH,
+              priority: bool = False) -> FleetRun:
     """Run one job once in ``mode``; see the module docstring. ``linger``: seconds the members stay
     up after the job (so a scraper sees their last values). ``order``: send the job with
     ``send_job`` in this order (by ``costs``, default the true durations); None: all at once.
-    ``prefetch``: the ``prefetch`` mode's buffer.
+    ``prefetch``: the ``prefetch`` mode's buffer. ``priority`` (with ``order``): the topic is a
+    PRIORITY topic of :data:`PRIORITY_QUEUES` queues and ``send_job`` gives every message its
+    priority, so the broker hands the job out in exactly the order sent.
 
     Raises:
         ValueError: an unknown mode or order, fewer than one instance or worker, ports not one per instance.
@@ -131,13 +136,15 @@ def run_fleet(mode: str, durations: Sequence[float], *, instances: int, workers:
         raise ValueError(f"metrics_ports must name one port per instance ({instances}), got {len(metrics_ports)}")
     if order is not None and order not in JOB_ORDERS:
         raise ValueError(f"order must be one of {JOB_ORDERS}, got {order!r}")
+    if priority and order is None:
+        raise ValueError("a PRIORITY topic's job is sent with send_job: give order=")
     admin = rmq_admin("fleet")
     run_id = uuid.uuid4().hex[:8]
     topic = f"rmqtrace-fleet-{run_id}"
     group = f"rmqtrace-fleet-{mode.replace('_', '-')}-{run_id}"
-    admin.create_topic(topic, queues=QUEUES)
+    admin.create_topic(topic, queues=PRIORITY_QUEUES if priority else QUEUES, priority=priority)
     admin.create_group(group)
-    sent = _produce(topic, durations, endpoint, order, costs)
+    sent = _produce(topic, durations, endpoint, order, costs, PRIORITY_QUEUES if priority else None)
     run = FleetRun(mode, instances, workers, list(durations), group=group, sent=sent)
     members = [
         _Member(i, {"mode": mode, "endpoint": endpoint, "topic": topic, "group": group, "workers": workers,

@@ -2,7 +2,10 @@
 
 The same long-tailed job per run seed, sent in arrival order, longest first by the true
 durations, and longest first by costs learned from the same kind's arrival run (±``NOISE``), for
-each consumer kind; job time ÷ the fleet's lower bound, median and worst.
+each consumer kind; job time ÷ the fleet's lower bound, median and worst. The longest-first
+jobs go to a PRIORITY topic with priorities (``send_job(priority_levels=)``: the broker hands
+them out in exactly that order); ``topic="normal"`` sends them to a normal topic instead (the
+broker's own rough order), the arrival jobs always go to a normal one.
 """
 
 from __future__ import annotations
@@ -17,7 +20,7 @@ from . import fleet_context, loadavg
 from .fleetjob import ENDPOINT, KINDS, FleetRun, long_tail_job
 from .fleetmember import run_fleet
 
-__all__ = ["NOISE", "ORDER_KINDS", "ORDER_MODES", "ORDER_TARGETS", "check_kinds", "format_order_bench",
+__all__ = ["NOISE", "ORDER_KINDS", "ORDER_MODES", "ORDER_TARGETS", "TOPICS", "check_kinds", "format_order_bench",
            "learned_table", "run_order_bench"]
 
 # the demand-driven loop and the push replacement, each without and with receive_ahead (the
@@ -28,6 +31,8 @@ ORDER_KINDS = ("demand_driven", "push_replacement", "demand_driven_ahead", "push
 ORDER_MODES = ("arrival", "longest_first", "learned")
 ORDER_TARGETS = {"longest_first": 1.05, "learned": 1.08}  # worst job time ÷ LB over the runs
 NOISE = 0.30
+# where the longest-first jobs go: a PRIORITY topic (send_job's priorities), or a normal topic
+TOPICS = ("priority", "normal")
 
 
 def learned_table(run: FleetRun, seed: int, folder: str, noise: float = NOISE) -> CostTable:
@@ -44,31 +49,36 @@ def learned_table(run: FleetRun, seed: int, folder: str, noise: float = NOISE) -
     return load_costs(path)
 
 
-def check_kinds(kinds: Sequence[str], prefetch: int) -> tuple[str, ...]:
-    """``kinds`` without repeats, if each is one of :data:`KINDS` and ``prefetch`` >= 1.
+def check_kinds(kinds: Sequence[str], prefetch: int, topic: str = TOPICS[0]) -> tuple[str, ...]:
+    """``kinds`` without repeats, if each is one of :data:`KINDS`, ``prefetch`` >= 1 and
+    ``topic`` one of :data:`TOPICS`.
 
     Raises:
-        ValueError: an unknown or no kind, or ``prefetch`` < 1.
+        ValueError: an unknown or no kind, ``prefetch`` < 1, an unknown topic.
     """
     if not kinds or any(k not in KINDS for k in kinds) or prefetch < 1:
         raise ValueError(f"kinds must be some of {', '.join(KINDS)} and prefetch >= 1, "
                          f"got {','.join(kinds)} and {prefetch}")
+    if topic not in TOPICS:
+        raise ValueError(f"topic must be one of {', '.join(TOPICS)}, got {topic!r}")
     return tuple(dict.fromkeys(kinds))
 
 
 def run_order_bench(*, messages: int = 500, instances: int = 3, workers: int = 4, runs: int = 5,
                     quick: bool = False, endpoint: str = ENDPOINT, kinds: Sequence[str] = ORDER_KINDS,
-                    prefetch: int = 1, progress: Callable[[str], None] | None = None) -> dict[str, Any]:
+                    prefetch: int = 1, topic: str = TOPICS[0],
+                    progress: Callable[[str], None] | None = None) -> dict[str, Any]:
     """``runs`` runs of the same long-tailed job per run seed, for the demand-driven loop and the
     push replacement, sent in arrival order, longest first by the true durations, and longest
     first by costs learned from that kind's arrival run (±30 % noise). Job time ÷ the fleet's LB,
     median and worst. ``quick``: 150 messages, 3 × 2 workers, one run, shorter long messages.
     ``kinds``: any of :data:`KINDS` (``prefetch`` with a buffer of ``prefetch`` messages).
+    ``topic``: where the longest-first jobs go (:data:`TOPICS`).
 
     Raises:
-        ValueError: an unknown kind, or ``prefetch`` < 1.
+        ValueError: an unknown kind or topic, or ``prefetch`` < 1.
     """
-    kinds = check_kinds(kinds, prefetch)
+    kinds = check_kinds(kinds, prefetch, topic)
     if quick:
         messages, instances, workers, runs = 150, 3, 2, 1
     import tempfile
@@ -99,7 +109,7 @@ def run_order_bench(*, messages: int = 500, instances: int = 3, workers: int = 4
                     progress(f"run {r + 1}/{runs}: {kind} {mode}")
                 done = run_fleet(kind, durations, instances=instances, workers=workers, endpoint=endpoint,
                                  order="longest_first", costs=tables[kind] if mode == "learned" else None,
-                                 prefetch=prefetch)
+                                 prefetch=prefetch, priority=topic == "priority")
                 per[kind][mode].append({"run": r + 1, **done.summary()})
     kinds_out: dict[str, Any] = {}
     met = True
@@ -119,7 +129,7 @@ def run_order_bench(*, messages: int = 500, instances: int = 3, workers: int = 4
                 met = False
     return {
         "bench": "fleet --orders", "instances": instances, "workers": workers, "runs": runs, "jobs": jobs,
-        "noise": NOISE, "targets": ORDER_TARGETS, "target_met": met, "kinds": kinds_out,
+        "noise": NOISE, "targets": ORDER_TARGETS, "target_met": met, "topic": topic, "kinds": kinds_out,
         **({"prefetch": prefetch} if "prefetch" in kinds else {}),
         **fleet_context(load_before),
     }
@@ -130,8 +140,8 @@ def format_order_bench(result: dict[str, Any]) -> str:
     lines = [
         f"real broker, {job['messages']} long-tailed messages per run ({job['work_s']} s of work, longest "
         f"{job['longest_s']} s in run 1), {result['instances']} processes x {result['workers']} workers, "
-        f"{result['runs']} runs; learned costs: from the arrival run, ±{result['noise']:.0%} "
-        f"({result['client']}, {result['machine']})",
+        f"{result['runs']} runs; learned costs: from the arrival run, ±{result['noise']:.0%}; longest first "
+        f"to a {result['topic'].upper()} topic ({result['client']}, {result['machine']})",
         f"{'consumer':<23} {'sent':<14} {'÷LB per run':<40} {'median':>6} {'worst':>6} {'÷greedy':>7} "
         f"{'idle ms/msg':>11}  target",
     ]
