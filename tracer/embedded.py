@@ -41,7 +41,14 @@ against the real 5.5 proxy and this broker and expects the same answer):
   acked message back (``delivery_attempt + 1``) on a normal topic and changes nothing on a FIFO
   one, as on the proxy (5.5, local mode);
 * a FIFO topic's queues as above (a consecutive run per queue, the queue blocked while one of the
-  run is in flight, the run after a nack or an expiry from the first unacked message on).
+  run is in flight, the run after a nack or an expiry from the first unacked message on);
+* a message's type is its topic's, checked before the send as the 5.x client does ("current
+  message type not match with queue accept message types"): one with a priority only to a
+  PRIORITY topic, one with a message group only to a FIFO topic, any other only to a normal one;
+  a message takes a priority or a message group, not both;
+* a PRIORITY topic (RocketMQ 5.5) stores a message of priority p in queue ``min(p, queues - 1)``;
+  a receive takes from the highest queue that holds one, each queue in send order, and a
+  received message says its priority as sent.
 """
 
 from __future__ import annotations

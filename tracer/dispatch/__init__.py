@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from ..callables import HandlerNeverRan
 from .aio import AsyncDispatcher
-from .cost import longest_first, table_cost
+from .cost import job_priorities, longest_first, table_cost
 from .costtable import CostTable, CostTableError, learn_costs, load_costs
 from .engine import Dispatcher
 from .metrics import DEFAULT_BUCKETS, BoundDispatchMetrics, DispatchMetrics
@@ -43,6 +43,7 @@ __all__ = [
     "Policy",
     "Random",
     "RoundRobin",
+    "job_priorities",
     "learn_costs",
     "load_costs",
     "longest_first",
