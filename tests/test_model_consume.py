@@ -91,6 +91,7 @@ LEASE, BACKOFF = 3, 1  # seconds; renewals ask for LEASE, nacks for BACKOFF
 TIMEOUT, GRACE = 4.0, 1.0  # handler_timeout (longer than a stall past the lease) and hang_grace
 
 POISON = "poison"  # a key whose callable raises on a message's first delivery
+FLAKY = "flaky"  # a key whose callable raises on the first delivery of a run's first message alone
 # receive_ahead: what the messages cost, in turn (what the ticks age a handler to: 0.25, 0.5 and
 # 0.95 of the margin, 2 s) and how long a receive that hands messages over takes on the clock
 # (the loop's lead, below MAX_LEAD_S)
@@ -102,7 +103,7 @@ def key_of(m: Any, failed: set[int] | None = None) -> str | None:
     that one message (nacked, back with attempt 2) and never stop the loop. ``failed`` collects
     those deliveries (failed without their handler running)."""
     key = m.properties.get("key")
-    if key == POISON and (m.delivery_attempt or 1) == 1:
+    if (key == POISON or m.properties.get("flaky")) and (m.delivery_attempt or 1) == 1:
         if failed is not None:
             failed.add(id(m))
         raise ValueError("the user's key callable failed")
@@ -354,11 +355,13 @@ class ConsumeModel(RuleBasedStateMachine):
             self.loop.renew_leases()
 
     # -- rules --------------------------------------------------------------------------------
-    @rule(key=st.sampled_from([None, "a", "b", POISON]), count=st.integers(1, 3))
+    @rule(key=st.sampled_from([None, "a", "b", POISON, FLAKY]), count=st.integers(1, 3))
     def send(self, key: str | None, count: int) -> None:
-        for _ in range(count):  # runs of one key: what fills a key's parking room
+        for i in range(count):  # runs of one key: what fills a key's parking room
             m = Message()
             m.topic, m.body = "T", f"m{len(self.sent)}".encode()
+            if key == FLAKY and i == 0:  # key= fails for the run's first alone (review38 02)
+                m.add_property("flaky", "1")
             if key is not None:
                 m.add_property("key", key)
             if self.fifo:  # an unkeyed message: a group of its own

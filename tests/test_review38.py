@@ -20,12 +20,7 @@ BY_DESIGN = {
     "04_normal_topic_successor_returns_first": "a normal topic keeps no order: each message comes back after its "
                                                "own backoff (docs/consume.md)",
 }
-# Open (RELIABILITY.md, Known limits): a key= that fails for one message of a FIFO group gives
-# back only that message; its group's later ones, which have a key, run past it
-OPEN = {
-    "02_key_error_lets_successors_overtake": "a failed key= names no key for its successors to follow",
-    "03_key_error_overtake_real_proxy": "02 on the real proxy",
-}
+OPEN: dict[str, str] = {}  # 02 and 03 fixed: a FIFO message without a key takes back its message group
 NEEDS_PROXY = {"03_key_error_overtake_real_proxy"}
 
 

@@ -884,6 +884,7 @@ class ConsumeLoop:
             except Exception as exc:  # noqa: BLE001 - one message the dispatcher refuses must not stop the loop
                 self._count("submit_errors", exc)
                 self._give_back_unrun(h, Outcome.FAILURE)
+                self._follow(h)
                 taken += 1
                 continue
             if accepted:
@@ -1003,16 +1004,29 @@ class ConsumeLoop:
         # before the start gate, which may outlast it (a stall) and then refuses to start it
         never = _never_ran(outcome, error)
         self._report(h, outcome, ran=False if never else None if outcome is Outcome.TIMEOUT else True)
-        if outcome is not Outcome.SUCCESS and h.key is not None:
-            self._give_back_key(h.key)
+        if outcome is not Outcome.SUCCESS:
+            self._follow(h)
 
-    def _give_back_key(self, key: str) -> int:
+    def _follow(self, h: Lease) -> None:
+        """``h`` ends without success: the later messages of its key follow it back. Without a
+        key — ``key=`` failed for it, or said None — a FIFO message's message group stands in:
+        the broker hands its queue out again from ``h`` on, so a later message of the group run
+        now would run out of order, and again in that rerun."""
+        if h.key is not None:
+            self._give_back_key(h.key)
+        elif self.dispatch_options.key is not None:
+            group = getattr(h.message, "message_group", None)
+            if isinstance(group, str) and group:
+                self._give_back_key(group, lambda w: getattr(w.message, "message_group", None) == group)
+
+    def _give_back_key(self, key: str, of: Callable[[Lease], bool] | None = None) -> int:
         """A message of ``key`` was given back (it failed, timed out or did not start): its
         successors the loop still holds unsubmitted follow it back to the broker (they must not
         overtake it here; those the dispatcher holds it gives back itself, ``successors_follow``).
-        How many."""
+        ``of``: which held messages are its successors (default: those of ``key``). How many."""
         with self._lock:
-            follow = [h for h in self._backlog if h.key == key and h.state == WAITING]
+            follow = [h for h in self._backlog
+                      if (h.key == key if of is None else of(h)) and h.state == WAITING]
             if not follow:
                 return 0
             for h in follow:

@@ -67,6 +67,8 @@ class FleetRun:
     t0_ns: int = 0
     records: list[Handled] = field(default_factory=list)
     occupancy: list[dict[str, float]] = field(default_factory=list)  # per member, at its exit
+    errors: list[dict[str, int]] = field(default_factory=list)  # per member: its loop's errors_by_kind
+    started_s: list[float] = field(default_factory=list)  # per member: "go" to its start() returning
     group: str = ""
     sent: list[int] | None = None  # message indexes in the order sent; None: job order
 
@@ -118,4 +120,10 @@ class FleetRun:
             "longest_start_rank": sorted(handled, key=lambda r: r.start_ns).index(
                 first[max(range(len(self.durations)), key=self.durations.__getitem__)]),
             "redelivered": len(self.records) - len(handled),
+            # what a stalled start would show: a consumer's start() after "go", the loops' errors
+            "member_start_s": max(self.started_s, default=0.0),
+            "first_handler_per_instance": [
+                round((min((r.start_ns for r in handled if r.instance == i), default=self.t0_ns) - self.t0_ns) / 1e9, 3)
+                for i in range(self.instances)],
+            "errors": {k: sum(e.get(k, 0) for e in self.errors) for k in sorted({k for e in self.errors for k in e})},
         }

@@ -72,6 +72,8 @@ class _Member:
         self.ready = threading.Event()
         self.records: list[Handled] = []
         self.occupancy: dict[str, float] = {}
+        self.errors: dict[str, int] = {}  # the loop's errors_by_kind at exit
+        self.started_s = 0.0  # from "go" to its consumer's start() returning
         self.error = ""
         self._reader = threading.Thread(target=self._read, name=f"fleet-member-{index}", daemon=True)
         self._reader.start()
@@ -90,6 +92,9 @@ class _Member:
                 self.records.append(Handled(i, self.index, pull, start, end))
             elif "occupancy" in msg:
                 self.occupancy = msg["occupancy"]
+                self.errors = msg.get("errors", {})
+            elif "started_s" in msg:
+                self.started_s = float(msg["started_s"])
             elif "error" in msg:
                 self.error = msg["error"]
                 self.ready.set()
@@ -175,6 +180,8 @@ def run_fleet(mode: str, durations: Sequence[float], *, instances: int, workers:
     for m in members:
         run.records.extend(m.records)
         run.occupancy.append(m.occupancy)
+        run.errors.append(m.errors)
+        run.started_s.append(m.started_s)
     return run
 
 
@@ -242,6 +249,9 @@ def member_main(config: dict[str, Any], out: IO[str], inp: IO[str]) -> int:
                                          consumption_thread_count=workers, tracer=tracer,
                                          receive_ahead=mode.endswith("_ahead"))
         start, close = replacement.startup, replacement.shutdown
+
+        def loop_stats() -> Any:
+            return replacement.loop.statistics() if replacement.loop is not None else None
     else:
         consumer = rmq.SimpleConsumer(cfg, group, {topic: rmq.FilterExpression()}, await_duration=1)
         consumer.startup()
@@ -259,11 +269,17 @@ def member_main(config: dict[str, Any], out: IO[str], inp: IO[str]) -> int:
             consumer.shutdown()
 
         start, close = runner.start, close_loop
+
+        def loop_stats() -> Any:
+            return loop.statistics()
     emit({"ready": True})
     for line in inp:
         cmd = line.strip()
         if cmd == "go":
+            began = time.monotonic()
             start()
+            # a push replacement starts its client here: its settings wait is in the job's time
+            emit({"started_s": round(time.monotonic() - began, 3)})
         elif cmd == "stop":
             break
     try:
@@ -272,5 +288,7 @@ def member_main(config: dict[str, Any], out: IO[str], inp: IO[str]) -> int:
         emit({"error": f"shutdown: {exc!r}"})
     occupancy.close()
     s = occupancy.statistics()
-    emit({"occupancy": {"busy_s": s.busy_s, "idle_s": s.idle_s, "hol_s": s.hol_s, "holding_s": s.holding_s}})
+    stats = loop_stats() if mode != "push_consumer" else None
+    emit({"occupancy": {"busy_s": s.busy_s, "idle_s": s.idle_s, "hol_s": s.hol_s, "holding_s": s.holding_s},
+          "errors": dict(stats.errors_by_kind) if stats is not None else {}})
     return 0
