@@ -73,7 +73,8 @@ def run_order_bench(*, messages: int = 500, instances: int = 3, workers: int = 4
     first by costs learned from that kind's arrival run (±30 % noise). Job time ÷ the fleet's LB,
     median and worst. ``quick``: 150 messages, 3 × 2 workers, one run, shorter long messages.
     ``kinds``: any of :data:`KINDS` (``prefetch`` with a buffer of ``prefetch`` messages).
-    ``topic``: where the longest-first jobs go (:data:`TOPICS`).
+    ``topic``: where the longest-first jobs go (:data:`TOPICS`). Before the runs (not with
+    ``quick``), one uncounted warm-up job per kind and way of sending (``"warmup"`` in the result).
 
     Raises:
         ValueError: an unknown kind or topic, or ``prefetch`` < 1.
@@ -88,6 +89,20 @@ def run_order_bench(*, messages: int = 500, instances: int = 3, workers: int = 4
     load_before = loadavg()
     per: dict[str, dict[str, list[dict[str, Any]]]] = {k: {o: [] for o in ORDER_MODES} for k in kinds}
     jobs = []
+    # Warm-up, not counted (its figures are in the JSON): one job of each kind per way of sending,
+    # the runs' own job. The first longest-first runs after the proxy started were the slow ones
+    # (2026-12-05, run A of the PRIORITY topic: 1.059 / 1.053 against 1.020-1.052 after, and an
+    # 18 s wait for a first message; the same bench on the warm proxy right after: none of it)
+    warmup: list[dict[str, Any]] = []
+    if not quick:
+        durations = long_tail_job(messages, seed=999, **job_kw)
+        for kind in kinds:
+            for order, priority in (("arrival", False), ("longest_first", topic == "priority")):
+                if progress is not None:
+                    progress(f"warm-up: {kind} {order}")
+                done = run_fleet(kind, durations, instances=instances, workers=workers, endpoint=endpoint,
+                                 order=order, prefetch=prefetch, priority=priority)
+                warmup.append({"kind": kind, "order": order, **done.summary()})
     with tempfile.TemporaryDirectory(prefix="rmqtrace-costs-") as folder:
         for r in range(runs):
             durations = long_tail_job(messages, seed=1000 + r, **job_kw)
@@ -130,6 +145,7 @@ def run_order_bench(*, messages: int = 500, instances: int = 3, workers: int = 4
     return {
         "bench": "fleet --orders", "instances": instances, "workers": workers, "runs": runs, "jobs": jobs,
         "noise": NOISE, "targets": ORDER_TARGETS, "target_met": met, "topic": topic, "kinds": kinds_out,
+        "warmup": warmup,
         **({"prefetch": prefetch} if "prefetch" in kinds else {}),
         **fleet_context(load_before),
     }
