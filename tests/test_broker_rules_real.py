@@ -487,3 +487,19 @@ def test_a_message_s_type_must_be_its_topic_s(priority_side: PrioritySide) -> No
         m.priority = 1
     with pytest.raises(Exception, match="greater than or equal to 0"):
         side.message(side.topic, "x").priority = -1
+
+
+def test_priority_setters_and_sends_are_the_5x_client_s(priority_side: PrioritySide) -> None:
+    """The 5.x client's setters compare and check truthiness, no more (review39 08): priority 0
+    then a group is a FIFO message; True and 1.5 are taken, and refused by the send's protobuf."""
+    side = priority_side
+    m = side.message(side.normal, "x", priority=0)
+    m.message_group = "g"  # 0 is falsy: accepted, and the message is FIFO
+    code, text = answer(side.producer.send, m)
+    assert "message_type:FIFO, queue access type:NORMAL" in text, (code, text)
+    for junk in (True, 1.5):
+        m = side.message(side.topic, "x")
+        m.priority = junk
+        assert answer(side.producer.send, m)[0] == "TypeError", junk
+    with pytest.raises(TypeError):
+        side.message(side.topic, "x").priority = None  # type: ignore[assignment]

@@ -65,6 +65,13 @@ def test_priority_levels_that_cannot_work_are_refused(bad: object, error: type[E
 
 
 # -- send_job on the embedded broker ---------------------------------------------------------------
+class NoPriority:
+    """A message of a client without priorities: it takes properties, nothing else."""
+
+    def add_property(self, key: str, value: str) -> None:
+        pass
+
+
 def _job(topic: str, n: int = len(COSTS)) -> list[Message]:
     out = []
     for i in range(n):
@@ -124,7 +131,9 @@ def test_a_message_that_cannot_carry_a_priority_is_named_and_nothing_is_sent() -
     assert broker.stored("jobs") == 0
     assert all(m.priority is None for m in job), "no message is changed before every one is checked"
     with pytest.raises(ValueError, match=r"message 0 .*has no priority"):
-        producer.send_job([object()], cost=lambda m: 1.0, key=lambda m: "k", priority_levels=8)
+        producer.send_job([NoPriority()], cost=lambda m: 1.0, key=lambda m: "k", priority_levels=8)
+    with pytest.raises(TypeError, match=r"message 1 .*is not a message"):
+        producer.send_job([job[0], None], cost=lambda m: 1.0, key=lambda m: "k", priority_levels=8)
     with pytest.raises(TypeError, match="priority_levels must be an int"):
         producer.send_job(_job("jobs"), cost=_cost, priority_levels=8.0)  # type: ignore[arg-type]
     assert broker.stored("jobs") == 0
@@ -151,8 +160,8 @@ def test_the_2x_producer_writes_the_brokers_priority_property() -> None:
     assert sent == LPT
     assert [int(m._native["props"][PRIORITY_PROPERTY.encode()]) for m in fake.sent] == job_priorities(
         [COSTS[i] for i in LPT], 4)
-    with pytest.raises(ValueError, match="has no set_property"):
-        producer.send_job([object()], cost=lambda m: 1.0, key=lambda m: "k", priority_levels=4)
+    with pytest.raises(TypeError, match=r"message 1 .*is not a message"):
+        producer.send_job([job[0], object()], cost=lambda m: 1.0, key=lambda m: "k", priority_levels=4)
 
 
 # -- the real broker -------------------------------------------------------------------------------

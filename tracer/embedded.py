@@ -135,7 +135,7 @@ class Message:
 
     @message_group.setter
     def message_group(self, group: str | None) -> None:
-        if group and self._priority is not None:  # the 5.x client's setter: a FIFO message has no priority
+        if group and self._priority:  # the 5.x client's setter: a priority refuses a group (0 does not)
             raise EmbeddedBrokerError("message_group and priority should not be set at same time.")
         self._message_group = group
 
@@ -146,8 +146,9 @@ class Message:
 
     @priority.setter
     def priority(self, priority: int) -> None:
-        # the 5.x client's setter: a level is a non-negative int, and a message with a group is FIFO
-        if isinstance(priority, bool) or not isinstance(priority, int) or priority < 0:
+        # the 5.x client's setter, as it is: only a negative is refused (it compares, nothing more),
+        # and a message with a group takes none
+        if priority < 0:
             raise EmbeddedBrokerError("priority must be greater than or equal to 0.")
         if self.message_group:
             raise EmbeddedBrokerError("priority and message_group should not be set at same time.")
@@ -267,6 +268,11 @@ class _Topic:
         return self.base + len(self.log)
 
 
+def _kind(topic: _Topic) -> str:
+    """The topic's ``message.type``, as the 5.x client's errors name it."""
+    return "PRIORITY" if topic.priority else "FIFO" if topic.fifo else "NORMAL"
+
+
 def _whole_seconds(value: object, what: str) -> int:
     # the 5.x client puts durations into a protobuf Duration's int ``seconds``: a float raises
     if isinstance(value, bool) or not isinstance(value, int):
@@ -338,7 +344,7 @@ class EmbeddedBroker:
 
         Raises:
             ValueError: ``queues`` not a positive int, or given for a normal topic; a topic both
-                FIFO and PRIORITY.
+                FIFO and PRIORITY; the topic exists already as another kind or with other queues.
         """
         if fifo and priority:
             raise ValueError("a topic is FIFO or PRIORITY, not both (message.type is one of them)")
@@ -351,7 +357,12 @@ class EmbeddedBroker:
             if isinstance(queues, bool) or not isinstance(queues, int) or queues < 1:
                 raise ValueError(f"queues must be a positive int, got {queues!r}")
         with self._cond:
-            self._topics.setdefault(name, _Topic(name, fifo, queues, priority))
+            have = self._topics.setdefault(name, _Topic(name, fifo, queues, priority))
+            if (have.fifo, have.priority, have.queues) != (fifo, priority, queues):
+                # a second create of another kind would change no answer here: say so at once, not
+                # at the first send (a producer's or consumer's startup creates a normal topic)
+                raise ValueError(f"topic {name!r} exists already as {_kind(have)}; create it before any client "
+                                 "starts on it")
 
     def ensure_topic(self, name: str) -> None:
         """The topic exists afterwards (created as a normal topic when ``auto_create_topics``)."""
@@ -379,10 +390,25 @@ class EmbeddedBroker:
             return t.end() - sub.offset + uncommitted + len(sub.inflight) + len(sub.redeliver)
 
     def stored(self, topic: str) -> int:
-        """Records the broker still keeps for ``topic`` (what ``keep_consumed=False`` bounds)."""
+        """Records the broker still keeps for ``topic`` (what ``keep_consumed=False`` bounds): its
+        log, and what a group read off it but has not consumed yet (a FIFO or PRIORITY topic's
+        queues hold those per group), each record once."""
         with self._cond:
             t = self._topics.get(topic)
-            return 0 if t is None else len(t.log)
+            if t is None:
+                return 0
+            held = {id(r) for (_, name), sub in self._subs.items() if name == topic
+                    for q in (*sub.levels.values(), *(f.records for f in sub.queues.values()))
+                    for r in q if r.offset < t.base}
+            return len(t.log) + len(held)
+
+    def _subscription(self, group: str, topic: _Topic) -> _Subscription:
+        """``group``'s subscription to ``topic``; a new one starts at the oldest record the topic
+        still keeps (with ``keep_consumed=False`` the ones below were dropped)."""
+        sub = self._subs.get((group, topic.name))
+        if sub is None:
+            sub = self._subs[(group, topic.name)] = _Subscription(offset=topic.base)
+        return sub
 
     # -- producer side -------------------------------------------------------------------
     def store(self, msg: Message) -> str:
@@ -395,8 +421,13 @@ class EmbeddedBroker:
             if topic.fifo and not msg.message_group:
                 raise EmbeddedBrokerError(f"FIFO topic {topic.name!r} needs a message_group")
             priority = getattr(msg, "priority", None)
-            kind = "PRIORITY" if priority is not None else "FIFO" if msg.message_group else "NORMAL"
-            accepts = "PRIORITY" if topic.priority else "FIFO" if topic.fifo else "NORMAL"
+            if priority is not None and (isinstance(priority, bool) or not isinstance(priority, int)):
+                # the 5.x client's setter takes any of them; the protobuf field at the send does not
+                raise TypeError(f"Field apache.rocketmq.v2.SystemProperties.priority: Expected an int, got "
+                                f"{type(priority).__name__}")
+            # the 5.x client's __send_message_type: a group makes it FIFO, even with a priority (0)
+            kind = "FIFO" if msg.message_group else "PRIORITY" if priority is not None else "NORMAL"
+            accepts = _kind(topic)
             if kind != accepts:  # the 5.x client's check before the send: a message's type is its topic's
                 raise EmbeddedBrokerError("current message type not match with queue accept message types, "
                                           f"topic:{topic.name}, message_type:{kind}, queue access type:{accepts}")
@@ -410,8 +441,7 @@ class EmbeddedBroker:
     # -- consumer side -------------------------------------------------------------------
     def subscribe(self, group: str, topic: str) -> None:
         with self._cond:
-            self._topic(topic)
-            self._subs.setdefault((group, topic), _Subscription())
+            self._subscription(group, self._topic(topic))
 
     def _check_invisible(self, seconds: int, minimum: float) -> None:
         if seconds < minimum:
@@ -435,8 +465,7 @@ class EmbeddedBroker:
         poll_end = time.monotonic() + await_s
         with self._cond:
             for topic in filters:
-                self._topic(topic)
-                self._subs.setdefault((group, topic), _Subscription())
+                self._subscription(group, self._topic(topic))
             while True:
                 now = self._monotonic()
                 out: list[Message] = []

@@ -42,7 +42,15 @@ from ..path.names import JOB_ORDER_PROPERTY, JOB_ORDERS, PRIORITY_PROPERTY, PROB
 from ..path.propagation import BAGGAGE, COST, JOB_ID, PRODUCE_NS, TRACEPARENT, TRACESTATE
 from ..telemetry.tracer import MessageTracer, SendTrace
 from .listener import Seam, traced_consume
-from .producer import ProducerProxy, check_job_id, ordered_job, prioritize, send_ordered, traced_send
+from .producer import (
+    ProducerProxy,
+    check_job_id,
+    check_markable,
+    ordered_job,
+    plan_priorities,
+    send_ordered,
+    traced_send,
+)
 from .route import explain_legacy_route_failure
 
 # Our properties and the W3C ones, read from a received 2.x message (it cannot list its
@@ -181,6 +189,13 @@ def legacy_message_key(message: Any) -> str | None:
     return keys[0] if keys else None
 
 
+def _property_setter(message: Any) -> Callable[[str, str], object]:
+    setter = getattr(message, "set_property", None)
+    if not callable(setter):
+        raise TypeError(f"{type(message).__name__} has no set_property()")
+    return setter  # type: ignore[no-any-return]
+
+
 def _no_property_setter(message: Any) -> str | None:
     return None if callable(getattr(message, "set_property", None)) else (
         f"({type(message).__name__}) has no set_property(): a 2.x client Message carries the priority")
@@ -212,10 +227,15 @@ class TracedLegacyProducer(ProducerProxy):
         job_id = check_job_id(job_id)
         check_priority_levels(priority_levels)
         pairs = ordered_job(messages, cost, order, key)
-        prioritize(messages, pairs, priority_levels, key, _no_property_setter,
-                   lambda m, level: m.set_property(PRIORITY_PROPERTY, str(level)))
-        return send_ordered(pairs, order, job_id, lambda m, c: self.send_sync(m, job_id=job_id, cost=c),
-                            lambda m: m.set_property(JOB_ORDER_PROPERTY, order))
+        check_markable(messages, key, _property_setter)
+        levels = iter(plan_priorities(messages, pairs, priority_levels, key, _no_property_setter) or ())
+
+        def mark(m: Any) -> None:
+            m.set_property(JOB_ORDER_PROPERTY, order)
+            if priority_levels is not None:  # at its own send: a failed job leaves the rest untouched
+                m.set_property(PRIORITY_PROPERTY, str(next(levels)))
+
+        return send_ordered(pairs, order, job_id, lambda m, c: self.send_sync(m, job_id=job_id, cost=c), mark)
 
     def set_name_server_address(self, addr: str) -> None:
         """The client's own, remembered: a route failure then says whether the name server is down."""

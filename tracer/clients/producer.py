@@ -30,8 +30,8 @@ from ..telemetry.tracer import MessageTracer, SendTrace
 from .route import explain_route_failure
 
 __all__ = ["JobSendError", "ProducerProxy", "SendExplainer", "SendOpener", "TracedProducer", "check_job_id",
-           "explain_send_failure", "ordered_job", "prioritize", "priority_refusal", "send_ordered", "start_send", "traced_send",
-           "traced_send_async"]
+           "check_markable", "explain_send_failure", "ordered_job", "plan_priorities", "priority_refusal",
+           "send_ordered", "start_send", "traced_send", "traced_send_async"]
 
 
 def _setter(message: Any) -> Callable[[str, str], object]:
@@ -185,39 +185,45 @@ def priority_refusal(message: Any) -> str | None:
     return None
 
 
-def _set_priority(message: Any, level: int) -> None:
-    message.priority = level
-
-
-def prioritize(messages: Sequence[Any], pairs: Sequence[tuple[Any, float]], levels: int | None,
-               key: Callable[[Any], str | None] = message_key,
-               refusal: Callable[[Any], str | None] = priority_refusal,
-               assign: Callable[[Any, int], object] = _set_priority) -> None:
-    """Give each message of a job (``messages``, in the order given), in the order it will be
-    sent (``pairs``: :func:`ordered_job`), its priority on a PRIORITY topic of ``levels`` queues
-    (:func:`~tracer.dispatch.cost.job_priorities`: the broker then hands the job out in exactly
-    that order). Every message is checked (``refusal``) before any is changed (``assign``); an
-    error names a message by its index in ``messages``. None changes nothing.
+def plan_priorities(messages: Sequence[Any], pairs: Sequence[tuple[Any, float]], levels: int | None,
+                    key: Callable[[Any], str | None] = message_key,
+                    refusal: Callable[[Any], str | None] = priority_refusal) -> list[int] | None:
+    """The priority of each message of a job on a PRIORITY topic of ``levels`` queues, in the
+    order it will be sent (``pairs``: :func:`ordered_job`; :func:`~tracer.dispatch.cost.job_priorities`:
+    the broker then hands the job out in exactly that order), after checking that every message
+    (``messages``, in the order given) can carry one. Changes nothing: each message gets its
+    priority just before its own send (a job that fails midway leaves the unsent ones as they
+    were). None for ``levels`` None.
 
     Raises:
         TypeError: ``levels`` not an int.
         ValueError: ``levels`` below 1; a message that cannot carry a priority (a FIFO message
-            with a message group, a delay message, one the client refuses a priority), named.
+            with a message group, a delay message, one without a priority), named by its index
+            in ``messages``.
     """
     levels = check_priority_levels(levels)
     if levels is None:
-        return
+        return None
     for i, m in enumerate(messages):
         why = refusal(m)
         if why is not None:
             raise ValueError(f"priority_levels: {which_message(i, key, m)} {why}")
-    given = {id(m): i for i, m in enumerate(messages)}
-    for (m, _), level in zip(pairs, job_priorities([c for _, c in pairs], levels)):
+    return job_priorities([c for _, c in pairs], levels)
+
+
+def check_markable(messages: Sequence[Any], key: Callable[[Any], str | None] = message_key,
+                   mark: Callable[[Any], object] = lambda m: _setter(m)) -> None:
+    """Every message of a job can carry the order property (``mark`` finds its setter without
+    calling it): a junk message in the middle of a job is refused before the first send.
+
+    Raises:
+        TypeError: one cannot, named by its index.
+    """
+    for i, m in enumerate(messages):
         try:
-            assign(m, level)
-        except Exception as exc:  # noqa: BLE001 - the client's refusal, said with the message
-            raise ValueError(f"priority_levels: {which_message(given[id(m)], key, m)} refused priority "
-                             f"{level}: {exc}") from exc
+            mark(m)
+        except Exception as exc:  # noqa: BLE001 - said with the message
+            raise TypeError(f"send_job: {which_message(i, key, m)} is not a message: {exc}") from None
 
 
 class JobSendError(RuntimeError):
@@ -313,9 +319,15 @@ class TracedProducer(ProducerProxy):
         job_id = check_job_id(job_id)
         check_priority_levels(priority_levels)
         pairs = ordered_job(messages, cost, order, key)
-        prioritize(messages, pairs, priority_levels, key)
-        return send_ordered(pairs, order, job_id, lambda m, c: self.send(m, job_id=job_id, cost=c),
-                            lambda m: _setter(m)(JOB_ORDER_PROPERTY, order))
+        check_markable(messages, key)
+        levels = iter(plan_priorities(messages, pairs, priority_levels, key) or ())
+
+        def mark(m: Any) -> None:
+            _setter(m)(JOB_ORDER_PROPERTY, order)
+            if priority_levels is not None:
+                m.priority = next(levels)  # at its own send: a failed job leaves the rest untouched
+
+        return send_ordered(pairs, order, job_id, lambda m, c: self.send(m, job_id=job_id, cost=c), mark)
 
     def send(self, message: Any, *args: Any, job_id: str | None = None, cost: float | None = None,
              **kwargs: Any) -> Any:

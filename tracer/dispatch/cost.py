@@ -108,9 +108,12 @@ def job_costs(messages: Sequence[Any], cost: Callable[[Any], float] | CostTable,
         raise TypeError(f"cost= must be a function of the message or a CostTable, got {type(cost).__name__}")
     fn = table_cost(cost, key) if isinstance(cost, CostTable) else cost
     require_plain(fn, "cost=")
+    keyed = isinstance(cost, CostTable)
     out: list[float] = []
     for i, m in enumerate(messages):
         try:
+            if not keyed:  # a cost function does not read key=, but the job's errors name messages by it
+                _table_key(key, m)
             value = fn(m)
         except CostTableError as exc:  # the table's key= or group= failed: said as theirs
             raise CostTableError(f"{exc} (for {which_message(i, key, m)})") from exc
@@ -158,10 +161,13 @@ def job_priorities(costs: Sequence[float], levels: int) -> list[int]:
     down, the next longest.
 
     Raises:
-        ValueError: ``levels`` below 1; a cost that is not a finite number >= 0.
+        TypeError: ``levels`` not an int (a bool neither).
+        ValueError: ``levels`` below 1 or above 2**31; a cost that is not a finite number >= 0.
     """
-    if levels < 1:
-        raise ValueError(f"levels must be at least 1, got {levels}")
+    checked = check_priority_levels(levels)
+    if checked is None:
+        raise TypeError("priority_levels must be an int (the PRIORITY topic's queues), got NoneType")
+    levels = checked
     if any(not (0.0 <= c < MAX_COST_S) for c in costs):
         raise ValueError("every cost must be a finite number >= 0")
     total = float(sum(costs))
