@@ -1,0 +1,34 @@
+"""send_job sends half a job before it finds a message of the wrong kind.
+
+Promise (brief; docs/dispatch.md "Longest first at the producer"): every message is checked before
+any is sent or changed; a message of the wrong kind is a loud early error naming it by its index.
+With ``priority_levels=`` a None/str/dict in the job is refused up front (prioritize's refusal),
+but without it nothing looks at the messages before the loop: ``cost=`` happily prices a None, the
+first messages are marked (``rmqtrace_order``) and SENT, and only the junk one's send fails, as a
+JobSendError ("2 sent before it"). The broker now holds two messages of a job that was junk.
+Same for ``TracedLegacyProducer.send_job`` (same ``send_ordered`` loop). Severity: medium.
+"""
+from __future__ import annotations
+
+import sys
+
+from tracer.clients.producer import JobSendError
+
+sys.path.insert(0, __file__.rsplit("/", 1)[0])
+from _job import PLAIN_TOPIC, job, rig  # noqa: E402
+
+failures = []
+for junk in (None, "not a message", {"topic": PLAIN_TOPIC}, 42):
+    broker, producer = rig()
+    messages: list[object] = list(job(4, PLAIN_TOPIC))
+    messages.insert(2, junk)
+    try:
+        producer.send_job(messages, cost=lambda m: 1.0, order="arrival")
+        failures.append(f"{junk!r}: accepted")
+    except JobSendError as exc:
+        failures.append(f"{junk!r}: {len(exc.sent)} sent, broker holds {broker.backlog('g', PLAIN_TOPIC)}: {exc}")
+    except (TypeError, ValueError) as exc:  # the early refusal asked for: nothing sent
+        assert broker.backlog("g", PLAIN_TOPIC) == 0, exc
+        assert "message 2" in str(exc), f"the refusal must name message 2: {exc}"
+assert not failures, "junk message not refused before the first send:\n  " + "\n  ".join(failures)
+print("held")
