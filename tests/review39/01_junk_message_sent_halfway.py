@@ -11,12 +11,13 @@ Same for ``TracedLegacyProducer.send_job`` (same ``send_ordered`` loop). Severit
 from __future__ import annotations
 
 import sys
+from pathlib import Path
 
 from tracer import MessageTracer
 from tracer.clients.legacy import TracedLegacyProducer
 from tracer.clients.producer import JobSendError
 
-sys.path.insert(0, __file__.rsplit("/", 1)[0])
+sys.path.insert(0, str(Path(__file__).resolve().parent))
 from _job import PLAIN_TOPIC, job, rig  # noqa: E402
 
 failures = []

@@ -13,10 +13,11 @@ documented failure's obvious recovery fails; "never tried" messages were changed
 from __future__ import annotations
 
 import sys
+from pathlib import Path
 
 from tracer.clients.producer import JobSendError
 
-sys.path.insert(0, __file__.rsplit("/", 1)[0])
+sys.path.insert(0, str(Path(__file__).resolve().parent))
 from _job import PLAIN_TOPIC, job, rig  # noqa: E402
 
 broker, producer = rig()

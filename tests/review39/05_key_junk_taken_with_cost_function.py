@@ -10,8 +10,9 @@ but the documented early error does not come, and a caller's bug goes unseen).
 from __future__ import annotations
 
 import sys
+from pathlib import Path
 
-sys.path.insert(0, __file__.rsplit("/", 1)[0])
+sys.path.insert(0, str(Path(__file__).resolve().parent))
 from _job import job, rig  # noqa: E402
 
 
