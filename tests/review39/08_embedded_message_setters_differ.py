@@ -7,7 +7,8 @@ as the proxy", each rule "checked against the real proxy"). The installed rocket
 before PRIORITY), while the embedded Message raises. The reverse too: the client's priority setter
 takes ``True`` and ``1.5`` (it only checks ``< 0``; the send fails later, in protobuf), the
 embedded one raises at once. Code tested on the embedded broker can therefore behave differently
-on the real client. Needs no proxy (client objects only). Severity: low.
+on the real client: the real 5.5 proxy STORES a FIFO message with priority 0 and a group (sent to a
+FIFO topic, checked 2026-12-05 22:40). Needs no proxy (client objects only). Severity: low.
 """
 from __future__ import annotations
 
