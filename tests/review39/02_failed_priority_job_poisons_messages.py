@@ -7,7 +7,9 @@ What happens: ``prioritize`` gives every message its priority before the first s
 JobSendError the failed message and all ``.unsent`` ones (never tried) carry one. Resending them
 without ``priority_levels`` to the normal topic fails the same way ("message_type:PRIORITY"), and
 the priority cannot be taken off: the embedded and the real 5.x ``Message.priority`` setters both
-refuse None (the 5.x client: TypeError). The messages must be rebuilt. Severity: medium (the
+refuse None (the 5.x client: TypeError). The messages must be rebuilt. The same on the real 5.5
+proxy with the 5.x client's messages (2026-12-05 22:40: priorities [7, 5, 2] left, the resend
+refused "message_type:PRIORITY, queue access type:NORMAL"). Severity: medium (the
 documented failure's obvious recovery fails; "never tried" messages were changed).
 """
 from __future__ import annotations
