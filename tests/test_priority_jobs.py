@@ -210,3 +210,24 @@ def test_on_the_real_broker_the_2x_producer_s_priorities_order_the_job(tmp_path:
     assert proc.returncode == 0, proc.stderr[-2000:]
     assert json.loads(proc.stdout.strip().splitlines()[-1]) == {"sent": len(COSTS)}
     assert _received_in_order(topic, len(COSTS)) == LPT
+
+
+@pytest.mark.integration
+def test_on_the_real_broker_a_job_failed_for_its_priorities_resends_plain() -> None:
+    """priority_levels given for a normal topic by mistake: the first send fails (the 5.x client
+    refuses a PRIORITY message there), the failed message gets its priority taken off again and
+    the unsent ones never got one, so the rest resends as given (review39 02)."""
+    import rmq_real
+
+    rmq_real.ensure_broker()
+    topic = rmq_real.fresh_topic("prio-mistake")
+    raw = rmq_real.start_producer(topic)
+    try:
+        producer = TracedProducer(raw, MessageTracer())
+        messages = [rmq_real.message(topic, str(i), keys=str(i)) for i in range(3)]
+        with pytest.raises(JobSendError, match="message_type:PRIORITY, queue access type:NORMAL") as err:
+            producer.send_job(messages, cost=lambda m: 1.0, priority_levels=4)
+        assert [m.priority for m in (err.value.failed, *err.value.unsent)] == [None, None, None]
+        assert len(producer.send_job([err.value.failed, *err.value.unsent], cost=lambda m: 1.0)) == 3
+    finally:
+        rmq_real.quietly(raw.shutdown)

@@ -6,6 +6,7 @@ call :func:`traced_send`, so the ``send {topic}`` span and the properties writte
 
 from __future__ import annotations
 
+import contextlib
 import sys
 from collections.abc import Sequence
 from concurrent.futures import Future
@@ -30,7 +31,7 @@ from ..telemetry.tracer import MessageTracer, SendTrace
 from .route import explain_route_failure
 
 __all__ = ["JobSendError", "ProducerProxy", "SendExplainer", "SendOpener", "TracedProducer", "check_job_id",
-           "check_markable", "explain_send_failure", "ordered_job", "plan_priorities", "priority_refusal",
+           "check_markable", "clear_priority", "explain_send_failure", "ordered_job", "plan_priorities", "priority_refusal",
            "send_ordered", "start_send", "traced_send", "traced_send_async"]
 
 
@@ -211,6 +212,16 @@ def plan_priorities(messages: Sequence[Any], pairs: Sequence[tuple[Any, float]],
     return job_priorities([c for _, c in pairs], levels)
 
 
+def clear_priority(message: Any) -> None:
+    """Take a priority off ``message`` again (a failed send of a job sent with priorities: resent
+    to a normal topic it must be a plain message). The 5.x client's setter refuses None, so its
+    own field is reset (``Message.__priority``, 5.1.2), as the embedded broker's. Never raises."""
+    for field in ("_Message__priority", "_priority"):
+        if field in getattr(message, "__dict__", {}):
+            with contextlib.suppress(Exception):
+                setattr(message, field, None)
+
+
 def check_markable(messages: Sequence[Any], key: Callable[[Any], str | None] = message_key,
                    mark: Callable[[Any], object] = lambda m: _setter(m)) -> None:
     """Every message of a job can carry the order property (``mark`` finds its setter without
@@ -256,9 +267,11 @@ def check_job_id(job_id: object) -> str | None:
 
 
 def send_ordered(pairs: Sequence[tuple[Any, float]], order: str, job_id: str | None,
-                 send: Callable[[Any, float], Any], mark: Callable[[Any], object]) -> list[Any]:
+                 send: Callable[[Any, float], Any], mark: Callable[[Any], object],
+                 unmark: Callable[[Any], object] | None = None) -> list[Any]:
     """Send one job's ``(message, cost)`` pairs in order, each first marked with the order
-    (``mark``): the loop of every producer's ``send_job``.
+    (``mark``): the loop of every producer's ``send_job``. ``unmark``: what a message whose
+    send raised gets back (its priority taken off, so it resends as it was given).
 
     Raises:
         JobSendError: a send raised an ``Exception`` (its ``__cause__``); says what was sent.
@@ -270,6 +283,8 @@ def send_ordered(pairs: Sequence[tuple[Any, float]], order: str, job_id: str | N
             mark(message)
             receipts.append(send(message, c))
         except Exception as exc:
+            if unmark is not None:
+                unmark(message)
             sent = [(m, r) for (m, _), r in zip(pairs, receipts)]
             unsent = [m for m, _ in pairs[i + 1:]]
             raise JobSendError(
@@ -327,7 +342,8 @@ class TracedProducer(ProducerProxy):
             if priority_levels is not None:
                 m.priority = next(levels)  # at its own send: a failed job leaves the rest untouched
 
-        return send_ordered(pairs, order, job_id, lambda m, c: self.send(m, job_id=job_id, cost=c), mark)
+        return send_ordered(pairs, order, job_id, lambda m, c: self.send(m, job_id=job_id, cost=c), mark,
+                            None if priority_levels is None else clear_priority)
 
     def send(self, message: Any, *args: Any, job_id: str | None = None, cost: float | None = None,
              **kwargs: Any) -> Any:
