@@ -7,9 +7,10 @@
 #                                RMQ_STOP_TIMEOUT; ~13 s); `kill`: SIGKILL at once
 #   rmq.sh status                show pids/ports; exit 0 if all up, 3 if all down, 1 if partly up
 #   rmq.sh check-ports           exit 1 with the next step if a port start needs is taken (make stack)
-#   rmq.sh topic NAME... [fifo] [--queues N]
+#   rmq.sh topic NAME... [fifo|priority] [--queues N]
 #                                create/update topics (default 4 queues); `fifo` makes every named
-#                                topic FIFO, NAME:fifo marks a single one. Uses rmq_admin.py (python3,
+#                                topic FIFO, NAME:fifo marks a single one; `priority` makes them
+#                                PRIORITY topics (RocketMQ 5.5: one queue per level). Uses rmq_admin.py (python3,
 #                                ~25 ms per topic); RMQ_ADMIN=java uses the JVM helper (~2.5 s/call)
 #   rmq.sh group NAME... [fifo]  create/update consumer groups (RocketMQ 5.5's proxy rejects consumers
 #                                of unknown groups: "group not found"); `fifo` = consumeMessageOrderly
@@ -328,10 +329,13 @@ admin() { # ops as RmqAdmin tokens: wait:S topic:N fifo-topic:N group:N fifo-gro
                     sleep 1
                 done ;;
             queues) queues="$arg" ;;
-            topic | fifo-topic)
+            topic | fifo-topic | priority-topic)
+                local type=NORMAL
+                [[ $kind == fifo-topic ]] && type=FIFO
+                [[ $kind == priority-topic ]] && type=PRIORITY
                 "${mq[@]}" $(jvm_common) -cp "$LIB/*" org.apache.rocketmq.tools.command.MQAdminStartup \
                     updateTopic -n $NAMESRV_ADDR -c $CLUSTER -t "$arg" -r "$queues" -w "$queues" \
-                    -a "+message.type=$([[ $kind == fifo-topic ]] && echo FIFO || echo NORMAL)" ;;
+                    -a "+message.type=$type" ;;
             group | fifo-group)
                 "${mq[@]}" $(jvm_common) -cp "$LIB/*" org.apache.rocketmq.tools.command.MQAdminStartup \
                     updateSubGroup -n $NAMESRV_ADDR -c $CLUSTER -g "$arg" \
@@ -340,25 +344,28 @@ admin() { # ops as RmqAdmin tokens: wait:S topic:N fifo-topic:N group:N fifo-gro
     done
 }
 
-names_to_ops() { # kind names... ; `fifo` anywhere -> all fifo ; NAME:fifo -> that one fifo
+names_to_ops() { # kind names... ; `fifo` anywhere -> all fifo ; NAME:fifo -> that one fifo ; `priority` -> all PRIORITY
     local kind="$1"; shift
-    local all_fifo=0 n ops=() prev=""
+    local all_fifo=0 all_priority=0 n ops=() prev=""
     for n in "$@"; do
         [[ "$n" == fifo || "$n" == --fifo ]] && all_fifo=1
+        [[ "$n" == priority || "$n" == --priority ]] && all_priority=1
         [[ "$prev" == --queues ]] && ops+=("queues:$n")
         prev="$n"
     done
     while [[ $# -gt 0 ]]; do
         n="$1"; shift
         case "$n" in
-            fifo | --fifo) continue ;;
+            fifo | --fifo | priority | --priority) continue ;;
             --queues) shift; continue ;;
         esac
-        if [[ "$n" == *:fifo || $all_fifo == 1 ]]; then ops+=("fifo-$kind:${n%:fifo}"); else ops+=("$kind:$n"); fi
+        if [[ "$n" == *:fifo || $all_fifo == 1 ]]; then ops+=("fifo-$kind:${n%:fifo}")
+        elif [[ $all_priority == 1 && $kind == topic ]]; then ops+=("priority-topic:$n")
+        else ops+=("$kind:$n"); fi
     done
     local named=0
     for n in "${ops[@]}"; do [[ "$n" == queues:* ]] || named=1; done
-    ((named)) || die "usage: rmq.sh $kind NAME... [fifo] [--queues N]"
+    ((named)) || die "usage: rmq.sh $kind NAME... [fifo|priority] [--queues N]"
     printf '%s\n' "${ops[@]}"
 }
 

@@ -130,8 +130,11 @@ def main(argv):
     kind, args = argv[0], argv[1:]
     fifo = "fifo" in args or "--fifo" in args
     priority = "priority" in args or "--priority" in args
-    if fifo and priority:
+    if priority and (fifo or any(a.endswith(":fifo") for a in args)):
         print("rmq_admin: a topic is fifo or priority, not both", file=sys.stderr)
+        return 2
+    if priority and kind == "group":
+        print("rmq_admin: priority is a kind of topic; a group reads any topic", file=sys.stderr)
         return 2
     queues = 4
     names = []
