@@ -203,6 +203,14 @@ def _demand_push(name: str) -> Build:
     return build
 
 
+def priority_job(levels: object) -> Any:
+    from tracer.clients.producer import TracedProducer
+    from tracer.embedded import EmbeddedBroker, Producer
+
+    return TracedProducer(Producer(EmbeddedBroker(), ["T"]), MessageTracer()).send_job(
+        [], cost=lambda m: 1.0, priority_levels=levels)  # type: ignore[arg-type]
+
+
 def _policy(cls: Any, name: str) -> Build:
     return lambda v: cls(**{name: v}).scheduler(2)
 
@@ -251,6 +259,9 @@ PARAMETERS: dict[tuple[str, str], tuple[str, Build]] = {
     ("tracer.clients.demandpush.DemandPushConsumer", "startup_timeout"): ("timeout+", _demand_push("startup_timeout")),
     ("tracer.path.clock.ManualClock.advance_s", "seconds"): ("seconds", lambda v: ManualClock().advance_s(v)),  # type: ignore[arg-type]
     ("tracer.telemetry.tracer.MessageTracer", "capture_body"): ("count", lambda v: MessageTracer(capture_body=v)),  # type: ignore[arg-type]
+    ("tracer.clients.producer.TracedProducer.send_job", "priority_levels"): ("count", lambda v: priority_job(v)),
+    ("tracer.dispatch.cost.job_priorities", "levels"):
+        ("count", lambda v: __import__("tracer.dispatch.cost", fromlist=["x"]).job_priorities([1.0], v)),
 }
 
 # Discovered, but not a limit of the loop or the dispatcher: left to the census (and its EXEMPT)

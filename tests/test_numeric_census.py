@@ -226,6 +226,10 @@ CHECKED: dict[tuple[str, str], Callable[[object], object]] = {
         lambda v: EmbeddedBroker().create_topic("F", fifo=True, queues=v),  # type: ignore[arg-type]
     ("tracer.path.clock.ManualClock.advance_s", "seconds"): lambda v: ManualClock().advance_s(v),  # type: ignore[arg-type]
     ("tracer.telemetry.tracer.MessageTracer", "capture_body"): lambda v: MessageTracer(capture_body=v),  # type: ignore[arg-type]
+    ("tracer.clients.producer.TracedProducer.send_job", "priority_levels"):
+        lambda v: __import__("test_numeric_bounds").priority_job(v),
+    ("tracer.dispatch.cost.job_priorities", "levels"):
+        lambda v: __import__("tracer.dispatch.cost", fromlist=["x"]).job_priorities([1.0], v),  # type: ignore[arg-type]
 }
 
 EXEMPT: dict[tuple[str, str], str] = {

@@ -53,6 +53,7 @@ FOREIGN: dict[tuple[str, str], str] = {
     ("legacy_programs/roundtrip.py", "_handle"): "the legacy rocketmq client",
     ("test_legacy_adapter.py", "_handle"): "the test's fake of the legacy rocketmq client's message",
     ("test_legacy_adapter.py", "_native"): "the test's fake of the legacy rocketmq client's message",
+    ("test_priority_jobs.py", "_native"): "the same fake (test_legacy_adapter.FakeMessage): what the 2.x send carried",
     ("test_environ.py", "_parent"): "ast nodes (a parent pointer the test adds)",
 }
 

@@ -241,6 +241,13 @@ EXEMPT = {
     ("tracer.clients.legacy.traced_legacy_send", "send"): "the client's own send method",
     ("tracer.clients.producer.send_ordered", "send"): "send_job's own lambda around the traced send",
     ("tracer.clients.producer.send_ordered", "mark"): "send_job's own lambda setting the order property",
+    ("tracer.clients.producer.send_ordered", "unmark"): "send_job's own clear_priority",
+    ("tracer.clients.producer.check_markable", "mark"): "send_job's own setter lookup (_setter, the 2.x one)",
+    ("tracer.clients.producer.check_markable", "key"): "send_job's key=, checked by job_costs before this runs",
+    ("tracer.clients.producer.plan_priorities", "key"): "send_job's key=, checked by job_costs before this runs",
+    ("tracer.clients.producer.plan_priorities", "refusal"): "send_job's own priority_refusal (the 2.x one)",
+    ("tracer.dispatch.cost.which_message", "key"): "only names a message in an error: a raising or junk answer "
+        "is left out of the name (the cost's own error says key='s failure)",
     ("tracer.clients.producer.traced_send", "send"): "the client's own send method",
     ("tracer.clients.producer.traced_send_async", "send_async"): "the client's own send_async method",
     ("tracer.clients.listener.traced_consume", "call"): "internal: the seams above check what they pass",

@@ -37,6 +37,7 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable, Sequence
 from typing import Any, TypeVar
 
+from ..bounds import count
 from ..callables import exact_str, require_plain, short_repr, unrun
 from ..path.names import JOB_ORDERS
 from .costtable import MAX_COST_S, CostTable, CostTableError, check_cost
@@ -132,20 +133,15 @@ MAX_PRIORITY = 2**31 - 1  # a message's priority is an int32 on the wire (apache
 
 def check_priority_levels(levels: object) -> int | None:
     """``levels`` if a job can be spread over that many priority levels: None or an int in
-    [1, 2**31].
+    [1, 2**31] (the house's count rule, :func:`tracer.bounds.count`).
 
     Raises:
-        TypeError: not an int (a bool neither).
-        ValueError: below 1 or above 2**31.
+        TypeError: not a number.
+        ValueError: a bool, a float, below 1 or above 2**31.
     """
     if levels is None:
         return None
-    if isinstance(levels, bool) or not isinstance(levels, int):
-        raise TypeError(f"priority_levels must be an int (the PRIORITY topic's queues), got {type(levels).__name__}")
-    if not 1 <= levels <= MAX_PRIORITY + 1:
-        raise ValueError(f"priority_levels must be between 1 and {MAX_PRIORITY + 1} (the PRIORITY topic's queues), "
-                         f"got {levels}")
-    return levels
+    return count(levels, "priority_levels (the PRIORITY topic's queues)", minimum=1, maximum=MAX_PRIORITY + 1)
 
 
 def job_priorities(costs: Sequence[float], levels: int) -> list[int]:
@@ -161,13 +157,11 @@ def job_priorities(costs: Sequence[float], levels: int) -> list[int]:
     down, the next longest.
 
     Raises:
-        TypeError: ``levels`` not an int (a bool neither).
-        ValueError: ``levels`` below 1 or above 2**31; a cost that is not a finite number >= 0.
+        TypeError: ``levels`` not a number.
+        ValueError: ``levels`` a bool, a float, below 1 or above 2**31; a cost that is not a
+            finite number >= 0.
     """
-    checked = check_priority_levels(levels)
-    if checked is None:
-        raise TypeError("priority_levels must be an int (the PRIORITY topic's queues), got NoneType")
-    levels = checked
+    levels = count(levels, "levels", minimum=1, maximum=MAX_PRIORITY + 1)
     if any(not (0.0 <= c < MAX_COST_S) for c in costs):
         raise ValueError("every cost must be a finite number >= 0")
     total = float(sum(costs))
