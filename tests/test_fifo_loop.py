@@ -19,6 +19,23 @@ from fifo_side import KINDS, FifoSide
 from tracer.clients.consume import ConsumeLoop, DispatchOptions, FlowOptions, LeaseOptions
 
 
+def _run_group_a(side: FifoSide, handler: Any, dispatch: DispatchOptions, ran: list[Any]) -> ConsumeLoop:
+    """Group a's four messages sent before a loop starts (its first receive takes all four), then
+    the loop run until all four are acked; the side closed after."""
+    side.send("a0", "a1", "a2", "a3")
+    loop = ConsumeLoop(side.consumer, handler, dispatch=dispatch,
+                       lease=LeaseOptions(invisible_duration=10), flow=FlowOptions(retry_backoff=lambda attempt: 1))
+    runner = threading.Thread(target=loop.run, name="fifo-loop", daemon=True)
+    runner.start()
+    try:
+        assert loop.wait(lambda s: s.acked == 4, timeout=60), f"not 4 acks within 60 s: {ran}"
+    finally:
+        loop.stop(timeout=10)
+        runner.join(10)
+        side.close()
+    return loop
+
+
 @pytest.mark.parametrize("kind", KINDS)
 def test_a_failed_fifo_message_s_group_waits_for_its_rerun(kind: str) -> None:
     side = FifoSide(kind, queues=1, manual_clock=False)
@@ -33,17 +50,7 @@ def test_a_failed_fifo_message_s_group_waits_for_its_rerun(kind: str) -> None:
         if body == "a0" and first:
             raise RuntimeError("a0 fails its first run")
 
-    side.send("a0", "a1", "a2", "a3")  # before the loop starts: its first receive takes all four
-    loop = ConsumeLoop(side.consumer, handler, dispatch=DispatchOptions(workers=4, key=lambda m: m.message_group),
-                       lease=LeaseOptions(invisible_duration=10), flow=FlowOptions(retry_backoff=lambda attempt: 1))
-    runner = threading.Thread(target=loop.run, name="fifo-loop", daemon=True)
-    runner.start()
-    try:
-        assert loop.wait(lambda s: s.acked == 4, timeout=60), f"not 4 acks within 60 s: {ran}"
-    finally:
-        loop.stop(timeout=10)
-        runner.join(10)
-        side.close()
+    loop = _run_group_a(side, handler, DispatchOptions(workers=4, key=lambda m: m.message_group), ran)
     assert [body for body, _ in ran] == ["a0", "a0", "a1", "a2", "a3"], ran
     # attempts are the queue's count (RELIABILITY's rule table): a rerun the loop receives in two
     # parts counts only what each carried, so a3 may say 1 or 2
@@ -74,15 +81,5 @@ def test_a_fifo_message_whose_key_fails_takes_its_group_back_with_it(kind: str, 
         with lock:
             ran.append(m.body.decode())
 
-    side.send("a0", "a1", "a2", "a3")
-    loop = ConsumeLoop(side.consumer, handler, dispatch=DispatchOptions(workers=2, key=key, policy=policy),
-                       lease=LeaseOptions(invisible_duration=10), flow=FlowOptions(retry_backoff=lambda attempt: 1))
-    runner = threading.Thread(target=loop.run, name="fifo-loop", daemon=True)
-    runner.start()
-    try:
-        assert loop.wait(lambda s: s.acked == 4, timeout=60), f"not 4 acks within 60 s: {ran}"
-    finally:
-        loop.stop(timeout=10)
-        runner.join(10)
-        side.close()
+    _run_group_a(side, handler, DispatchOptions(workers=2, key=key, policy=policy), ran)
     assert ran == ["a0", "a1", "a2", "a3"], ran

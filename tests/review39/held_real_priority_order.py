@@ -61,7 +61,7 @@ def drain(consumers: list, batch: int, expect: int, hold_first: bool = False) ->
             got.append((key, m.delivery_attempt))
             if hold_first and len(got) == 1:
                 c.change_invisible_duration(m, 1)  # given back: returns in ~1 s (+ revive delay)
-                time.sleep(4)  # well past its return, while the rest is still unconsumed
+                time.sleep(4)  # real-time: the proxy revives the given-back one, the rest still unconsumed
                 continue
             c.ack(m)
     return got
