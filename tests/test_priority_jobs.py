@@ -231,3 +231,38 @@ def test_on_the_real_broker_a_job_failed_for_its_priorities_resends_plain() -> N
         assert len(producer.send_job([err.value.failed, *err.value.unsent], cost=lambda m: 1.0)) == 3
     finally:
         rmq_real.quietly(raw.shutdown)
+
+
+def _send_job_seams() -> list[Any]:
+    """Every class of the package with a send_job (found, not listed)."""
+    import importlib
+    import inspect
+    import pkgutil
+
+    import tracer
+
+    found = []
+    for info in pkgutil.walk_packages(tracer.__path__, "tracer."):
+        if info.name.endswith("__main__"):  # importing it runs the command line
+            continue
+        try:
+            module = importlib.import_module(info.name)
+        except Exception:  # noqa: BLE001 - a module whose optional client is missing
+            continue
+        for _, cls in inspect.getmembers(module, inspect.isclass):
+            if cls.__module__ == info.name and "send_job" in vars(cls):
+                found.append(cls)
+    return found
+
+
+def test_every_send_job_takes_priority_levels_and_refuses_junk_before_sending() -> None:
+    seams = _send_job_seams()
+    assert {c.__name__ for c in seams} >= {"TracedProducer", "TracedLegacyProducer"}
+    for cls in seams:
+        fake = FakeProducer()
+        producer = cls(fake, MessageTracer())
+        for junk, error in ((0, ValueError), (True, ValueError), ("8", TypeError)):
+            with pytest.raises(error, match="priority_levels"):
+                producer.send_job([FakeMessage("jobs")], cost=lambda m: 1.0, key=lambda m: "k",
+                                  priority_levels=junk)
+        assert fake.sent == [], cls.__name__
